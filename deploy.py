@@ -1,0 +1,30 @@
+"""qwen27b: turn a host with NVIDIA V100s into a verified OpenAI-compatible endpoint.
+
+    pyinfra inventory/lab.py deploy.py          # plan, install, render, start, verify
+    pyinfra inventory/lab.py deploy.py --dry    # print each host's plan, change nothing
+
+Preflight reads facts and decides everything (printed with reasons); a refused host gets no
+operations. The roles then run in the order the stack is built.
+"""
+
+from roles.cuda import cuda
+from roles.dflash import dflash
+from roles.nvidia import nvidia
+from roles.preflight import preflight, show_planned_operations
+from roles.service import service
+from roles.toolchain import toolchain
+from roles.verify import verify
+from roles.vllm import vllm
+from roles.weights import weights
+
+plan = preflight()
+if plan is not None:
+    toolchain(plan)
+    nvidia(plan)
+    cuda(plan)
+    vllm(plan)
+    dflash(plan)
+    weights(plan)
+    service(plan)
+    verify(plan)
+    show_planned_operations()

@@ -1,0 +1,31 @@
+"""Recorded hosts: pyinfra @fake hosts answering with real machines' command output.
+
+    pyinfra inventory/recorded.py deploy.py --dry -y
+
+shows, for each recorded machine, exactly what the deploy would do or why it refuses - without
+touching anything. The recordings live in tests/fixtures/hosts/<name>/ (each has a README saying
+which machine it stands for).
+"""
+
+from pathlib import Path
+
+from qwen27b.recorded import fake_responses
+
+RECORDINGS = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "hosts"
+
+
+def _fake(name: str, **data):
+    return (f"@fake/{name}", {"fake_responses": fake_responses(RECORDINGS / name), "fake_delay": 0,
+                              "fake_delay_jitter": 0, **data})
+
+
+recorded_hosts = [
+    _fake("v100x4-2204-fresh"),
+    _fake("v100x1-2004"),
+    _fake("v100x2-16gb"),
+    _fake("v100x4-converged"),
+    _fake("t4x1-2204"),
+    _fake("a100x2-2204"),
+    _fake("nogpu-2204"),
+    _fake("centos7"),
+]

@@ -1,0 +1,154 @@
+"""Inventory data: every `qwen27b_*` key, its type, default and meaning, checked before any host
+is touched. A mistake is refused naming the host, the key and the fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+class BadHostData(ValueError):
+    """Inventory data that cannot be deployed; str() names host, key and fix."""
+
+    def __init__(self, host: str, key: str, problem: str, fix: str):
+        self.host, self.key, self.problem, self.fix = host, key, problem, fix
+        super().__init__(f"{host}: {key}: {problem}. Fix: {fix}")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One host's validated qwen27b data (the field name is the inventory key minus 'qwen27b_')."""
+
+    profile: str | None = None  # None: chosen from the GPUs; "cpu-smoke" for the CPU profile
+    stack_overrides: dict | None = None  # merged into the stack profile (see stack.resolve_stack)
+    tensor_parallel_size: int | None = None  # None: all (visible) GPUs
+    gpu_indices: list | None = None  # None: every GPU; else CUDA_VISIBLE_DEVICES
+    port: int = 8000
+    bind_address: str | None = None  # None: the host's lab address when known, else 127.0.0.1
+    served_model_name: str | None = None  # None: the stack model's served_name
+    api_key_file: str | None = None  # controller-side file holding the API key (mode 0600)
+    serve_flags: dict | None = None  # pinned vllm serve flags, e.g. {"--max-model-len": 4096}
+    speculative: bool = True  # DFlash2 speculative decoding where the profile has a draft
+    prefix_caching: bool = True
+    skip_reboot: bool = False  # never reboot this host; the plan says a reboot is pending
+    mok_key_path: str | None = None  # MOK signing key for secure boot hosts
+    hold_kernel: bool = False  # apt-mark hold the running kernel too
+    min_free_disk_gib: int = 10  # headroom beyond the weights on the model disk
+    health_interval_s: int = 30
+    health_failures_before_restart: int = 3
+
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "profile": (str,),
+    "stack_overrides": (dict,),
+    "tensor_parallel_size": (int,),
+    "gpu_indices": (list,),
+    "port": (int,),
+    "bind_address": (str,),
+    "served_model_name": (str,),
+    "api_key_file": (str,),
+    "serve_flags": (dict,),
+    "speculative": (bool,),
+    "prefix_caching": (bool,),
+    "skip_reboot": (bool,),
+    "mok_key_path": (str,),
+    "hold_kernel": (bool,),
+    "min_free_disk_gib": (int,),
+    "health_interval_s": (int,),
+    "health_failures_before_restart": (int,),
+}
+PREFIX = "qwen27b_"
+KEYS = [PREFIX + f.name for f in fields(Settings)]
+_POSITIVE = {"tensor_parallel_size", "min_free_disk_gib", "health_interval_s", "health_failures_before_restart"}
+
+
+def _check_type(host: str, key: str, name: str, value: Any) -> None:
+    wanted = _TYPES[name]
+    # bool is an int in Python: a `True` port is a typo, not a number.
+    if isinstance(value, bool) and bool not in wanted:
+        ok = False
+    else:
+        ok = isinstance(value, wanted)
+    if not ok:
+        kind = " or ".join(t.__name__ for t in wanted)
+        example = {"int": "8000", "str": '"text"', "bool": "True", "dict": "{...}", "list": "[0, 1]"}[wanted[0].__name__]
+        raise BadHostData(host, key, f"expected {kind}, got {type(value).__name__} {value!r}", f"write it as {example}")
+
+
+def settings_for(host: str, data: dict) -> Settings:
+    """Validate one host's data -> Settings. Unknown qwen27b_* keys (and near-misses) are refused."""
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in KEYS:
+            name = key[len(PREFIX):]
+            if value is None:
+                continue
+            _check_type(host, key, name, value)
+            values[name] = value
+            continue
+        close = difflib.get_close_matches(key, KEYS, n=1, cutoff=0.8)
+        if key.startswith(PREFIX) or close:
+            hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(KEYS)}"
+            raise BadHostData(host, key, "unknown key", hint)
+    settings = Settings(**values)
+    _check_values(host, settings)
+    return settings
+
+
+def _check_values(host: str, s: Settings) -> None:
+    for name in _POSITIVE:
+        value = getattr(s, name)
+        if value is not None and value <= 0:
+            raise BadHostData(host, PREFIX + name, f"must be a positive number, got {value}", "use a value of 1 or more")
+    if not 1 <= s.port <= 65535:
+        raise BadHostData(host, "qwen27b_port", f"{s.port} is not a TCP port", "use 1-65535 (default 8000)")
+    if s.gpu_indices is not None:
+        if not s.gpu_indices or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in s.gpu_indices):
+            raise BadHostData(host, "qwen27b_gpu_indices", f"{s.gpu_indices!r} is not a list of GPU indices", "e.g. [0, 1]")
+        if len(set(s.gpu_indices)) != len(s.gpu_indices):
+            raise BadHostData(host, "qwen27b_gpu_indices", f"{s.gpu_indices!r} repeats a GPU", "list each GPU once")
+        if s.tensor_parallel_size and s.tensor_parallel_size > len(s.gpu_indices):
+            raise BadHostData(host, "qwen27b_tensor_parallel_size",
+                              f"{s.tensor_parallel_size} is more than the {len(s.gpu_indices)} GPUs in qwen27b_gpu_indices",
+                              "lower the TP size or list more GPUs")
+    if s.bind_address is not None:
+        try:
+            ipaddress.ip_address(s.bind_address)
+        except ValueError:
+            raise BadHostData(host, "qwen27b_bind_address", f"{s.bind_address!r} is not an IP address",
+                              "give the lab interface's address, e.g. 192.168.1.20") from None
+    if s.serve_flags:
+        for flag in s.serve_flags:
+            if not (isinstance(flag, str) and flag.startswith("--")):
+                raise BadHostData(host, "qwen27b_serve_flags", f"{flag!r} is not a vllm serve flag",
+                                  'write flags with their dashes, e.g. {"--max-model-len": 4096}')
+
+
+def lab_address(data: dict) -> str | None:
+    """The host's address on the lab network when the inventory states one as an IP."""
+    for key in ("ssh_hostname",):
+        value = data.get(key)
+        if isinstance(value, str):
+            try:
+                return str(ipaddress.ip_address(value))
+            except ValueError:
+                return None
+    return None
+
+
+def validate_inventory(hosts: list[tuple[str, dict]]) -> dict[str, Settings]:
+    """Check every host's data and what hosts share (ports on one machine) before any is touched."""
+    settings = {name: settings_for(name, data) for name, data in hosts}
+    seen: dict[tuple[str, int], str] = {}
+    for name, data in hosts:
+        machine = data.get("ssh_hostname") or name
+        key = (str(machine), settings[name].port)
+        if key in seen:
+            raise BadHostData(name, "qwen27b_port",
+                              f"port {key[1]} is already used by host entry '{seen[key]}' on the same machine {machine}",
+                              "give each entry on one machine its own port")
+        seen[key] = name
+    return settings

@@ -1,0 +1,36 @@
+"""The operations pyinfra queued for a host, as text: what a dry run would do, command by command.
+
+pyinfra's own `--dry` prints counts only; the lab admin (and the golden tests) want the commands.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from pyinfra.api.command import FileUploadCommand, FunctionCommand, StringCommand
+
+
+def _command_text(command) -> str:
+    if isinstance(command, StringCommand):
+        return command.get_masked_value()
+    if isinstance(command, FileUploadCommand):
+        content = command.src.getvalue() if hasattr(command.src, "getvalue") else None
+        digest = f" (sha1 {hashlib.sha1(content.encode()).hexdigest()[:12]})" if isinstance(content, str) else ""
+        return f"upload{digest} -> {command.dest}"
+    if isinstance(command, FunctionCommand):
+        return f"python: {getattr(command.function, '__name__', command.function)}"
+    return str(command)
+
+
+def planned_operations(state, host) -> list[tuple[str, bool, list[str]]]:
+    """(operation name, will it change the host, the commands) for each op queued for host, in order."""
+    out = []
+    for op_hash in state.get_op_order():
+        data = state.ops[host].get(op_hash)
+        if data is None:
+            continue
+        name = ", ".join(sorted(state.op_meta[op_hash].names))
+        changes = bool(data.operation_meta.will_change)
+        commands = [_command_text(c) for c in data.command_generator()] if changes else []
+        out.append((name, changes, commands))
+    return out

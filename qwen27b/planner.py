@@ -1,0 +1,341 @@
+"""The memory and flag planner: facts + stack + checkpoint shape -> the `vllm serve` flags.
+
+A pure function. Every flag carries the reason it has its value; a user may pin any flag
+(`qwen27b_serve_flags`), and the planner then checks the pin fits and says so if it does not.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from .checkpoint import DTYPE_BYTES, ModelShape
+from .stack import ResolvedStack
+
+MiB = 2**20
+GiB = 2**30
+MIN_MODEL_LEN = 2048  # below this a chat model is not useful; refuse instead of shrinking further
+
+
+class PlanRefused(ValueError):
+    """No serving configuration fits; `cause` and `fix` are for the lab admin."""
+
+    def __init__(self, cause: str, fix: str):
+        self.cause, self.fix = cause, fix
+        super().__init__(f"{cause}. Fix: {fix}")
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU as the planner sees it (from nvidia-smi, or from lspci + the stack's GPU table)."""
+
+    index: int
+    name: str
+    memory_mib: int
+    compute_capability: str
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str
+    value: str | None  # None: a switch without a value
+    reason: str
+    pinned: bool = False
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """Bytes per GPU (or of host RAM on the CPU profile), each with what it is for."""
+
+    device: str
+    total: int
+    usable: int
+    weights: int
+    draft: int
+    activations: int
+    cuda_graphs: int
+    overhead: int
+    recurrent_state: int
+    kv_bytes_per_token: int
+    kv_cap: int | None = None  # CPU: vLLM takes a fixed KV space (VLLM_CPU_KVCACHE_SPACE)
+
+    @property
+    def kv_room(self) -> int:
+        room = self.usable - (self.weights + self.draft + self.activations + self.cuda_graphs
+                              + self.overhead + self.recurrent_state)
+        return room if self.kv_cap is None else min(room, self.kv_cap)
+
+    @property
+    def kv_tokens(self) -> int:
+        return max(0, self.kv_room) // self.kv_bytes_per_token if self.kv_bytes_per_token else 0
+
+    def rows(self) -> list[tuple[str, str]]:
+        def gib(n: int) -> str:
+            return f"{n / GiB:7.2f} GiB"
+        return [
+            (f"{self.device} memory", gib(self.total)),
+            ("usable (utilization cap)", gib(self.usable)),
+            ("target weights", gib(self.weights)),
+            ("draft weights", gib(self.draft)),
+            ("activations (prefill chunk)", gib(self.activations)),
+            ("CUDA graphs", gib(self.cuda_graphs)),
+            ("runtime overhead", gib(self.overhead)),
+            ("recurrent (GDN) state, all seqs", gib(self.recurrent_state)),
+            ("left for KV cache", gib(self.kv_room)),
+            ("KV bytes per token", f"{self.kv_bytes_per_token:,} B"),
+            ("KV capacity", f"{self.kv_tokens:,} tokens"),
+        ]
+
+
+@dataclass
+class ServePlan:
+    flags: list[Flag]
+    env: dict[str, str]
+    memory: MemoryBudget
+    notes: list[str] = field(default_factory=list)
+
+    def value(self, name: str) -> str | None:
+        for flag in self.flags:
+            if flag.name == name:
+                return flag.value
+        raise KeyError(name)
+
+    def has(self, name: str) -> bool:
+        return any(flag.name == name for flag in self.flags)
+
+    def argv(self) -> list[str]:
+        out: list[str] = []
+        for flag in self.flags:
+            out.append(flag.name)
+            if flag.value is not None:
+                out.append(flag.value)
+        return out
+
+
+@dataclass(frozen=True)
+class ServeInputs:
+    """Everything the planner reads, gathered by the gate from facts, stack and host data."""
+
+    stack: ResolvedStack
+    gpus: list[Gpu]
+    target: ModelShape
+    draft: ModelShape | None
+    model_path: str
+    draft_path: str | None
+    served_name: str
+    bind_address: str
+    bind_reason: str
+    port: int
+    speculative: bool
+    prefix_caching: bool
+    pins: dict
+    ram_bytes: int | None = None
+
+
+def _pin(pins: dict, name: str, cast):
+    if name not in pins:
+        return None
+    value = pins[name]
+    try:
+        return cast(value)
+    except (TypeError, ValueError):
+        raise PlanRefused(f"pinned {name} {value!r} is not a {cast.__name__}",
+                          f"set qwen27b_serve_flags {name} to a number") from None
+
+
+def _divides(tp: int, model: ModelShape) -> bool:
+    kv = model.num_kv_heads
+    return model.num_attention_heads % tp == 0 and (kv % tp == 0 or tp % kv == 0)
+
+
+def choose_tp(gpus: list[Gpu], model: ModelShape, pinned: int | None) -> tuple[int, str]:
+    n = len(gpus)
+    if pinned is not None:
+        if pinned > n:
+            raise PlanRefused(f"--tensor-parallel-size {pinned} is more than the {n} GPU(s) on this host",
+                              f"use a TP size of at most {n}")
+        if n % pinned:
+            raise PlanRefused(f"--tensor-parallel-size {pinned} does not divide the {n} GPUs",
+                              "pick a TP size that divides the GPU count, or list GPUs with qwen27b_gpu_indices")
+        if not _divides(pinned, model):
+            raise PlanRefused(f"--tensor-parallel-size {pinned} does not divide the model's "
+                              f"{model.num_attention_heads} attention / {model.num_kv_heads} KV heads",
+                              "use a TP size that divides the head counts (1, 2, 4, ...)")
+        return pinned, "fits the GPUs and the model's heads"
+    for tp in range(n, 0, -1):
+        if n % tp == 0 and _divides(tp, model):
+            why = "decode is memory-bandwidth bound, so one TP group over every GPU multiplies bandwidth"
+            if tp != n:
+                why += f"; {n} does not divide the model's heads, so {tp}"
+            return tp, f"{why} ({n} GPU(s) visible)"
+    return 1, "single GPU"
+
+
+def _budget(inp: ServeInputs, tp: int, util: float, max_len: int, seqs: int, batched: int) -> MemoryBudget:
+    serve = inp.stack.profile["serve"]
+    kv_dtype = serve.get("kv_cache_dtype", "auto")
+    kvb = DTYPE_BYTES.get(kv_dtype, 2) if kv_dtype != "auto" else DTYPE_BYTES[_act_dtype(inp)]
+    act_bytes = DTYPE_BYTES[_act_dtype(inp)]
+    use_draft = inp.draft is not None and inp.speculative
+    kv_per_token = inp.target.kv_bytes_per_token(tp, kvb)
+    if use_draft:
+        kv_per_token += inp.draft.kv_bytes_per_token(tp, kvb)
+    activations = int(batched * inp.target.intermediate_size * 2 * act_bytes / tp * serve.get("activation_factor", 2.0))
+    if inp.gpus:
+        total = min(g.memory_mib for g in inp.gpus) * MiB
+        device = "per-GPU"
+    else:
+        total = inp.ram_bytes or 0
+        device = "host RAM"
+        util = 1.0
+    overhead = serve.get("runtime_overhead_mib", 0) * MiB
+    graphs = 0 if (serve.get("enforce_eager") or not inp.gpus) else serve.get("cuda_graph_reserve_mib", 0) * MiB
+    kv_cap = None if inp.gpus else int(serve.get("cpu_kvcache_space_gib", 1) * GiB)
+    return MemoryBudget(
+        device=device,
+        total=total,
+        usable=int(total * util),
+        weights=inp.target.weight_bytes // tp,
+        draft=(inp.draft.weight_bytes // tp) if use_draft else 0,
+        activations=activations,
+        cuda_graphs=graphs,
+        overhead=overhead,
+        recurrent_state=seqs * inp.target.recurrent_state_bytes(tp),
+        kv_bytes_per_token=kv_per_token,
+        kv_cap=kv_cap,
+    )
+
+
+def _act_dtype(inp: ServeInputs) -> str:
+    dtype = inp.stack.profile["serve"]["dtype"]
+    return "bfloat16" if dtype == "auto" else dtype
+
+
+def _shrink_steps(start: dict, pinned: set) -> list[dict]:
+    """Configurations to try, largest first; only unpinned knobs move, cheapest loss first."""
+    steps = [dict(start)]
+    current = dict(start)
+    for knob, floor in (("seqs", 1), ("batched", 2048), ("max_len", MIN_MODEL_LEN)):
+        if knob in pinned:
+            continue
+        while current[knob] // 2 >= floor:
+            current[knob] //= 2
+            steps.append(dict(current))
+    return steps
+
+
+def plan_serve(inp: ServeInputs) -> ServePlan:
+    serve = inp.stack.profile["serve"]
+    pins = dict(inp.pins or {})
+    cite = inp.stack.cite
+    flags: list[Flag] = []
+    notes: list[str] = []
+
+    def add(name: str, value, reason: str) -> None:
+        if name in pins:
+            pinned = pins.pop(name)
+            shown = None if pinned is True else str(pinned)
+            note = "" if shown == (None if value is None else str(value)) else f"; the planner would choose {value}"
+            flags.append(Flag(name, shown, f"pinned in host data{note} ({reason})", True))
+        else:
+            flags.append(Flag(name, None if value is None else str(value), reason))
+
+    if inp.gpus:
+        tp, tp_reason = choose_tp(inp.gpus, inp.target, _pin(pins, "--tensor-parallel-size", int))
+    else:
+        tp, tp_reason = 1, "CPU profile"
+    util = _pin(pins, "--gpu-memory-utilization", float) or serve.get("gpu_memory_utilization", 1.0)
+    start = {
+        "max_len": _pin(pins, "--max-model-len", int) or serve["max_model_len"],
+        "seqs": _pin(pins, "--max-num-seqs", int) or serve["max_num_seqs"],
+        "batched": _pin(pins, "--max-num-batched-tokens", int) or serve["max_num_batched_tokens"],
+    }
+    pinned = {k for k, f in (("max_len", "--max-model-len"), ("seqs", "--max-num-seqs"),
+                             ("batched", "--max-num-batched-tokens")) if f in pins}
+    limit = inp.target.max_position_embeddings
+    if limit and start["max_len"] > limit:
+        if "max_len" in pinned:
+            raise PlanRefused(f"pinned --max-model-len {start['max_len']} is beyond the model's {limit} positions",
+                              f"pin at most {limit}")
+        start["max_len"] = limit
+
+    chosen = None
+    for config in _shrink_steps(start, pinned):
+        budget = _budget(inp, tp, util, config["max_len"], config["seqs"], config["batched"])
+        if budget.kv_room > 0 and budget.kv_tokens >= config["max_len"]:
+            chosen = (config, budget)
+            break
+    if chosen is None:
+        budget = _budget(inp, tp, util, start["max_len"], start["seqs"], start["batched"])
+        needed = budget.weights + budget.draft + budget.overhead + budget.cuda_graphs
+        where = f"{len(inp.gpus)}x {inp.gpus[0].name} at TP {tp}" if inp.gpus else "host RAM"
+        if pinned:
+            cause = (f"the pinned {', '.join(sorted(f for f in pins if f.startswith('--max')))} do not fit on {where}: "
+                     f"KV room holds {budget.kv_tokens:,} tokens")
+            fix = "lower the pinned values or remove the pins and let the planner choose"
+        else:
+            cause = (f"too little memory on {where}: weights {budget.weights / GiB:.1f} GiB + draft "
+                     f"{budget.draft / GiB:.1f} GiB + runtime {(budget.overhead + budget.cuda_graphs) / GiB:.1f} GiB "
+                     f"(of {budget.usable / GiB:.1f} GiB usable) leave no room for a {MIN_MODEL_LEN}-token KV cache "
+                     f"({needed / GiB:.1f} GiB before KV)")
+            fix = "use more or larger GPUs (a higher TP size), or turn off speculative decoding (qwen27b_speculative=False)"
+        raise PlanRefused(cause, fix)
+    config, budget = chosen
+
+    add("--model", inp.model_path, "the active checkpoint (the weights role switches this symlink)")
+    add("--served-model-name", inp.served_name, "the name clients send as 'model'")
+    add("--host", inp.bind_address, inp.bind_reason)
+    add("--port", inp.port, "qwen27b_port")
+    if inp.gpus:
+        add("--tensor-parallel-size", tp, tp_reason)
+        measured = "1cat-profile-27b" in (serve.get("source") or [])
+        add("--gpu-memory-utilization", util, f"stack profile {inp.stack.profile_name}"
+            + (f" {cite('1cat-profile-27b')}" if measured else ": vLLM's usual headroom for CUDA context and NCCL"))
+    add("--dtype", serve["dtype"], f"V100 has no bf16 {cite('v100-fp16')}" if serve["dtype"] == "float16"
+        else f"stack profile {inp.stack.profile_name}")
+    def sized(knob: str, detail: str) -> str:
+        if config[knob] == start[knob]:
+            return f"stack default; {detail}"
+        return f"lowered from {start[knob]} to fit memory; {detail}"
+
+    add("--max-model-len", config["max_len"],
+        sized("max_len", f"KV room holds {budget.kv_tokens:,} tokens per {'GPU' if inp.gpus else 'host'}"))
+    add("--max-num-seqs", config["seqs"],
+        sized("seqs", f"recurrent state {budget.recurrent_state / MiB:.0f} MiB for this many sequences"))
+    add("--max-num-batched-tokens", config["batched"],
+        sized("batched", f"activations {budget.activations / MiB:.0f} MiB"))
+    if serve.get("attention_backend"):
+        add("--attention-backend", serve["attention_backend"],
+            f"the sm_70 build's attention kernels (also non-causal, as the DFlash draft needs) {cite('1cat-vllm')}")
+    add("--kv-cache-dtype", serve.get("kv_cache_dtype", "auto"),
+        f"KV in the model dtype; fp8_e5m2 is experimental on V100 {cite('kv-fp8-v100')}"
+        if inp.gpus and serve["dtype"] == "float16" else "KV in the model dtype")
+    if serve.get("enforce_eager"):
+        add("--enforce-eager", None, f"start-up in under a minute instead of minutes of compiling {cite(serve.get('source'))}")
+    if inp.draft is not None and inp.speculative:
+        spec = inp.stack.draft["speculative"]
+        config_json = {"method": spec["method"], "model": inp.draft_path,
+                       "num_speculative_tokens": spec["num_speculative_tokens"]}
+        for key in ("draft_sample_method", "kv_cache_dtype"):
+            if spec.get(key):
+                config_json[key] = spec[key]
+        add("--speculative-config", json.dumps(config_json, separators=(",", ":")),
+            f"DFlash2 draft {inp.stack.draft['id']}, block {spec['num_speculative_tokens'] + 1} "
+            f"-> {spec['num_speculative_tokens']} tokens per step {cite('dflash2')}")
+        if inp.target.lm_head_quantized:
+            notes.append(f"target lm_head is quantized: DFlash2 acceptance will be ~0 {cite('dflash-dense-head')}")
+    if inp.target.multimodal:
+        add("--limit-mm-per-prompt", json.dumps({"image": 0, "video": 0}, separators=(",", ":")),
+            f"text-only serving: no vision encoder profiling {cite('mm-text-only')}")
+    if inp.prefix_caching:
+        add("--enable-prefix-caching", None, "reuse KV of repeated prefixes (multi-turn chat)")
+        if inp.target.hybrid:
+            add("--mamba-cache-mode", "align", f"hybrid GDN model with prefix caching {cite('gdn-prefix')}")
+    else:
+        add("--no-enable-prefix-caching", None, "qwen27b_prefix_caching is off")
+    for name, value in pins.items():
+        flags.append(Flag(name, None if value is True else str(value), "pinned in host data (qwen27b_serve_flags)", True))
+
+    env = {str(k): str(v) for k, v in (serve.get("env") or {}).items()}
+    notes.append("API key: VLLM_API_KEY from a 0600 env file, never a flag (flags show in ps and systemctl status)")
+    return ServePlan(flags=flags, env=env, memory=budget, notes=notes)

@@ -1,0 +1,74 @@
+"""Recorded host outputs -> `fake_responses` for a pyinfra `@fake` host.
+
+A recorded host is a directory (tests/fixtures/hosts/<name>/) holding, for each fact in
+qwen27b.facts, the output of its command in the file named by the fact's `recorded_as`:
+
+- file present: the fact's command answers with the file's lines (an empty file answers with
+  empty output, which pyinfra turns into the fact's default);
+- file holding the single line ``##PYINFRA_NOCMD##``: the fact's `requires_command` binary is
+  absent on that machine (that is what pyinfra's guard prints), so pyinfra returns the default;
+- file absent: no entry, and the @fake connector answers with empty success output.
+
+An optional ``extra.yaml`` adds responses for pyinfra's own facts (or anything else), after the
+facts, since the connector takes the first matching key:
+
+    - match: "uname -m"        # substring of the command, or a regex with regex: true
+      regex: false
+      stdout: [x86_64]
+      success: true            # optional, default true; stderr: [...] is optional too
+
+README.md and any other file or directory are ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+from qwen27b.facts import ALL_FACTS
+
+EXTRA_FILE = "extra.yaml"
+
+
+def fake_responses(host_dir: Path) -> dict:
+    """The `fake_responses` host data for the recorded host in `host_dir`."""
+    host_dir = Path(host_dir)
+    if not host_dir.is_dir():
+        raise FileNotFoundError(f"no recorded host directory: {host_dir}")
+
+    responses: dict = {}
+    for fact in ALL_FACTS:
+        recorded = host_dir / fact.recorded_as
+        if recorded.is_file():
+            responses[fact.fake_match] = recorded.read_text(encoding="utf-8").splitlines()
+
+    extra = host_dir / EXTRA_FILE
+    if extra.is_file():
+        entries = yaml.safe_load(extra.read_text(encoding="utf-8")) or []
+        if not isinstance(entries, list):
+            raise ValueError(f"{extra}: expected a list of {{match, regex, stdout, success}}")
+        for number, entry in enumerate(entries, 1):
+            if not isinstance(entry, dict) or not isinstance(entry.get("match"), str):
+                raise ValueError(f"{extra}: entry {number}: expected a mapping with a 'match' string")
+            key = re.compile(entry["match"]) if entry.get("regex") else entry["match"]
+            response = {"stdout": _lines(entry.get("stdout")), "success": bool(entry.get("success", True))}
+            if entry.get("stderr") is not None:
+                response["stderr"] = _lines(entry["stderr"])
+            responses[key] = response
+    return responses
+
+
+def recorded_facts(host_dir: Path) -> list[type]:
+    """The fact classes that have a recording in `host_dir`."""
+    return [fact for fact in ALL_FACTS if (Path(host_dir) / fact.recorded_as).is_file()]
+
+
+def _lines(value) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return value.splitlines()
+    return [str(line) for line in value]
+

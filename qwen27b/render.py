@@ -1,0 +1,162 @@
+"""Render the service's files from a Decision: the systemd unit, its env file, the health timer.
+
+Templates hold no logic beyond loops; every value (and every hardening line with its reason)
+is computed here, so tests can check the values and `systemd-analyze verify` the result.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import jinja2
+
+from .gate import Decision
+
+TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
+SERVICE_UNIT = "qwen27b.service"
+HEALTH_UNIT = "qwen27b-health.service"
+HEALTH_TIMER = "qwen27b-health.timer"
+_SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
+
+# Every line removes a privilege vLLM does not use; GPU access is kept through DeviceAllow.
+COMMON_HARDENING = [
+    ("NoNewPrivileges", "yes"),
+    ("ProtectSystem", "strict"),
+    ("PrivateTmp", "yes"),
+    ("ProtectHome", "yes"),
+    ("ProtectKernelTunables", "yes"),
+    ("ProtectKernelModules", "yes"),
+    ("ProtectKernelLogs", "yes"),
+    ("ProtectControlGroups", "yes"),
+    ("ProtectClock", "yes"),
+    ("ProtectHostname", "yes"),
+    ("ProtectProc", "invisible"),
+    ("RestrictNamespaces", "yes"),
+    ("RestrictRealtime", "yes"),
+    ("RestrictSUIDSGID", "yes"),
+    ("LockPersonality", "yes"),
+    ("SystemCallArchitectures", "native"),
+    ("CapabilityBoundingSet", ""),
+    # NCCL and the API server need inet sockets; netlink lists interfaces.
+    ("RestrictAddressFamilies", "AF_UNIX AF_INET AF_INET6 AF_NETLINK"),
+    ("UMask", "0027"),
+]
+# The NVIDIA device nodes: control, UVM, and every /dev/nvidiaN (major "nvidia-frontend").
+GPU_DEVICES = [
+    ("DevicePolicy", "closed"),
+    ("DeviceAllow", "/dev/nvidiactl rw"),
+    ("DeviceAllow", "/dev/nvidia-uvm rw"),
+    ("DeviceAllow", "/dev/nvidia-uvm-tools rw"),
+    ("DeviceAllow", "char-nvidia-frontend rw"),
+    ("DeviceAllow", "char-nvidia-caps r"),
+]
+
+
+def systemd_quote(arg: str) -> str:
+    """One ExecStart argument: single-quoted when needed; % and $ escaped for systemd."""
+    arg = str(arg).replace("%", "%%").replace("$", "$$")
+    if _SAFE.match(arg):
+        return arg
+    return "'" + arg.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def layout(decision: Decision, prefix: str = "") -> dict:
+    """Host paths (prefix lets tests render into a scratch root)."""
+    paths = decision.stack.paths
+    return {
+        "root": prefix + paths["root"],
+        "venv": prefix + paths["current_release"] + "/venv",
+        "state_dir": prefix + paths["state"],
+        "cache_dir": prefix + paths["cache"],
+        "config_dir": prefix + paths["config"],
+        "env_file": prefix + paths["config"] + "/qwen27b.env",
+        "secrets_file": prefix + paths["config"] + "/api-key.env",
+        "health_status": prefix + paths["state"] + "/health.json",
+    }
+
+
+def hardening(decision: Decision, where: dict) -> list[tuple[str, str]]:
+    lines = list(COMMON_HARDENING) + [("ReadWritePaths", where["state_dir"])]
+    if decision.gpus:
+        lines += GPU_DEVICES
+    else:
+        lines.append(("PrivateDevices", "yes"))
+    return lines
+
+
+def service_env(decision: Decision, where: dict) -> list[tuple[str, str]]:
+    env = {
+        "HOME": where["state_dir"],
+        "XDG_CACHE_HOME": where["cache_dir"],
+        "VLLM_CACHE_ROOT": where["cache_dir"] + "/vllm",
+        "HF_HOME": where["cache_dir"] + "/huggingface",
+        # weights are placed by the weights role; the service never reaches a hub
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+    if decision.gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g.index) for g in decision.gpus)
+    env.update(decision.serve.env)
+    return sorted(env.items())
+
+
+def contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
+    """Template name -> context, for every file the service role writes."""
+    where = layout(decision, prefix)
+    serve = decision.serve
+    address = serve.value("--host")
+    port = serve.value("--port")
+    base_url = f"http://{address}:{port}"
+    exec_start = [f"{where['venv']}/bin/python -m vllm.entrypoints.openai.api_server"]
+    for flag in serve.flags:
+        exec_start.append(flag.name if flag.value is None else f"{flag.name} {systemd_quote(flag.value)}")
+    model = decision.stack.model
+    service = {
+        **where,
+        "served_name": serve.value("--served-model-name"),
+        "model_ref": f"{model['id']}@{model['revision']}",
+        "profile": decision.profile,
+        "after": ["network-online.target"] + (["nvidia-persistenced.service"] if decision.gpus else []),
+        "user": decision.stack.paths["service_user"],
+        "exec_start": exec_start,
+        # `systemctl start` returns once /health answers, so start-up failures show in the unit state
+        "ready_check": f"/bin/sh -c 'until curl -fsS -o /dev/null {base_url}/health; do sleep 2; done'",
+        "start_timeout_s": decision.stack.profile["serve"]["start_timeout_s"],
+        "start_limit_interval_s": 1800,
+        "start_limit_burst": 5,
+        "hardening": hardening(decision, where),
+    }
+    s = decision.settings
+    health = {
+        "service_unit": SERVICE_UNIT,
+        "interval_s": s.health_interval_s,
+        "first_check_s": 120,
+        "timeout_s": 60,
+        "health_exec": [f"{where['venv']}/bin/qwen27b-health", "--url", base_url, "--unit", SERVICE_UNIT,
+                        "--status-file", where["health_status"],
+                        "--restart-after", str(s.health_failures_before_restart)],
+        "hardening": [("ProtectSystem", "strict"), ("ProtectHome", "yes"), ("PrivateTmp", "yes"),
+                      ("NoNewPrivileges", "yes"), ("ReadWritePaths", where["state_dir"])],
+    }
+    return {
+        "qwen27b.service.j2": service,
+        "qwen27b.env.j2": {"env": service_env(decision, where), "secrets_file": where["secrets_file"]},
+        "qwen27b-health.service.j2": health,
+        "qwen27b-health.timer.j2": health,
+    }
+
+
+_ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)), undefined=jinja2.StrictUndefined,
+                          keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False)
+
+
+def render(template: str, context: dict) -> str:
+    return _ENV.get_template(template).render(**context)
+
+
+def render_all(decision: Decision, prefix: str = "") -> dict[str, str]:
+    """Template name -> rendered text."""
+    return {name: render(name, ctx) for name, ctx in contexts(decision, prefix).items()}

@@ -1,0 +1,62 @@
+"""Plain-text tables for people: the plan per host, refusals, warnings, planned operations."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+
+from .gate import Decision, RefusedHost
+
+_CITATION = re.compile(r"\[([a-z0-9][a-z0-9, .-]*)\]")
+
+
+def table(headers: list[str], rows: list[list[str]], widths: list[int]) -> str:
+    """A fixed-width table; each cell wraps at its column's width."""
+    cells = [[textwrap.wrap(str(c), w, break_on_hyphens=False) or [""] for c, w in zip(r, widths)] for r in rows]
+    used = [max([len(h)] + [len(line) for row in cells for line in row[i]]) for i, h in enumerate(headers)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(headers, used)).rstrip(), "  ".join("-" * w for w in used)]
+    for row in cells:
+        for n in range(max(len(c) for c in row)):
+            out.append("  ".join((c[n] if n < len(c) else "").ljust(w) for c, w in zip(row, used)).rstrip())
+    return "\n".join(out)
+
+
+def _legend(d: Decision, texts: list[str]) -> list[str]:
+    ids: list[str] = []
+    for text in texts:
+        for group in _CITATION.findall(text):
+            ids += [i.strip() for i in group.split(",") if i.strip() in d.stack.sources and i.strip() not in ids]
+    return [f"  [{i}] {d.stack.sources[i]}" for i in ids]
+
+
+def format_decision(d: Decision) -> str:
+    gpus = ", ".join(sorted({g.name for g in d.gpus})) or "none"
+    head = (f"== {d.host}: profile {d.profile} - {d.stack.profile['description']}\n"
+            f"   {len(d.gpus)} GPU(s): {gpus}; release {d.stack.stack_hash}")
+    parts = [head, "", table(["install", "action", "value", "why"],
+                             [[c.what, c.action, c.value, c.reason] for c in d.choices], [8, 8, 34, 60]), ""]
+    parts.append(table(["vllm serve flag", "value", "why"],
+                       [[f.name + (" (pinned)" if f.pinned else ""), f.value if f.value is not None else "(on)", f.reason]
+                        for f in d.serve.flags], [26, 44, 60]))
+    parts += ["", table(["memory plan", "size"], [list(r) for r in d.serve.memory.rows()], [34, 20])]
+    reasons = [c.reason for c in d.choices] + [f.reason for f in d.serve.flags] + d.serve.notes
+    legend = _legend(d, reasons)
+    if legend:
+        parts += ["", "sources:"] + legend
+    parts += [""] + [f"note: {n}" for n in d.serve.notes]
+    parts += [f"WARNING: {w}" for w in d.warnings]
+    return "\n".join(parts) + "\n"
+
+
+def format_refusal(r: RefusedHost) -> str:
+    return f"== {r.host}: REFUSED (nothing will be run on this host)\n   cause: {r.cause}\n   fix:   {r.fix}\n"
+
+
+def format_operations(host: str, operations: list[tuple[str, bool, list[str]]]) -> str:
+    """The operations queued for a host: name, whether it changes anything, the commands it would run."""
+    changing = [op for op in operations if op[1]]
+    lines = [f"== {host}: {len(operations)} operation(s) planned, {len(changing)} would change the host"]
+    for name, changes, commands in operations:
+        lines.append(f"   {'CHANGE' if changes else 'ok    '}  {name}")
+        lines.extend(f"            $ {c}" for c in commands)
+    return "\n".join(lines) + "\n"

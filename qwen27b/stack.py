@@ -1,0 +1,164 @@
+"""The stack file: load it, pick a profile for a host, apply the user's overrides.
+
+Every version and compatibility rule lives in stack.yaml with its source; this module only
+reads it, so a decision can always say which entry (and which source) it came from.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import hashlib
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+STACK_FILE = Path(__file__).with_name("stack.yaml")
+CHECKPOINTS_DIR = Path(__file__).with_name("checkpoints")
+
+
+class StackError(ValueError):
+    """The stack file or an override of it is wrong; the message says which key and how to fix it."""
+
+
+@lru_cache(maxsize=4)
+def _load_raw(path: str) -> dict:
+    with open(path, encoding="utf-8") as handle:
+        return yaml.safe_load(handle)
+
+
+def load_stack(path: Path | str = STACK_FILE) -> dict:
+    """A private copy of the stack file (callers may merge overrides into it)."""
+    return copy.deepcopy(_load_raw(str(path)))
+
+
+def cc_tuple(value: str | None) -> tuple[int, int] | None:
+    """'7.0' -> (7, 0): compute capabilities compare as numbers, not strings ('10.0' > '9.0')."""
+    if value is None:
+        return None
+    major, _, minor = str(value).partition(".")
+    return int(major), int(minor or 0)
+
+
+def gpu_spec(stack: dict, *, name: str | None = None, pci_id: str | None = None) -> dict | None:
+    """The stack's row for a GPU, by nvidia-smi name or by PCI device id (before any driver)."""
+    for row in stack["gpus"]:
+        if name is not None and name in row["names"]:
+            return row
+        if pci_id is not None and pci_id.lower() in row["pci_ids"]:
+            return row
+    return None
+
+
+def os_support(stack: dict, os_id: str | None, version_id: str | None) -> dict | None:
+    for row in stack["os_support"]:
+        if row["id"] == os_id and row["version_id"] == version_id:
+            return row
+    return None
+
+
+def profile_for_compute_capability(stack: dict, cc: str) -> str | None:
+    """The GPU-generation profile whose compute-capability range holds cc."""
+    value = cc_tuple(cc)
+    for name, profile in stack["profiles"].items():
+        bounds = profile.get("compute_capability")
+        if bounds and cc_tuple(bounds["min"]) <= value <= cc_tuple(bounds["max"]):
+            return name
+    return None
+
+
+def merge_overrides(base: dict, overrides: dict, where: str = "") -> dict:
+    """Deep-merge overrides into base; an unknown key is refused with a 'did you mean'."""
+    merged = copy.deepcopy(base)
+    for key, value in overrides.items():
+        path = f"{where}.{key}" if where else key
+        if key not in merged:
+            close = difflib.get_close_matches(key, list(merged), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise StackError(f"unknown stack key '{path}'{hint}; known here: {', '.join(sorted(merged))}")
+        if isinstance(merged[key], dict) and isinstance(value, dict):
+            merged[key] = merge_overrides(merged[key], value, path)
+        else:
+            merged[key] = value
+    return merged
+
+
+@dataclass(frozen=True)
+class ResolvedStack:
+    """One host's stack: the chosen profile with overrides applied, its model and draft entries."""
+
+    profile_name: str
+    profile: dict
+    model: dict
+    draft: dict | None
+    paths: dict
+    sources: dict
+    build: dict  # the vllm_builds row for profile.vllm.build
+
+    @property
+    def stack_hash(self) -> str:
+        """Names the release dir: anything that changes what is installed changes the hash."""
+        installed = {
+            "profile": self.profile_name,
+            "python": self.profile["python"],
+            "vllm": self.profile["vllm"],
+            "torch": self.profile["torch"],
+        }
+        digest = hashlib.sha256(json.dumps(installed, sort_keys=True).encode()).hexdigest()
+        return digest[:12]
+
+    @staticmethod
+    def _ids(source_ids) -> list[str]:
+        if source_ids is None:
+            return []
+        return [source_ids] if isinstance(source_ids, str) else list(source_ids)
+
+    def cite(self, source_ids) -> str:
+        """A short citation, '[id, id]'; the plan prints each id's text once as a legend."""
+        ids = self._ids(source_ids)
+        return f"[{', '.join(ids)}]" if ids else ""
+
+    def source_text(self, source_ids) -> str:
+        """The full text of the sources, for refusals (which must stand on their own)."""
+        return "; ".join(self.sources.get(i, i) for i in self._ids(source_ids))
+
+
+def resolve_stack(stack: dict, profile_name: str, overrides: dict | None = None) -> ResolvedStack:
+    """Apply a host's overrides to one profile (and to the model/draft entries it names).
+
+    Override layout: profile keys at the top level ({"driver": {...}, "serve": {...}}), plus
+    "model" / "draft" dicts merged into the model entries, and shortcuts "model_revision" /
+    "draft_revision" for the most common pin.
+    """
+    overrides = dict(overrides or {})
+    if profile_name not in stack["profiles"]:
+        close = difflib.get_close_matches(profile_name, list(stack["profiles"]), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise StackError(f"unknown profile '{profile_name}'{hint}; known: {', '.join(stack['profiles'])}")
+    model_over = overrides.pop("model", {}) or {}
+    draft_over = overrides.pop("draft", {}) or {}
+    if "model_revision" in overrides:
+        model_over = {**model_over, "revision": overrides.pop("model_revision")}
+    if "draft_revision" in overrides:
+        draft_over = {**draft_over, "revision": overrides.pop("draft_revision")}
+
+    profile = merge_overrides(stack["profiles"][profile_name], overrides)
+    model = merge_overrides(stack["models"][profile["model"]], model_over, "model")
+    draft = None
+    if profile.get("draft"):
+        draft = merge_overrides(stack["models"][profile["draft"]], draft_over, "draft")
+    elif draft_over:
+        raise StackError(f"profile '{profile_name}' has no draft model to override")
+    build_name = profile["vllm"]["build"]
+    if build_name not in stack["vllm_builds"]:
+        raise StackError(f"unknown vllm build '{build_name}'; known: {', '.join(stack['vllm_builds'])}")
+    return ResolvedStack(profile_name, profile, model, draft, stack["paths"], stack["sources"],
+                         stack["vllm_builds"][build_name])
+
+
+def checkpoint_metadata_dir(model: dict) -> Path:
+    return CHECKPOINTS_DIR / model["metadata"]

@@ -1,0 +1,262 @@
+"""Garbled or truncated output never escapes a fact parser as anything but FactParseError."""
+
+import json
+import string
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pyinfra.api.exceptions import FactProcessError
+
+from qwen27b import facts as F
+from qwen27b.facts import ALL_FACTS, FactParseError
+
+HOSTS = Path(__file__).parent / "fixtures" / "hosts"
+NOCMD = "##PYINFRA_NOCMD##"
+
+V100_ROW = (
+    "0, Tesla V100-SXM2-32GB, GPU-4d7c5599-9e86-8796-7b19-6e94ae5b9529, 00000000:18:00.0, 32768, 7.0, "
+    "580.95.05, 3, 3, 16, 16, Enabled, Enabled"
+)
+V100_PCI = (
+    "0000:18:00.0 3D controller [0302]: NVIDIA Corporation GV100GL [Tesla V100 SXM2 32GB] [10de:1db5] (rev a1)"
+)
+DF_HEADER = "Filesystem         1-blocks        Used   Available Capacity Mounted on"
+DF_ROW = "/dev/sda2   960197124096 512187269120 400000000000       57% /"
+
+GARBLED = [
+    # OsRelease
+    (F.OsRelease, []),
+    (F.OsRelease, ["garbage"]),
+    (F.OsRelease, ['PRETTY_NAME="Ubuntu 22.04.5 LTS"', 'NAME="Ubuntu"']),  # truncated before ID=
+    (F.OsRelease, ['ID="ubuntu']),  # cut inside the quotes
+    (F.OsRelease, ["ID=ubuntu", "VERSION_ID=22.04 LTS"]),  # unquoted spaces
+    (F.OsRelease, ["cat: /etc/os-release: No such file or directory"]),
+    # KernelRelease
+    (F.KernelRelease, []),
+    (F.KernelRelease, ["5.15.0-125-generic", "5.15.0-126-generic"]),
+    (F.KernelRelease, ["uname: invalid option -- 'x'"]),
+    # NvidiaGpus
+    (F.NvidiaGpus, [V100_ROW.rsplit(",", 6)[0]]),  # truncated row
+    (F.NvidiaGpus, [V100_ROW, V100_ROW[:40]]),
+    (F.NvidiaGpus, ["Failed to initialize NVML: Driver/library version mismatch"]),
+    (F.NvidiaGpus, [V100_ROW.replace("0, Tesla", "x, Tesla", 1)]),
+    (F.NvidiaGpus, [V100_ROW.replace("32768", "32 GB")]),
+    (F.NvidiaGpus, [V100_ROW.replace(", 7.0,", ", seven,")]),
+    (F.NvidiaGpus, [V100_ROW.replace("Enabled, Enabled", "Yes, Enabled")]),
+    (F.NvidiaGpus, [V100_ROW.replace(", 3, 3,", ", 3, gen3,")]),
+    (F.NvidiaGpus, [V100_ROW.replace("0, Tesla V100-SXM2-32GB", "[N/A], Tesla V100-SXM2-32GB")]),
+    # NvidiaPciDevices
+    (F.NvidiaPciDevices, [V100_PCI[:70]]),
+    (F.NvidiaPciDevices, [V100_PCI.replace("[10de:1db5]", "[10de:1db]")]),
+    (F.NvidiaPciDevices, ["pcilib: Cannot open /proc/bus/pci"]),
+    # NvidiaKernelModule
+    (F.NvidiaKernelModule, ["GCC version:  gcc version 11.4.0 (Ubuntu 11.4.0-1ubuntu1~22.04) "]),
+    (F.NvidiaKernelModule, ["NVRM version: NVIDIA UNIX"]),
+    (F.NvidiaKernelModule, ["NVRM version: NVIDIA UNIX x86_64 Kernel Module  "]),
+    # NouveauLoaded
+    (F.NouveauLoaded, ["yes"]),
+    (F.NouveauLoaded, ["1", "2"]),
+    (F.NouveauLoaded, ["-1"]),
+    # SecureBoot
+    (F.SecureBoot, []),
+    (F.SecureBoot, ["SB:mokutil"]),
+    (F.SecureBoot, ["SB:mokutil", "Failed to read SecureBoot"]),
+    (F.SecureBoot, ["SB:efivar"]),
+    (F.SecureBoot, ["SB:efivar", "   6   0   0"]),
+    (F.SecureBoot, ["SB:efivar", "   6   0   0   0   7"]),
+    (F.SecureBoot, ["SecureBoot enabled"]),  # no marker
+    (F.SecureBoot, ["SB:bios"]),
+    # DiskFree
+    (F.DiskFree, []),
+    (F.DiskFree, ["path /var/lib/qwen27b/models", "checked /var/lib", DF_HEADER]),  # truncated
+    (F.DiskFree, ["checked /var/lib", DF_HEADER, DF_ROW]),
+    (F.DiskFree, ["path /var/lib/qwen27b/models", "checked /var/lib", "df: /var/lib: No such file", DF_ROW]),
+    (F.DiskFree, ["path /x", "checked /", DF_HEADER, "/dev/sda2 960197124096 512187269120"]),
+    (F.DiskFree, ["path /x", "checked /", DF_HEADER, DF_ROW, DF_ROW]),
+    # MemoryInfo
+    (F.MemoryInfo, []),
+    (F.MemoryInfo, ["MemTotal:       lots kB"]),
+    (F.MemoryInfo, ["MemFree:        60000000 kB", "MemAvailable:   61000000 kB"]),  # no MemTotal
+    (F.MemoryInfo, ["MemTotal:       65843000 kB"]),  # truncated after the first line
+    (F.MemoryInfo, ["MemTotal:       65843000 kB", "MemAvailable:   610000"[:-3] + " MB"]),
+    # PythonVersions
+    (F.PythonVersions, ["/usr/bin/python3"]),
+    (F.PythonVersions, ["python3 3.10.12"]),
+    (F.PythonVersions, ["/usr/bin/python3 Python 3.10.12"]),
+    (F.PythonVersions, ["/usr/bin/python3 3"]),
+    # XidErrors
+    (F.XidErrors, ["2026-11-30T10:12:01+0000 v100-node4 kernel: NVRM: Xid (PCI:0000:86"]),
+    (F.XidErrors, ["2026-11-30T10:12:01+0000 v100-node4 kernel: something else entirely"]),
+    (F.XidErrors, ["NVRM: Xid (PCI:0000:3b:00): seventy-nine, GPU has fallen off the bus."]),
+    # NvidiaCudaPackages
+    (F.NvidiaCudaPackages, ["ii"]),
+    (F.NvidiaCudaPackages, ["xx  nvidia-driver-580-server 580.95.05-0ubuntu0.22.04.1"]),
+    (F.NvidiaCudaPackages, ["ii  nvidia-driver-580-server"]),  # installed but no version
+    (F.NvidiaCudaPackages, ["ii  nvidia-driver-580-server 580.95.05 extra"]),
+    # HeldPackages
+    (F.HeldPackages, ["E: Could not open lock file /var/lib/dpkg/lock-frontend"]),
+    (F.HeldPackages, ["nvidia driver"]),
+]
+
+
+@pytest.mark.parametrize(
+    "fact, output", GARBLED, ids=[f"{fact.__name__}-{i}" for i, (fact, _) in enumerate(GARBLED)]
+)
+def test_garbled_output_raises_fact_parse_error(fact, output):
+    with pytest.raises(FactParseError) as error:
+        fact().process(output)
+    assert str(error.value).startswith(f"{fact.__name__}: "), str(error.value)
+    assert "expected" in str(error.value)
+
+
+def test_every_fact_has_garbled_cases():
+    assert {fact for fact, _ in GARBLED} == set(ALL_FACTS)
+
+
+def test_fact_parse_error_is_pyinfras_fact_process_error():
+    # pyinfra catches FactProcessError to report "could not process fact" and fail only that host.
+    assert issubclass(FactParseError, FactProcessError)
+    error = FactParseError("NvidiaGpus", 3, "13 comma-separated --query-gpu fields", "0, Tesla")
+    assert str(error) == "NvidiaGpus: line 3: expected 13 comma-separated --query-gpu fields, got '0, Tesla'"
+    assert (error.fact, error.lineno) == ("NvidiaGpus", 3)
+
+
+def test_error_names_the_offending_line():
+    output = [V100_ROW, V100_ROW, "Failed to initialize NVML: Driver/library version mismatch"]
+    with pytest.raises(FactParseError, match=r"^NvidiaGpus: line 3: .*version mismatch"):
+        F.NvidiaGpus().process(output)
+
+
+def test_driver_message_wins_over_other_lines():
+    output = [
+        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+        "Make sure that the latest NVIDIA driver is installed and running.",
+    ]
+    assert F.NvidiaGpus().process(output) == []
+
+
+# --- fuzzing -------------------------------------------------------------------------------------
+
+GPU_KEYS = {
+    "index", "name", "uuid", "bus_id", "memory_mib", "compute_capability", "driver_version",
+    "pcie_gen_current", "pcie_gen_max", "pcie_width_current", "pcie_width_max", "persistence_mode",
+    "ecc_enabled",
+}  # fmt: skip
+
+
+def _check_shape(fact, value):
+    """A result that is not an error must still have the documented shape."""
+    json.dumps(value)
+    if fact is F.OsRelease:
+        assert set(value) == {"id", "version_id", "pretty_name", "codename", "id_like"} and value["id"]
+    elif fact is F.KernelRelease:
+        assert isinstance(value, str) and value
+    elif fact is F.NvidiaGpus:
+        assert all(set(gpu) == GPU_KEYS and isinstance(gpu["index"], int) for gpu in value)
+    elif fact is F.NvidiaPciDevices:
+        assert all(set(d) == {"slot", "class", "device_id", "description"} for d in value)
+        assert all(d["class"] in ("0300", "0302") for d in value)
+    elif fact is F.NvidiaKernelModule:
+        assert set(value) == {"loaded", "flavor", "version"}
+        assert value["flavor"] in (None, "open", "proprietary")
+    elif fact is F.NouveauLoaded:
+        assert isinstance(value, bool)
+    elif fact is F.SecureBoot:
+        assert value in ("enabled", "disabled", "unsupported")
+    elif fact is F.DiskFree:
+        assert set(value) == {"path", "checked", "mount", "size_bytes", "free_bytes"}
+        assert isinstance(value["size_bytes"], int) and isinstance(value["free_bytes"], int)
+    elif fact is F.MemoryInfo:
+        assert isinstance(value["total_bytes"], int) and isinstance(value["available_bytes"], int)
+    elif fact is F.PythonVersions:
+        assert all(isinstance(k, str) and v.startswith("/") for k, v in value.items())
+    elif fact is F.XidErrors:
+        assert all(set(e) == {"time", "pci", "xid", "text"} and isinstance(e["xid"], int) for e in value)
+    elif fact is F.NvidiaCudaPackages:
+        assert all(isinstance(k, str) and v for k, v in value.items())
+    elif fact is F.HeldPackages:
+        assert value == sorted(value)
+    else:  # pragma: no cover - a new fact needs a shape here
+        raise AssertionError(f"no shape check for {fact.__name__}")
+
+
+def _parse_or_error(fact, output):
+    try:
+        value = fact().process(output)
+    except FactParseError:
+        return
+    _check_shape(fact, value)
+
+
+def _recorded_outputs():
+    outputs = []
+    for fact in ALL_FACTS:
+        for recorded in sorted(HOSTS.glob(f"*/{fact.recorded_as}")):
+            lines = recorded.read_text(encoding="utf-8").splitlines()
+            if lines and lines != [NOCMD]:
+                outputs.append((fact, lines))
+    return outputs
+
+
+RECORDED = _recorded_outputs()
+
+# Text that looks like the outputs: digits, separators, brackets, words the parsers look for.
+TOKENS = st.sampled_from([
+    "0", "1", "7.0", "32768", " MiB", ", ", ",", "[N/A]", "N/A", "Enabled", "Disabled", "[0302]", "[0300]",
+    "[10de:1db5]", " (rev a1)", "0000:3b:00.0", "NVRM version: NVIDIA UNIX ", "Open Kernel Module for x86_64",
+    "x86_64 Kernel Module", "  580.95.05  ", "SB:mokutil", "SB:efivar", "SB:none", "SecureBoot ", "enabled",
+    "path ", "checked ", "Filesystem", "/", " kB", "MemTotal:", "MemAvailable:", ":", "=", '"', "'", "ID",
+    "/usr/bin/python3", " 3.10.12", "NVRM: Xid (PCI:0000:3b:00): ", "79, ", "pid=1, ", "name=x, ",
+    "ii ", "hi ", "un ", " ", "\t", "%", "-", "\\",
+])  # fmt: skip
+TOKEN_LINE = st.lists(TOKENS, max_size=14).map("".join)
+ANY_LINE = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=80)
+LINES = st.lists(st.one_of(TOKEN_LINE, ANY_LINE), max_size=8)
+
+
+@st.composite
+def mutated_recordings(draw):
+    """A real recorded output, truncated, with lines dropped, cut short or garbled."""
+    fact, lines = draw(st.sampled_from(RECORDED))
+    lines = list(lines[: draw(st.integers(0, len(lines)))])
+    for _ in range(draw(st.integers(0, 3))):
+        if not lines:
+            break
+        i = draw(st.integers(0, len(lines) - 1))
+        action = draw(st.sampled_from(["cut", "drop", "replace", "insert", "swap-char"]))
+        if action == "cut":
+            lines[i] = lines[i][: draw(st.integers(0, len(lines[i])))]
+        elif action == "drop":
+            del lines[i]
+        elif action == "replace":
+            lines[i] = draw(st.one_of(TOKEN_LINE, ANY_LINE))
+        elif action == "insert":
+            lines.insert(i, draw(st.one_of(TOKEN_LINE, ANY_LINE)))
+        elif lines[i]:
+            j = draw(st.integers(0, len(lines[i]) - 1))
+            lines[i] = lines[i][:j] + draw(st.sampled_from(string.printable)) + lines[i][j + 1 :]
+    return fact, lines
+
+
+FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.mark.parametrize("fact", ALL_FACTS, ids=lambda fact: fact.__name__)
+@FUZZ
+@given(output=LINES)
+def test_arbitrary_text_is_parsed_or_refused(fact, output):
+    _parse_or_error(fact, output)
+
+
+@FUZZ
+@given(case=mutated_recordings())
+def test_mutated_recordings_are_parsed_or_refused(case):
+    fact, output = case
+    _parse_or_error(fact, output)
+
+
+def test_unmutated_recordings_parse():
+    for fact, lines in RECORDED:
+        _check_shape(fact, fact().process(lines))

@@ -1,0 +1,118 @@
+"""The compatibility gate on facts parsed from recorded machines (and variations of them).
+
+The V100 recordings are hand-written in the real command formats (see each host's README);
+the gate itself is pure, so these tests run no pyinfra and touch no host.
+"""
+
+import pytest
+
+from qwen27b.gate import RefusedHost, decide
+from qwen27b.hostdata import settings_for
+from qwen27b.stack import load_stack
+from recordings import recorded_facts
+
+STACK = load_stack()
+
+
+def run(host, data=None, **replace):
+    return decide(host, recorded_facts(host, **replace), STACK, settings_for(host, data or {}))
+
+
+def refused(host, data=None, **replace) -> RefusedHost:
+    with pytest.raises(RefusedHost) as caught:
+        run(host, data, **replace)
+    assert str(caught.value).startswith(f"{host}: refused: ") and "Fix: " in str(caught.value)
+    return caught.value
+
+
+def test_fresh_22_04_with_4_v100s_gets_the_volta_stack():
+    d = run("v100x4-2204-fresh")
+    assert d.profile == "sm70" and len(d.gpus) == 4
+    assert d.choice("driver").value == "nvidia-driver-580-server" and d.choice("driver").action == "install"
+    assert d.choice("cuda").action == "skip" and "12.8" in d.choice("cuda").reason
+    assert d.choice("python").value == "3.12" and d.choice("python").action == "install"
+    assert d.choice("vllm").value == "1cat_vllm==1.5.0"
+    assert d.serve.value("--dtype") == "float16" and d.serve.value("--attention-backend") == "FLASH_ATTN_V100"
+    assert d.serve.value("--tensor-parallel-size") == "4" and d.serve.has("--speculative-config")
+    assert any("nouveau is loaded" in w for w in d.warnings)
+
+
+def test_converged_host_keeps_driver_and_python():
+    d = run("v100x4-converged")
+    assert d.choice("driver").action == "keep" and d.choice("python").action == "keep"
+    assert not any("PCIe" in w or "Xid" in w for w in d.warnings)
+
+
+def test_a100_gets_upstream_vllm_and_t4_is_too_small():
+    d = run("a100x2-2204")
+    assert d.profile == "sm75plus" and d.choice("vllm").value == "vllm==0.32.0"
+    assert not d.serve.has("--attention-backend") and d.serve.value("--dtype") == "auto"
+    assert "too little memory on 1x Tesla T4" in refused("t4x1-2204").cause
+
+
+def test_unsupported_os_and_no_gpu():
+    assert "unsupported OS CentOS Linux 7" in refused("centos7").cause
+    r = refused("nogpu-2204")
+    assert "no NVIDIA GPU found" in r.cause and "cpu-smoke" in r.fix
+
+
+def test_debian_12_is_for_the_cpu_profile_only():
+    assert "CPU smoke profile only" in refused("debian12-cpu", pci_gpus=recorded_facts("v100x1-2004").pci_gpus).cause
+    d = run("debian12-cpu", {"qwen27b_profile": "cpu-smoke"})
+    assert d.profile == "cpu-smoke" and d.gpus == [] and d.serve.value("--dtype") == "bfloat16"
+    assert not any(c.what in {"driver", "cuda"} for c in d.choices)
+
+
+def test_open_driver_on_volta_is_refused():
+    r = refused("v100x4-2204-fresh", {"qwen27b_stack_overrides": {"driver": {"package": "nvidia-driver-580-open"}}})
+    assert "GSP" in r.cause and "nvidia-driver-580" in r.fix
+    loaded_open = {"loaded": True, "flavor": "open", "version": "580.95.05"}
+    assert "open NVIDIA kernel module" in refused("v100x4-converged", kernel_module=loaded_open).cause
+
+
+def test_cuda_13_on_volta_is_refused():
+    r = refused("v100x4-2204-fresh", {"qwen27b_stack_overrides": {"cuda": {"toolkit": "13.0"}}})
+    assert "CUDA 13.0" in r.cause and "Volta support removed" in r.cause
+
+
+def test_upstream_vllm_or_its_profile_on_volta_is_refused():
+    r = refused("v100x4-2204-fresh", {"qwen27b_stack_overrides": {"vllm": {"build": "upstream"}}})
+    assert "no kernels for compute capability 7.0" in r.cause and "1Cat" in r.fix
+    r = refused("v100x4-2204-fresh", {"qwen27b_profile": "sm75plus"})
+    assert "is for compute capability 7.5" in r.cause and "sm70" in r.fix
+
+
+def test_secure_boot_needs_a_mok_key():
+    assert "secure boot is on" in refused("v100x1-secureboot").cause
+    assert run("v100x1-secureboot", {"qwen27b_mok_key_path": "/root/mok/MOK.priv"}).profile == "sm70"
+
+
+def test_too_little_disk_is_refused():
+    fresh = recorded_facts("v100x4-2204-fresh")
+    r = refused("v100x4-2204-fresh", disk={**fresh.disk, "free_bytes": 20 * 2**30})
+    assert "too little disk" in r.cause and "20.0 GiB free" in r.cause
+
+
+def test_degraded_pcie_and_xid_79_warn_with_the_seed_advice():
+    d = run("v100x4-degraded")
+    assert any("GPU 2 PCIe link degraded: x8 of x16" in w for w in d.warnings)
+    xid = [w for w in d.warnings if w.startswith("Xid 79")]
+    assert xid and "Above 4G Decoding" in xid[0] and "X99" in xid[0]
+
+
+def test_gpu_indices_and_tp_are_checked_against_the_host():
+    assert "lists GPU(s) [7]" in refused("v100x4-2204-fresh", {"qwen27b_gpu_indices": [0, 7]}).cause
+    assert "more than the 4 GPU(s)" in refused("v100x4-2204-fresh", {"qwen27b_tensor_parallel_size": 8}).cause
+    d = run("v100x4-2204-fresh", {"qwen27b_gpu_indices": [2, 3]})
+    assert d.serve.value("--tensor-parallel-size") == "2" and [g.index for g in d.gpus] == [2, 3]
+
+
+def test_unknown_gpu_is_refused():
+    odd = [{"slot": "0000:3b:00.0", "class": "0302", "device_id": "abcd", "description": "NVIDIA Corporation Device"}]
+    assert "unknown NVIDIA GPU 10de:abcd" in refused("v100x4-2204-fresh", pci_gpus=odd).cause
+
+
+def test_bind_address_comes_from_the_lab_address():
+    d = decide("h", recorded_facts("v100x1-2004"), STACK, settings_for("h", {}), bind_address="192.168.10.21")
+    assert d.serve.value("--host") == "192.168.10.21"
+    assert run("v100x1-2004").serve.value("--host") == "127.0.0.1"

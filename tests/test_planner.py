@@ -1,0 +1,120 @@
+"""The memory and flag planner with the real Qwen3.8-27B shape on V100 boxes, and the tiny model."""
+
+import json
+
+import pytest
+
+from qwen27b.checkpoint import load_shape
+from qwen27b.planner import GiB, Gpu, PlanRefused, ServeInputs, plan_serve
+from qwen27b.stack import checkpoint_metadata_dir, load_stack, resolve_stack
+
+STACK = load_stack()
+
+
+def v100s(n, gb=32):
+    name = f"Tesla V100-SXM2-{gb}GB"
+    return [Gpu(i, name, gb * 1024, "7.0") for i in range(n)]
+
+
+def inputs(profile="sm70", gpus=None, pins=None, speculative=True, prefix=True, overrides=None, ram=None):
+    rs = resolve_stack(STACK, profile, overrides)
+    target = load_shape(checkpoint_metadata_dir(rs.model))
+    draft = load_shape(checkpoint_metadata_dir(rs.draft)) if rs.draft and speculative else None
+    return ServeInputs(stack=rs, gpus=gpus if gpus is not None else v100s(4), target=target, draft=draft,
+                       model_path="/var/lib/qwen27b/models/current", draft_path="/var/lib/qwen27b/models/draft",
+                       served_name="qwen3.8-27b", bind_address="10.0.0.5", bind_reason="test", port=8000, speculative=speculative,
+                       prefix_caching=prefix, pins=pins or {}, ram_bytes=ram)
+
+
+def test_4x_v100_32gb_uses_tp4_and_the_stack_defaults():
+    plan = plan_serve(inputs())
+    assert plan.value("--tensor-parallel-size") == "4"
+    assert plan.value("--dtype") == "float16"
+    assert plan.value("--attention-backend") == "FLASH_ATTN_V100"
+    assert plan.value("--gpu-memory-utilization") == "0.88"
+    assert (plan.value("--max-model-len"), plan.value("--max-num-seqs"), plan.value("--max-num-batched-tokens")) == ("8192", "4", "8192")
+    spec = json.loads(plan.value("--speculative-config"))
+    assert spec == {"method": "dflash", "model": "/var/lib/qwen27b/models/draft", "num_speculative_tokens": 7,
+                    "draft_sample_method": "probabilistic", "kv_cache_dtype": "auto"}
+    assert json.loads(plan.value("--limit-mm-per-prompt")) == {"image": 0, "video": 0}
+    assert plan.value("--mamba-cache-mode") == "align" and plan.has("--enable-prefix-caching")
+    m = plan.memory
+    assert m.weights == round(20.4 * GiB) // 4
+    assert m.kv_bytes_per_token == 16 * 1024 + 5 * 1 * 256 * 2 * 2  # target full-attn + draft layers, per GPU
+    assert m.kv_tokens > 500_000
+    assert all(f.reason for f in plan.flags), "every flag says why"
+    assert "--api-key" not in plan.argv()
+
+
+def test_1x_v100_32gb_fits_at_the_default_length_with_a_small_kv():
+    plan = plan_serve(inputs(gpus=v100s(1)))
+    assert plan.value("--tensor-parallel-size") == "1" and plan.value("--max-model-len") == "8192"
+    assert 8192 <= plan.memory.kv_tokens < 20_000
+
+
+def test_2x_v100_16gb_shrinks_and_says_why():
+    plan = plan_serve(inputs(gpus=v100s(2, 16)))
+    assert plan.value("--tensor-parallel-size") == "2"
+    assert plan.value("--max-model-len") == "4096"
+    reasons = {f.name: f.reason for f in plan.flags}
+    assert reasons["--max-model-len"].startswith("lowered from 8192 to fit memory")
+    assert reasons["--max-num-seqs"].startswith("lowered from 4")
+    assert plan.memory.kv_tokens >= 4096
+
+
+def test_1x_v100_16gb_is_refused_with_the_numbers():
+    with pytest.raises(PlanRefused) as refused:
+        plan_serve(inputs(gpus=v100s(1, 16)))
+    assert "too little memory on 1x Tesla V100-SXM2-16GB at TP 1: weights 20.4 GiB" in refused.value.cause
+    assert "higher TP size" in refused.value.fix
+
+
+def test_without_speculation_the_draft_costs_nothing():
+    plan = plan_serve(inputs(gpus=v100s(2, 16), speculative=False))
+    assert not plan.has("--speculative-config") and plan.memory.draft == 0
+    assert plan.value("--max-model-len") == "8192"  # the draft's 1.7 GiB per GPU was what forced 4096
+
+
+def test_pins_are_kept_and_checked():
+    plan = plan_serve(inputs(pins={"--max-model-len": 16384, "--enforce-eager": True, "--seed": 7}))
+    flags = {f.name: f for f in plan.flags}
+    assert flags["--max-model-len"].value == "16384" and flags["--max-model-len"].pinned
+    assert flags["--seed"].reason == "pinned in host data (qwen27b_serve_flags)" and flags["--seed"].value == "7"
+    assert flags["--max-model-len"].reason.startswith("pinned in host data") and "KV room holds" in flags["--max-model-len"].reason
+    assert flags["--enforce-eager"].value is None
+    with pytest.raises(PlanRefused, match=r"pinned --max-model-len do not fit on 1x .*KV room holds"):
+        plan_serve(inputs(gpus=v100s(1), pins={"--max-model-len": 65536}))
+    with pytest.raises(PlanRefused, match="is not a int"):
+        plan_serve(inputs(pins={"--max-model-len": "long"}))
+
+
+@pytest.mark.parametrize("tp, text", [(8, "more than the 4 GPU"), (3, "does not divide the 4 GPUs")])
+def test_bad_tp_pins(tp, text):
+    with pytest.raises(PlanRefused, match=text):
+        plan_serve(inputs(pins={"--tensor-parallel-size": tp}))
+
+
+def test_tp_follows_the_heads_when_gpus_do_not_divide_them():
+    # 6 GPUs: 6 and 3 divide the 24 query heads but not the 4 KV heads, so the largest usable group is 2
+    plan = plan_serve(inputs(gpus=v100s(6)))
+    assert plan.value("--tensor-parallel-size") == "2"
+    assert "does not divide the model's heads" in {f.name: f.reason for f in plan.flags}["--tensor-parallel-size"]
+
+
+def test_no_prefix_caching_drops_the_mamba_mode():
+    plan = plan_serve(inputs(prefix=False))
+    assert plan.has("--no-enable-prefix-caching") and not plan.has("--mamba-cache-mode")
+
+
+def test_tiny_model_on_cpu():
+    plan = plan_serve(inputs(profile="cpu-smoke", gpus=[], ram=8 * GiB))
+    assert not plan.has("--tensor-parallel-size") and not plan.has("--speculative-config")
+    assert plan.value("--dtype") == "bfloat16" and plan.has("--enforce-eager")
+    assert plan.value("--max-model-len") == "2048" and not plan.has("--mamba-cache-mode")
+    assert plan.env == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert plan.memory.kv_room == 1 * GiB  # the fixed CPU KV space
+
+
+def test_tiny_model_refused_on_a_small_box():
+    with pytest.raises(PlanRefused, match="too little memory on host RAM"):
+        plan_serve(inputs(profile="cpu-smoke", gpus=[], ram=3 * GiB))

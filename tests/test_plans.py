@@ -1,0 +1,101 @@
+"""Plans for recorded hosts: the real `pyinfra inventory/recorded.py deploy.py --dry -y` run.
+
+The hosts are pyinfra @fake hosts answering with recorded command output (tests/fixtures/hosts;
+V100 outputs are hand-written in the real formats, the H200 one is genuine), because V100s and
+the NVIDIA driver cannot be had here. The test asserts the exact operations and commands planned
+per host against golden files (tests/golden/<host>.txt), and the refusals.
+Regenerate the golden files after an intentional change: QWEN27B_UPDATE_GOLDEN=1 pytest tests/test_plans.py
+"""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).parent / "golden"
+HOSTS = ["v100x4-2204-fresh", "v100x1-2004", "v100x2-16gb", "v100x4-converged", "t4x1-2204", "a100x2-2204",
+         "nogpu-2204", "centos7"]
+
+
+def run_pyinfra(*args):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYINFRA", "QWEN27B"))}
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.run([sys.executable, "-m", "pyinfra", *args], cwd=ROOT, capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def dry_run():
+    result = run_pyinfra("inventory/recorded.py", "deploy.py", "--dry", "-y")
+    return result
+
+
+def section(output: str, host: str, header: str) -> str:
+    """The block that starts with '== @fake/<host>: <header>' and runs to the next blank line."""
+    match = re.search(rf"^== @fake/{re.escape(host)}: {header}.*?(?=^\s*$|\Z)", output, re.M | re.S)
+    assert match, f"no '{header}' section for {host} in:\n{output[-3000:]}"
+    return match.group(0)
+
+
+def host_plan(output: str, host: str) -> str:
+    return section(output, host, rf"profile .*?^== @fake/{host}: \d+ operation")
+
+
+def test_refused_hosts_make_the_run_fail(dry_run):
+    assert dry_run.returncode == 1, dry_run.stderr[-2000:]
+    assert "Traceback" not in dry_run.stderr
+
+
+@pytest.mark.parametrize("host", HOSTS)
+def test_plan_matches_golden(dry_run, host):
+    out = dry_run.stderr
+    if f"== @fake/{host}: REFUSED" in out:
+        text = section(out, host, "REFUSED")
+        assert f"@fake/{host}: " not in out.split(text, 1)[1].split("Skipping change detection")[0].replace(
+            f"[@fake/{host}]", ""), "a refused host must get no plan after its refusal"
+    else:
+        text = host_plan(out, host)
+    golden = GOLDEN / f"{host}.txt"
+    if os.environ.get("QWEN27B_UPDATE_GOLDEN"):
+        golden.write_text(text + "\n")
+    assert text + "\n" == golden.read_text()
+
+
+def test_fresh_v100_plan_shows_the_volta_stack(dry_run):
+    plan = host_plan(dry_run.stderr, "v100x4-2204-fresh")
+    for needle in ("nvidia-driver-580-server", "cuda-toolkit-12-8", "12.8", "python   install  3.12",
+                   "1cat_vllm==1.5.0", "--dtype                   float16", "FLASH_ATTN_V100",
+                   '{"method":"dflash"', "--tensor-parallel-size    4", "KV capacity", "left for KV cache"):
+        assert needle in plan, needle
+
+
+def test_a100_plan_uses_upstream_vllm(dry_run):
+    plan = host_plan(dry_run.stderr, "a100x2-2204")
+    assert "profile sm75plus" in plan and "vllm==0.32.0" in plan and "1cat" not in plan
+
+
+def test_refusals_name_cause_and_fix(dry_run):
+    out = dry_run.stderr
+    assert "cause: unsupported OS CentOS Linux 7 (Core)" in section(out, "centos7", "REFUSED")
+    assert "cause: no NVIDIA GPU found" in section(out, "nogpu-2204", "REFUSED")
+
+
+def test_converged_host_plans_no_change():
+    result = run_pyinfra("inventory/recorded.py", "deploy.py", "--dry", "-y", "--limit", "@fake/v100x4-converged")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "== @fake/v100x4-converged: 8 operation(s) planned, 0 would change the host" in result.stderr
+
+
+def test_bad_inventory_is_refused_before_any_host_is_touched(tmp_path):
+    inventory = tmp_path / "bad.py"
+    inventory.write_text(
+        "from inventory.recorded import _fake\n"
+        "hosts = [_fake('v100x4-2204-fresh', qwen27b_port='8000'), _fake('v100x1-2004', qwen27b_prot=1)]\n")
+    result = run_pyinfra(str(inventory), "deploy.py", "--dry", "-y")
+    assert result.returncode != 0
+    assert "bad inventory data, no host was touched: @fake/v100x4-2204-fresh: qwen27b_port: expected int, got str '8000'" in result.stderr
+    assert "Loaded fact" not in result.stderr and "operation(s) planned" not in result.stderr

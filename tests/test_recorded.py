@@ -1,0 +1,320 @@
+"""Recorded hosts load into pyinfra @fake hosts, and every fact reads back what was recorded."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from pyinfra.api import Config, Inventory, State, StringCommand
+from pyinfra.api.connect import connect_all
+from pyinfra.facts.server import Arch, LinuxDistribution
+
+from qwen27b import facts as F
+from qwen27b.facts import ALL_FACTS
+from qwen27b.recorded import fake_responses, recorded_facts
+
+TESTS = Path(__file__).parent
+HOSTS_DIR = TESTS / "fixtures" / "hosts"
+FACT_CASES = TESTS / "facts"
+NOCMD = "##PYINFRA_NOCMD##"
+MODEL_DIR = "/var/lib/qwen27b/models"
+
+HOSTS = sorted(p.name for p in HOSTS_DIR.iterdir() if p.is_dir())
+RECORDED_NAMES = {fact.recorded_as for fact in ALL_FACTS}
+
+
+def fact_args(fact):
+    return {"path": MODEL_DIR} if fact is F.DiskFree else {}
+
+
+def pyinfra_command(fact, **kwargs) -> str:
+    """The command string the @fake connector sees, built the way pyinfra's _get_fact builds it."""
+    instance = fact()
+    command = instance.command(**kwargs)
+    requires = instance.requires_command(**kwargs)
+    if requires:
+        command = StringCommand(
+            "if", "command", "-v", requires, ">/dev/null", "2>&1;", "then", "(", command, ");",
+            "else", "echo", f"'{NOCMD}';", "fi",
+        )  # fmt: skip
+    return command.get_masked_value() if isinstance(command, StringCommand) else command
+
+
+def matches(key, command: str) -> bool:
+    """The @fake connector's rule: re.Pattern keys .search(), str keys are substrings."""
+    return bool(key.search(command)) if isinstance(key, re.Pattern) else key in command
+
+
+def first_response(responses: dict, command: str):
+    return next((value for key, value in responses.items() if matches(key, command)), None)
+
+
+def fake_host(name: str):
+    responses = fake_responses(HOSTS_DIR / name)
+    data = {"fake_responses": responses, "fake_delay": 0, "fake_delay_jitter": 0}
+    inventory = Inventory(([(f"@fake/{name}", data)], {}))
+    state = State(inventory, Config())
+    connect_all(state)
+    return inventory.get_host(f"@fake/{name}")
+
+
+def recorded_lines(name: str, fact) -> list[str] | None:
+    path = HOSTS_DIR / name / fact.recorded_as
+    return path.read_text(encoding="utf-8").splitlines() if path.is_file() else None
+
+
+# --- the host directories ------------------------------------------------------------------------
+
+
+def test_all_hosts_present():
+    assert set(HOSTS) == {
+        "v100x4-2204-fresh", "v100x1-2004", "v100x2-16gb", "v100x4-converged", "v100x4-degraded",
+        "v100x1-secureboot", "t4x1-2204", "a100x2-2204", "nogpu-2204", "centos7", "debian12-cpu", "h200",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("name", HOSTS)
+def test_host_dir_holds_only_known_files(name):
+    host_dir = HOSTS_DIR / name
+    readme = (host_dir / "README.md").read_text(encoding="utf-8")
+    assert "Stands for" in readme
+    allowed = RECORDED_NAMES | {"README.md", "extra.yaml"}
+    for path in host_dir.iterdir():
+        if path.is_dir():
+            assert (name, path.name) == ("h200", "genuine"), path
+        elif path.suffix != ".py":  # a script that writes extra.yaml may live beside it
+            assert path.name in allowed, f"{path}: not a recorded_as file name (typo?)"
+
+
+@pytest.mark.parametrize("name", HOSTS)
+def test_fake_responses_loads(name):
+    responses = fake_responses(HOSTS_DIR / name)
+    recorded = recorded_facts(HOSTS_DIR / name)
+    assert recorded, name
+    for fact in recorded:
+        assert responses[fact.fake_match] == recorded_lines(name, fact)
+    for fact in set(ALL_FACTS) - set(recorded):
+        assert fact.fake_match not in responses
+
+
+@pytest.mark.parametrize("name", HOSTS)
+def test_every_key_answers_its_own_facts_command(name):
+    responses = fake_responses(HOSTS_DIR / name)
+    for fact in recorded_facts(HOSTS_DIR / name):
+        command = pyinfra_command(fact, **fact_args(fact))
+        assert first_response(responses, command) == recorded_lines(name, fact), fact.__name__
+
+
+@pytest.mark.parametrize("fact", ALL_FACTS, ids=lambda fact: fact.__name__)
+def test_fake_match_matches_only_its_own_fact(fact):
+    for other in ALL_FACTS:
+        for wrapped in (True, False):
+            command = pyinfra_command(other, **fact_args(other))
+            if not wrapped:  # also the bare command, in case requires_command goes away
+                command = other().command(**fact_args(other))
+            assert matches(fact.fake_match, command) == (other is fact), (fact.__name__, other.__name__)
+
+
+def test_disk_free_matches_any_path():
+    for path in ("/var/lib/qwen27b/models", "/srv/model store/it's here", "relative/dir"):
+        assert matches(F.DiskFree.fake_match, pyinfra_command(F.DiskFree, path=path))
+
+
+def test_nocmd_recordings_are_for_facts_with_requires_command():
+    for name in HOSTS:
+        for fact in recorded_facts(HOSTS_DIR / name):
+            if recorded_lines(name, fact) == [NOCMD]:
+                assert fact().requires_command(**fact_args(fact)), (name, fact.__name__)
+
+
+# --- pyinfra reads them back ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", HOSTS)
+def test_pyinfra_fake_host_reads_back_every_fact(name):
+    host = fake_host(name)
+    for fact in ALL_FACTS:
+        value = host.get_fact(fact, **fact_args(fact))
+        lines = recorded_lines(name, fact)
+        if lines is None or lines == [NOCMD] or not lines:
+            expected = fact.default()  # absent file, missing binary, or empty output
+        else:
+            expected = fact().process(lines)
+        assert value == expected, (name, fact.__name__)
+        # pyinfra ran exactly the command our keys were written against.
+        assert host.connector.executed_commands[-1] == pyinfra_command(fact, **fact_args(fact))
+
+
+# What each host stands for, typed from the brief (not from the files), checked through pyinfra.
+EXPECTED = {
+    "v100x4-2204-fresh": dict(os=("ubuntu", "22.04"), kernel="5.15.0-125-generic", pci=["1db5"] * 4, smi=0,
+                              module=None, nouveau=True, sb="disabled", free_tb=1.5, ram_gib=256,
+                              python={"3.10"}, xid=[], held=[], packages=set()),
+    "v100x1-2004": dict(os=("ubuntu", "20.04"), kernel="5.4.0-200-generic", pci=["1db6"], smi=0, module=None,
+                        nouveau=True, sb="disabled", free_tb=0.4, ram_gib=64, python={"3.8"}, xid=[], held=[],
+                        packages=set()),
+    "v100x2-16gb": dict(os=("ubuntu", "22.04"), kernel="5.15.0-125-generic", pci=["1db1"] * 2, smi=0,
+                        module=None, nouveau=True, sb="disabled", free_tb=1.5, ram_gib=128, python={"3.10"},
+                        xid=[], held=[], packages=set()),
+    "v100x4-converged": dict(os=("ubuntu", "22.04"), kernel="5.15.0-125-generic", pci=["1db5"] * 4, smi=4,
+                             module=("proprietary", "580.95.05"), nouveau=False, sb="disabled", ram_gib=256,
+                             python={"3.10", "3.12"}, xid=[], held=["nvidia-driver-580-server"],
+                             packages={"nvidia-driver-580-server", "cuda-toolkit-12-8"}),
+    "v100x4-degraded": dict(os=("ubuntu", "22.04"), pci=["1db5"] * 4, smi=4, module=("proprietary", "580.95.05"),
+                            nouveau=False, xid=[79], held=["nvidia-driver-580-server"],
+                            packages={"nvidia-driver-580-server", "cuda-toolkit-12-8"}),
+    "v100x1-secureboot": dict(os=("ubuntu", "22.04"), pci=["1db6"], smi=0, module=None, sb="enabled",
+                              python={"3.10"}, ram_gib=64, free_tb=0.4),
+    "t4x1-2204": dict(os=("ubuntu", "22.04"), pci=["1eb8"], smi=1, module=("proprietary", "580.95.05"),
+                      nouveau=False, python={"3.10"}),
+    "a100x2-2204": dict(os=("ubuntu", "22.04"), pci=["20b2"] * 2, smi=2, nouveau=False, python={"3.10"}),
+    "nogpu-2204": dict(os=("ubuntu", "22.04"), pci=[], smi=0, module=None, nouveau=False, python={"3.10"},
+                       packages=set(), held=[]),
+    "centos7": dict(os=("centos", "7"), kernel="3.10.0-1160.el7.x86_64", pci=[], smi=0, module=None,
+                    sb="unsupported", python={"3.6"}, packages=set(), held=[]),
+    "debian12-cpu": dict(os=("debian", "12"), pci=[], smi=0, module=None, sb="unsupported", python={"3.11"},
+                         packages=set(), held=[]),
+    "h200": dict(os=("ubuntu", "24.04"), kernel="6.18.44-fc-v973-gpu", pci=[], smi=1,
+                 module=("open", "580.159.04")),
+}
+
+
+@pytest.mark.parametrize("name", HOSTS)
+def test_host_is_what_its_readme_says(name):
+    want = EXPECTED[name]
+    host = fake_host(name)
+    os_release = host.get_fact(F.OsRelease)
+    assert (os_release["id"], os_release["version_id"]) == want["os"]
+    if "kernel" in want:
+        assert host.get_fact(F.KernelRelease) == want["kernel"]
+    assert [d["device_id"] for d in host.get_fact(F.NvidiaPciDevices)] == want["pci"]
+    gpus = host.get_fact(F.NvidiaGpus)
+    assert len(gpus) == want["smi"]
+    if "module" in want:
+        module = host.get_fact(F.NvidiaKernelModule)
+        assert (module["flavor"], module["version"]) == (want["module"] or (None, None))
+        assert module["loaded"] is (want["module"] is not None)
+    if "nouveau" in want:
+        assert host.get_fact(F.NouveauLoaded) is want["nouveau"]
+    if "sb" in want:
+        assert host.get_fact(F.SecureBoot) == want["sb"]
+    if "free_tb" in want:
+        free = host.get_fact(F.DiskFree, path=MODEL_DIR)["free_bytes"]
+        assert abs(free / 1e12 - want["free_tb"]) < 0.01
+    if "ram_gib" in want:
+        total = host.get_fact(F.MemoryInfo)["total_bytes"] / 2**30
+        assert want["ram_gib"] * 0.95 < total <= want["ram_gib"]
+    if "python" in want:
+        assert set(host.get_fact(F.PythonVersions)) == want["python"]
+    if "xid" in want:
+        assert [e["xid"] for e in host.get_fact(F.XidErrors)] == want["xid"]
+    if "held" in want:
+        assert host.get_fact(F.HeldPackages) == want["held"]
+    if "packages" in want:
+        packages = host.get_fact(F.NvidiaCudaPackages)
+        assert want["packages"] <= set(packages) and (want["packages"] or not packages)
+
+
+def test_degraded_host_differs_from_converged_only_in_gpu2_link_and_xid():
+    converged, degraded = fake_host("v100x4-converged"), fake_host("v100x4-degraded")
+    before, after = converged.get_fact(F.NvidiaGpus), degraded.get_fact(F.NvidiaGpus)
+    changed = [i for i, (a, b) in enumerate(zip(before, after)) if a != b]
+    assert changed == [2]
+    assert (after[2]["pcie_gen_current"], after[2]["pcie_width_current"]) == (1, 8)
+    assert (after[2]["pcie_gen_max"], after[2]["pcie_width_max"]) == (3, 16)
+    assert after[2]["bus_id"].lower().endswith("86:00.0")
+    assert [e["pci"] for e in degraded.get_fact(F.XidErrors)] == ["0000:86:00"]
+
+
+def test_lspci_and_nvidia_smi_agree_on_slots():
+    for name in HOSTS:
+        host = fake_host(name)
+        gpus, pci = host.get_fact(F.NvidiaGpus), host.get_fact(F.NvidiaPciDevices)
+        if gpus and pci:
+            # nvidia-smi: 00000000:3B:00.0 (8-digit domain, upper case); lspci -D: 0000:3b:00.0
+            assert [g["bus_id"][4:].lower() for g in gpus] == [d["slot"] for d in pci], name
+
+
+def test_h200_fact_files_come_from_the_genuine_recording():
+    genuine = HOSTS_DIR / "h200" / "genuine"
+    host_txt = (genuine / "host.txt").read_text(encoding="utf-8").splitlines()
+    assert recorded_lines("h200", F.NvidiaKernelModule) == host_txt[:2]
+    assert recorded_lines("h200", F.KernelRelease) == host_txt[-1:]
+    assert all(line in host_txt for line in recorded_lines("h200", F.OsRelease))
+    # Each derived value is verbatim in the genuine CSV row (header and units aside).
+    genuine_row = (genuine / "query-gpu.csv").read_text(encoding="utf-8").splitlines()[1].split(", ")
+    for value in recorded_lines("h200", F.NvidiaGpus)[0].split(", "):
+        assert value in genuine_row or f"{value} MiB" in genuine_row, value
+
+
+# --- pyinfra's own facts from extra.yaml ---------------------------------------------------------
+
+
+def _answers_builtin_facts(name):
+    extra = HOSTS_DIR / name / "extra.yaml"
+    return extra.is_file() and "ls -pdL *-release" in extra.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("name", [n for n in HOSTS if _answers_builtin_facts(n)])
+def test_extra_yaml_answers_pyinfra_builtin_facts(name):
+    host = fake_host(name)
+    assert host.get_fact(Arch) == "x86_64"
+    distro = host.get_fact(LinuxDistribution)
+    os_release = host.get_fact(F.OsRelease)
+    assert distro["release_meta"]["ID"] == os_release["id"]
+    assert str(distro["major"]) == os_release["version_id"].split(".")[0]
+
+
+# --- fake_responses on made-up directories -------------------------------------------------------
+
+
+def test_missing_dir_raises(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        fake_responses(tmp_path / "nope")
+
+
+def test_nocmd_empty_absent_and_extra(tmp_path):
+    (tmp_path / "README.md").write_text("# not a recording\n")
+    (tmp_path / F.NvidiaGpus.recorded_as).write_text(NOCMD + "\n")
+    (tmp_path / F.XidErrors.recorded_as).write_text("")
+    (tmp_path / "extra.yaml").write_text(
+        "- match: '^systemctl is-active qwen27b$'\n"
+        "  regex: true\n"
+        "  stdout: [inactive]\n"
+        "  success: false\n"
+        "- match: uname -m\n"
+        "  stdout: aarch64\n"
+    )
+    responses = fake_responses(tmp_path)
+    keys = list(responses)
+    assert keys[:2] == [F.NvidiaGpus.fake_match, F.XidErrors.fake_match]  # facts first, then extra
+    assert responses[F.NvidiaGpus.fake_match] == [NOCMD]
+    assert responses[F.XidErrors.fake_match] == []
+    assert isinstance(keys[2], re.Pattern) and keys[2].pattern == "^systemctl is-active qwen27b$"
+    assert responses[keys[2]] == {"stdout": ["inactive"], "success": False}
+    assert responses["uname -m"] == {"stdout": ["aarch64"], "success": True}
+    assert len(responses) == 4
+
+
+def test_bad_extra_yaml_is_refused(tmp_path):
+    (tmp_path / "extra.yaml").write_text("match: uname -m\n")
+    with pytest.raises(ValueError, match="list"):
+        fake_responses(tmp_path)
+    (tmp_path / "extra.yaml").write_text("- stdout: [x]\n")
+    with pytest.raises(ValueError, match="entry 1"):
+        fake_responses(tmp_path)
+
+
+# --- JSON fact cases named after a host carry that host's recording ------------------------------
+
+
+def test_host_named_fact_cases_match_the_recordings():
+    checked = 0
+    for case in FACT_CASES.glob("*/*.json"):
+        if case.stem not in HOSTS:
+            continue
+        fact = getattr(F, case.parent.name)
+        data = json.loads(case.read_text(encoding="utf-8"))
+        assert data["output"] == recorded_lines(case.stem, fact), case
+        checked += 1
+    assert checked >= len(ALL_FACTS)

@@ -1,0 +1,97 @@
+"""Rendered units: the plan's flags in ExecStart, hardening kept with GPU access, no secret,
+and every unit accepted by `systemd-analyze verify` with empty stderr.
+
+The units are rendered under a scratch prefix holding stub executables, because verify checks
+that ExecStart binaries exist.
+"""
+
+import os
+import shlex
+import shutil
+import subprocess
+
+import pytest
+
+from qwen27b.gate import decide
+from qwen27b.hostdata import settings_for
+from qwen27b.render import render_all, systemd_quote
+from qwen27b.stack import load_stack
+from recordings import recorded_facts
+
+STACK = load_stack()
+needs_systemd = pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+
+
+def decision(host="v100x4-2204-fresh", data=None):
+    return decide(host, recorded_facts(host), STACK, settings_for(host, data or {}))
+
+
+def rendered(tmp_path, d):
+    files = render_all(d, prefix=str(tmp_path))
+    for exe in ("opt/qwen27b/current/venv/bin/python", "opt/qwen27b/current/venv/bin/qwen27b-health"):
+        path = tmp_path / exe
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("#!/bin/sh\n")
+        path.chmod(0o755)
+    return files
+
+
+@needs_systemd
+@pytest.mark.parametrize("host, data", [("v100x4-2204-fresh", {}), ("v100x2-16gb", {}),
+                                        ("debian12-cpu", {"qwen27b_profile": "cpu-smoke"})])
+def test_units_pass_systemd_analyze_verify(tmp_path, host, data):
+    files = rendered(tmp_path, decision(host, data))
+    unit_dir = tmp_path / "units"
+    unit_dir.mkdir()
+    names = {"qwen27b.service.j2": "qwen27b.service", "qwen27b-health.service.j2": "qwen27b-health.service",
+             "qwen27b-health.timer.j2": "qwen27b-health.timer"}
+    for template, name in names.items():
+        (unit_dir / name).write_text(files[template])
+    env = {**os.environ, "SYSTEMD_LOG_LEVEL": "notice"}
+    result = subprocess.run(["systemd-analyze", "verify", "--man=no", *[str(unit_dir / n) for n in names.values()]],
+                            capture_output=True, text=True, env=env, cwd=unit_dir)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "", result.stderr
+
+
+def test_exec_start_carries_every_planned_flag(tmp_path):
+    d = decision()
+    unit = render_all(d)["qwen27b.service.j2"]
+    exec_start = unit.split("ExecStart=", 1)[1].split("\nExecStartPost=", 1)[0].replace("\\\n", " ")
+    argv = shlex.split(exec_start)
+    assert argv[:3] == ["/opt/qwen27b/current/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[3:] == d.serve.argv()  # systemd's quoting round-trips (no % or $ in these values)
+    assert "Description=qwen27b: vLLM serving qwen3.8-27b (nvidia/Qwen3.8-27B-NVFP4@main, profile sm70)" in unit
+
+
+def test_hardening_keeps_gpu_access_and_cpu_gets_private_devices():
+    gpu = render_all(decision())["qwen27b.service.j2"]
+    for line in ("User=qwen27b", "NoNewPrivileges=yes", "ProtectSystem=strict", "ReadWritePaths=/var/lib/qwen27b",
+                 "PrivateTmp=yes", "ProtectHome=yes", "DevicePolicy=closed", "DeviceAllow=/dev/nvidiactl rw",
+                 "DeviceAllow=char-nvidia-frontend rw", "Restart=on-failure", "TimeoutStartSec=1200",
+                 "EnvironmentFile=-/etc/qwen27b/api-key.env"):
+        assert line in gpu.splitlines(), line
+    assert "PrivateDevices" not in gpu
+    cpu = render_all(decision("debian12-cpu", {"qwen27b_profile": "cpu-smoke"}))["qwen27b.service.j2"]
+    assert "PrivateDevices=yes" in cpu.splitlines() and "DeviceAllow" not in cpu
+
+
+def test_env_file_has_settings_but_no_secret():
+    d = decision(data={"qwen27b_api_key_file": "secrets/gpu-a.key"})
+    env = render_all(d)["qwen27b.env.j2"]
+    lines = dict(line.split("=", 1) for line in env.splitlines() if line and not line.startswith("#"))
+    assert lines["CUDA_VISIBLE_DEVICES"] == "0,1,2,3" and lines["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    assert lines["HF_HUB_OFFLINE"] == "1"
+    assert not any("API_KEY" in k for k in lines)
+
+
+def test_health_timer_interval_comes_from_host_data():
+    files = render_all(decision(data={"qwen27b_health_interval_s": 15, "qwen27b_health_failures_before_restart": 5}))
+    assert "OnUnitActiveSec=15" in files["qwen27b-health.timer.j2"]
+    assert "--restart-after 5" in files["qwen27b-health.service.j2"]
+
+
+@pytest.mark.parametrize("raw, quoted", [("/var/lib/x", "/var/lib/x"), ('{"a":1}', "'{\"a\":1}'"),
+                                         ("50%", "50%%"), ("$HOME", "'$$HOME'"), ("it's", "'it\\'s'")])
+def test_systemd_quote(raw, quoted):
+    assert systemd_quote(raw) == quoted
