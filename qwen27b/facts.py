@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import shlex
+
 from pyinfra.api.exceptions import FactProcessError
 from pyinfra.api.facts import FactBase
 
@@ -33,6 +34,9 @@ class FactParseError(FactProcessError):
         self.lineno = lineno
         self.expected = expected
         self.got = got
+
+    def __reduce__(self):  # picklable despite the non-message constructor
+        return (type(self), (self.fact, self.lineno, self.expected, self.got))
 
 
 def _command_pattern(command: str) -> re.Pattern:

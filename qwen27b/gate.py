@@ -79,6 +79,8 @@ class Decision:
     warnings: list[str]
     model_path: str
     draft_path: str | None
+    facts: HostFacts
+    os_row: dict  # the stack's os_support row (CUDA repo path, notes)
 
     @property
     def profile(self) -> str:
@@ -241,7 +243,7 @@ def _choices(facts: HostFacts, rs: ResolvedStack, settings: Settings) -> list[Ch
     have = facts.pythons.get(py["version"])
     if have:
         out.append(Choice("python", py["version"], f"present at {have}", "keep"))
-    elif py.get("system"):
+    elif py.get("route") == "system":
         out.append(Choice("python", py["version"], "the OS's own python3 (CPU smoke profile)", "install"))
     else:
         out.append(Choice("python", py["version"], f"the OS ships {', '.join(sorted(facts.pythons)) or 'none'}; uv's "
@@ -265,7 +267,7 @@ def _choices(facts: HostFacts, rs: ResolvedStack, settings: Settings) -> list[Ch
 def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind_address: str | None = None) -> Decision:
     """The whole gate for one host. Raises RefusedHost; never touches the host."""
     cpu = settings.profile == "cpu-smoke"
-    _os_check(host, facts, stack, cpu)
+    os_row = _os_check(host, facts, stack, cpu)
     all_gpus = [] if cpu else host_gpus(host, facts, stack)
     gpus = _select_gpus(host, all_gpus, settings)
     profile_name = _choose_profile(host, gpus, settings, stack)
@@ -284,6 +286,14 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
     except CheckpointError as error:
         raise RefusedHost(host, f"checkpoint metadata: {error}", "restore the checkpoint's config.json / index") from None
 
+    if draft is not None and draft.quant_method:
+        raise RefusedHost(host, f"the DFlash2 draft {rs.draft['id']} is quantized ({draft.quant_method}): "
+                          f"{rs.source_text('dflash-dense-head')}", "use the fp16/bf16 draft checkpoint")
+    if draft is not None and target.lm_head_quantized:
+        raise RefusedHost(host, f"{rs.model['id']} quantizes its lm_head, which the DFlash2 draft shares: "
+                          f"{rs.source_text('dflash-dense-head')}",
+                          "choose a checkpoint with a dense lm_head ('...NVFP4-BF16-LMHead' style), or set "
+                          "qwen27b_speculative=False")
     paths = rs.paths
     model_path = paths["current_model"]
     draft_path = f"{paths['models']}/draft" if draft else None
@@ -316,4 +326,4 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
                               "free space, mount a larger disk at the models path, or lower qwen27b_min_free_disk_gib")
     return Decision(host=host, stack=rs, settings=settings, gpus=gpus, serve=serve,
                     choices=_choices(facts, rs, settings), warnings=_warnings(facts, rs, settings),
-                    model_path=model_path, draft_path=draft_path)
+                    model_path=model_path, draft_path=draft_path, facts=facts, os_row=os_row)

@@ -39,6 +39,17 @@ class Settings:
     min_free_disk_gib: int = 10  # headroom beyond the weights on the model disk
     health_interval_s: int = 30
     health_failures_before_restart: int = 3
+    python_mirror: str | None = None  # UV_PYTHON_INSTALL_MIRROR for air-gapped labs
+    wheelhouse_dir: str | None = None  # controller dir with the vLLM build's wheels + manifest.json
+    wheel_mirror: str | None = None  # a lab mirror (pip --find-links URL) when no wheelhouse is pushed
+    model_source: str | None = None  # hub | mirror | controller; None: the stack model's default_source
+    model_mirror: str | None = None  # base URL of a lab mirror holding <id>@<revision>/ with manifest.json
+    model_local_dir: str | None = None  # controller dir holding the checkpoint (model_source controller)
+    draft_local_dir: str | None = None  # controller dir holding the DFlash2 draft
+    hf_token_file: str | None = None  # controller file (0600) with a Hugging Face token
+    http_proxy: str | None = None  # proxy the host uses to reach mirrors/hubs
+    keep_model_revisions: int = 1  # old revisions kept for rollback
+    dflash_cli: bool = False  # also install PyPI's `dflash` CLI (benchmarks against the server)
 
 
 _TYPES: dict[str, tuple[type, ...]] = {
@@ -59,10 +70,23 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "min_free_disk_gib": (int,),
     "health_interval_s": (int,),
     "health_failures_before_restart": (int,),
+    "python_mirror": (str,),
+    "wheelhouse_dir": (str,),
+    "wheel_mirror": (str,),
+    "model_source": (str,),
+    "model_mirror": (str,),
+    "model_local_dir": (str,),
+    "draft_local_dir": (str,),
+    "hf_token_file": (str,),
+    "http_proxy": (str,),
+    "keep_model_revisions": (int,),
+    "dflash_cli": (bool,),
 }
 PREFIX = "qwen27b_"
 KEYS = [PREFIX + f.name for f in fields(Settings)]
-_POSITIVE = {"tensor_parallel_size", "min_free_disk_gib", "health_interval_s", "health_failures_before_restart"}
+_POSITIVE = {"tensor_parallel_size", "min_free_disk_gib", "health_interval_s", "health_failures_before_restart",
+             "keep_model_revisions"}
+MODEL_SOURCES = ("hub", "mirror", "controller")
 
 
 def _check_type(host: str, key: str, name: str, value: Any) -> None:
@@ -120,6 +144,16 @@ def _check_values(host: str, s: Settings) -> None:
         except ValueError:
             raise BadHostData(host, "qwen27b_bind_address", f"{s.bind_address!r} is not an IP address",
                               "give the lab interface's address, e.g. 192.168.1.20") from None
+    if s.model_source is not None and s.model_source not in MODEL_SOURCES:
+        close = difflib.get_close_matches(s.model_source, MODEL_SOURCES, n=1)
+        raise BadHostData(host, "qwen27b_model_source", f"{s.model_source!r} is not a model source",
+                          f"use one of {', '.join(MODEL_SOURCES)}" + (f" (did you mean '{close[0]}'?)" if close else ""))
+    if s.model_source == "mirror" and not s.model_mirror:
+        raise BadHostData(host, "qwen27b_model_mirror", "model_source is 'mirror' but no mirror URL is set",
+                          "set qwen27b_model_mirror to the lab mirror's base URL")
+    if s.model_source == "controller" and not s.model_local_dir:
+        raise BadHostData(host, "qwen27b_model_local_dir", "model_source is 'controller' but no local dir is set",
+                          "set qwen27b_model_local_dir to the checkpoint directory on this machine")
     if s.serve_flags:
         for flag in s.serve_flags:
             if not (isinstance(flag, str) and flag.startswith("--")):

@@ -30,6 +30,9 @@ import yaml
 from qwen27b.facts import ALL_FACTS
 
 EXTRA_FILE = "extra.yaml"
+# Answers every recorded machine gives alike (all are x86_64 Linux), for pyinfra's built-in facts;
+# a host's own extra.yaml comes first and wins.
+COMMON_FILE = "linux-common.yaml"
 
 
 def fake_responses(host_dir: Path) -> dict:
@@ -44,8 +47,9 @@ def fake_responses(host_dir: Path) -> dict:
         if recorded.is_file():
             responses[fact.fake_match] = recorded.read_text(encoding="utf-8").splitlines()
 
-    extra = host_dir / EXTRA_FILE
-    if extra.is_file():
+    for extra in (host_dir / EXTRA_FILE, host_dir.parent / COMMON_FILE):
+        if not extra.is_file():
+            continue
         entries = yaml.safe_load(extra.read_text(encoding="utf-8")) or []
         if not isinstance(entries, list):
             raise ValueError(f"{extra}: expected a list of {{match, regex, stdout, success}}")
@@ -56,7 +60,7 @@ def fake_responses(host_dir: Path) -> dict:
             response = {"stdout": _lines(entry.get("stdout")), "success": bool(entry.get("success", True))}
             if entry.get("stderr") is not None:
                 response["stderr"] = _lines(entry["stderr"])
-            responses[key] = response
+            responses.setdefault(key, response)
     return responses
 
 

@@ -98,6 +98,7 @@ class ResolvedStack:
     paths: dict
     sources: dict
     build: dict  # the vllm_builds row for profile.vllm.build
+    tools: dict  # controller-cached tools (uv) and the packages every release venv gets
 
     @property
     def stack_hash(self) -> str:
@@ -157,7 +158,7 @@ def resolve_stack(stack: dict, profile_name: str, overrides: dict | None = None)
     if build_name not in stack["vllm_builds"]:
         raise StackError(f"unknown vllm build '{build_name}'; known: {', '.join(stack['vllm_builds'])}")
     return ResolvedStack(profile_name, profile, model, draft, stack["paths"], stack["sources"],
-                         stack["vllm_builds"][build_name])
+                         stack["vllm_builds"][build_name], stack["tools"])
 
 
 def checkpoint_metadata_dir(model: dict) -> Path:

@@ -150,7 +150,8 @@ def _children(pid: int) -> list[int]:
     try:
         for tid in os.listdir(f"/proc/{pid}/task"):
             with contextlib.suppress(OSError):
-                kids += [int(x) for x in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+                text = Path(f"/proc/{pid}/task/{tid}/children").read_text()
+                kids += [int(x) for x in text.split()]
     except OSError:
         pass
     return kids
@@ -825,7 +826,8 @@ done
                 raise self._fail(h, f"{h['address']} answers with an unexpected host key "
                                     "(address clash with another test host?)")
             if time.monotonic() > deadline:
-                raise self._fail(h, f"sshd did not answer within {timeout or self.boot_timeout:.0f}s")
+                raise self._fail(h, "sshd did not answer within "
+                                    f"{timeout or self.boot_timeout:.0f}s")
             time.sleep(0.25)
         self._set_known_hosts(name, keys)
         return time.monotonic() - t0
@@ -853,7 +855,8 @@ done
         if state == "running":
             return state
         if state == "degraded":
-            failed = self.ssh(name, "systemctl list-units --failed --plain --no-legend", check=False)
+            failed = self.ssh(name, "systemctl list-units --failed --plain --no-legend",
+                              check=False)
             units = " ".join(line.split()[0] for line in failed.stdout.splitlines() if line.strip())
             log(f"{name}: systemd state degraded; failed units: {units or '?'}")
             h["failed_units"] = units
@@ -885,9 +888,9 @@ done
         self._start(h)
         self._wait_ready(name)
         h = self.host(name)
-        h.update(reset_extract_s=round(secs, 2), reset_total_s=round(time.monotonic() - t0, 2))
+        h.update(reset_root_s=round(secs, 2), reset_total_s=round(time.monotonic() - t0, 2))
         self._update_host(h)
-        log(f"{name}: reset in {time.monotonic() - t0:.1f}s (extract {secs:.1f}s)")
+        log(f"{name}: reset in {time.monotonic() - t0:.1f}s (new root {secs:.1f}s)")
         return h
 
     # -- down

@@ -1,15 +1,42 @@
-"""CUDA toolkit from NVIDIA's repo, only where the vLLM build needs a compiler."""
+"""CUDA toolkit from NVIDIA's repo (cuda-keyring, pinned toolkit, PATH file), only where the vLLM
+build needs a compiler; the V100 build ships its CUDA 12.8 runtime in its wheels and needs none.
+"""
 
 from __future__ import annotations
 
+from io import StringIO
+
+from pyinfra import host
+from pyinfra.facts.deb import DebPackages
+from pyinfra.operations import files, server
+
 from qwen27b.gate import Decision
 
-from ._pending import not_implemented
+from ._pending import note
+from .toolchain import apt_install
+
+REPO = "https://developer.download.nvidia.com/compute/cuda/repos/{repo}/x86_64"
 
 
 def cuda(decision: Decision) -> None:
-    if not decision.gpus:
-        not_implemented("cuda", decision, ["skip: no GPU in this profile"])
+    cuda_entry = decision.stack.profile.get("cuda")
+    if not cuda_entry:
+        note("cuda: skipped - this profile uses no GPU")
         return
-    c = decision.choice("cuda")
-    not_implemented("cuda", decision, [f"{c.action} {c.value} ({c.reason})"])
+    if not cuda_entry.get("needed_by_vllm"):
+        note(f"cuda: {cuda_entry['package']} not installed - the {decision.stack.profile['vllm']['build']} vLLM build "
+             f"ships its CUDA {cuda_entry['toolkit']} runtime in its wheels and needs no compiler "
+             "(stack key cuda.needed_by_vllm)")
+        return
+    repo = REPO.format(repo=decision.os_row["cuda_repo"])
+    keyring = cuda_entry["keyring_deb"]
+    if "cuda-keyring" not in (host.get_fact(DebPackages) or {}):
+        files.download(name=f"download {keyring}", src=f"{repo}/{keyring}", dest=f"/tmp/{keyring}")
+        server.shell(name="install cuda-keyring (signed-by keyring for NVIDIA's repo)",
+                     commands=[f"dpkg -i /tmp/{keyring}"])
+    apt_install("CUDA toolkit", [cuda_entry["package"]])
+    version = cuda_entry["toolkit"]
+    files.put(name="CUDA on PATH for login shells", dest="/etc/profile.d/qwen27b-cuda.sh", mode="0644",
+              src=StringIO(f"export PATH=/usr/local/cuda-{version}/bin:$PATH\n"
+                           f"export LD_LIBRARY_PATH=/usr/local/cuda-{version}/lib64${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}\n"))
+

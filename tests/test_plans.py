@@ -87,7 +87,7 @@ def test_refusals_name_cause_and_fix(dry_run):
 def test_converged_host_plans_no_change():
     result = run_pyinfra("inventory/recorded.py", "deploy.py", "--dry", "-y", "--limit", "@fake/v100x4-converged")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "== @fake/v100x4-converged: 8 operation(s) planned, 0 would change the host" in result.stderr
+    assert re.search(r"== @fake/v100x4-converged: [1-9][0-9]* operation\(s\) planned, 0 would change the host", result.stderr)
 
 
 def test_bad_inventory_is_refused_before_any_host_is_touched(tmp_path):

@@ -1,0 +1,82 @@
+"""The controller-side cache: each artifact is fetched once here and fanned out to every host.
+
+`$QWEN27B_CACHE` (default ~/.cache/qwen27b) holds the uv binary, wheelhouses and model files.
+Every directory that is pushed to hosts carries a manifest (file -> sha256) so hosts can be
+checked with one command and only missing or different files are sent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+MANIFEST = "manifest.json"
+
+
+class ArtifactError(RuntimeError):
+    """An artifact could not be prepared on the controller; the message says what to do."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("QWEN27B_CACHE") or Path.home() / ".cache" / "qwen27b")
+
+
+def sha256_file(path: Path, chunk: int = 4 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def dir_manifest(directory: Path) -> dict[str, str]:
+    """{file name: sha256} for the regular files in directory, reusing manifest.json when its
+    recorded sizes still match (hashing GBs of weights on every run would be wasteful)."""
+    directory = Path(directory)
+    files = sorted(p for p in directory.iterdir() if p.is_file() and p.name != MANIFEST and not p.name.startswith("."))
+    recorded = directory / MANIFEST
+    if recorded.exists():
+        try:
+            data = json.loads(recorded.read_text())
+            entries = data.get("files", data)
+            if set(entries) == {p.name for p in files} and all(
+                    isinstance(v, dict) and v.get("size") == p.stat().st_size for p, v in ((p, entries[p.name]) for p in files)):
+                return {name: v["sha256"] for name, v in entries.items()}
+        except (ValueError, AttributeError, KeyError, TypeError):
+            pass
+    manifest = {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in files}
+    recorded.write_text(json.dumps({"files": manifest}, indent=1, sort_keys=True))
+    return {name: v["sha256"] for name, v in manifest.items()}
+
+
+def uv_binary(version: str) -> Path:
+    """The uv binary for x86_64 Linux, from PyPI's `uv` wheel (PyPI is reachable where GitHub may
+    not be), cached under tools/uv-<version>/uv."""
+    target = cache_root() / "tools" / f"uv-{version}" / "uv"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        result = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", tmp,
+             "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64", f"uv=={version}"],
+            capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("uv-*.whl"))
+        if result.returncode != 0 or not wheels:
+            raise ArtifactError(f"could not download uv {version} from PyPI: {result.stderr.strip()[-300:]}. "
+                                f"Put the uv binary at {target} by hand (air-gapped controller)")
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            member = next((n for n in wheel.namelist() if n.endswith("/scripts/uv")), None)
+            if member is None:
+                raise ArtifactError(f"{wheels[0].name} holds no uv binary")
+            partial = target.with_suffix(".part")
+            partial.write_bytes(wheel.read(member))
+            partial.chmod(0o755)
+            partial.replace(target)
+    return target

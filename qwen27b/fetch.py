@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""qwen27b-fetch: download files listed in a manifest from a mirror, resumable and verified.
+
+Pushed to hosts and run with the host's own python3 (stdlib only, so it works before any venv
+exists). Each file goes to NAME.part, resumes from where an interrupted transfer stopped (HTTP
+Range), is checked against its sha256, then renamed into place. Files already present with the
+right hash are skipped, so a re-run after Ctrl-C, a dropped SSH session or a reboot converges.
+
+    qwen27b-fetch --base URL --dest DIR --manifest FILE.json
+
+FILE.json: {"files": {"name": {"size": N, "sha256": "..."}}} (the manifest qwen27b writes).
+Exit codes: 0 all verified; 1 a file failed its checksum or the mirror failed; 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+CHUNK = 1 << 20
+
+
+def sha256_of(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(CHUNK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _progress(name: str, done: int, total: int, started: float, resumed_from: int) -> None:
+    elapsed = max(time.monotonic() - started, 1e-6)
+    rate = (done - resumed_from) / elapsed
+    eta = (total - done) / rate if rate > 0 else 0
+    print(f"  {name}: {done / 2**20:,.1f}/{total / 2**20:,.1f} MiB  {rate / 2**20:,.1f} MiB/s  ETA {eta:,.0f} s",
+          file=sys.stderr, flush=True)
+
+
+def fetch_one(base: str, name: str, size: int, sha256: str, dest: str) -> None:
+    final = os.path.join(dest, name)
+    if os.path.exists(final) and os.path.getsize(final) == size and sha256_of(final) == sha256:
+        return
+    part = final + ".part"
+    have = os.path.getsize(part) if os.path.exists(part) else 0
+    if have > size:
+        os.remove(part)
+        have = 0
+    url = base.rstrip("/") + "/" + urllib.parse.quote(name)
+    request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+    started, last = time.monotonic(), 0.0
+    if have < size:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            if have and response.status != 206:
+                have = 0  # the mirror ignored Range: start over
+            with open(part, "ab" if have else "wb") as out:
+                done = have
+                while block := response.read(CHUNK):
+                    out.write(block)
+                    done += len(block)
+                    if time.monotonic() - last > 2:
+                        _progress(name, done, size, started, have)
+                        last = time.monotonic()
+    got = sha256_of(part)
+    if got != sha256:
+        os.remove(part)  # a corrupt part must not be resumed
+        raise ValueError(f"{name}: sha256 {got} does not match the manifest's {sha256}; the part file was removed")
+    os.replace(part, final)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", required=True, help="mirror URL of the directory holding the files")
+    parser.add_argument("--dest", required=True)
+    parser.add_argument("--manifest", required=True)
+    args = parser.parse_args(argv)
+    with open(args.manifest, encoding="utf-8") as handle:
+        files = json.load(handle)["files"]
+    os.makedirs(args.dest, exist_ok=True)
+    free = shutil.disk_usage(args.dest).free
+    needed = sum(v["size"] for n, v in files.items() if not os.path.exists(os.path.join(args.dest, n)))
+    if needed > free:
+        print(f"qwen27b-fetch: {needed / 2**30:.1f} GiB needed in {args.dest}, {free / 2**30:.1f} GiB free: "
+              "free space first (nothing was downloaded)", file=sys.stderr)
+        return 1
+    failed = []
+    for number, (name, meta) in enumerate(sorted(files.items()), 1):
+        if "/" in name or name.startswith("."):
+            failed.append(f"{name}: refused (not a plain file name)")
+            continue
+        print(f"[{number}/{len(files)}] {name}", file=sys.stderr, flush=True)
+        try:
+            fetch_one(args.base, name, int(meta["size"]), meta["sha256"], args.dest)
+        except (OSError, ValueError, urllib.error.URLError) as error:
+            failed.append(f"{name}: {error}")
+    for line in failed:
+        print(f"qwen27b-fetch: FAILED {line}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""qwen27b's own pyinfra operations, for what pyinfra 3.10 does not do (or does not do safely).
+
+Written the way pyinfra writes its own (pyinfra/operations/apt.py, files.py): an `@operation()`
+generator reads facts with `host.get_fact` and yields only the commands needed to reach the
+desired state; when the state is already right it yields nothing and says why with `host.noop`.
+Bad arguments raise OperationValueError before anything is yielded. Tests: one JSON file per
+case in tests/operations/<op>/, run by tests/test_operations.py.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+import shlex
+
+from pyinfra import host, state
+from pyinfra.api import FileUploadCommand, operation
+from pyinfra.api.exceptions import OperationValueError
+
+from qwen27b.facts import HeldPackages
+from qwen27b.host_facts import FileHashes, SymlinkTarget
+
+_APT_PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]*(?::[a-z0-9]+)?$")
+_SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
+
+
+@operation()
+def apt_hold(packages: list[str], held: bool = True):
+    """
+    Hold (or, with ``held=False``, release) apt packages so upgrades leave them alone.
+
+    + packages: package names, e.g. the driver, its DKMS/utils packages and the kernel image
+    + held: ``True`` to ``apt-mark hold``, ``False`` to ``apt-mark unhold``
+
+    Why: unattended-upgrades replacing the NVIDIA driver (or the kernel under its DKMS module) is
+    the classic "driver lost after a reboot" on a working V100 box; the verified versions are
+    held once installed. pyinfra 3.10 has no hold operation. Hold packages after installing them:
+    apt-mark can set a hold on a package that is not installed, but `apt-mark showhold` may not
+    list it, so the operation would hold it again on every run.
+    """
+
+    if isinstance(packages, str):
+        packages = [packages]
+    wanted = list(dict.fromkeys(packages))
+    for package in wanted:
+        if not isinstance(package, str) or not _APT_PACKAGE.match(package):
+            raise OperationValueError(f"apt_hold: not an apt package name: {package!r}")
+
+    currently_held = set(host.get_fact(HeldPackages))
+    if held:
+        change = [package for package in wanted if package not in currently_held]
+        verb, already = "hold", "held"
+    else:
+        change = [package for package in wanted if package in currently_held]
+        verb, already = "unhold", "not held"
+
+    if not change:
+        host.noop(f"apt packages already {already}: {', '.join(wanted) or '(none given)'}")
+        return
+
+    yield f"apt-mark {verb} {' '.join(change)}"
+
+
+def _check_manifest(manifest: dict[str, str]) -> dict[str, str]:
+    """Names become remote paths in dest_dir: nothing that could leave it, or hide from FileHashes."""
+    if not isinstance(manifest, dict):
+        raise OperationValueError(f"push_files: manifest must be a dict of name -> sha256, got {manifest!r}")
+    checked = {}
+    for name, digest in manifest.items():
+        if (
+            not isinstance(name, str)
+            or not name
+            or "/" in name
+            or ".." in name
+            or name.startswith(".")  # FileHashes skips hidden files: it would be re-sent every run
+            or "\n" in name
+            or "\0" in name
+        ):
+            raise OperationValueError(
+                f"push_files: manifest name {name!r} is not a plain file name "
+                "(no '/', '..', leading '.', newline or NUL)"
+            )
+        if not isinstance(digest, str) or not _SHA256.match(digest):
+            raise OperationValueError(f"push_files: manifest sha256 for {name!r} is not 64 hex digits: {digest!r}")
+        checked[name] = digest.lower()
+    return checked
+
+
+def _verify_then_rename(part: str, final: str, name: str, digest: str, mode: str) -> str:
+    # Hash the part from stdin, not with `sha256sum -c FILE-LIST`: the check file format escapes
+    # names with a backslash or newline, so a plain comparison of the hex digest is simpler to trust.
+    # rename(2) within one directory is atomic: readers see the old file or the verified new one.
+    q = shlex.quote
+    before = f"push_files: {name}: uploaded sha256"
+    after = f"is not the manifest sha256 {digest} (corrupt source file or transfer); {final} is unchanged"
+    return (
+        f"h=$(sha256sum < {q(part)}) && h=${{h%% *}} && "
+        f'if [ "$h" = {digest} ]; then chmod {mode} {q(part)} && mv -f {q(part)} {q(final)}; '
+        f"else rm -f {q(part)}; printf '%s %s %s\\n' {q(before)} \"$h\" {q(after)} >&2; exit 1; fi"
+    )
+
+
+@operation()
+def push_files(
+    src_dir: str,
+    dest_dir: str,
+    manifest: dict[str, str],
+    remove_extra: bool = False,
+    mode: str = "644",
+):
+    """
+    Copy controller-side artifacts (the wheelhouse, model files) to a host, sending only the files
+    that are missing there or differ from the manifest.
+
+    + src_dir: controller directory holding the files (relative: to the deploy directory)
+    + dest_dir: absolute directory on the host
+    + manifest: ``{file name: sha256}``; names are plain file names directly in both directories
+    + remove_extra: delete files in ``dest_dir`` that are not in the manifest (hidden files are
+      never touched), before uploading, so a wheel of another version cannot be picked by pip and
+      the space is free for the new files
+    + mode: octal mode of the files sent (the connector's own choice differs: @local's is 600,
+      which the service user could not read); files already matching are not re-moded
+
+    Why: model files are many GiB and the hosts are many; `files.put` compares one file at a time
+    and replaces the destination in place. Here the host's copy is judged by content (one
+    `sha256sum` pass over the directory), each upload lands in ``NAME.part`` and is renamed over
+    ``NAME`` only after its sha256 matches the manifest, so an interrupted or corrupt transfer
+    (or a corrupt controller copy: the controller files are not re-hashed here) never replaces a
+    good file and fails the operation naming the file.
+    """
+
+    wanted = _check_manifest(manifest)
+    if not isinstance(dest_dir, str) or not dest_dir.startswith("/"):
+        raise OperationValueError(f"push_files: dest_dir must be an absolute path, got {dest_dir!r}")
+    dest_dir = posixpath.normpath(dest_dir)
+    if not isinstance(mode, str) or not re.fullmatch(r"[0-7]{3,4}", mode):
+        raise OperationValueError(f"push_files: mode must be an octal string like '644', got {mode!r}")
+    if not isinstance(src_dir, str) or not src_dir:
+        raise OperationValueError(f"push_files: src_dir must be a directory path, got {src_dir!r}")
+    if not os.path.isabs(src_dir) and state.cwd:
+        src_dir = os.path.join(state.cwd, src_dir)
+
+    present = host.get_fact(FileHashes, directory=dest_dir)
+    send = [name for name in sorted(wanted) if present.get(name) != wanted[name]]
+    extra = sorted(set(present) - set(wanted)) if remove_extra else []
+
+    missing_locally = [name for name in send if not os.path.isfile(os.path.join(src_dir, name))]
+    if missing_locally:
+        raise OperationValueError(
+            f"push_files: not in {src_dir} on the controller: {', '.join(missing_locally)}"
+        )
+
+    if not send and not extra:
+        host.noop(f"{dest_dir}: all {len(wanted)} files match the manifest")
+        return
+
+    if send and not present:
+        yield f"mkdir -p {shlex.quote(dest_dir)}"  # FileHashes cannot tell missing from empty
+    if extra:
+        yield "rm -f " + " ".join(shlex.quote(posixpath.join(dest_dir, name)) for name in extra)
+    for name in send:
+        final = posixpath.join(dest_dir, name)
+        part = final + ".part"
+        yield FileUploadCommand(os.path.join(src_dir, name), part)
+        yield _verify_then_rename(part, final, name, wanted[name], mode)
+
+
+@operation()
+def symlink_switch(link: str, target: str):
+    """
+    Point a symlink (the ``current`` release or model pointer) at ``target``, atomically.
+
+    + link: the symlink's path on the host
+    + target: what it should point to (written verbatim, relative or absolute)
+
+    Why: the service follows ``current``; `ln -sfn` alone unlinks the old link and then creates
+    the new one, so a restart in between finds no ``current``. Building ``LINK.new`` and renaming
+    it over ``LINK`` (rename(2) is atomic) means every reader sees the old or the new target.
+    A real directory at ``LINK`` is not replaced: `mv -T` refuses it and the operation fails.
+    """
+
+    if not isinstance(link, str) or not link.strip("/"):
+        raise OperationValueError(f"symlink_switch: link must be a path, got {link!r}")
+    if not isinstance(target, str) or not target or "\n" in target or "\0" in target:
+        raise OperationValueError(f"symlink_switch: target must be a path, got {target!r}")
+    link = posixpath.normpath(link)
+
+    if host.get_fact(SymlinkTarget, path=link) == target:
+        host.noop(f"{link} already points to {target}")
+        return
+
+    staged = shlex.quote(link + ".new")
+    yield f"ln -sfn {shlex.quote(target)} {staged} && mv -Tf {staged} {shlex.quote(link)}"
