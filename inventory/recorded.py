@@ -28,4 +28,5 @@ recorded_hosts = [
     _fake("a100x2-2204"),
     _fake("nogpu-2204"),
     _fake("centos7"),
+    _fake("v100x1-secureboot"),
 ]

@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).parent / "golden"
 HOSTS = ["v100x4-2204-fresh", "v100x1-2004", "v100x2-16gb", "v100x4-converged", "t4x1-2204", "a100x2-2204",
-         "nogpu-2204", "centos7"]
+         "nogpu-2204", "centos7", "v100x1-secureboot"]
 
 
 def run_pyinfra(*args):
@@ -99,3 +99,19 @@ def test_bad_inventory_is_refused_before_any_host_is_touched(tmp_path):
     assert result.returncode != 0
     assert "bad inventory data, no host was touched: @fake/v100x4-2204-fresh: qwen27b_port: expected int, got str '8000'" in result.stderr
     assert "Loaded fact" not in result.stderr and "operation(s) planned" not in result.stderr
+
+
+def test_secure_boot_with_a_mok_key_signs_the_module_and_open_driver_is_refused(tmp_path):
+    inventory = tmp_path / "variants.py"
+    inventory.write_text(
+        "from inventory.recorded import _fake\n"
+        "hosts = [_fake('v100x1-secureboot', qwen27b_mok_key_path='/root/mok/MOK.priv'),\n"
+        "         ('@fake/open-driver', _fake('v100x4-2204-fresh', qwen27b_stack_overrides={'driver': {'package': 'nvidia-driver-580-open'}})[1])]\n")
+    result = run_pyinfra(str(inventory), "deploy.py", "--dry", "-y")
+    out = result.stderr
+    assert result.returncode == 1  # the -open host is refused
+    refusal = section(out, "open-driver", "REFUSED")
+    assert "nvidia-driver-580-open on Tesla V100-SXM2-32GB" in refusal and "GSP" in refusal
+    assert "fix:   use the proprietary nvidia-driver-580" in refusal
+    plan = host_plan(out, "v100x1-secureboot")
+    assert "DKMS signs the module with the MOK key" in plan and "qwen27b-mok.conf" in plan
