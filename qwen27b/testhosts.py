@@ -404,7 +404,7 @@ def rootfs_mode() -> str:
     """How a host root is made from the tarball: "extract" (default: a full private copy,
     ~5 s, ~450 MB per host) or "overlay" ($QWEN27B_TESTHOSTS_ROOTFS=overlay: an overlayfs
     over a shared pristine copy extracted once; reset and down take well under a second)."""
-    mode = os.environ.get("QWEN27B_TESTHOSTS_ROOTFS", "extract")
+    mode = os.environ.get("QWEN27B_TESTHOSTS_ROOTFS", "overlay")
     if mode not in ("extract", "overlay"):
         raise TestHostsError(f"QWEN27B_TESTHOSTS_ROOTFS must be extract or overlay, not {mode!r}")
     if mode == "overlay" and "overlay" not in Path("/proc/filesystems").read_text():

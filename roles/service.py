@@ -38,7 +38,7 @@ def service(decision: Decision) -> None:
                              target=release_dir(decision))
     if any(op.will_change for op in written[1:]):
         systemd.daemon_reload(name="systemd daemon-reload (a unit file changed)")
-    systemd.service(name=f"enable {SERVICE_UNIT}", service=SERVICE_UNIT, enabled=True)
+    systemd.service(name=f"enable {SERVICE_UNIT}", service=SERVICE_UNIT, running=None, enabled=True)
     if any(op.will_change for op in written) or release.will_change or restart_needed():
         server.shell(name=f"restart {SERVICE_UNIT} (config, release or weights changed)",
                      commands=[f"systemctl restart --no-block {SERVICE_UNIT}"])

@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import os
 import stat
+import urllib.request
 from io import StringIO
 from pathlib import Path
 
-import httpx
 from pyinfra import host
 from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import files, server
@@ -69,11 +69,11 @@ def _hub(decision: Decision, entry: dict, target: str) -> None:
 
 
 def _mirror_manifest(base: str) -> dict:
+    # urllib, not httpx: this runs inside pyinfra's gevent-patched process
     try:
-        response = httpx.get(f"{base}/manifest.json", timeout=30)
-        response.raise_for_status()
-        return response.json()["files"]
-    except (httpx.HTTPError, ValueError, KeyError) as error:
+        with urllib.request.urlopen(f"{base}/manifest.json", timeout=30) as response:
+            return json.loads(response.read())["files"]
+    except (OSError, ValueError, KeyError) as error:
         raise OperationError(f"cannot read {base}/manifest.json: {error}") from None
 
 
@@ -94,7 +94,9 @@ def place(decision: Decision, entry: dict, link: str, local_dir: str | None) -> 
             files.put(name="qwen27b-fetch (resumable, verified downloads)", src=str(FETCH_TOOL), dest=tool, mode="0755")
             files.put(name="manifest of the checkpoint", src=StringIO(json.dumps({"files": manifest}, sort_keys=True)),
                       dest=listing, mode="0644")
-            proxy = f"http_proxy={settings.http_proxy} https_proxy={settings.http_proxy} " if settings.http_proxy else ""
+            # qwen27b_http_proxy is for the mirror: no_proxy emptied so it applies even to a loopback mirror
+            proxy = (f"http_proxy={settings.http_proxy} https_proxy={settings.http_proxy} no_proxy= NO_PROXY= "
+                     if settings.http_proxy else "")
             server.shell(name="fetch the checkpoint from the mirror",
                          commands=[f"{proxy}python3 {tool} --base {base} --dest {target} --manifest {listing}"])
     elif source == "hub":

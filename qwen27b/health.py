@@ -1,0 +1,596 @@
+"""qwen27b-health: one health check of the vLLM service, run by a systemd timer on each host.
+
+Shipped as a single file (``<venv>/lib/qwen27b_health.py``) into the release venv, which holds
+only the stdlib, httpx and nvidia-ml-py: so this module imports nothing from qwen27b or pyinfra,
+and pynvml only lazily (CPU-only hosts have no NVML).
+
+One run: probe ``/health`` and ``/v1/models``, read the GPUs through NVML and new ``NVRM: Xid``
+kernel lines, turn the readings into a nagios verdict (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN
+when the check itself broke), persist it to a JSON status file (with the consecutive-failure
+counter and the last 20 verdicts) and, after K consecutive CRITICAL runs, restart the unit,
+rate-limited.  Every finding is one sentence saying what to do.
+
+The pure parts (:func:`verdict`, :func:`decode_throttle`, :func:`parse_xids`,
+:func:`next_failures`, :func:`restart_decision`, :func:`read_api_key`) take plain values so they
+are unit-tested without a server, a GPU or systemd.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+
+OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
+LEVELS = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}
+INFO = -1  # a note that does not change the verdict (watchdog decisions)
+
+HISTORY_LEN = 20
+HOT_C = 85  # V100 slows down at ~87 C (nvidia-smi "GPU Slowdown Temp"); warn before it does
+XID_FIRST_LOOKBACK_S = 600  # first run (no status file yet): look this far back for Xids
+
+# NVML clocks-event ("throttle") reason bits; stable across NVML versions (nvml.h).
+THROTTLE_BITS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal",
+    0x40: "hw_thermal",
+    0x80: "hw_power_brake",
+    0x100: "display_clocks",
+}
+# Reasons that mean cooling or power delivery is failing; idle / power cap / sync boost are normal.
+THROTTLE_BAD = {"hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"}
+
+# Xids whose GPU cannot serve until it is reset or the host rebooted; others are warnings.
+XID_FATAL = {48, 79, 95}
+XID_ADVICE = {
+    13: "graphics engine exception, usually a kernel/app bug: read the vLLM log around that time",
+    31: "GPU memory page fault, usually an app bug: read the vLLM log; if it repeats, update the driver",
+    43: "GPU stopped processing (app fault): read the vLLM log",
+    45: "preemptive cleanup after a killed process: harmless alone, look for the Xid before it",
+    48: "double-bit ECC error: drain the host and reboot; if it repeats, replace the card",
+    61: "GPU microcontroller error: reboot at the next window; update the driver if it repeats",
+    62: "GPU microcontroller halt: reboot at the next window; update the driver if it repeats",
+    63: "ECC page retirement / row remap recorded: reboot at the next window to apply it",
+    64: "ECC page retirement / row remap failed: drain the host, reboot, replace the card if it repeats",
+    74: "NVLink error: reseat the NVLink bridge, check `nvidia-smi nvlink -e`",
+    79: "GPU has fallen off the bus: reboot; check PCIe seating, riser, PSU and Above-4G decoding",
+    92: "high single-bit ECC rate: plan a reboot and watch for Xid 48/63",
+    94: "contained ECC error: the app was stopped; restart it and reboot at the next window",
+    95: "uncontained ECC error: drain the host and reboot (GPU reset required)",
+}
+
+XID_RE = re.compile(
+    r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F:.]+)\): (?P<xid>\d+),\s*(?P<rest>.*)$")
+XID_PID_RE = re.compile(r"pid=(?P<pid>'?[^,]*'?),\s*name=(?P<name>[^,]*),\s*(?P<msg>.*)$")
+TS_RE = re.compile(r"^(?:\[)?(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)")
+
+
+# ------------------------------------------------------------------------------- pure parts
+
+def finding(level: int, text: str) -> dict:
+    return {"level": "INFO" if level == INFO else LEVELS[level], "text": text}
+
+
+def decode_throttle(mask: int) -> list[str]:
+    """NVML clocks-event bitmask -> reason names (unknown bits kept as hex, never dropped)."""
+    names = [name for bit, name in THROTTLE_BITS.items() if mask & bit]
+    unknown = mask & ~sum(THROTTLE_BITS)
+    if unknown:
+        names.append(hex(unknown))
+    return names
+
+
+def _parse_ts(text: str) -> float | None:
+    m = TS_RE.match(text)
+    if not m:
+        return None
+    ts = m.group("ts").replace(",", ".")
+    try:
+        when = dt.datetime.fromisoformat(ts)
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.astimezone()  # journal/dmesg without offset: local time
+    return when.timestamp()
+
+
+def parse_xids(text: str, since: float | None = None) -> list[dict]:
+    """``NVRM: Xid`` kernel lines -> [{time, pci, xid, pid, name, message}].
+
+    Accepts journalctl ``short-iso`` and ``dmesg --time-format=iso`` lines (and bare kernel lines).
+    With ``since`` (epoch s), only lines stamped after it are kept: dmesg cannot filter by time
+    itself and would repeat every Xid since boot on each run.  Lines that do not parse are
+    skipped, never raised on: a strange kernel line must not break the check.
+    """
+    out = []
+    for line in text.splitlines():
+        m = XID_RE.search(line)
+        if not m:
+            continue
+        when = _parse_ts(line)
+        # strictly before: a line stamped in the same second as the last check is reported
+        # twice rather than never (journal stamps have 1 s resolution)
+        if since is not None and (when is None or when < int(since)):
+            continue
+        rest = m.group("rest").strip()
+        pm = XID_PID_RE.match(rest)
+        out.append({
+            "time": _iso(when) if when is not None else None,
+            "pci": m.group("pci"),
+            "xid": int(m.group("xid")),
+            "pid": pm.group("pid").strip("'") if pm else None,
+            "name": pm.group("name").strip() if pm else None,
+            "message": (pm.group("msg") if pm else rest).strip(),
+        })
+    return out
+
+
+def verdict(r: dict, slow_ms: float = 1000.0, hot_c: int = HOT_C) -> tuple[int, list[dict]]:
+    """Readings -> (nagios code, findings).  ``r`` holds what :func:`collect` measured:
+
+    url, unit, served_name, key_error, health {status, latency_ms, error},
+    models {status, ids, error}, gpu (list or None), xids (list or None).
+    """
+    f: list[tuple[int, str]] = []
+    url, unit = r.get("url", "the server"), r.get("unit", "the unit")
+    h = r.get("health") or {}
+    if h.get("error"):
+        f.append((CRITICAL, f"/health unreachable ({h['error']}): vLLM is down or not listening on {url}; "
+                            f"check `systemctl status {unit}` and `journalctl -u {unit}`."))
+    elif h.get("status") == 503:
+        f.append((CRITICAL, f"/health returned 503: the vLLM engine died; read `journalctl -u {unit}` "
+                            f"for the cause and restart {unit} (the watchdog does after K failures)."))
+    elif h.get("status") != 200:
+        f.append((CRITICAL, f"/health returned {h.get('status')}: something else answers on {url}; "
+                            f"check the port and `systemctl status {unit}`."))
+    elif h.get("latency_ms") is not None and h["latency_ms"] > slow_ms:
+        f.append((WARNING, f"/health took {h['latency_ms']:.0f} ms (> {slow_ms:.0f} ms): the host is "
+                           f"overloaded or swapping; check load, memory and vllm:num_requests_waiting."))
+
+    if r.get("key_error"):
+        f.append((CRITICAL, f"cannot read the API key file ({r['key_error']}): run the check as root "
+                            f"or fix the file's owner/mode."))
+    m = r.get("models") or {}
+    if m.get("error"):
+        if not h.get("error"):  # one sentence for one outage
+            f.append((CRITICAL, f"/v1/models unreachable ({m['error']}): the API server is not answering; "
+                                f"check `journalctl -u {unit}`."))
+    elif m.get("status") == 401:
+        f.append((CRITICAL, "/v1/models returned 401: the API key does not match the server's VLLM_API_KEY; "
+                            "point --api-key-file at the service's key file."))
+    elif m.get("status") != 200:
+        f.append((CRITICAL, f"/v1/models returned {m.get('status')}: the OpenAI API is not serving; "
+                            f"check `journalctl -u {unit}`."))
+    elif r.get("served_name") and r["served_name"] not in (m.get("ids") or []):
+        f.append((CRITICAL, f"served model {r['served_name']!r} is not listed by /v1/models "
+                            f"(it lists {', '.join(m.get('ids') or []) or 'nothing'}): clients asking for it "
+                            f"get 404; fix --served-model-name in {unit} or --served-name here."))
+
+    for g in r.get("gpu") or []:
+        i = g.get("index")
+        if g.get("error"):
+            f.append((CRITICAL, f"GPU {i} unreadable via NVML ({g['error']}): check `nvidia-smi` and the "
+                                f"kernel log for Xid 79; reboot the host."))
+            continue
+        if (g.get("ecc_uncorrected") or 0) > 0:
+            f.append((CRITICAL, f"GPU {i} has {g['ecc_uncorrected']} uncorrected ECC errors since driver load: "
+                                f"drain the host and reboot; replace the card if it repeats."))
+        if g.get("retired_pages_pending"):
+            f.append((WARNING, f"GPU {i} has retired pages pending: reboot (or reset the GPU) at the next "
+                               f"window so they are retired."))
+        if g.get("temperature_c") is not None and g["temperature_c"] >= hot_c:
+            f.append((WARNING, f"GPU {i} at {g['temperature_c']} C (>= {hot_c} C): check fans and airflow "
+                               f"before it slows down."))
+        bad = [n for n in (g.get("throttle") or {}).get("reasons", []) if n in THROTTLE_BAD]
+        if bad:
+            f.append((WARNING, f"GPU {i} slowed down by {', '.join(bad)}: a cooling or power-delivery problem; "
+                               f"check fans, PSU cables and `nvidia-smi -q -d PERFORMANCE`."))
+
+    for x in r.get("xids") or []:
+        level = CRITICAL if x["xid"] in XID_FATAL else WARNING
+        advice = XID_ADVICE.get(x["xid"], "look it up in NVIDIA's Xid catalog and read the kernel log")
+        f.append((level, f"Xid {x['xid']} on {x['pci']} at {x['time'] or 'unknown time'}: {advice}."))
+
+    code = max([lvl for lvl, _ in f], default=OK)
+    return code, [finding(lvl, text) for lvl, text in f]
+
+
+def next_failures(previous: int, code: int) -> int:
+    """Consecutive CRITICAL runs.  Any non-CRITICAL run ends the streak: WARNING means the
+    endpoint answered (only GPU health or slowness is off), so there is nothing to restart."""
+    return previous + 1 if code == CRITICAL else 0
+
+
+def restart_decision(*, code: int, failures: int, restart_after: int, last_restart: float | None,
+                     now: float, min_interval_s: float, unit_state: str | None,
+                     enabled: bool, unit: str) -> tuple[str, str]:
+    """-> (action, reason) with action "none", "skip" or "restart".
+
+    Skips, each with its reason: --no-restart; the unit is still "activating" (a 27B model takes
+    minutes to load and a restart would only start the wait again); the last restart was less
+    than ``min_interval_s`` ago (a crash loop must not become a restart storm).
+    """
+    if code != CRITICAL or failures < restart_after:
+        return "none", ""
+    why = f"{failures} consecutive CRITICAL runs (restart after {restart_after})"
+    if not enabled:
+        return "skip", f"{why}: would restart {unit}, but --no-restart is set."
+    if unit_state == "activating":
+        return "skip", f"{why}: {unit} is still starting (activating); not restarting it, wait for the model to load."
+    if last_restart is not None and now - last_restart < min_interval_s:
+        return "skip", (f"{why}: {unit} was restarted {now - last_restart:.0f} s ago "
+                        f"(< {min_interval_s:.0f} s); not again yet, read `journalctl -u {unit}`.")
+    return "restart", f"{why}: restarting {unit}."
+
+
+def read_api_key(text: str) -> str | None:
+    """An env-file line ``VLLM_API_KEY=...`` (optionally ``export``ed and quoted) or a bare key."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    for ln in lines:
+        m = re.match(r"(?:export\s+)?VLLM_API_KEY\s*=\s*(.*)$", ln)
+        if m:
+            value = m.group(1).strip()
+            if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+                value = value[1:-1]
+            return value or None
+    if len(lines) == 1 and "=" not in lines[0]:
+        return lines[0]
+    return None
+
+
+def push_history(history: list | None, when: str, code: int) -> list[dict]:
+    entry = {"time": when, "code": code, "verdict": LEVELS[code]}
+    return (list(history or []) + [entry])[-HISTORY_LEN:]
+
+
+def _iso(epoch: float) -> str:
+    return dt.datetime.fromtimestamp(epoch, dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _epoch(iso: str | None) -> float | None:
+    try:
+        return dt.datetime.fromisoformat(iso).timestamp() if iso else None
+    except (TypeError, ValueError):
+        return None
+
+
+# ------------------------------------------------------------------------------- readings
+
+def probe(url: str, key: str | None, timeout: float) -> tuple[dict, dict]:
+    """GET /health (open) and /v1/models (guarded by --api-key) -> (health, models).
+
+    Errors are recorded as the exception's class and text; httpx's messages name the URL but
+    never the request headers, so the key cannot leak through them.
+    """
+    base = url.rstrip("/")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    health: dict = {"status": None, "latency_ms": None, "error": None}
+    models: dict = {"status": None, "ids": None, "error": None}
+    with httpx.Client(timeout=httpx.Timeout(timeout), trust_env=False) as client:
+        t0 = time.monotonic()
+        try:
+            resp = client.get(f"{base}/health")
+            health["status"] = resp.status_code
+            health["latency_ms"] = round((time.monotonic() - t0) * 1000, 1)
+        except httpx.HTTPError as e:
+            health["error"] = f"{type(e).__name__}: {e}"
+        try:
+            resp = client.get(f"{base}/v1/models", headers=headers)
+            models["status"] = resp.status_code
+            if resp.status_code == 200:
+                models["ids"] = [m.get("id") for m in resp.json().get("data", [])]
+        except (httpx.HTTPError, ValueError, AttributeError) as e:
+            models["error"] = f"{type(e).__name__}: {e}"
+    return health, models
+
+
+def read_gpus(nvml=None) -> tuple[list[dict] | None, str | None]:
+    """Per-GPU NVML readings -> (gpus, why_none).  No pynvml or no driver: (None, reason) - a
+    CPU-only host is not an error.  Fields NVML reports "Not Supported" are None; a GPU that
+    fails otherwise (e.g. "GPU is lost") gets an ``error`` and a CRITICAL finding."""
+    if nvml is None:
+        try:
+            import pynvml as nvml
+        except ImportError:
+            return None, "pynvml not installed"
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as e:
+        return None, str(e)
+
+    def opt(fn, *args):
+        try:
+            return fn(*args)
+        except nvml.NVMLError_NotSupported:
+            return None
+
+    throttle_fn = (getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                   or nvml.nvmlDeviceGetCurrentClocksThrottleReasons)
+    gpus = []
+    try:
+        for i in range(nvml.nvmlDeviceGetCount()):
+            try:
+                h = nvml.nvmlDeviceGetHandleByIndex(i)
+                name = nvml.nvmlDeviceGetName(h)
+                mem = nvml.nvmlDeviceGetMemoryInfo(h)
+                pci = opt(nvml.nvmlDeviceGetPciInfo, h)
+                mask = opt(throttle_fn, h)
+                pending = opt(nvml.nvmlDeviceGetRetiredPagesPendingStatus, h)
+                gpus.append({
+                    "index": i,
+                    "name": name.decode() if isinstance(name, bytes) else name,
+                    "pci": (pci.busId.decode() if isinstance(pci.busId, bytes) else pci.busId) if pci else None,
+                    "memory_used_mib": mem.used // 2**20,
+                    "memory_total_mib": mem.total // 2**20,
+                    "temperature_c": opt(nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU),
+                    "ecc_uncorrected": opt(nvml.nvmlDeviceGetTotalEccErrors, h,
+                                           nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC),
+                    "retired_pages_pending": None if pending is None else bool(pending),
+                    "throttle": None if mask is None else {"mask": hex(mask), "reasons": decode_throttle(mask)},
+                })
+            except nvml.NVMLError as e:
+                gpus.append({"index": i, "error": str(e)})
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError:
+            pass
+    return gpus, None
+
+
+def read_kernel_log(since: float) -> tuple[str | None, str | None]:
+    """Kernel lines since ``since`` -> (text, source).  journalctl filters by time itself;
+    dmesg (hosts without a persistent journal) returns the whole ring buffer, filtered later.
+    Neither present or both failing: (None, None), i.e. "unknown", not a finding."""
+    if shutil.which("journalctl"):
+        cmd = ["journalctl", "_TRANSPORT=kernel", "-o", "short-iso", "--no-pager", "-q",
+               f"--since=@{int(since)}"]
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=20, errors="replace")
+            if p.returncode == 0:
+                return p.stdout, "journalctl"
+        except (OSError, subprocess.SubprocessError):
+            pass
+    if shutil.which("dmesg"):
+        try:
+            p = subprocess.run(["dmesg", "--time-format=iso"], capture_output=True, text=True,
+                               timeout=20, errors="replace")
+            if p.returncode == 0:
+                return p.stdout, "dmesg"
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return None, None
+
+
+def read_xids(since: float) -> tuple[list[dict] | None, str | None]:
+    text, source = read_kernel_log(since)
+    if text is None:
+        return None, None
+    try:
+        return parse_xids(text, since=since), source
+    except Exception:  # noqa: BLE001 - a parse bug must not take the check down
+        return None, source
+
+
+def unit_active_state(unit: str) -> str | None:
+    try:
+        p = subprocess.run(["systemctl", "show", "-p", "ActiveState", "--value", unit],
+                           capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if p.returncode != 0:
+        return None  # no systemd (containers) or no such unit: unknown, never "activating"
+    return p.stdout.strip() or None
+
+
+def restart_unit(unit: str) -> tuple[bool, str]:
+    """``systemctl restart --no-block``: queue the job and return; the check never waits for a
+    model load (the timer's TimeoutStartSec is far shorter)."""
+    try:
+        p = subprocess.run(["systemctl", "restart", "--no-block", unit],
+                           capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as e:
+        return False, f"{type(e).__name__}: {e}"
+    return p.returncode == 0, (p.stderr or p.stdout).strip()[-300:]
+
+
+# ------------------------------------------------------------------------------- status file
+
+def load_status(path: str | None) -> dict:
+    """The previous run's status; missing or unreadable means a first run (counter 0)."""
+    if not path:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def write_status(path: str, status: dict) -> None:
+    """Atomic: a temp file in the same directory, fsync, rename - readers never see half a file."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".health-", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(status, fh, indent=2)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+# ------------------------------------------------------------------------------- one run
+
+def check(args: argparse.Namespace, now: float | None = None) -> dict:
+    """Probe, judge, persist, maybe restart -> the status dict (also the --json output)."""
+    now = time.time() if now is None else now
+    prev = load_status(args.status_file)
+
+    key, key_error = None, None
+    if args.api_key_file:
+        try:
+            with open(args.api_key_file, encoding="utf-8") as fh:
+                key = read_api_key(fh.read())
+            if key is None:
+                key_error = f"{args.api_key_file}: no VLLM_API_KEY=... line and no bare key"
+        except OSError as e:
+            key_error = f"{args.api_key_file}: {e.strerror}"
+
+    health, models = probe(args.url, key, args.timeout)
+    gpus, gpu_note = read_gpus()
+    since = _epoch(prev.get("time")) or now - XID_FIRST_LOOKBACK_S
+    xids, xid_source = read_xids(since)
+
+    readings = {"url": args.url, "unit": args.unit, "served_name": args.served_name,
+                "key_error": key_error, "health": health, "models": models, "gpu": gpus, "xids": xids}
+    code, findings = verdict(readings, slow_ms=args.slow_ms)
+
+    failures = next_failures(int(prev.get("consecutive_failures") or 0), code)
+    last_restart = prev.get("last_restart")
+    unit_state = unit_active_state(args.unit) if code == CRITICAL else None
+    if unit_state == "activating":
+        findings.append(finding(INFO, f"{args.unit} is still starting (activating): CRITICAL is expected "
+                                      f"until the model has loaded."))
+    action, reason = restart_decision(
+        code=code, failures=failures, restart_after=args.restart_after,
+        last_restart=_epoch((last_restart or {}).get("time")), now=now,
+        min_interval_s=args.restart_min_interval_s, unit_state=unit_state,
+        enabled=not args.no_restart, unit=args.unit)
+    restart = {"action": action, "reason": reason} if action != "none" else None
+    if action == "skip":
+        findings.append(finding(INFO, reason))
+    elif action == "restart":
+        ok, detail = restart_unit(args.unit)
+        last_restart = {"time": _iso(now), "reason": reason, "ok": ok, "detail": detail}
+        restart["ok"], restart["detail"] = ok, detail
+        findings.append(finding(INFO, reason if ok else f"{reason} It failed ({detail}): restart it by hand."))
+    if action != "none":
+        print(f"qwen27b-health: {reason}" + ("" if restart.get("ok", True) else f" failed: {restart['detail']}"),
+              file=sys.stderr)
+
+    stamp = _iso(now)
+    return {
+        "time": stamp,
+        "url": args.url,
+        "unit": args.unit,
+        "verdict": LEVELS[code],
+        "code": code,
+        "findings": findings,
+        "latency_ms": health["latency_ms"],
+        "health_status": health["status"],
+        "models": models["ids"],
+        "served_name": args.served_name,
+        "gpu": gpus,
+        "gpu_note": gpu_note,
+        "xids": xids,
+        "xid_source": xid_source,
+        "unit_state": unit_state,
+        "consecutive_failures": failures,
+        "restart_after": args.restart_after,
+        "restart": restart,
+        "last_restart": last_restart,
+        "history": push_history(prev.get("history"), stamp, code),
+    }
+
+
+def table(s: dict) -> str:
+    """A few aligned lines for a person at a terminal (or reading the journal)."""
+    rows = [("verdict", f"{s['verdict']} ({s['code']})  {s['time']}"),
+            ("url", s["url"]),
+            ("/health", f"{s['health_status']} in {s['latency_ms']} ms" if s["health_status"] else "no answer"),
+            ("models", ", ".join(s["models"]) if s["models"] else "-")]
+    if s["gpu"] is None:
+        rows.append(("gpu", f"none ({s['gpu_note']})"))
+    for g in s["gpu"] or []:
+        if g.get("error"):
+            rows.append((f"gpu {g['index']}", f"error: {g['error']}"))
+            continue
+        thr = ",".join((g.get("throttle") or {}).get("reasons") or []) or "-"
+        rows.append((f"gpu {g['index']}", f"{g['name']}  {g['memory_used_mib']}/{g['memory_total_mib']} MiB  "
+                                          f"{g['temperature_c']} C  ecc {g['ecc_uncorrected']}  "
+                                          f"pending {g['retired_pages_pending']}  clocks {thr}"))
+    rows.append(("xid", "unknown (no kernel log)" if s["xids"] is None
+                 else f"{len(s['xids'])} new ({s['xid_source']})"))
+    last = s["last_restart"]
+    rows.append(("failures", f"{s['consecutive_failures']} consecutive (restart after {s['restart_after']}); "
+                             f"last restart {last['time'] if last else 'never'}"))
+    rows.append(("history", " ".join(str(h["code"]) for h in s["history"]) + "  (codes, oldest first)"))
+    out = [f"{k:<9} {v}" for k, v in rows]
+    out += [f"  {f['level']:<8} {f['text']}" for f in s["findings"]] or ["  no findings"]
+    return "\n".join(out)
+
+
+def wrapper_script(venv: str) -> str:
+    """The ``<venv>/bin/qwen27b-health`` entry point.  This file is installed as
+    ``<venv>/lib/qwen27b_health.py``, outside site-packages, so the wrapper puts that directory
+    on sys.path first (nothing else in the venv can shadow or be shadowed by it)."""
+    return (f"#!{venv}/bin/python\n"
+            f"# qwen27b health check (rendered by qwen27b); the code is {venv}/lib/qwen27b_health.py\n"
+            f"import sys\n"
+            f"sys.path.insert(0, {venv + '/lib'!r})\n"
+            f"from qwen27b_health import main\n"
+            f"raise SystemExit(main())\n")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="qwen27b-health", description=__doc__.split("\n\n")[0],
+                                epilog="exit codes: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN (the check failed)")
+    p.add_argument("--url", required=True, help="base URL of the server, e.g. http://127.0.0.1:8000")
+    p.add_argument("--unit", default="qwen27b.service", help="systemd unit the watchdog restarts")
+    p.add_argument("--status-file", help="JSON status, also the memory between runs (counter, history)")
+    p.add_argument("--restart-after", type=int, default=3, help="restart after K consecutive CRITICAL runs")
+    p.add_argument("--restart-min-interval-s", type=float, default=600.0, help="at most one restart per S s")
+    p.add_argument("--api-key-file", help="VLLM_API_KEY=... env file or a bare key (never printed)")
+    p.add_argument("--served-name", help="model id /v1/models must list")
+    p.add_argument("--timeout", type=float, default=10.0, help="per-request timeout in s")
+    p.add_argument("--slow-ms", type=float, default=1000.0, help="/health slower than this is a WARNING")
+    p.add_argument("--json", action="store_true", help="print the status JSON instead of the table")
+    p.add_argument("--no-restart", action="store_true", help="never restart; record what would happen")
+    args = p.parse_args(argv)
+    if args.restart_after < 1:
+        p.error("--restart-after must be >= 1")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        status = check(args)
+    except Exception as e:  # noqa: BLE001 - a broken check is UNKNOWN, not a service outage
+        print(f"qwen27b-health: UNKNOWN: the check itself failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return UNKNOWN
+    if args.status_file:
+        try:
+            write_status(args.status_file, status)
+        except OSError as e:
+            print(f"qwen27b-health: cannot write {args.status_file} ({e.strerror}): the failure counter "
+                  f"and history are not kept", file=sys.stderr)
+    print(json.dumps(status, indent=2) if args.json else table(status))
+    return status["code"]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

