@@ -14,12 +14,16 @@ def _command_text(command) -> str:
     if isinstance(command, StringCommand):
         return command.get_masked_value()
     if isinstance(command, FileUploadCommand):
-        content = command.src.getvalue() if hasattr(command.src, "getvalue") else None
+        secret = any(word in str(command.dest) for word in ("key", "token"))
+        content = command.src.getvalue() if hasattr(command.src, "getvalue") and not secret else None
         digest = f" (sha1 {hashlib.sha1(content.encode()).hexdigest()[:12]})" if isinstance(content, str) else ""
         return f"upload{digest} -> {command.dest}"
     if isinstance(command, FunctionCommand):
         return f"python: {getattr(command.function, '__name__', command.function)}"
     return str(command)
+
+
+CHECK_PREFIX = "verify:"  # checks run every deploy; they read, never change the host
 
 
 def planned_operations(state, host) -> list[tuple[str, bool, list[str]]]:
@@ -30,7 +34,7 @@ def planned_operations(state, host) -> list[tuple[str, bool, list[str]]]:
         if data is None:
             continue
         name = ", ".join(sorted(state.op_meta[op_hash].names))
-        changes = bool(data.operation_meta.will_change)
+        changes = bool(data.operation_meta.will_change) and not name.startswith(CHECK_PREFIX)
         commands = [_command_text(c) for c in data.command_generator()] if changes else []
         out.append((name, changes, commands))
     return out

@@ -136,8 +136,9 @@ def contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
         "first_check_s": 120,
         "timeout_s": 60,
         "health_exec": [f"{where['venv']}/bin/qwen27b-health", "--url", base_url, "--unit", SERVICE_UNIT,
-                        "--status-file", where["health_status"],
-                        "--restart-after", str(s.health_failures_before_restart)],
+                        "--status-file", where["health_status"], "--served-name", serve.value("--served-model-name"),
+                        "--restart-after", str(s.health_failures_before_restart)]
+        + (["--api-key-file", where["secrets_file"]] if s.api_key_file else []),
         "hardening": [("ProtectSystem", "strict"), ("ProtectHome", "yes"), ("PrivateTmp", "yes"),
                       ("NoNewPrivileges", "yes"), ("ReadWritePaths", where["state_dir"])],
     }

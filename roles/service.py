@@ -17,6 +17,7 @@ from qwen27b.render import HEALTH_TIMER, HEALTH_UNIT, SERVICE_UNIT, layout, rend
 
 from ._pending import note, restart_needed
 from .toolchain import release_dir
+from .verify import api_key
 
 UNIT_DIR = "/etc/systemd/system"
 
@@ -34,14 +35,19 @@ def service(decision: Decision) -> None:
         files.put(name=f"render {dest}", src=StringIO(rendered[template]), dest=dest, user="root", group="root", mode="0644")
         for template, dest in targets
     ]
+    if decision.settings.api_key_file:
+        # VLLM_API_KEY guards /v1; in a root-only 0600 file, never in the unit or on a command line
+        written.append(files.put(name="API key env file (0600)", src=StringIO(f"VLLM_API_KEY={api_key(decision)}\n"),
+                                 dest=where["secrets_file"], user="root", group="root", mode="0600"))
     release = symlink_switch(name="activate the release (current symlink)", link=decision.stack.paths["current_release"],
                              target=release_dir(decision))
-    if any(op.will_change for op in written[1:]):
+    if any(op.will_change for op in written[1:4]):  # the three unit files
         systemd.daemon_reload(name="systemd daemon-reload (a unit file changed)")
     systemd.service(name=f"enable {SERVICE_UNIT}", service=SERVICE_UNIT, running=None, enabled=True)
-    if any(op.will_change for op in written) or release.will_change or restart_needed():
+    serving = [written[0], written[1]] + written[4:]  # env, main unit, API key: the health units never restart vLLM
+    if any(op.will_change for op in serving) or release.will_change or restart_needed():
         server.shell(name=f"restart {SERVICE_UNIT} (config, release or weights changed)",
                      commands=[f"systemctl restart --no-block {SERVICE_UNIT}"])
     else:
         systemd.service(name=f"{SERVICE_UNIT} running", service=SERVICE_UNIT, running=True)
-    note(f"service: {HEALTH_TIMER} rendered, not enabled yet: qwen27b-health arrives with the next issue")
+    systemd.service(name=f"{HEALTH_TIMER} enabled and running", service=HEALTH_TIMER, running=True, enabled=True)

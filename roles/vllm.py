@@ -8,12 +8,13 @@ import proves the build loads (and, on Volta, that torch carries sm_70 kernels).
 from __future__ import annotations
 
 import shlex
+from io import StringIO
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.operations import server
+from pyinfra.operations import files, server
 
-from qwen27b import cpu_smoke
+from qwen27b import cpu_smoke, health
 from qwen27b.artifacts import cache_root, dir_manifest
 from qwen27b.gate import Decision
 from qwen27b.host_facts import VenvPackages
@@ -82,8 +83,19 @@ def _smoke(decision: Decision, python: str) -> str:
     return f"cd / && {python} -c {shlex.quote(check)}"
 
 
+HEALTH_SOURCE = Path(health.__file__)
+
+
+def install_health_check(venv: str) -> None:
+    """qwen27b-health in the release venv: one stdlib + httpx + pynvml file and its wrapper."""
+    files.put(name="health check code", src=str(HEALTH_SOURCE), dest=f"{venv}/lib/qwen27b_health.py", mode="0644")
+    files.put(name="qwen27b-health command", src=StringIO(health.wrapper_script(venv)), dest=f"{venv}/bin/qwen27b-health",
+              mode="0755")
+
+
 def vllm(decision: Decision) -> None:
     venv = release_venv(decision)
+    install_health_check(venv)
     vllm_entry = decision.stack.profile["vllm"]
     wanted = {_norm(vllm_entry["dist"]): vllm_entry["version"]}
     wanted.update({_norm(p): None for p in decision.stack.tools["host_packages"]})

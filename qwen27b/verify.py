@@ -1,0 +1,160 @@
+"""Post-deploy verification from the controller: readiness, /v1/models, a streamed completion,
+speculative acceptance; and the per-run report (JSON + a table).
+
+Stdlib HTTP (urllib) on purpose: this runs inside pyinfra's gevent-patched process.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+PROMPT = "你好"  # the seed article's first request
+SPEC_DRAFT = re.compile(r"^vllm:spec_decode_num_draft_tokens_total(?:\{[^}]*\})?\s+([0-9.eE+-]+)$", re.M)
+SPEC_ACCEPTED = re.compile(r"^vllm:spec_decode_num_accepted_tokens_total(?:\{[^}]*\})?\s+([0-9.eE+-]+)$", re.M)
+
+
+class VerifyFailed(Exception):
+    """Verification failed; str() says which step and why."""
+
+
+@dataclass
+class HostResult:
+    host: str
+    status: str = "unverified"  # ok | failed | rolled back | unverified
+    model: str = ""
+    revision: str = ""
+    served_name: str = ""
+    url: str = ""
+    ready_s: float | None = None
+    ttft_s: float | None = None
+    decode_tok_s: float | None = None
+    completion_tokens: int | None = None
+    acceptance: float | None = None
+    reason: str = ""
+    journal: list[str] = field(default_factory=list)
+    health: dict | None = None
+
+
+def _request(url: str, api_key: str | None = None, body: dict | None = None, timeout: float = 10):
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    data = json.dumps(body).encode() if body is not None else None
+    return urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers), timeout=timeout)
+
+
+def wait_ready(base: str, deadline_s: float, say=print, state=lambda: None) -> float:
+    """Poll /health with backoff until 200 or the deadline; say progress every ~10 s."""
+    started = time.monotonic()
+    delay, last_said = 1.0, 0.0
+    while True:
+        elapsed = time.monotonic() - started
+        try:
+            with _request(f"{base}/health", timeout=5) as response:
+                if response.status == 200:
+                    return elapsed
+        except (OSError, urllib.error.URLError):
+            pass
+        if elapsed > deadline_s:
+            raise VerifyFailed(f"not ready after {deadline_s:.0f} s (GET {base}/health)")
+        if elapsed - last_said >= 10:
+            unit = state()
+            say(f"loading weights... {elapsed:.0f} s" + (f" (unit {unit})" if unit else ""))
+            last_said = elapsed
+        time.sleep(delay)
+        delay = min(delay * 1.5, 10)
+
+
+def check_models(base: str, served_name: str, api_key: str | None) -> list[str]:
+    try:
+        with _request(f"{base}/v1/models", api_key) as response:
+            names = [m["id"] for m in json.load(response)["data"]]
+    except urllib.error.HTTPError as error:
+        raise VerifyFailed(f"GET /v1/models answered {error.code}" + (" (API key rejected)" if error.code == 401 else "")) from None
+    except (OSError, ValueError, KeyError) as error:
+        raise VerifyFailed(f"GET /v1/models failed: {error}") from None
+    if served_name not in names:
+        raise VerifyFailed(f"served name {served_name!r} not in /v1/models ({names})")
+    return names
+
+
+def chat_stream(base: str, served_name: str, api_key: str | None, max_tokens: int = 64, timeout: float = 600) -> dict:
+    """One streamed chat completion: TTFT, decode tokens/s, token counts."""
+    body = {"model": served_name, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens,
+            "stream": True, "stream_options": {"include_usage": True}}
+    started = time.monotonic()
+    first = last = None
+    text, usage = [], {}
+    try:
+        with _request(f"{base}/v1/chat/completions", api_key, body, timeout=timeout) as response:
+            for raw in response:
+                line = raw.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                usage = chunk.get("usage") or usage
+                for choice in chunk.get("choices", []):
+                    piece = (choice.get("delta") or {}).get("content")
+                    if piece:
+                        now = time.monotonic()
+                        first = first or now
+                        last = now
+                        text.append(piece)
+    except urllib.error.HTTPError as error:
+        raise VerifyFailed(f"chat completion answered {error.code}: {error.read()[:200]!r}") from None
+    except (OSError, ValueError) as error:
+        raise VerifyFailed(f"chat completion failed: {error}") from None
+    tokens = int(usage.get("completion_tokens") or 0)
+    if first is None or tokens == 0:
+        raise VerifyFailed("chat completion returned no content")
+    decode = (tokens - 1) / (last - first) if tokens > 1 and last > first else None
+    return {"ttft_s": first - started, "decode_tok_s": decode, "completion_tokens": tokens, "text": "".join(text)}
+
+
+def spec_counters(metrics_text: str) -> tuple[float, float]:
+    """(draft tokens, accepted tokens) summed over label sets, from a /metrics scrape."""
+    return (sum(float(v) for v in SPEC_DRAFT.findall(metrics_text)),
+            sum(float(v) for v in SPEC_ACCEPTED.findall(metrics_text)))
+
+
+def acceptance(before: tuple[float, float], after: tuple[float, float]) -> float | None:
+    """Accepted / drafted between two scrapes (counters are cumulative); None when nothing was drafted."""
+    drafted = after[0] - before[0]
+    return (after[1] - before[1]) / drafted if drafted > 0 else None
+
+
+def scrape(base: str) -> str:
+    try:
+        with _request(f"{base}/metrics") as response:
+            return response.read().decode()
+    except (OSError, urllib.error.URLError):
+        return ""
+
+
+def report_table(results: list[HostResult]) -> str:
+    rows = [["host", "status", "model", "revision", "TTFT", "tok/s", "acceptance", "reason"]]
+    for r in results:
+        rows.append([r.host, r.status, r.served_name or r.model, r.revision,
+                     f"{r.ttft_s * 1000:.0f} ms" if r.ttft_s is not None else "-",
+                     f"{r.decode_tok_s:.1f}" if r.decode_tok_s is not None else "-",
+                     f"{r.acceptance:.0%}" if r.acceptance is not None else "-", r.reason[:60]])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def write_report(results: list[HostResult], directory: Path, run_id: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"deploy-{run_id}.json"
+    path.write_text(json.dumps({"run": run_id, "hosts": [asdict(r) for r in results]}, indent=2, ensure_ascii=False))
+    latest = directory / "latest.json"
+    latest.unlink(missing_ok=True)
+    latest.symlink_to(path.name)
+    return path
