@@ -123,7 +123,9 @@ def contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
         "user": decision.stack.paths["service_user"],
         "exec_start": exec_start,
         # `systemctl start` returns once /health answers, so start-up failures show in the unit state
-        "ready_check": f"/bin/sh -c 'until curl -fs -o /dev/null {base_url}/health; do sleep 2; done'",
+        # and fails as soon as the main process dies ($MAINPID: systemd's), instead of at the timeout
+        "ready_check": (f"/bin/sh -c 'until curl -fs -o /dev/null {base_url}/health; "
+                        "do kill -0 $MAINPID || exit 1; sleep 2; done'"),
         "start_timeout_s": decision.stack.profile["serve"]["start_timeout_s"],
         "start_limit_interval_s": 1800,
         "start_limit_burst": 5,

@@ -19,6 +19,9 @@ SPEC_DRAFT = re.compile(r"^vllm:spec_decode_num_draft_tokens_total(?:\{[^}]*\})?
 SPEC_ACCEPTED = re.compile(r"^vllm:spec_decode_num_accepted_tokens_total(?:\{[^}]*\})?\s+([0-9.eE+-]+)$", re.M)
 
 
+CRASHED = ("auto-restart", "failed")  # systemd sub-states of a unit whose process died
+
+
 class VerifyFailed(Exception):
     """Verification failed; str() says which step and why."""
 
@@ -63,8 +66,10 @@ def wait_ready(base: str, deadline_s: float, say=print, state=lambda: None) -> f
             pass
         if elapsed > deadline_s:
             raise VerifyFailed(f"not ready after {deadline_s:.0f} s (GET {base}/health)")
-        if elapsed - last_said >= 10:
+        if elapsed - last_said >= 10 or elapsed > 5 and not last_said:
             unit = state()
+            if unit and any(bad in unit for bad in CRASHED):
+                raise VerifyFailed(f"the service exits during start-up (unit {unit}): see its journal")
             say(f"loading weights... {elapsed:.0f} s" + (f" (unit {unit})" if unit else ""))
             last_said = elapsed
         time.sleep(delay)

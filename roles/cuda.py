@@ -12,7 +12,7 @@ from pyinfra.operations import files, server
 
 from qwen27b.gate import Decision
 
-from ._pending import note
+from ._common import note
 from .toolchain import apt_install
 
 REPO = "https://developer.download.nvidia.com/compute/cuda/repos/{repo}/x86_64"

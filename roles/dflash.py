@@ -12,7 +12,7 @@ from pyinfra.operations import server
 from qwen27b.gate import Decision
 from qwen27b.host_facts import VenvPackages
 
-from ._pending import note
+from ._common import note
 from .toolchain import release_venv
 from .weights import place
 

@@ -11,7 +11,7 @@ from pyinfra.operations import files, server, systemd
 from qwen27b.gate import Decision
 from qwen27b.operations import apt_hold
 
-from ._pending import note
+from ._common import note
 from .toolchain import apt_install
 
 NOUVEAU_BLACKLIST = "# qwen27b: the NVIDIA driver needs nouveau out of the way\nblacklist nouveau\noptions nouveau modeset=0\n"

@@ -17,7 +17,7 @@ from qwen27b.opsplan import planned_operations
 from qwen27b.report import format_decision, format_operations, format_refusal
 from qwen27b.stack import load_stack
 
-from ._pending import note, take_notes
+from ._common import note, take_notes
 
 _validated: dict[int, dict[str, Settings]] = {}
 

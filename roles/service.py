@@ -7,19 +7,32 @@ for readiness with progress instead of pyinfra hanging silently.
 
 from __future__ import annotations
 
+import hashlib
 from io import StringIO
+
+from pyinfra import host
+from pyinfra.facts.files import Sha1File
 
 from pyinfra.operations import files, server, systemd
 
 from qwen27b.gate import Decision
+from qwen27b.host_facts import SymlinkTarget
 from qwen27b.operations import symlink_switch
 from qwen27b.render import HEALTH_TIMER, HEALTH_UNIT, SERVICE_UNIT, layout, render_all
 
-from ._pending import note, restart_needed
+from ._common import ROLLBACK_DIR, api_key, remember_previous, restart_needed
 from .toolchain import release_dir
-from .verify import api_key
 
 UNIT_DIR = "/etc/systemd/system"
+
+
+def _will_change(rendered: dict, targets) -> bool:
+    """Would any of these rendered files differ from the host's copy (plan-time, from facts)?"""
+    for template, dest in targets:
+        remote = host.get_fact(Sha1File, path=dest)
+        if remote is not None and remote != hashlib.sha1(rendered[template].encode()).hexdigest():
+            return True
+    return False
 
 
 def service(decision: Decision) -> None:
@@ -31,6 +44,13 @@ def service(decision: Decision) -> None:
         ("qwen27b-health.service.j2", f"{UNIT_DIR}/{HEALTH_UNIT}"),
         ("qwen27b-health.timer.j2", f"{UNIT_DIR}/{HEALTH_TIMER}"),
     ]
+    serving_files = [dest for _, dest in targets[:2]]
+    if _will_change(rendered, targets[:2]):
+        # keep the running release's env and unit: the verify role restores them on rollback
+        server.shell(name="keep the running unit and env for rollback", commands=[
+            f"rm -rf {ROLLBACK_DIR} && mkdir -p {ROLLBACK_DIR} && "
+            f"for f in {' '.join(serving_files)}; do cp -a $f {ROLLBACK_DIR}/; done"])
+        remember_previous(ROLLBACK_DIR, ";".join(serving_files))
     written = [
         files.put(name=f"render {dest}", src=StringIO(rendered[template]), dest=dest, user="root", group="root", mode="0644")
         for template, dest in targets
@@ -39,15 +59,18 @@ def service(decision: Decision) -> None:
         # VLLM_API_KEY guards /v1; in a root-only 0600 file, never in the unit or on a command line
         written.append(files.put(name="API key env file (0600)", src=StringIO(f"VLLM_API_KEY={api_key(decision)}\n"),
                                  dest=where["secrets_file"], user="root", group="root", mode="0600"))
-    release = symlink_switch(name="activate the release (current symlink)", link=decision.stack.paths["current_release"],
-                             target=release_dir(decision))
+    current = decision.stack.paths["current_release"]
+    previous = host.get_fact(SymlinkTarget, path=current)
+    if previous != release_dir(decision):
+        remember_previous(current, previous)
+    release = symlink_switch(name="activate the release (current symlink)", link=current, target=release_dir(decision))
     if any(op.will_change for op in written[1:4]):  # the three unit files
         systemd.daemon_reload(name="systemd daemon-reload (a unit file changed)")
     systemd.service(name=f"enable {SERVICE_UNIT}", service=SERVICE_UNIT, running=None, enabled=True)
     serving = [written[0], written[1]] + written[4:]  # env, main unit, API key: the health units never restart vLLM
     if any(op.will_change for op in serving) or release.will_change or restart_needed():
         server.shell(name=f"restart {SERVICE_UNIT} (config, release or weights changed)",
-                     commands=[f"systemctl restart --no-block {SERVICE_UNIT}"])
+                     commands=[f"systemctl reset-failed {SERVICE_UNIT}; systemctl restart --no-block {SERVICE_UNIT}"])
     else:
         systemd.service(name=f"{SERVICE_UNIT} running", service=SERVICE_UNIT, running=True)
     systemd.service(name=f"{HEALTH_TIMER} enabled and running", service=HEALTH_TIMER, running=True, enabled=True)

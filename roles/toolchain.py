@@ -15,7 +15,7 @@ from pyinfra.operations import apt, files, server
 from qwen27b.artifacts import uv_binary
 from qwen27b.gate import Decision
 
-from ._pending import note
+from ._common import note
 
 
 def release_dir(decision: Decision) -> str:

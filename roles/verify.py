@@ -22,7 +22,7 @@ from qwen27b import verify as V
 from qwen27b.gate import Decision
 from qwen27b.render import SERVICE_UNIT, layout
 
-from ._pending import note
+from ._common import ROLLBACK_DIR, api_key, note, previous_links
 
 REPORTS = Path(os.environ.get("QWEN27B_REPORTS", "reports"))
 _results: list[V.HostResult] = []
@@ -35,24 +35,48 @@ def _finish() -> None:
         click.echo(f"\n--> qwen27b verify report ({path})\n{V.report_table(_results)}\n", err=True)
 
 
-def api_key(decision: Decision) -> str | None:
-    path = decision.settings.api_key_file
-    return Path(path).expanduser().read_text().strip() if path else None
-
-
 def _remote(command: str) -> list[str]:
     ok, output = host.run_shell_command(command)
     return list(output.stdout_lines) if ok else []
 
 
-def _check(decision: Decision) -> None:
+def _rollback_commands(previous: list[tuple[str, str]]) -> list[str]:
+    """Point every switched symlink back, restore the kept unit and env, restart."""
+    commands = []
+    for link, target in previous:
+        if link == ROLLBACK_DIR:
+            for path in target.split(";"):
+                commands.append(f"cp -a {ROLLBACK_DIR}/{path.rsplit('/', 1)[-1]} {path}")
+            commands.append("systemctl daemon-reload")
+        else:
+            commands.append(f"ln -sfn {target} {link}.new && mv -Tf {link}.new {link}")
+    return commands + [f"systemctl reset-failed {SERVICE_UNIT}; systemctl restart --no-block {SERVICE_UNIT}"]
+
+
+def _serving(decision: Decision, result: V.HostResult, key: str | None, say, unit_state) -> None:
+    """Ready, the served name listed, one streamed completion: fills result, raises VerifyFailed."""
+    base = result.url
+    result.ready_s = V.wait_ready(base, decision.stack.profile["serve"]["start_timeout_s"], say, unit_state)
+    V.check_models(base, result.served_name, key)
+    speculative = decision.serve.has("--speculative-config")
+    before = V.spec_counters(V.scrape(base)) if speculative else None
+    chat = V.chat_stream(base, result.served_name, key)
+    result.ttft_s, result.decode_tok_s = chat["ttft_s"], chat["decode_tok_s"]
+    result.completion_tokens = chat["completion_tokens"]
+    if speculative:
+        result.acceptance = V.acceptance(before, V.spec_counters(V.scrape(base)))
+        if result.acceptance is not None and result.acceptance < 0.01:
+            raise V.VerifyFailed(f"speculative acceptance {result.acceptance:.1%}: the draft is rejected "
+                                 "(1Cat-vLLM issue 478: NVFP4 target on V100 TP4); check the draft and target")
+
+
+def _check(decision: Decision, previous: list[tuple[str, str]]) -> None:
     serve, model = decision.serve, decision.stack.model
     base = f"http://{serve.value('--host')}:{serve.value('--port')}"
     result = V.HostResult(host.name, model=model["id"], revision=model["revision"],
                           served_name=serve.value("--served-model-name"), url=base)
     _results.append(result)
     key = api_key(decision)
-    speculative = serve.has("--speculative-config")
 
     def say(message: str) -> None:
         click.echo(f"    [{host.name}] {message}", err=True)
@@ -61,25 +85,28 @@ def _check(decision: Decision) -> None:
         return " ".join(_remote(f"systemctl show -p ActiveState,SubState --value {SERVICE_UNIT} | paste -sd/"))
 
     try:
-        result.ready_s = V.wait_ready(base, decision.stack.profile["serve"]["start_timeout_s"], say, unit_state)
-        V.check_models(base, result.served_name, key)
-        before = V.spec_counters(V.scrape(base)) if speculative else None
-        chat = V.chat_stream(base, result.served_name, key)
-        result.ttft_s, result.decode_tok_s = chat["ttft_s"], chat["decode_tok_s"]
-        result.completion_tokens = chat["completion_tokens"]
-        if speculative:
-            result.acceptance = V.acceptance(before, V.spec_counters(V.scrape(base)))
-            if result.acceptance is not None and result.acceptance < 0.01:
-                raise V.VerifyFailed(f"speculative acceptance {result.acceptance:.1%}: the draft is rejected "
-                                     "(1Cat-vLLM issue 478: NVFP4 target on V100 TP4); check the draft and target")
+        _serving(decision, result, key, say, unit_state)
         result.status = "ok"
         say(f"verified: TTFT {result.ttft_s * 1000:.0f} ms, {result.decode_tok_s or 0:.1f} tok/s")
+        return
     except V.VerifyFailed as failure:
         result.status, result.reason = "failed", str(failure)
         result.journal = _remote(f"journalctl -u {SERVICE_UNIT} -n 80 --no-pager")
         health = _remote(f"cat {layout(decision)['health_status']} 2>/dev/null")
         result.health = {"raw": health} if health else None
-        raise OperationError(f"verify failed: {failure} (journal and health status in the run report)") from None
+    if not previous:
+        raise OperationError(f"verify failed: {result.reason} (journal and health status in the run report)")
+    say(f"verify failed ({result.reason}): rolling back to the previous release")
+    for command in _rollback_commands(previous):
+        _remote(command)
+    try:
+        _serving(decision, result, key, say, unit_state)
+    except V.VerifyFailed as again:
+        result.reason += f"; rollback did not recover: {again}"
+        raise OperationError(f"verify failed and rollback did not recover: {again}") from None
+    result.status = "rolled back"
+    result.reason = f"rolled back: {result.reason}"
+    raise OperationError(f"verify failed, the previous release was restored and verified: {result.reason}")
 
 
 def verify(decision: Decision) -> None:
@@ -92,4 +119,4 @@ def verify(decision: Decision) -> None:
         atexit.register(_finish)
         verify._registered = True
     python.call(name="verify: readiness, /v1/models, streamed completion, acceptance", function=_check,
-                decision=decision)
+                decision=decision, previous=previous_links())

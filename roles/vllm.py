@@ -20,7 +20,7 @@ from qwen27b.gate import Decision
 from qwen27b.host_facts import VenvPackages
 from qwen27b.operations import push_files
 
-from ._pending import note
+from ._common import note
 from .toolchain import release_venv
 
 

@@ -21,10 +21,10 @@ from pyinfra.operations import files, server
 
 from qwen27b.artifacts import cache_root, dir_manifest
 from qwen27b.gate import Decision
-from qwen27b.host_facts import FileHashes
+from qwen27b.host_facts import FileHashes, SymlinkTarget
 from qwen27b.operations import push_files, symlink_switch
 
-from ._pending import needs_restart, note
+from ._common import needs_restart, note, remember_previous
 
 FETCH_TOOL = Path(__file__).resolve().parent.parent / "qwen27b" / "fetch.py"
 HUB_MANIFEST = "qwen27b-manifest.sha256"  # written after a hub download: what later runs verify
@@ -97,8 +97,8 @@ def place(decision: Decision, entry: dict, link: str, local_dir: str | None) -> 
             # qwen27b_http_proxy is for the mirror: no_proxy emptied so it applies even to a loopback mirror
             proxy = (f"http_proxy={settings.http_proxy} https_proxy={settings.http_proxy} no_proxy= NO_PROXY= "
                      if settings.http_proxy else "")
-            server.shell(name="fetch the checkpoint from the mirror",
-                         commands=[f"{proxy}python3 {tool} --base {base} --dest {target} --manifest {listing}"])
+            needs_restart(server.shell(name="fetch the checkpoint from the mirror",
+                         commands=[f"{proxy}python3 {tool} --base {base} --dest {target} --manifest {listing}"]))
     elif source == "hub":
         _hub(decision, entry, target)
     else:
@@ -108,8 +108,11 @@ def place(decision: Decision, entry: dict, link: str, local_dir: str | None) -> 
         if not (local / "config.json").is_file():
             raise OperationError(f"no checkpoint at {local} (config.json missing): set qwen27b_model_local_dir"
                                  + (" or run `python3 -m qwen27b.cpu_smoke model`" if entry.get("local_dir") else ""))
-        push_files(name="push the checkpoint (verified by sha256)", src_dir=str(local), dest_dir=target,
-                   manifest=dir_manifest(local))
+        needs_restart(push_files(name="push the checkpoint (verified by sha256)", src_dir=str(local), dest_dir=target,
+                                 manifest=dir_manifest(local)))
+    previous = host.get_fact(SymlinkTarget, path=link)
+    if previous != target:
+        remember_previous(link, previous)
     needs_restart(symlink_switch(name=f"switch {link.rsplit('/', 1)[-1]} symlink", link=link, target=target))
 
 
