@@ -29,7 +29,6 @@ touch nothing, and are unit-tested in ``tests/test_cpu_smoke.py``.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shlex
@@ -42,6 +41,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
+
+from .artifacts import sha256_file
 
 # --------------------------------------------------------------------------------------------
 # Pins and facts (CPU_VLLM.md).  Change them together and rebuild the artifacts.
@@ -277,14 +278,6 @@ def manifest_check_command(directory: str) -> str:
 # --------------------------------------------------------------------------------------------
 # Manifests
 # --------------------------------------------------------------------------------------------
-
-def sha256_file(path: Path, bufsize: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(bufsize):
-            h.update(chunk)
-    return h.hexdigest()
-
 
 def _artifact_files(directory: Path) -> list[Path]:
     skip = {MANIFEST, SHA256SUMS}

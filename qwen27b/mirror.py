@@ -7,12 +7,20 @@ from __future__ import annotations
 import argparse
 import os
 import threading
+import time
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 
 class RangeHandler(SimpleHTTPRequestHandler):
+    """Serves files with Range support; records (path, Range header) of each GET in `requests`
+    and can throttle to `rate` bytes/s (tests use both: resume proof, a slow transfer to interrupt)."""
+
+    requests: list = []
+    rate: float | None = None
+
     def send_head(self):
+        self.requests.append((self.path, self.headers.get("Range")))
         path = self.translate_path(self.path)
         header = self.headers.get("Range", "")
         if not header.startswith("bytes=") or not os.path.isfile(path):
@@ -36,19 +44,27 @@ class RangeHandler(SimpleHTTPRequestHandler):
 
     def copyfile(self, source, outputfile):
         remaining = getattr(self, "_remaining", None)
-        if remaining is None:
-            return super().copyfile(source, outputfile)
-        while remaining > 0 and (block := source.read(min(1 << 20, remaining))):
+        chunk = 1 << 18
+        while remaining is None or remaining > 0:
+            block = source.read(chunk if remaining is None else min(chunk, remaining))
+            if not block:
+                break
             outputfile.write(block)
-            remaining -= len(block)
+            if remaining is not None:
+                remaining -= len(block)
+            if self.rate:
+                time.sleep(len(block) / self.rate)
 
     def log_message(self, format, *args):  # noqa: A002 - quiet by default
         pass
 
 
 def serve(directory: str, host: str = "127.0.0.1", port: int = 0) -> tuple[ThreadingHTTPServer, threading.Thread]:
-    """Start serving directory in a thread; returns the server (server.server_address has the port)."""
-    server = ThreadingHTTPServer((host, port), partial(RangeHandler, directory=directory))
+    """Start serving directory in a thread; returns the server (server.server_address has the port,
+    server.handler the handler class: its `requests` log and `rate` throttle)."""
+    handler = type("MirrorHandler", (RangeHandler,), {"requests": [], "rate": None})
+    server = ThreadingHTTPServer((host, port), partial(handler, directory=directory))
+    server.handler = handler
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     return server, thread

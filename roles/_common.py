@@ -31,7 +31,8 @@ def api_key(decision: Decision) -> str | None:
 
 def needs_restart(op) -> None:
     """Remember an operation whose change means the service must restart (weights, release)."""
-    _restart_ops.setdefault(host.name, []).append(op)
+    if op is not None:
+        _restart_ops.setdefault(host.name, []).append(op)
 
 
 def restart_needed() -> bool:

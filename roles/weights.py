@@ -44,14 +44,14 @@ def _check_token_file(path: str) -> None:
         raise OperationError(f"{path} is mode {mode:o}: a token file must be 0600 (chmod 600 {path})")
 
 
-def _hub(decision: Decision, entry: dict, target: str) -> None:
+def _hub(decision: Decision, entry: dict, target: str):
     """Download on the host with huggingface_hub (in the release venv: vLLM depends on it), which
     resumes partial files; then record a manifest of what arrived, so later runs verify against it."""
     from .toolchain import release_venv
     have = host.get_fact(FileHashes, directory=target) or {}
     if HUB_MANIFEST in have:
         note(f"weights: {safe_name(entry)} present (recorded in {HUB_MANIFEST})")
-        return
+        return None
     token_env = ""
     if decision.settings.hf_token_file:
         _check_token_file(decision.settings.hf_token_file)
@@ -60,7 +60,7 @@ def _hub(decision: Decision, entry: dict, target: str) -> None:
                   dest=token_path, user="root", group="root", mode="0600")
         token_env = f'HF_TOKEN="$(cat {token_path})" '
     venv = release_venv(decision)
-    server.shell(name="download from the hub", commands=[
+    return server.shell(name="download from the hub", commands=[
         f"{token_env}HF_HUB_DISABLE_TELEMETRY=1 {venv}/bin/hf download {entry['id']} --revision {entry['revision']} "
         f"--local-dir {target}",
         f"cd {target} && find . -maxdepth 1 -type f ! -name '.*' ! -name {HUB_MANIFEST} -printf '%f\\n' | sort | "
@@ -100,7 +100,7 @@ def place(decision: Decision, entry: dict, link: str, local_dir: str | None) -> 
             needs_restart(server.shell(name="fetch the checkpoint from the mirror",
                          commands=[f"{proxy}python3 {tool} --base {base} --dest {target} --manifest {listing}"]))
     elif source == "hub":
-        _hub(decision, entry, target)
+        needs_restart(_hub(decision, entry, target))
     else:
         local = Path(local_dir or entry.get("local_dir") or "").expanduser()
         if not local.is_absolute():

@@ -1,0 +1,45 @@
+"""The end of `./run demo`: what a lab admin checks by hand, shown for the demo test host.
+
+`systemctl status qwen27b` on the host, the health endpoint's answer, and the verify table.
+"""
+
+from __future__ import annotations
+
+import json
+import runpy
+import subprocess
+import urllib.request
+from pathlib import Path
+
+from .artifacts import cache_root
+from .verify import HostResult, report_table
+
+
+def main() -> None:
+    state = cache_root() / "testhosts" / "demo"
+    hosts = runpy.run_path(str(state / "inventory.py"))["testhosts"]
+    for name, data in hosts:
+        print(f"\n--> {name}: systemctl status qwen27b")
+        subprocess.run(["ssh", "-F", str(state / "ssh_config"), name,
+                        "systemctl status qwen27b --no-pager -n 0 | head -12"], check=False)
+        url = f"http://{data['ssh_hostname']}:8000"
+        for path in ("/health", "/v1/models"):
+            try:
+                with urllib.request.urlopen(url + path, timeout=10) as response:
+                    body = response.read().decode()[:300]
+                    print(f"--> GET {url}{path}: {response.status} {body}")
+            except OSError as error:
+                print(f"--> GET {url}{path}: {error}")
+        health = subprocess.run(["ssh", "-F", str(state / "ssh_config"), name,
+                                 "/opt/qwen27b/current/venv/bin/qwen27b-health --no-restart "
+                                 f"--url {url} --status-file /tmp/qwen27b-demo-health.json"],
+                                capture_output=True, text=True)
+        print(f"--> qwen27b-health (exit {health.returncode}):\n{health.stdout}")
+    report = Path("reports/latest.json")
+    if report.exists():
+        results = [HostResult(**h) for h in json.loads(report.read_text())["hosts"]]
+        print(f"--> verify ({report.resolve().name})\n{report_table(results)}")
+
+
+if __name__ == "__main__":
+    main()

