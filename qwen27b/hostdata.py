@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import os
+import re
+import stat
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -154,11 +157,52 @@ def _check_values(host: str, s: Settings) -> None:
     if s.model_source == "controller" and not s.model_local_dir:
         raise BadHostData(host, "qwen27b_model_local_dir", "model_source is 'controller' but no local dir is set",
                           "set qwen27b_model_local_dir to the checkpoint directory on this machine")
+    if s.stack_overrides:
+        _check_overrides(host, s.stack_overrides)
+    for name in ("api_key_file", "hf_token_file"):
+        if getattr(s, name):
+            _check_secret_file(host, PREFIX + name, getattr(s, name))
     if s.serve_flags:
         for flag in s.serve_flags:
             if not (isinstance(flag, str) and flag.startswith("--")):
                 raise BadHostData(host, "qwen27b_serve_flags", f"{flag!r} is not a vllm serve flag",
                                   'write flags with their dashes, e.g. {"--max-model-len": 4096}')
+
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+REVISION = re.compile(r"^(?:[0-9a-f]{7,40}|[A-Za-z0-9][A-Za-z0-9._-]{0,99})$")  # a commit, or a tag/branch name
+SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
+
+
+def _check_overrides(host: str, overrides: dict) -> None:
+    """The values in stack overrides that end up in paths and downloads: ids, revisions, hashes."""
+    key = "qwen27b_stack_overrides"
+    for section in ("model", "draft"):
+        entry = overrides.get(section) or {}
+        if not isinstance(entry, dict):
+            raise BadHostData(host, f"{key}.{section}", f"expected a dict, got {type(entry).__name__}", "e.g. {'id': 'org/name'}")
+        if "id" in entry and not (isinstance(entry["id"], str) and HUB_ID.match(entry["id"]) and ".." not in entry["id"]):
+            raise BadHostData(host, f"{key}.{section}.id", f"{entry['id']!r} is not a hub id 'org/name'",
+                              "use the checkpoint's hub id, e.g. 'nvidia/Qwen3.8-27B-NVFP4' (no paths, no '..')")
+        revision = entry.get("revision", overrides.get(f"{section}_revision"))
+        if revision is not None and not (isinstance(revision, str) and REVISION.match(revision) and ".." not in revision):
+            raise BadHostData(host, f"{key}.{section}_revision", f"{revision!r} is not a commit or tag",
+                              "pin a commit hash (7-40 hex) or a tag name")
+    vllm = overrides.get("vllm") or {}
+    if isinstance(vllm, dict) and vllm.get("sha256") is not None and not (
+            isinstance(vllm["sha256"], str) and SHA256.match(vllm["sha256"])):
+        raise BadHostData(host, f"{key}.vllm.sha256", f"{vllm['sha256']!r} is not a sha256 (64 hex digits)",
+                          "copy the wheel's full sha256 (sha256sum FILE)")
+
+
+def _check_secret_file(host: str, key: str, path: str) -> None:
+    """A key or token file the controller reads must exist and be private to its owner."""
+    try:
+        mode = stat.S_IMODE(os.stat(os.path.expanduser(path)).st_mode)
+    except OSError as error:
+        raise BadHostData(host, key, f"cannot read {path}: {error.strerror}", "create it (chmod 600) or fix the path") from None
+    if mode & 0o077:
+        raise BadHostData(host, key, f"{path} is mode {mode:o}, readable by others", f"chmod 600 {path}")
 
 
 def lab_address(data: dict) -> str | None:

@@ -9,8 +9,6 @@ with huggingface_hub at the pinned revision (token from a 0600 file, never on a 
 from __future__ import annotations
 
 import json
-import os
-import stat
 import urllib.request
 from io import StringIO
 from pathlib import Path
@@ -38,12 +36,6 @@ def model_dir(decision: Decision, entry: dict) -> str:
     return f"{decision.stack.paths['models']}/{safe_name(entry)}"
 
 
-def _check_token_file(path: str) -> None:
-    mode = stat.S_IMODE(os.stat(path).st_mode)
-    if mode & 0o077:
-        raise OperationError(f"{path} is mode {mode:o}: a token file must be 0600 (chmod 600 {path})")
-
-
 def _hub(decision: Decision, entry: dict, target: str):
     """Download on the host with huggingface_hub (in the release venv: vLLM depends on it), which
     resumes partial files; then record a manifest of what arrived, so later runs verify against it."""
@@ -54,7 +46,7 @@ def _hub(decision: Decision, entry: dict, target: str):
         return None
     token_env = ""
     if decision.settings.hf_token_file:
-        _check_token_file(decision.settings.hf_token_file)
+        # hostdata already refused a token file readable by others, before any host was touched
         token_path = f"{decision.stack.paths['config']}/hf-token"
         files.put(name="Hugging Face token (0600, never on a command line)", src=decision.settings.hf_token_file,
                   dest=token_path, user="root", group="root", mode="0600")

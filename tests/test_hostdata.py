@@ -1,8 +1,10 @@
 """Inventory data is refused before any host is touched, naming host, key and fix."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from qwen27b.hostdata import BadHostData, settings_for, validate_inventory
+from qwen27b.hostdata import KEYS, BadHostData, settings_for, validate_inventory
 
 
 def test_defaults():
@@ -40,3 +42,48 @@ def test_port_used_twice_on_one_machine():
         validate_inventory(hosts)
     hosts[2][1]["qwen27b_port"] = 8001
     assert set(validate_inventory(hosts)) == {"a", "b", "c"}
+
+
+@pytest.mark.parametrize("overrides, key, text", [
+    ({"model": {"id": "../../etc/passwd"}}, "qwen27b_stack_overrides.model.id", "is not a hub id"),
+    ({"model": {"id": "org/../x"}}, "qwen27b_stack_overrides.model.id", "is not a hub id"),
+    ({"model_revision": "v1/../../x"}, "qwen27b_stack_overrides.model_revision", "is not a commit or tag"),
+    ({"draft": {"revision": "a b"}}, "qwen27b_stack_overrides.draft_revision", "is not a commit or tag"),
+    ({"vllm": {"sha256": "abc123"}}, "qwen27b_stack_overrides.vllm.sha256", "64 hex digits"),
+])
+def test_overrides_that_reach_paths_and_downloads_are_checked(overrides, key, text):
+    with pytest.raises(BadHostData) as caught:
+        settings_for("gpu-a", {"qwen27b_stack_overrides": overrides})
+    assert caught.value.key == key and text in str(caught.value)
+
+
+def test_good_overrides_pass():
+    s = settings_for("h", {"qwen27b_stack_overrides": {"model_revision": "0123abc", "draft": {"revision": "v1.2"},
+                                                       "vllm": {"sha256": "a" * 64}}})
+    assert s.stack_overrides["model_revision"] == "0123abc"
+
+
+def test_secret_files_must_be_private(tmp_path):
+    key = tmp_path / "api.key"
+    key.write_text("k")
+    key.chmod(0o644)
+    with pytest.raises(BadHostData, match=r"qwen27b_api_key_file: .* is mode 644, readable by others. Fix: chmod 600"):
+        settings_for("h", {"qwen27b_api_key_file": str(key)})
+    key.chmod(0o600)
+    assert settings_for("h", {"qwen27b_api_key_file": str(key)}).api_key_file == str(key)
+    with pytest.raises(BadHostData, match="qwen27b_hf_token_file: cannot read"):
+        settings_for("h", {"qwen27b_hf_token_file": str(tmp_path / "missing")})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(KEYS + ["qwen27b_prot", "ssh_user", "qwen27b_x"]),
+                       st.one_of(st.none(), st.booleans(), st.integers(-5, 70000), st.text(max_size=20),
+                                 st.lists(st.integers(-2, 9), max_size=4),
+                                 st.dictionaries(st.text(max_size=8), st.one_of(st.text(max_size=8), st.integers()),
+                                                 max_size=3)),
+                       max_size=6))
+def test_fuzzed_host_data_is_accepted_or_refused_clearly(data):
+    try:
+        settings_for("fuzz", data)
+    except BadHostData as error:
+        assert str(error).startswith("fuzz: ") and "Fix: " in str(error)
