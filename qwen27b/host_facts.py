@@ -145,4 +145,31 @@ class SymlinkTarget(FactBase):
         return lines[0][1]
 
 
-ALL_HOST_FACTS: tuple[type[FactBase], ...] = (FileHashes, VenvPackages, SymlinkTarget)
+class Subdirectories(FactBase):
+    """The directories directly under a path, oldest first (model revisions under
+    /var/lib/qwen27b/models): what pruning old revisions may remove. [] when the path is missing."""
+
+    fake_match = re.compile(r"-mindepth 1 -maxdepth 1 -type d -printf '%T@ %f\\n'")
+
+    def command(self, path: str) -> str:
+        return (f"find {shlex.quote(path)} -mindepth 1 -maxdepth 1 -type d -printf '%T@ %f\\n' 2>/dev/null "
+                "| sort -n || true")
+
+    @staticmethod
+    def default() -> list:
+        return []
+
+    def process(self, output: list[str]) -> list[str]:
+        names = []
+        for n, line in enumerate(output, 1):
+            if line == "":
+                continue
+            stamp, _, name = line.partition(" ")
+            if not re.fullmatch(r"[0-9]+(?:\.[0-9]+)?", stamp) or not name or "/" in name or "\n" in name \
+                    or name in (".", ".."):
+                raise FactParseError("Subdirectories", n, "'<mtime> <directory name>'", line)
+            names.append(name)
+        return names
+
+
+ALL_HOST_FACTS: tuple[type[FactBase], ...] = (FileHashes, VenvPackages, SymlinkTarget, Subdirectories)

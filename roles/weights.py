@@ -19,7 +19,7 @@ from pyinfra.operations import files, server
 
 from qwen27b.artifacts import cache_root, dir_manifest
 from qwen27b.gate import Decision
-from qwen27b.host_facts import FileHashes, SymlinkTarget
+from qwen27b.host_facts import FileHashes, Subdirectories, SymlinkTarget
 from qwen27b.operations import push_files, symlink_switch
 
 from ._common import needs_restart, note, remember_previous
@@ -106,6 +106,22 @@ def place(decision: Decision, entry: dict, link: str, local_dir: str | None) -> 
     if previous != target:
         remember_previous(link, previous)
     needs_restart(symlink_switch(name=f"switch {link.rsplit('/', 1)[-1]} symlink", link=link, target=target))
+    _prune(decision, entry, target, previous)
+
+
+def _prune(decision: Decision, entry: dict, target: str, previous: str | None) -> None:
+    """Keep qwen27b_keep_model_revisions old revisions of this checkpoint besides the current one
+    (the one being replaced counts first: it is the rollback target); remove the rest, oldest first."""
+    models = decision.stack.paths["models"]
+    prefix = entry["id"].replace("/", "--") + "@"
+    revisions = [f"{models}/{name}" for name in host.get_fact(Subdirectories, path=models) or []
+                 if name.startswith(prefix)]  # oldest first
+    replaced = previous not in (None, target)
+    spare = [path for path in revisions if path not in (target, previous)]
+    quota = max(0, decision.settings.keep_model_revisions - (1 if replaced else 0))
+    old = spare[: max(0, len(spare) - quota)]
+    if old:
+        server.shell(name="prune old model revisions", commands=[f"rm -rf {' '.join(old)}"])
 
 
 def weights(decision: Decision) -> None:

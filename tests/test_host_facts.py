@@ -17,6 +17,7 @@ from qwen27b.facts import FactParseError
 from qwen27b.host_facts import (
     ALL_HOST_FACTS,
     FileHashes,
+    Subdirectories,
     SymlinkTarget,
     VenvPackages,
     normalize_distribution_name,
@@ -63,6 +64,9 @@ def _valid_shape(fact, data) -> bool:
     json.dumps(data)
     if fact is SymlinkTarget:
         return data is None or (isinstance(data, str) and data != "" and "\n" not in data)
+    if fact is Subdirectories:
+        return isinstance(data, list) and all(
+            isinstance(n, str) and n and "/" not in n and "\n" not in n and n not in (".", "..") for n in data)
     if not isinstance(data, dict):
         return False
     if fact is FileHashes:

@@ -115,3 +115,22 @@ def test_secure_boot_with_a_mok_key_signs_the_module_and_open_driver_is_refused(
     assert "fix:   use the proprietary nvidia-driver-580" in refusal
     plan = host_plan(out, "v100x1-secureboot")
     assert "DKMS signs the module with the MOK key" in plan and "qwen27b-mok.conf" in plan
+
+
+def test_old_model_revisions_are_pruned_but_the_rollback_target_stays(tmp_path):
+    """The converged host, recorded with three older revisions of its checkpoint on disk."""
+    inventory = tmp_path / "prune.py"
+    inventory.write_text(
+        "from inventory.recorded import _fake\n"
+        "name, data = _fake('v100x4-converged')\n"
+        "data['fake_responses']['-mindepth 1 -maxdepth 1 -type d'] = [\n"
+        "    '1764000000 nvidia--Qwen3.8-27B-NVFP4@zzzoldest', '1764000100 nvidia--Qwen3.8-27B-NVFP4@aaaolder',\n"
+        "    '1764000200 nvidia--Qwen3.8-27B-NVFP4@0000newer', '1764000300 nvidia--Qwen3.8-27B-NVFP4@main',\n"
+        "    '1764000400 incoai--Qwen3.8-27B-DFlash2@main', '1764000500 unrelated@x']\n"
+        "hosts = [(name, data)]\n")
+    result = run_pyinfra(str(inventory), "deploy.py", "--dry", "-y")
+    plan = host_plan(result.stderr, "v100x4-converged")
+    prune = [line for line in plan.splitlines() if "$ rm -rf" in line]
+    # nothing is replaced on this run: one old revision (the newest, 0000newer) stays for rollback
+    assert prune == ["            $ rm -rf /var/lib/qwen27b/models/nvidia--Qwen3.8-27B-NVFP4@zzzoldest "
+                     "/var/lib/qwen27b/models/nvidia--Qwen3.8-27B-NVFP4@aaaolder"], plan[-2500:]
