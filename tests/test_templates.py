@@ -76,13 +76,17 @@ def test_hardening_keeps_gpu_access_and_cpu_gets_private_devices():
     assert "PrivateDevices=yes" in cpu.splitlines() and "DeviceAllow" not in cpu
 
 
-def test_env_file_has_settings_but_no_secret():
-    d = decision(data={"qwen27b_api_key_file": "secrets/gpu-a.key"})
+def test_env_file_has_settings_but_no_secret(tmp_path):
+    key = tmp_path / "gpu-a.key"
+    key.write_text("s3cret-key\n")
+    key.chmod(0o600)
+    d = decision(data={"qwen27b_api_key_file": str(key)})
     env = render_all(d)["qwen27b.env.j2"]
     lines = dict(line.split("=", 1) for line in env.splitlines() if line and not line.startswith("#"))
     assert lines["CUDA_VISIBLE_DEVICES"] == "0,1,2,3" and lines["VLLM_USE_V2_MODEL_RUNNER"] == "1"
     assert lines["HF_HUB_OFFLINE"] == "1"
     assert not any("API_KEY" in k for k in lines)
+    assert all("s3cret-key" not in text for text in render_all(d).values())
 
 
 def test_health_timer_interval_comes_from_host_data():
