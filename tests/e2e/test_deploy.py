@@ -192,7 +192,8 @@ def test_killed_vllm_is_restarted_and_health_records_outage_and_recovery(lab):
     up = health_run(lab)
     assert up["code"] == 0, up["findings"]
     codes = [h["code"] for h in up["history"]]
-    assert codes[-2:] == [2, 0]  # the outage and the recovery, in the status file
+    # the outage and then the recovery, in the status file (the 30 s timer may add runs between ours)
+    assert 2 in codes and 0 in codes[max(i for i, c in enumerate(codes) if c == 2) + 1:], codes
     assert int(show(lab, "NRestarts")) == restarts + 1 and show(lab, "MainPID") != pid
 
 

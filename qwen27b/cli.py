@@ -1,0 +1,31 @@
+"""`qwen27b` on the controller: the commands beside `pyinfra ... deploy.py`.
+
+    qwen27b bench ...     the seed's bench matrix against a deployed endpoint (qwen27b.bench)
+    qwen27b doctor ...    the seed's troubleshooting chain, automated (qwen27b.doctor)
+
+Each subcommand lives in its own module with a `main(argv)`; this only dispatches.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "bench": ("qwen27b.bench", "the bench matrix against an endpoint"),
+    "doctor": ("qwen27b.doctor", "the troubleshooting chain for a host"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        lines = [f"  {name:8} {about}" for name, (_, about) in COMMANDS.items()]
+        print("usage: qwen27b COMMAND [args]\n\n" + "\n".join(lines), file=sys.stderr)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    module = importlib.import_module(COMMANDS[argv[0]][0])
+    return int(module.main(argv[1:]) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
