@@ -759,7 +759,7 @@ class TokenCounter:
                 self.local = lambda text: len(tok.encode(text).ids)
                 self.name = f"tokenizers ({directory})"
                 return
-            except (ImportError, OSError, Exception):  # noqa: BLE001 - any failure: use the server
+            except Exception:  # noqa: BLE001 - not importable or no tokenizer.json: use the server
                 pass
         self.name = ("server /tokenize (transformers not importable here: the chat template needs it)"
                      if self.api == "chat" else "server /tokenize (no local tokenizer importable)")
