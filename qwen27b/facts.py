@@ -124,10 +124,25 @@ _GPU_FIELDS = (
 _NO_DRIVER = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver"
 _NO_DEVICES = "No devices were found"
 _NOT_A_VALUE = {"N/A", "[N/A]", "Not Supported", "[Not Supported]"}
+# nvidia-smi's own failure lines (2>&1 puts them among the CSV rows). Each becomes a "problem"
+# entry in the fact, which the gate turns into a refusal or a warning with a fix.
+_NVML_INIT = re.compile(r"^Failed to initialize NVML: (?P<reason>.+)$")
+_DEVICE_HANDLE = re.compile(
+    r"^Unable to determine the device handle for (?:GPU|gpu) ?(?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:"
+    r"[0-9A-Fa-f]{2}\.[0-7]): (?P<reason>.+)$"
+)
+_INFOROM = re.compile(r"^WARNING: infoROM is corrupted at gpu (?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$")
 
 
 class NvidiaGpus(FactBase):
-    """What the driver sees: count, memory, compute capability, link health, persistence, ECC."""
+    """What the driver sees: count, memory, compute capability, link health, persistence, ECC.
+
+    A list of GPU dicts, plus one {"problem", "bus_id", "message"} dict per failure line
+    nvidia-smi printed: "driver-library-mismatch" (the driver was upgraded, the old kernel module
+    is still loaded), "nvml-init" (NVML failed for another reason), "device-handle" (a GPU that
+    does not answer: Unknown Error / GPU is lost), "inforom" (a corrupted infoROM; the GPU is
+    still listed). gate.HostFacts keeps them apart from the GPUs.
+    """
 
     recorded_as = "nvidia-smi-query-gpu.csv"
     _command = f"nvidia-smi --query-gpu={_GPU_FIELDS} --format=csv,noheader,nounits 2>&1 || true"
@@ -150,6 +165,12 @@ class NvidiaGpus(FactBase):
             return []
         gpus = []
         for n, line in lines:
+            problem = self._problem(line.strip())
+            if problem is not None:
+                if problem["problem"] in ("driver-library-mismatch", "nvml-init"):
+                    return [problem]  # nothing else nvidia-smi printed is a GPU row
+                gpus.append(problem)
+                continue
             fields = [field.strip() for field in line.split(",")]
             if fields[0] == "index":  # a header row, if --format lost "noheader"
                 continue
@@ -157,6 +178,18 @@ class NvidiaGpus(FactBase):
                 raise FactParseError("NvidiaGpus", n, "13 comma-separated --query-gpu fields", line)
             gpus.append(self._gpu(n, line, fields))
         return gpus
+
+    @staticmethod
+    def _problem(line: str) -> dict | None:
+        match = _NVML_INIT.match(line)
+        if match:
+            kind = "driver-library-mismatch" if "Driver/library version mismatch" in line else "nvml-init"
+            return {"problem": kind, "bus_id": None, "message": line}
+        match = _DEVICE_HANDLE.match(line) or _INFOROM.match(line)
+        if match:
+            kind = "inforom" if line.startswith("WARNING: infoROM") else "device-handle"
+            return {"problem": kind, "bus_id": match["bus"], "message": line}
+        return None
 
     @staticmethod
     def _gpu(n: int, line: str, fields: list[str]) -> dict:

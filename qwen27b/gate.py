@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .checkpoint import CheckpointError, load_shape
+from .checkpoint import CheckpointError, ModelShape, load_shape
 from .hostdata import Settings
-from .planner import GiB, Gpu, PlanRefused, ServeInputs, ServePlan, plan_serve
+from .planner import GiB, Gpu, PlanRefused, ServeInputs, ServePlan, _divides, plan_serve
 from .stack import (ResolvedStack, StackError, cc_tuple, checkpoint_metadata_dir, gpu_spec,
                     os_support, profile_for_compute_capability, resolve_stack)
 
@@ -56,6 +56,14 @@ class HostFacts:
     xids: list = field(default_factory=list)
     packages: dict = field(default_factory=dict)  # NvidiaCudaPackages
     held: list = field(default_factory=list)
+    gpu_problems: list = field(default_factory=list)  # NvidiaGpus' "problem" entries, split off gpus
+
+    def __post_init__(self):
+        # NvidiaGpus lists nvidia-smi's failure lines beside the GPUs; keep `gpus` GPUs only.
+        problems = [g for g in self.gpus if "problem" in g]
+        if problems:
+            object.__setattr__(self, "gpus", [g for g in self.gpus if "problem" not in g])
+            object.__setattr__(self, "gpu_problems", list(self.gpu_problems) + problems)
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,32 @@ def _os_check(host: str, facts: HostFacts, stack: dict, cpu: bool) -> dict:
     return row
 
 
+BOARD_FIX = ("check the board: reseat the card and its power cables, try another slot, update the BIOS; "
+             "if it persists, RMA the card")
+
+
+def _nvidia_smi_problems(host: str, facts: HostFacts) -> None:
+    """nvidia-smi failed: the GPU facts cannot be trusted, so nothing is planned on them."""
+    for p in facts.gpu_problems:
+        if p["problem"] == "driver-library-mismatch":
+            loaded = facts.kernel_module.get("version")
+            raise RefusedHost(host, f"nvidia-smi: {p['message']}: the NVIDIA driver was upgraded without a reboot"
+                              + (f" (kernel module {loaded} still loaded)" if loaded else "")
+                              + ", so no GPU can be used", "reboot to load the new driver, then re-run the deploy (a deploy "
+                              "with qwen27b_skip_reboot leaves the host like this until it is rebooted)")
+        if p["problem"] == "nvml-init":
+            raise RefusedHost(host, f"nvidia-smi: {p['message']}",
+                              "check `dmesg | grep -i nvrm` and that the loaded nvidia module matches the installed "
+                              "driver; reinstall the driver or reboot, then re-run the deploy")
+    lost = [p for p in facts.gpu_problems if p["problem"] == "device-handle"]
+    if lost:
+        xid79 = any(x["xid"] == 79 for x in facts.xids)
+        raise RefusedHost(host, f"nvidia-smi cannot reach {len(lost)} GPU(s): " + "; ".join(p["message"] for p in lost)
+                          + (" (Xid 79 in the kernel log: fallen off the bus)" if xid79 else ""),
+                          "a reboot may bring it back for a while; " + BOARD_FIX
+                          + (f". {SEED_XID79_ADVICE}" if xid79 else ""))
+
+
 def host_gpus(host: str, facts: HostFacts, stack: dict) -> list[Gpu]:
     """GPUs from nvidia-smi when the driver answers, else from lspci + the stack's GPU table."""
     if facts.gpus:
@@ -127,6 +161,28 @@ def _select_gpus(host: str, gpus: list[Gpu], settings: Settings) -> list[Gpu]:
         raise RefusedHost(host, f"qwen27b_gpu_indices lists GPU(s) {missing} but the host has {sorted(present)}",
                           "list only GPUs the host has")
     return [g for g in gpus if g.index in settings.gpu_indices]
+
+
+def _check_tp(host: str, gpus: list[Gpu], settings: Settings, target: ModelShape | None = None) -> None:
+    """A TP size from host data must fit the GPUs this host has, and (once read) the model's heads;
+    hostdata already checked it is a positive int."""
+    pinned = settings.tensor_parallel_size or (settings.serve_flags or {}).get("--tensor-parallel-size")
+    if not gpus or pinned is None:
+        return
+    tp, n = int(pinned), len(gpus)
+    key = "qwen27b_tensor_parallel_size" if settings.tensor_parallel_size else "qwen27b_serve_flags --tensor-parallel-size"
+    scope = "in qwen27b_gpu_indices" if settings.gpu_indices is not None else "on this host"
+    if tp > n:
+        raise RefusedHost(host, f"{key} {tp} is more than the {n} GPU(s) {scope}",
+                          f"use a TP size of at most {n}, or leave it out (the planner picks one)")
+    if n % tp:
+        fits = " or ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+        raise RefusedHost(host, f"{key} {tp} does not divide the {n} GPUs {scope} (vLLM would leave GPUs idle)",
+                          f"use a TP size of {fits}, or select a multiple of {tp} GPUs with qwen27b_gpu_indices")
+    if target is not None and not _divides(tp, target):
+        fits = " or ".join(str(d) for d in range(1, n + 1) if n % d == 0 and _divides(d, target))
+        raise RefusedHost(host, f"{key} {tp} does not divide the model's {target.num_attention_heads} attention / "
+                          f"{target.num_kv_heads} KV heads", f"use a TP size of {fits}, or leave it out")
 
 
 def _choose_profile(host: str, gpus: list[Gpu], settings: Settings, stack: dict) -> str:
@@ -195,6 +251,16 @@ def _warnings(facts: HostFacts, rs: ResolvedStack, settings: Settings) -> list[s
                        "check the slot/riser; loads and TP all-reduce will be slower")
         elif gc and gm and gc < gm:
             out.append(f"GPU {g['index']} PCIe gen {gc} of {gm} (may be idle power saving; check again under load)")
+    if settings.profile != "cpu-smoke":
+        def slot(bus_id: str | None) -> str:  # nvidia-smi pads the PCI domain to 8 digits in one place, 4 in another
+            return str(bus_id or "").lower().split(":", 1)[-1]
+        index = {slot(g.get("bus_id")): g["index"] for g in facts.gpus}
+        for p in facts.gpu_problems:
+            if p["problem"] == "inforom":
+                which = index.get(slot(p["bus_id"]))
+                out.append(f"GPU {which if which is not None else '?'} ({p['bus_id']}) infoROM is corrupted: nvidia-smi "
+                           "still lists it, but the ECC and page-retirement records it keeps may be lost; "
+                           + BOARD_FIX.replace("check the board: ", "check the board / ", 1))
     by_xid: dict[int, int] = {}
     for x in facts.xids:
         by_xid[x["xid"]] = by_xid.get(x["xid"], 0) + 1
@@ -268,8 +334,11 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
     """The whole gate for one host. Raises RefusedHost; never touches the host."""
     cpu = settings.profile == "cpu-smoke"
     os_row = _os_check(host, facts, stack, cpu)
+    if not cpu:
+        _nvidia_smi_problems(host, facts)
     all_gpus = [] if cpu else host_gpus(host, facts, stack)
     gpus = _select_gpus(host, all_gpus, settings)
+    _check_tp(host, gpus, settings)
     profile_name = _choose_profile(host, gpus, settings, stack)
     try:
         rs = resolve_stack(stack, profile_name, settings.stack_overrides)
@@ -286,6 +355,7 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
     except CheckpointError as error:
         raise RefusedHost(host, f"checkpoint metadata: {error}", "restore the checkpoint's config.json / index") from None
 
+    _check_tp(host, gpus, settings, target)
     if draft is not None and draft.quant_method:
         raise RefusedHost(host, f"the DFlash2 draft {rs.draft['id']} is quantized ({draft.quant_method}): "
                           f"{rs.source_text('dflash-dense-head')}", "use the fp16/bf16 draft checkpoint")

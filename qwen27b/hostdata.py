@@ -9,6 +9,7 @@ import ipaddress
 import os
 import re
 import stat
+import urllib.parse
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -53,6 +54,10 @@ class Settings:
     http_proxy: str | None = None  # proxy the host uses to reach mirrors/hubs
     keep_model_revisions: int = 1  # old revisions kept for rollback
     dflash_cli: bool = False  # also install PyPI's `dflash` CLI (benchmarks against the server)
+    firewall_allow: list | None = None  # networks allowed to reach the port (nftables); None: no rule
+    # none | tree: with model_source mirror, one host fetches from the mirror and hosts holding a
+    # verified copy seed the others in waves (1 -> 2 -> 4 ...): 1x the model over the WAN (qwen27b/fanout.py)
+    weights_fanout: str = "none"
 
 
 _TYPES: dict[str, tuple[type, ...]] = {
@@ -84,12 +89,34 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "http_proxy": (str,),
     "keep_model_revisions": (int,),
     "dflash_cli": (bool,),
+    "weights_fanout": (str,),
+    "firewall_allow": (list,),
 }
 PREFIX = "qwen27b_"
 KEYS = [PREFIX + f.name for f in fields(Settings)]
 _POSITIVE = {"tensor_parallel_size", "min_free_disk_gib", "health_interval_s", "health_failures_before_restart",
              "keep_model_revisions"}
 MODEL_SOURCES = ("hub", "mirror", "controller")
+WEIGHTS_FANOUT = ("none", "tree")  # qwen27b.fanout.MODES
+# The unit drops every capability (CapabilityBoundingSet=), so user qwen27b cannot bind below 1024.
+FIRST_UNPRIVILEGED_PORT = 1024
+# Names end up unquoted in unit lines and the health timer's ExecStart: no spaces, no quotes.
+SERVED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
+SERVE_FLAG = re.compile(r"^--[a-z0-9][a-z0-9_-]*$")
+# Flags that have their own key (the plan, health check and verify read that key, not the flag).
+OWN_KEY_FLAGS = {
+    "--port": "set qwen27b_port instead",
+    "--host": "set qwen27b_bind_address instead",
+    "--served-model-name": "set qwen27b_served_model_name instead",
+    "--model": "override the checkpoint with qwen27b_stack_overrides {'model': {'id': ...}}",
+    "--api-key": "put the key in a 0600 file and set qwen27b_api_key_file (a flag shows in ps and systemctl status)",
+}
+POSITIVE_FLAGS = ("--tensor-parallel-size", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens")
+# URLs are pasted into shell commands and env files on the host: plain URL characters only.
+URL_KEYS = {"python_mirror": ("http", "https", "file"), "wheel_mirror": ("http", "https", "file"),
+            "model_mirror": ("http", "https", "file"), "http_proxy": ("http", "https", "socks5", "socks5h")}
+URL_CHARS = re.compile(r"^[A-Za-z0-9._~:/?#\[\]@%+,=-]+$")
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def _check_type(host: str, key: str, name: str, value: Any) -> None:
@@ -105,6 +132,30 @@ def _check_type(host: str, key: str, name: str, value: Any) -> None:
         raise BadHostData(host, key, f"expected {kind}, got {type(value).__name__} {value!r}", f"write it as {example}")
 
 
+def _check_no_control_chars(host: str, key: str, value: Any) -> None:
+    """A newline in any string (or dict key) would add lines to the rendered unit or env file."""
+    if isinstance(value, str):
+        if CONTROL.search(value):
+            raise BadHostData(host, key, f"{value!r} contains a control character (newline, tab, ...)",
+                              "remove it: values end up in unit files, env files and shell commands")
+    elif isinstance(value, dict):
+        for sub, item in value.items():
+            _check_no_control_chars(host, key, sub)
+            _check_no_control_chars(host, f"{key}.{sub}" if isinstance(sub, str) else key, item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _check_no_control_chars(host, key, item)
+
+
+def _positive_int(value: Any) -> int | None:
+    """An int (or a string of digits) above 0, else None; bools are not numbers here."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    return value if isinstance(value, int) and value > 0 else None
+
+
 def settings_for(host: str, data: dict) -> Settings:
     """Validate one host's data -> Settings. Unknown qwen27b_* keys (and near-misses) are refused."""
     values: dict[str, Any] = {}
@@ -114,6 +165,7 @@ def settings_for(host: str, data: dict) -> Settings:
             if value is None:
                 continue
             _check_type(host, key, name, value)
+            _check_no_control_chars(host, key, value)
             values[name] = value
             continue
         close = difflib.get_close_matches(key, KEYS, n=1, cutoff=0.8)
@@ -125,22 +177,54 @@ def settings_for(host: str, data: dict) -> Settings:
     return settings
 
 
+def _check_firewall(host: str, networks: list) -> None:
+    if not networks:
+        raise BadHostData(host, "qwen27b_firewall_allow", "an empty list would shut everyone out, the deploy's "
+                          "verify included", "list the lab networks, e.g. ['10.0.0.0/24'], or leave the key out")
+    for network in networks:
+        try:
+            if not isinstance(network, str):
+                raise TypeError(network)
+            ipaddress.ip_network(network, strict=False)
+        except (TypeError, ValueError):
+            raise BadHostData(host, "qwen27b_firewall_allow", f"{network!r} is not a network",
+                              "write networks as CIDR strings, e.g. '10.0.0.0/24' or '192.168.1.7/32'") from None
+
+
 def _check_values(host: str, s: Settings) -> None:
     for name in _POSITIVE:
         value = getattr(s, name)
         if value is not None and value <= 0:
             raise BadHostData(host, PREFIX + name, f"must be a positive number, got {value}", "use a value of 1 or more")
     if not 1 <= s.port <= 65535:
-        raise BadHostData(host, "qwen27b_port", f"{s.port} is not a TCP port", "use 1-65535 (default 8000)")
+        raise BadHostData(host, "qwen27b_port", f"{s.port} is not a TCP port", "use 1024-65535 (default 8000)")
+    if s.port < FIRST_UNPRIVILEGED_PORT:
+        raise BadHostData(host, "qwen27b_port", f"{s.port} is a privileged port: the service runs as user qwen27b "
+                          "without capabilities and cannot bind it",
+                          "use 1024-65535 (default 8000); put a reverse proxy in front for 80/443")
+    if s.serve_flags:
+        _check_serve_flags(host, s)
+    tp = s.tensor_parallel_size or _positive_int((s.serve_flags or {}).get("--tensor-parallel-size"))
     if s.gpu_indices is not None:
         if not s.gpu_indices or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in s.gpu_indices):
             raise BadHostData(host, "qwen27b_gpu_indices", f"{s.gpu_indices!r} is not a list of GPU indices", "e.g. [0, 1]")
         if len(set(s.gpu_indices)) != len(s.gpu_indices):
             raise BadHostData(host, "qwen27b_gpu_indices", f"{s.gpu_indices!r} repeats a GPU", "list each GPU once")
-        if s.tensor_parallel_size and s.tensor_parallel_size > len(s.gpu_indices):
-            raise BadHostData(host, "qwen27b_tensor_parallel_size",
-                              f"{s.tensor_parallel_size} is more than the {len(s.gpu_indices)} GPUs in qwen27b_gpu_indices",
+        tp_key = "qwen27b_tensor_parallel_size" if s.tensor_parallel_size else "qwen27b_serve_flags.--tensor-parallel-size"
+        if tp and tp > len(s.gpu_indices):
+            raise BadHostData(host, tp_key, f"{tp} is more than the {len(s.gpu_indices)} GPUs in qwen27b_gpu_indices",
                               "lower the TP size or list more GPUs")
+        if tp and len(s.gpu_indices) % tp:
+            fits = [n for n in range(1, len(s.gpu_indices) + 1) if len(s.gpu_indices) % n == 0]
+            raise BadHostData(host, tp_key, f"{tp} does not divide the {len(s.gpu_indices)} GPUs in qwen27b_gpu_indices "
+                              f"{s.gpu_indices} (vLLM would leave GPUs idle)",
+                              f"use a TP size of {' or '.join(map(str, fits))}, or list a multiple of {tp} GPUs")
+    if s.served_model_name is not None and not SERVED_NAME.match(s.served_model_name):
+        raise BadHostData(host, "qwen27b_served_model_name", f"{s.served_model_name!r} is not a plain model name",
+                          "use letters, digits and . _ - : / @ + only (no spaces or quotes), e.g. 'qwen3.8-27b'")
+    for name, schemes in URL_KEYS.items():
+        if getattr(s, name) is not None:
+            _check_url(host, PREFIX + name, getattr(s, name), schemes)
     if s.bind_address is not None:
         try:
             ipaddress.ip_address(s.bind_address)
@@ -154,6 +238,15 @@ def _check_values(host: str, s: Settings) -> None:
     if s.model_source == "mirror" and not s.model_mirror:
         raise BadHostData(host, "qwen27b_model_mirror", "model_source is 'mirror' but no mirror URL is set",
                           "set qwen27b_model_mirror to the lab mirror's base URL")
+    if s.weights_fanout not in WEIGHTS_FANOUT:
+        close = difflib.get_close_matches(s.weights_fanout, WEIGHTS_FANOUT, n=1)
+        raise BadHostData(host, "qwen27b_weights_fanout", f"{s.weights_fanout!r} is not a fan-out mode",
+                          f"use one of {', '.join(WEIGHTS_FANOUT)}" + (f" (did you mean '{close[0]}'?)" if close else ""))
+    if s.weights_fanout == "tree" and s.model_source not in (None, "mirror"):
+        raise BadHostData(host, "qwen27b_weights_fanout", f"'tree' fans out a mirror download, but model_source is "
+                          f"{s.model_source!r}", "set qwen27b_model_source to 'mirror', or leave the fan-out at 'none'")
+    if s.firewall_allow is not None:
+        _check_firewall(host, s.firewall_allow)
     if s.model_source == "controller" and not s.model_local_dir:
         raise BadHostData(host, "qwen27b_model_local_dir", "model_source is 'controller' but no local dir is set",
                           "set qwen27b_model_local_dir to the checkpoint directory on this machine")
@@ -162,11 +255,42 @@ def _check_values(host: str, s: Settings) -> None:
     for name in ("api_key_file", "hf_token_file"):
         if getattr(s, name):
             _check_secret_file(host, PREFIX + name, getattr(s, name))
-    if s.serve_flags:
-        for flag in s.serve_flags:
-            if not (isinstance(flag, str) and flag.startswith("--")):
-                raise BadHostData(host, "qwen27b_serve_flags", f"{flag!r} is not a vllm serve flag",
-                                  'write flags with their dashes, e.g. {"--max-model-len": 4096}')
+
+
+def _check_serve_flags(host: str, s: Settings) -> None:
+    key = "qwen27b_serve_flags"
+    for flag, value in s.serve_flags.items():
+        if not (isinstance(flag, str) and SERVE_FLAG.match(flag)):
+            raise BadHostData(host, key, f"{flag!r} is not a vllm serve flag",
+                              'write flags with their dashes, e.g. {"--max-model-len": 4096}')
+        where = f"{key}.{flag}"
+        if flag in OWN_KEY_FLAGS:
+            raise BadHostData(host, where, f"{flag} has its own key", OWN_KEY_FLAGS[flag])
+        if value is False or value is None or not isinstance(value, (str, int, float)):
+            raise BadHostData(host, where, f"{value!r} is not a flag value",
+                              "give a number or a string, True for a switch; remove the flag to leave it out")
+        if flag in POSITIVE_FLAGS and _positive_int(value) is None:
+            raise BadHostData(host, where, f"must be a positive whole number, got {value!r}", "use a value of 1 or more")
+        if flag == "--gpu-memory-utilization":
+            try:
+                util = float(value) if not isinstance(value, bool) else None
+            except ValueError:
+                util = None
+            if util is None or not 0 < util <= 1:
+                raise BadHostData(host, where, f"{value!r} is not a fraction of GPU memory",
+                                  "use a value above 0 and at most 1, e.g. 0.88")
+    pinned_tp = s.serve_flags.get("--tensor-parallel-size")
+    if s.tensor_parallel_size and pinned_tp is not None and _positive_int(pinned_tp) != s.tensor_parallel_size:
+        raise BadHostData(host, "qwen27b_tensor_parallel_size", f"{s.tensor_parallel_size} disagrees with "
+                          f"qwen27b_serve_flags --tensor-parallel-size {pinned_tp}", "set the TP size in one place only")
+
+
+def _check_url(host: str, key: str, url: str, schemes: tuple[str, ...]) -> None:
+    parts = urllib.parse.urlsplit(url) if URL_CHARS.match(url) else None
+    example = "http://proxy.lab:3128" if key.endswith("proxy") else "http://mirror.lab:8080/path"
+    if parts is None or parts.scheme not in schemes or not (parts.netloc or (parts.scheme == "file" and parts.path)):
+        raise BadHostData(host, key, f"{url!r} is not a {'/'.join(schemes)} URL of plain URL characters",
+                          f"write it as {example} (percent-encode spaces and shell characters)")
 
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -188,6 +312,20 @@ def _check_overrides(host: str, overrides: dict) -> None:
         if revision is not None and not (isinstance(revision, str) and REVISION.match(revision) and ".." not in revision):
             raise BadHostData(host, f"{key}.{section}_revision", f"{revision!r} is not a commit or tag",
                               "pin a commit hash (7-40 hex) or a tag name")
+    serve = overrides.get("serve")
+    if isinstance(serve, dict):
+        for name, value in serve.items():
+            where = f"{key}.serve.{name}"
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "start_timeout_s"):
+                if not (isinstance(value, int) and number and value > 0):
+                    raise BadHostData(host, where, f"must be a positive whole number, got {value!r}",
+                                      "use a value of 1 or more")
+            elif name.endswith(("_mib", "_gib")) and not (number and value >= 0):
+                raise BadHostData(host, where, f"must be a size of 0 or more, got {value!r}", "use a number >= 0")
+            elif name == "gpu_memory_utilization" and not (number and 0 < value <= 1):
+                raise BadHostData(host, where, f"{value!r} is not a fraction of GPU memory",
+                                  "use a value above 0 and at most 1, e.g. 0.88")
     vllm = overrides.get("vllm") or {}
     if isinstance(vllm, dict) and vllm.get("sha256") is not None and not (
             isinstance(vllm["sha256"], str) and SHA256.match(vllm["sha256"])):
@@ -221,12 +359,22 @@ def validate_inventory(hosts: list[tuple[str, dict]]) -> dict[str, Settings]:
     """Check every host's data and what hosts share (ports on one machine) before any is touched."""
     settings = {name: settings_for(name, data) for name, data in hosts}
     seen: dict[tuple[str, int], str] = {}
+    machines: dict[tuple[str, object], str] = {}
     for name, data in hosts:
-        machine = data.get("ssh_hostname") or name
-        key = (str(machine), settings[name].port)
+        machine = str(data.get("ssh_hostname") or name).lower()
+        key = (machine, settings[name].port)
         if key in seen:
             raise BadHostData(name, "qwen27b_port",
                               f"port {key[1]} is already used by host entry '{seen[key]}' on the same machine {machine}",
                               "give each entry on one machine its own port")
+        # one qwen27b.service, /opt/qwen27b and /etc/qwen27b per machine: a second entry reaching the same
+        # sshd would overwrite the first one's unit, env file and symlinks
+        sshd = (machine, data.get("ssh_port") or 22)
+        other = machines.get(sshd)
+        if other is not None:
+            raise BadHostData(name, "ssh_hostname", f"host entry '{other}' already deploys qwen27b to the same machine "
+                              f"{machine} (one service, one set of paths per machine)",
+                              "keep one entry per machine (list its GPUs with qwen27b_gpu_indices)")
         seen[key] = name
+        machines[sshd] = name
     return settings

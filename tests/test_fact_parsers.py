@@ -41,7 +41,8 @@ GARBLED = [
     # NvidiaGpus
     (F.NvidiaGpus, [V100_ROW.rsplit(",", 6)[0]]),  # truncated row
     (F.NvidiaGpus, [V100_ROW, V100_ROW[:40]]),
-    (F.NvidiaGpus, ["Failed to initialize NVML: Driver/library version mismatch"]),
+    (F.NvidiaGpus, ["Failed to initialize NVML"]),  # cut before the reason (the whole line is a "problem" entry)
+    (F.NvidiaGpus, ["Unable to determine the device handle for GPU 0000:3b"]),  # cut inside the bus id
     (F.NvidiaGpus, [V100_ROW.replace("0, Tesla", "x, Tesla", 1)]),
     (F.NvidiaGpus, [V100_ROW.replace("32768", "32 GB")]),
     (F.NvidiaGpus, [V100_ROW.replace(", 7.0,", ", seven,")]),
@@ -126,8 +127,8 @@ def test_fact_parse_error_is_pyinfras_fact_process_error():
 
 
 def test_error_names_the_offending_line():
-    output = [V100_ROW, V100_ROW, "Failed to initialize NVML: Driver/library version mismatch"]
-    with pytest.raises(FactParseError, match=r"^NvidiaGpus: line 3: .*version mismatch"):
+    output = [V100_ROW, V100_ROW, "Segmentation fault (core dumped) nvidia-smi"]
+    with pytest.raises(FactParseError, match=r"^NvidiaGpus: line 3: .*Segmentation fault"):
         F.NvidiaGpus().process(output)
 
 
@@ -155,8 +156,10 @@ def _check_shape(fact, value):
         assert set(value) == {"id", "version_id", "pretty_name", "codename", "id_like"} and value["id"]
     elif fact is F.KernelRelease:
         assert isinstance(value, str) and value
-    elif fact is F.NvidiaGpus:
-        assert all(set(gpu) == GPU_KEYS and isinstance(gpu["index"], int) for gpu in value)
+    elif fact is F.NvidiaGpus:  # GPUs, and nvidia-smi's failure lines as "problem" entries (see the gate)
+        gpus = [gpu for gpu in value if "problem" not in gpu]
+        assert all(set(gpu) == GPU_KEYS and isinstance(gpu["index"], int) for gpu in gpus)
+        assert all(set(p) == {"problem", "bus_id", "message"} for p in value if "problem" in p)
     elif fact is F.NvidiaPciDevices:
         assert all(set(d) == {"slot", "class", "device_id", "description"} for d in value)
         assert all(d["class"] in ("0300", "0302") for d in value)
@@ -211,7 +214,8 @@ TOKENS = st.sampled_from([
     "x86_64 Kernel Module", "  580.95.05  ", "SB:mokutil", "SB:efivar", "SB:none", "SecureBoot ", "enabled",
     "path ", "checked ", "Filesystem", "/", " kB", "MemTotal:", "MemAvailable:", ":", "=", '"', "'", "ID",
     "/usr/bin/python3", " 3.10.12", "NVRM: Xid (PCI:0000:3b:00): ", "79, ", "pid=1, ", "name=x, ",
-    "ii ", "hi ", "un ", " ", "\t", "%", "-", "\\",
+    "ii ", "hi ", "un ", " ", "\t", "%", "-", "\\", "Failed to initialize NVML: ", "Driver/library version mismatch",
+    "Unable to determine the device handle for GPU", "WARNING: infoROM is corrupted at gpu ", ": Unknown Error",
 ])  # fmt: skip
 TOKEN_LINE = st.lists(TOKENS, max_size=14).map("".join)
 ANY_LINE = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=80)

@@ -4,8 +4,12 @@ The V100 recordings are hand-written in the real command formats (see each host'
 the gate itself is pure, so these tests run no pyinfra and touch no host.
 """
 
+import json
+from pathlib import Path
+
 import pytest
 
+from qwen27b import facts as F
 from qwen27b.gate import RefusedHost, decide
 from qwen27b.hostdata import settings_for
 from qwen27b.stack import load_stack
@@ -116,3 +120,63 @@ def test_bind_address_comes_from_the_lab_address():
     d = decide("h", recorded_facts("v100x1-2004"), STACK, settings_for("h", {}), bind_address="192.168.10.21")
     assert d.serve.value("--host") == "192.168.10.21"
     assert run("v100x1-2004").serve.value("--host") == "127.0.0.1"
+
+
+# --- bad host data that only the host's GPUs can judge ---------------------------------------------
+
+@pytest.mark.parametrize("data, key, text", [
+    pytest.param({"qwen27b_gpu_indices": [0, 7]}, "qwen27b_gpu_indices", "lists GPU(s) [7] but the host has [0, 1, 2, 3]",
+                 id="gpu-index-not-on-host"),
+    pytest.param({"qwen27b_tensor_parallel_size": 8}, "qwen27b_tensor_parallel_size", "8 is more than the 4 GPU(s)",
+                 id="tp-above-host-gpus"),
+    pytest.param({"qwen27b_tensor_parallel_size": 3}, "qwen27b_tensor_parallel_size", "3 does not divide the 4 GPUs",
+                 id="tp-not-dividing-host-gpus"),
+    pytest.param({"qwen27b_serve_flags": {"--tensor-parallel-size": 3}}, "qwen27b_serve_flags --tensor-parallel-size",
+                 "3 does not divide the 4 GPUs", id="pinned-tp-not-dividing-host-gpus"),
+    pytest.param({"qwen27b_gpu_indices": [0, 1, 2], "qwen27b_tensor_parallel_size": 3}, "qwen27b_tensor_parallel_size",
+                 "does not divide the model's 24 attention / 4 KV heads", id="tp-not-dividing-model-heads"),
+])
+def test_bad_data_against_the_host_names_host_key_and_fix(data, key, text):
+    r = refused("v100x4-2204-fresh", data)
+    assert key in r.cause and text in r.cause and r.fix, str(r)
+
+
+# --- nvidia-smi failure modes (recorded outputs in tests/facts/NvidiaGpus/) ----------------------
+
+def smi(case: str) -> list:
+    """The NvidiaGpus fact parsed from one recorded nvidia-smi output."""
+    output = json.loads((Path(__file__).parent / "facts" / "NvidiaGpus" / f"{case}.json").read_text())["output"]
+    return F.NvidiaGpus().process(output)
+
+
+@pytest.mark.parametrize("case, cause, fix", [
+    pytest.param("driver-library-mismatch", "Driver/library version mismatch: the NVIDIA driver was upgraded without a "
+                 "reboot (kernel module 580.95.05 still loaded)", "reboot to load the new driver", id="driver-library-mismatch"),
+    pytest.param("nvml-unknown-error", "nvidia-smi: Failed to initialize NVML: Unknown Error", "reinstall the driver or reboot",
+                 id="nvml-unknown-error"),
+    pytest.param("device-handle-unknown-error", "cannot reach 1 GPU(s): Unable to determine the device handle for GPU "
+                 "0000:86:00.0: Unknown Error", "reseat the card", id="device-handle-unknown-error"),
+    pytest.param("device-handle-gpu-is-lost", "GPU is lost", "RMA the card", id="device-handle-gpu-is-lost"),
+])
+def test_nvidia_smi_failures_are_refused_with_what_to_do(case, cause, fix):
+    r = refused("v100x4-converged", gpus=smi(case))
+    assert cause in r.cause and fix in r.fix, str(r)
+
+
+def test_gpu_lost_with_xid_79_gives_the_seed_advice():
+    xid = {"time": None, "pci": "0000:86:00", "xid": 79, "text": "GPU has fallen off the bus."}
+    r = refused("v100x4-converged", gpus=smi("device-handle-unknown-error"), xids=[xid])
+    assert "Xid 79" in r.cause and "Above 4G Decoding" in r.fix
+
+
+def test_corrupted_inforom_warns_and_the_gpus_still_serve():
+    d = run("v100x4-converged", gpus=smi("inforom-corrupted"))
+    assert len(d.gpus) == 4 and d.serve.value("--tensor-parallel-size") == "4"
+    inforom = [w for w in d.warnings if "infoROM" in w]
+    assert inforom == [w for w in inforom if w.startswith("GPU 2 (0000:86:00.0) infoROM is corrupted")] and inforom
+    assert "check the board / reseat" in inforom[0] and "RMA" in inforom[0]
+
+
+def test_nvidia_smi_problems_do_not_matter_on_the_cpu_profile():
+    d = run("debian12-cpu", {"qwen27b_profile": "cpu-smoke"}, gpus=smi("driver-library-mismatch"))
+    assert d.profile == "cpu-smoke" and not any("infoROM" in w for w in d.warnings)

