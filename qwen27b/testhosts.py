@@ -2,6 +2,7 @@
 namespace each, reached over SSH (pyinfra, testinfra, plain ssh).
 
     python3 -m qwen27b.testhosts up [-n N]       # boot N hosts (default 1), print a table
+                                   [--link-peers]  # ... that reach each other (lab LAN)
     python3 -m qwen27b.testhosts status          # name, address, PIDs, systemd state
     python3 -m qwen27b.testhosts ssh NAME [CMD]  # ssh into a host (or run CMD there)
     python3 -m qwen27b.testhosts reset NAME      # fresh root from the cached tarball, reboot
@@ -591,6 +592,24 @@ class NspawnHosts:
         self._write_client_files()
         return self.hosts
 
+    def link_peers(self) -> None:
+        """Let this profile's hosts reach each other, as on a lab LAN (host-to-host transfers:
+        the weights fan-out): in each namespace a /32 route to every other host of the profile via
+        its own gateway, and IPv4 forwarding on this profile's veths only
+        (/proc/sys/net/ipv4/conf/vq27tN/forwarding; the machine's ip_forward stays as it is). Still
+        no default route: nothing else becomes reachable. `down` undoes it with the veths and
+        namespaces. Idempotent; call it again after adding hosts."""
+        require_root()
+        hosts = self.hosts
+        for h in hosts:
+            Path(f"/proc/sys/net/ipv4/conf/{h['veth']}/forwarding").write_text("1\n")
+        for h in hosts:
+            for other in hosts:
+                if other["name"] != h["name"]:
+                    _run(["ip", "netns", "exec", h["netns"], "ip", "route", "replace",
+                          other["address"] + "/32", "via", h["gateway"], "dev", "eth0"])
+        log(f"peers linked: {' '.join(h['name'] for h in hosts)} reach each other")
+
     def _ensure_key(self) -> None:
         if not self.key.exists():
             self.key.parent.mkdir(parents=True, exist_ok=True)
@@ -1075,6 +1094,8 @@ def main(argv: list[str] | None = None) -> int:
     p_up = sub.add_parser("up", help="boot N hosts (reuses running ones)")
     p_up.add_argument("-n", type=int, default=1)
     p_up.add_argument("--timeout", type=float, default=180.0, help="per-host boot timeout (s)")
+    p_up.add_argument("--link-peers", action="store_true",
+                      help="let the hosts reach each other (routes + forwarding on their veths only)")
     sub.add_parser("down", help="stop all hosts and helpers, delete roots (keeps the cache)")
     sub.add_parser("status", help="table of hosts")
     p_ssh = sub.add_parser("ssh", help="ssh into a host")
@@ -1105,6 +1126,8 @@ def main(argv: list[str] | None = None) -> int:
             lab.boot_timeout = args.timeout
             try:
                 lab.up(args.n)
+                if args.link_peers:
+                    lab.link_peers()
             except TestHostsError as e:
                 raise TestHostsError(f"{e}\n(hosts left as they are, for a look: "
                                      "`python3 -m qwen27b.testhosts down` cleans up)") from e

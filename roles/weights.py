@@ -4,27 +4,36 @@ Sources (qwen27b_model_source): `controller` pushes a local checkpoint dir (hash
 one copy on the controller, only missing/different files sent); `mirror` makes each host fetch
 from a lab mirror with qwen27b-fetch (resumable, sha256-verified); `hub` downloads on the host
 with huggingface_hub at the pinned revision (token from a 0600 file, never on a command line).
+
+Fan-out (qwen27b_weights_fanout "tree", mirror source): the hosts of the run that share the mirror
+form a group; one of them fetches from the mirror, then hosts holding a verified copy seed the rest
+in waves, one operation per wave (qwen27b/fanout.py plans it; its docstring says how).
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import urllib.request
 from io import StringIO
 from pathlib import Path
 
-from pyinfra import host
+import click
+from pyinfra import host, state
 from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import files, server
 
+from qwen27b import fanout
 from qwen27b.artifacts import cache_root, dir_manifest
 from qwen27b.gate import Decision
+from qwen27b.hostdata import Settings, lab_address
 from qwen27b.host_facts import FileHashes, Subdirectories, SymlinkTarget
 from qwen27b.operations import push_files, symlink_switch
 
 from ._common import needs_restart, note, remember_previous
 
 FETCH_TOOL = Path(__file__).resolve().parent.parent / "qwen27b" / "fetch.py"
+SEED_TOOL = Path(__file__).resolve().parent.parent / "qwen27b" / "mirror.py"  # stdlib only, Range requests
 HUB_MANIFEST = "qwen27b-manifest.sha256"  # written after a hub download: what later runs verify
 
 
@@ -60,37 +69,145 @@ def _hub(decision: Decision, entry: dict, target: str):
     ])
 
 
+_manifests: dict[tuple[int, str], dict] = {}
+_plans: dict[tuple[int, str, str], fanout.FanoutPlan] = {}
+# pyinfra evaluates the deploy file for all hosts at once (gevent; threading is patched): the first
+# host to get here reads the manifest / the group's facts and plans, the others wait and reuse it
+_once = threading.Lock()
+
+
 def _mirror_manifest(base: str) -> dict:
-    # urllib, not httpx: this runs inside pyinfra's gevent-patched process
-    try:
-        with urllib.request.urlopen(f"{base}/manifest.json", timeout=30) as response:
-            return json.loads(response.read())["files"]
-    except (OSError, ValueError, KeyError) as error:
-        raise OperationError(f"cannot read {base}/manifest.json: {error}") from None
+    """The mirror's manifest, read once per run (not once per host)."""
+    key = (id(state), base)
+    with _once:
+        if key not in _manifests:
+            # urllib, not httpx: this runs inside pyinfra's gevent-patched process
+            try:
+                with urllib.request.urlopen(f"{base}/manifest.json", timeout=30) as response:
+                    _manifests[key] = json.loads(response.read())["files"]
+            except (OSError, ValueError, KeyError) as error:
+                raise OperationError(f"cannot read {base}/manifest.json: {error}") from None
+    return _manifests[key]
+
+
+def _verified(have: dict, manifest: dict) -> bool:
+    return all(have.get(name) == meta["sha256"] for name, meta in manifest.items())
+
+
+def _seed_address(data: dict, settings: Settings) -> str | None:
+    """Where a host serves its copy to its peers: its lab address (ssh_hostname), else its service
+    bind address unless that is loopback; None: it cannot seed (it still receives)."""
+    address = lab_address(data) or settings.bind_address
+    return None if address in (None, "127.0.0.1", "::1", "0.0.0.0", "::") else address
+
+
+def _fanout_plan(decision: Decision, entry: dict, target: str, base: str, manifest: dict) -> fanout.FanoutPlan | None:
+    """The run's fan-out plan for this checkpoint (the same for every host of the group; printed
+    once), or None when this host does not fan out."""
+    settings = decision.settings
+    if settings.weights_fanout != "tree":
+        return None
+    key = (id(state), base, target)
+    with _once:
+        return _plans[key] if key in _plans else _make_plan(key, settings, entry, target, manifest)
+
+
+def _make_plan(key: tuple, settings: Settings, entry: dict, target: str, manifest: dict) -> fanout.FanoutPlan:
+    """The group: the run's hosts with tree fan-out from the same mirror; each one's copy judged by
+    its own FileHashes fact (read once per host, cached by pyinfra)."""
+    from .preflight import inventory_settings  # noqa: PLC0415 (roles import each other lazily)
+    every = inventory_settings()
+    default = entry.get("default_source", "hub")
+    members = []
+    for other in sorted(state.inventory.iter_activated_hosts(), key=lambda h: h.name):
+        theirs = every.get(other.name)
+        if (theirs is None or theirs.weights_fanout != "tree" or theirs.model_mirror != settings.model_mirror
+                or (theirs.model_source or default) != "mirror"):
+            continue
+        have = other.get_fact(FileHashes, directory=target) or {}
+        members.append(fanout.Member(other.name, _seed_address(dict(other.data.dict()), theirs),
+                                     _verified(have, manifest)))
+    _plans[key] = plan = fanout.plan_waves(members)
+    click.echo("\n".join([f"== weights fan-out of {safe_name(entry)} (qwen27b_weights_fanout: tree)"]
+                         + [f"   {line}" for line in plan.lines()]) + "\n", err=True)
+    return plan
+
+
+def _fetch_setup(decision: Decision, entry: dict, manifest: dict) -> tuple[str, str]:
+    """Push qwen27b-fetch and the manifest; returns (tool, listing) paths on the host."""
+    paths = decision.stack.paths
+    tool = f"{paths['bin']}/qwen27b-fetch"
+    listing = f"{paths['host_cache']}/{safe_name(entry)}.manifest.json"
+    files.put(name="qwen27b-fetch (resumable, verified downloads)", src=str(FETCH_TOOL), dest=tool, mode="0755")
+    files.put(name="manifest of the checkpoint", src=StringIO(json.dumps({"files": manifest}, sort_keys=True)),
+              dest=listing, mode="0644")
+    return tool, listing
+
+
+def _proxy_env(settings: Settings) -> str:
+    # qwen27b_http_proxy is for the mirror: no_proxy emptied so it applies even to a loopback mirror
+    return (f"http_proxy={settings.http_proxy} https_proxy={settings.http_proxy} no_proxy= NO_PROXY= "
+            if settings.http_proxy else "")
+
+
+def _fan_out(decision: Decision, entry: dict, target: str, base: str, manifest: dict, plan: fanout.FanoutPlan) -> None:
+    """This host's part of the fan-out: one operation per wave (empty in the waves where it neither
+    receives nor starts seeding, so every host's operations line up wave by wave), then the seed
+    server stopped. A host holding a verified copy that seeds nobody gets no operation."""
+    name = host.name
+    copy, start = plan.copy_for(name), plan.seed_start_wave(name)
+    models = decision.stack.paths["models"]
+    if copy is None:
+        note(f"weights: {safe_name(entry)} verified on the host"
+             + (f"; seeds {', '.join(c.host for c in plan.seeds(name))} (fan-out)" if start is not None else ""))
+        if start is None:
+            return
+    else:
+        source = "the mirror" if copy.from_mirror else f"{copy.source} (seed; the mirror if it fails)"
+        note(f"weights: fan-out wave {copy.wave} from {source}"
+             + (f"; then seeds {', '.join(c.host for c in plan.seeds(name))}" if start is not None else ""))
+    fetch = None
+    if copy is not None:
+        tool, listing = _fetch_setup(decision, entry, manifest)
+        fetch = fanout.fetch_command(f"python3 {tool} --dest {target} --manifest {listing}", copy, base,
+                                     safe_name(entry), plan.port, _proxy_env(decision.settings))
+    seed_tool = f"{decision.stack.paths['bin']}/qwen27b-seed"
+    if start is not None:
+        files.put(name="qwen27b-seed (serves verified weights to peers, Range requests)", src=str(SEED_TOOL),
+                  dest=seed_tool, mode="0755")
+    for wave in host.loop(range(plan.waves)):
+        commands = []
+        if copy is not None and copy.wave == wave:
+            commands.append(fetch)
+        if start == wave:
+            address = next(m.address for m in plan.members if m.name == name)
+            commands += fanout.seed_start_commands(seed_tool, models, address, plan.port)
+        op = server.shell(name=f"weights fan-out wave {wave} of {safe_name(entry)}", commands=commands)
+        if copy is not None and copy.wave == wave:
+            needs_restart(op)
+    if start is not None:
+        server.shell(name=f"weights fan-out of {safe_name(entry)}: stop the seed server",
+                     commands=[fanout.seed_stop_command()])
 
 
 def place(decision: Decision, entry: dict, link: str, local_dir: str | None) -> None:
     """Queue what puts `entry` at its versioned dir and points `link` at it."""
-    settings, paths = decision.settings, decision.stack.paths
+    settings = decision.settings
     source = settings.model_source or entry.get("default_source", "hub")
     target = model_dir(decision, entry)
     if source == "mirror":
         base = f"{settings.model_mirror.rstrip('/')}/{safe_name(entry)}"
         manifest = _mirror_manifest(base)
         have = host.get_fact(FileHashes, directory=target) or {}
-        if all(have.get(name) == meta["sha256"] for name, meta in manifest.items()):
+        plan = _fanout_plan(decision, entry, target, base, manifest)
+        if plan is not None:
+            _fan_out(decision, entry, target, base, manifest, plan)
+        elif _verified(have, manifest):
             note(f"weights: {safe_name(entry)} verified on the host")
         else:
-            tool = f"{paths['bin']}/qwen27b-fetch"
-            listing = f"{paths['host_cache']}/{safe_name(entry)}.manifest.json"
-            files.put(name="qwen27b-fetch (resumable, verified downloads)", src=str(FETCH_TOOL), dest=tool, mode="0755")
-            files.put(name="manifest of the checkpoint", src=StringIO(json.dumps({"files": manifest}, sort_keys=True)),
-                      dest=listing, mode="0644")
-            # qwen27b_http_proxy is for the mirror: no_proxy emptied so it applies even to a loopback mirror
-            proxy = (f"http_proxy={settings.http_proxy} https_proxy={settings.http_proxy} no_proxy= NO_PROXY= "
-                     if settings.http_proxy else "")
+            tool, listing = _fetch_setup(decision, entry, manifest)
             needs_restart(server.shell(name="fetch the checkpoint from the mirror",
-                         commands=[f"{proxy}python3 {tool} --base {base} --dest {target} --manifest {listing}"]))
+                         commands=[f"{_proxy_env(settings)}python3 {tool} --base {base} --dest {target} --manifest {listing}"]))
     elif source == "hub":
         needs_restart(_hub(decision, entry, target))
     else:
