@@ -9,8 +9,9 @@ operations. The roles then run in the order the stack is built.
 
 from roles.cuda import cuda
 from roles.dflash import dflash
+from roles.firewall import firewall
 from roles.nvidia import nvidia
-from roles.preflight import preflight, show_planned_operations
+from roles.preflight import preflight, release_lock, show_planned_operations
 from roles.service import service
 from roles.toolchain import toolchain
 from roles.verify import verify
@@ -25,6 +26,8 @@ if plan is not None:
     vllm(plan)
     dflash(plan)
     weights(plan)
+    firewall(plan)
     service(plan)
     verify(plan)
+    release_lock()
     show_planned_operations()

@@ -172,4 +172,23 @@ class Subdirectories(FactBase):
         return names
 
 
-ALL_HOST_FACTS: tuple[type[FactBase], ...] = (FileHashes, VenvPackages, SymlinkTarget, Subdirectories)
+class DeployLock(FactBase):
+    """Who holds the host's deploy lock (qwen27b.hostlock), as the lock file's one line; None: free."""
+
+    fake_match = re.compile(r"^cat .+ 2>/dev/null \|\| true$")
+
+    def command(self, path: str = "/run/qwen27b/deploy.lock") -> str:
+        return f"cat {shlex.quote(path)} 2>/dev/null || true"
+
+    @staticmethod
+    def default() -> None:
+        return None
+
+    def process(self, output: list[str]) -> str | None:
+        lines = [part for line in output for part in line.splitlines() if part.strip()]
+        if len(lines) > 1:
+            raise FactParseError("DeployLock", len(lines), "one line naming the deploy that holds the lock", lines[-1])
+        return lines[0].strip() if lines else None
+
+
+ALL_HOST_FACTS: tuple[type[FactBase], ...] = (FileHashes, VenvPackages, SymlinkTarget, Subdirectories, DeployLock)

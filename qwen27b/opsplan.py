@@ -23,7 +23,8 @@ def _command_text(command) -> str:
     return str(command)
 
 
-CHECK_PREFIX = "verify:"  # checks run every deploy; they read, never change the host
+# checks run every deploy and the host lock is taken and given back: none of them is a change
+CHECK_PREFIX = ("verify:", "lock:", "unlock:")
 
 
 def planned_operations(state, host) -> list[tuple[str, bool, list[str]]]:

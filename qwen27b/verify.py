@@ -23,7 +23,11 @@ CRASHED = ("auto-restart", "failed")  # systemd sub-states of a unit whose proce
 
 
 class VerifyFailed(Exception):
-    """Verification failed; str() says which step and why."""
+    """Verification failed; str() says which step and why. `crashed`: the unit's process died."""
+
+    def __init__(self, message: str, crashed: bool = False):
+        super().__init__(message)
+        self.crashed = crashed
 
 
 @dataclass
@@ -42,6 +46,7 @@ class HostResult:
     reason: str = ""
     journal: list[str] = field(default_factory=list)
     health: dict | None = None
+    unit: dict | None = None  # systemd's view when verify failed (ActiveState, Result, NRestarts...)
 
 
 def _request(url: str, api_key: str | None = None, body: dict | None = None, timeout: float = 10):
@@ -69,7 +74,7 @@ def wait_ready(base: str, deadline_s: float, say=print, state=lambda: None) -> f
         if elapsed - last_said >= 10 or elapsed > 5 and not last_said:
             unit = state()
             if unit and any(bad in unit for bad in CRASHED):
-                raise VerifyFailed(f"the service exits during start-up (unit {unit}): see its journal")
+                raise VerifyFailed(f"the service exits during start-up (unit {unit}): see its journal", crashed=True)
             say(f"loading weights... {elapsed:.0f} s" + (f" (unit {unit})" if unit else ""))
             last_said = elapsed
         time.sleep(delay)
@@ -155,10 +160,12 @@ def report_table(results: list[HostResult]) -> str:
     return "\n".join(lines)
 
 
-def write_report(results: list[HostResult], directory: Path, run_id: str) -> Path:
+def write_report(results: list[HostResult], directory: Path, run_id: str, summary: list[dict] | None = None) -> Path:
+    """hosts: what verify found per host; summary: every targeted host's outcome (runsummary)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"deploy-{run_id}.json"
-    path.write_text(json.dumps({"run": run_id, "hosts": [asdict(r) for r in results]}, indent=2, ensure_ascii=False))
+    path.write_text(json.dumps({"run": run_id, "hosts": [asdict(r) for r in results], "summary": summary or []},
+                               indent=2, ensure_ascii=False))
     latest = directory / "latest.json"
     latest.unlink(missing_ok=True)
     latest.symlink_to(path.name)

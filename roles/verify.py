@@ -8,7 +8,7 @@ It runs on every deploy: it is a check, not a change (the plan counts it apart).
 
 from __future__ import annotations
 
-import atexit
+import json
 import os
 import time
 from pathlib import Path
@@ -18,9 +18,10 @@ from pyinfra import host
 from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python
 
+from qwen27b import runsummary
 from qwen27b import verify as V
 from qwen27b.gate import Decision
-from qwen27b.render import SERVICE_UNIT, layout
+from qwen27b.render import HEALTH_UNIT, SERVICE_UNIT, layout
 
 from ._common import ROLLBACK_DIR, api_key, note, previous_links
 
@@ -29,10 +30,17 @@ _results: list[V.HostResult] = []
 RUN_ID = time.strftime("%Y%m%d-%H%M%S")
 
 
-def _finish() -> None:
+def finish_run(results: list[runsummary.Outcome], argv: list[str]) -> None:
+    """At exit: the verify table, every host's outcome with the re-run command, one report file."""
+    path = V.write_report(_results, REPORTS, RUN_ID, runsummary.as_json(results)) if results or _results else None
     if _results:
-        path = V.write_report(_results, REPORTS, RUN_ID)
         click.echo(f"\n--> qwen27b verify report ({path})\n{V.report_table(_results)}\n", err=True)
+    if results:
+        click.echo("\n" + runsummary.summary_text(results, argv), err=True)
+
+
+def verified() -> dict[str, tuple[str, str]]:
+    return {r.host: (r.status, r.reason) for r in _results}
 
 
 def _remote(command: str) -> list[str]:
@@ -70,6 +78,43 @@ def _serving(decision: Decision, result: V.HostResult, key: str | None, say, uni
                                  "(1Cat-vLLM issue 478: NVFP4 target on V100 TP4); check the draft and target")
 
 
+UNIT_PROPERTIES = "ActiveState,SubState,Result,NRestarts,StartLimitBurst"
+
+
+def _unit_properties() -> dict:
+    return dict(line.split("=", 1) for line in _remote(f"systemctl show -p {UNIT_PROPERTIES} {SERVICE_UNIT}")
+                if "=" in line)
+
+
+def _until_restart_loop_is_evident(say, timeout_s: float = 120) -> None:
+    """A unit that died once may be a fluke: wait (bounded) for systemd's second automatic restart or
+    its start limit, so the report, the health check and systemd name the same crash loop."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        props = _unit_properties()
+        if props.get("Result") == "start-limit-hit" or int(props.get("NRestarts") or 0) >= 2:
+            return
+        say(f"the service died during start-up; watching systemd restart it "
+            f"({props.get('NRestarts', '?')} restart(s), {props.get('SubState', '?')})")
+        time.sleep(5)
+
+
+def _health_verdict(decision: Decision, result: V.HostResult) -> None:
+    """One health check run on the host, as its timer runs it; its restart-loop sentence (read from
+    systemd's counters) becomes the report's reason, so the two say the same thing."""
+    result.unit = _unit_properties()
+    status = "\n".join(_remote(f"systemctl start {HEALTH_UNIT} >/dev/null 2>&1; "
+                               f"cat {layout(decision)['health_status']} 2>/dev/null"))
+    try:
+        result.health = json.loads(status) if status else None
+    except ValueError:
+        result.health = {"raw": status.splitlines()}
+    findings = (result.health or {}).get("findings") or []
+    loop = [f["text"] for f in findings if f"{SERVICE_UNIT} is not serving: " in str(f.get("text"))]
+    if loop:
+        result.reason = loop[0]
+
+
 def _check(decision: Decision, previous: list[tuple[str, str]]) -> None:
     serve, model = decision.serve, decision.stack.model
     base = f"http://{serve.value('--host')}:{serve.value('--port')}"
@@ -91,9 +136,10 @@ def _check(decision: Decision, previous: list[tuple[str, str]]) -> None:
         return
     except V.VerifyFailed as failure:
         result.status, result.reason = "failed", str(failure)
+        if failure.crashed:
+            _until_restart_loop_is_evident(say)
+        _health_verdict(decision, result)
         result.journal = _remote(f"journalctl -u {SERVICE_UNIT} -n 80 --no-pager")
-        health = _remote(f"cat {layout(decision)['health_status']} 2>/dev/null")
-        result.health = {"raw": health} if health else None
     if not previous:
         raise OperationError(f"verify failed: {result.reason} (journal and health status in the run report)")
     say(f"verify failed ({result.reason}): rolling back to the previous release")
@@ -115,8 +161,5 @@ def verify(decision: Decision) -> None:
         note("verify: skipped - the service binds to loopback only, the controller cannot reach it; "
              "set qwen27b_bind_address to the lab address")
         return
-    if not _results and not getattr(verify, "_registered", False):
-        atexit.register(_finish)
-        verify._registered = True
     python.call(name="verify: readiness, /v1/models, streamed completion, acceptance", function=_check,
                 decision=decision, previous=previous_links())

@@ -78,6 +78,18 @@ def test_a100_plan_uses_upstream_vllm(dry_run):
     assert "profile sm75plus" in plan and "vllm==0.32.0" in plan and "1cat" not in plan
 
 
+def test_run_summary_lists_every_host_and_reruns_only_the_failed(dry_run):
+    """The end of a many-host run: each host's outcome, and --limit for exactly the refused ones."""
+    summary = dry_run.stderr.split("--> qwen27b run summary: ", 1)[1]
+    refused = [h for h in HOSTS if f"== @fake/{h}: REFUSED" in dry_run.stderr]
+    assert summary.startswith(f"{len(HOSTS) - len(refused)} of {len(HOSTS)} host(s) ok")
+    for h in HOSTS:
+        assert re.search(rf"^@fake/{re.escape(h)}\s+{'refused' if h in refused else 'planned'}\b", summary, re.M), h
+    rerun = summary.split("re-run only the failed host(s), after fixing the cause:\n", 1)[1].splitlines()[0].split()
+    assert rerun[:3] == ["pyinfra", "inventory/recorded.py", "deploy.py"]
+    assert sorted(rerun[i + 1] for i, a in enumerate(rerun) if a == "--limit") == sorted(f"@fake/{h}" for h in refused)
+
+
 def test_refusals_name_cause_and_fix(dry_run):
     out = dry_run.stderr
     assert "cause: unsupported OS CentOS Linux 7 (Core)" in section(out, "centos7", "REFUSED")

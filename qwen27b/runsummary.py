@@ -1,0 +1,121 @@
+"""The end of a run, for many hosts: one line per host (ok, rolled back, refused, unreachable,
+failed at which operation and why), and the command that re-runs only the hosts that failed.
+
+pyinfra keeps going on the other hosts when one fails; this is what the lab admin reads to know
+which ones, why, and what to run next. `outcomes` reads pyinfra's State (after the run);
+the rest is pure and unit-tested.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import asdict, dataclass
+
+OK_STATUSES = ("ok", "planned")  # planned: a --dry run, nothing executed
+
+
+@dataclass
+class Outcome:
+    host: str
+    status: str  # ok | planned | rolled back | failed | refused | unreachable | interrupted
+    detail: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.status not in OK_STATUSES
+
+
+def _failed_operation(state, host) -> tuple[str, str] | None:
+    """(operation name, last lines of its output) of the operation that failed on this host."""
+    for op_hash in state.get_op_order():
+        data = state.ops.get(host, {}).get(op_hash)
+        if data is None:
+            continue
+        meta = data.operation_meta
+        if meta.is_complete() and not meta.did_succeed():
+            name = ", ".join(sorted(state.op_meta[op_hash].names))
+            output = getattr(meta, "_combined_output", None)  # pyinfra's CommandOutput of OutputLine
+            lines = [getattr(item, "line", str(item)) for item in (output or [])]
+            return name, " ".join(str(line).strip() for line in lines[-3:])[-300:]
+    return None
+
+
+def unfinished_operation(state, host) -> str | None:
+    """The first operation not yet complete on this host: the one running when Ctrl-C came (read
+    it in the signal handler: pyinfra may report that operation "Success" while it disconnects)."""
+    for op_hash in state.get_op_order():
+        data = state.ops.get(host, {}).get(op_hash)
+        if data is not None and not data.operation_meta.is_complete():
+            return ", ".join(sorted(state.op_meta[op_hash].names))
+    return None
+
+
+def outcomes(state, refused: dict[str, str], verified: dict[str, tuple[str, str]],
+             interrupted: dict[str, str] | None = None) -> list[Outcome]:
+    """Every host the run targeted. `refused`: host -> cause (preflight); `verified`: host ->
+    (status, reason) from the verify role; `interrupted`: host -> the operation Ctrl-C stopped."""
+    out = []
+    for host in state.inventory:
+        if not state.is_host_in_limit(host):
+            continue
+        name = host.name
+        if host not in state.activated_hosts:
+            out.append(Outcome(name, "unreachable", "could not connect over SSH: check the address, that sshd "
+                                                    f"runs and the key is accepted (ssh {name} true)"))
+        elif name in refused:
+            out.append(Outcome(name, "refused", refused[name]))
+        elif name in verified and verified[name][0] != "ok":
+            out.append(Outcome(name, *verified[name]))
+        elif host in state.failed_hosts:
+            failed = _failed_operation(state, host)
+            detail = f"at '{failed[0]}': {failed[1]}" if failed else "see the output above"
+            out.append(Outcome(name, "failed", detail))
+        elif name in verified:
+            out.append(Outcome(name, *verified[name]))
+        elif interrupted and interrupted.get(name):
+            out.append(Outcome(name, "interrupted",
+                               f"Ctrl-C during '{interrupted[name]}': re-run to finish (done work is kept)"))
+        else:
+            ran = any(data.operation_meta.is_complete() for data in state.ops.get(host, {}).values())
+            out.append(Outcome(name, "ok" if ran else "planned"))
+    return out
+
+
+def rerun_command(argv: list[str], failed: list[str]) -> str:
+    """The same pyinfra command line (argv[0] is pyinfra's, whichever way it was started), limited
+    to the failed hosts (an earlier --limit dropped)."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg == "--limit":
+            skip = True
+            continue
+        if arg.startswith("--limit="):
+            continue
+        kept.append(arg)
+    limits = [part for host in failed for part in ("--limit", host)]
+    return " ".join(shlex.quote(a) for a in ["pyinfra", *kept[1:], *limits])
+
+
+def summary_table(results: list[Outcome]) -> str:
+    width = max([len("host")] + [len(r.host) for r in results])
+    status_width = max([len("outcome")] + [len(r.status) for r in results])
+    lines = [f"{'host'.ljust(width)}  {'outcome'.ljust(status_width)}  detail",
+             f"{'-' * width}  {'-' * status_width}  ------"]
+    lines += [f"{r.host.ljust(width)}  {r.status.ljust(status_width)}  {r.detail}".rstrip() for r in results]
+    return "\n".join(lines)
+
+
+def summary_text(results: list[Outcome], argv: list[str]) -> str:
+    failed = [r.host for r in results if r.failed]
+    head = f"--> qwen27b run summary: {len(results) - len(failed)} of {len(results)} host(s) ok"
+    text = f"{head}\n{summary_table(results)}\n"
+    if failed:
+        text += f"\nre-run only the failed host(s), after fixing the cause:\n    {rerun_command(argv, failed)}\n"
+    return text
+
+
+def as_json(results: list[Outcome]) -> list[dict]:
+    return [asdict(r) | {"failed": r.failed} for r in results]

@@ -1,0 +1,21 @@
+"""The end-of-run summary's pure parts: the re-run command and the table. (Built from a real
+pyinfra State in tests/test_plans.py on @fake hosts and in tests/e2e/test_faults.py on a real one.)"""
+
+from qwen27b.runsummary import Outcome, rerun_command, summary_text
+
+
+def test_rerun_keeps_the_command_and_limits_it_to_the_failed_hosts():
+    argv = ["/x/site-packages/pyinfra/__main__.py", "inventory/my lab.py", "deploy.py", "-y", "--limit", "gpu-*",
+            "--limit=gpu-c"]
+    assert rerun_command(argv, ["gpu-a", "gpu-b"]) == \
+        "pyinfra 'inventory/my lab.py' deploy.py -y --limit gpu-a --limit gpu-b"
+
+
+def test_summary_counts_and_lists_each_host_and_only_failed_ones_get_a_rerun():
+    results = [Outcome("gpu-a", "ok"), Outcome("gpu-b", "unreachable", "could not connect over SSH"),
+               Outcome("gpu-c", "rolled back", "rolled back: crash loop"), Outcome("gpu-d", "planned")]
+    text = summary_text(results, ["pyinfra", "lab.py", "deploy.py"])
+    assert text.startswith("--> qwen27b run summary: 2 of 4 host(s) ok\nhost   outcome      detail\n")
+    assert "gpu-b  unreachable  could not connect over SSH" in text
+    assert text.rstrip().endswith("pyinfra lab.py deploy.py --limit gpu-b --limit gpu-c")
+    assert "re-run" not in summary_text([Outcome("gpu-a", "ok")], ["pyinfra", "lab.py", "deploy.py"])
