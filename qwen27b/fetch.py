@@ -5,6 +5,8 @@ Pushed to hosts and run with the host's own python3 (stdlib only, so it works be
 exists). Each file goes to NAME.part, resumes from where an interrupted transfer stopped (HTTP
 Range), is checked against its sha256, then renamed into place. Files already present with the
 right hash are skipped, so a re-run after Ctrl-C, a dropped SSH session or a reboot converges.
+A full disk stops the transfer with the space needed and keeps the part file for the re-run; a
+lock on DIR makes a second fetch (say one orphaned by a dropped SSH session) wait its turn.
 
     qwen27b-fetch --base URL --dest DIR --manifest FILE.json
 
@@ -15,6 +17,8 @@ Exit codes: 0 all verified; 1 a file failed its checksum or the mirror failed; 2
 from __future__ import annotations
 
 import argparse
+import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -68,11 +72,46 @@ def fetch_one(base: str, name: str, size: int, sha256: str, dest: str) -> None:
                     if time.monotonic() - last > 2:
                         _progress(name, done, size, started, have)
                         last = time.monotonic()
+            if done < size:  # the server went away mid-file (a seed stopped, a mirror restarted)
+                raise OSError(f"the connection ended after {done:,} of {size:,} bytes; "
+                              "the part file is kept: a re-run resumes it")
+    if os.path.getsize(part) < size:  # the transfer ended early: keep what arrived for the resume
+        raise ConnectionError(f"{name}: the transfer ended at {os.path.getsize(part)} of {size} bytes; "
+                              "the part file is kept, a re-run resumes it")
     got = sha256_of(part)
     if got != sha256:
         os.remove(part)  # a corrupt part must not be resumed
         raise ValueError(f"{name}: sha256 {got} does not match the manifest's {sha256}; the part file was removed")
     os.replace(part, final)
+
+
+def _still_needed(dest: str, files: dict) -> int:
+    """Bytes still to download: files not yet in place, less what their part files already hold."""
+    needed = 0
+    for name, meta in files.items():
+        final = os.path.join(dest, name)
+        if os.path.exists(final) and os.path.getsize(final) == int(meta["size"]):
+            continue
+        part = final + ".part"
+        have = os.path.getsize(part) if os.path.exists(part) else 0
+        needed += max(0, int(meta["size"]) - have)
+    return needed
+
+
+def _lock(dest: str):
+    """Hold DIR/.qwen27b-fetch.lock; if another fetch holds it, say so and wait for it."""
+    handle = open(os.path.join(dest, ".qwen27b-fetch.lock"), "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        print(f"qwen27b-fetch: another fetch ({handle.read().strip() or 'unknown pid'}) is writing {dest}: "
+              "waiting for it", file=sys.stderr, flush=True)
+        fcntl.flock(handle, fcntl.LOCK_EX)
+    handle.truncate(0)
+    handle.write(f"pid {os.getpid()}\n")
+    handle.flush()
+    return handle
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,11 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.manifest, encoding="utf-8") as handle:
         files = json.load(handle)["files"]
     os.makedirs(args.dest, exist_ok=True)
+    lock = _lock(args.dest)  # noqa: F841 (held until exit)
     free = shutil.disk_usage(args.dest).free
-    needed = sum(v["size"] for n, v in files.items() if not os.path.exists(os.path.join(args.dest, n)))
+    needed = _still_needed(args.dest, files)
     if needed > free:
-        print(f"qwen27b-fetch: {needed / 2**30:.1f} GiB needed in {args.dest}, {free / 2**30:.1f} GiB free: "
-              "free space first (nothing was downloaded)", file=sys.stderr)
+        print(f"qwen27b-fetch: {needed / 2**30:.2f} GiB still to download into {args.dest}, "
+              f"{free / 2**30:.2f} GiB free: free space there, then re-run (nothing more was downloaded; "
+              "finished and partial files are kept)", file=sys.stderr)
         return 1
     failed = []
     for number, (name, meta) in enumerate(sorted(files.items()), 1):
@@ -98,7 +139,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{number}/{len(files)}] {name}", file=sys.stderr, flush=True)
         try:
             fetch_one(args.base, name, int(meta["size"]), meta["sha256"], args.dest)
-        except (OSError, ValueError, urllib.error.URLError) as error:
+        except OSError as error:
+            if error.errno == errno.EPIPE:
+                return 1  # whoever ran us (pyinfra over SSH) is gone: stop, the part file is kept
+            if error.errno != errno.ENOSPC:
+                failed.append(f"{name}: {error}")
+                continue
+            part = os.path.join(args.dest, name + ".part")
+            kept = os.path.getsize(part) if os.path.exists(part) else 0
+            print(f"qwen27b-fetch: FAILED disk full in {args.dest} while writing {name} "
+                  f"({kept / 2**20:,.0f} of {int(meta['size']) / 2**20:,.0f} MiB kept in {name}.part): "
+                  f"free {_still_needed(args.dest, files) / 2**30:.2f} GiB there, then re-run; "
+                  "the transfer resumes where it stopped", file=sys.stderr)
+            return 1
+        except ValueError as error:
             failed.append(f"{name}: {error}")
     for line in failed:
         print(f"qwen27b-fetch: FAILED {line}", file=sys.stderr)

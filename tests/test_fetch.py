@@ -1,8 +1,12 @@
 """qwen27b-fetch against a real HTTP mirror on loopback: resume, checksum, skip, disk space."""
 
+import fcntl
 import hashlib
 import json
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -12,6 +16,7 @@ from qwen27b.mirror import serve
 
 @pytest.fixture
 def mirror(tmp_path):
+    """(base URL, tmp dir, the files, the handler: its request log and throttle)."""
     src = tmp_path / "mirror"
     src.mkdir()
     blobs = {"model.safetensors": os.urandom(3 * 2**20 + 123), "config.json": b'{"a": 1}'}
@@ -20,12 +25,12 @@ def mirror(tmp_path):
     manifest = {"files": {n: {"size": len(d), "sha256": hashlib.sha256(d).hexdigest()} for n, d in blobs.items()}}
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     server, _ = serve(str(src))
-    yield f"http://127.0.0.1:{server.server_address[1]}", tmp_path, blobs
+    yield f"http://127.0.0.1:{server.server_address[1]}", tmp_path, blobs, server.handler
     server.shutdown()
 
 
 def test_download_verify_and_skip(mirror):
-    base, tmp, blobs = mirror
+    base, tmp, blobs, handler = mirror
     dest = tmp / "dest"
     assert fetch.main(["--base", base, "--dest", str(dest), "--manifest", str(tmp / "manifest.json")]) == 0
     assert (dest / "model.safetensors").read_bytes() == blobs["model.safetensors"]
@@ -35,7 +40,7 @@ def test_download_verify_and_skip(mirror):
 
 
 def test_interrupted_transfer_resumes_from_the_part_file(mirror):
-    base, tmp, blobs = mirror
+    base, tmp, blobs, handler = mirror
     dest = tmp / "dest"
     dest.mkdir()
     data = blobs["model.safetensors"]
@@ -45,7 +50,7 @@ def test_interrupted_transfer_resumes_from_the_part_file(mirror):
 
 
 def test_corrupt_part_is_refused_and_removed(mirror, capsys):
-    base, tmp, blobs = mirror
+    base, tmp, blobs, handler = mirror
     dest = tmp / "dest"
     dest.mkdir()
     (dest / "model.safetensors.part").write_bytes(b"x" * 2**20)  # garbage: resuming it cannot verify
@@ -56,10 +61,74 @@ def test_corrupt_part_is_refused_and_removed(mirror, capsys):
 
 
 def test_too_little_disk_downloads_nothing(mirror, capsys):
-    base, tmp, _ = mirror
+    base, tmp, _, _ = mirror
     manifest = json.loads((tmp / "manifest.json").read_text())
     manifest["files"]["model.safetensors"]["size"] = 1 << 60
     (tmp / "huge.json").write_text(json.dumps(manifest))
     assert fetch.main(["--base", base, "--dest", str(tmp / "d"), "--manifest", str(tmp / "huge.json")]) == 1
-    assert "free space first (nothing was downloaded)" in capsys.readouterr().err
-    assert list((tmp / "d").iterdir()) == []
+    err = capsys.readouterr().err
+    assert "free space there, then re-run (nothing more was downloaded" in err and "GiB free" in err
+    assert [p.name for p in (tmp / "d").iterdir()] == [".qwen27b-fetch.lock"]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 4 MiB tmpfs: the disk that fills up."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    path = tmp_path / "small"
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(path)], check=True)
+    yield path
+    subprocess.run(["umount", str(path)], check=True)
+
+
+def run_fetch(base: str, dest, manifest) -> subprocess.Popen:
+    """qwen27b-fetch as the hosts run it: its own process (no threads: pyinfra's gevent patching may
+    be active in this pytest process, and a blocking flock would stop every greenlet)."""
+    return subprocess.Popen([sys.executable, fetch.__file__, "--base", base, "--dest", str(dest), "--manifest",
+                             str(manifest)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_disk_full_mid_transfer_keeps_the_part_and_the_rerun_resumes(mirror, small_disk):
+    """The space check passes (3 MiB needed, 4 MiB free), then another writer fills the disk while
+    the (throttled) transfer runs: a clear error, the part kept; after freeing space, a Range resume."""
+    base, tmp, blobs, handler = mirror
+    handler.rate = 1.5e6
+    dest = small_disk / "model"
+    part = dest / "model.safetensors.part"
+    proc = run_fetch(base, dest, tmp / "manifest.json")
+    deadline = time.monotonic() + 20
+    while not (part.exists() and part.stat().st_size > 2**20):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    subprocess.run(["dd", "if=/dev/zero", f"of={small_disk}/filler", "bs=64k"], capture_output=True)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "disk full in" in err and "kept in model.safetensors.part" in err, err
+    assert "re-run" in err
+    kept = part.stat().st_size
+    assert kept > 2**20 and not (dest / "model.safetensors").exists()
+    (small_disk / "filler").unlink()
+    handler.rate = None
+    handler.requests.clear()
+    assert fetch.main(["--base", base, "--dest", str(dest), "--manifest", str(tmp / "manifest.json")]) == 0
+    assert (dest / "model.safetensors").read_bytes() == blobs["model.safetensors"]
+    assert ("/model.safetensors", f"bytes={kept}-") in handler.requests
+
+
+def test_a_second_fetch_waits_for_the_first(mirror):
+    """Two fetches into one dir (e.g. one orphaned by a dropped SSH session): the second waits."""
+    base, tmp, blobs, _ = mirror
+    dest = tmp / "dest"
+    dest.mkdir()
+    with open(dest / ".qwen27b-fetch.lock", "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        held.write("pid 4242\n")
+        held.flush()
+        second = run_fetch(base, dest, tmp / "manifest.json")
+        time.sleep(1.5)
+        assert second.poll() is None and not (dest / "config.json").exists()  # waiting, writing nothing
+        fcntl.flock(held, fcntl.LOCK_UN)
+    _, err = second.communicate(timeout=60)
+    assert second.returncode == 0 and (dest / "config.json").read_bytes() == blobs["config.json"]
+    assert "another fetch (pid 4242) is writing" in err
