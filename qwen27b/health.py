@@ -396,6 +396,42 @@ def unit_active_state(unit: str) -> str | None:
     return p.stdout.strip() or None
 
 
+UNIT_PROPERTIES = ("ActiveState", "SubState", "Result", "NRestarts", "StartLimitBurst")
+FAILED_RESULTS = ("exit-code", "signal", "core-dump", "timeout", "start-limit-hit", "watchdog", "oom-kill")
+
+
+def unit_properties(unit: str) -> dict:
+    """systemd's view of the unit (Key=Value from `systemctl show`); {} when unknown."""
+    try:
+        p = subprocess.run(["systemctl", "show", *[a for k in UNIT_PROPERTIES for a in ("-p", k)], unit],
+                           capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return dict(line.split("=", 1) for line in p.stdout.splitlines() if "=" in line) if p.returncode == 0 else {}
+
+
+def restart_loop(props: dict, unit: str) -> str | None:
+    """The sentence for a unit whose process keeps exiting, from systemd's own counters; None when
+    systemd does not say so. The deploy's verify quotes this same sentence in its report."""
+    result, sub = props.get("Result", ""), props.get("SubState", "")
+    try:
+        restarts = int(props.get("NRestarts") or 0)
+    except ValueError:
+        restarts = 0
+    if result not in FAILED_RESULTS or sub not in ("auto-restart", "failed", "start", "start-post", "dead"):
+        return None
+    advice = (f"a start-up failure (bad flag, model or memory), not an outage to wait out: read "
+              f"`journalctl -u {unit}` or run `qwen27b doctor`.")
+    if result == "start-limit-hit":
+        return (f"{unit} is not serving: systemd gave up on it, start limit hit after {restarts} automatic "
+                f"restart(s) (StartLimitBurst={props.get('StartLimitBurst', '?')}); {advice}")
+    if restarts >= 2:
+        return (f"{unit} is not serving: crash loop, its process exited (Result={result}) and systemd "
+                f"restarted it {restarts} times; {advice}")
+    return (f"{unit} is not serving: its process exited (Result={result}); systemd restarts it "
+            f"({restarts} restart(s) so far): read `journalctl -u {unit}` if it does not come back.")
+
+
 def restart_unit(unit: str) -> tuple[bool, str]:
     """``systemctl restart --no-block``: queue the job and return; the check never waits for a
     model load (the timer's TimeoutStartSec is far shorter)."""
@@ -471,6 +507,9 @@ def check(args: argparse.Namespace, now: float | None = None) -> dict:
     failures = next_failures(int(prev.get("consecutive_failures") or 0), code)
     last_restart = prev.get("last_restart")
     unit_state = unit_active_state(args.unit) if code == CRITICAL else None
+    loop = restart_loop(unit_properties(args.unit), args.unit) if code == CRITICAL else None
+    if loop:
+        findings.append(finding(CRITICAL, loop))
     if unit_state == "activating":
         findings.append(finding(INFO, f"{args.unit} is still starting (activating): CRITICAL is expected "
                                       f"until the model has loaded."))
