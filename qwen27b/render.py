@@ -6,6 +6,7 @@ is computed here, so tests can check the values and `systemd-analyze verify` the
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 
@@ -150,6 +151,25 @@ def contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
         "qwen27b-health.service.j2": health,
         "qwen27b-health.timer.j2": health,
     }
+
+
+FIREWALL_UNIT = "qwen27b-firewall.service"
+
+
+def firewall_contexts(decision: Decision) -> dict[str, dict]:
+    """The nftables rule and its unit when qwen27b_firewall_allow is set ({} when it is not)."""
+    networks = decision.settings.firewall_allow
+    if not networks:
+        return {}
+    parsed = [ipaddress.ip_network(n, strict=False) for n in networks]
+    context = {
+        "port": decision.serve.value("--port"),
+        "service_unit": SERVICE_UNIT,
+        "firewall_unit": FIREWALL_UNIT,
+        "rules_file": decision.stack.paths["config"] + "/firewall.nft",
+        "allowed": [("ip" if n.version == 4 else "ip6", str(n)) for n in parsed],
+    }
+    return {"qwen27b-firewall.nft.j2": context, "qwen27b-firewall.service.j2": context}
 
 
 _ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)), undefined=jinja2.StrictUndefined,

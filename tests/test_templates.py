@@ -99,3 +99,25 @@ def test_health_timer_interval_comes_from_host_data():
                                          ("50%", "50%%"), ("$HOME", "'$$HOME'"), ("it's", "'it\\'s'")])
 def test_systemd_quote(raw, quoted):
     assert systemd_quote(raw) == quoted
+
+
+def test_firewall_rule_allows_the_listed_networks_and_the_host_and_resets_the_rest(tmp_path):
+    """The nftables rule and its unit (loaded for real on a test host by tests/e2e/test_faults.py)."""
+    from qwen27b.render import firewall_contexts, render
+
+    assert firewall_contexts(decision()) == {}  # no key, no rule
+    d = decision(data={"qwen27b_firewall_allow": ["10.0.0.0/24", "192.168.7.9", "fd00::/64"]})
+    context = firewall_contexts(d)["qwen27b-firewall.nft.j2"]
+    rule = render("qwen27b-firewall.nft.j2", context)
+    port = d.serve.value("--port")
+    accepts = [line.strip() for line in rule.splitlines() if line.strip().endswith("accept")]
+    assert accepts == [f'iifname "lo" tcp dport {port} accept', f"ip saddr 10.0.0.0/24 tcp dport {port} accept",
+                       f"ip saddr 192.168.7.9/32 tcp dport {port} accept", f"ip6 saddr fd00::/64 tcp dport {port} accept"]
+    assert rule.rstrip().splitlines()[-3].strip() == f"tcp dport {port} reject with tcp reset"
+    unit = render("qwen27b-firewall.service.j2", context)
+    assert "Before=qwen27b.service" in unit and f"ExecStart=/usr/sbin/nft -f {context['rules_file']}" in unit
+    if shutil.which("systemd-analyze") and os.path.exists("/usr/sbin/nft"):
+        (tmp_path / "qwen27b-firewall.service").write_text(unit)
+        result = subprocess.run(["systemd-analyze", "verify", "--man=no", str(tmp_path / "qwen27b-firewall.service")],
+                                capture_output=True, text=True)
+        assert result.returncode == 0 and result.stderr == "", result.stderr

@@ -1,0 +1,47 @@
+"""Firewall (optional): with qwen27b_firewall_allow set, an nftables table lets only those networks
+(and the host itself) reach the service port; everyone else gets a TCP reset. Its own table and a
+oneshot unit ordered before the service, so it does not fight ufw or other rules. Unsetting the key
+removes the table and the unit again.
+"""
+
+from __future__ import annotations
+
+from io import StringIO
+
+from pyinfra import host
+from pyinfra.facts.files import File
+from pyinfra.operations import files, server, systemd
+
+from qwen27b.gate import Decision
+from qwen27b.render import FIREWALL_UNIT, firewall_contexts, render
+
+from ._common import note
+from .toolchain import apt_install
+
+UNIT_FILE = f"/etc/systemd/system/{FIREWALL_UNIT}"
+
+
+def firewall(decision: Decision) -> None:
+    contexts = firewall_contexts(decision)
+    if not contexts:
+        if host.get_fact(File, path=UNIT_FILE):
+            systemd.service(name=f"stop {FIREWALL_UNIT} (qwen27b_firewall_allow unset)", service=FIREWALL_UNIT,
+                            running=False, enabled=False)
+            files.file(name="remove the firewall unit", path=UNIT_FILE, present=False)
+            systemd.daemon_reload(name="systemd daemon-reload (firewall unit removed)")
+        return
+    context = contexts["qwen27b-firewall.nft.j2"]
+    networks = ", ".join(n for _, n in context["allowed"])
+    note(f"firewall: port {context['port']}/tcp only from {networks} and the host itself (nftables table inet qwen27b)")
+    apt_install("nftables (the firewall rule's tool)", ["nftables"])
+    rules = files.put(name="render the firewall rule", src=StringIO(render("qwen27b-firewall.nft.j2", context)),
+                      dest=context["rules_file"], user="root", group="root", mode="0644")
+    unit = files.put(name=f"render {UNIT_FILE}", src=StringIO(render("qwen27b-firewall.service.j2", context)),
+                     dest=UNIT_FILE, user="root", group="root", mode="0644")
+    if unit.will_change:
+        systemd.daemon_reload(name="systemd daemon-reload (firewall unit changed)")
+    if rules.will_change or unit.will_change:
+        server.shell(name="load the firewall rule", commands=[f"systemctl enable {FIREWALL_UNIT}",
+                                                              f"systemctl restart {FIREWALL_UNIT}"])
+    else:
+        systemd.service(name=f"{FIREWALL_UNIT} enabled and active", service=FIREWALL_UNIT, running=True, enabled=True)
