@@ -21,6 +21,7 @@ from pathlib import Path
 import click
 from pyinfra import host, state
 from pyinfra.api.exceptions import OperationError
+from pyinfra.facts.files import File
 from pyinfra.operations import files, server
 
 from qwen27b import fanout
@@ -49,8 +50,8 @@ def _hub(decision: Decision, entry: dict, target: str):
     """Download on the host with huggingface_hub (in the release venv: vLLM depends on it), which
     resumes partial files; then record a manifest of what arrived, so later runs verify against it."""
     from .toolchain import release_venv
-    have = host.get_fact(FileHashes, directory=target) or {}
-    if HUB_MANIFEST in have:
+    # a stat, not FileHashes: hashing 20 GiB of weights would cost every no-op run a minute
+    if host.get_fact(File, path=f"{target}/{HUB_MANIFEST}"):
         note(f"weights: {safe_name(entry)} present (recorded in {HUB_MANIFEST})")
         return None
     token_env = ""
