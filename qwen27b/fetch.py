@@ -136,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         if "/" in name or name.startswith("."):
             failed.append(f"{name}: refused (not a plain file name)")
             continue
-        print(f"[{number}/{len(files)}] {name}", file=sys.stderr, flush=True)
         try:
+            print(f"[{number}/{len(files)}] {name}", file=sys.stderr, flush=True)
             fetch_one(args.base, name, int(meta["size"]), meta["sha256"], args.dest)
         except OSError as error:
             if error.errno == errno.EPIPE:

@@ -507,7 +507,8 @@ def check(args: argparse.Namespace, now: float | None = None) -> dict:
     failures = next_failures(int(prev.get("consecutive_failures") or 0), code)
     last_restart = prev.get("last_restart")
     unit_state = unit_active_state(args.unit) if code == CRITICAL else None
-    loop = restart_loop(unit_properties(args.unit), args.unit) if code == CRITICAL else None
+    systemd = unit_properties(args.unit) if code == CRITICAL else {}
+    loop = restart_loop(systemd, args.unit) if systemd else None
     if loop:
         findings.append(finding(CRITICAL, loop))
     if unit_state == "activating":
@@ -547,6 +548,7 @@ def check(args: argparse.Namespace, now: float | None = None) -> dict:
         "xids": xids,
         "xid_source": xid_source,
         "unit_state": unit_state,
+        "systemd": systemd or None,  # what the restart-loop sentence was read from
         "consecutive_failures": failures,
         "restart_after": args.restart_after,
         "restart": restart,

@@ -1,0 +1,338 @@
+"""Faults and security on a real systemd host over SSH: what the deploy survives, for real.
+
+The same deployment as test_deploy.py (its fixtures: the CPU smoke profile, the loopback mirror
+with a second revision REV_B of the same files, `pyinfra ... deploy.py -y`). An upgrade to REV_B
+is fetched through a throttled mirror into a small tmpfs on the host, and interrupted three ways
+before it is allowed to finish:
+
+    a second deploy while one runs -> refused by the host lock, naming the holder
+    Ctrl-C of the controller mid-download -> the running release keeps serving, the part is kept
+    the SSH session dropped mid-download -> the re-run takes the stale lock over; same
+    the disk fills mid-download -> "disk full" with the space to free; same
+    space freed, re-run -> resumes with a Range request, verifies, switches, serves REV_B
+
+then: a bad flag crash-loops the service (systemd, the health check and the report say the same
+sentence; rollback restores the previous release), a bounded load (no outage misread, no restart),
+`systemd-analyze security`, the optional firewall rule, and a many-host run with an unreachable
+host (the summary, the exit code, the --limit re-run). Each step asserts what the user sees.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from test_deploy import (API_KEY, GOOD, GOOD_B, PORT, REV_B, artifacts, deploy, lab, latest_report,  # noqa: F401
+                         mirror, show, timer_paused, wait_healthy, health_run)
+
+pytestmark = pytest.mark.e2e
+MODELS = "/var/lib/qwen27b/models"
+UPGRADE = {"qwen27b_stack_overrides": {"model_revision": REV_B}}
+WEIGHTS = "model.safetensors"
+FETCH_OP = "fetch the checkpoint from the mirror"
+WEIGHTS_SIZE = 269060552  # SmolLM2-135M's model.safetensors
+RATE = 4e6  # bytes/s from the mirror during the interrupted fetches: ~67 s for the 269 MB file
+
+
+def summary_line(out: str, host: str) -> str:
+    """The host's row in the run summary at the end of the output."""
+    summary = out.rsplit("--> qwen27b run summary:", 1)[1]
+    rows = [line for line in summary.splitlines() if line.startswith(host + " ")]
+    assert rows, summary
+    return rows[0]
+
+
+def fetching(mirror, ranged: bool = False) -> bool:
+    return any(p.endswith(f"{GOOD_B}/{WEIGHTS}") and (r or "").startswith("bytes=") == ranged and
+               not (r or "").startswith("bytes=0-") for p, r in mirror.handler.requests)
+
+
+def wait_until(condition, proc, what: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, f"the deploy ended before {what}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.3)
+
+
+@contextlib.contextmanager
+def throttled(mirror):
+    mirror.handler.requests.clear()
+    mirror.handler.rate = RATE
+    try:
+        yield
+    finally:
+        mirror.handler.rate = None
+
+
+def part_size(lab) -> int:
+    probe = lab["host"].run(f"stat -c %s {MODELS}/{GOOD_B}/{WEIGHTS}.part", check=False)
+    return int(probe.stdout) if probe.returncode == 0 else 0
+
+
+def no_fetch_left_running(lab, timeout: float = 20) -> bool:
+    """The interrupted fetch on the host ended too (it must not write on behind the re-run's back)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ps = lab["host"].run("ps -eo args=").stdout
+        if not any("qwen27b-fetch" in line and "python3" in line for line in ps.splitlines()):
+            return True
+        time.sleep(1)
+    return False
+
+
+def assert_still_serving(lab, pid: str) -> None:
+    """The running release was not touched: same process, same model, answering."""
+    assert show(lab, "MainPID") == pid
+    assert lab["host"].run(f"readlink {MODELS}/current").stdout.strip().endswith(GOOD)
+    assert httpx.get(f"{lab['base']}/health", timeout=10).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def serving(lab):
+    """Deployed on GOOD (a no-op when test_deploy.py ran first), REV_B's dir a 300 MB tmpfs."""
+    rc, out = deploy(lab)
+    assert rc == 0, out[-4000:]
+    lab["host"].run(f"mkdir -p {MODELS}/{GOOD_B} && mount -t tmpfs -o size=300m,mode=0755 tmpfs {MODELS}/{GOOD_B}")
+    return show(lab, "MainPID")
+
+
+def test_a_second_deploy_is_refused_and_ctrl_c_keeps_the_running_release(lab, mirror, serving):
+    host = lab["host"].name
+    with throttled(mirror):
+        first = deploy(lab, UPGRADE, background=True)
+        first_log = lab["logs"][-1]
+        try:
+            wait_until(lambda: fetching(mirror), first, "weights request")
+            rc, out = deploy(lab, UPGRADE)
+            assert rc != 0
+            assert f"cause: another deploy is running on this host (pid {first.pid} of" in out
+            assert summary_line(out, host).split()[1] == "refused"
+            time.sleep(2)
+            first.send_signal(signal.SIGINT)  # Ctrl-C: the download would be waited for...
+            time.sleep(2)
+            first.send_signal(signal.SIGINT)  # ...Ctrl-C again: stop now
+            assert first.wait(timeout=60) == 130  # pyinfra alone would exit 0, after the download
+        finally:
+            if first.poll() is None:
+                first.kill()
+    out = first_log.read_text()
+    assert (f"interrupted (Ctrl-C): waiting for the running operation ({FETCH_OP}) to end, then stopping; "
+            "Ctrl-C again stops at once") in out and "Ctrl-C again: stopping now (exit 130)" in out
+    row = summary_line(out, host)
+    assert row.split()[1] == "interrupted" and FETCH_OP in row, row
+    assert_still_serving(lab, serving)
+    assert no_fetch_left_running(lab)
+    listing = lab["host"].run(f"ls -la {MODELS}/{GOOD_B}").stdout
+    assert part_size(lab) > 0, f"{listing}\n{mirror.handler.requests}\n{out[-2500:]}"  # kept for the re-run
+    assert f"pid={first.pid} " in lab["host"].run("cat /run/qwen27b/deploy.lock").stdout  # left behind: stale
+
+
+def _kill_the_fetch_ssh_session(lab) -> None:
+    """Cut the SSH connection that runs qwen27b-fetch (kill its sshd session process, by PID)."""
+    table = lab["host"].run("ps -eo pid=,ppid=,args=").stdout.splitlines()
+    procs = {int(p): (int(pp), args) for p, pp, args in (line.split(None, 2) for line in table if line.strip())}
+    fetch = [pid for pid, (_, args) in procs.items() if "qwen27b-fetch" in args and "python3" in args]
+    assert fetch, "qwen27b-fetch is not running"
+    pid = fetch[0]
+    while not procs[pid][1].startswith("sshd:"):
+        pid = procs[pid][0]
+        assert pid in procs, "no sshd above qwen27b-fetch"
+    lab["host"].run(f"kill -9 {pid}")
+
+
+def test_ssh_drop_mid_download_fails_clearly_and_the_rerun_took_the_stale_lock_over(lab, mirror, serving):
+    host = lab["host"].name
+    before = part_size(lab)
+    with throttled(mirror):
+        proc = deploy(lab, UPGRADE, background=True)
+        wait_until(lambda: fetching(mirror, ranged=True), proc, "resumed weights request")
+        time.sleep(2)
+        _kill_the_fetch_ssh_session(lab)
+        assert proc.wait(timeout=180) != 0
+    out = lab["logs"][-1].read_text()
+    # the orphaned fetch may finish the file it is writing (then verified and renamed) before its
+    # next write to the dead session fails; it never writes beside a re-run (qwen27b-fetch's lock)
+    assert no_fetch_left_running(lab, timeout=120)
+    assert "is gone (interrupted?): taking its lock over" in out
+    row = summary_line(out, host)
+    assert row.split()[1] == "failed" and FETCH_OP in row, row
+    assert f"--limit {host}" in out
+    assert_still_serving(lab, serving)
+    done = lab["host"].run(f"stat -c %s {MODELS}/{GOOD_B}/{WEIGHTS}", check=False).stdout.strip()
+    assert part_size(lab) > before or done == str(WEIGHTS_SIZE)  # resumed: kept, or finished whole
+
+
+def test_disk_full_mid_download_says_what_to_free_and_keeps_the_part(lab, mirror, serving):
+    host = lab["host"].name
+    if not part_size(lab):  # the orphan of the SSH drop finished the file: make it a part again
+        path = f"{MODELS}/{GOOD_B}/{WEIGHTS}"
+        lab["host"].run(f"mv {path} {path}.part && truncate -s 100M {path}.part")
+    with throttled(mirror):
+        proc = deploy(lab, UPGRADE, background=True)
+        wait_until(lambda: fetching(mirror, ranged=True), proc, "resumed weights request")
+        lab["host"].run(f"dd if=/dev/zero of={MODELS}/{GOOD_B}/.filler bs=1M 2>/dev/null; true")  # another writer
+        assert proc.wait(timeout=180) != 0
+    out = lab["logs"][-1].read_text()
+    assert f"disk full in {MODELS}/{GOOD_B} while writing {WEIGHTS}" in out, out[-3000:]
+    assert "then re-run; the transfer resumes where it stopped" in out
+    row = summary_line(out, host)
+    assert row.split()[1] == "failed" and FETCH_OP in row, row
+    assert_still_serving(lab, serving)
+    assert part_size(lab) > 0
+
+
+def test_after_freeing_space_the_rerun_resumes_verifies_and_switches(lab, mirror, serving):
+    host = lab["host"]
+    host.run(f"rm -f {MODELS}/{GOOD_B}/.filler")
+    kept = part_size(lab)
+    mirror.handler.requests.clear()
+    rc, out = deploy(lab, UPGRADE)
+    assert rc == 0, out[-4000:]
+    assert (f"/{GOOD_B}/{WEIGHTS}", f"bytes={kept}-") in [(p[p.index("/" + GOOD_B):], r)
+                                                         for p, r in mirror.handler.requests if GOOD_B in p]
+    assert latest_report(lab)["status"] == "ok"
+    assert host.run(f"readlink {MODELS}/current").stdout.strip().endswith(GOOD_B)
+    assert host.run(f"ls -A {MODELS}/{GOOD_B} | grep -c '\\.part$'", check=False).stdout.strip() == "0"
+    assert host.run("test -e /run/qwen27b/deploy.lock", check=False).returncode == 1  # released at the end
+    rc, out = deploy(lab, UPGRADE)
+    assert rc == 0 and re.search(r"planned, 0 would change the host", out), out[-3000:]
+
+
+def test_a_crash_loop_is_named_alike_by_systemd_health_and_report_and_rolled_back(lab):
+    """A bad flag (and, after the upgrade above, a model switch back to GOOD): the service exits at
+    start-up, again and again."""
+    before = lab["host"].run(f"readlink {MODELS}/current").stdout.strip()
+    rc, out = deploy(lab, {"qwen27b_serve_flags": {"--dtype": "float7"}})
+    assert rc != 0
+    report = latest_report(lab)
+    assert report["status"] == "rolled back", report["reason"]
+    sentences = [f["text"] for f in report["health"]["findings"] if "is not serving: " in f["text"]]
+    assert sentences and report["reason"] == f"rolled back: {sentences[0]}"  # the report quotes the health check
+    systemd = report["health"]["systemd"]  # `systemctl show` as the health check read it
+    assert f"Result={systemd['Result']}" in sentences[0] or systemd["Result"] == "start-limit-hit"
+    counted = re.search(r"restarted it (\d+) times|after (\d+) automatic restart", sentences[0])
+    restarts = int(counted.group(1) or counted.group(2))
+    assert restarts >= 2 and restarts == int(systemd["NRestarts"])
+    assert int(report["unit"]["NRestarts"]) >= 2  # verify's own read, just before
+    assert "crash loop" in sentences[0] or "start limit hit" in sentences[0]
+    assert report["journal"] and report["ttft_s"] > 0  # the previous release answered after the rollback
+    host = lab["host"]
+    assert "float7" not in host.run("systemctl show -p ExecStart --value qwen27b.service").stdout
+    assert host.run(f"readlink {MODELS}/current").stdout.strip() == before
+    wait_healthy(lab["base"])
+
+
+def _stream(base: str, stop: float) -> tuple[int, int]:
+    done = errors = 0
+    body = {"model": "smollm2-135m", "messages": [{"role": "user", "content": "Count to twenty."}],
+            "max_tokens": 48, "stream": True}
+    with httpx.Client(timeout=120, headers={"Authorization": f"Bearer {API_KEY}"}) as client:
+        while time.monotonic() < stop:
+            try:
+                with client.stream("POST", f"{base}/v1/chat/completions", json=body) as response:
+                    for _ in response.iter_lines():
+                        pass
+                done, errors = done + (response.status_code == 200), errors + (response.status_code != 200)
+            except httpx.HTTPError:
+                errors += 1
+    return done, errors
+
+
+def test_under_bounded_load_health_checks_see_no_outage_and_nothing_restarts(lab):
+    """16 concurrent streams for 60 s from the controller, health checks run meanwhile."""
+    pid, restarts = show(lab, "MainPID"), show(lab, "NRestarts")
+    stop = time.monotonic() + 60
+    with timer_paused(lab), ThreadPoolExecutor(16) as pool:
+        loads = [pool.submit(_stream, lab["base"], stop) for _ in range(16)]
+        time.sleep(10)
+        checks = []
+        while time.monotonic() < stop - 5:
+            checks.append(health_run(lab))
+            time.sleep(5)
+        results = [f.result() for f in loads]
+    done, errors = sum(r[0] for r in results), sum(r[1] for r in results)
+    assert done > 16 and errors == 0, (done, errors)
+    assert len(checks) >= 3 and all(c["code"] < 2 for c in checks), [c["findings"] for c in checks]
+    assert (show(lab, "MainPID"), show(lab, "NRestarts")) == (pid, restarts)
+    lab["measured_load"] = {"requests": done, "health_latency_ms": [c["latency_ms"] for c in checks]}
+    print(f"\nload: {done} streamed requests in 60 s at 16 concurrent, 0 errors; /health latency during it "
+          f"{[round(c['latency_ms']) for c in checks]} ms; no restart")
+
+
+def test_systemd_analyze_security_score(lab):
+    out = lab["host"].run("systemd-analyze security --no-pager qwen27b.service").stdout
+    match = re.search(r"Overall exposure level for qwen27b\.service: (\d+\.\d+) (\w+)", out)
+    assert match, out[-2000:]
+    score, label = float(match.group(1)), match.group(2)
+    print(f"\nsystemd-analyze security qwen27b.service: {score} {label}")
+    assert label in ("SAFE", "OK") and score <= 4.0, out[-3000:]
+
+
+def _curl_health(lab, source: str | None = None) -> str:
+    bind = ["--interface", source] if source else []
+    result = subprocess.run(["curl", "-s", "-o", "/dev/null", "-m", "5", "-w", "%{http_code}", *bind,
+                             f"{lab['base']}/health"], capture_output=True, text=True)
+    return result.stdout.strip() or f"curl exit {result.returncode}"
+
+
+def test_firewall_rule_limits_the_port_to_the_lab_networks(lab):
+    host = lab["host"]
+    subnet = host.address.rsplit(".", 1)[0]
+    controller, stranger = f"{subnet}.1", f"{subnet}.3"
+    link = subprocess.run(["ip", "-o", "-4", "addr", "show", "to", f"{controller}/32"], capture_output=True,
+                          text=True, check=True).stdout.split()[1]
+    subprocess.run(["ip", "addr", "add", f"{stranger}/24", "dev", link], check=True)
+    try:
+        pid = show(lab, "MainPID")
+        rc, out = deploy(lab, {**UPGRADE, "qwen27b_firewall_allow": [f"{controller}/32"]})
+        assert rc == 0, out[-4000:]
+        assert f"firewall: port {PORT}/tcp only from {controller}/32 and the host itself" in out
+        assert _curl_health(lab) == "200"
+        assert _curl_health(lab, stranger) == "000"  # reset: curl gives no HTTP code
+        assert show(lab, "MainPID") == pid  # a firewall change does not restart vLLM
+        assert health_run(lab)["code"] == 0  # the host's own health check still gets through
+        rc, out = deploy(lab, {**UPGRADE, "qwen27b_firewall_allow": [f"{controller}/32"]})
+        assert rc == 0 and re.search(r"planned, 0 would change the host", out), out[-3000:]
+        rc, out = deploy(lab, UPGRADE)  # key removed: the rule goes
+        assert rc == 0, out[-4000:]
+        assert _curl_health(lab, stranger) == "200"
+        assert host.run("nft list table inet qwen27b", check=False).returncode != 0
+    finally:
+        subprocess.run(["ip", "addr", "del", f"{stranger}/24", "dev", link], check=False)
+
+
+def test_many_hosts_one_unreachable_the_others_finish_and_limit_reruns_only_it(lab):
+    inventory = lab["work"] / "many.py"
+    inventory.write_text(
+        "import runpy\n"
+        f"lab = runpy.run_path({str(lab['inventory'])!r})['lab']\n"
+        "name, data = lab[0]\n"
+        f"lab.append((name + '-unreachable', {{**data, 'ssh_port': 1, 'qwen27b_port': {PORT + 1}}}))\n")
+    host = lab["host"].name
+    bad = f"{host}-unreachable"
+    rc, out = deploy(lab, UPGRADE, argv=[str(inventory), "deploy.py", "-y"])
+    assert rc != 0
+    assert "--> qwen27b run summary: 1 of 2 host(s) ok" in out, out[-3000:]
+    assert summary_line(out, host).split()[1] == "ok"
+    assert summary_line(out, bad).split()[1] == "unreachable"
+    rerun = out.split("re-run only the failed host(s), after fixing the cause:\n", 1)[1].splitlines()[0].strip()
+    assert rerun == f"pyinfra {shlex.quote(str(inventory))} deploy.py -y --limit {bad}"
+    rc, out = deploy(lab, UPGRADE, argv=shlex.split(rerun)[1:])
+    assert rc != 0 and f"[{bad}]" in out and f"[{host}]" not in out, out[-3000:]  # only the failed one was tried
+
+
+def test_api_key_never_leaked_through_all_these_faults(lab):
+    """Every deploy log of this session (refusals, interrupted runs, rollbacks), the journal, reports."""
+    import test_deploy
+
+    test_deploy.test_api_key_guards_v1_and_never_leaks(lab)
