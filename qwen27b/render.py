@@ -154,6 +154,11 @@ def contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
 
 
 FIREWALL_UNIT = "qwen27b-firewall.service"
+# Stop first (blocking, TimeoutStopSec bounds it): a unit caught in a crash loop would otherwise
+# still show its old auto-restart state to the readiness wait; then start without waiting for the
+# weights to load (the verify role waits, with progress).
+RESTART_COMMAND = (f"systemctl stop {SERVICE_UNIT}; systemctl reset-failed {SERVICE_UNIT}; "
+                   f"systemctl start --no-block {SERVICE_UNIT}")
 
 
 def firewall_contexts(decision: Decision) -> dict[str, dict]:

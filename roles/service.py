@@ -18,7 +18,7 @@ from pyinfra.operations import files, server, systemd
 from qwen27b.gate import Decision
 from qwen27b.host_facts import SymlinkTarget
 from qwen27b.operations import symlink_switch
-from qwen27b.render import HEALTH_TIMER, HEALTH_UNIT, SERVICE_UNIT, layout, render_all
+from qwen27b.render import HEALTH_TIMER, HEALTH_UNIT, RESTART_COMMAND, SERVICE_UNIT, layout, render_all
 
 from ._common import ROLLBACK_DIR, api_key, remember_previous, restart_needed
 from .toolchain import release_dir
@@ -70,7 +70,7 @@ def service(decision: Decision) -> None:
     serving = [written[0], written[1]] + written[4:]  # env, main unit, API key: the health units never restart vLLM
     if any(op.will_change for op in serving) or release.will_change or restart_needed():
         server.shell(name=f"restart {SERVICE_UNIT} (config, release or weights changed)",
-                     commands=[f"systemctl reset-failed {SERVICE_UNIT}; systemctl restart --no-block {SERVICE_UNIT}"])
+                     commands=[RESTART_COMMAND])
     else:
         systemd.service(name=f"{SERVICE_UNIT} running", service=SERVICE_UNIT, running=True)
     systemd.service(name=f"{HEALTH_TIMER} enabled and running", service=HEALTH_TIMER, running=True, enabled=True)

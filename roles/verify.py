@@ -21,7 +21,7 @@ from pyinfra.operations import python
 from qwen27b import runsummary
 from qwen27b import verify as V
 from qwen27b.gate import Decision
-from qwen27b.render import HEALTH_UNIT, SERVICE_UNIT, layout
+from qwen27b.render import HEALTH_UNIT, RESTART_COMMAND, SERVICE_UNIT, layout
 
 from ._common import ROLLBACK_DIR, api_key, note, previous_links
 
@@ -58,7 +58,7 @@ def _rollback_commands(previous: list[tuple[str, str]]) -> list[str]:
             commands.append("systemctl daemon-reload")
         else:
             commands.append(f"ln -sfn {target} {link}.new && mv -Tf {link}.new {link}")
-    return commands + [f"systemctl reset-failed {SERVICE_UNIT}; systemctl restart --no-block {SERVICE_UNIT}"]
+    return commands + [RESTART_COMMAND]
 
 
 def _serving(decision: Decision, result: V.HostResult, key: str | None, say, unit_state) -> None:
