@@ -779,6 +779,8 @@ class NspawnHosts:
             "systemd-nspawn", "-D", root, "-b", "--register=no", "--keep-unit",
             "--console=pipe", f"--network-namespace-path=/run/netns/{h['netns']}", "-M", name,
             "--resolv-conf=off", "--link-journal=no",
+            # the host's own network namespace: let it manage its firewall (the firewall role's nft)
+            "--capability=CAP_NET_ADMIN",
         ])
         script = f"""#!/bin/sh
 # qwen27b test host supervisor for {name}: restarts nspawn when the container reboots (133)

@@ -116,6 +116,10 @@ def test_firewall_rule_allows_the_listed_networks_and_the_host_and_resets_the_re
     assert rule.rstrip().splitlines()[-3].strip() == f"tcp dport {port} reject with tcp reset"
     unit = render("qwen27b-firewall.service.j2", context)
     assert "Before=qwen27b.service" in unit and f"ExecStart=/usr/sbin/nft -f {context['rules_file']}" in unit
+    if shutil.which("nft"):  # syntax check without loading (./run installs nftables)
+        (tmp_path / "firewall.nft").write_text(rule)
+        check = subprocess.run(["nft", "-c", "-f", str(tmp_path / "firewall.nft")], capture_output=True, text=True)
+        assert check.returncode == 0, check.stderr
     if shutil.which("systemd-analyze") and os.path.exists("/usr/sbin/nft"):
         (tmp_path / "qwen27b-firewall.service").write_text(unit)
         result = subprocess.run(["systemd-analyze", "verify", "--man=no", str(tmp_path / "qwen27b-firewall.service")],
