@@ -75,9 +75,6 @@ def fetch_one(base: str, name: str, size: int, sha256: str, dest: str) -> None:
             if done < size:  # the server went away mid-file (a seed stopped, a mirror restarted)
                 raise OSError(f"the connection ended after {done:,} of {size:,} bytes; "
                               "the part file is kept: a re-run resumes it")
-    if os.path.getsize(part) < size:  # the transfer ended early: keep what arrived for the resume
-        raise ConnectionError(f"{name}: the transfer ended at {os.path.getsize(part)} of {size} bytes; "
-                              "the part file is kept, a re-run resumes it")
     got = sha256_of(part)
     if got != sha256:
         os.remove(part)  # a corrupt part must not be resumed
