@@ -25,15 +25,18 @@ class Outcome:
         return self.status not in OK_STATUSES
 
 
-def _failed_operation(state, host) -> tuple[str, str] | None:
-    """(operation name, last lines of its output) of the operation that failed on this host."""
+def _operations(state, host):
+    """(operation name, its OperationMeta) for each operation queued for this host, in run order."""
     for op_hash in state.get_op_order():
         data = state.ops.get(host, {}).get(op_hash)
-        if data is None:
-            continue
-        meta = data.operation_meta
+        if data is not None:
+            yield ", ".join(sorted(state.op_meta[op_hash].names)), data.operation_meta
+
+
+def _failed_operation(state, host) -> tuple[str, str] | None:
+    """(operation name, last lines of its output) of the operation that failed on this host."""
+    for name, meta in _operations(state, host):
         if meta.is_complete() and not meta.did_succeed():
-            name = ", ".join(sorted(state.op_meta[op_hash].names))
             output = getattr(meta, "_combined_output", None)  # pyinfra's CommandOutput of OutputLine
             lines = [getattr(item, "line", str(item)) for item in (output or [])]
             return name, " ".join(str(line).strip() for line in lines[-3:])[-300:]
@@ -43,11 +46,7 @@ def _failed_operation(state, host) -> tuple[str, str] | None:
 def unfinished_operation(state, host) -> str | None:
     """The first operation not yet complete on this host: the one running when Ctrl-C came (read
     it in the signal handler: pyinfra may report that operation "Success" while it disconnects)."""
-    for op_hash in state.get_op_order():
-        data = state.ops.get(host, {}).get(op_hash)
-        if data is not None and not data.operation_meta.is_complete():
-            return ", ".join(sorted(state.op_meta[op_hash].names))
-    return None
+    return next((name for name, meta in _operations(state, host) if not meta.is_complete()), None)
 
 
 def outcomes(state, refused: dict[str, str], verified: dict[str, tuple[str, str]],
@@ -76,7 +75,7 @@ def outcomes(state, refused: dict[str, str], verified: dict[str, tuple[str, str]
             out.append(Outcome(name, "interrupted",
                                f"Ctrl-C during '{interrupted[name]}': re-run to finish (done work is kept)"))
         else:
-            ran = any(data.operation_meta.is_complete() for data in state.ops.get(host, {}).values())
+            ran = any(meta.is_complete() for _, meta in _operations(state, host))
             out.append(Outcome(name, "ok" if ran else "planned"))
     return out
 

@@ -48,17 +48,14 @@ def inventory_settings() -> dict[str, Settings]:
             _validated[key] = validate_inventory(hosts)
         except BadHostData as error:
             raise BadInventory(f"bad inventory data, no host was touched: {error}") from None
-        _run_state.append(ctx_state.get())
-        _argv.append(list(sys.argv))
-        atexit.register(_finish_run, _run_state[0], _argv[0])
+        _run.update(state=ctx_state.get(), argv=list(sys.argv))
+        atexit.register(_finish_run)
         signal.signal(signal.SIGINT, _interrupted)
     return _validated[key]
 
 
 _interrupted_at: dict[str, str] = {}  # host -> the operation Ctrl-C stopped
-_run_state: list = []  # pyinfra's State of this run (the context object is not set at exit)
-_argv: list = []
-_finished: list = []
+_run: dict = {}  # pyinfra's State of this run (the context object is not set at exit) and argv
 
 
 def _interrupted(signum, frame) -> None:
@@ -66,10 +63,10 @@ def _interrupted(signum, frame) -> None:
     (a weight download can take an hour): the first Ctrl-C says so and exits 130 that way; a second
     one stops at once (the SSH sessions close, the host keeps what is done, e.g. a download's part
     file). An interrupted deploy must never look like a success."""
-    run_state = _run_state[0]
+    run_state = _run["state"]
     if _interrupted_at:
         click.echo("\n--> Ctrl-C again: stopping now (exit 130)", err=True)
-        _finish_run(run_state, _argv[0])
+        _finish_run()  # os._exit skips atexit: the summary is printed here instead
         sys.stderr.flush()
         os._exit(130)
     for each in run_state.inventory:
@@ -81,18 +78,15 @@ def _interrupted(signum, frame) -> None:
     sys.exit(130)
 
 
-def _finish_run(run_state, argv: list[str]) -> None:
+def _finish_run() -> None:
     from .verify import finish_run, verified
 
-    if _finished:
-        return
-    _finished.append(True)
     try:
-        results = runsummary.outcomes(run_state, _refused, verified(), interrupted=_interrupted_at)
+        results = runsummary.outcomes(_run["state"], _refused, verified(), interrupted=_interrupted_at)
     except Exception as error:  # noqa: BLE001 (the summary must never hide the run's own output)
         click.echo(f"qwen27b: no run summary ({type(error).__name__}: {error}); the output above has each host", err=True)
         results = []
-    finish_run(results, argv)
+    finish_run(results, _run["argv"])
 
 
 def _refuse(refused: RefusedHost) -> None:
