@@ -385,17 +385,6 @@ def read_xids(since: float) -> tuple[list[dict] | None, str | None]:
         return None, source
 
 
-def unit_active_state(unit: str) -> str | None:
-    try:
-        p = subprocess.run(["systemctl", "show", "-p", "ActiveState", "--value", unit],
-                           capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if p.returncode != 0:
-        return None  # no systemd (containers) or no such unit: unknown, never "activating"
-    return p.stdout.strip() or None
-
-
 UNIT_PROPERTIES = ("ActiveState", "SubState", "Result", "NRestarts", "StartLimitBurst")
 FAILED_RESULTS = ("exit-code", "signal", "core-dump", "timeout", "start-limit-hit", "watchdog", "oom-kill")
 
@@ -506,8 +495,8 @@ def check(args: argparse.Namespace, now: float | None = None) -> dict:
 
     failures = next_failures(int(prev.get("consecutive_failures") or 0), code)
     last_restart = prev.get("last_restart")
-    unit_state = unit_active_state(args.unit) if code == CRITICAL else None
-    systemd = unit_properties(args.unit) if code == CRITICAL else {}
+    systemd = unit_properties(args.unit) if code == CRITICAL else {}  # {}: no systemd or no such unit
+    unit_state = systemd.get("ActiveState") or None  # unknown is never "activating"
     loop = restart_loop(systemd, args.unit) if systemd else None
     if loop:
         findings.append(finding(CRITICAL, loop))

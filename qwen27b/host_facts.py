@@ -15,6 +15,7 @@ import shlex
 from pyinfra.api.facts import FactBase
 
 from qwen27b.facts import FactParseError
+from qwen27b.hostlock import LOCK_FILE
 
 _SHA256_LINE = re.compile(r"^(?P<escaped>\\?)(?P<hash>[0-9a-f]{64}) [ *]\./(?P<name>.+)$")
 _SHA256_UNESCAPE = {"\\\\": "\\", "\\n": "\n", "\\r": "\r"}
@@ -177,7 +178,7 @@ class DeployLock(FactBase):
 
     fake_match = re.compile(r"^cat .+ 2>/dev/null \|\| true$")
 
-    def command(self, path: str = "/run/qwen27b/deploy.lock") -> str:
+    def command(self, path: str = LOCK_FILE) -> str:
         return f"cat {shlex.quote(path)} 2>/dev/null || true"
 
     @staticmethod

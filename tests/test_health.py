@@ -281,10 +281,10 @@ def test_wrapper_script_shape():
 
 @pytest.fixture(scope="module")
 def fakebin(tmp_path_factory):
-    """systemctl / journalctl stand-ins: record argv, answer `show` with $FAKE_STATE, print $FAKE_KERNEL."""
+    """systemctl / journalctl stand-ins: record argv, answer `show` with ActiveState=$FAKE_STATE, print $FAKE_KERNEL."""
     d = tmp_path_factory.mktemp("fakebin")
     (d / "systemctl").write_text('#!/bin/sh\necho "$*" >> "$FAKE_CALLS"\n'
-                                 'case "$1" in show) echo "${FAKE_STATE:-active}";; esac\n'
+                                 'case "$1" in show) echo "ActiveState=${FAKE_STATE:-active}";; esac\n'
                                  'exit "${FAKE_SYSTEMCTL_RC:-0}"\n')
     (d / "journalctl").write_text('#!/bin/sh\necho "$*" >> "$FAKE_CALLS"\n'
                                   '[ -n "$FAKE_KERNEL" ] && cat "$FAKE_KERNEL"\nexit 0\n')
