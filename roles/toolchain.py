@@ -14,6 +14,7 @@ from pyinfra.operations import apt, files, server
 
 from qwen27b.artifacts import uv_binary
 from qwen27b.gate import Decision
+from qwen27b.host_facts import ServiceUser
 
 from ._common import note
 
@@ -74,12 +75,24 @@ def _python(decision: Decision) -> str:
     return f"{env} {uv} venv --managed-python --seed --python {py['version']}"
 
 
+def _service_user(user: str, home: str) -> None:
+    """The system user the service runs as, with no login. pyinfra's server.user reads every
+    account (its `Users` fact: ~0.7 s a read, twice a run), so it runs only when one cheap
+    `getent` shows the user missing or different."""
+    want = {"home": home, "shell": "/usr/sbin/nologin", "group": user}
+    have = host.get_fact(ServiceUser, user=user)
+    if have and have["uid"] < 1000 and all(have[key] == value for key, value in want.items()):
+        note(f"toolchain: service user {user} exists (system uid {have['uid']}, no login, home {home})")
+        return
+    server.group(name=f"group {user}", group=user, system=True)
+    server.user(name=f"service user {user} (system, no login)", user=user, group=user, system=True,
+                home=home, shell=want["shell"], create_home=False)
+
+
 def toolchain(decision: Decision) -> None:
     paths, user = decision.stack.paths, decision.stack.paths["service_user"]
     apt_install("base packages", _packages(decision))
-    server.group(name=f"group {user}", group=user, system=True)
-    server.user(name=f"service user {user} (system, no login)", user=user, group=user, system=True,
-                home=paths["state"], shell="/usr/sbin/nologin", create_home=False)
+    _service_user(user, paths["state"])
     for path, owner, group, mode in _directories(decision):
         files.directory(name=f"dir {path}", path=path, user=owner, group=group, mode=mode)
     make_venv = _python(decision)

@@ -169,7 +169,7 @@ def dry_run(tmp_path, mirror_url: str, fanout: str, holder_lines: list[str] | No
         f"    name, data = _fake('v100x4-2204-fresh', ssh_hostname=f'10.9.0.{{n}}', qwen27b_model_source='mirror',\n"
         f"                       qwen27b_model_mirror={mirror_url!r}, qwen27b_weights_fanout={fanout!r})\n"
         f"    if n == 3 and {holder_lines!r}:\n"
-        f"        data['fake_responses'] = {{re.compile(r'cd -- /var/lib/qwen27b/models/nvidia--Qwen3\\.8-27B-NVFP4@main 2>'):\n"
+        f"        data['fake_responses'] = {{re.compile(r' /var/lib/qwen27b/models/nvidia--Qwen3\\.8-27B-NVFP4@main \\.qwen27b-hashes\\.json$'):\n"
         f"                                  {holder_lines!r}, **data['fake_responses']}}\n"
         "    hosts.append((f'@fake/fan-{n}', data))\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYINFRA", "QWEN27B"))}

@@ -4,8 +4,13 @@ One generated TestCase per fact; one test per tests/host_facts/<FactClassName>/<
 the keys `arg`, `command`, `output` and `fact`.
 """
 
+import hashlib
 import json
+import os
+import shlex
 import string
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +22,9 @@ from qwen27b.facts import FactParseError
 from qwen27b.host_facts import (
     ALL_HOST_FACTS,
     DeployLock,
+    HASH_CACHE,
     FileHashes,
+    ServiceUser,
     Subdirectories,
     SymlinkTarget,
     VenvPackages,
@@ -68,6 +75,8 @@ def _valid_shape(fact, data) -> bool:
         return data is None or (isinstance(data, str) and data != "" and "\n" not in data)
     if fact is DeployLock:  # any one line is a holder (hostlock.parse names even an unreadable one)
         return data is None or (isinstance(data, str) and data.strip() and "\n" not in data)
+    if fact is ServiceUser:
+        return data is None or (set(data) == {"uid", "home", "shell", "group"} and isinstance(data["uid"], int))
     if fact is Subdirectories:
         return isinstance(data, list) and all(
             isinstance(n, str) and n and "/" not in n and "\n" not in n and n not in (".", "..") for n in data)
@@ -136,3 +145,46 @@ def test_fake_match_matches_only_its_own_fact(fact, arg):
     for other in ALL_HOST_FACTS + ALL_FACTS:
         if other is not fact:
             assert not other.fake_match.search(command), other.__name__
+
+
+def _run_fact(command: str) -> list[str]:
+    result = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    return result.stdout.splitlines()
+
+
+def test_file_hashes_runs_for_real_and_agrees_with_sha256sum(tmp_path):
+    """The command as a host runs it (sh + python3), on awkward names, against GNU sha256sum."""
+    for name, body in (("model.safetensors", b"w" * 3_000_000), ("we ird", b"a"), ("new\nline", b"b"),
+                       ("back\\slash", b"c"), (".hidden", b"d")):
+        (tmp_path / name).write_bytes(body)
+    (tmp_path / "link").symlink_to(tmp_path / "we ird")
+    (tmp_path / "sub").mkdir()
+    ours = FileHashes().process(_run_fact(FileHashes().command(str(tmp_path))))
+    theirs = FileHashes().process(_run_fact(
+        f"cd {shlex.quote(str(tmp_path))} && find . -maxdepth 1 -type f ! -name '.*' -print0 | xargs -0 -r sha256sum"))
+    assert ours == theirs and set(ours) == {"model.safetensors", "we ird", "new\nline", "back\\slash"}
+    assert FileHashes().process(_run_fact(FileHashes().command(str(tmp_path / "missing")))) == {}
+
+
+def test_file_hashes_reuses_a_hash_only_while_the_file_is_unchanged(tmp_path):
+    """The stat cache: a file older than 2 s is cached; the cached hash is used while size, mtime,
+    ctime and inode match (proved by planting a wrong one), and any write re-hashes it."""
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"v1")
+    command = FileHashes().command(str(tmp_path))
+    FileHashes().process(_run_fact(command))
+    assert not (tmp_path / HASH_CACHE).exists()  # changed in the last 2 s: not cached yet
+    past = time.time() - 60
+    os.utime(weights, (past, past))
+    time.sleep(2.1)  # ctime (set by utime itself) must age too
+    first = FileHashes().process(_run_fact(command))
+    cache = json.loads((tmp_path / HASH_CACHE).read_text())
+    assert cache["model.safetensors"][4] == first["model.safetensors"] == hashlib.sha256(b"v1").hexdigest()
+    cache["model.safetensors"][4] = "0" * 64  # a planted hash is believed while the stat matches
+    (tmp_path / HASH_CACHE).write_text(json.dumps(cache))
+    assert FileHashes().process(_run_fact(command))["model.safetensors"] == "0" * 64
+    weights.write_bytes(b"v2")  # same size; new mtime and ctime
+    os.utime(weights, (past, past))  # even with the old mtime put back, ctime moved
+    assert FileHashes().process(_run_fact(command))["model.safetensors"] == hashlib.sha256(b"v2").hexdigest()
+    (tmp_path / HASH_CACHE).write_text("not json")
+    assert FileHashes().process(_run_fact(command))["model.safetensors"] == hashlib.sha256(b"v2").hexdigest()

@@ -103,8 +103,8 @@ def latest_report(lab) -> dict:
     return json.loads((lab["work"] / "reports" / "latest.json").read_text())["hosts"][0]
 
 
-def show(lab, prop: str) -> str:
-    return lab["host"].run(f"systemctl show -p {prop} --value qwen27b.service").stdout.strip()
+def show(lab, prop: str, unit: str = "qwen27b.service") -> str:
+    return lab["host"].run(f"systemctl show -p {prop} --value {unit}").stdout.strip()
 
 
 def wait_healthy(base: str, timeout: float = 300) -> None:

@@ -232,12 +232,12 @@ def test_a_crash_loop_is_named_alike_by_systemd_health_and_report_and_rolled_bac
     wait_healthy(lab["base"])
 
 
-def _stream(base: str, stop: float) -> tuple[int, int]:
+def _stream(base: str, stop: threading.Event, deadline: float) -> tuple[int, int]:
     done = errors = 0
     body = {"model": "smollm2-135m", "messages": [{"role": "user", "content": "Count to twenty."}],
             "max_tokens": 48, "stream": True}
     with httpx.Client(timeout=120, headers={"Authorization": f"Bearer {API_KEY}"}) as client:
-        while time.monotonic() < stop:
+        while not stop.is_set() and time.monotonic() < deadline:
             try:
                 with client.stream("POST", f"{base}/v1/chat/completions", json=body) as response:
                     for _ in response.iter_lines():
@@ -249,24 +249,37 @@ def _stream(base: str, stop: float) -> tuple[int, int]:
 
 
 def test_under_bounded_load_health_checks_see_no_outage_and_nothing_restarts(lab, serving):
-    """16 concurrent streams for 60 s from the controller, health checks run meanwhile."""
+    """16 concurrent streams from the controller for at least 60 s and until three health checks have
+    run (bounded: 240 s). Each check runs as its timer runs it; on a CPU host the streams take every
+    core, so a check may start slowly: what counts is its verdict and that its unit never timed out."""
     pid, restarts = show(lab, "MainPID"), show(lab, "NRestarts")
-    stop = time.monotonic() + 60
+    started, stop, checks = time.monotonic(), threading.Event(), []
     with timer_paused(lab), ThreadPoolExecutor(16) as pool:
-        loads = [pool.submit(_stream, lab["base"], stop) for _ in range(16)]
-        time.sleep(10)
-        checks = []
-        while time.monotonic() < stop - 5:
-            checks.append(health_run(lab))
-            time.sleep(5)
+        loads = [pool.submit(_stream, lab["base"], stop, started + 240) for _ in range(16)]
+        try:
+            time.sleep(10)
+            while (len(checks) < 3 or time.monotonic() < started + 60) and time.monotonic() < started + 240:
+                began = time.monotonic()
+                checks.append({**health_run(lab), "wall_s": time.monotonic() - began,
+                               "result": show(lab, "Result", "qwen27b-health.service")})
+                time.sleep(5)
+        finally:
+            stop.set()
         results = [f.result() for f in loads]
+    seconds = time.monotonic() - started
     done, errors = sum(r[0] for r in results), sum(r[1] for r in results)
     assert done > 16 and errors == 0, (done, errors)
-    assert len(checks) >= 3 and all(c["code"] < 2 for c in checks), [c["findings"] for c in checks]
+    assert len(checks) >= 3, f"{len(checks)} health checks in {seconds:.0f} s: {[c['wall_s'] for c in checks]}"
+    assert all(c["code"] < 2 and c["result"] == "success" for c in checks), \
+        [(c["result"], c["findings"]) for c in checks]
+    assert len({c["time"] for c in checks}) == len(checks)  # each a fresh run, not a stale status file
     assert (show(lab, "MainPID"), show(lab, "NRestarts")) == (pid, restarts)
-    lab["measured_load"] = {"requests": done, "health_latency_ms": [c["latency_ms"] for c in checks]}
-    print(f"\nload: {done} streamed requests in 60 s at 16 concurrent, 0 errors; /health latency during it "
-          f"{[round(c['latency_ms']) for c in checks]} ms; no restart")
+    lab["measured_load"] = {"requests": done, "seconds": seconds,
+                            "health_latency_ms": [c["latency_ms"] for c in checks],
+                            "health_run_s": [c["wall_s"] for c in checks]}
+    print(f"\nload: {done} streamed requests in {seconds:.0f} s at 16 concurrent, 0 errors; /health latency "
+          f"during it {[round(c['latency_ms']) for c in checks]} ms; each health check run took "
+          f"{[round(c['wall_s'], 1) for c in checks]} s; no restart")
 
 
 def test_systemd_analyze_security_score(lab, serving):
