@@ -51,14 +51,18 @@ def service(decision: Decision) -> None:
             f"rm -rf {ROLLBACK_DIR} && mkdir -p {ROLLBACK_DIR} && "
             f"for f in {' '.join(serving_files)}; do cp -a $f {ROLLBACK_DIR}/; done"])
         remember_previous(ROLLBACK_DIR, ";".join(serving_files))
+    # create_remote_dir=False: /etc/systemd/system is systemd's and the config dir the toolchain
+    # role's; pyinfra's own check of the parent dir cost two remote commands per file per run
     written = [
-        files.put(name=f"render {dest}", src=StringIO(rendered[template]), dest=dest, user="root", group="root", mode="0644")
+        files.put(name=f"render {dest}", src=StringIO(rendered[template]), dest=dest, user="root", group="root",
+                  mode="0644", create_remote_dir=False)
         for template, dest in targets
     ]
     if decision.settings.api_key_file:
         # VLLM_API_KEY guards /v1; in a root-only 0600 file, never in the unit or on a command line
         written.append(files.put(name="API key env file (0600)", src=StringIO(f"VLLM_API_KEY={api_key(decision)}\n"),
-                                 dest=where["secrets_file"], user="root", group="root", mode="0600"))
+                                 dest=where["secrets_file"], user="root", group="root", mode="0600",
+                                 create_remote_dir=False))
     current = decision.stack.paths["current_release"]
     previous = host.get_fact(SymlinkTarget, path=current)
     if previous != release_dir(decision):
@@ -66,11 +70,11 @@ def service(decision: Decision) -> None:
     release = symlink_switch(name="activate the release (current symlink)", link=current, target=release_dir(decision))
     if any(op.will_change for op in written[1:4]):  # the three unit files
         systemd.daemon_reload(name="systemd daemon-reload (a unit file changed)")
-    systemd.service(name=f"enable {SERVICE_UNIT}", service=SERVICE_UNIT, running=None, enabled=True)
     serving = [written[0], written[1]] + written[4:]  # env, main unit, API key: the health units never restart vLLM
     if any(op.will_change for op in serving) or release.will_change or restart_needed():
+        systemd.service(name=f"enable {SERVICE_UNIT}", service=SERVICE_UNIT, running=None, enabled=True)
         server.shell(name=f"restart {SERVICE_UNIT} (config, release or weights changed)",
                      commands=[RESTART_COMMAND])
     else:
-        systemd.service(name=f"{SERVICE_UNIT} running", service=SERVICE_UNIT, running=True)
+        systemd.service(name=f"{SERVICE_UNIT} enabled and running", service=SERVICE_UNIT, running=True, enabled=True)
     systemd.service(name=f"{HEALTH_TIMER} enabled and running", service=HEALTH_TIMER, running=True, enabled=True)
