@@ -142,10 +142,12 @@ def contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
                         "--status-file", where["health_status"], "--served-name", serve.value("--served-model-name"),
                         "--restart-after", str(s.health_failures_before_restart)]
         + (["--api-key-file", where["secrets_file"]] if s.api_key_file else []),
-        # CPUWeight: the check must get CPU when the service takes it all (a CPU build under load
-        # starved it for tens of seconds, close to timeout_s); default weight is 100
+        # the check must get CPU when the service takes it all (a CPU build under load starved it
+        # for tens of seconds, close to timeout_s): CPUWeight where systemd runs the cpu controller
+        # (default 100), Nice where both share one cpu cgroup (cgroup v1 without it, containers)
         "hardening": [("ProtectSystem", "strict"), ("ProtectHome", "yes"), ("PrivateTmp", "yes"),
-                      ("NoNewPrivileges", "yes"), ("ReadWritePaths", where["state_dir"]), ("CPUWeight", "1000")],
+                      ("NoNewPrivileges", "yes"), ("ReadWritePaths", where["state_dir"]), ("CPUWeight", "1000"),
+                      ("Nice", "-5")],
     }
     return {
         "qwen27b.service.j2": service,
