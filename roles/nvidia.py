@@ -36,8 +36,7 @@ def nvidia(decision: Decision) -> None:
     if facts.secure_boot == "enabled":
         files.put(name="DKMS signs the module with the MOK key", src=StringIO(_mok_config(settings.mok_key_path)),
                   dest="/etc/dkms/framework.conf.d/qwen27b-mok.conf", user="root", group="root", mode="0644")
-    driver = apt_install("NVIDIA driver", [package])
-    if driver.will_change:
+    if apt_install("NVIDIA driver", [package]):
         if settings.skip_reboot:
             note(f"nvidia: {package} changes: REBOOT PENDING (qwen27b_skip_reboot); the service starts after it")
         else:

@@ -35,12 +35,16 @@ def _packages(decision: Decision) -> list[str]:
     return packages
 
 
-def apt_install(name: str, packages: list[str]):
-    """apt.packages, refreshing the index only when something is missing: a converged host is
-    left alone (no apt-get update on every run)."""
+def apt_install(name: str, packages: list[str]) -> bool:
+    """apt.packages (refreshing the index first) only when something is missing: a converged host
+    is left alone, and pyinfra's op, which reads `dpkg -l` again twice, is not queued. Returns
+    whether the host will change."""
     installed = host.get_fact(DebPackages) or {}
     missing = [p for p in packages if p not in installed]
-    return apt.packages(name=name, packages=packages, update=bool(missing), cache_time=3600 if missing else None)
+    if not missing:
+        note(f"apt: {name} installed ({', '.join(packages)})")
+        return False
+    return apt.packages(name=name, packages=packages, update=True, cache_time=3600).will_change
 
 
 def _directories(decision: Decision) -> list[tuple[str, str, str, str]]:
