@@ -241,7 +241,7 @@ def _generation_rules(host: str, rs: ResolvedStack, gpus: list[Gpu], facts: Host
                           "use the sm70 profile's 1Cat-vLLM build, which dequantizes NVFP4 on V100")
 
 
-def _warnings(facts: HostFacts, rs: ResolvedStack, settings: Settings) -> list[str]:
+def _warnings(facts: HostFacts, rs: ResolvedStack, settings: Settings, os_row: dict | None = None) -> list[str]:
     out = []
     for g in facts.gpus:
         wc, wm = g.get("pcie_width_current"), g.get("pcie_width_max")
@@ -280,6 +280,10 @@ def _warnings(facts: HostFacts, rs: ResolvedStack, settings: Settings) -> list[s
     if vllm.get("url") and not vllm.get("sha256"):
         out.append(f"{vllm['filename']} has no sha256 in the stack file: the first download will be recorded, "
                    "not verified; pin the hash (stack key vllm.sha256)")
+    cuda = rs.profile.get("cuda") or {}
+    if cuda.get("needed_by_vllm") and os_row and not os_row.get("cuda_keyring_sha256"):
+        out.append(f"{cuda['keyring_deb']} for {os_row.get('cuda_repo')} has no sha256 in the stack file: it is downloaded "
+                   "unverified; pin it (stack key os_support[].cuda_keyring_sha256)")
     return out
 
 
@@ -395,5 +399,5 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
                               f"(weights + draft + {settings.min_free_disk_gib} GiB headroom)",
                               "free space, mount a larger disk at the models path, or lower qwen27b_min_free_disk_gib")
     return Decision(host=host, stack=rs, settings=settings, gpus=gpus, serve=serve,
-                    choices=_choices(facts, rs, settings), warnings=_warnings(facts, rs, settings),
+                    choices=_choices(facts, rs, settings), warnings=_warnings(facts, rs, settings, os_row),
                     model_path=model_path, draft_path=draft_path, facts=facts, os_row=os_row)

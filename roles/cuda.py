@@ -31,7 +31,8 @@ def cuda(decision: Decision) -> None:
     repo = REPO.format(repo=decision.os_row["cuda_repo"])
     keyring = cuda_entry["keyring_deb"]
     if "cuda-keyring" not in (host.get_fact(DebPackages) or {}):
-        files.download(name=f"download {keyring}", src=f"{repo}/{keyring}", dest=f"/tmp/{keyring}")
+        files.download(name=f"download {keyring}", src=f"{repo}/{keyring}", dest=f"/tmp/{keyring}",
+                       sha256sum=decision.os_row.get("cuda_keyring_sha256"))
         server.shell(name="install cuda-keyring (signed-by keyring for NVIDIA's repo)",
                      commands=[f"dpkg -i /tmp/{keyring}"])
     apt_install("CUDA toolkit", [cuda_entry["package"]])

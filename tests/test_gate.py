@@ -180,3 +180,16 @@ def test_corrupted_inforom_warns_and_the_gpus_still_serve():
 def test_nvidia_smi_problems_do_not_matter_on_the_cpu_profile():
     d = run("debian12-cpu", {"qwen27b_profile": "cpu-smoke"}, gpus=smi("driver-library-mismatch"))
     assert d.profile == "cpu-smoke" and not any("infoROM" in w for w in d.warnings)
+
+
+def test_an_unpinned_cuda_keyring_is_named_in_the_plan_and_a_pinned_one_is_used():
+    """stack.yaml pins the cuda-keyring .deb's sha256 for ubuntu2204, none for ubuntu2004: when the
+    CUDA repo is needed the plan says the 20.04 download is unverified; 22.04's row carries the hash
+    that roles/cuda.py passes to files.download (tests/test_security.py checks the planned command)."""
+    needed = {"qwen27b_stack_overrides": {"cuda": {"needed_by_vllm": True}}}
+    old = run("v100x1-2004", needed)
+    assert any("cuda-keyring_1.1-1_all.deb for ubuntu2004 has no sha256" in w for w in old.warnings), old.warnings
+    new = run("v100x4-2204-fresh", needed)
+    assert not any("cuda-keyring" in w for w in new.warnings)
+    assert len(new.os_row["cuda_keyring_sha256"]) == 64 and new.os_row["source"] == "cuda-keyring-pins"
+    assert not any("cuda-keyring" in w for w in run("v100x1-2004").warnings)  # not needed: nothing downloaded
