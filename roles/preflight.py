@@ -114,34 +114,50 @@ def release_lock() -> None:
     server.shell(name="unlock: this deploy is done", commands=[hostlock.release_command(_OWNER)])
 
 
-def gather_facts(models_path: str) -> HostFacts:
-    os_release = host.get_fact(F.OsRelease)
+def gather_facts(models_path: str, on=None) -> HostFacts:
+    on = host if on is None else on
+    os_release = on.get_fact(F.OsRelease)
     return HostFacts(
         os=os_release,
-        kernel=host.get_fact(F.KernelRelease),
-        gpus=host.get_fact(F.NvidiaGpus) or [],
-        pci_gpus=host.get_fact(F.NvidiaPciDevices) or [],
-        kernel_module=host.get_fact(F.NvidiaKernelModule) or {},
-        nouveau_loaded=bool(host.get_fact(F.NouveauLoaded)),
-        secure_boot=host.get_fact(F.SecureBoot) or "unsupported",
-        disk=host.get_fact(F.DiskFree, path=models_path),
-        memory=host.get_fact(F.MemoryInfo),
-        pythons=host.get_fact(F.PythonVersions) or {},
-        xids=host.get_fact(F.XidErrors) or [],
-        packages=host.get_fact(F.NvidiaCudaPackages) or {},
-        held=host.get_fact(F.HeldPackages) or [],
+        kernel=on.get_fact(F.KernelRelease),
+        gpus=on.get_fact(F.NvidiaGpus) or [],
+        pci_gpus=on.get_fact(F.NvidiaPciDevices) or [],
+        kernel_module=on.get_fact(F.NvidiaKernelModule) or {},
+        nouveau_loaded=bool(on.get_fact(F.NouveauLoaded)),
+        secure_boot=on.get_fact(F.SecureBoot) or "unsupported",
+        disk=on.get_fact(F.DiskFree, path=models_path),
+        memory=on.get_fact(F.MemoryInfo),
+        pythons=on.get_fact(F.PythonVersions) or {},
+        xids=on.get_fact(F.XidErrors) or [],
+        packages=on.get_fact(F.NvidiaCudaPackages) or {},
+        held=on.get_fact(F.HeldPackages) or [],
     )
+
+
+_decisions: dict[tuple[int, str], Decision | RefusedHost] = {}
+
+
+def gate(on=None) -> Decision | RefusedHost:
+    """The gate's answer for a host (this one by default), once per run: the weights fan-out asks
+    it for the other hosts before their own turn, so a host that will be refused seeds nobody."""
+    on = host if on is None else on
+    key = (id(state), on.name)
+    if key not in _decisions:
+        stack = load_stack()
+        facts = gather_facts(stack["paths"]["models"], on)
+        try:
+            _decisions[key] = decide(on.name, facts, stack, inventory_settings()[on.name],
+                                     bind_address=lab_address(dict(on.data.dict())))
+        except RefusedHost as refused:
+            _decisions[key] = refused
+    return _decisions[key]
 
 
 def preflight() -> Decision | None:
     """The plan for this host, printed; None when refused (the host is then marked failed)."""
-    settings = inventory_settings()[host.name]
-    stack = load_stack()
-    facts = gather_facts(stack["paths"]["models"])
-    try:
-        decision = decide(host.name, facts, stack, settings, bind_address=lab_address(dict(host.data.dict())))
-    except RefusedHost as refused:
-        _refuse(refused)
+    decision = gate()
+    if isinstance(decision, RefusedHost):
+        _refuse(decision)
         return None
     note(format_decision(decision))
     if not take_lock():

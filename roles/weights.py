@@ -26,7 +26,7 @@ from pyinfra.operations import files, server
 
 from qwen27b import fanout
 from qwen27b.artifacts import cache_root, dir_manifest
-from qwen27b.gate import Decision
+from qwen27b.gate import Decision, RefusedHost
 from qwen27b.hostdata import Settings, lab_address
 from qwen27b.host_facts import FileHashes, Subdirectories, SymlinkTarget
 from qwen27b.operations import push_files, symlink_switch
@@ -116,14 +116,14 @@ def _fanout_plan(decision: Decision, entry: dict, target: str, base: str, manife
 def _make_plan(key: tuple, settings: Settings, entry: dict, target: str, manifest: dict) -> fanout.FanoutPlan:
     """The group: the run's hosts with tree fan-out from the same mirror; each one's copy judged by
     its own FileHashes fact (read once per host, cached by pyinfra)."""
-    from .preflight import inventory_settings  # noqa: PLC0415 (roles import each other lazily)
+    from .preflight import gate, inventory_settings  # noqa: PLC0415 (roles import each other lazily)
     every = inventory_settings()
     default = entry.get("default_source", "hub")
     members = []
     for other in sorted(state.inventory.iter_activated_hosts(), key=lambda h: h.name):
         theirs = every.get(other.name)
         if (theirs is None or theirs.weights_fanout != "tree" or theirs.model_mirror != settings.model_mirror
-                or (theirs.model_source or default) != "mirror"):
+                or (theirs.model_source or default) != "mirror" or isinstance(gate(other), RefusedHost)):
             continue
         have = other.get_fact(FileHashes, directory=target) or {}
         members.append(fanout.Member(other.name, _seed_address(dict(other.data.dict()), theirs),

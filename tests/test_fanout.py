@@ -159,14 +159,18 @@ def mirror(tmp_path_factory):
     server.shutdown()
 
 
-def dry_run(tmp_path, mirror_url: str, fanout: str, holder_lines: list[str] | None = None) -> str:
+def dry_run(tmp_path, mirror_url: str, fanout: str, holder_lines: list[str] | None = None,
+            refused: int | None = None) -> str:
+    """pyinfra --dry on 4 recorded fresh V100 hosts from one mirror; host `refused` is a CentOS 7
+    recording instead (the gate refuses it, so the run exits 1)."""
     inventory = tmp_path / f"fan-{fanout}.py"
     inventory.write_text(
         "import re\n"
         "from inventory.recorded import _fake\n"
         "hosts = []\n"
         "for n in (1, 2, 3, 4):\n"
-        f"    name, data = _fake('v100x4-2204-fresh', ssh_hostname=f'10.9.0.{{n}}', qwen27b_model_source='mirror',\n"
+        f"    recording = 'centos7' if n == {refused!r} else 'v100x4-2204-fresh'\n"
+        f"    name, data = _fake(recording, ssh_hostname=f'10.9.0.{{n}}', qwen27b_model_source='mirror',\n"
         f"                       qwen27b_model_mirror={mirror_url!r}, qwen27b_weights_fanout={fanout!r})\n"
         f"    if n == 3 and {holder_lines!r}:\n"
         f"        data['fake_responses'] = {{re.compile(r' /var/lib/qwen27b/models/nvidia--Qwen3\\.8-27B-NVFP4@main \\.qwen27b-hashes\\.json$'):\n"
@@ -176,7 +180,7 @@ def dry_run(tmp_path, mirror_url: str, fanout: str, holder_lines: list[str] | No
     env.update(PYTHONPATH=str(ROOT), QWEN27B_REPORTS=str(tmp_path / "reports"))
     result = subprocess.run([sys.executable, "-m", "pyinfra", str(inventory), "deploy.py", "--dry", "-y"], cwd=ROOT,
                             capture_output=True, text=True, env=env, timeout=300)
-    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.returncode == (0 if refused is None else 1) and "Traceback" not in result.stderr, result.stderr[-3000:]
     return result.stderr
 
 
@@ -222,6 +226,17 @@ def test_fake_four_hosts_plan_waves_and_commands(tmp_path, mirror):
     # pyinfra runs an operation on all its hosts before the next: the waves in order, then the stop
     fan1 = [line.split(None, 1)[1] for line in _ops(out, "fan-1", f"of {MODEL}") if not line.startswith("$")]
     assert fan1 == [f"weights fan-out wave {k} of {MODEL}" for k in range(3)] + [f"weights fan-out of {MODEL}: stop the seed server"]
+
+
+def test_fake_a_host_the_gate_refuses_gets_no_place_in_the_fan_out(tmp_path, mirror):
+    """Host 2 is refused (CentOS 7) before its own turn comes: the plan, made while host 1 is
+    planned, asks the gate about every host first, so nobody waits on a seed that never starts."""
+    root, url = mirror
+    out = dry_run(tmp_path, url, "tree", refused=2)
+    assert out.count("== @fake/fan-2: REFUSED") == 1  # the gate's answer is kept: asked early, printed once
+    block = out.split(f"== weights fan-out of {MODEL} (qwen27b_weights_fanout: tree)\n", 1)[1].split("\n\n", 1)[0]
+    assert "fan-2" not in block and "3 host(s), 3 wave(s), 1 copy(ies) over the WAN" in block, block
+    assert "wave 1: @fake/fan-3 <- @fake/fan-1" in block
 
 
 def test_fake_holder_seeds_without_the_mirror(tmp_path, mirror):
