@@ -222,6 +222,34 @@ class Subdirectories(FactBase):
         return names
 
 
+class DirectoryStates(FactBase):
+    """Mode, owner, group and type of each path, in order, from one command: [{"mode", "user",
+    "group", "type"} or None (missing), ...]; None for no output at all (nothing recorded)."""
+
+    fake_match = re.compile(r"^stat -c '%a %U %G %F' -- ")
+
+    def command(self, paths: list[str]) -> str:
+        return "; ".join(f"stat -c '%a %U %G %F' -- {shlex.quote(p)} 2>/dev/null || echo missing" for p in paths)
+
+    @staticmethod
+    def default() -> None:
+        return None
+
+    def process(self, output: list[str]) -> list[dict | None] | None:
+        if not output:
+            return None
+        states: list[dict | None] = []
+        for n, line in enumerate(output, 1):
+            if line == "missing":
+                states.append(None)
+                continue
+            parts = line.split(" ", 3)
+            if len(parts) != 4 or not re.fullmatch(r"[0-7]{1,4}", parts[0]) or not all(parts):
+                raise FactParseError("DirectoryStates", n, "'<octal mode> <user> <group> <file type>' or 'missing'", line)
+            states.append({"mode": parts[0], "user": parts[1], "group": parts[2], "type": parts[3]})
+        return states
+
+
 class ServiceUser(FactBase):
     """The service user as the host resolves it (`getent passwd`, then its primary group's name):
     {"uid", "home", "shell", "group"}; None when there is no such user. One cheap read that lets a
@@ -267,4 +295,4 @@ class DeployLock(FactBase):
 
 
 ALL_HOST_FACTS: tuple[type[FactBase], ...] = (FileHashes, VenvPackages, SymlinkTarget, Subdirectories, ServiceUser,
-                                               DeployLock)
+                                               DirectoryStates, DeployLock)

@@ -15,6 +15,7 @@ from pyinfra.operations import apt, files, server
 from qwen27b.artifacts import uv_binary
 from qwen27b.gate import Decision
 from qwen27b.host_facts import ServiceUser
+from qwen27b.operations import directories
 
 from ._common import note
 
@@ -97,8 +98,7 @@ def toolchain(decision: Decision) -> None:
     paths, user = decision.stack.paths, decision.stack.paths["service_user"]
     apt_install("base packages", _packages(decision))
     _service_user(user, paths["state"])
-    for path, owner, group, mode in _directories(decision):
-        files.directory(name=f"dir {path}", path=path, user=owner, group=group, mode=mode)
+    directories(name="qwen27b directories (owner, group, mode)", specs=[list(d) for d in _directories(decision)])
     make_venv = _python(decision)
     venv = release_venv(decision)
     if host.get_fact(File, path=f"{venv}/bin/python") is None:

@@ -22,6 +22,7 @@ from qwen27b.facts import FactParseError
 from qwen27b.host_facts import (
     ALL_HOST_FACTS,
     DeployLock,
+    DirectoryStates,
     HASH_CACHE,
     FileHashes,
     ServiceUser,
@@ -75,6 +76,9 @@ def _valid_shape(fact, data) -> bool:
         return data is None or (isinstance(data, str) and data != "" and "\n" not in data)
     if fact is DeployLock:  # any one line is a holder (hostlock.parse names even an unreadable one)
         return data is None or (isinstance(data, str) and data.strip() and "\n" not in data)
+    if fact is DirectoryStates:
+        return data is None or (isinstance(data, list) and all(
+            d is None or (set(d) == {"mode", "user", "group", "type"} and all(d.values())) for d in data))
     if fact is ServiceUser:
         return data is None or (set(data) == {"uid", "home", "shell", "group"} and isinstance(data["uid"], int))
     if fact is Subdirectories:
