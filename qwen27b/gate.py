@@ -241,7 +241,7 @@ def _generation_rules(host: str, rs: ResolvedStack, gpus: list[Gpu], facts: Host
                           "use the sm70 profile's 1Cat-vLLM build, which dequantizes NVFP4 on V100")
 
 
-def _warnings(facts: HostFacts, rs: ResolvedStack, settings: Settings, os_row: dict | None = None) -> list[str]:
+def _warnings(facts: HostFacts, rs: ResolvedStack, settings: Settings, os_row: dict) -> list[str]:
     out = []
     for g in facts.gpus:
         wc, wm = g.get("pcie_width_current"), g.get("pcie_width_max")
@@ -281,8 +281,8 @@ def _warnings(facts: HostFacts, rs: ResolvedStack, settings: Settings, os_row: d
         out.append(f"{vllm['filename']} has no sha256 in the stack file: the first download will be recorded, "
                    "not verified; pin the hash (stack key vllm.sha256)")
     cuda = rs.profile.get("cuda") or {}
-    if cuda.get("needed_by_vllm") and os_row and not os_row.get("cuda_keyring_sha256"):
-        out.append(f"{cuda['keyring_deb']} for {os_row.get('cuda_repo')} has no sha256 in the stack file: it is downloaded "
+    if cuda.get("needed_by_vllm") and not os_row.get("cuda_keyring_sha256"):
+        out.append(f"{cuda['keyring_deb']} for {os_row['cuda_repo']} has no sha256 in the stack file: it is downloaded "
                    "unverified; pin it (stack key os_support[].cuda_keyring_sha256)")
     return out
 

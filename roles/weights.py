@@ -115,7 +115,7 @@ def _fanout_plan(decision: Decision, entry: dict, target: str, base: str, manife
 
 def _make_plan(key: tuple, settings: Settings, entry: dict, target: str, manifest: dict) -> fanout.FanoutPlan:
     """The group: the run's hosts with tree fan-out from the same mirror; each one's copy judged by
-    its own FileHashes fact (read once per host, cached by pyinfra)."""
+    its own FileHashes fact (read once per run: the plan is made once, then kept in _plans)."""
     from .preflight import gate, inventory_settings  # noqa: PLC0415 (roles import each other lazily)
     every = inventory_settings()
     default = entry.get("default_source", "hub")
