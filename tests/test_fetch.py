@@ -75,7 +75,8 @@ def test_too_little_disk_downloads_nothing(mirror, capsys):
 def small_disk(tmp_path):
     """A real 4 MiB tmpfs: the disk that fills up."""
     if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
+        from setupcheck import skip_or_fail_setup
+        skip_or_fail_setup("mounting a tmpfs needs root")
     path = tmp_path / "small"
     path.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(path)], check=True)

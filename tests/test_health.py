@@ -1,9 +1,10 @@
 """qwen27b.health: pure parts offline, then the CLI against a real vLLM OpenAI server.
 
 The CLI always runs the way hosts run it: the file copied to ``<venv>/lib/qwen27b_health.py``
-behind the rendered wrapper ``<venv>/bin/qwen27b-health`` (here a scratch venv whose python is
-this interpreter).  ``systemctl`` and ``journalctl`` are fakes first on PATH, so the watchdog's
-restart is recorded, never executed, and Xid lines can be fed in.
+behind the rendered wrapper ``<venv>/bin/qwen27b-health`` (here a real scratch venv with the host
+packages installed from the controller wheelhouse, as the vllm role does on a host).
+``systemctl`` and ``journalctl`` are fakes first on PATH, so the watchdog's restart is recorded,
+never executed, and Xid lines can be fed in.
 """
 
 from __future__ import annotations
@@ -260,16 +261,39 @@ def test_imports_only_stdlib_httpx_and_lazy_pynvml():
 
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory):
-    """A scratch release venv laid out like a host's: bin/python, lib/qwen27b_health.py, bin/qwen27b-health."""
+    """A real release venv built the way the vllm role builds one on a host: ``python3 -m venv``,
+    then the stack's host packages (httpx, nvidia-ml-py) installed offline from the controller
+    wheelhouse, then lib/qwen27b_health.py and the wrapper. Nothing comes from this machine's
+    own site-packages (issue 10: a linked interpreter without pyvenv.cfg ran the system Python,
+    which had httpx only where someone installed it by hand)."""
+    import os
+
+    from qwen27b import cpu_smoke as cs
+    wheelhouse = cs.default_wheelhouse(cs.cache_root())
+    if not wheelhouse.is_dir():
+        from setupcheck import skip_or_fail_setup
+        skip_or_fail_setup(f"no controller wheelhouse at {wheelhouse}: `./run tests` builds it "
+                    "(python -m qwen27b.cpu_smoke wheelhouse)")
     root = tmp_path_factory.mktemp("release") / "venv"
-    (root / "bin").mkdir(parents=True)
-    (root / "lib").mkdir()
-    (root / "bin" / "python").symlink_to(sys.executable)
+    subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
+    subprocess.run([str(root / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index",
+                    "--find-links", str(wheelhouse), *cs.host_packages()],
+                   check=True, env=cs.offline_pip_env(os.environ))
     (root / "lib" / "qwen27b_health.py").write_bytes(HEALTH_PY.read_bytes())
     wrapper = root / "bin" / "qwen27b-health"
     wrapper.write_text(hc.wrapper_script(str(root)))
     wrapper.chmod(0o755)
     return root
+
+
+def test_release_venv_is_a_real_venv(venv):
+    """The scratch venv must be isolated: its interpreter's prefix is the venv, and it can import
+    httpx only because the wheelhouse put it there."""
+    out = subprocess.run([str(venv / "bin" / "python"), "-c",
+                          "import sys, httpx; print(sys.prefix); print(httpx.__file__)"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert Path(out[0]) == venv
+    assert Path(out[1]).is_relative_to(venv)
 
 
 def test_wrapper_script_shape():

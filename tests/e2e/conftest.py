@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from qwen27b.testhosts import NspawnHosts
+from setupcheck import skip_or_fail_setup
 
 E2E_DIR = Path(__file__).resolve().parent
 
@@ -110,7 +111,7 @@ def _raise_on_sigterm(signum, frame):
 def testhosts(request) -> E2EHosts:
     reason = _skip_reason()
     if reason:
-        pytest.skip(reason)
+        skip_or_fail_setup(reason)
     n = int(getattr(request, "param", None) or os.environ.get("QWEN27B_TESTHOSTS_N", "1"))
     lab = NspawnHosts(profile=f"pytest-{os.getpid()}-{n}")
     old = None
