@@ -261,12 +261,12 @@ def parse_secret(text: str, name: str = "VLLM_API_KEY") -> str:
     if "\n" in body or "\r" in body:
         raise SecretFileError(f"has {len(body.splitlines())} lines; only one is read", fix)
     assignment = _ASSIGNMENT.match(body)
-    if assignment and not SECRET_CHARS.match(body):  # base64 padding ("abc==") is a key, not NAME=
-        if assignment.group(1) != name:
-            raise SecretFileError(f"sets {assignment.group(1)}, not {name}", fix)
+    if assignment and assignment.group(1) == name:
         body = assignment.group(2).strip()
         if not body:
             raise SecretFileError(f"has an empty {name}= (an empty key would leave the API open)", fix)
+    elif assignment and not SECRET_CHARS.match(body):  # base64 padding ("abc==") is a key, not NAME=
+        raise SecretFileError(f"sets {assignment.group(1)}, not {name}", fix)
     if not SECRET_CHARS.match(body):
         raise SecretFileError("the key holds characters other than A-Z a-z 0-9 . _ ~ + / - (and trailing =): "
                               "spaces, quotes or non-ASCII", fix)

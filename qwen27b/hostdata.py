@@ -342,9 +342,13 @@ def _check_secret_file(host: str, key: str, path: str) -> None:
     """A key or token file the controller reads must be private to its owner and hold one key in
     the one format (qwen27b.health.parse_secret); the message never holds the file's contents."""
     try:
-        mode = stat.S_IMODE(os.stat(os.path.expanduser(path)).st_mode)
+        st = os.stat(os.path.expanduser(path))
     except OSError as error:
         raise BadHostData(host, key, f"cannot read {path}: {error.strerror}", "create it (chmod 600) or fix the path") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise BadHostData(host, key, f"{path} is a directory or special file, not a key file",
+                          "point it at the file holding the key (chmod 600)")
+    mode = stat.S_IMODE(st.st_mode)
     if mode & 0o077:
         raise BadHostData(host, key, f"{path} is mode {mode:o}, readable by others", f"chmod 600 {path}")
     try:
