@@ -642,13 +642,14 @@ def write_chart(run: dict, path: Path, baseline: dict | None = None) -> Path | N
 
 def write_outputs(run: dict, out: Path, baseline: dict | None = None) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
+    from .report import write_private  # reports are 0600 (they name hosts and models)
     paths = {"json": out / "bench.json", "csv": out / "bench.csv", "txt": out / "bench.txt"}
-    paths["json"].write_text(json.dumps(run, indent=2, ensure_ascii=False) + "\n")
-    paths["csv"].write_text(csv_text(run))
+    write_private(paths["json"], json.dumps(run, indent=2, ensure_ascii=False) + "\n")
+    write_private(paths["csv"], csv_text(run))
     text = format_table(run)
     if run.get("ab"):
         text += "\n\n" + format_ab(run["ab"])
-    paths["txt"].write_text(text + "\n")
+    write_private(paths["txt"], text + "\n")
     png = write_chart(run, out / "bench.png", baseline)
     if png:
         paths["png"] = png
@@ -862,16 +863,14 @@ def _headers(api_key: str | None) -> dict:
 
 
 def read_key_file(path: str | None) -> str | None:
+    """The API key, read as deploy and qwen27b-health read it (qwen27b.health.load_secret)."""
     if not path:
         return None
-    from .health import read_api_key
+    from .health import SecretFileError, load_secret
     try:
-        key = read_api_key(Path(path).read_text())
-    except OSError as error:
-        raise BenchError(f"cannot read --api-key-file {path}: {error}") from None
-    if not key:
-        raise BenchError(f"--api-key-file {path}: no VLLM_API_KEY=... line and not a bare key")
-    return key
+        return load_secret(path)
+    except SecretFileError as error:
+        raise BenchError(f"--api-key-file {path}: {error}") from None
 
 
 def _say(msg: str) -> None:

@@ -54,7 +54,7 @@ from pathlib import Path
 from . import facts as F
 from .checkpoint import CheckpointError, load_shape, shape_from_config
 from .gate import SEED_XID79_ADVICE, XID_MEANING, HostFacts, RefusedHost, decide
-from .hostdata import BadHostData, Settings, lab_address, settings_for
+from .hostdata import URL_KEYS, BadHostData, Settings, lab_address, redact_url, settings_for
 from .planner import PlanRefused, ServeInputs, plan_serve
 from .stack import (StackError, cc_tuple, checkpoint_metadata_dir, gpu_spec, load_stack,
                     profile_for_compute_capability, resolve_stack)
@@ -263,8 +263,9 @@ class HostSnapshot:
                 text = _compact_journal_json(text)
             (directory / key).write_text(text + ("\n" if text and not text.endswith("\n") else ""), encoding="utf-8")
         # the host data that drives decisions; controller-side secret file paths stay behind
-        data = {k: v for k, v in self.data.items() if k.startswith(("qwen27b_", "ssh_hostname"))
-                and k not in ("qwen27b_api_key_file", "qwen27b_hf_token_file")}
+        data = {k: redact_url(v) if isinstance(v, str) and k[len("qwen27b_"):] in URL_KEYS else v
+                for k, v in self.data.items() if k.startswith(("qwen27b_", "ssh_hostname"))
+                and k not in ("qwen27b_api_key_file", "qwen27b_hf_token_file")}  # URL passwords as ***
         meta = {"host": self.host, "codes": {k: v for k, v in self.codes.items() if v}, "error": self.error,
                 "data": data}
         (directory / "snapshot.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")

@@ -113,10 +113,12 @@ def _lock(dest: str):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--base", required=True, help="mirror URL of the directory holding the files")
+    parser.add_argument("--base", required=True, help="mirror URL of the directory holding the files; "
+                        "$VARS in it are expanded here (a URL with a password stays out of argv and `ps`)")
     parser.add_argument("--dest", required=True)
     parser.add_argument("--manifest", required=True)
     args = parser.parse_args(argv)
+    args.base = os.path.expandvars(args.base)
     with open(args.manifest, encoding="utf-8") as handle:
         files = json.load(handle)["files"]
     os.makedirs(args.dest, exist_ok=True)

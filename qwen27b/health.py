@@ -11,7 +11,7 @@ counter and the last 20 verdicts) and, after K consecutive CRITICAL runs, restar
 rate-limited.  Every finding is one sentence saying what to do.
 
 The pure parts (:func:`verdict`, :func:`decode_throttle`, :func:`parse_xids`,
-:func:`next_failures`, :func:`restart_decision`, :func:`read_api_key`) take plain values so they
+:func:`next_failures`, :func:`restart_decision`, :func:`parse_secret`) take plain values so they
 are unit-tested without a server, a GPU or systemd.
 """
 
@@ -161,8 +161,8 @@ def verdict(r: dict, slow_ms: float = 1000.0, hot_c: int = HOT_C) -> tuple[int, 
                            f"overloaded or swapping; check load, memory and vllm:num_requests_waiting."))
 
     if r.get("key_error"):
-        f.append((CRITICAL, f"cannot read the API key file ({r['key_error']}): run the check as root "
-                            f"or fix the file's owner/mode."))
+        f.append((CRITICAL, f"cannot use the API key file ({r['key_error']}); if it is "
+                            f"a permission error, run the check as root or fix the file's owner/mode."))
     m = r.get("models") or {}
     if m.get("error"):
         if not h.get("error"):  # one sentence for one outage
@@ -236,19 +236,56 @@ def restart_decision(*, code: int, failures: int, restart_after: int, last_resta
     return "restart", f"{why}: restarting {unit}."
 
 
-def read_api_key(text: str) -> str | None:
-    """An env-file line ``VLLM_API_KEY=...`` (optionally ``export``ed and quoted) or a bare key."""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
-    for ln in lines:
-        m = re.match(r"(?:export\s+)?VLLM_API_KEY\s*=\s*(.*)$", ln)
-        if m:
-            value = m.group(1).strip()
-            if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-                value = value[1:-1]
-            return value or None
-    if len(lines) == 1 and "=" not in lines[0]:
-        return lines[0]
-    return None
+# The one key-file format (deploy, qwen27b-health, bench and doctor all read it with load_secret):
+# one line, either the bare key or NAME=key (VLLM_API_KEY for the API key, HF_TOKEN for a hub token),
+# the key made of RFC 6750 bearer-token characters. Anything else is refused, never guessed: an empty
+# key leaves the API open, a second line would add a variable to the service's environment.
+SECRET_CHARS = re.compile(r"^[A-Za-z0-9._~+/-]+=*$")
+_ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+
+
+class SecretFileError(ValueError):
+    """A key file that cannot be used; problem and fix never contain the file's contents."""
+
+    def __init__(self, problem: str, fix: str):
+        self.problem, self.fix = problem, fix
+        super().__init__(f"{problem}. Fix: {fix}")
+
+
+def parse_secret(text: str, name: str = "VLLM_API_KEY") -> str:
+    """The key in a key file's text: one line, ``KEY`` or ``NAME=KEY`` -> KEY; else SecretFileError."""
+    fix = f"write one line: the bare key or {name}=KEY (e.g. `openssl rand -hex 32 > FILE`)"
+    body = text.strip()
+    if not body:
+        raise SecretFileError("is empty (an empty key would leave the API open)", fix)
+    if "\n" in body or "\r" in body:
+        raise SecretFileError(f"has {len(body.splitlines())} lines; only one is read", fix)
+    assignment = _ASSIGNMENT.match(body)
+    if assignment and assignment.group(1) == name:
+        body = assignment.group(2).strip()
+        if not body:
+            raise SecretFileError(f"has an empty {name}= (an empty key would leave the API open)", fix)
+    elif assignment and not SECRET_CHARS.match(body):  # base64 padding ("abc==") is a key, not NAME=
+        raise SecretFileError(f"sets {assignment.group(1)}, not {name}", fix)
+    if not SECRET_CHARS.match(body):
+        raise SecretFileError("the key holds characters other than A-Z a-z 0-9 . _ ~ + / - (and trailing =): "
+                              "spaces, quotes or non-ASCII", fix)
+    return body
+
+
+def load_secret(path: str, name: str = "VLLM_API_KEY") -> str:
+    """parse_secret of the file at path; an unreadable file (missing, a directory, not UTF-8) is a
+    SecretFileError too."""
+    try:
+        with open(os.path.expanduser(path), "rb") as fh:
+            raw = fh.read(65536)
+    except OSError as error:
+        raise SecretFileError(f"cannot read {path}: {error.strerror}", "create it (chmod 600) or fix the path") from None
+    try:
+        text = raw.decode("ascii")
+    except UnicodeDecodeError:
+        raise SecretFileError("holds non-ASCII bytes", f"write one line: the bare key or {name}=KEY") from None
+    return parse_secret(text, name)
 
 
 def push_history(history: list | None, when: str, code: int) -> list[dict]:
@@ -477,12 +514,9 @@ def check(args: argparse.Namespace, now: float | None = None) -> dict:
     key, key_error = None, None
     if args.api_key_file:
         try:
-            with open(args.api_key_file, encoding="utf-8") as fh:
-                key = read_api_key(fh.read())
-            if key is None:
-                key_error = f"{args.api_key_file}: no VLLM_API_KEY=... line and no bare key"
-        except OSError as e:
-            key_error = f"{args.api_key_file}: {e.strerror}"
+            key = load_secret(args.api_key_file)
+        except SecretFileError as e:
+            key_error = f"{args.api_key_file}: {e}"
 
     health, models = probe(args.url, key, args.timeout)
     gpus, gpu_note = read_gpus()

@@ -294,5 +294,32 @@ class DeployLock(FactBase):
         return lines[0].strip() if lines else None
 
 
+class SecretFileState(FactBase):
+    """Owner, group, mode and sha256 of a secret file (an API key, a token), never its contents:
+    {"user", "group", "mode", "sha256"}, or None when it is not a regular file. The secret_file
+    operation compares the hash; the old key is never read back to the controller."""
+
+    fake_match = re.compile(r"^if \[ -f .+ \]; then stat -c '%U %G %a' ")
+
+    def command(self, path: str) -> str:
+        q = shlex.quote(path)
+        return f"if [ -f {q} ]; then stat -c '%U %G %a' {q} && sha256sum < {q}; fi"
+
+    @staticmethod
+    def default() -> None:
+        return None
+
+    def process(self, output: list[str]) -> dict | None:
+        lines = [line for line in output if line.strip()]
+        if not lines:
+            return None
+        owner = lines[0].split()
+        digest = lines[1].split()[0] if len(lines) == 2 and lines[1].split() else ""
+        if len(owner) != 3 or not re.fullmatch(r"[0-7]{3,4}", owner[2]) or not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise FactParseError("SecretFileState", len(lines), "'USER GROUP MODE' then '<sha256>  -'",
+                                 "(not shown: it is about a secret file)")
+        return {"user": owner[0], "group": owner[1], "mode": owner[2], "sha256": digest}
+
+
 ALL_HOST_FACTS: tuple[type[FactBase], ...] = (FileHashes, VenvPackages, SymlinkTarget, Subdirectories, ServiceUser,
-                                               DirectoryStates, DeployLock)
+                                               DirectoryStates, DeployLock, SecretFileState)

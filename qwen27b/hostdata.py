@@ -13,6 +13,8 @@ import urllib.parse
 from dataclasses import dataclass, fields
 from typing import Any
 
+from .health import SecretFileError, load_secret
+
 
 class BadHostData(ValueError):
     """Inventory data that cannot be deployed; str() names host, key and fix."""
@@ -333,14 +335,41 @@ def _check_overrides(host: str, overrides: dict) -> None:
                           "copy the wheel's full sha256 (sha256sum FILE)")
 
 
+SECRET_NAMES = {"api_key_file": "VLLM_API_KEY", "hf_token_file": "HF_TOKEN"}  # NAME=KEY accepted in each file
+
+
 def _check_secret_file(host: str, key: str, path: str) -> None:
-    """A key or token file the controller reads must exist and be private to its owner."""
+    """A key or token file the controller reads must be private to its owner and hold one key in
+    the one format (qwen27b.health.parse_secret); the message never holds the file's contents."""
     try:
-        mode = stat.S_IMODE(os.stat(os.path.expanduser(path)).st_mode)
+        st = os.stat(os.path.expanduser(path))
     except OSError as error:
         raise BadHostData(host, key, f"cannot read {path}: {error.strerror}", "create it (chmod 600) or fix the path") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise BadHostData(host, key, f"{path} is a directory or special file, not a key file",
+                          "point it at the file holding the key (chmod 600)")
+    mode = stat.S_IMODE(st.st_mode)
     if mode & 0o077:
         raise BadHostData(host, key, f"{path} is mode {mode:o}, readable by others", f"chmod 600 {path}")
+    try:
+        load_secret(path, SECRET_NAMES[key[len(PREFIX):]])
+    except SecretFileError as error:
+        raise BadHostData(host, key, f"{path} {error.problem}", error.fix) from None
+
+
+def redact_url(url: str) -> str:
+    """The URL as it may be shown (plans, reports, errors): http://user:***@host. Userinfo without
+    a ':' is a token used as the user name: all of it becomes ***."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    shown = f"{userinfo.split(':', 1)[0]}:***" if ":" in userinfo else "***"
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{shown}@{hostport}"))
+
+
+def url_has_password(url: str) -> bool:
+    return "@" in urllib.parse.urlsplit(url).netloc
 
 
 def lab_address(data: dict) -> str | None:

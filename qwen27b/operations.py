@@ -9,17 +9,18 @@ case in tests/operations/<op>/, run by tests/test_operations.py.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import posixpath
 import re
 import shlex
 
 from pyinfra import host, state
-from pyinfra.api import FileUploadCommand, operation
+from pyinfra.api import FileUploadCommand, StringCommand, operation
 from pyinfra.api.exceptions import OperationError, OperationValueError
 
 from qwen27b.facts import HeldPackages
-from qwen27b.host_facts import DirectoryStates, FileHashes, SymlinkTarget
+from qwen27b.host_facts import DirectoryStates, FileHashes, SecretFileState, SymlinkTarget
 
 _APT_PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]*(?::[a-z0-9]+)?$")
 _SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
@@ -239,3 +240,51 @@ def directories(specs: list[list[str]]):
     if not commands:
         host.noop(f"all {len(checked)} directories in place (owner, group, mode)")
     yield from commands
+
+
+@operation()
+def secret_file(dest: str, content: str, user: str = "root", group: str = "root", mode: str = "0600"):
+    """
+    Write a secret (an API key env file, a hub token) to a host without it showing anywhere.
+
+    + dest: absolute path on the host; its directory must exist and be writable only by root
+    + content: the file's text (the secret)
+    + user, group, mode: the file's owner and octal mode (default root:root 0600)
+
+    Why: `files.put` prints a new file's contents with `--diff`, and on a change reads the old
+    file back and prints the diff (the old key); with `_sudo` it stages the upload in a predictable
+    temp path created with the login user's umask (world-readable) before the chmod. Here the host's
+    copy is judged by its sha256 only (SecretFileState), and the content travels on the command's
+    stdin (pyinfra's `_stdin`: never in a command line, a plan line, `-v` output or `ps`) into
+    ``.NAME.part`` next to ``dest``, created under umask 077, owned and moded, then renamed over
+    ``dest`` (rename(2): readers see the old file or the new one, never a partial or open one).
+    """
+
+    if not isinstance(dest, str) or not dest.startswith("/") or "\n" in dest or "\0" in dest:
+        raise OperationValueError(f"secret_file: dest must be an absolute path, got {dest!r}")
+    if not isinstance(content, str):
+        raise OperationValueError(f"secret_file: content must be text, got {type(content).__name__}")
+    if not _ACCOUNT.match(user) or not _ACCOUNT.match(group):
+        raise OperationValueError(f"secret_file: {dest}: not a user/group name: {user!r}:{group!r}")
+    if not isinstance(mode, str) or not re.fullmatch(r"[0-7]{3,4}", mode):
+        raise OperationValueError(f"secret_file: mode must be an octal string like '0600', got {mode!r}")
+    dest = posixpath.normpath(dest)
+    want = hashlib.sha256(content.encode()).hexdigest()
+    now = host.get_fact(SecretFileState, path=dest)
+    q = shlex.quote(dest)
+    if now is not None and now["sha256"] == want:
+        fixes = []
+        if (now["user"], now["group"]) != (user, group):
+            fixes.append(f"chown {user}:{group} {q}")
+        if int(now["mode"], 8) != int(mode, 8):
+            fixes.append(f"chmod {mode} {q}")
+        if not fixes:
+            host.noop(f"{dest}: content (sha256), owner and mode already right")
+        yield from fixes
+        return
+    part = shlex.quote(posixpath.join(posixpath.dirname(dest), "." + posixpath.basename(dest) + ".part"))
+    yield StringCommand(
+        f"umask 077 && rm -f {part} && cat > {part} && chown {user}:{group} {part} && chmod {mode} {part} "
+        f"&& mv -fT {part} {q}",
+        _stdin=content,
+    )

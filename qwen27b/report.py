@@ -2,10 +2,29 @@
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 import textwrap
+from pathlib import Path
 
 from .gate import Decision, RefusedHost
+
+def write_private(path: Path, text: str) -> Path:
+    """Write a report file mode 0600 from its first byte (a temp file in the same directory, renamed):
+    reports carry journals, hosts and errors that are for the operator, not for every local user."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mkstemp creates 0600
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
 
 _CITATION = re.compile(r"\[([a-z0-9][a-z0-9, .-]*)\]")
 

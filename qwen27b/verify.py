@@ -14,6 +14,8 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .report import write_private
+
 PROMPT = "你好"  # the seed article's first request
 SPEC_DRAFT = re.compile(r"^vllm:spec_decode_num_draft_tokens_total(?:\{[^}]*\})?\s+([0-9.eE+-]+)$", re.M)
 SPEC_ACCEPTED = re.compile(r"^vllm:spec_decode_num_accepted_tokens_total(?:\{[^}]*\})?\s+([0-9.eE+-]+)$", re.M)
@@ -164,8 +166,8 @@ def write_report(results: list[HostResult], directory: Path, run_id: str, summar
     """hosts: what verify found per host; summary: every targeted host's outcome (runsummary)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"deploy-{run_id}.json"
-    path.write_text(json.dumps({"run": run_id, "hosts": [asdict(r) for r in results], "summary": summary or []},
-                               indent=2, ensure_ascii=False))
+    write_private(path, json.dumps({"run": run_id, "hosts": [asdict(r) for r in results], "summary": summary or []},
+                                   indent=2, ensure_ascii=False))
     latest = directory / "latest.json"
     latest.unlink(missing_ok=True)
     latest.symlink_to(path.name)

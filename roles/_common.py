@@ -4,11 +4,11 @@ restart, and the symlink targets a rollback returns to."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pyinfra import host
 
 from qwen27b.gate import Decision
+from qwen27b.health import load_secret
+from qwen27b.hostdata import Settings, url_has_password
 
 ROLLBACK_DIR = "/etc/qwen27b/rollback"  # the running release's unit and env, kept while an upgrade is verified
 _notes: dict[str, list[str]] = {}
@@ -24,9 +24,45 @@ def take_notes() -> list[str]:
 
 
 def api_key(decision: Decision) -> str | None:
-    """The API key from the controller-side file named by qwen27b_api_key_file (never logged)."""
+    """The API key from the controller-side file named by qwen27b_api_key_file (never logged);
+    hostdata refused a malformed file before any host was touched."""
     path = decision.settings.api_key_file
-    return Path(path).expanduser().read_text().strip() if path else None
+    return load_secret(path, "VLLM_API_KEY") if path else None
+
+
+# A URL with a password (user:pass@) never goes into a command line (sh -c's argv shows in `ps`, and
+# pyinfra -v prints it): it is written to this root-only env file and the commands source it and
+# hand the URL to the tool in its environment (UV_PYTHON_INSTALL_MIRROR, PIP_FIND_LINKS, http_proxy,
+# qwen27b-fetch --base expanding $QWEN27B_MODEL_MIRROR itself).
+URL_VARS = {"python_mirror": "QWEN27B_PYTHON_MIRROR", "wheel_mirror": "QWEN27B_WHEEL_MIRROR",
+            "model_mirror": "QWEN27B_MODEL_MIRROR", "http_proxy": "QWEN27B_HTTP_PROXY"}
+
+
+def url_env_file(decision: Decision) -> str:
+    return f"{decision.stack.paths['config']}/urls.env"
+
+
+def secret_urls(settings: Settings) -> dict[str, str]:
+    """Variable -> URL for this host's URLs that carry a password."""
+    return {var: getattr(settings, name) for name, var in URL_VARS.items()
+            if getattr(settings, name) and url_has_password(getattr(settings, name))}
+
+
+def url_env_text(settings: Settings) -> str:
+    # hostdata allows only plain URL characters (no quote, no space): single quotes hold them verbatim
+    return "".join(f"export {var}='{url}'\n" for var, url in sorted(secret_urls(settings).items()))
+
+
+def url_source(decision: Decision) -> str:
+    """The command prefix that loads the URL env file ('' when no URL carries a password)."""
+    return f". {url_env_file(decision)} && " if secret_urls(decision.settings) else ""
+
+
+def url_word(settings: Settings, name: str) -> str:
+    """How a command names the URL: itself, or "$VAR" from the env file when it carries a password
+    (only ever as an environment assignment's value: expanded in argv it would show in `ps`)."""
+    url = getattr(settings, name)
+    return f'"${URL_VARS[name]}"' if url_has_password(url) else url
 
 
 def needs_restart(op) -> None:

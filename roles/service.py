@@ -17,7 +17,7 @@ from pyinfra.operations import files, server, systemd
 
 from qwen27b.gate import Decision
 from qwen27b.host_facts import SymlinkTarget
-from qwen27b.operations import symlink_switch
+from qwen27b.operations import secret_file, symlink_switch
 from qwen27b.render import HEALTH_TIMER, HEALTH_UNIT, RESTART_COMMAND, SERVICE_UNIT, layout, render_all
 
 from ._common import ROLLBACK_DIR, api_key, remember_previous, restart_needed
@@ -60,9 +60,9 @@ def service(decision: Decision) -> None:
     ]
     if decision.settings.api_key_file:
         # VLLM_API_KEY guards /v1; in a root-only 0600 file, never in the unit or on a command line
-        written.append(files.put(name="API key env file (0600)", src=StringIO(f"VLLM_API_KEY={api_key(decision)}\n"),
-                                 dest=where["secrets_file"], user="root", group="root", mode="0600",
-                                 create_remote_dir=False))
+        # secret_file, not files.put: --diff would print the new key and, on rotation, the old one
+        written.append(secret_file(name="API key env file (0600)", dest=where["secrets_file"],
+                                   content=f"VLLM_API_KEY={api_key(decision)}\n"))
     current = decision.stack.paths["current_release"]
     previous = host.get_fact(SymlinkTarget, path=current)
     if previous != release_dir(decision):

@@ -15,9 +15,9 @@ from pyinfra.operations import apt, files, server
 from qwen27b.artifacts import uv_binary
 from qwen27b.gate import Decision
 from qwen27b.host_facts import ServiceUser
-from qwen27b.operations import directories
+from qwen27b.operations import directories, secret_file
 
-from ._common import note
+from ._common import note, url_env_file, url_env_text, url_source, url_word
 
 
 def release_dir(decision: Decision) -> str:
@@ -70,10 +70,9 @@ def _python(decision: Decision) -> str:
     uv = f"{paths['bin']}/uv"
     files.put(name="uv binary (from the controller cache)", src=str(uv_binary(decision.stack.tools["uv"]["version"])),
               dest=uv, user="root", group="root", mode="0755")
-    env = f"UV_PYTHON_INSTALL_DIR={paths['python']}"
-    mirror = decision.settings.python_mirror
-    if mirror:
-        env += f" UV_PYTHON_INSTALL_MIRROR={mirror}"
+    env = f"{url_source(decision)}UV_PYTHON_INSTALL_DIR={paths['python']}"
+    if decision.settings.python_mirror:
+        env += f" UV_PYTHON_INSTALL_MIRROR={url_word(decision.settings, 'python_mirror')}"
     if py["version"] not in decision.facts.pythons:
         server.shell(name="python (uv managed)",
                      commands=[f"{env} {uv} python install --managed-python {py['version']}"])
@@ -99,6 +98,9 @@ def toolchain(decision: Decision) -> None:
     apt_install("base packages", _packages(decision))
     _service_user(user, paths["state"])
     directories(name="qwen27b directories (owner, group, mode)", specs=[list(d) for d in _directories(decision)])
+    if url_env_text(decision.settings):  # before the first command that sources it
+        secret_file(name="mirror/proxy URLs with credentials (0600, never on a command line)",
+                    dest=url_env_file(decision), content=url_env_text(decision.settings))
     make_venv = _python(decision)
     venv = release_venv(decision)
     if host.get_fact(File, path=f"{venv}/bin/python") is None:

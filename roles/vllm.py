@@ -20,7 +20,9 @@ from qwen27b.gate import Decision
 from qwen27b.host_facts import VenvPackages
 from qwen27b.operations import push_files
 
-from ._common import note
+from qwen27b.hostdata import redact_url
+
+from ._common import note, url_source, url_word
 from .toolchain import release_venv
 
 
@@ -51,7 +53,11 @@ def _install_commands(decision: Decision, pip: str) -> tuple[str, list[str]]:
             f"PIP_CONFIG_FILE=/dev/null {pip} install --no-index --find-links {dest} {requirement} {extras}"]
     mirror = decision.settings.wheel_mirror
     if mirror:
-        return f"lab mirror {mirror}", [f"{pip} install --find-links {shlex.quote(mirror)} {requirement} {extras}"]
+        # PIP_FIND_LINKS, not --find-links: a URL with a password stays out of pip's argv (`ps`)
+        links = url_word(decision.settings, "wheel_mirror")
+        return f"lab mirror {redact_url(mirror)}", [
+            f"{url_source(decision)}PIP_FIND_LINKS={links} {pip} install {requirement} {extras}"
+            if links != mirror else f"{pip} install --find-links {shlex.quote(mirror)} {requirement} {extras}"]
     if vllm["build"] == "cpu":
         raise_missing(local)
     commands = []

@@ -27,11 +27,12 @@ from pyinfra.operations import files, server
 from qwen27b import fanout
 from qwen27b.artifacts import cache_root, dir_manifest
 from qwen27b.gate import Decision, RefusedHost
-from qwen27b.hostdata import Settings, lab_address
+from qwen27b.hostdata import Settings, lab_address, redact_url
 from qwen27b.host_facts import FileHashes, Subdirectories, SymlinkTarget
-from qwen27b.operations import push_files, symlink_switch
+from qwen27b.health import load_secret
+from qwen27b.operations import push_files, secret_file, symlink_switch
 
-from ._common import needs_restart, note, remember_previous
+from ._common import needs_restart, note, remember_previous, url_source, url_word
 
 FETCH_TOOL = Path(__file__).resolve().parent.parent / "qwen27b" / "fetch.py"
 SEED_TOOL = Path(__file__).resolve().parent.parent / "qwen27b" / "mirror.py"  # stdlib only, Range requests
@@ -58,8 +59,8 @@ def _hub(decision: Decision, entry: dict, target: str):
     if decision.settings.hf_token_file:
         # hostdata already refused a token file readable by others, before any host was touched
         token_path = f"{decision.stack.paths['config']}/hf-token"
-        files.put(name="Hugging Face token (0600, never on a command line)", src=decision.settings.hf_token_file,
-                  dest=token_path, user="root", group="root", mode="0600")
+        secret_file(name="Hugging Face token (0600, never on a command line)", dest=token_path,
+                    content=load_secret(decision.settings.hf_token_file, "HF_TOKEN") + "\n")
         token_env = f'HF_TOKEN="$(cat {token_path})" '
     venv = release_venv(decision)
     return server.shell(name="download from the hub", commands=[
@@ -87,7 +88,7 @@ def _mirror_manifest(base: str) -> dict:
                 with urllib.request.urlopen(f"{base}/manifest.json", timeout=30) as response:
                     _manifests[key] = json.loads(response.read())["files"]
             except (OSError, ValueError, KeyError) as error:
-                raise OperationError(f"cannot read {base}/manifest.json: {error}") from None
+                raise OperationError(f"cannot read {redact_url(base)}/manifest.json: {error}") from None
     return _manifests[key]
 
 
@@ -147,8 +148,18 @@ def _fetch_setup(decision: Decision, entry: dict, manifest: dict) -> tuple[str, 
 
 def _proxy_env(settings: Settings) -> str:
     # qwen27b_http_proxy is for the mirror: no_proxy emptied so it applies even to a loopback mirror
-    return (f"http_proxy={settings.http_proxy} https_proxy={settings.http_proxy} no_proxy= NO_PROXY= "
-            if settings.http_proxy else "")
+    proxy = url_word(settings, "http_proxy") if settings.http_proxy else None
+    return f"http_proxy={proxy} https_proxy={proxy} no_proxy= NO_PROXY= " if proxy else ""
+
+
+def _mirror_base(decision: Decision, entry: dict) -> str:
+    """qwen27b-fetch's --base: the mirror URL, or, when it carries a password, '$QWEN27B_MODEL_MIRROR/...'
+    single-quoted so the shell leaves it to qwen27b-fetch to expand (never in its argv)."""
+    settings = decision.settings
+    word = url_word(settings, "model_mirror")
+    if word == settings.model_mirror:
+        return f"{settings.model_mirror.rstrip('/')}/{safe_name(entry)}"
+    return f"'{word.strip(chr(34))}/{safe_name(entry)}'"
 
 
 def _fan_out(decision: Decision, entry: dict, target: str, base: str, manifest: dict, plan: fanout.FanoutPlan) -> None:
@@ -170,8 +181,9 @@ def _fan_out(decision: Decision, entry: dict, target: str, base: str, manifest: 
     fetch = None
     if copy is not None:
         tool, listing = _fetch_setup(decision, entry, manifest)
-        fetch = fanout.fetch_command(f"python3 {tool} --dest {target} --manifest {listing}", copy, base,
-                                     safe_name(entry), plan.port, _proxy_env(decision.settings))
+        fetch = fanout.fetch_command(f"python3 {tool} --dest {target} --manifest {listing}", copy,
+                                     _mirror_base(decision, entry), safe_name(entry), plan.port,
+                                     url_source(decision) + _proxy_env(decision.settings))
     seed_tool = f"{decision.stack.paths['bin']}/qwen27b-seed"
     if start is not None:
         files.put(name="qwen27b-seed (serves verified weights to peers, Range requests)", src=str(SEED_TOOL),
@@ -208,7 +220,8 @@ def place(decision: Decision, entry: dict, link: str, local_dir: str | None) -> 
         else:
             tool, listing = _fetch_setup(decision, entry, manifest)
             needs_restart(server.shell(name="fetch the checkpoint from the mirror",
-                         commands=[f"{_proxy_env(settings)}python3 {tool} --base {base} --dest {target} --manifest {listing}"]))
+                         commands=[f"{url_source(decision)}{_proxy_env(settings)}python3 {tool} "
+                                   f"--base {_mirror_base(decision, entry)} --dest {target} --manifest {listing}"]))
     elif source == "hub":
         needs_restart(_hub(decision, entry, target))
     else:

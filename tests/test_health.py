@@ -149,16 +149,18 @@ def test_history_keeps_the_last_20():
 
 
 @pytest.mark.parametrize("text, key", [
-    ("VLLM_API_KEY=abc123\n", "abc123"),
-    ("# written by qwen27b\nexport VLLM_API_KEY='abc 123'\n", "abc 123"),
-    ('OTHER=1\nVLLM_API_KEY="abc"\n', "abc"),
+    ("VLLM_API_KEY=abc123\n", "abc123"),  # what the service role writes to api-key.env
     ("  abc123  \n", "abc123"),
-    ("OTHER=1\n", None),
-    ("VLLM_API_KEY=\n", None),
-    ("", None),
 ])
-def test_read_api_key(text, key):
-    assert hc.read_api_key(text) == key
+def test_parse_secret_reads_the_deployed_env_file(text, key):
+    """The full format is tested in tests/test_secrets.py (one parser for deploy, health, bench)."""
+    assert hc.parse_secret(text) == key
+
+
+@pytest.mark.parametrize("text", ["OTHER=1\n", "VLLM_API_KEY=\n", "", "VLLM_API_KEY=a\nLD_PRELOAD=/x.so\n"])
+def test_parse_secret_refuses(text):
+    with pytest.raises(hc.SecretFileError):
+        hc.parse_secret(text)
 
 
 def test_status_file_atomic_and_tolerant(tmp_path):
@@ -396,7 +398,7 @@ def test_cli_reads_xids_since_the_last_check(cli, tmp_path):
 
 def test_cli_bad_key_file_and_usage(cli, tmp_path):
     rc, out, err, s = cli("--url", closed_url(), "--api-key-file", str(tmp_path / "nope.env"), "--no-restart")
-    assert rc == 2 and any("cannot read the API key file" in f["text"] for f in s["findings"])
+    assert rc == 2 and any("cannot use the API key file" in f["text"] for f in s["findings"])
     rc, out, err, _ = cli("--restart-after", "1", status_file=False)
     assert rc == 2 and "--url" in err  # argparse usage error
 
@@ -406,7 +408,7 @@ def test_cli_bad_key_file_and_usage(cli, tmp_path):
 @pytest.fixture
 def key_file(tmp_path, vllm_server):
     p = tmp_path / "api-key.env"
-    p.write_text(f"# 0600, written by the service role\nVLLM_API_KEY={vllm_server['api_key']}\n")
+    p.write_text(f"VLLM_API_KEY={vllm_server['api_key']}\n")  # as the service role writes it
     p.chmod(0o600)
     return p
 

@@ -24,6 +24,7 @@ from qwen27b.host_facts import (
     DeployLock,
     DirectoryStates,
     HASH_CACHE,
+    SecretFileState,
     FileHashes,
     ServiceUser,
     Subdirectories,
@@ -61,6 +62,8 @@ GARBLED = [
     (VenvPackages, ["-vllm==1.0"]),
     (SymlinkTarget, ["/opt/a", "/opt/b"]),
     (DeployLock, ["controller=a pid=1", "controller=b pid=2"]),
+    (SecretFileState, ["root root 600"]),  # stat answered, sha256sum did not
+    (SecretFileState, ["root root 600", "VLLM_API_KEY=abc"]),  # never anything but a hash
 ]
 
 
@@ -81,6 +84,8 @@ def _valid_shape(fact, data) -> bool:
             d is None or (set(d) == {"mode", "user", "group", "type"} and all(d.values())) for d in data))
     if fact is ServiceUser:
         return data is None or (set(data) == {"uid", "home", "shell", "group"} and isinstance(data["uid"], int))
+    if fact is SecretFileState:
+        return data is None or (set(data) == {"user", "group", "mode", "sha256"} and len(data["sha256"]) == 64)
     if fact is Subdirectories:
         return isinstance(data, list) and all(
             isinstance(n, str) and n and "/" not in n and "\n" not in n and n not in (".", "..") for n in data)

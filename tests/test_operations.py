@@ -11,7 +11,7 @@ from pathlib import Path
 from pyinfra_testing.operations import make_operation_tests
 
 OPERATION_CASES = Path(__file__).parent / "operations"
-OPERATIONS = ("apt_hold", "directories", "push_files", "symlink_switch")
+OPERATIONS = ("apt_hold", "directories", "push_files", "secret_file", "symlink_switch")
 
 for _op in OPERATIONS:
     globals()[f"TestOperation_{_op}"] = make_operation_tests("qwen27b", f"operations.{_op}", OPERATION_CASES / _op)
