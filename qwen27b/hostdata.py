@@ -105,6 +105,8 @@ FIRST_UNPRIVILEGED_PORT = 1024
 # Names end up unquoted in unit lines and the health timer's ExecStart: no spaces, no quotes.
 SERVED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
 SERVE_FLAG = re.compile(r"^--[a-z0-9][a-z0-9_-]*$")
+_TLS_FIX = ("TLS on vLLM's port is not wired into the readiness check, health timer and verify (http://): "
+            "terminate TLS in a reverse proxy on the host or in front of it (docs/security.md)")
 # Flags that have their own key (the plan, health check and verify read that key, not the flag).
 OWN_KEY_FLAGS = {
     "--port": "set qwen27b_port instead",
@@ -112,6 +114,9 @@ OWN_KEY_FLAGS = {
     "--served-model-name": "set qwen27b_served_model_name instead",
     "--model": "override the checkpoint with qwen27b_stack_overrides {'model': {'id': ...}}",
     "--middleware": "the route guard (qwen27b_auth.RequireKey) comes with qwen27b_api_key_file",
+    # the readiness check, the health timer and verify speak http:// to the port
+    "--ssl-keyfile": _TLS_FIX,
+    "--ssl-certfile": _TLS_FIX,
     "--api-key": "put the key in a 0600 file and set qwen27b_api_key_file (a flag shows in ps and systemctl status)",
 }
 POSITIVE_FLAGS = ("--tensor-parallel-size", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens")

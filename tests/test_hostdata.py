@@ -104,6 +104,8 @@ BAD_INPUTS = [
                  "qwen27b_api_key_file", id="api-key-as-flag"),
     pytest.param({"qwen27b_serve_flags": {"--middleware": "mymod.Open"}}, "qwen27b_serve_flags.--middleware",
                  "qwen27b_api_key_file", id="middleware-as-flag"),
+    pytest.param({"qwen27b_serve_flags": {"--ssl-keyfile": "/etc/k.pem"}}, "qwen27b_serve_flags.--ssl-keyfile",
+                 "reverse proxy", id="tls-as-flag"),
     # the /metrics allow-list: networks, and only behind a key
     pytest.param({"qwen27b_metrics_allow": ["10.0.0.5/32"]}, "qwen27b_metrics_allow", "every route, /metrics "
                  "included, is open", id="metrics-allow-without-key"),

@@ -237,6 +237,20 @@ def test_metrics_for_the_scraper_address_or_the_key(vllm_server):
         assert other.get(base + "/metrics", headers=_key(vllm_server)).status_code == 200
 
 
+def test_verify_and_bench_read_metrics_with_the_key(vllm_server):
+    """The deploy's verify (spec acceptance) and the bench scrape /metrics: the key goes with it."""
+    import httpx
+
+    from qwen27b import bench, verify
+    base, key = vllm_server["url"], vllm_server["api_key"]
+    assert verify.scrape(base) == ""  # 401: as before the fix, the counters would read as absent
+    assert "vllm:" in verify.scrape(base, key)
+    with httpx.Client(timeout=30, trust_env=False) as bare:
+        assert bench.scrape(bare, base) == {}
+    with httpx.Client(timeout=30, trust_env=False, headers=bench._headers(key)) as keyed:
+        assert bench.scrape(keyed, base) and bench.server_info(keyed, base, {}, None)["version"]
+
+
 def _ws_handshake(base: str, path: str, headers: dict) -> int:
     """The HTTP status a websocket upgrade gets (a close before accept is sent as 403)."""
     host, port = base.removeprefix("http://").split(":")
