@@ -59,7 +59,8 @@ def service(decision: Decision) -> None:
         for template, dest in targets
     ]
     if decision.settings.api_key_file:
-        # VLLM_API_KEY: every route but /health (the route guard); in a root-only 0600 file, never in the unit or on a command line
+        # VLLM_API_KEY: every route but /health needs it (the route guard); in a root-only 0600 file,
+        # never in the unit or on a command line
         written.append(files.put(name="API key env file (0600)", src=StringIO(f"VLLM_API_KEY={api_key(decision)}\n"),
                                  dest=where["secrets_file"], user="root", group="root", mode="0600",
                                  create_remote_dir=False))
