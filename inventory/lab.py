@@ -15,6 +15,7 @@ v100_hosts = [
         "_sudo": True,
         "qwen27b_bind_address": "192.168.10.21",  # serve on the lab interface only
         "qwen27b_api_key_file": "secrets/gpu-a.key",  # controller-side file, mode 0600
+        "qwen27b_metrics_allow": ["192.168.10.5/32"],  # the Prometheus scraper reads /metrics without the key
     }),
     # A workstation with two V100-PCIE-16GB: the planner lowers context/batch to fit, and says so.
     ("gpu-b.lab", {

@@ -947,7 +947,8 @@ def measure(args) -> dict:
     stack = load_stack()
     seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    with httpx.Client(timeout=httpx.Timeout(60, connect=10), trust_env=False) as client:
+    # the key on every request: the route guard asks for it on /metrics and /version too
+    with httpx.Client(timeout=httpx.Timeout(60, connect=10), trust_env=False, headers=headers) as client:
         info = server_info(client, base, headers, args.model)
         model = info["model"]
         physics = resolve_physics(args, stack, model)

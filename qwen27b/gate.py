@@ -387,7 +387,7 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
             served_name=settings.served_model_name or rs.model["served_name"],
             bind_address=bind, bind_reason=bind_reason, port=settings.port,
             speculative=settings.speculative, prefix_caching=settings.prefix_caching,
-            pins=pins, ram_bytes=ram))
+            pins=pins, ram_bytes=ram, route_guard=bool(settings.api_key_file)))
     except PlanRefused as refused:
         raise RefusedHost(host, refused.cause, refused.fix) from None
 

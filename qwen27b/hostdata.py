@@ -57,6 +57,7 @@ class Settings:
     keep_model_revisions: int = 1  # old revisions kept for rollback
     dflash_cli: bool = False  # also install PyPI's `dflash` CLI (benchmarks against the server)
     firewall_allow: list | None = None  # networks allowed to reach the port (nftables); None: no rule
+    metrics_allow: list | None = None  # networks whose scraper reads /metrics without the API key
     # none | tree: with model_source mirror, one host fetches from the mirror and hosts holding a
     # verified copy seed the others in waves (1 -> 2 -> 4 ...): 1x the model over the WAN (qwen27b/fanout.py)
     weights_fanout: str = "none"
@@ -93,6 +94,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "dflash_cli": (bool,),
     "weights_fanout": (str,),
     "firewall_allow": (list,),
+    "metrics_allow": (list,),
 }
 PREFIX = "qwen27b_"
 KEYS = [PREFIX + f.name for f in fields(Settings)]
@@ -105,12 +107,18 @@ FIRST_UNPRIVILEGED_PORT = 1024
 # Names end up unquoted in unit lines and the health timer's ExecStart: no spaces, no quotes.
 SERVED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
 SERVE_FLAG = re.compile(r"^--[a-z0-9][a-z0-9_-]*$")
+_TLS_FIX = ("TLS on vLLM's port is not wired into the readiness check, health timer and verify (http://): "
+            "terminate TLS in a reverse proxy on the host or in front of it (docs/security.md)")
 # Flags that have their own key (the plan, health check and verify read that key, not the flag).
 OWN_KEY_FLAGS = {
     "--port": "set qwen27b_port instead",
     "--host": "set qwen27b_bind_address instead",
     "--served-model-name": "set qwen27b_served_model_name instead",
     "--model": "override the checkpoint with qwen27b_stack_overrides {'model': {'id': ...}}",
+    "--middleware": "the route guard (qwen27b_auth.RequireKey) comes with qwen27b_api_key_file",
+    # the readiness check, the health timer and verify speak http:// to the port
+    "--ssl-keyfile": _TLS_FIX,
+    "--ssl-certfile": _TLS_FIX,
     "--api-key": "put the key in a 0600 file and set qwen27b_api_key_file (a flag shows in ps and systemctl status)",
 }
 POSITIVE_FLAGS = ("--tensor-parallel-size", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens")
@@ -179,17 +187,16 @@ def settings_for(host: str, data: dict) -> Settings:
     return settings
 
 
-def _check_firewall(host: str, networks: list) -> None:
+def _check_networks(host: str, key: str, networks: list, empty: str) -> None:
     if not networks:
-        raise BadHostData(host, "qwen27b_firewall_allow", "an empty list would shut everyone out, the deploy's "
-                          "verify included", "list the lab networks, e.g. ['10.0.0.0/24'], or leave the key out")
+        raise BadHostData(host, key, empty, "list the lab networks, e.g. ['10.0.0.0/24'], or leave the key out")
     for network in networks:
         try:
             if not isinstance(network, str):
                 raise TypeError(network)
             ipaddress.ip_network(network, strict=False)
         except (TypeError, ValueError):
-            raise BadHostData(host, "qwen27b_firewall_allow", f"{network!r} is not a network",
+            raise BadHostData(host, key, f"{network!r} is not a network",
                               "write networks as CIDR strings, e.g. '10.0.0.0/24' or '192.168.1.7/32'") from None
 
 
@@ -248,7 +255,15 @@ def _check_values(host: str, s: Settings) -> None:
         raise BadHostData(host, "qwen27b_weights_fanout", f"'tree' fans out a mirror download, but model_source is "
                           f"{s.model_source!r}", "set qwen27b_model_source to 'mirror', or leave the fan-out at 'none'")
     if s.firewall_allow is not None:
-        _check_firewall(host, s.firewall_allow)
+        _check_networks(host, "qwen27b_firewall_allow", s.firewall_allow,
+                        "an empty list would shut everyone out, the deploy's verify included")
+    if s.metrics_allow is not None:
+        _check_networks(host, "qwen27b_metrics_allow", s.metrics_allow, "an empty list allows no scraper")
+        if not s.api_key_file:
+            raise BadHostData(host, "qwen27b_metrics_allow", "without qwen27b_api_key_file every route, /metrics "
+                              "included, is open: an allow-list would allow nothing more",
+                              "set qwen27b_api_key_file (the route guard then closes /metrics to all but these "
+                              "networks), or leave the key out")
     if s.model_source == "controller" and not s.model_local_dir:
         raise BadHostData(host, "qwen27b_model_local_dir", "model_source is 'controller' but no local dir is set",
                           "set qwen27b_model_local_dir to the checkpoint directory on this machine")

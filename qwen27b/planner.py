@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, field
 
 from .checkpoint import DTYPE_BYTES, ModelShape
+from .route_auth import MIDDLEWARE
 from .stack import ResolvedStack
 
 MiB = 2**20
@@ -130,6 +131,7 @@ class ServeInputs:
     prefix_caching: bool
     pins: dict
     ram_bytes: int | None = None
+    route_guard: bool = False  # an API key is set: every route but /health needs it (route_auth.py)
 
 
 def _pin(pins: dict, name: str, cast):
@@ -333,6 +335,9 @@ def plan_serve(inp: ServeInputs) -> ServePlan:
             add("--mamba-cache-mode", "align", f"hybrid GDN model with prefix caching {cite('gdn-prefix')}")
     else:
         add("--no-enable-prefix-caching", None, "qwen27b_prefix_caching is off")
+    if inp.route_guard:
+        add("--middleware", MIDDLEWARE, "every route but /health needs the API key: vLLM's VLLM_API_KEY guards "
+            "only /v1, /v2, /inference and /cohere (/invocations, /tokenize, /metrics answered anyone)")
     for name, value in pins.items():
         flags.append(Flag(name, None if value is True else str(value), "pinned in host data (qwen27b_serve_flags)", True))
 

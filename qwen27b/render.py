@@ -100,6 +100,12 @@ def service_env(decision: Decision, where: dict) -> list[tuple[str, str]]:
     }
     if decision.gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g.index) for g in decision.gpus)
+    if decision.serve.has("--middleware"):
+        # the route guard (route_auth.py) lives in <venv>/lib next to qwen27b_health.py, outside
+        # site-packages, where --middleware qwen27b_auth.RequireKey imports it
+        env["PYTHONPATH"] = where["venv"] + "/lib"
+        if decision.settings.metrics_allow:
+            env["QWEN27B_METRICS_ALLOW"] = ",".join(decision.settings.metrics_allow)
     env.update(decision.serve.env)
     return sorted(env.items())
 

