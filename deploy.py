@@ -11,7 +11,7 @@ from roles.cuda import cuda
 from roles.dflash import dflash
 from roles.firewall import firewall
 from roles.nvidia import nvidia
-from roles.preflight import preflight, release_lock, show_planned_operations
+from roles.preflight import preflight, release_lock, run_roles, show_planned_operations
 from roles.service import service
 from roles.toolchain import toolchain
 from roles.verify import verify
@@ -19,15 +19,6 @@ from roles.vllm import vllm
 from roles.weights import weights
 
 plan = preflight()
-if plan is not None:
-    toolchain(plan)
-    nvidia(plan)
-    cuda(plan)
-    vllm(plan)
-    dflash(plan)
-    weights(plan)
-    firewall(plan)
-    service(plan)
-    verify(plan)
+if plan is not None and run_roles(plan, [toolchain, nvidia, cuda, vllm, dflash, weights, firewall, service, verify]):
     release_lock()
     show_planned_operations()

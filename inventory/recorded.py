@@ -29,4 +29,11 @@ recorded_hosts = [
     _fake("nogpu-2204"),
     _fake("centos7"),
     _fake("v100x1-secureboot"),
+    _fake("h200"),
+    _fake("v100x1-open-loaded"),
+    _fake("v100x2-open-unloaded", qwen27b_skip_reboot=True),
+    _fake("v100x2-r470"),
+    _fake("v100x4-pg500"),
+    _fake("v100x4-noheaders"),
+    _fake("v100x4-converged-8g"),
 ]

@@ -60,10 +60,14 @@ def dir_manifest(directory: Path) -> dict[str, str]:
     return {name: v["sha256"] for name, v in manifest.items()}
 
 
+def uv_path(version: str) -> Path:
+    return cache_root() / "tools" / f"uv-{version}" / "uv"
+
+
 def uv_binary(version: str) -> Path:
     """The uv binary for x86_64 Linux, from PyPI's `uv` wheel (PyPI is reachable where GitHub may
     not be), cached under tools/uv-<version>/uv."""
-    target = cache_root() / "tools" / f"uv-{version}" / "uv"
+    target = uv_path(version)
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

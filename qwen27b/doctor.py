@@ -56,7 +56,7 @@ from .checkpoint import CheckpointError, load_shape, shape_from_config
 from .gate import SEED_XID79_ADVICE, XID_MEANING, HostFacts, RefusedHost, decide
 from .hostdata import URL_KEYS, BadHostData, Settings, lab_address, redact_url, settings_for
 from .planner import PlanRefused, ServeInputs, plan_serve
-from .stack import (StackError, cc_tuple, checkpoint_metadata_dir, gpu_spec, load_stack,
+from .stack import (StackError, api_key_env_file, cc_tuple, checkpoint_metadata_dir, gpu_spec, load_stack,
                     profile_for_compute_capability, resolve_stack)
 from .verify import spec_counters
 
@@ -111,7 +111,7 @@ def fact_commands(paths: dict) -> dict[str, tuple[type, str]]:
     out = {}
     for cls in F.ALL_FACTS:
         fact = cls()
-        command = fact.command(paths["models"]) if cls is F.DiskFree else fact.command()
+        command = fact.command(paths[cls.path_arg]) if getattr(cls, "path_arg", None) else fact.command()
         needs = fact.requires_command() if callable(getattr(fact, "requires_command", None)) else None
         if needs:  # FactBase's default answers None
             command = _guard(needs, command)
@@ -154,8 +154,12 @@ def commands(stack: dict) -> dict[str, str]:
     return out
 
 
-def http_commands(address: str, port: str) -> dict[str, str]:
-    """Phase 2, on the host (where the service's bind address is reachable): /health, /metrics."""
+def http_commands(address: str, port: str, secrets_file: str | None = None) -> dict[str, str]:
+    """Phase 2, on the host (where the service's bind address is reachable): /health, /metrics.
+
+    The route guard wants the API key for /metrics (unless the host is in qwen27b_metrics_allow):
+    it is read from the unit's 0600 secrets file on the host and handed to curl as a config on
+    stdin (`-K -`, printf is a shell builtin), so it never reaches an argv, ps or this machine."""
     if address in ("0.0.0.0", "", None):
         address = "127.0.0.1"
     elif address == "::":
@@ -164,8 +168,17 @@ def http_commands(address: str, port: str) -> dict[str, str]:
     base = f"http://{host}:{port}"
     return {
         "health.txt": f"curl -s -g -o /dev/null -m 5 -w '%{{http_code}}' {shlex.quote(base + '/health')}; true",
-        "metrics.txt": f"curl -s -g -m 10 {shlex.quote(base + '/metrics')}; true",
+        "metrics.txt": _metrics_command(base + "/metrics", secrets_file),
     }
+
+
+def _metrics_command(url: str, secrets_file: str | None) -> str:
+    plain = f"curl -s -g -m 10 {shlex.quote(url)}"
+    if not secrets_file:
+        return plain + "; true"
+    return (f"k=$(sed -n 's/^VLLM_API_KEY=//p' {shlex.quote(secrets_file)} 2>/dev/null | head -n 1); "
+            "if [ -n \"$k\" ]; then printf 'header = \"Authorization: Bearer %s\"\\n' \"$k\" | "
+            f"curl -s -g -m 10 -K - {shlex.quote(url)}; else {plain}; fi; true")
 
 
 FACT_KEYS = frozenset(cls.recorded_as for cls in F.ALL_FACTS)
@@ -306,7 +319,8 @@ def collect(name: str, data: dict, stack: dict) -> HostSnapshot:
     flags = running_flags(parse_show(snap.text("systemctl-show.txt") or "").get("ExecStart", ""))
     if flags.get("--port"):
         more, more_codes, error = run_remote(name, data, http_commands(flags.get("--host") or "127.0.0.1",
-                                                                        flags["--port"]), timeout=60)
+                                                                        flags["--port"], api_key_env_file(stack["paths"])),
+                                             timeout=60)
         snap.outputs.update(more)
         snap.codes.update(more_codes)
     return snap
@@ -1426,6 +1440,10 @@ def step4(ctx: Ctx) -> list[Check]:
     # /metrics: KV cache usage and preemptions
     if not ctx.serving:
         checks.append(Check(4, "KV cache / preemptions", SKIP, "the service is not serving"))
+    elif not ctx.metrics and ctx.metrics_text and '"Unauthorized"' in ctx.metrics_text:
+        checks.append(Check(4, "KV cache / preemptions", WARN, "/metrics answered 401 (the route guard wants the key)",
+                            "run doctor as a user who can read the API key file on the host (ssh as root or "
+                            "with qwen27b's sudo), or add the scraping network to qwen27b_metrics_allow"))
     elif not ctx.metrics:
         checks.append(Check(4, "KV cache / preemptions", WARN if ctx.metrics_text is not None else SKIP,
                             "/metrics not readable" if ctx.metrics_text is not None else "/metrics not probed",

@@ -131,6 +131,8 @@ _DEVICE_HANDLE = re.compile(
     r"^Unable to determine the device handle for (?:GPU|gpu) ?(?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:"
     r"[0-9A-Fa-f]{2}\.[0-7]): (?P<reason>.+)$"
 )
+# R470 and older print this for compute_cap (added in R510) and stop: the driver is too old.
+_UNKNOWN_FIELD = re.compile(r'^Field "(?P<field>[^"]+)" is not a valid field to query\.?$')
 _INFOROM = re.compile(r"^WARNING: infoROM is corrupted at gpu (?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$")
 
 
@@ -167,7 +169,7 @@ class NvidiaGpus(FactBase):
         for n, line in lines:
             problem = self._problem(line.strip())
             if problem is not None:
-                if problem["problem"] in ("driver-library-mismatch", "nvml-init"):
+                if problem["problem"] in ("driver-library-mismatch", "nvml-init", "driver-too-old"):
                     return [problem]  # nothing else nvidia-smi printed is a GPU row
                 gpus.append(problem)
                 continue
@@ -181,6 +183,8 @@ class NvidiaGpus(FactBase):
 
     @staticmethod
     def _problem(line: str) -> dict | None:
+        if _UNKNOWN_FIELD.match(line):
+            return {"problem": "driver-too-old", "bus_id": None, "message": line}
         match = _NVML_INIT.match(line)
         if match:
             kind = "driver-library-mismatch" if "Driver/library version mismatch" in line else "nvml-init"
@@ -393,6 +397,56 @@ class SecureBoot(FactBase):
         raise FactParseError(fact, n, "a SB:mokutil, SB:efivar or SB:none marker line", marker)
 
 
+_POLICY_FIELD = re.compile(r"^\s+(?P<key>Installed|Candidate): (?P<value>\S+)$")
+
+
+class KernelHeaders(FactBase):
+    """DKMS needs linux-headers-<running kernel>: is it installed, or in a configured archive?
+
+    {"package", "installed", "candidate"} (versions, None for "(none)"); both None when apt knows
+    no such package (a custom or long-superseded kernel). None when not read (no apt-cache).
+    """
+
+    recorded_as = "apt-cache-policy-headers.txt"
+    _command = ('k=$(uname -r); echo "headers linux-headers-$k"; '
+                'apt-cache policy "linux-headers-$k" 2>/dev/null || true')
+    fake_match = _command_pattern(_command)
+
+    def requires_command(self) -> str:
+        return "apt-cache"
+
+    def command(self) -> str:
+        return self._command
+
+    @staticmethod
+    def default() -> None:
+        return None
+
+    def process(self, output: list[str]) -> dict:
+        fact = "KernelHeaders"
+        lines = [(n, line) for n, line in enumerate(output, 1) if line.strip()]
+        if not lines or not re.fullmatch(r"headers linux-headers-[0-9][\w.+~-]*", lines[0][1].strip()):
+            n, line = lines[0] if lines else (None, None)
+            raise FactParseError(fact, n, "'headers linux-headers-<kernel release>'", line)
+        package = lines[0][1].strip().split(" ", 1)[1]
+        found = {"package": package, "installed": None, "candidate": None}
+        rest = lines[1:]
+        if not rest:
+            return found  # apt-cache policy prints nothing for a package no archive has
+        n, first = rest[0]
+        if first.rstrip() != f"{package}:":
+            raise FactParseError(fact, n, f"'{package}:' (apt-cache policy's first line)", first)
+        seen = set()
+        for _, line in rest[1:]:
+            match = _POLICY_FIELD.match(line.rstrip())
+            if match:
+                seen.add(match["key"])
+                found[match["key"].lower()] = None if match["value"] == "(none)" else match["value"]
+        if seen != {"Installed", "Candidate"}:
+            raise FactParseError(fact, rest[-1][0], "'  Installed: ...' and '  Candidate: ...' lines", rest[-1][1])
+        return found
+
+
 # --- Resources ---------------------------------------------------------------------------------
 
 _DF_LINE = re.compile(
@@ -405,6 +459,7 @@ class DiskFree(FactBase):
     """The checkpoint (~20 GiB NVFP4 + draft) and the wheels must fit where the model dir will be."""
 
     recorded_as = "df-model-dir.txt"
+    path_arg = "models"
     fake_match = re.compile(r'; df -P -B1 "\$p"(?:$| \);)')
 
     def command(self, path: str) -> str:
@@ -444,6 +499,38 @@ class DiskFree(FactBase):
             "size_bytes": int(match["size"]),
             "free_bytes": int(match["avail"]),
         }
+
+
+_MODELS_LINE = re.compile(r"^(?P<bytes>[0-9]+) (?P<state>verified|partial) (?P<name>[^/]+)$")
+
+
+class ModelsOnDisk(FactBase):
+    """What is already under the models dir, per revision directory: bytes on disk (partial
+    downloads included) and whether its hub manifest was written. The disk check then needs only
+    the missing bytes: a converged host downloads nothing and needs no room for it."""
+
+    recorded_as = "models-on-disk.txt"
+    fake_match = re.compile(r"b=\$\(du -sb -- \"\$d\" \| cut -f1\)")
+    path_arg = "models"  # the stack path this fact takes (as DiskFree)
+
+    def command(self, path: str) -> str:
+        return (f"cd {shlex.quote(path)} 2>/dev/null || exit 0; "
+                'for d in */; do [ -d "$d" ] && [ ! -L "${d%/}" ] || continue; '
+                'b=$(du -sb -- "$d" | cut -f1); m=partial; [ -f "${d}qwen27b-manifest.sha256" ] && m=verified; '
+                "printf '%s %s %s\\n' \"$b\" \"$m\" \"${d%/}\"; done")
+
+    @staticmethod
+    def default() -> dict:
+        return {}
+
+    def process(self, output: list[str]) -> dict:
+        found: dict[str, dict] = {}
+        for n, line in _lines(output):
+            match = _MODELS_LINE.match(line)
+            if not match or match["name"] in found:
+                raise FactParseError("ModelsOnDisk", n, "'<bytes> verified|partial <directory>', each once", line)
+            found[match["name"]] = {"bytes": int(match["bytes"]), "verified": match["state"] == "verified"}
+        return found
 
 
 _MEMINFO_LINE = re.compile(r"^(?P<key>[A-Za-z0-9_()]+):\s+(?P<value>[0-9]+)(?: kB)?$")
@@ -653,4 +740,6 @@ ALL_FACTS: tuple[type[FactBase], ...] = (
     XidErrors,
     NvidiaCudaPackages,
     HeldPackages,
+    KernelHeaders,
+    ModelsOnDisk,
 )

@@ -6,13 +6,14 @@ names the host, the cause and the fix; warnings print but do not stop the deploy
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 
 from .checkpoint import CheckpointError, ModelShape, load_shape
 from .hostdata import Settings
 from .planner import GiB, Gpu, PlanRefused, ServeInputs, ServePlan, _divides, plan_serve
 from .stack import (ResolvedStack, StackError, cc_tuple, checkpoint_metadata_dir, gpu_spec,
-                    os_support, profile_for_compute_capability, resolve_stack)
+                    os_support, profile_for_compute_capability, resolve_stack, revision_dir_name)
 
 SEED_XID79_ADVICE = (
     "Xid 79 means a GPU fell off the PCIe bus. The seed's advice for V100s in workstation boards "
@@ -32,11 +33,37 @@ XID_MEANING = {
 
 
 class RefusedHost(Exception):
-    """This host must not be touched; str() names host, cause and fix."""
+    """This host must not be touched; str() names host, cause and fix. `problems` lists every
+    (cause, fix) the gate found (the first is `cause`/`fix`): one run shows the admin all of them."""
 
-    def __init__(self, host: str, cause: str, fix: str):
+    def __init__(self, host: str, cause: str, fix: str, problems: list[tuple[str, str]] | None = None):
         self.host, self.cause, self.fix = host, cause, fix
-        super().__init__(f"{host}: refused: {cause}. Fix: {fix}")
+        self.problems = problems or [(cause, fix)]
+        if len(self.problems) == 1:
+            super().__init__(f"{host}: refused: {cause}. Fix: {fix}")
+        else:
+            super().__init__(f"{host}: refused: " + " ".join(f"({n}) {c}. Fix: {f}." for n, (c, f)
+                                                             in enumerate(self.problems, 1)))
+
+    @classmethod
+    def every(cls, host: str, refusals: list["RefusedHost"]) -> "RefusedHost":
+        problems = [p for r in refusals for p in r.problems]
+        return cls(host, problems[0][0], problems[0][1], problems)
+
+
+SECURE_BOOT_FIX = (
+    "sign the module with a Machine Owner Key (MOK): "
+    "1) reuse the key DKMS made if /var/lib/shim-signed/mok/MOK.der exists, else make one: `sudo mkdir -p "
+    "/var/lib/shim-signed/mok && sudo openssl req -new -x509 -newkey rsa:2048 -nodes -days 36500 -subj "
+    "'/CN=qwen27b DKMS module signing/' -keyout /var/lib/shim-signed/mok/MOK.priv -outform DER -out "
+    "/var/lib/shim-signed/mok/MOK.der && sudo chmod 600 /var/lib/shim-signed/mok/MOK.priv`; "
+    "2) `sudo mokutil --import /var/lib/shim-signed/mok/MOK.der` (choose a one-time password); "
+    "3) `sudo reboot` and, at the console (BMC/IPMI or a screen: it cannot be done over SSH), in the blue MOK "
+    "Manager: Enroll MOK, Continue, Yes, the password, Reboot; "
+    "4) check `mokutil --test-key /var/lib/shim-signed/mok/MOK.der` says it is already enrolled; "
+    "5) set qwen27b_mok_key_path: /var/lib/shim-signed/mok/MOK.priv (the certificate MOK.der lies beside it) "
+    "and re-run. Or disable Secure Boot in the firmware setup"
+)
 
 
 @dataclass(frozen=True)
@@ -56,6 +83,8 @@ class HostFacts:
     xids: list = field(default_factory=list)
     packages: dict = field(default_factory=dict)  # NvidiaCudaPackages
     held: list = field(default_factory=list)
+    kernel_headers: dict | None = None  # KernelHeaders; None: not read
+    models_on_disk: dict = field(default_factory=dict)  # ModelsOnDisk(models path)
     gpu_problems: list = field(default_factory=list)  # NvidiaGpus' "problem" entries, split off gpus
 
     def __post_init__(self):
@@ -76,6 +105,26 @@ class Choice:
     action: str  # "install", "keep", "skip", "pending"
 
 
+@dataclass(frozen=True)
+class DriverPlan:
+    """What happens to the NVIDIA driver, and why: keep the loaded one, or install `package`
+    (purging `remove` in the same apt transaction) and reboot once."""
+
+    action: str  # "keep" | "install" | "replace"
+    package: str  # the stack's package (installed or not)
+    reason: str
+    remove: tuple[str, ...] = ()  # installed packages apt must purge for `package` to load
+    hold: tuple[str, ...] = ()  # the driver packages to apt-mark hold (none for a .run install)
+    from_apt: bool = True  # False: a loaded driver no package owns (.run installer, vendor image)
+    headers: str | None = None  # linux-headers-<kernel> to install, None when it need not or cannot be
+
+    kept: str | None = None  # for "keep": what is kept, as the plan shows it
+
+    @property
+    def reboot(self) -> bool:
+        return self.action != "keep"
+
+
 @dataclass
 class Decision:
     host: str
@@ -89,6 +138,7 @@ class Decision:
     draft_path: str | None
     facts: HostFacts
     os_row: dict  # the stack's os_support row (CUDA repo path, notes)
+    driver: DriverPlan | None = None  # None: the profile uses no GPU driver
 
     @property
     def profile(self) -> str:
@@ -218,13 +268,10 @@ def _generation_rules(host: str, rs: ResolvedStack, gpus: list[Gpu], facts: Host
         return
     cc = cc_tuple(gpus[0].compute_capability)
     drv = p["driver"]
-    open_requested = "-open" in drv["package"]
-    open_loaded = facts.kernel_module.get("flavor") == "open"
-    if not drv["open_modules_supported"] and (open_requested or open_loaded):
-        what = f"driver package {drv['package']}" if open_requested else "the loaded open NVIDIA kernel module"
-        raise RefusedHost(host, f"{what} on {gpus[0].name}: {rs.source_text('open-gsp')}",
-                          f"use the proprietary {drv['package'].replace('-open', '')}"
-                          + ("; purge the nvidia-*-open packages first" if open_loaded else ""))
+    if not drv["open_modules_supported"] and "-open" in drv["package"]:
+        # an -open module found on the host is replaced by _driver_plan; this is the stack asking for one
+        raise RefusedHost(host, f"driver package {drv['package']} on {gpus[0].name}: {rs.source_text('open-gsp')}",
+                          f"use the proprietary {drv['package'].replace('-open', '')}")
     cuda = p["cuda"]
     if cuda and int(str(cuda["toolkit"]).split(".")[0]) > cuda["max_major"]:
         raise RefusedHost(host, f"CUDA {cuda['toolkit']} on {gpus[0].name}: {rs.source_text('cuda13-volta')}",
@@ -241,8 +288,98 @@ def _generation_rules(host: str, rs: ResolvedStack, gpus: list[Gpu], facts: Host
                           "use the sm70 profile's 1Cat-vLLM build, which dequantizes NVFP4 on V100")
 
 
-def _warnings(facts: HostFacts, rs: ResolvedStack, settings: Settings, os_row: dict) -> list[str]:
+_DRIVER_PACKAGE = re.compile(r"^(?:nvidia-driver-(?P<branch>[0-9]+)(?:-server)?(?:-open)?|cuda-drivers(?:-(?P<cuda_branch>[0-9]+))?)$")
+_BRANCH_PACKAGE = re.compile(r"^nvidia-(?:driver|dkms|kernel-source|kernel-common|utils|compute-utils)-(?P<branch>[0-9]+)(?:-server)?(?:-open)?$")
+_TOOLKIT_PACKAGE = re.compile(r"^cuda-toolkit-([0-9]+)-[0-9]+$")
+_OPEN_PACKAGE = re.compile(r"^nvidia-[a-z-]+-[0-9]+(?:-server)?-open$")
+UNINSTALL_RUN_FIX = ("remove it with the .run installer's own uninstaller (`sudo nvidia-uninstall`, or `sudo sh "
+                     "NVIDIA-Linux-x86_64-<version>.run --uninstall`), reboot, then re-run the deploy: it installs {package}")
+
+
+def _driver_plan(host: str, facts: HostFacts, rs: ResolvedStack, settings: Settings, gpus: list[Gpu]) -> DriverPlan | None:
+    """Keep a loaded driver of the stack's branch whatever installed it; replace anything else, with
+    the reason and the exact packages apt must purge; refuse what apt cannot replace (a .run install)."""
+    drv = rs.profile.get("driver")
+    if not drv or not gpus:
+        return None
+    package, branch, cite = drv["package"], int(drv["branch"]), rs.cite(drv["source"])
+    module, packages = facts.kernel_module, facts.packages
+    loaded = module.get("version")
+    loaded_branch = int(loaded.split(".")[0]) if loaded else None
+    from_apt = sorted(p for p in packages if _DRIVER_PACKAGE.match(p))
+    open_bad = not drv["open_modules_supported"]
+    open_installed = sorted(p for p in packages if _OPEN_PACKAGE.match(p)) if open_bad else []
+    other_branch = sorted(p for p in packages if (m := _BRANCH_PACKAGE.match(p)) and int(m["branch"]) != branch)
+    answering = bool(facts.gpus)
+    too_old = any(p["problem"] == "driver-too-old" for p in facts.gpu_problems)
+    how = (f"from apt ({', '.join(f'{p} {packages[p]}' for p in from_apt)})" if from_apt
+           else "installed outside apt (no nvidia-driver package: the .run installer or a vendor image)")
+
+    if (loaded_branch == branch and answering and not (open_bad and module.get("flavor") == "open")
+            and not open_installed):
+        return DriverPlan("keep", package, f"R{branch} {loaded} loaded ({module.get('flavor')} module) and nvidia-smi "
+                          f"answers on {len(facts.gpus)} GPU(s); {how}: kept as it is, no reinstall, no reboot {cite}",
+                          hold=tuple(from_apt), from_apt=bool(from_apt),
+                          kept=", ".join(from_apt) if from_apt else f"{loaded} (outside apt)")
+
+    remove: list[str] = []
+    if open_bad and (module.get("flavor") == "open" or open_installed):
+        if not open_installed:
+            raise RefusedHost(host, f"the open NVIDIA kernel module {loaded} is loaded on {gpus[0].name} and no "
+                              f"nvidia-*-open package owns it: {rs.source_text('open-gsp')}",
+                              UNINSTALL_RUN_FIX.format(package=package))
+        where = "loaded" if module.get("flavor") == "open" else "installed, not loaded (it cannot drive this GPU)"
+        why = f"the open kernel module is {where} ({', '.join(open_installed)}): {gpus[0].name} needs the proprietary one"
+        remove = open_installed
+    elif loaded_branch is not None and loaded_branch != branch:
+        if not from_apt:
+            raise RefusedHost(host, f"NVIDIA driver {loaded} is loaded, installed outside apt, and is not R{branch} "
+                              f"(the stack's branch: {rs.source_text(drv['source'])}); apt cannot replace a .run install",
+                              UNINSTALL_RUN_FIX.format(package=package))
+        age = "older" if loaded_branch < branch else "newer"
+        why = (f"R{loaded_branch} ({loaded}) is loaded" + (", too old for nvidia-smi to report compute_cap" if too_old else "")
+               + f": {age} than R{branch}, the stack's branch")
+        remove = other_branch + [p for p in from_apt if p.startswith("cuda-drivers") and p not in other_branch]
+    elif not loaded and other_branch:
+        why = f"{', '.join(other_branch)} installed, not loaded: not R{branch}, the stack's branch"
+        remove = other_branch
+    elif loaded:
+        why = f"R{branch} {loaded} is loaded but nvidia-smi lists no GPU"
+    elif package in packages:
+        why = f"{package} {packages[package]} is installed but not loaded (a reboot is pending)"
+    else:
+        why = (f"R{branch}, proprietary kernel module" if open_bad else
+               f"R{branch}, open kernel module (NVIDIA's recommended one from Turing on; Blackwell has no other)")
+    reboot = "reboot pending (qwen27b_skip_reboot)" if settings.skip_reboot else "then reboot once"
+    steps = f"; purge {', '.join(sorted(remove))} and install it in one apt transaction" if remove else ""
+    return DriverPlan("replace" if remove else "install", package, f"{why}{steps}; {reboot} {cite}",
+                      remove=tuple(sorted(remove)), hold=(package,))
+
+
+def _with_headers(host: str, plan: DriverPlan | None, facts: HostFacts) -> DriverPlan | None:
+    """DKMS builds the module against linux-headers-<running kernel>: plan it only where apt has it;
+    refuse a driver install without it (the build would fail half-way)."""
+    if plan is None or not facts.kernel:
+        return plan
+    headers = facts.kernel_headers
+    name = f"linux-headers-{facts.kernel}"
+    if headers is None or headers.get("installed") or headers.get("candidate"):
+        return replace(plan, headers=name)
+    if plan.action == "keep":
+        return plan  # nothing is built now; _warnings says what a future rebuild needs
+    raise RefusedHost(host, f"{name} is in no configured apt archive (apt-cache policy lists no candidate), so DKMS "
+                      f"cannot build {plan.package} for the running kernel {facts.kernel}",
+                      "run `apt-get update` (a stale index); if still none, the running kernel is no longer in the "
+                      "archive: install the current one of its flavour (e.g. `apt-get install linux-image-generic "
+                      "linux-headers-generic`), reboot into it, then re-run the deploy")
+
+
+def _warnings(facts: HostFacts, rs: ResolvedStack, settings: Settings, os_row: dict,
+              driver: DriverPlan | None = None) -> list[str]:
     out = []
+    if driver is not None and driver.action == "keep" and facts.kernel and driver.headers is None:
+        out.append(f"linux-headers-{facts.kernel} is in no configured apt archive: the kept driver runs, but a DKMS "
+                   "rebuild (a new kernel, a driver update) would fail on this kernel")
     for g in facts.gpus:
         wc, wm = g.get("pcie_width_current"), g.get("pcie_width_max")
         gc, gm = g.get("pcie_gen_current"), g.get("pcie_gen_max")
@@ -287,27 +424,24 @@ def _warnings(facts: HostFacts, rs: ResolvedStack, settings: Settings, os_row: d
     return out
 
 
-def _choices(facts: HostFacts, rs: ResolvedStack, settings: Settings) -> list[Choice]:
+def _choices(facts: HostFacts, rs: ResolvedStack, settings: Settings, driver: DriverPlan | None) -> list[Choice]:
     p, out = rs.profile, []
-    drv = p.get("driver")
-    if drv:
-        installed = facts.packages.get(drv["package"])
-        loaded = facts.kernel_module.get("version")
-        if installed and loaded:
-            out.append(Choice("driver", drv["package"], f"installed {installed}, module {loaded} loaded "
-                              + rs.cite(drv["source"]), "keep"))
-        else:
-            reboot = "reboot pending (qwen27b_skip_reboot)" if settings.skip_reboot else "then reboot"
-            out.append(Choice("driver", drv["package"], f"R{drv['branch']}, proprietary kernel module; {reboot} {rs.cite(drv['source'])}", "install"))
+    if driver is not None:
+        out.append(Choice("driver", driver.kept or driver.package, driver.reason, driver.action))
     cuda = p.get("cuda")
     if cuda:
         if cuda.get("needed_by_vllm"):
             action = "keep" if cuda["package"] in facts.packages else "install"
             out.append(Choice("cuda", cuda["package"], rs.cite(cuda["source"]), action))
         else:
+            found = sorted(f"{name} {ver}" for name, ver in facts.packages.items() if _TOOLKIT_PACKAGE.match(name))
+            left = (f"; the installed {', '.join(found)} is left alone: nothing here compiles against it"
+                    + (f" (and CUDA {cuda['max_major'] + 1}+ cannot build for this GPU)" if any(
+                        int(_TOOLKIT_PACKAGE.match(f.split()[0])[1]) > cuda["max_major"] for f in found) else "")
+                    if found else "")
             out.append(Choice("cuda", f"{cuda['package']} (not installed)",
                               f"the {p['vllm']['build']} vLLM build ships its CUDA {cuda['toolkit']} runtime in its wheels and "
-                              f"needs no compiler; a toolkit, if added, must stay <= {cuda['max_major']}.x "
+                              f"needs no compiler; a toolkit, if added, must stay <= {cuda['max_major']}.x{left} "
                               f"{rs.cite(cuda['source'])}", "skip"))
     py = p["python"]
     have = facts.pythons.get(py["version"])
@@ -334,6 +468,36 @@ def _choices(facts: HostFacts, rs: ResolvedStack, settings: Settings) -> list[Ch
     return out
 
 
+def _check_disk(host: str, facts: HostFacts, rs: ResolvedStack, settings: Settings, wanted: list) -> str | None:
+    """Room for what is not on disk yet, plus headroom: a verified revision needs nothing, a partial
+    download only its missing bytes (ModelsOnDisk), so a converged host is never refused for room
+    it does not need."""
+    missing, have = 0, []
+    for entry, shape in wanted:
+        on_disk = facts.models_on_disk.get(revision_dir_name(entry))
+        if on_disk and on_disk["verified"]:
+            have.append(f"{entry['id']} verified")
+            continue
+        present = on_disk["bytes"] if on_disk else 0
+        missing += max(0, shape.weight_bytes - present)
+        if present:
+            have.append(f"{entry['id']} {present / GiB:.1f} GiB partial")
+    need = missing + settings.min_free_disk_gib * GiB
+    free = facts.disk["free_bytes"]
+    if free < need and not missing:
+        return (f"only {free / GiB:.1f} GiB free on {facts.disk.get('mount')}: nothing to fetch ({', '.join(have)}), "
+                f"but vLLM's caches under {rs.paths['cache']} and the logs grow there; keep "
+                f"{settings.min_free_disk_gib} GiB free (qwen27b_min_free_disk_gib)")
+    if free < need:
+        paths = rs.paths
+        raise RefusedHost(host, f"too little disk on {facts.disk.get('mount')} for {paths['models']}: {free / GiB:.1f} GiB "
+                          f"free, {need / GiB:.1f} GiB needed ({missing / GiB:.1f} GiB of weights still to fetch + "
+                          f"{settings.min_free_disk_gib} GiB headroom"
+                          + (f"; already on disk: {', '.join(have)}" if have else "") + ")",
+                          "free space, mount a larger disk at the models path, or lower qwen27b_min_free_disk_gib")
+    return None
+
+
 def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind_address: str | None = None) -> Decision:
     """The whole gate for one host. Raises RefusedHost; never touches the host."""
     cpu = settings.profile == "cpu-smoke"
@@ -348,26 +512,39 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
         rs = resolve_stack(stack, profile_name, settings.stack_overrides)
     except StackError as error:
         raise RefusedHost(host, f"qwen27b_stack_overrides: {error}", "use keys that exist in qwen27b/stack.yaml") from None
-    _generation_rules(host, rs, gpus, facts)
-    if facts.secure_boot == "enabled" and rs.profile.get("driver") and not settings.mok_key_path:
-        raise RefusedHost(host, "secure boot is on: the NVIDIA kernel module must be signed with an enrolled MOK key",
-                          "set qwen27b_mok_key_path to your MOK key (and enroll it with mokutil), or disable secure boot")
+    # From here each check is independent: collect every refusal, so one run names them all.
+    refusals: list[RefusedHost] = []
+
+    def check(fn, *args):
+        try:
+            return fn(*args)
+        except RefusedHost as refused:
+            refusals.append(refused)
+            return None
+
+    check(_generation_rules, host, rs, gpus, facts)
+    driver = check(lambda: _with_headers(host, _driver_plan(host, facts, rs, settings, gpus), facts))
+    if facts.secure_boot == "enabled" and rs.profile.get("driver") and not settings.mok_key_path \
+            and not (driver is not None and driver.action == "keep"):
+        refusals.append(RefusedHost(host, "Secure Boot is on: the NVIDIA kernel module DKMS builds must be signed "
+                                    "with an enrolled MOK key, or it will not load", SECURE_BOOT_FIX))
 
     try:
         target = load_shape(checkpoint_metadata_dir(rs.model))
         draft = load_shape(checkpoint_metadata_dir(rs.draft)) if rs.draft and settings.speculative else None
     except CheckpointError as error:
-        raise RefusedHost(host, f"checkpoint metadata: {error}", "restore the checkpoint's config.json / index") from None
+        raise RefusedHost.every(host, refusals + [RefusedHost(host, f"checkpoint metadata: {error}",
+                                                              "restore the checkpoint's config.json / index")]) from None
 
-    _check_tp(host, gpus, settings, target)
+    check(_check_tp, host, gpus, settings, target)
     if draft is not None and draft.quant_method:
-        raise RefusedHost(host, f"the DFlash2 draft {rs.draft['id']} is quantized ({draft.quant_method}): "
-                          f"{rs.source_text('dflash-dense-head')}", "use the fp16/bf16 draft checkpoint")
+        refusals.append(RefusedHost(host, f"the DFlash2 draft {rs.draft['id']} is quantized ({draft.quant_method}): "
+                                    f"{rs.source_text('dflash-dense-head')}", "use the fp16/bf16 draft checkpoint"))
     if draft is not None and target.lm_head_quantized:
-        raise RefusedHost(host, f"{rs.model['id']} quantizes its lm_head, which the DFlash2 draft shares: "
-                          f"{rs.source_text('dflash-dense-head')}",
-                          "choose a checkpoint with a dense lm_head ('...NVFP4-BF16-LMHead' style), or set "
-                          "qwen27b_speculative=False")
+        refusals.append(RefusedHost(host, f"{rs.model['id']} quantizes its lm_head, which the DFlash2 draft shares: "
+                                    f"{rs.source_text('dflash-dense-head')}",
+                                    "choose a checkpoint with a dense lm_head ('...NVFP4-BF16-LMHead' style), or set "
+                                    "qwen27b_speculative=False"))
     paths = rs.paths
     model_path = paths["current_model"]
     draft_path = f"{paths['models']}/draft" if draft else None
@@ -389,15 +566,14 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
             speculative=settings.speculative, prefix_caching=settings.prefix_caching,
             pins=pins, ram_bytes=ram, route_guard=bool(settings.api_key_file)))
     except PlanRefused as refused:
-        raise RefusedHost(host, refused.cause, refused.fix) from None
+        refusals.append(RefusedHost(host, refused.cause, refused.fix))
 
-    if facts.disk is not None:
-        need = target.weight_bytes + (draft.weight_bytes if draft else 0) + settings.min_free_disk_gib * GiB
-        if facts.disk["free_bytes"] < need:
-            raise RefusedHost(host, f"too little disk on {facts.disk.get('mount')} for {paths['models']}: "
-                              f"{facts.disk['free_bytes'] / GiB:.1f} GiB free, {need / GiB:.1f} GiB needed "
-                              f"(weights + draft + {settings.min_free_disk_gib} GiB headroom)",
-                              "free space, mount a larger disk at the models path, or lower qwen27b_min_free_disk_gib")
+    disk_warning = None
+    if facts.disk is not None and facts.disk.get("free_bytes") is not None:
+        disk_warning = check(_check_disk, host, facts, rs, settings,
+                             [(rs.model, target)] + ([(rs.draft, draft)] if draft else []))
+    if refusals:
+        raise RefusedHost.every(host, refusals)
     return Decision(host=host, stack=rs, settings=settings, gpus=gpus, serve=serve,
-                    choices=_choices(facts, rs, settings), warnings=_warnings(facts, rs, settings, os_row),
-                    model_path=model_path, draft_path=draft_path, facts=facts, os_row=os_row)
+                    choices=_choices(facts, rs, settings, driver), warnings=_warnings(facts, rs, settings, os_row, driver) + ([disk_warning] if disk_warning else []),
+                    model_path=model_path, draft_path=draft_path, facts=facts, os_row=os_row, driver=driver)

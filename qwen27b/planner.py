@@ -59,6 +59,12 @@ class MemoryBudget:
     recurrent_state: int
     kv_bytes_per_token: int
     kv_cap: int | None = None  # CPU: vLLM takes a fixed KV space (VLLM_CPU_KVCACHE_SPACE)
+    reserved: int = 0  # the driver's own reserve within the reported total (CUDA never sees it)
+
+    @property
+    def headroom(self) -> int:
+        """What the utilization cap leaves free of what CUDA sees: the CUDA context, NCCL buffers."""
+        return self.total - self.reserved - self.usable
 
     @property
     def kv_room(self) -> int:
@@ -73,8 +79,11 @@ class MemoryBudget:
     def rows(self) -> list[tuple[str, str]]:
         def gib(n: int) -> str:
             return f"{n / GiB:7.2f} GiB"
+        gpu = [("driver reserve", gib(self.reserved)), ("headroom outside the cap", gib(self.headroom))] \
+            if self.device == "per-GPU" else []
         return [
-            (f"{self.device} memory", gib(self.total)),
+            (f"{self.device} memory" + (" (nvidia-smi)" if gpu else ""), gib(self.total)),
+            *gpu,
             ("usable (utilization cap)", gib(self.usable)),
             ("target weights", gib(self.weights)),
             ("draft weights", gib(self.draft)),
@@ -183,8 +192,10 @@ def _budget(inp: ServeInputs, tp: int, util: float, max_len: int, seqs: int, bat
     if use_draft:
         kv_per_token += inp.draft.kv_bytes_per_token(tp, kvb)
     activations = int(batched * inp.target.intermediate_size * 2 * act_bytes / tp * serve.get("activation_factor", 2.0))
+    reserved = 0
     if inp.gpus:
         total = min(g.memory_mib for g in inp.gpus) * MiB
+        reserved = serve.get("driver_reserved_mib", 0) * MiB
         device = "per-GPU"
     else:
         total = inp.ram_bytes or 0
@@ -196,7 +207,8 @@ def _budget(inp: ServeInputs, tp: int, util: float, max_len: int, seqs: int, bat
     return MemoryBudget(
         device=device,
         total=total,
-        usable=int(total * util),
+        usable=int((total - reserved) * util),
+        reserved=reserved,
         weights=inp.target.weight_bytes // tp,
         draft=(inp.draft.weight_bytes // tp) if use_draft else 0,
         activations=activations,
@@ -224,6 +236,19 @@ def _shrink_steps(start: dict, pinned: set) -> list[dict]:
             current[knob] //= 2
             steps.append(dict(current))
     return steps
+
+
+def _check_headroom(budget: MemoryBudget, serve: dict, util: float, cite) -> None:
+    """The cap must leave the CUDA context and NCCL their stated minimum per GPU (stack key
+    serve.min_headroom_mib): vLLM does not count them, and past the cap they run out of memory."""
+    floor = serve.get("min_headroom_mib", 0) * MiB
+    if budget.headroom < floor:
+        seen = budget.total - budget.reserved
+        raise PlanRefused(
+            f"--gpu-memory-utilization {util} leaves {budget.headroom / MiB:.0f} MiB per GPU outside vLLM's cap "
+            f"({budget.total / MiB:.0f} MiB reported - {budget.reserved / MiB:.0f} MiB driver reserve = "
+            f"{seen / MiB:.0f} MiB), below the {floor / MiB:.0f} MiB minimum {cite(serve.get('headroom_source'))}",
+            f"lower --gpu-memory-utilization to at most {int((seen - floor) / seen * 100) / 100:.2f} (qwen27b_serve_flags)")
 
 
 def plan_serve(inp: ServeInputs) -> ServePlan:
@@ -261,6 +286,8 @@ def plan_serve(inp: ServeInputs) -> ServePlan:
                               f"pin at most {limit}")
         start["max_len"] = limit
 
+    if inp.gpus:
+        _check_headroom(_budget(inp, tp, util, start["max_len"], start["seqs"], start["batched"]), serve, util, cite)
     chosen = None
     for config in _shrink_steps(start, pinned):
         budget = _budget(inp, tp, util, config["max_len"], config["seqs"], config["batched"])

@@ -13,6 +13,7 @@ from pathlib import Path
 import jinja2
 
 from .gate import Decision
+from .stack import api_key_env_file
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 SERVICE_UNIT = "qwen27b.service"
@@ -72,7 +73,7 @@ def layout(decision: Decision, prefix: str = "") -> dict:
         "cache_dir": prefix + paths["cache"],
         "config_dir": prefix + paths["config"],
         "env_file": prefix + paths["config"] + "/qwen27b.env",
-        "secrets_file": prefix + paths["config"] + "/api-key.env",
+        "secrets_file": prefix + api_key_env_file(paths),
         "health_status": prefix + paths["state"] + "/health.json",
     }
 

@@ -68,7 +68,10 @@ def format_decision(d: Decision) -> str:
 
 
 def format_refusal(r: RefusedHost) -> str:
-    return f"== {r.host}: REFUSED (nothing will be run on this host)\n   cause: {r.cause}\n   fix:   {r.fix}\n"
+    head = f"== {r.host}: REFUSED (nothing will be run on this host)\n"
+    if len(r.problems) == 1:
+        return head + f"   cause: {r.cause}\n   fix:   {r.fix}\n"
+    return head + "".join(f"   cause {n}: {cause}\n   fix {n}:   {fix}\n" for n, (cause, fix) in enumerate(r.problems, 1))
 
 
 def format_operations(host: str, operations: list[tuple[str, bool, list[str]]]) -> str:

@@ -50,9 +50,10 @@ def unfinished_operation(state, host) -> str | None:
 
 
 def outcomes(state, refused: dict[str, str], verified: dict[str, tuple[str, str]],
-             interrupted: dict[str, str] | None = None) -> list[Outcome]:
+             interrupted: dict[str, str] | None = None, raised: dict[str, str] | None = None) -> list[Outcome]:
     """Every host the run targeted. `refused`: host -> cause (preflight); `verified`: host ->
-    (status, reason) from the verify role; `interrupted`: host -> the operation Ctrl-C stopped."""
+    (status, reason) from the verify role; `interrupted`: host -> the operation Ctrl-C stopped;
+    `raised`: host -> the error its deploy file raised while planning (never "ok", even in --dry)."""
     out = []
     for host in state.inventory:
         if not state.is_host_in_limit(host):
@@ -63,6 +64,8 @@ def outcomes(state, refused: dict[str, str], verified: dict[str, tuple[str, str]
                                                     f"runs and the key is accepted (ssh {name} true)"))
         elif name in refused:
             out.append(Outcome(name, "refused", refused[name]))
+        elif raised and name in raised:
+            out.append(Outcome(name, "failed", f"while planning: {raised[name]}"))
         elif name in verified and verified[name][0] != "ok":
             out.append(Outcome(name, *verified[name]))
         elif host in state.failed_hosts:

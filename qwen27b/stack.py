@@ -51,7 +51,30 @@ def gpu_spec(stack: dict, *, name: str | None = None, pci_id: str | None = None)
             return row
         if pci_id is not None and pci_id.lower() in row["pci_ids"]:
             return row
+    if pci_id is not None:
+        return volta_pci_spec(stack, pci_id)
     return None
+
+
+def volta_pci_spec(stack: dict, pci_id: str) -> dict | None:
+    """A row for any Volta board of pci.ids (qwen27b/pci_volta.yaml) that the gpus table lacks:
+    memory from the size its name says, as R580 reports it, else the smallest Tesla V100's."""
+    from .pciids import memory_class, volta_table
+
+    name = volta_table()["devices"].get(pci_id.lower())
+    rule = stack.get("volta_pci")
+    if name is None or not rule:
+        return None
+    size = memory_class(name) or next((s for n, s in rule["size_by_name"].items() if n in name), None)
+    row = {key: rule[key] for key in ("compute_capability", "bandwidth_gbs", "fp16_tensor_tflops", "source")}
+    row.update(key=f"volta-{pci_id.lower()}", names=[name], pci_ids=[pci_id.lower()],
+               memory_mib=rule["reported_memory_mib"][size or rule["unknown_size"]], memory_known=size is not None)
+    return row
+
+
+def revision_dir_name(entry: dict) -> str:
+    """The directory a model revision lives in under paths.models: 'org--name@revision'."""
+    return f"{entry['id'].replace('/', '--')}@{entry['revision']}"
 
 
 def os_support(stack: dict, os_id: str | None, version_id: str | None) -> dict | None:
@@ -163,3 +186,9 @@ def resolve_stack(stack: dict, profile_name: str, overrides: dict | None = None)
 
 def checkpoint_metadata_dir(model: dict) -> Path:
     return CHECKPOINTS_DIR / model["metadata"]
+
+
+def api_key_env_file(paths: dict) -> str:
+    """Where the unit's 0600 VLLM_API_KEY env file lives on a host: written by the service role,
+    read by systemd (EnvironmentFile=) and by doctor's keyed /metrics read."""
+    return paths["config"] + "/api-key.env"

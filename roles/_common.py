@@ -4,6 +4,8 @@ restart, and the symlink targets a rollback returns to."""
 
 from __future__ import annotations
 
+import sys
+
 from pyinfra import host
 
 from qwen27b.gate import Decision
@@ -13,6 +15,12 @@ from qwen27b.hostdata import Settings, url_has_password
 ROLLBACK_DIR = "/etc/qwen27b/rollback"  # the running release's unit and env, kept while an upgrade is verified
 _notes: dict[str, list[str]] = {}
 _restart_ops: dict[str, list] = {}
+
+
+def dry_run() -> bool:
+    """`pyinfra ... --dry`: plan only. pyinfra does not tell the deploy file, so read its argv:
+    a dry run must fetch nothing, not even onto the controller."""
+    return "--dry" in sys.argv[1:]
 
 
 def note(text: str) -> None:

@@ -1,9 +1,12 @@
-"""NVIDIA driver: the stack's branch and package (never -open on Volta), nouveau blacklisted,
-held against unattended upgrades, persistence daemon on; a reboot only when the driver changed.
+"""NVIDIA driver as the gate planned it (gate.DriverPlan): a loaded driver of the stack's branch is
+kept whatever installed it; otherwise the stack's package is installed (never -open on Volta),
+purging what would conflict in the same apt transaction, and the host rebooted once. nouveau
+blacklisted where a driver is installed, the driver held against unattended upgrades.
 """
 
 from __future__ import annotations
 
+import shlex
 from io import StringIO
 
 from pyinfra.operations import files, server, systemd
@@ -15,6 +18,7 @@ from ._common import note
 from .toolchain import apt_install
 
 NOUVEAU_BLACKLIST = "# qwen27b: the NVIDIA driver needs nouveau out of the way\nblacklist nouveau\noptions nouveau modeset=0\n"
+APT = 'DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::="--force-confdef" -o Dpkg::Options::="--force-confold"'
 
 
 def _mok_config(key_path: str) -> str:
@@ -23,25 +27,52 @@ def _mok_config(key_path: str) -> str:
     return f'mok_signing_key="{key_path}"\nmok_certificate="{cert}"\n'
 
 
+def replace_command(package: str, remove: tuple[str, ...]) -> str:
+    """One apt transaction: install `package`, purge `remove` (apt's `name-` suffix), so the host is
+    never left between two drivers and apt resolves the conflict the two would have."""
+    return f"{APT} --purge install {shlex.quote(package)} " + " ".join(shlex.quote(f"{p}-") for p in remove)
+
+
 def nvidia(decision: Decision) -> None:
-    if not decision.gpus:
+    plan = decision.driver
+    if plan is None:
         note("nvidia: skipped - this profile uses no GPU")
         return
     facts, settings = decision.facts, decision.settings
-    package = decision.stack.profile["driver"]["package"]
-    blacklist = files.put(name="blacklist nouveau", src=StringIO(NOUVEAU_BLACKLIST),
-                          dest="/etc/modprobe.d/blacklist-nouveau.conf", user="root", group="root", mode="0644")
-    if blacklist.will_change:
-        server.shell(name="rebuild initramfs (nouveau blacklist changed)", commands=["update-initramfs -u"])
-    if facts.secure_boot == "enabled":
-        files.put(name="DKMS signs the module with the MOK key", src=StringIO(_mok_config(settings.mok_key_path)),
-                  dest="/etc/dkms/framework.conf.d/qwen27b-mok.conf", user="root", group="root", mode="0644")
-    if apt_install("NVIDIA driver", [package]):
-        if settings.skip_reboot:
-            note(f"nvidia: {package} changes: REBOOT PENDING (qwen27b_skip_reboot); the service starts after it")
+    if plan.action == "keep":
+        note("nvidia: driver kept as found (the plan's driver row says why): no install, no reboot")
+    else:
+        blacklist = files.put(name="blacklist nouveau", src=StringIO(NOUVEAU_BLACKLIST),
+                              dest="/etc/modprobe.d/blacklist-nouveau.conf", user="root", group="root", mode="0644")
+        if blacklist.will_change:
+            server.shell(name="rebuild initramfs (nouveau blacklist changed)", commands=["update-initramfs -u"])
+        if facts.secure_boot == "enabled":
+            files.put(name="DKMS signs the module with the MOK key", src=StringIO(_mok_config(settings.mok_key_path)),
+                      dest="/etc/dkms/framework.conf.d/qwen27b-mok.conf", user="root", group="root", mode="0644")
+        if plan.remove:
+            server.shell(name="replace the NVIDIA driver (purge and install in one apt transaction)",
+                         commands=["apt-get update", replace_command(plan.package, plan.remove)])
+            changed = True
         else:
-            server.reboot(name="reboot to load the new driver", delay=10, interval=5, reboot_timeout=900)
-        server.shell(name="nvidia-smi answers after the driver change", commands=["nvidia-smi -L"])
-    held = [package] + ([f"linux-image-{facts.kernel}"] if settings.hold_kernel and facts.kernel else [])
-    apt_hold(name="hold the driver against unattended upgrades", packages=held)
-    systemd.service(name="nvidia-persistenced on", service="nvidia-persistenced", running=True, enabled=True)
+            changed = apt_install("NVIDIA driver", [plan.package]) or plan.package in facts.packages
+        if changed:
+            _reboot(decision)
+    if plan.hold:
+        held = list(plan.hold) + ([f"linux-image-{facts.kernel}"] if settings.hold_kernel and facts.kernel else [])
+        apt_hold(name="hold the driver against unattended upgrades", packages=held)
+    if plan.from_apt or plan.action != "keep":
+        systemd.service(name="nvidia-persistenced on", service="nvidia-persistenced", running=True, enabled=True)
+    else:
+        note("nvidia: nvidia-persistenced left as the driver's installer set it up (no apt package owns the driver)")
+
+
+def _reboot(decision: Decision) -> None:
+    """Once, after the driver changed; with qwen27b_skip_reboot, the exact steps to do by hand."""
+    package = decision.driver.package
+    if decision.settings.skip_reboot:
+        note(f"nvidia: {package} changes: REBOOT PENDING (qwen27b_skip_reboot). By hand: `sudo systemctl reboot`; "
+             "then `nvidia-smi -L` lists every GPU and `cat /proc/driver/nvidia/version` shows "
+             f"{decision.stack.profile['driver']['branch']}.x; then re-run the deploy (the service starts after it)")
+        return
+    server.reboot(name="reboot to load the new driver", delay=10, interval=5, reboot_timeout=900)
+    server.shell(name="nvidia-smi answers after the driver change", commands=["nvidia-smi -L"])

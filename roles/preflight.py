@@ -21,6 +21,7 @@ from pyinfra.operations import server
 
 from qwen27b import facts as F
 from qwen27b import hostlock, runsummary
+from qwen27b.artifacts import ArtifactError
 from qwen27b.gate import Decision, HostFacts, RefusedHost, decide
 from qwen27b.host_facts import DeployLock
 from qwen27b.hostdata import BadHostData, Settings, lab_address, validate_inventory
@@ -32,6 +33,7 @@ from ._common import note, take_notes
 
 _validated: dict[int, dict[str, Settings]] = {}
 _refused: dict[str, str] = {}  # host -> cause, for the run summary
+_raised: dict[str, str] = {}  # host -> what its deploy file raised while planning, for the run summary
 _OWNER = hostlock.me()  # this deploy, as the host locks name it
 
 
@@ -82,7 +84,7 @@ def _finish_run() -> None:
     from .verify import finish_run, verified
 
     try:
-        results = runsummary.outcomes(_run["state"], _refused, verified(), interrupted=_interrupted_at)
+        results = runsummary.outcomes(_run["state"], _refused, verified(), interrupted=_interrupted_at, raised=_raised)
     except Exception as error:  # noqa: BLE001 (the summary must never hide the run's own output)
         click.echo(f"qwen27b: no run summary ({type(error).__name__}: {error}); the output above has each host", err=True)
         results = []
@@ -91,7 +93,7 @@ def _finish_run() -> None:
 
 def _refuse(refused: RefusedHost) -> None:
     click.echo(format_refusal(refused), err=True)
-    _refused[host.name] = f"{refused.cause}. Fix: {refused.fix}"
+    _refused[host.name] = " ".join(f"{cause}. Fix: {fix}." for cause, fix in refused.problems)[:-1]
     state.fail_hosts({host})
 
 
@@ -114,23 +116,47 @@ def release_lock() -> None:
     server.shell(name="unlock: this deploy is done", commands=[hostlock.release_command(_OWNER)])
 
 
+class UnreadableFact(RefusedHost):
+    """A fact's output could not be parsed (pyinfra logged the line; the host is already failed)."""
+
+
 def gather_facts(models_path: str, on=None) -> HostFacts:
+    """Every fact the gate reads. A fact whose output the parser refuses (garbled, truncated, from
+    an older or newer tool) makes pyinfra log the line, fail the host and hand back the default:
+    refuse the host naming the fact and its command, rather than plan on that default."""
     on = host if on is None else on
-    os_release = on.get_fact(F.OsRelease)
+
+    def read(cls, **kwargs):
+        was_failed = on in state.failed_hosts
+        try:
+            value = on.get_fact(cls, **kwargs)
+        except PyinfraError:  # "No hosts remaining!": this was the last host, failed by the fact
+            if was_failed or on not in state.failed_hosts:
+                raise
+        if on in state.failed_hosts and not was_failed:
+            raise UnreadableFact(on.name, f"the {cls.__name__} fact's output could not be parsed (the line above "
+                                 f"names it); its command: {cls().command(**kwargs)}",
+                                 "run that command on the host and compare with the expected format; a half-installed "
+                                 "driver or tool usually explains it (reinstall it, or reboot after a driver upgrade), "
+                                 "then re-run the deploy")
+        return value
+
     return HostFacts(
-        os=os_release,
-        kernel=on.get_fact(F.KernelRelease),
-        gpus=on.get_fact(F.NvidiaGpus) or [],
-        pci_gpus=on.get_fact(F.NvidiaPciDevices) or [],
-        kernel_module=on.get_fact(F.NvidiaKernelModule) or {},
-        nouveau_loaded=bool(on.get_fact(F.NouveauLoaded)),
-        secure_boot=on.get_fact(F.SecureBoot) or "unsupported",
-        disk=on.get_fact(F.DiskFree, path=models_path),
-        memory=on.get_fact(F.MemoryInfo),
-        pythons=on.get_fact(F.PythonVersions) or {},
-        xids=on.get_fact(F.XidErrors) or [],
-        packages=on.get_fact(F.NvidiaCudaPackages) or {},
-        held=on.get_fact(F.HeldPackages) or [],
+        os=read(F.OsRelease),
+        kernel=read(F.KernelRelease),
+        gpus=read(F.NvidiaGpus) or [],
+        pci_gpus=read(F.NvidiaPciDevices) or [],
+        kernel_module=read(F.NvidiaKernelModule) or {},
+        nouveau_loaded=bool(read(F.NouveauLoaded)),
+        secure_boot=read(F.SecureBoot) or "unsupported",
+        disk=read(F.DiskFree, path=models_path),
+        memory=read(F.MemoryInfo),
+        pythons=read(F.PythonVersions) or {},
+        xids=read(F.XidErrors) or [],
+        packages=read(F.NvidiaCudaPackages) or {},
+        held=read(F.HeldPackages) or [],
+        kernel_headers=read(F.KernelHeaders),
+        models_on_disk=read(F.ModelsOnDisk, path=models_path) or {},
     )
 
 
@@ -144,10 +170,10 @@ def gate(on=None) -> Decision | RefusedHost:
     key = (id(state), on.name)
     if key not in _decisions:
         stack = load_stack()
-        facts = gather_facts(stack["paths"]["models"], on)
+        settings = inventory_settings()[on.name]  # bad inventory stops the run before any fact is read
         try:
-            _decisions[key] = decide(on.name, facts, stack, inventory_settings()[on.name],
-                                     bind_address=lab_address(dict(on.data.dict())))
+            facts = gather_facts(stack["paths"]["models"], on)
+            _decisions[key] = decide(on.name, facts, stack, settings, bind_address=lab_address(dict(on.data.dict())))
         except RefusedHost as refused:
             _decisions[key] = refused
     return _decisions[key]
@@ -163,6 +189,25 @@ def preflight() -> Decision | None:
     if not take_lock():
         return None
     return decision
+
+
+def run_roles(plan: Decision, roles) -> bool:
+    """Queue each role's operations for this host. An ArtifactError (a controller-side artifact that
+    could not be prepared: offline, PyPI unreachable) fails this host with its message and fix, not a
+    traceback; anything else is a bug and propagates, but the run summary still counts the host
+    failed, never "ok". Returns whether every role was planned."""
+    try:
+        for role in roles:
+            role(plan)
+    except ArtifactError as error:
+        click.echo(f"== {host.name}: FAILED while planning (nothing will be run on this host)\n   {error}\n", err=True)
+        _raised[host.name] = " ".join(str(error).split())
+        state.fail_hosts({host})
+        return False
+    except BaseException as error:
+        _raised[host.name] = f"the deploy file raised {type(error).__name__}: {error}"
+        raise
+    return True
 
 
 def show_planned_operations() -> None:

@@ -12,12 +12,12 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, server
 
-from qwen27b.artifacts import uv_binary
+from qwen27b.artifacts import uv_binary, uv_path
 from qwen27b.gate import Decision
 from qwen27b.host_facts import ServiceUser
 from qwen27b.operations import directories, secret_file
 
-from ._common import note, url_env_file, url_env_text, url_source, url_word
+from ._common import dry_run, note, url_env_file, url_env_text, url_source, url_word
 
 
 def release_dir(decision: Decision) -> str:
@@ -30,9 +30,9 @@ def release_venv(decision: Decision) -> str:
 
 def _packages(decision: Decision) -> list[str]:
     packages = list(decision.stack.profile["packages"])
-    if decision.gpus and decision.facts.kernel:
-        # DKMS builds the NVIDIA module against the running kernel's headers.
-        packages.append(f"linux-headers-{decision.facts.kernel}")
+    if decision.driver is not None and decision.driver.headers:
+        # DKMS builds the NVIDIA module against the running kernel's headers (the gate checked apt has them).
+        packages.append(decision.driver.headers)
     return packages
 
 
@@ -67,16 +67,32 @@ def _python(decision: Decision) -> str:
     py, paths = decision.stack.profile["python"], decision.stack.paths
     if py["route"] == "system":
         return f"python{py['version']} -m venv"
-    uv = f"{paths['bin']}/uv"
-    files.put(name="uv binary (from the controller cache)", src=str(uv_binary(decision.stack.tools["uv"]["version"])),
-              dest=uv, user="root", group="root", mode="0755")
+    uv, version = f"{paths['bin']}/uv", decision.stack.tools["uv"]["version"]
+    if dry_run() and not uv_path(version).exists():
+        # no cache path here: the plan reads the same on every controller ($QWEN27B_CACHE says where)
+        note(f"toolchain: will fetch uv {version} from PyPI into the controller cache and push "
+             f"it to {uv} (a dry run fetches nothing)")
+    else:
+        files.put(name="uv binary (from the controller cache)", src=str(uv_binary(version)),
+                  dest=uv, user="root", group="root", mode="0755")
     env = f"{url_source(decision)}UV_PYTHON_INSTALL_DIR={paths['python']}"
     if decision.settings.python_mirror:
         env += f" UV_PYTHON_INSTALL_MIRROR={url_word(decision.settings, 'python_mirror')}"
-    if py["version"] not in decision.facts.pythons:
-        server.shell(name="python (uv managed)",
-                     commands=[f"{env} {uv} python install --managed-python {py['version']}"])
-    return f"{env} {uv} venv --managed-python --seed --python {py['version']}"
+    managed, python = _venv_python(decision, env, uv)
+    return f"{env} {uv} venv {managed} --seed --python {python}"
+
+
+def _venv_python(decision: Decision, env: str, uv: str) -> tuple[str, str]:
+    """uv's flags naming the interpreter the plan's python row promised: the host's own (e.g. Ubuntu
+    24.04's /usr/bin/python3.12) with --no-managed-python, so uv never downloads one instead; else
+    uv's managed Python, installed first."""
+    version, paths = decision.stack.profile["python"]["version"], decision.stack.paths
+    have = decision.facts.pythons.get(version)
+    if have and not have.startswith(paths["python"] + "/"):
+        return "--no-managed-python", have
+    if not have:
+        server.shell(name="python (uv managed)", commands=[f"{env} {uv} python install --managed-python {version}"])
+    return "--managed-python", version
 
 
 def _service_user(user: str, home: str) -> None:

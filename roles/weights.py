@@ -31,6 +31,7 @@ from qwen27b.hostdata import Settings, lab_address, redact_url
 from qwen27b.host_facts import FileHashes, Subdirectories, SymlinkTarget
 from qwen27b.health import load_secret
 from qwen27b.operations import push_files, secret_file, symlink_switch
+from qwen27b.stack import revision_dir_name
 
 from ._common import needs_restart, note, remember_previous, url_source, url_word
 
@@ -40,7 +41,7 @@ HUB_MANIFEST = "qwen27b-manifest.sha256"  # written after a hub download: what l
 
 
 def safe_name(entry: dict) -> str:
-    return f"{entry['id'].replace('/', '--')}@{entry['revision']}"
+    return revision_dir_name(entry)
 
 
 def model_dir(decision: Decision, entry: dict) -> str:

@@ -37,6 +37,8 @@ def recorded_facts(host: str, **replace) -> HostFacts:
         xids=_read(host, F.XidErrors),
         packages=_read(host, F.NvidiaCudaPackages),
         held=_read(host, F.HeldPackages),
+        kernel_headers=_read(host, F.KernelHeaders),
+        models_on_disk=_read(host, F.ModelsOnDisk),
     )
     values.update(replace)
     return HostFacts(**values)

@@ -331,6 +331,47 @@ def test_commands_cover_every_fact_and_stay_read_only():
     assert "http://[::1]:8001/metrics" in doctor.http_commands("::", "8001")["metrics.txt"]
 
 
+def test_metrics_read_sends_the_key_from_the_hosts_file_never_in_argv(tmp_path):
+    """Runs the generated /metrics command in a real sh with real curl against a loopback server
+    that answers only with the right bearer: the key comes from the 0600 file, the command text
+    (what ssh and ps could show) never holds it; without a readable file it reads without a key."""
+    import shutil
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    if not shutil.which("curl"):
+        pytest.skip("curl is not installed on this machine (doctor runs it on the host)")
+    key = "k3y-" + "x" * 20
+
+    class Guarded(BaseHTTPRequestHandler):
+        def do_GET(self):
+            ok = self.headers.get("Authorization") == f"Bearer {key}"
+            body = b"vllm:num_preemptions_total 0\n" if ok else b'{"error": "Unauthorized"}'
+            self.send_response(200 if ok else 401)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Guarded)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        secrets = tmp_path / "api-key.env"
+        secrets.write_text(f"VLLM_API_KEY={key}\n")
+        secrets.chmod(0o600)
+        port = str(server.server_address[1])
+        keyed = doctor.http_commands("127.0.0.1", port, str(secrets))["metrics.txt"]
+        assert key not in keyed
+        out = subprocess.run(["sh", "-c", keyed], capture_output=True, text=True, timeout=30).stdout
+        assert out.startswith("vllm:num_preemptions_total 0")
+        missing = doctor.http_commands("127.0.0.1", port, str(tmp_path / "absent.env"))["metrics.txt"]
+        out = subprocess.run(["sh", "-c", missing], capture_output=True, text=True, timeout=30).stdout
+        assert "Unauthorized" in out
+    finally:
+        server.shutdown()
+
+
 def test_ssh_argv_from_inventory_data():
     data = {"ssh_hostname": "10.231.1.2", "ssh_user": "root", "ssh_key": "/k/id", "ssh_known_hosts_file": "/k/known",
             "ssh_strict_host_key_checking": "yes", "ssh_allow_agent": False, "ssh_port": 2222}

@@ -100,6 +100,16 @@ GARBLED = [
     # HeldPackages
     (F.HeldPackages, ["E: Could not open lock file /var/lib/dpkg/lock-frontend"]),
     (F.HeldPackages, ["nvidia driver"]),
+    # KernelHeaders
+    (F.KernelHeaders, ["linux-headers-5.15.0-125-generic:"]),  # no marker line
+    (F.KernelHeaders, ["headers linux-headers-"]),  # uname -r printed nothing
+    (F.KernelHeaders, ["headers linux-headers-5.15.0-125-generic", "linux-headers-5.15.0-125-generic:",
+                       "  Installed: (none)"]),  # cut before Candidate
+    (F.KernelHeaders, ["headers linux-headers-5.15.0-125-generic", "E: Could not open lock file"]),
+    # ModelsOnDisk
+    (F.ModelsOnDisk, ["du: cannot read directory 'x@main/': Permission denied"]),
+    (F.ModelsOnDisk, ["21904347136 verified"]),  # cut before the name
+    (F.ModelsOnDisk, ["12 verified a@main", "13 partial a@main"]),
 ]
 
 
@@ -183,6 +193,11 @@ def _check_shape(fact, value):
         assert all(isinstance(k, str) and v for k, v in value.items())
     elif fact is F.HeldPackages:
         assert value == sorted(value)
+    elif fact is F.ModelsOnDisk:
+        assert all(set(v) == {"bytes", "verified"} and isinstance(v["bytes"], int) for v in value.values())
+    elif fact is F.KernelHeaders:
+        assert set(value) == {"package", "installed", "candidate"} and value["package"].startswith("linux-headers-")
+        assert all(v is None or (isinstance(v, str) and v and v != "(none)") for v in (value["installed"], value["candidate"]))
     else:  # pragma: no cover - a new fact needs a shape here
         raise AssertionError(f"no shape check for {fact.__name__}")
 
@@ -216,6 +231,9 @@ TOKENS = st.sampled_from([
     "/usr/bin/python3", " 3.10.12", "NVRM: Xid (PCI:0000:3b:00): ", "79, ", "pid=1, ", "name=x, ",
     "ii ", "hi ", "un ", " ", "\t", "%", "-", "\\", "Failed to initialize NVML: ", "Driver/library version mismatch",
     "Unable to determine the device handle for GPU", "WARNING: infoROM is corrupted at gpu ", ": Unknown Error",
+    'Field "compute_cap" is not a valid field to query.', "headers linux-headers-", "5.15.0-125-generic",
+    "linux-headers-5.15.0-125-generic:", "  Installed: ", "  Candidate: ", "(none)", " verified ", " partial ",
+    "nvidia--Qwen3.8-27B-NVFP4@main",
 ])  # fmt: skip
 TOKEN_LINE = st.lists(TOKENS, max_size=14).map("".join)
 ANY_LINE = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=80)

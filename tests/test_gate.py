@@ -87,7 +87,7 @@ def test_upstream_vllm_or_its_profile_on_volta_is_refused():
 
 
 def test_secure_boot_needs_a_mok_key():
-    assert "secure boot is on" in refused("v100x1-secureboot").cause
+    assert "Secure Boot is on" in refused("v100x1-secureboot").cause
     assert run("v100x1-secureboot", {"qwen27b_mok_key_path": "/root/mok/MOK.priv"}).profile == "sm70"
 
 
@@ -193,3 +193,123 @@ def test_an_unpinned_cuda_keyring_is_named_in_the_plan_and_a_pinned_one_is_used(
     assert not any("cuda-keyring" in w for w in new.warnings)
     assert len(new.os_row["cuda_keyring_sha256"]) == 64 and new.os_row["source"] == "cuda-keyring-pins"
     assert not any("cuda-keyring" in w for w in run("v100x1-2004").warnings)  # not needed: nothing downloaded
+
+
+# --- real-world host states (issue 14); recordings hand-written in the real formats, h200 genuine ---
+
+
+def test_healthy_driver_outside_apt_is_kept_without_reboot():
+    """The genuine H200 recording: R580 from no apt package, nvidia-smi answering."""
+    d = run("h200")
+    assert d.driver.action == "keep" and not d.driver.reboot and d.driver.hold == ()
+    assert d.choice("driver").value == "580.159.04 (outside apt)" and "installed outside apt" in d.choice("driver").reason
+    assert d.driver.headers is None and any("linux-headers-6.18.44-fc-v973-gpu" in w for w in d.warnings)
+
+
+def test_healthy_driver_from_cuda_drivers_is_kept_and_held():
+    packages = {"cuda-drivers": "580.95.05-1", "cuda-drivers-580": "580.95.05-1"}
+    d = run("v100x4-converged", packages=packages)
+    assert d.driver.action == "keep" and d.driver.hold == ("cuda-drivers", "cuda-drivers-580")
+    assert "from apt (cuda-drivers 580.95.05-1" in d.choice("driver").reason
+
+
+def test_open_driver_loaded_on_volta_is_purged_and_replaced():
+    d = run("v100x1-open-loaded")
+    assert d.driver.action == "replace" and d.driver.reboot and d.driver.package == "nvidia-driver-580-server"
+    assert d.driver.remove == ("nvidia-dkms-580-open", "nvidia-driver-580-open", "nvidia-kernel-source-580-open")
+    assert "open kernel module is loaded" in d.choice("driver").reason
+
+
+def test_open_driver_installed_not_loaded_is_purged_and_skip_reboot_says_so():
+    d = run("v100x2-open-unloaded", {"qwen27b_skip_reboot": True})
+    assert d.driver.remove == ("nvidia-dkms-580-open", "nvidia-driver-580-open", "nvidia-kernel-source-580-open")
+    assert "installed, not loaded" in d.driver.reason and "reboot pending (qwen27b_skip_reboot)" in d.driver.reason
+
+
+def test_open_module_from_a_run_installer_is_refused_with_the_uninstaller():
+    loaded_open = {"loaded": True, "flavor": "open", "version": "580.95.05"}
+    r = refused("v100x4-2204-fresh", kernel_module=loaded_open)
+    assert "no nvidia-*-open package owns it" in r.cause and "nvidia-uninstall" in r.fix
+
+
+def test_r470_too_old_to_answer_is_upgraded_from_pci_ids():
+    d = run("v100x2-r470")
+    assert [g.name for g in d.gpus] == ["Tesla V100-PCIE-32GB"] * 2  # from lspci: nvidia-smi could not say
+    assert d.driver.action == "replace" and "nvidia-driver-470" in d.driver.remove
+    assert "too old for nvidia-smi to report compute_cap" in d.driver.reason
+    wrong = {"loaded": True, "flavor": "proprietary", "version": "470.256.02"}
+    r = refused("v100x4-2204-fresh", kernel_module=wrong)  # the same driver, no apt package: a .run install
+    assert "installed outside apt" in r.cause and "nvidia-uninstall" in r.fix
+
+
+def test_pg500_volta_variant_is_known_from_pci_ids():
+    d = run("v100x4-pg500")
+    assert d.profile == "sm70" and [g.name for g in d.gpus] == ["GV100GL [Tesla PG500-216]"] * 4
+    assert {g.memory_mib for g in d.gpus} == {16160}  # its name says no size: planned at the smallest V100
+
+
+def test_headers_missing_from_every_archive_is_refused_before_the_driver():
+    r = refused("v100x4-noheaders")
+    assert "linux-headers-5.15.0-60-generic is in no configured apt archive" in r.cause
+    assert "apt-get update" in r.fix and "linux-headers-generic" in r.fix
+    assert run("v100x4-2204-fresh").driver.headers == "linux-headers-5.15.0-125-generic"
+
+
+def test_installed_cuda_13_toolkit_on_volta_is_left_alone_and_said_so():
+    packages = dict(recorded_facts("v100x4-converged").packages, **{"cuda-toolkit-13-0": "13.0.2-1"})
+    d = run("v100x4-converged", packages=packages)
+    reason = d.choice("cuda").reason
+    assert d.choice("cuda").action == "skip" and "cuda-toolkit-13-0 13.0.2-1" in reason
+    assert "left alone: nothing here compiles against it" in reason and "CUDA 13+ cannot build for this GPU" in reason
+
+
+def test_converged_host_with_little_disk_needs_only_what_is_missing():
+    d = run("v100x4-converged-8g")  # 8 GiB free, both revisions verified: nothing to fetch
+    assert any("only 8.0 GiB free on /: nothing to fetch" in w for w in d.warnings)
+    partial = {"nvidia--Qwen3.8-27B-NVFP4@main": {"bytes": 16 * 2**30, "verified": False},
+               "incoai--Qwen3.8-27B-DFlash2@main": {"bytes": 3670120448, "verified": True}}
+    r = refused("v100x4-converged-8g", models_on_disk=partial)  # a partial download: its missing ~4.4 GiB + headroom
+    assert "8.0 GiB free, 14.4 GiB needed (4.4 GiB of weights still to fetch + 10 GiB headroom" in r.cause
+    assert "nvidia/Qwen3.8-27B-NVFP4 16.0 GiB partial" in r.cause
+    run("v100x4-converged-8g", {"qwen27b_min_free_disk_gib": 1}, models_on_disk=partial)  # 5.4 GiB fits in 8
+
+
+def test_every_refusal_of_a_host_is_reported_at_once():
+    """Secure Boot without a key, headers missing and too little disk: three problems, one run."""
+    headers = {"package": "linux-headers-5.4.0-200-generic", "installed": None, "candidate": None}
+    disk = dict(recorded_facts("v100x1-secureboot").disk, free_bytes=5 * 2**30)
+    r = refused("v100x1-secureboot", kernel_headers=headers, disk=disk)
+    causes = [cause for cause, _ in r.problems]
+    assert len(causes) == 3, causes
+    assert "Secure Boot is on" in causes[1] and "linux-headers-" in causes[0] and "too little disk" in causes[2]
+    assert str(r).count("Fix: ") == 3 and "(3) too little disk" in str(r)
+
+
+def test_secure_boot_fix_is_a_runnable_mok_sequence():
+    fix = refused("v100x1-secureboot").fix
+    for step in ("openssl req -new -x509", "mokutil --import /var/lib/shim-signed/mok/MOK.der", "sudo reboot",
+                 "MOK Manager: Enroll MOK", "mokutil --test-key", "qwen27b_mok_key_path: /var/lib/shim-signed/mok/MOK.priv"):
+        assert step in fix, step
+    assert run("v100x1-secureboot", {"qwen27b_mok_key_path": "/var/lib/shim-signed/mok/MOK.priv"}).driver.action == "install"
+
+
+def test_driver_flavour_is_chosen_per_generation():
+    """Volta: proprietary (no GSP); Turing and newer: the open modules NVIDIA recommends since R560."""
+    assert run("v100x4-2204-fresh").driver.package == "nvidia-driver-580-server"
+    bare = run("a100x2-2204", gpus=[], kernel_module={}, packages={})  # the same A100s before any driver
+    assert bare.driver.action == "install" and bare.driver.package == "nvidia-driver-580-server-open"
+    assert "open kernel module" in bare.driver.reason and "open-modules-turing" in bare.driver.reason
+    kept = run("a100x2-2204")  # its healthy -server-open driver is kept, not replaced and rebooted
+    assert kept.driver.action == "keep" and kept.driver.hold == ("nvidia-driver-580-server-open",)
+
+
+def test_an_other_branch_driver_installed_but_not_loaded_is_purged_too():
+    packages = {"nvidia-driver-535-server": "535.216.01-0ubuntu0.22.04.1", "nvidia-dkms-535-server": "535.216.01-0ubuntu0.22.04.1"}
+    d = run("v100x4-2204-fresh", packages=packages)
+    assert d.driver.action == "replace" and d.driver.remove == ("nvidia-dkms-535-server", "nvidia-driver-535-server")
+    assert "installed, not loaded: not R580" in d.driver.reason
+
+
+def test_a_loaded_driver_that_lists_no_gpu_is_not_kept():
+    d = run("v100x4-converged", gpus=[])  # R580 loaded, nvidia-smi lists no GPU ("No devices were found")
+    assert d.driver.action == "install" and d.driver.reboot and "lists no GPU" in d.driver.reason

@@ -5,15 +5,16 @@ import json
 import pytest
 
 from qwen27b.checkpoint import load_shape
-from qwen27b.planner import GiB, Gpu, PlanRefused, ServeInputs, plan_serve
-from qwen27b.stack import checkpoint_metadata_dir, load_stack, resolve_stack
+from qwen27b.planner import GiB, MiB, Gpu, PlanRefused, ServeInputs, plan_serve
+from qwen27b.stack import checkpoint_metadata_dir, gpu_spec, load_stack, resolve_stack
 
 STACK = load_stack()
 
 
 def v100s(n, gb=32):
+    """V100s as nvidia-smi reports them under R580 (stack.yaml's gpus table, [v100-reported-memory])."""
     name = f"Tesla V100-SXM2-{gb}GB"
-    return [Gpu(i, name, gb * 1024, "7.0") for i in range(n)]
+    return [Gpu(i, name, gpu_spec(STACK, name=name)["memory_mib"], "7.0") for i in range(n)]
 
 
 def inputs(profile="sm70", gpus=None, pins=None, speculative=True, prefix=True, overrides=None, ram=None):
@@ -52,14 +53,28 @@ def test_1x_v100_32gb_fits_at_the_default_length_with_a_small_kv():
     assert 8192 <= plan.memory.kv_tokens < 20_000
 
 
-def test_2x_v100_16gb_shrinks_and_says_why():
-    plan = plan_serve(inputs(gpus=v100s(2, 16)))
-    assert plan.value("--tensor-parallel-size") == "2"
-    assert plan.value("--max-model-len") == "4096"
-    reasons = {f.name: f.reason for f in plan.flags}
-    assert reasons["--max-model-len"].startswith("lowered from 8192 to fit memory")
-    assert reasons["--max-num-seqs"].startswith("lowered from 4")
-    assert plan.memory.kv_tokens >= 4096
+def test_2x_v100_16gb_with_the_draft_is_refused_with_the_numbers():
+    """16160 MiB reported, minus the 616 MiB driver reserve, at 0.88: 13.4 GiB usable per GPU."""
+    with pytest.raises(PlanRefused) as refused:
+        plan_serve(inputs(gpus=v100s(2, 16)))
+    assert "too little memory on 2x Tesla V100-SXM2-16GB at TP 2" in refused.value.cause
+    assert "(of 13.4 GiB usable)" in refused.value.cause and "qwen27b_speculative=False" in refused.value.fix
+
+
+def test_memory_plan_starts_from_the_reported_figure_minus_the_driver_reserve():
+    budget = plan_serve(inputs()).memory
+    assert budget.total == 32510 * MiB and budget.reserved == 616 * MiB
+    assert budget.usable == int((32510 - 616) * MiB * 0.88) and budget.headroom == (32510 - 616) * MiB - budget.usable
+    rows = dict(budget.rows())
+    assert "per-GPU memory (nvidia-smi)" in rows and "driver reserve" in rows and "headroom outside the cap" in rows
+
+
+def test_a_cap_leaving_less_than_the_minimum_headroom_is_refused():
+    with pytest.raises(PlanRefused) as refused:
+        plan_serve(inputs(pins={"--gpu-memory-utilization": 0.98}))
+    cause = refused.value.cause
+    assert "leaves 638 MiB per GPU outside vLLM's cap (32510 MiB reported - 616 MiB driver reserve = 31894 MiB)" in cause
+    assert "below the 1024 MiB minimum" in cause and "at most 0.96" in refused.value.fix
 
 
 def test_1x_v100_16gb_is_refused_with_the_numbers():
@@ -72,7 +87,7 @@ def test_1x_v100_16gb_is_refused_with_the_numbers():
 def test_without_speculation_the_draft_costs_nothing():
     plan = plan_serve(inputs(gpus=v100s(2, 16), speculative=False))
     assert not plan.has("--speculative-config") and plan.memory.draft == 0
-    assert plan.value("--max-model-len") == "8192"  # the draft's 1.7 GiB per GPU was what forced 4096
+    assert plan.value("--max-model-len") == "8192"  # the draft's 1.7 GiB per GPU was what did not fit
 
 
 def test_pins_are_kept_and_checked():

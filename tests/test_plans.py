@@ -9,7 +9,9 @@ Regenerate the golden files after an intentional change: QWEN27B_UPDATE_GOLDEN=1
 
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -18,12 +20,19 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).parent / "golden"
 HOSTS = ["v100x4-2204-fresh", "v100x1-2004", "v100x2-16gb", "v100x4-converged", "t4x1-2204", "a100x2-2204",
-         "nogpu-2204", "centos7", "v100x1-secureboot"]
+         "nogpu-2204", "centos7", "v100x1-secureboot", "h200", "v100x1-open-loaded", "v100x2-open-unloaded",
+         "v100x2-r470", "v100x4-pg500", "v100x4-noheaders", "v100x4-converged-8g"]
 
 
-def run_pyinfra(*args):
+EMPTY_CACHE = tempfile.mkdtemp(prefix="qwen27b-empty-cache-")
+
+
+def run_pyinfra(*args, **extra_env):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYINFRA", "QWEN27B"))}
     env["PYTHONPATH"] = str(ROOT)
+    # an empty controller cache: a plan must not depend on what this machine has fetched before
+    env["QWEN27B_CACHE"] = EMPTY_CACHE
+    env.update(extra_env)
     return subprocess.run([sys.executable, "-m", "pyinfra", *args], cwd=ROOT, capture_output=True, text=True,
                           env=env, timeout=300)
 
@@ -146,3 +155,67 @@ def test_old_model_revisions_are_pruned_but_the_rollback_target_stays(tmp_path):
     # nothing is replaced on this run: one old revision (the newest, 0000newer) stays for rollback
     assert prune == ["            $ rm -rf /var/lib/qwen27b/models/nvidia--Qwen3.8-27B-NVFP4@zzzoldest "
                      "/var/lib/qwen27b/models/nvidia--Qwen3.8-27B-NVFP4@aaaolder"], plan[-2500:]
+
+
+def test_kept_driver_gets_no_reboot_and_the_host_python_is_the_venvs(dry_run):
+    """The genuine H200 recording (driver outside apt): nothing driver-related changes, and the venv
+    uses the /usr/bin/python3.12 the plan keeps, never a downloaded one."""
+    plan = host_plan(dry_run.stderr, "h200")
+    operations = plan.split("== @fake/h200: ")[-1]
+    assert "reboot" not in operations and "NVIDIA driver" not in operations and "nvidia-persistenced" not in operations
+    assert "uv venv --no-managed-python --seed --python /usr/bin/python3.12 " in plan
+    assert "python install" not in plan and "python   keep     3.12" in plan
+
+
+def test_open_driver_is_purged_in_the_same_apt_transaction(dry_run):
+    plan = host_plan(dry_run.stderr, "v100x1-open-loaded")
+    assert ("--purge install nvidia-driver-580-server nvidia-dkms-580-open- nvidia-driver-580-open- "
+            "nvidia-kernel-source-580-open-\n") in plan
+    assert plan.count("reboot to load the new driver") == 1
+    unloaded = host_plan(dry_run.stderr, "v100x2-open-unloaded")  # qwen27b_skip_reboot
+    assert "reboot to load" not in unloaded and "By hand: `sudo systemctl reboot`" in unloaded
+
+
+def test_dry_run_fetches_nothing_and_says_what_it_would(tmp_path):
+    """An empty controller cache: --dry plans the uv fetch as a line and downloads nothing."""
+    result = run_pyinfra("inventory/recorded.py", "deploy.py", "--dry", "-y", "--limit", "@fake/v100x4-2204-fresh",
+                         QWEN27B_CACHE=str(tmp_path))
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "toolchain: will fetch uv 0.13.9 from PyPI into the controller cache" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_artifact_that_cannot_be_fetched_fails_the_host_never_ok(tmp_path):
+    """Offline controller (pip finds no index), a real (not --dry) run on the @fake H200, which plans
+    no reboot: the host fails with the fix, no traceback, and the summary says failed."""
+    result = run_pyinfra("inventory/recorded.py", "deploy.py", "-y", "--limit", "@fake/h200",
+                         QWEN27B_CACHE=str(tmp_path), PIP_NO_INDEX="1", PIP_FIND_LINKS=str(tmp_path / "none"))
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "== @fake/h200: FAILED while planning" in result.stderr and "Put the uv binary at" in result.stderr
+    assert re.search(r"^@fake/h200\s+failed\s+while planning: could not download uv", result.stderr, re.M)
+    assert "0 of 1 host(s) ok" in result.stderr
+
+
+def test_garbled_fact_output_refuses_that_host_naming_the_fact_and_its_command(tmp_path):
+    """A copy of the converged recording whose nvidia-smi line is cut short, beside the real one:
+    that host is refused (fact, command, fix; no traceback), the other still gets its plan."""
+    hosts = ROOT / "tests" / "fixtures" / "hosts"
+    garbled = tmp_path / "garbled"
+    shutil.copytree(hosts / "v100x4-converged", garbled)
+    shutil.copy(hosts / "linux-common.yaml", tmp_path)
+    (garbled / "nvidia-smi-query-gpu.csv").write_text("0, Tesla V100-SXM2-32GB, GPU-4d7c\n")
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text(
+        "from pathlib import Path\nfrom qwen27b.recorded import fake_responses\n"
+        "data = {'fake_delay': 0, 'fake_delay_jitter': 0}\n"
+        f"hosts = [('@fake/garbled', dict(data, fake_responses=fake_responses(Path({str(garbled)!r})))),\n"
+        f"         ('@fake/converged', dict(data, fake_responses=fake_responses(Path({str(hosts / 'v100x4-converged')!r}))))]\n")
+    result = run_pyinfra(str(inventory), "deploy.py", "--dry", "-y")
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    refusal = section(result.stderr, "garbled", "REFUSED")
+    assert "the NvidiaGpus fact's output could not be parsed" in refusal and "nvidia-smi --query-gpu=" in refusal
+    assert "fix:   run that command on the host" in refusal
+    alone = run_pyinfra(str(inventory), "deploy.py", "--dry", "-y", "--limit", "@fake/converged")
+    expected = re.search(r"^== @fake/converged: \d+ operation\(s\) planned.*$", alone.stderr, re.M)
+    assert expected and expected.group(0) in result.stderr  # the same plan as when it runs alone
+    assert re.search(r"^@fake/garbled\s+refused\s+the NvidiaGpus fact", result.stderr, re.M)

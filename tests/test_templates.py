@@ -37,7 +37,7 @@ def rendered(tmp_path, d):
 
 
 @needs_systemd
-@pytest.mark.parametrize("host, data", [("v100x4-2204-fresh", {}), ("v100x2-16gb", {}),
+@pytest.mark.parametrize("host, data", [("v100x4-2204-fresh", {}), ("v100x2-16gb", {"qwen27b_speculative": False}),
                                         ("debian12-cpu", {"qwen27b_profile": "cpu-smoke"})])
 def test_units_pass_systemd_analyze_verify(tmp_path, host, data):
     files = rendered(tmp_path, decision(host, data))
