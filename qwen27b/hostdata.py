@@ -55,6 +55,7 @@ class Settings:
     hf_token_file: str | None = None  # controller file (0600) with a Hugging Face token
     http_proxy: str | None = None  # proxy the host uses to reach mirrors/hubs
     keep_model_revisions: int = 1  # old revisions kept for rollback
+    keep_releases: int = 1  # old release dirs (~3.5 GB each) kept besides the current one; the previous always stays
     dflash_cli: bool = False  # also install PyPI's `dflash` CLI (benchmarks against the server)
     firewall_allow: list | None = None  # networks allowed to reach the port (nftables); None: no rule
     metrics_allow: list | None = None  # networks whose scraper reads /metrics without the API key
@@ -91,6 +92,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "hf_token_file": (str,),
     "http_proxy": (str,),
     "keep_model_revisions": (int,),
+    "keep_releases": (int,),
     "dflash_cli": (bool,),
     "weights_fanout": (str,),
     "firewall_allow": (list,),
@@ -99,7 +101,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
 PREFIX = "qwen27b_"
 KEYS = [PREFIX + f.name for f in fields(Settings)]
 _POSITIVE = {"tensor_parallel_size", "min_free_disk_gib", "health_interval_s", "health_failures_before_restart",
-             "keep_model_revisions"}
+             "keep_model_revisions", "keep_releases"}
 MODEL_SOURCES = ("hub", "mirror", "controller")
 WEIGHTS_FANOUT = ("none", "tree")  # qwen27b.fanout.MODES
 # The unit drops every capability (CapabilityBoundingSet=), so user qwen27b cannot bind below 1024.

@@ -4,9 +4,11 @@ restart, and the symlink targets a rollback returns to."""
 
 from __future__ import annotations
 
+import shlex
 import sys
 
 from pyinfra import host
+from pyinfra.operations import server
 
 from qwen27b.gate import Decision
 from qwen27b.health import load_secret
@@ -94,3 +96,18 @@ def remember_previous(link: str, target: str | None) -> None:
 
 def previous_links() -> list[tuple[str, str]]:
     return _previous.pop(host.name, [])
+
+
+def stale_dirs(paths: list[str], current: str, previous: str | None, keep: int) -> list[str]:
+    """Of `paths` (oldest first), those to remove so that `keep` old ones stay besides `current`;
+    the one being replaced (`previous`, the rollback target) counts first and is never removed."""
+    replaced = previous not in (None, current)
+    spare = [path for path in paths if path not in (current, previous)]
+    quota = max(0, keep - (1 if replaced else 0))
+    return spare[: max(0, len(spare) - quota)]
+
+
+def prune_dirs(name: str, paths: list[str], current: str, previous: str | None, keep: int) -> None:
+    old = stale_dirs(paths, current, previous, keep)
+    if old:
+        server.shell(name=name, commands=["rm -rf -- " + " ".join(shlex.quote(path) for path in old)])

@@ -33,7 +33,7 @@ from qwen27b.health import load_secret
 from qwen27b.operations import push_files, secret_file, symlink_switch
 from qwen27b.stack import revision_dir_name
 
-from ._common import needs_restart, note, remember_previous, url_source, url_word
+from ._common import needs_restart, note, prune_dirs, remember_previous, url_source, url_word
 
 FETCH_TOOL = Path(__file__).resolve().parent.parent / "qwen27b" / "fetch.py"
 SEED_TOOL = Path(__file__).resolve().parent.parent / "qwen27b" / "mirror.py"  # stdlib only, Range requests
@@ -248,12 +248,7 @@ def _prune(decision: Decision, entry: dict, target: str, previous: str | None) -
     prefix = entry["id"].replace("/", "--") + "@"
     revisions = [f"{models}/{name}" for name in host.get_fact(Subdirectories, path=models) or []
                  if name.startswith(prefix)]  # oldest first
-    replaced = previous not in (None, target)
-    spare = [path for path in revisions if path not in (target, previous)]
-    quota = max(0, decision.settings.keep_model_revisions - (1 if replaced else 0))
-    old = spare[: max(0, len(spare) - quota)]
-    if old:
-        server.shell(name="prune old model revisions", commands=[f"rm -rf {' '.join(old)}"])
+    prune_dirs("prune old model revisions", revisions, target, previous, decision.settings.keep_model_revisions)
 
 
 def weights(decision: Decision) -> None:

@@ -144,7 +144,7 @@ def test_old_model_revisions_are_pruned_but_the_rollback_target_stays(tmp_path):
     inventory.write_text(
         "from inventory.recorded import _fake\n"
         "name, data = _fake('v100x4-converged')\n"
-        "data['fake_responses']['-mindepth 1 -maxdepth 1 -type d'] = [\n"
+        "data['fake_responses']['/var/lib/qwen27b/models -mindepth 1 -maxdepth 1 -type d'] = [\n"
         "    '1764000000 nvidia--Qwen3.8-27B-NVFP4@zzzoldest', '1764000100 nvidia--Qwen3.8-27B-NVFP4@aaaolder',\n"
         "    '1764000200 nvidia--Qwen3.8-27B-NVFP4@0000newer', '1764000300 nvidia--Qwen3.8-27B-NVFP4@main',\n"
         "    '1764000400 incoai--Qwen3.8-27B-DFlash2@main', '1764000500 unrelated@x']\n"
@@ -153,8 +153,37 @@ def test_old_model_revisions_are_pruned_but_the_rollback_target_stays(tmp_path):
     plan = host_plan(result.stderr, "v100x4-converged")
     prune = [line for line in plan.splitlines() if "$ rm -rf" in line]
     # nothing is replaced on this run: one old revision (the newest, 0000newer) stays for rollback
-    assert prune == ["            $ rm -rf /var/lib/qwen27b/models/nvidia--Qwen3.8-27B-NVFP4@zzzoldest "
+    assert prune == ["            $ rm -rf -- /var/lib/qwen27b/models/nvidia--Qwen3.8-27B-NVFP4@zzzoldest "
                      "/var/lib/qwen27b/models/nvidia--Qwen3.8-27B-NVFP4@aaaolder"], plan[-2500:]
+
+
+def test_old_releases_are_pruned_never_the_current_nor_the_previous(tmp_path):
+    """The converged host (current release bc7b88da5403, nothing replaced on this run), recorded
+    with three older release dirs: with qwen27b_keep_releases=1 the newest old one stays for a
+    rollback, the two older go, oldest first; the current one never (stale_dirs below covers the
+    previous one of an upgrade)."""
+    inventory = tmp_path / "releases.py"
+    inventory.write_text(
+        "from inventory.recorded import _fake\n"
+        "name, data = _fake('v100x4-converged')\n"
+        "data['fake_responses']['/opt/qwen27b/releases -mindepth 1 -maxdepth 1 -type d'] = [\n"
+        "    '1764000000 aaaa00000001', '1764000100 aaaa00000002', '1764000200 aaaa00000003',\n"
+        "    '1764000300 bc7b88da5403']\n"
+        "hosts = [(name, data)]\n")
+    result = run_pyinfra(str(inventory), "deploy.py", "--dry", "-y")
+    plan = host_plan(result.stderr, "v100x4-converged")
+    prune = [line.strip() for line in plan.splitlines() if "$ rm -rf -- /opt/qwen27b/releases" in line]
+    assert prune == ["$ rm -rf -- /opt/qwen27b/releases/aaaa00000001 /opt/qwen27b/releases/aaaa00000002"], plan[-3000:]
+
+
+def test_stale_dirs_keeps_current_previous_and_the_quota():
+    from roles._common import stale_dirs
+    paths = ["/r/a", "/r/b", "/r/c", "/r/cur", "/r/prev"]
+    assert stale_dirs(paths, "/r/cur", "/r/prev", 1) == ["/r/a", "/r/b", "/r/c"]  # previous is the one kept
+    assert stale_dirs(paths, "/r/cur", "/r/prev", 2) == ["/r/a", "/r/b"]
+    assert stale_dirs(paths, "/r/cur", "/r/cur", 1) == ["/r/a", "/r/b", "/r/c"]  # nothing replaced: newest spare stays
+    assert stale_dirs(paths, "/r/cur", None, 5) == []
+    assert stale_dirs(["/r/cur"], "/r/cur", None, 1) == []
 
 
 def test_kept_driver_gets_no_reboot_and_the_host_python_is_the_venvs(dry_run):
