@@ -369,3 +369,25 @@ def test_a_failed_seed_falls_back_to_the_mirror_and_resumes(tmp_path, seed):
         server.shutdown()
         if peer is not None:
             peer.close()
+
+
+@pytest.mark.skipif(subprocess.run(["sh", "-c", "systemd-analyze --help | grep -q -- --offline"]).returncode != 0,
+                    reason="systemd-analyze security --offline needs systemd >= 250")
+def test_the_seed_unit_verifies_and_scores_like_the_service(tmp_path):
+    """The transient unit's properties as a unit file: systemd-analyze accepts every one, and its
+    exposure stays within the main unit's goal (2.5; the root seed with CAP_DAC_READ_SEARCH was 6.1)."""
+    plan = plan_waves(_hosts(2))
+    argv = shlex.split(seed_start_commands("/usr/bin/true", "/var/lib/qwen27b/models/x@1", "10.0.0.1",
+                                           seed_peers(plan, "h01"), "/etc/qwen27b/seed.token", "qwen27b", 160,
+                                           "/var/lib/qwen27b")[1])
+    props = [a.split("=", 1)[1] for a in argv if a.startswith("--property=")]
+    unit = tmp_path / "qwen27b-seed.service"
+    unit.write_text("[Service]\n" + "\n".join(props) + "\nExecStart=/usr/bin/python3 "
+                    + shlex.join(argv[argv.index("python3") + 1:]) + "\n")
+    env = {**os.environ, "SYSTEMD_LOG_LEVEL": "notice"}
+    verify = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True, env=env)
+    assert verify.returncode == 0 and verify.stderr == "", verify.stderr
+    security = subprocess.run(["systemd-analyze", "security", "--offline=yes", "--no-pager", str(unit)],
+                              capture_output=True, text=True, env=env)
+    score = float(re.search(r"Overall exposure level for \S+: (\d+\.\d+)", security.stdout).group(1))
+    assert score <= 2.5, security.stdout
