@@ -6,11 +6,17 @@ that holds a verified copy seeds one host that has none, so the holders double (
 and N hosts are done after 1 + ceil(log2 N) waves. Hosts that already hold a verified copy when
 the deploy starts seed from wave 1 on, and then nothing crosses the WAN at all.
 
-A seed serves its models dir read-only over HTTP (qwen27b/mirror.py, Range requests honoured) on
-its lab address, in a transient sandboxed unit that stops itself after `SEED_MAX_S`; the receiver
+A seed serves the one model revision it holds over HTTP (qwen27b/mirror.py in seed mode, Range
+requests honoured) on its lab address, in a transient sandboxed unit (the service user, no
+capability, only that revision visible and read-only) that the last wave's operation stops and
+that stops itself after the planned waves' time budget (`seed_max_s`) if the deploy dies first.
+It answers only its planned peers' addresses (in the server, and a per-unit IPAddressAllow= where
+systemd can enforce one) presenting the run's random token, which the controller makes once per
+run and writes to a 0600 file on each host of the fan-out (never argv, never a plan line). So a
+host without a known lab address fetches from the mirror: no seed could admit it. The receiver
 runs the same qwen27b-fetch as for the mirror (resume from the part file, sha256 of every file
 against the *mirror's* manifest, so a seed cannot hand out a bad copy) and falls back to the
-mirror if its seed fails, resuming from what the seed had already sent.
+mirror if its seed fails or refuses, resuming from what the seed had already sent.
 
 The deploy (roles/weights.py) adds one operation per wave; pyinfra runs an operation on all its
 hosts before the next starts, which gives the ordering: a seed's copy is verified and its server
@@ -26,7 +32,8 @@ from dataclasses import dataclass
 MODES = ("none", "tree")
 SEED_PORT = 8801  # the seeds' HTTP port on their lab address, only while the fan-out runs
 SEED_UNIT = "qwen27b-seed.service"
-SEED_MAX_S = 3600  # a seed left behind by a killed deploy stops itself after this
+SEED_MIN_RATE = 25e6  # bytes/s a LAN copy is budgeted at (200 Mbit/s); slower, the mirror completes it
+SEED_WAVE_SLACK_S = 120  # per wave: the fetch's own start, hashing, pyinfra's round trips
 MIRROR = "mirror"
 
 
@@ -124,6 +131,10 @@ def plan_waves(members: list[Member] | tuple[Member, ...], port: int = SEED_PORT
         if first.address:
             seeds.append(first)
             since[first.name] = "verified in wave 0"
+    for m in [m for m in need if not m.address]:
+        # a seed admits only its planned peers' addresses: one without a known address cannot be let in
+        need.remove(m)
+        copies.append(Copy(m.name, 0, MIRROR, None, "no lab address (ssh_hostname as an IP) for a seed to admit"))
     wave = 1
     while need:
         if not seeds:
@@ -147,36 +158,68 @@ def plan_waves(members: list[Member] | tuple[Member, ...], port: int = SEED_PORT
 
 # ---------------------------------------------------------------- the commands on a host
 
-def seed_start_commands(seed_tool: str, models_dir: str, address: str, port: int = SEED_PORT) -> list[str]:
-    """Start the seed server (a transient unit, sandboxed: read-only file system, only the
-    capability to read the 0750 models dir, stops itself after SEED_MAX_S) and wait until it listens."""
-    props = ["RuntimeMaxSec=%d" % SEED_MAX_S, "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes",
-             "NoNewPrivileges=yes", "CapabilityBoundingSet=CAP_DAC_READ_SEARCH",
-             "RestrictAddressFamilies=AF_INET AF_INET6", "Environment=PYTHONDONTWRITEBYTECODE=1"]
+def seed_peers(plan: FanoutPlan, name: str) -> list[str]:
+    """The addresses `name`'s seed admits: the hosts the plan has it serve."""
+    return sorted({next(m.address for m in plan.members if m.name == c.host) for c in plan.seeds(name)})
+
+
+def seed_max_s(plan: FanoutPlan, name: str, total_bytes: int) -> int:
+    """RuntimeMaxSec of `name`'s seed: the planned waves it serves, each budgeted one copy at
+    SEED_MIN_RATE plus slack. The last wave's operation stops it; this only bounds a seed that a
+    failed or killed deploy left behind."""
+    start = plan.seed_start_wave(name) or 0
+    waves = max(1, plan.waves - start - 1)  # started in wave `start`, it serves the waves after it
+    return int(waves * (SEED_WAVE_SLACK_S + total_bytes / SEED_MIN_RATE))
+
+
+def seed_start_commands(seed_tool: str, revision_dir: str, address: str, peers: list[str], token_file: str,
+                        user: str, max_s: int, hide: str, port: int = SEED_PORT) -> list[str]:
+    """Start the seed server and wait until it listens. A transient unit: the service user (it
+    reads the root:user 0750 models dir through its group), no capability, the whole of `hide`
+    (the service's state dir) replaced by an empty read-only tmpfs in which only `revision_dir`
+    is mounted back, read-only; its peers' (and its own, for the readiness probe) addresses only."""
+    props = [f"User={user}", f"Group={user}", f"RuntimeMaxSec={max_s}",
+             "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes", "PrivateDevices=yes", "PrivateMounts=yes",
+             f"TemporaryFileSystem={hide}:ro", f"BindReadOnlyPaths={revision_dir}",
+             "NoNewPrivileges=yes", "CapabilityBoundingSet=", "ProtectKernelTunables=yes", "ProtectKernelModules=yes",
+             "ProtectKernelLogs=yes", "ProtectControlGroups=yes", "ProtectClock=yes", "ProtectHostname=yes",
+             "ProtectProc=invisible", "RestrictNamespaces=yes", "RestrictRealtime=yes", "RestrictSUIDSGID=yes",
+             "LockPersonality=yes", "MemoryDenyWriteExecute=yes", "SystemCallArchitectures=native",
+             "SystemCallFilter=@system-service", "SystemCallFilter=~@privileged @resources",
+             "SystemCallErrorNumber=EPERM", "RestrictAddressFamilies=AF_INET AF_INET6", "UMask=0077",
+             "IPAddressDeny=any", f"IPAddressAllow={' '.join([address, *peers])}",
+             "Environment=PYTHONDONTWRITEBYTECODE=1"]
     run = ["systemd-run", f"--unit={SEED_UNIT}", "--collect", "--quiet",
            *[f"--property={p}" for p in props],
-           "python3", seed_tool, models_dir, "--host", address, "--port", str(port)]
+           "python3", seed_tool, revision_dir, "--host", address, "--port", str(port), "--token-file", token_file,
+           *[arg for peer in peers for arg in ("--allow", peer)]]
     wait = ("import socket, sys, time; "
-            f'up = lambda: socket.socket().connect_ex(("{address}", {port})) == 0; '
+            f'up = lambda: socket.socket({"socket.AF_INET6" if ":" in address else "socket.AF_INET"}).connect_ex'
+            f'(("{address}", {port})) == 0; '
             f"sys.exit(0 if any(up() or time.sleep(0.1) for _ in range(150)) else "
             f'"the seed server did not listen on {address}:{port} within 15 s")')
-    return [f"systemctl stop {SEED_UNIT} 2>/dev/null || true; systemctl reset-failed {SEED_UNIT} 2>/dev/null || true",
+    return [seed_stop_command(),
             shlex.join(run),
             f"python3 -c {shlex.quote(wait)}"]
 
 
-def seed_stop_command() -> str:
-    return f"systemctl stop {SEED_UNIT} 2>/dev/null || true; systemctl reset-failed {SEED_UNIT} 2>/dev/null || true"
+def seed_stop_command(token_file: str | None = None) -> str:
+    """Stop the seed (if any) and, at the end of the fan-out, remove the run's token file."""
+    stop = f"systemctl stop {SEED_UNIT} 2>/dev/null || true; systemctl reset-failed {SEED_UNIT} 2>/dev/null || true"
+    return stop + (f"; rm -f {shlex.quote(token_file)}" if token_file else "")
 
 
 def fetch_command(fetch: str, copy: Copy, mirror_base: str, safe_name: str, port: int = SEED_PORT,
-                  proxy_env: str = "") -> str:
+                  proxy_env: str = "", token_file: str | None = None) -> str:
     """`fetch` is the qwen27b-fetch command line less its --base. A peer is on the lab LAN: reached
-    without the proxy; if it fails, the mirror completes the copy (resuming the part files)."""
+    without the proxy, with the run's token (read from `token_file`; the mirror never sees it); if
+    it fails, the mirror completes the copy (resuming the part files)."""
     from_mirror = f"{proxy_env}{fetch} --base {mirror_base}"
     if copy.from_mirror:
         return from_mirror
-    peer = f"http://{copy.source_address}:{port}/{safe_name}"
+    host = f"[{copy.source_address}]" if ":" in (copy.source_address or "") else copy.source_address
+    peer = f"http://{host}:{port}/{safe_name}"
+    token = f" --token-file {shlex.quote(token_file)}" if token_file else ""
     notice = shlex.quote(f"qwen27b: seed {copy.source} failed; the mirror completes the copy")
-    return (f"no_proxy='*' NO_PROXY='*' {fetch} --base {peer} || "
+    return (f"no_proxy='*' NO_PROXY='*' {fetch} --base {peer}{token} || "
             f"{{ echo {notice} >&2; {from_mirror}; }}")

@@ -8,7 +8,7 @@ right hash are skipped, so a re-run after Ctrl-C, a dropped SSH session or a reb
 A full disk stops the transfer with the space needed and keeps the part file for the re-run; a
 lock on DIR makes a second fetch (say one orphaned by a dropped SSH session) wait its turn.
 
-    qwen27b-fetch --base URL --dest DIR --manifest FILE.json
+    qwen27b-fetch --base URL --dest DIR --manifest FILE.json [--token-file FILE]
 
 FILE.json: {"files": {"name": {"size": N, "sha256": "..."}}} (the manifest qwen27b writes).
 Exit codes: 0 all verified; 1 a file failed its checksum or the mirror failed; 2 usage.
@@ -48,7 +48,7 @@ def _progress(name: str, done: int, total: int, started: float, resumed_from: in
           file=sys.stderr, flush=True)
 
 
-def fetch_one(base: str, name: str, size: int, sha256: str, dest: str) -> None:
+def fetch_one(base: str, name: str, size: int, sha256: str, dest: str, token: str | None = None) -> None:
     final = os.path.join(dest, name)
     if os.path.exists(final) and os.path.getsize(final) == size and sha256_of(final) == sha256:
         return
@@ -58,7 +58,10 @@ def fetch_one(base: str, name: str, size: int, sha256: str, dest: str) -> None:
         os.remove(part)
         have = 0
     url = base.rstrip("/") + "/" + urllib.parse.quote(name)
-    request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+    headers = {"Range": f"bytes={have}-"} if have else {}
+    if token:  # a fan-out seed's per-run token (read from --token-file, never in argv)
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url, headers=headers)
     started, last = time.monotonic(), 0.0
     if have < size:
         with urllib.request.urlopen(request, timeout=60) as response:
@@ -79,6 +82,7 @@ def fetch_one(base: str, name: str, size: int, sha256: str, dest: str) -> None:
     if got != sha256:
         os.remove(part)  # a corrupt part must not be resumed
         raise ValueError(f"{name}: sha256 {got} does not match the manifest's {sha256}; the part file was removed")
+    os.chmod(part, 0o644)  # whatever the umask: the service user (and a fan-out seed) read it via the group
     os.replace(part, final)
 
 
@@ -117,11 +121,17 @@ def main(argv: list[str] | None = None) -> int:
                         "$VARS in it are expanded here (a URL with a password stays out of argv and `ps`)")
     parser.add_argument("--dest", required=True)
     parser.add_argument("--manifest", required=True)
+    parser.add_argument("--token-file", help="a 0600 file holding the bearer token a fan-out seed asks for")
     args = parser.parse_args(argv)
     args.base = os.path.expandvars(args.base)
+    token = None
+    if args.token_file:
+        with open(args.token_file, encoding="ascii") as handle:
+            token = handle.read().strip()
     with open(args.manifest, encoding="utf-8") as handle:
         files = json.load(handle)["files"]
     os.makedirs(args.dest, exist_ok=True)
+    os.chmod(args.dest, 0o755)  # the models dir above it (root:service user 0750) is the gate
     lock = _lock(args.dest)  # noqa: F841 (held until exit)
     free = shutil.disk_usage(args.dest).free
     needed = _still_needed(args.dest, files)
@@ -137,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         try:
             print(f"[{number}/{len(files)}] {name}", file=sys.stderr, flush=True)
-            fetch_one(args.base, name, int(meta["size"]), meta["sha256"], args.dest)
+            fetch_one(args.base, name, int(meta["size"]), meta["sha256"], args.dest, token)
         except OSError as error:
             if error.errno == errno.EPIPE:
                 return 1  # whoever ran us (pyinfra over SSH) is gone: stop, the part file is kept

@@ -469,29 +469,76 @@ def restart_unit(unit: str) -> tuple[bool, str]:
     return p.returncode == 0, (p.stderr or p.stdout).strip()[-300:]
 
 
+RESTART_REQUEST_ENV = "QWEN27B_HEALTH_RESTART_REQUEST"
+
+
+def request_restart(path: str, unit: str, reason: str) -> tuple[bool, str]:
+    """The unprivileged route: leave the request in ``path`` for the health unit's root
+    ExecStopPost (``+``: runs as root once this check has exited), which removes it and restarts
+    the unit. The check itself then needs no privilege, polkit rule or capability."""
+    try:
+        write_text_atomic(path, reason + "\n")
+    except OSError as e:
+        return False, f"cannot write the restart request {path}: {e.strerror}"
+    return True, f"requested in {path}; the health unit's ExecStopPost restarts {unit} as root"
+
+
 # ------------------------------------------------------------------------------- status file
 
-def load_status(path: str | None) -> dict:
-    """The previous run's status; missing or unreadable means a first run (counter 0)."""
-    if not path:
-        return {}
+def _valid_status(data) -> str | None:
+    """Why a previous status cannot be trusted as the watchdog's memory (None: it can). Only the
+    fields a run reads back are checked: the counter, the times and the history."""
+    if not isinstance(data, dict):
+        return f"holds a JSON {type(data).__name__}, not an object"
+    failures = data.get("consecutive_failures", 0)
+    if isinstance(failures, bool) or not isinstance(failures, int) or failures < 0:
+        return f"consecutive_failures is {failures!r}, not a count"
+    if data.get("time") is not None and _epoch(data["time"]) is None:
+        return f"time is {data['time']!r}, not an ISO timestamp"
+    last = data.get("last_restart")
+    if last is not None and not (isinstance(last, dict) and (last.get("time") is None or _epoch(last["time"]))):
+        return "last_restart is not {time, reason, ok}"
+    history = data.get("history")
+    if history is not None and not (isinstance(history, list) and all(
+            isinstance(h, dict) and h.get("code") in LEVELS and not isinstance(h.get("code"), bool)
+            for h in history)):
+        return "history is not a list of {time, code, verdict}"
+    return None
+
+
+def read_previous(path: str | None) -> tuple[dict, str | None]:
+    """The previous run's status and, when it was there but unusable (torn by a power cut, edited
+    by hand, written by something else), why: the run then starts fresh (counter 0) and says so
+    once - its own status replaces the bad file. A bad file must never make every run fail,
+    which would disable the watchdog for good."""
+    if not path or not os.path.exists(path):
+        return {}, None
     try:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
+    except (OSError, ValueError) as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return {}, f"cannot be read as JSON ({type(error).__name__})"
+    problem = _valid_status(data)
+    return ({}, problem) if problem else (data, None)
+
+
+def load_status(path: str | None) -> dict:
+    """The previous run's status; missing, unreadable or malformed means a first run (counter 0)."""
+    return read_previous(path)[0]
 
 
 def write_status(path: str, status: dict) -> None:
     """Atomic: a temp file in the same directory, fsync, rename - readers never see half a file."""
+    write_text_atomic(path, json.dumps(status, indent=2) + "\n")
+
+
+def write_text_atomic(path: str, text: str) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".health-", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(status, fh, indent=2)
-            fh.write("\n")
+            fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o644)
@@ -509,7 +556,7 @@ def write_status(path: str, status: dict) -> None:
 def check(args: argparse.Namespace, now: float | None = None) -> dict:
     """Probe, judge, persist, maybe restart -> the status dict (also the --json output)."""
     now = time.time() if now is None else now
-    prev = load_status(args.status_file)
+    prev, bad_status = read_previous(args.status_file)
 
     key, key_error = None, None
     if args.api_key_file:
@@ -526,6 +573,11 @@ def check(args: argparse.Namespace, now: float | None = None) -> dict:
     readings = {"url": args.url, "unit": args.unit, "served_name": args.served_name,
                 "key_error": key_error, "health": health, "models": models, "gpu": gpus, "xids": xids}
     code, findings = verdict(readings, slow_ms=args.slow_ms)
+    if bad_status:
+        note = (f"the previous status {args.status_file} {bad_status}: starting fresh (failure counter 0, "
+                "no history); this run's status replaces it.")
+        findings.append(finding(INFO, note))
+        print(f"qwen27b-health: {note}", file=sys.stderr)
 
     failures = next_failures(int(prev.get("consecutive_failures") or 0), code)
     last_restart = prev.get("last_restart")
@@ -546,7 +598,8 @@ def check(args: argparse.Namespace, now: float | None = None) -> dict:
     if action == "skip":
         findings.append(finding(INFO, reason))
     elif action == "restart":
-        ok, detail = restart_unit(args.unit)
+        ok, detail = (request_restart(args.restart_request, args.unit, reason) if args.restart_request
+                      else restart_unit(args.unit))
         last_restart = {"time": _iso(now), "reason": reason, "ok": ok, "detail": detail}
         restart["ok"], restart["detail"] = ok, detail
         findings.append(finding(INFO, reason if ok else f"{reason} It failed ({detail}): restart it by hand."))
@@ -633,6 +686,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--slow-ms", type=float, default=1000.0, help="/health slower than this is a WARNING")
     p.add_argument("--json", action="store_true", help="print the status JSON instead of the table")
     p.add_argument("--no-restart", action="store_true", help="never restart; record what would happen")
+    # from the environment too: the unit sets it with Environment=, so that a rollback to a release
+    # whose qwen27b-health predates it still runs (an unknown flag would fail every check)
+    p.add_argument("--restart-request", default=os.environ.get(RESTART_REQUEST_ENV) or None, metavar="FILE",
+                   help="restart by writing FILE for a privileged helper instead of `systemctl restart` "
+                        f"(default ${RESTART_REQUEST_ENV}; the health unit runs unprivileged)")
     args = p.parse_args(argv)
     if args.restart_after < 1:
         p.error("--restart-after must be >= 1")

@@ -1,15 +1,27 @@
 """A small HTTP mirror that honours Range requests (python's http.server does not), so hosts
 can resume interrupted weight downloads. For labs: `python3 -m qwen27b.mirror DIR --port 8800`.
+
+The same file is the weights fan-out's seed server (`qwen27b-seed`, qwen27b/fanout.py): with
+--token-file and --allow it serves one model revision directory and nothing else - only plain
+file names directly in it (no listing, no subdirectory, no hidden file), never through a symlink
+(opened with O_NOFOLLOW relative to the directory), only to the planned peers' addresses and
+only with the run's token (`Authorization: Bearer`); every refusal is logged without the token.
 """
 
 from __future__ import annotations
 
 import argparse
+import hmac
+import ipaddress
 import os
+import socket
+import stat
+import sys
 import threading
 import time
+import urllib.parse
 from functools import partial
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 
 class RangeHandler(SimpleHTTPRequestHandler):
@@ -42,8 +54,8 @@ class RangeHandler(SimpleHTTPRequestHandler):
         self._remaining = end - start + 1
         return handle
 
-    def copyfile(self, source, outputfile):
-        remaining = getattr(self, "_remaining", None)
+    def copyfile(self, source, outputfile, remaining=None):
+        remaining = getattr(self, "_remaining", None) if remaining is None else remaining
         chunk = 1 << 18
         while remaining is None or remaining > 0:
             block = source.read(chunk if remaining is None else min(chunk, remaining))
@@ -59,6 +71,108 @@ class RangeHandler(SimpleHTTPRequestHandler):
         pass
 
 
+def _plain_name(name: str) -> bool:
+    return bool(name) and "/" not in name and "\\" not in name and "\0" not in name and not name.startswith(".")
+
+
+def _address(text: str) -> str:
+    """One canonical spelling (IPv4-mapped IPv6 as IPv4), so the allow-list compares like with like."""
+    ip = ipaddress.ip_address(text.split("%", 1)[0])
+    return str(ip.ipv4_mapped or ip) if ip.version == 6 else str(ip)
+
+
+class SeedHandler(BaseHTTPRequestHandler):
+    """GET/HEAD of ROOT's plain files, at /<basename of ROOT>/<name>, for `allowed` addresses with
+    `token`; Range honoured. Set per server by seed_handler()."""
+
+    root_fd: int = -1
+    prefix: str = ""
+    token: str = ""
+    allowed: frozenset = frozenset()
+    rate: float | None = None
+    server_version = "qwen27b-seed"
+    sys_version = ""
+
+    def do_HEAD(self):  # noqa: N802 (http.server's naming)
+        self._answer(body=False)
+
+    def do_GET(self):  # noqa: N802
+        self._answer(body=True)
+
+    def _refuse(self, code: int, why: str) -> None:
+        print(f"qwen27b-seed: {code} for {self.client_address[0]} {self.command} "
+              f"{self.path[:200]!r}: {why}", file=sys.stderr, flush=True)
+        self.send_response(code)
+        self.send_header("Content-Length", "0")
+        if code == 401:
+            self.send_header("WWW-Authenticate", 'Bearer realm="qwen27b-seed"')
+        self.end_headers()
+
+    def _open(self):
+        """The file the request names, opened without following any symlink; None: 404."""
+        path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+        head, _, name = path.lstrip("/").partition("/")
+        if head != self.prefix or not _plain_name(name):
+            return None
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=self.root_fd)
+        except OSError:  # missing, a symlink (ELOOP), unreadable
+            return None
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            os.close(fd)
+            return None
+        return os.fdopen(fd, "rb"), info.st_size
+
+    def _answer(self, body: bool) -> None:
+        try:
+            client = _address(self.client_address[0])
+        except ValueError:
+            client = self.client_address[0]
+        if client not in self.allowed:
+            return self._refuse(403, "not a planned peer of this fan-out")
+        sent = self.headers.get("Authorization", "")
+        if not hmac.compare_digest(sent.encode(), f"Bearer {self.token}".encode()):
+            return self._refuse(401, "no or a wrong token")
+        opened = self._open()
+        if opened is None:
+            return self._refuse(404, "not a plain file of the revision")
+        handle, size = opened
+        with handle:
+            start, end = 0, size - 1
+            header = self.headers.get("Range", "")
+            if header.startswith("bytes="):
+                first, _, last = header[6:].partition("-")
+                try:
+                    start = int(first or 0)
+                    end = min(int(last), size - 1) if last else size - 1
+                except ValueError:
+                    return self._refuse(416, "unreadable Range")
+                if start >= size or start > end:
+                    return self._refuse(416, "Range outside the file")
+            self.send_response(206 if header.startswith("bytes=") else 200)
+            self.send_header("Content-Type", "application/octet-stream")
+            if header.startswith("bytes="):
+                self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+            self.send_header("Content-Length", str(end - start + 1))
+            self.end_headers()
+            if body:
+                handle.seek(start)
+                RangeHandler.copyfile(self, handle, self.wfile, end - start + 1)
+
+    def log_message(self, format, *args):  # noqa: A002 - refusals are logged by _refuse
+        pass
+
+
+def seed_handler(directory: str, token: str, allowed) -> type:
+    """A SeedHandler class for one revision directory (the directory itself may not be a symlink)."""
+    if not token:
+        raise ValueError("the seed needs a token")
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    return type("Seed", (SeedHandler,), {"root_fd": fd, "prefix": os.path.basename(os.path.normpath(directory)),
+                                         "token": token, "allowed": frozenset(_address(a) for a in allowed)})
+
+
 def serve(directory: str, host: str = "127.0.0.1", port: int = 0) -> tuple[ThreadingHTTPServer, threading.Thread]:
     """Start serving directory in a thread; returns the server (server.server_address has the port,
     server.handler the handler class: its `requests` log and `rate` throttle)."""
@@ -70,14 +184,30 @@ def serve(directory: str, host: str = "127.0.0.1", port: int = 0) -> tuple[Threa
     return server, thread
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("directory")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8800)
-    args = parser.parse_args()
-    server = ThreadingHTTPServer((args.host, args.port), partial(RangeHandler, directory=args.directory))
-    print(f"serving {args.directory} on http://{args.host}:{args.port}/ (Range requests honoured)")
+    parser.add_argument("--token-file", help="seed mode: the run's token (one line; never in argv)")
+    parser.add_argument("--allow", action="append", default=[], metavar="ADDRESS",
+                        help="seed mode: a peer address that may fetch (repeat)")
+    args = parser.parse_args(argv)
+    if args.token_file or args.allow:
+        if not (args.token_file and args.allow):
+            parser.error("seed mode needs both --token-file and --allow")
+        with open(args.token_file, encoding="ascii") as fh:
+            token = fh.read().strip()
+        handler = seed_handler(args.directory, token, args.allow)
+        what = f"seeding {args.directory} to {', '.join(sorted(handler.allowed))} (token required)"
+    else:
+        handler = partial(RangeHandler, directory=args.directory)
+        what = f"serving {args.directory} (Range requests honoured)"
+    server_class = ThreadingHTTPServer
+    if ":" in args.host:
+        server_class = type("Server6", (ThreadingHTTPServer,), {"address_family": socket.AF_INET6})
+    server = server_class((args.host, args.port), handler)
+    print(f"{what} on http://{args.host}:{args.port}/", flush=True)
     server.serve_forever()
 
 

@@ -21,15 +21,19 @@ HEALTH_UNIT = "qwen27b-health.service"
 HEALTH_TIMER = "qwen27b-health.timer"
 _SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 
-# Every line removes a privilege vLLM does not use; GPU access is kept through DeviceAllow.
-COMMON_HARDENING = [
+# The sandbox both units share: every line removes a privilege neither vLLM nor the health check
+# uses. Measured with `systemd-analyze security --offline=yes` on the rendered units (docs/security.md
+# has the scores; tests/test_templates.py keeps them within the goals: main <= 2.5, health <= 4.0).
+SANDBOX = [
     ("NoNewPrivileges", "yes"),
+    ("CapabilityBoundingSet", ""),  # no capability at all: both run as the service user
     ("ProtectSystem", "strict"),
     ("PrivateTmp", "yes"),
     ("ProtectHome", "yes"),
+    ("PrivateMounts", "yes"),
     ("ProtectKernelTunables", "yes"),
     ("ProtectKernelModules", "yes"),
-    ("ProtectKernelLogs", "yes"),
+    ("ProtectKernelLogs", "yes"),  # the health check reads kernel (Xid) lines from the journal, not /dev/kmsg
     ("ProtectControlGroups", "yes"),
     ("ProtectClock", "yes"),
     ("ProtectHostname", "yes"),
@@ -39,10 +43,48 @@ COMMON_HARDENING = [
     ("RestrictSUIDSGID", "yes"),
     ("LockPersonality", "yes"),
     ("SystemCallArchitectures", "native"),
-    ("CapabilityBoundingSet", ""),
+    # systemd's list for ordinary services, less @privileged (chown, setuid, mount, module, clock,
+    # raw I/O, reboot, swap, bpf, ptrace); EPERM instead of a kill, so a library probing a call
+    # it may not use gets an error it handles rather than a dead server
+    ("SystemCallFilter", "@system-service"),
+    ("SystemCallFilter", "~@privileged"),
+    ("SystemCallErrorNumber", "EPERM"),
+]
+# vLLM's own lines on top of the sandbox.
+COMMON_HARDENING = SANDBOX + [
     # NCCL and the API server need inet sockets; netlink lists interfaces.
     ("RestrictAddressFamilies", "AF_UNIX AF_INET AF_INET6 AF_NETLINK"),
+    ("RemoveIPC", "yes"),  # vLLM's shared-memory segments (TP workers) go when the service stops
     ("UMask", "0027"),
+]
+# What stays off in the main unit, and why (rendered into the unit as comments).
+SERVICE_LEFT_OFF = [
+    ("PrivateNetwork= is off", "vLLM serves the API on the network"),
+    ("IPAddressDeny= is off", "who may connect is the firewall role's nftables rule (qwen27b_firewall_allow)"),
+    ("MemoryDenyWriteExecute= is off", "torch, Triton and the CUDA driver JIT-compile kernels into W+X memory"),
+    ("ProcSubset= is off", "vLLM, torch and psutil read /proc/meminfo, /proc/cpuinfo and /proc/stat"),
+    ("PrivateUsers= is off", "no capability left to confine; a user namespace under the nspawn test hosts is untested"),
+    ("RootDirectory= is off", "the release venv runs on the host's libc and NVIDIA driver libraries"),
+    ("UMask=0027, not 0077", "caches and logs stay readable by the service group; nothing vLLM writes is secret"),
+]
+# The health check: the same sandbox, unprivileged. It probes the service over TCP, asks systemd
+# over D-Bus (AF_UNIX) for the unit's state, reads the GPUs through NVML and the kernel's Xid lines
+# from the journal (the systemd-journal group); a restart it decides on is done by the unit's root
+# ExecStopPost (see the template), so it needs no capability, polkit rule or root.
+HEALTH_HARDENING = SANDBOX + [
+    ("RestrictAddressFamilies", "AF_UNIX AF_INET AF_INET6"),
+    ("MemoryDenyWriteExecute", "yes"),  # plain Python; NVML is a C library, no JIT
+    ("UMask", "0077"),
+]
+HEALTH_LEFT_OFF = [
+    ("PrivateNetwork= is off", "the check probes the service over TCP"),
+    ("IPAddressDeny= is off", "the one peer is the service's own address; a wrong list would make every "
+                              "check CRITICAL and the watchdog restart a healthy service"),
+    ("RemoveIPC= is off", "the check runs as the service user: it would remove vLLM's shared memory after "
+                          "every run"),
+    ("ProcSubset= is off", "NVML reads /proc/driver/nvidia"),
+    ("PrivateUsers= is off", "no capability left to confine; a user namespace under the nspawn test hosts is untested"),
+    ("RootDirectory= is off", "the release venv runs on the host's libc and NVIDIA driver libraries"),
 ]
 # The NVIDIA device nodes: control, UVM, and every /dev/nvidiaN (major "nvidia-frontend").
 GPU_DEVICES = [
@@ -53,6 +95,9 @@ GPU_DEVICES = [
     ("DeviceAllow", "char-nvidia-frontend rw"),
     ("DeviceAllow", "char-nvidia-caps r"),
 ]
+GPU_LEFT_OFF = ("PrivateDevices= is off", "the GPUs: DevicePolicy=closed and DeviceAllow= list the NVIDIA nodes")
+JOURNAL_GROUP = "systemd-journal"  # reads the whole journal (kernel Xid lines); no other right
+API_KEY_CREDENTIAL = "api-key"
 
 
 def systemd_quote(arg: str) -> str:
@@ -75,16 +120,31 @@ def layout(decision: Decision, prefix: str = "") -> dict:
         "env_file": prefix + paths["config"] + "/qwen27b.env",
         "secrets_file": prefix + api_key_env_file(paths),
         "health_status": prefix + paths["state"] + "/health.json",
+        "restart_request": prefix + paths["state"] + "/health-restart.request",
     }
 
 
-def hardening(decision: Decision, where: dict) -> list[tuple[str, str]]:
-    lines = list(COMMON_HARDENING) + [("ReadWritePaths", where["state_dir"])]
+def hardening(decision: Decision, where: dict, base=COMMON_HARDENING) -> list[tuple[str, str]]:
+    lines = list(base) + [("ReadWritePaths", where["state_dir"])]
     if decision.gpus:
         lines += GPU_DEVICES
     else:
         lines.append(("PrivateDevices", "yes"))
     return lines
+
+
+def left_off(decision: Decision, reasons: list[tuple[str, str]]) -> list[str]:
+    """The comment lines naming each sandbox directive left off and why."""
+    return [f"{what}: {why}" for what, why in reasons + ([GPU_LEFT_OFF] if decision.gpus else [])]
+
+
+def restart_exec(request: str, unit: str) -> str:
+    """The health unit's root ExecStopPost: restart the service only when the check left a request
+    (rm(1) removes a symlink itself, never its target; no request, nothing happens)."""
+    for value in (request, unit):
+        if not _SAFE.match(value) or "%" in value:
+            raise ValueError(f"not a plain path or unit name: {value!r}")
+    return f"/bin/sh -c 'if rm {request} 2>/dev/null; then systemctl restart --no-block {unit}; fi'"
 
 
 def service_env(decision: Decision, where: dict) -> list[tuple[str, str]]:
@@ -138,23 +198,32 @@ def contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
         "start_limit_interval_s": 1800,
         "start_limit_burst": 5,
         "hardening": hardening(decision, where),
+        "left_off": left_off(decision, SERVICE_LEFT_OFF),
     }
     s = decision.settings
+    # root's 0600 key file reaches the unprivileged check as a systemd credential: a copy readable
+    # by the unit's user only, under /run/credentials/<unit>/, for the run's lifetime
+    credential = f"/run/credentials/{HEALTH_UNIT}/{API_KEY_CREDENTIAL}"
     health = {
         "service_unit": SERVICE_UNIT,
         "interval_s": s.health_interval_s,
         "first_check_s": 120,
         "timeout_s": 60,
+        "user": decision.stack.paths["service_user"],
+        "journal_group": JOURNAL_GROUP,
+        "load_credential": f"{API_KEY_CREDENTIAL}:{where['secrets_file']}" if s.api_key_file else None,
+        "restart_request": where["restart_request"],
+        "restart_exec": restart_exec(where["restart_request"], SERVICE_UNIT),
         "health_exec": [f"{where['venv']}/bin/qwen27b-health", "--url", base_url, "--unit", SERVICE_UNIT,
                         "--status-file", where["health_status"], "--served-name", serve.value("--served-model-name"),
                         "--restart-after", str(s.health_failures_before_restart)]
-        + (["--api-key-file", where["secrets_file"]] if s.api_key_file else []),
+        + (["--api-key-file", credential] if s.api_key_file else []),
         # the check must get CPU when the service takes it all (a CPU build under load starved it
         # for tens of seconds, close to timeout_s): CPUWeight where systemd runs the cpu controller
-        # (default 100), Nice where both share one cpu cgroup (cgroup v1 without it, containers)
-        "hardening": [("ProtectSystem", "strict"), ("ProtectHome", "yes"), ("PrivateTmp", "yes"),
-                      ("NoNewPrivileges", "yes"), ("ReadWritePaths", where["state_dir"]), ("CPUWeight", "1000"),
-                      ("Nice", "-5")],
+        # (default 100), Nice where both share one cpu cgroup (cgroup v1 without it, containers);
+        # systemd sets Nice before it drops to the user, so no capability is needed
+        "hardening": hardening(decision, where, HEALTH_HARDENING) + [("CPUWeight", "1000"), ("Nice", "-5")],
+        "left_off": left_off(decision, HEALTH_LEFT_OFF),
     }
     return {
         "qwen27b.service.j2": service,

@@ -13,6 +13,7 @@ in waves, one operation per wave (qwen27b/fanout.py plans it; its docstring says
 from __future__ import annotations
 
 import json
+import secrets
 import threading
 import urllib.request
 from io import StringIO
@@ -73,6 +74,7 @@ def _hub(decision: Decision, entry: dict, target: str):
 
 
 _manifests: dict[tuple[int, str], dict] = {}
+_tokens: dict[int, str] = {}
 _plans: dict[tuple[int, str, str], fanout.FanoutPlan] = {}
 # pyinfra evaluates the deploy file for all hosts at once (gevent; threading is patched): the first
 # host to get here reads the manifest / the group's facts and plans, the others wait and reuse it
@@ -91,6 +93,13 @@ def _mirror_manifest(base: str) -> dict:
             except (OSError, ValueError, KeyError) as error:
                 raise OperationError(f"cannot read {redact_url(base)}/manifest.json: {error}") from None
     return _manifests[key]
+
+
+def _run_token() -> str:
+    """The fan-out seeds' bearer token: random, made on the controller once per run (every seed
+    and receiver of the run shares it), held in memory only; it reaches hosts through secret_file."""
+    with _once:
+        return _tokens.setdefault(id(state), secrets.token_urlsafe(32))
 
 
 def _verified(have: dict, manifest: dict) -> bool:
@@ -166,10 +175,10 @@ def _mirror_base(decision: Decision, entry: dict) -> str:
 def _fan_out(decision: Decision, entry: dict, target: str, base: str, manifest: dict, plan: fanout.FanoutPlan) -> None:
     """This host's part of the fan-out: one operation per wave (empty in the waves where it neither
     receives nor starts seeding, so every host's operations line up wave by wave), then the seed
-    server stopped. A host holding a verified copy that seeds nobody gets no operation."""
+    server stopped and the run's token removed. A host holding a verified copy that seeds nobody
+    gets no operation; one that only talks to the mirror gets no token."""
     name = host.name
     copy, start = plan.copy_for(name), plan.seed_start_wave(name)
-    models = decision.stack.paths["models"]
     if copy is None:
         note(f"weights: {safe_name(entry)} verified on the host"
              + (f"; seeds {', '.join(c.host for c in plan.seeds(name))} (fan-out)" if start is not None else ""))
@@ -179,29 +188,51 @@ def _fan_out(decision: Decision, entry: dict, target: str, base: str, manifest: 
         source = "the mirror" if copy.from_mirror else f"{copy.source} (seed; the mirror if it fails)"
         note(f"weights: fan-out wave {copy.wave} from {source}"
              + (f"; then seeds {', '.join(c.host for c in plan.seeds(name))}" if start is not None else ""))
+    paths = decision.stack.paths
+    user = paths["service_user"]
+    token_file = f"{paths['config']}/seed.token"
     fetch = None
+    from_seed = copy is not None and not copy.from_mirror
+    if start is not None or from_seed:
+        # root:root /etc/qwen27b, the file the service user's (the seed runs as it; the fetch as root)
+        secret_file(name="fan-out token (0600, this run only)", dest=token_file, content=_run_token() + "\n",
+                    user=user, group=user)
     if copy is not None:
         tool, listing = _fetch_setup(decision, entry, manifest)
         fetch = fanout.fetch_command(f"python3 {tool} --dest {target} --manifest {listing}", copy,
                                      _mirror_base(decision, entry), safe_name(entry), plan.port,
-                                     url_source(decision) + _proxy_env(decision.settings))
-    seed_tool = f"{decision.stack.paths['bin']}/qwen27b-seed"
+                                     url_source(decision) + _proxy_env(decision.settings),
+                                     token_file if from_seed else None)
+    seed_tool = f"{paths['bin']}/qwen27b-seed"
     if start is not None:
         files.put(name="qwen27b-seed (serves verified weights to peers, Range requests)", src=str(SEED_TOOL),
                   dest=seed_tool, mode="0755")
+    total = sum(int(meta["size"]) for meta in manifest.values())
     for wave in host.loop(range(plan.waves)):
         commands = []
         if copy is not None and copy.wave == wave:
             commands.append(fetch)
         if start == wave:
             address = next(m.address for m in plan.members if m.name == name)
-            commands += fanout.seed_start_commands(seed_tool, models, address, plan.port)
+            commands += fanout.seed_start_commands(
+                seed_tool, target, address, fanout.seed_peers(plan, name), token_file, user,
+                fanout.seed_max_s(plan, name, total), _hidden_from_seed(paths, target), plan.port)
         op = server.shell(name=f"weights fan-out wave {wave} of {safe_name(entry)}", commands=commands)
         if copy is not None and copy.wave == wave:
             needs_restart(op)
     if start is not None:
         server.shell(name=f"weights fan-out of {safe_name(entry)}: stop the seed server",
-                     commands=[fanout.seed_stop_command()])
+                     commands=[fanout.seed_stop_command(token_file)])
+    elif from_seed:
+        server.shell(name=f"weights fan-out of {safe_name(entry)}: remove the run's token",
+                     commands=[f"rm -f {token_file}"])
+
+
+def _hidden_from_seed(paths: dict, target: str) -> str:
+    """What the seed's unit covers with an empty tmpfs (only the revision is mounted back): the
+    service's state dir, where the models live, or the models dir if they live elsewhere."""
+    state_dir = paths["state"].rstrip("/")
+    return state_dir if target.startswith(state_dir + "/") else paths["models"]
 
 
 def place(decision: Decision, entry: dict, link: str, local_dir: str | None) -> None:

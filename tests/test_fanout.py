@@ -4,6 +4,7 @@ four-host @fake run (`pyinfra ... deploy.py --dry` against a loopback mirror).""
 import os
 import random
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qwen27b.artifacts import dir_manifest
-from qwen27b.fanout import MIRROR, SEED_PORT, Member, fetch_command, ideal_waves, plan_waves, seed_start_commands
+from qwen27b.fanout import (MIRROR, SEED_PORT, Member, fetch_command, ideal_waves, plan_waves, seed_max_s, seed_peers,
+                            seed_start_commands)
 from qwen27b.hostdata import BadHostData, settings_for
 from qwen27b.mirror import serve
 
@@ -26,7 +28,8 @@ def _hosts(n: int, holders=()) -> list[Member]:
 
 def _check_invariants(members: list[Member], plan) -> None:
     """Every host without a copy gets exactly one; a seed holds a verified copy before the wave it
-    serves in and serves at most one host per wave; at most one copy crosses the WAN unless no host
+    serves in, serves at most one host per wave and only hosts with an address (it admits only
+    those); at most one copy crosses the WAN besides the address-less hosts' own, unless no host
     could seed."""
     holds = {m.name: -1 for m in members if m.has_copy}
     by_name = {m.name: m for m in members}
@@ -37,10 +40,14 @@ def _check_invariants(members: list[Member], plan) -> None:
             assert holds.get(c.source, 99) < c.wave, c
             assert by_name[c.source].address == c.source_address is not None
             assert (c.source, c.wave) not in served, f"{c.source} seeds twice in wave {c.wave}"
+            assert by_name[c.host].address, f"{c.host} has no address a seed could admit"
             served.add((c.source, c.wave))
         holds[c.host] = c.wave
+    addressless = sum(1 for m in members if not m.has_copy and not m.address)
+    addressed_need = any(m.address and not m.has_copy for m in members)
     if any(m.address for m in members):
-        assert plan.mirror_copies == (0 if any(m.has_copy and m.address for m in members) else min(1, len(plan.copies)))
+        assert plan.mirror_copies == addressless + (
+            0 if any(m.has_copy and m.address for m in members) or not addressed_need else 1)
 
 
 @pytest.mark.parametrize("n, waves", [(1, 1), (2, 2), (3, 3), (4, 3), (5, 4), (8, 4), (9, 5), (64, 7)])
@@ -89,11 +96,14 @@ def test_everything_held_plans_nothing():
     assert "h02: holds a verified copy, nothing to do" in "\n".join(plan.lines())
 
 
-def test_hosts_without_an_address_receive_but_never_seed():
+def test_hosts_without_an_address_fetch_from_the_mirror_and_never_seed():
+    """A seed admits only its planned peers' addresses: a host without one cannot be let in."""
     members = [Member("a", None), Member("b", "10.0.0.2"), Member("c", None), Member("d", "10.0.0.4")]
     plan = plan_waves(members)
     assert plan.copy_for("b").from_mirror  # the WAN copy goes to a host that can pass it on
     assert all(c.source not in ("a", "c") for c in plan.copies)
+    assert plan.copy_for("a").from_mirror and plan.copy_for("c").from_mirror and plan.copy_for("d").source == "b"
+    assert "no lab address" in plan.copy_for("a").reason
     _check_invariants(members, plan)
     nobody = plan_waves([Member("a"), Member("b")])
     assert [c.source for c in nobody.copies] == [MIRROR, MIRROR] and nobody.mirror_copies == 2
@@ -120,8 +130,22 @@ def test_commands():
     peer = fetch_command(fetch, plan.copies[1], mirror, "x@1", proxy_env="http_proxy=http://p:3128 ")
     assert peer.startswith(f"no_proxy='*' NO_PROXY='*' {fetch} --base http://10.0.0.1:{SEED_PORT}/x@1 || {{ ")
     assert peer.endswith(f"http_proxy=http://p:3128 {fetch} --base {mirror}; }}")
-    start = seed_start_commands("/opt/qwen27b/bin/qwen27b-seed", "/var/lib/qwen27b/models", "10.0.0.1")
-    assert "--property=RuntimeMaxSec=3600" in start[1] and "--host 10.0.0.1 --port 8801" in start[1]
+    revision = "/var/lib/qwen27b/models/x@1"
+    start = seed_start_commands("/opt/qwen27b/bin/qwen27b-seed", revision, "10.0.0.1", seed_peers(plan, "h01"),
+                                "/etc/qwen27b/seed.token", "qwen27b", seed_max_s(plan, "h01", 10**9),
+                                "/var/lib/qwen27b")
+    argv = shlex.split(start[1])
+    props = [a.split("=", 1)[1] for a in argv if a.startswith("--property=")]
+    for prop in ("User=qwen27b", "Group=qwen27b", "CapabilityBoundingSet=", "NoNewPrivileges=yes",
+                 "TemporaryFileSystem=/var/lib/qwen27b:ro", f"BindReadOnlyPaths={revision}",
+                 "IPAddressDeny=any", "IPAddressAllow=10.0.0.1 10.0.0.2", f"RuntimeMaxSec={1 * (120 + 40)}"):
+        assert prop in props, prop
+    assert not any("CAP_" in p for p in props)
+    assert argv[argv.index("python3"):] == ["python3", "/opt/qwen27b/bin/qwen27b-seed", revision, "--host", "10.0.0.1",
+                                            "--port", "8801", "--token-file", "/etc/qwen27b/seed.token",
+                                            "--allow", "10.0.0.2"]
+    assert "--token-file /etc/qwen27b/seed.token" in fetch_command(fetch, plan.copies[1], mirror, "x@1",
+                                                                   token_file="/etc/qwen27b/seed.token").split("||")[0]
     assert subprocess.run(start[2].replace("range(150)", "range(2)").replace("10.0.0.1", "127.0.0.1")
                           .replace("8801", "9"), shell=True, capture_output=True, text=True).returncode == 1
 
@@ -160,7 +184,7 @@ def mirror(tmp_path_factory):
 
 
 def dry_run(tmp_path, mirror_url: str, fanout: str, holder_lines: list[str] | None = None,
-            refused: int | None = None) -> str:
+            refused: int | None = None, flags: tuple = ()) -> str:
     """pyinfra --dry on 4 recorded fresh V100 hosts from one mirror; host `refused` is a CentOS 7
     recording instead (the gate refuses it, so the run exits 1)."""
     inventory = tmp_path / f"fan-{fanout}.py"
@@ -178,7 +202,7 @@ def dry_run(tmp_path, mirror_url: str, fanout: str, holder_lines: list[str] | No
         "    hosts.append((f'@fake/fan-{n}', data))\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYINFRA", "QWEN27B"))}
     env.update(PYTHONPATH=str(ROOT), QWEN27B_REPORTS=str(tmp_path / "reports"))
-    result = subprocess.run([sys.executable, "-m", "pyinfra", str(inventory), "deploy.py", "--dry", "-y"], cwd=ROOT,
+    result = subprocess.run([sys.executable, "-m", "pyinfra", str(inventory), "deploy.py", "--dry", "-y", *flags], cwd=ROOT,
                             capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == (0 if refused is None else 1) and "Traceback" not in result.stderr, result.stderr[-3000:]
     return result.stderr
@@ -198,7 +222,7 @@ def _ops(out: str, host: str, what: str) -> list[str]:
 
 def test_fake_four_hosts_plan_waves_and_commands(tmp_path, mirror):
     root, url = mirror
-    out = dry_run(tmp_path, url, "tree")
+    out = dry_run(tmp_path, url, "tree", flags=("--diff",))
     assert out.count(f"== weights fan-out of {MODEL} (qwen27b_weights_fanout: tree)\n") == 1  # planned once a run
     block = out.split(f"== weights fan-out of {MODEL} (qwen27b_weights_fanout: tree)\n", 1)[1].split("\n\n", 1)[0]
     assert block.splitlines() == [
@@ -216,13 +240,31 @@ def test_fake_four_hosts_plan_waves_and_commands(tmp_path, mirror):
     assert _ops(out, "fan-1", f"fan-out wave 1 of {MODEL}") == [f"ok      weights fan-out wave 1 of {MODEL}"]
     assert _ops(out, "fan-1", f"fan-out of {MODEL}: stop") == [
         f"CHANGE  weights fan-out of {MODEL}: stop the seed server",
-        "$ systemctl stop qwen27b-seed.service 2>/dev/null || true; systemctl reset-failed qwen27b-seed.service 2>/dev/null || true"]
+        "$ systemctl stop qwen27b-seed.service 2>/dev/null || true; systemctl reset-failed qwen27b-seed.service "
+        "2>/dev/null || true; rm -f /etc/qwen27b/seed.token"]
     fourth = _ops(out, "fan-4", f"fan-out wave 2 of {MODEL}")
     assert fourth == [f"CHANGE  weights fan-out wave 2 of {MODEL}",
-                      f"$ no_proxy='*' NO_PROXY='*' {fetch} --base http://10.9.0.2:8801/{MODEL} || "
+                      f"$ no_proxy='*' NO_PROXY='*' {fetch} --base http://10.9.0.2:8801/{MODEL} "
+                      f"--token-file /etc/qwen27b/seed.token || "
                       f"{{ echo 'qwen27b: seed @fake/fan-2 failed; the mirror completes the copy' >&2; "
                       f"{fetch} --base {url}/{MODEL}; }}"]
     assert not _ops(out, "fan-4", "stop the seed server") and not _ops(out, "fan-4", "qwen27b-seed (serves")
+    assert _ops(out, "fan-4", f"fan-out of {MODEL}: remove") == [
+        f"CHANGE  weights fan-out of {MODEL}: remove the run's token", "$ rm -f /etc/qwen27b/seed.token"]
+    # the seed: the service user, no capability, its one revision; the token only ever in a 0600 file
+    seed = shlex.split(first[3][2:])
+    assert "--property=User=qwen27b" in seed and "--property=CapabilityBoundingSet=" in seed
+    assert f"--property=BindReadOnlyPaths=/var/lib/qwen27b/models/{MODEL}" in seed
+    assert "--property=IPAddressAllow=10.9.0.1 10.9.0.2 10.9.0.3" in seed
+    assert seed[seed.index("--allow"):] == ["--allow", "10.9.0.2", "--allow", "10.9.0.3"]
+    assert "CAP_DAC_READ_SEARCH" not in out and "RuntimeMaxSec=3600" not in out
+    for n in (1, 2, 3, 4):
+        token = _ops(out, f"fan-{n}", "fan-out token")  # model and draft: the content on stdin, not the line
+        assert [line for line in token if not line.startswith("$")] == ["CHANGE  fan-out token (0600, this run only)"] * 2
+        assert all("cat > /etc/qwen27b/.seed.token.part && chown qwen27b:qwen27b" in line
+                   for line in token if line.startswith("$"))
+    # no per-run token (secrets.token_urlsafe(32): 43 URL-safe characters) anywhere, even with --diff
+    assert not re.findall(r"(?<![\w-])[\w-]{43}(?![\w-])", out)
     # pyinfra runs an operation on all its hosts before the next: the waves in order, then the stop
     fan1 = [line.split(None, 1)[1] for line in _ops(out, "fan-1", f"of {MODEL}") if not line.startswith("$")]
     assert fan1 == [f"weights fan-out wave {k} of {MODEL}" for k in range(3)] + [f"weights fan-out of {MODEL}: stop the seed server"]
@@ -327,3 +369,25 @@ def test_a_failed_seed_falls_back_to_the_mirror_and_resumes(tmp_path, seed):
         server.shutdown()
         if peer is not None:
             peer.close()
+
+
+@pytest.mark.skipif(subprocess.run(["sh", "-c", "systemd-analyze --help | grep -q -- --offline"]).returncode != 0,
+                    reason="systemd-analyze security --offline needs systemd >= 250")
+def test_the_seed_unit_verifies_and_scores_like_the_service(tmp_path):
+    """The transient unit's properties as a unit file: systemd-analyze accepts every one, and its
+    exposure stays within the main unit's goal (2.5; the root seed with CAP_DAC_READ_SEARCH was 6.1)."""
+    plan = plan_waves(_hosts(2))
+    argv = shlex.split(seed_start_commands("/usr/bin/true", "/var/lib/qwen27b/models/x@1", "10.0.0.1",
+                                           seed_peers(plan, "h01"), "/etc/qwen27b/seed.token", "qwen27b", 160,
+                                           "/var/lib/qwen27b")[1])
+    props = [a.split("=", 1)[1] for a in argv if a.startswith("--property=")]
+    unit = tmp_path / "qwen27b-seed.service"
+    unit.write_text("[Service]\n" + "\n".join(props) + "\nExecStart=/usr/bin/python3 "
+                    + shlex.join(argv[argv.index("python3") + 1:]) + "\n")
+    env = {**os.environ, "SYSTEMD_LOG_LEVEL": "notice"}
+    verify = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True, env=env)
+    assert verify.returncode == 0 and verify.stderr == "", verify.stderr
+    security = subprocess.run(["systemd-analyze", "security", "--offline=yes", "--no-pager", str(unit)],
+                              capture_output=True, text=True, env=env)
+    score = float(re.search(r"Overall exposure level for \S+: (\d+\.\d+)", security.stdout).group(1))
+    assert score <= 2.5, security.stdout

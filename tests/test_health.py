@@ -474,3 +474,54 @@ def test_real_server_outage_and_recovery_in_history(cli, vllm_server, key_file):
     assert s["last_restart"]["ok"] is True and "2 consecutive CRITICAL" in s["last_restart"]["reason"]
     assert cli.calls.read_text().count(f"restart --no-block {unit}") == 1  # 3rd failure: rate-limited
     _no_secret(vllm_server["api_key"], cli.status.read_text())
+
+
+@pytest.mark.parametrize("text", [
+    '{"time": "2026-12-02T14:32:00+00:00", "consecutive_fail',  # torn by a power cut
+    "not json at all\n",
+    "\xff\xfe binary",
+    '["a", "list"]',
+    '{"consecutive_failures": "2"}',
+    '{"consecutive_failures": -1}',
+    '{"consecutive_failures": true}',
+    '{"time": 12}',
+    '{"last_restart": "yesterday"}',
+    '{"last_restart": {"time": "noon"}}',
+    '{"history": "abc"}',
+    '{"history": [{"code": 9}]}',
+])
+def test_cli_a_corrupt_status_file_starts_fresh_and_says_so_once(cli, text):
+    """A status file the watchdog cannot trust must not make every run fail (no status written, so
+    the watchdog never counts again): the run starts from 0, says why once, and replaces it."""
+    cli.status.parent.mkdir(exist_ok=True)
+    cli.status.write_bytes(text.encode("latin-1"))
+    args = ("--url", closed_url(), "--unit", "fake.service", "--restart-after", "2", "--timeout", "2")
+    rc, out, err, s = cli(*args)
+    assert rc == 2 and s["consecutive_failures"] == 1 and [h["code"] for h in s["history"]] == [2]
+    notes = [f["text"] for f in s["findings"] if "starting fresh" in f["text"]]
+    assert len(notes) == 1 and f"the previous status {cli.status}" in notes[0] and "starting fresh" in err
+    rc, out, err, s = cli(*args)
+    assert "starting fresh" not in err + out and s["consecutive_failures"] == 2
+    assert s["restart"]["action"] == "restart"  # the watchdog works again
+
+
+def test_a_valid_previous_status_is_kept():
+    good = {"time": "2026-12-02T14:32:00+00:00", "consecutive_failures": 2, "history": [{"code": 2}],
+            "last_restart": {"time": "2026-12-02T14:00:00+00:00", "reason": "r", "ok": True}}
+    assert hc._valid_status(good) is None and hc._valid_status({}) is None
+    assert hc._valid_status({**good, "last_restart": None}) is None
+
+
+@pytest.mark.parametrize("how", ["flag", "environment"])
+def test_cli_restart_by_request_file_runs_no_systemctl_restart(cli, tmp_path, how):
+    """The health unit runs unprivileged: its restart is a request file that the unit's root
+    ExecStopPost acts on (tests/test_templates.py runs that line); no `systemctl restart` here."""
+    request = tmp_path / "state" / "health-restart.request"
+    args = ["--url", closed_url(), "--unit", "fake.service", "--restart-after", "1", "--timeout", "2"]
+    env = {hc.RESTART_REQUEST_ENV: str(request)} if how == "environment" else {}
+    if how == "flag":
+        args += ["--restart-request", str(request)]
+    rc, out, err, s = cli(*args, env=env)
+    assert rc == 2 and s["restart"]["action"] == "restart" and s["restart"]["ok"] is True
+    assert "1 consecutive CRITICAL" in request.read_text() and str(request) in s["restart"]["detail"]
+    assert "restart --no-block" not in cli.calls.read_text()

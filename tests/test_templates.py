@@ -6,6 +6,7 @@ that ExecStart binaries exist.
 """
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -40,6 +41,8 @@ def rendered(tmp_path, d):
 @pytest.mark.parametrize("host, data", [("v100x4-2204-fresh", {}), ("v100x2-16gb", {"qwen27b_speculative": False}),
                                         ("debian12-cpu", {"qwen27b_profile": "cpu-smoke"})])
 def test_units_pass_systemd_analyze_verify(tmp_path, host, data):
+    if host == "v100x2-16gb":  # with a key: the health unit's LoadCredential= and --api-key-file
+        data = {**data, "qwen27b_api_key_file": _api_key(tmp_path)}
     files = rendered(tmp_path, decision(host, data))
     unit_dir = tmp_path / "units"
     unit_dir.mkdir()
@@ -71,7 +74,9 @@ def test_hardening_keeps_gpu_access_and_cpu_gets_private_devices():
                  "DeviceAllow=char-nvidia-frontend rw", "Restart=on-failure", "TimeoutStartSec=1200",
                  "EnvironmentFile=-/etc/qwen27b/api-key.env"):
         assert line in gpu.splitlines(), line
-    assert "PrivateDevices" not in gpu
+    directives = [line for line in gpu.splitlines() if not line.startswith("#")]
+    assert not any(line.startswith("PrivateDevices") for line in directives)
+    assert "# PrivateDevices= is off: the GPUs: DevicePolicy=closed and DeviceAllow= list the NVIDIA nodes" in gpu
     cpu = render_all(decision("debian12-cpu", {"qwen27b_profile": "cpu-smoke"}))["qwen27b.service.j2"]
     assert "PrivateDevices=yes" in cpu.splitlines() and "DeviceAllow" not in cpu
 
@@ -151,3 +156,77 @@ def test_firewall_rule_allows_the_listed_networks_and_the_host_and_resets_the_re
         result = subprocess.run(["systemd-analyze", "verify", "--man=no", str(tmp_path / "qwen27b-firewall.service")],
                                 capture_output=True, text=True)
         assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
+# ---------------------------------------------------------------- systemd-analyze security
+
+GOALS = {"qwen27b.service.j2": 2.5, "qwen27b-health.service.j2": 4.0}  # issue 11; before: 3.2 and 8.9
+
+
+def exposure(path) -> float:
+    """`systemd-analyze security --offline=yes` of one unit file: its "Overall exposure level"."""
+    result = subprocess.run(["systemd-analyze", "security", "--offline=yes", "--no-pager", str(path)],
+                            capture_output=True, text=True, env={**os.environ, "SYSTEMD_LOG_LEVEL": "err"})
+    match = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", result.stdout)
+    assert match, result.stdout[-2000:] + result.stderr
+    return float(match.group(1))
+
+
+needs_offline_security = pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None
+    or "--offline" not in subprocess.run(["systemd-analyze", "--help"], capture_output=True, text=True).stdout,
+    reason="systemd-analyze security --offline needs systemd >= 250")
+
+
+@needs_offline_security
+@pytest.mark.parametrize("host, data", [("v100x4-2204-fresh", {}), ("debian12-cpu", {"qwen27b_profile": "cpu-smoke"})])
+def test_exposure_scores_stay_within_the_goals(tmp_path, host, data):
+    """Both units, on a GPU host (device ACL) and a CPU one (PrivateDevices), with the API key set
+    (the health unit then loads it as a credential)."""
+    files = render_all(decision(host, {**data, "qwen27b_api_key_file": _api_key(tmp_path)}))
+    scores = {}
+    for template, goal in GOALS.items():
+        unit = tmp_path / template.removesuffix(".j2")
+        unit.write_text(files[template])
+        scores[template] = exposure(unit)
+    assert all(scores[t] <= goal for t, goal in GOALS.items()), scores
+
+
+def test_health_unit_runs_unprivileged_and_restarts_through_root_exec_stop_post(tmp_path):
+    """The check runs as the service user (journal group for Xid lines, the key as a credential);
+    the only root line is ExecStopPost's `+`, which restarts the service when the check asked."""
+    unit = render_all(decision(data={"qwen27b_api_key_file": _api_key(tmp_path)}))["qwen27b-health.service.j2"]
+    lines = unit.splitlines()
+    for line in ("User=qwen27b", "Group=qwen27b", "SupplementaryGroups=systemd-journal", "CapabilityBoundingSet=",
+                 "NoNewPrivileges=yes", "LoadCredential=api-key:/etc/qwen27b/api-key.env",
+                 "Environment=QWEN27B_HEALTH_RESTART_REQUEST=/var/lib/qwen27b/health-restart.request",
+                 "ExecStopPost=+/bin/sh -c 'if rm /var/lib/qwen27b/health-restart.request 2>/dev/null; "
+                 "then systemctl restart --no-block qwen27b.service; fi'"):
+        assert line in lines, line
+    exec_start = next(line for line in lines if line.startswith("ExecStart="))
+    assert "--api-key-file /run/credentials/qwen27b-health.service/api-key" in exec_start
+    assert [line for line in lines if line.startswith(("ExecStart", "ExecStop")) and "=+" in line] == [
+        next(line for line in lines if line.startswith("ExecStopPost="))]
+    assert "LoadCredential" not in render_all(decision())["qwen27b-health.service.j2"]
+
+
+def test_the_root_exec_stop_post_restarts_only_on_request(tmp_path):
+    """The ExecStopPost command, run for real with a stand-in systemctl: no request, nothing; a
+    request (even one that is a symlink: rm removes the link, never its target), one restart."""
+    from qwen27b.render import restart_exec
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "systemctl").write_text(f'#!/bin/sh\necho "$*" >> {tmp_path}/calls\n')
+    (bindir / "systemctl").chmod(0o755)
+    request, target = tmp_path / "restart.request", tmp_path / "precious"
+    target.write_text("keep")
+    command = shlex.split(restart_exec(str(request), "qwen27b.service"))
+    env = {"PATH": f"{bindir}:/usr/bin:/bin"}
+    assert subprocess.run(command, env=env).returncode == 0 and not (tmp_path / "calls").exists()
+    request.symlink_to(target)
+    assert subprocess.run(command, env=env).returncode == 0
+    assert (tmp_path / "calls").read_text() == "restart --no-block qwen27b.service\n"
+    assert not request.is_symlink() and target.read_text() == "keep"
+    with pytest.raises(ValueError):
+        restart_exec("/var/lib/x; reboot", "qwen27b.service")
