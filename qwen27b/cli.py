@@ -2,6 +2,7 @@
 
     qwen27b bench ...     the seed's bench matrix against a deployed endpoint (qwen27b.bench)
     qwen27b doctor ...    the seed's troubleshooting chain, automated (qwen27b.doctor)
+    qwen27b status ...    one line per host of the fleet, read in parallel (qwen27b.status)
 
 Each subcommand lives in its own module with a `main(argv)`; this only dispatches.
 """
@@ -14,6 +15,7 @@ import sys
 COMMANDS = {
     "bench": ("qwen27b.bench", "the bench matrix against an endpoint"),
     "doctor": ("qwen27b.doctor", "the troubleshooting chain for a host"),
+    "status": ("qwen27b.status", "service, health, release, model, GPUs, last verify of every host"),
 }
 
 

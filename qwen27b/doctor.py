@@ -42,7 +42,6 @@ import fnmatch
 import json
 import os
 import re
-import secrets
 import shlex
 import subprocess
 import sys
@@ -52,6 +51,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from . import facts as F
+from .remote import guard as remote_guard
+from .remote import new_nonce, parse_script_output
+from .remote import script as remote_script
 from .checkpoint import CheckpointError, load_shape, shape_from_config
 from .gate import SEED_XID79_ADVICE, XID_MEANING, HostFacts, RefusedHost, decide
 from .hostdata import URL_KEYS, BadHostData, Settings, lab_address, redact_url, settings_for
@@ -103,7 +105,7 @@ print(json.dumps(out))
 
 def _guard(binary: str, command: str) -> str:
     # what pyinfra runs for a fact with requires_command; the parsers know the marker
-    return f"if command -v {binary} >/dev/null 2>&1; then ( {command} ); else echo '##PYINFRA_NOCMD##'; fi"
+    return remote_guard(binary, command)
 
 
 def fact_commands(paths: dict) -> dict[str, tuple[type, str]]:
@@ -185,23 +187,9 @@ FACT_KEYS = frozenset(cls.recorded_as for cls in F.ALL_FACTS)
 
 
 def script(cmds: dict[str, str], nonce: str) -> str:
-    """One shell script printing each command's output between markers. Facts get stdout only (as
-    pyinfra gives their parsers; those that need stderr redirect it themselves), the rest both."""
-    lines = ["export LC_ALL=C.UTF-8 SYSTEMD_PAGER= SYSTEMD_COLORS=0 PAGER=cat"]
-    for key, command in cmds.items():
-        stderr = "2>/dev/null" if key in FACT_KEYS else "2>&1"
-        lines += [f"echo '@@{nonce}@@ BEGIN {key}'", f"( {command}\n) </dev/null {stderr}",
-                  f"printf '\\n@@{nonce}@@ END {key} %s\\n' \"$?\""]
-    return "\n".join(lines) + "\n"
-
-
-def parse_script_output(text: str, nonce: str) -> tuple[dict[str, str], dict[str, int]]:
-    outputs, codes = {}, {}
-    pattern = re.compile(rf"@@{nonce}@@ BEGIN (\S+)\n(.*?)\n@@{nonce}@@ END \1 (\d+)\n", re.S)
-    for match in pattern.finditer(text):
-        outputs[match[1]] = match[2].rstrip("\n")
-        codes[match[1]] = int(match[3])
-    return outputs, codes
+    """One shell script printing each command's output between markers (qwen27b.remote). Facts get
+    stdout only (as pyinfra gives their parsers; those that need stderr redirect it themselves)."""
+    return remote_script(cmds, nonce, stdout_only=FACT_KEYS)
 
 
 def ssh_argv(name: str, data: dict, remote: str) -> list[str]:
@@ -229,7 +217,7 @@ def ssh_argv(name: str, data: dict, remote: str) -> list[str]:
 
 def run_remote(name: str, data: dict, cmds: dict[str, str], timeout: float = 300) -> tuple[dict, dict, str | None]:
     """One SSH session runs every command (script on stdin) -> (outputs, codes, error)."""
-    nonce = secrets.token_hex(6)
+    nonce = new_nonce()
     remote = "sudo -n sh -s" if data.get("_sudo") else "sh -s"
     try:
         proc = subprocess.run(ssh_argv(name, data, remote), input=script(cmds, nonce), capture_output=True,

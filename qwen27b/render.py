@@ -13,7 +13,7 @@ from pathlib import Path
 import jinja2
 
 from .gate import Decision
-from .stack import api_key_env_file
+from .stack import api_key_env_file, health_status_file
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 SERVICE_UNIT = "qwen27b.service"
@@ -119,7 +119,7 @@ def layout(decision: Decision, prefix: str = "") -> dict:
         "config_dir": prefix + paths["config"],
         "env_file": prefix + paths["config"] + "/qwen27b.env",
         "secrets_file": prefix + api_key_env_file(paths),
-        "health_status": prefix + paths["state"] + "/health.json",
+        "health_status": prefix + health_status_file(paths),
         "restart_request": prefix + paths["state"] + "/health-restart.request",
     }
 

@@ -192,3 +192,9 @@ def api_key_env_file(paths: dict) -> str:
     """Where the unit's 0600 VLLM_API_KEY env file lives on a host: written by the service role,
     read by systemd (EnvironmentFile=) and by doctor's keyed /metrics read."""
     return paths["config"] + "/api-key.env"
+
+
+def health_status_file(paths: dict) -> str:
+    """The health check's JSON status file on a host (qwen27b-health --status-file): written by the
+    timer's check, read by the verify role and `qwen27b status`."""
+    return paths["state"] + "/health.json"

@@ -1,0 +1,169 @@
+"""Read-only shell scripts run on inventory hosts: one script per host, its output split back into
+sections, and (for the tools beside the deploy) the inventory reached through pyinfra's own API.
+
+`script()` prints each command's output between markers carrying a fresh nonce, so a host's
+output (a journal line, a file) cannot forge a section end; `parse_script_output()` splits it.
+Both are pure (tests/test_doctor.py runs a script through `sh -s`).
+
+`load_inventory()` / `run_everywhere()`: the inventory file loaded exactly as `pyinfra INVENTORY
+deploy.py` loads it (pyinfra_cli's make_inventory, group_data/ included) and each host reached
+through its own connector (ssh with ssh_port / ssh_user / ssh_key / ssh_password, @local, @fake,
+@docker...), with the host's `_sudo` / `_sudo_user` / `_su_user` ... data honoured the way a fact
+honours it, every host at once on pyinfra's greenlet pool. A host that cannot be reached gives
+its connector's one-line error, never a traceback.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import secrets
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+NOCMD = "##PYINFRA_NOCMD##"  # what pyinfra's requires_command guard prints when the binary is absent
+
+
+def new_nonce() -> str:
+    return secrets.token_hex(6)
+
+
+def guard(binary: str, command: str) -> str:
+    """`command` if `binary` is installed, else pyinfra's marker (the parsers know it)."""
+    return f"if command -v {binary} >/dev/null 2>&1; then ( {command} ); else echo '{NOCMD}'; fi"
+
+
+def script(cmds: dict[str, str], nonce: str, stdout_only: frozenset[str] | set[str] = frozenset()) -> str:
+    """One shell script printing each command's output between markers, then its exit code.
+    Keys in `stdout_only` get stdout alone (their stderr goes to /dev/null), the rest both."""
+    lines = ["export LC_ALL=C.UTF-8 SYSTEMD_PAGER= SYSTEMD_COLORS=0 PAGER=cat"]
+    for key, command in cmds.items():
+        stderr = "2>/dev/null" if key in stdout_only else "2>&1"
+        lines += [f"echo '@@{nonce}@@ BEGIN {key}'", f"( {command}\n) </dev/null {stderr}",
+                  f"printf '\\n@@{nonce}@@ END {key} %s\\n' \"$?\""]
+    return "\n".join(lines) + "\n"
+
+
+def parse_script_output(text: str, nonce: str) -> tuple[dict[str, str], dict[str, int]]:
+    """The script's output -> (output by key, exit code by key); a section cut short is absent."""
+    outputs, codes = {}, {}
+    pattern = re.compile(rf"@@{re.escape(nonce)}@@ BEGIN (\S+)\n(.*?)\n@@{re.escape(nonce)}@@ END \1 (\d+)\n", re.S)
+    for match in pattern.finditer(text):
+        outputs[match[1]] = match[2].rstrip("\n")
+        codes[match[1]] = int(match[3])
+    return outputs, codes
+
+
+def render_output(outputs: dict[str, str], nonce: str, codes: dict[str, int] | None = None) -> str:
+    """What `script` prints for these outputs: recorded hosts (@fake) replay it."""
+    codes = codes or {}
+    return "".join(f"@@{nonce}@@ BEGIN {key}\n{text}\n\n@@{nonce}@@ END {key} {codes.get(key, 0)}\n"
+                   for key, text in outputs.items())
+
+
+# --------------------------------------------------------------------------- pyinfra
+
+def load_inventory(path: str, limit: list[str] | None = None, cwd: str | None = None, parallel: int | None = None):
+    """(pyinfra State, the selected hosts in inventory order). `limit` as pyinfra's --limit: a
+    group name or a glob on host names, repeatable; raises ValueError when nothing matches.
+    `parallel`: hosts at once (pyinfra's --parallel; its default is 20 per CPU)."""
+    from pyinfra.api import Config, State
+    from pyinfra.api.exceptions import NoGroupError
+    from pyinfra.context import ctx_inventory, ctx_state
+    from pyinfra_cli.inventory import make_inventory
+
+    cwd = cwd or os.getcwd()
+    if cwd not in sys.path:  # as pyinfra's CLI: an inventory file may import modules beside it
+        sys.path.append(cwd)
+    state = State()
+    state.cwd = cwd
+    ctx_state.set(state)
+    inventory = make_inventory(path, cwd=cwd)
+    ctx_inventory.set(inventory)
+    hosts = list(inventory)
+    if limit:
+        chosen = set()
+        for pattern in limit:
+            try:
+                matched = inventory.get_group(pattern)
+            except NoGroupError:
+                matched = [h for h in hosts if fnmatch.fnmatch(h.name, pattern)]
+            if not matched:
+                raise ValueError(f"no host matches --limit {pattern}")
+            chosen.update(matched)
+        hosts = [h for h in hosts if h in chosen]
+    state.init(inventory, Config(PARALLEL=parallel) if parallel else Config(), initial_limit=hosts if limit else None)
+    return state, hosts
+
+
+@dataclass
+class Answer:
+    """One host's answer: `error` set when it could not be reached (`unreachable`) or the command
+    could not run; otherwise stdout/stderr and whether the command exited 0."""
+
+    host: str
+    ok: bool = False
+    stdout: str = ""
+    stderr: str = ""
+    error: str | None = None
+    unreachable: bool = False
+    seconds: float = 0.0
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text[:300]
+
+
+def run_command(state, host, command: str, timeout: int = 60) -> Answer:
+    """Connect (if not yet) and run one shell command with the host's connector arguments."""
+    from pyinfra.api import StringCommand
+    from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
+    from pyinfra.api.exceptions import ConnectError
+
+    started = time.monotonic()
+    answer = Answer(host.name)
+    try:
+        host.connect(show_errors=False, raise_exceptions=True)
+    except ConnectError as error:
+        answer.error, answer.unreachable = _one_line(error), True
+    except Exception as error:  # a connector may raise anything for bad host data
+        answer.error, answer.unreachable = f"{type(error).__name__}: {_one_line(error)}", True
+    if answer.error is None:
+        arguments, _ = pop_global_arguments(state, host, {})  # _sudo, _su_user ... from host data, as a fact
+        executor = {k: v for k, v in arguments.items() if k in CONNECTOR_ARGUMENT_KEYS}
+        executor["_timeout"] = timeout
+        try:
+            ok, output = host.run_shell_command(StringCommand(command), **executor)
+            answer.ok = ok
+            answer.stdout = "\n".join(output.stdout_lines) + "\n"
+            answer.stderr = "\n".join(output.stderr_lines)
+        except Exception as error:  # timeouts, a dropped connection, a sudo password asked
+            answer.error = f"{type(error).__name__}: {_one_line(error)}"
+    answer.seconds = time.monotonic() - started
+    return answer
+
+
+def run_everywhere(state, hosts, command_for: Callable[[object], str], timeout: int = 60) -> list[Answer]:
+    """`command_for(host)` on every host at once (pyinfra's pool), answers in `hosts` order;
+    then every connection closed."""
+    import gevent
+
+    greenlets = [state.pool.spawn(run_command, state, host, command_for(host), timeout) for host in hosts]
+    gevent.joinall(greenlets)
+    answers = []
+    for host, greenlet in zip(hosts, greenlets):
+        if greenlet.successful():
+            answers.append(greenlet.value)
+        else:
+            answers.append(Answer(host.name, error=f"internal error: {_one_line(greenlet.exception)}"))
+    for host in hosts:
+        if host.connected:
+            try:
+                host.disconnect()
+            except Exception:  # closing is best effort
+                pass
+    return answers

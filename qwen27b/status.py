@@ -1,0 +1,371 @@
+"""`qwen27b status`: one line per host of the fleet, every host read at once.
+
+    qwen27b status INVENTORY [--json] [--limit HOST ...] [--reports DIR] [--timeout S] [--parallel N]
+
+For each host: the service (systemd's ActiveState/SubState and NRestarts of qwen27b.service),
+the health check's last verdict and its age (its status file, /var/lib/qwen27b/health.json),
+the current release (the `current` release symlink: the release hash), the model revision (the
+`models/current` symlink), the GPUs (nvidia-smi's name and memory; "none" without nvidia-smi)
+and the last verify (the newest deploy report under reports/ on this controller naming the host:
+the verify role writes no marker on the host). doctor stays the deep, one-host tool.
+
+Hosts are reached through pyinfra's own connectors with the inventory read as the deploy reads
+it (qwen27b.remote): ssh_port, ssh_user, ssh_key, ssh_password, _sudo, @local, @fake. One
+read-only command per host (a small sh script printing sections between nonce markers), all
+hosts in parallel. A host that cannot be reached is a row "unreachable: <why>", the others are
+still listed, and the exit code is 1 (also when a host answered but its script did not run);
+2 for a bad inventory or --limit.
+
+`commands()` (what runs), `parse()` (its output -> a `HostStatus`, pure) and `last_verifies()`
+(the controller's reports) are separate from the I/O, so the parsing is unit-tested on recorded
+outputs (tests/fixtures/status/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from . import remote
+from .report import table
+from .stack import health_status_file, load_stack
+
+UNIT = "qwen27b.service"
+UNIT_PROPS = "LoadState,ActiveState,SubState,NRestarts"
+HEALTH_MAX_BYTES = 262144  # the status file is a few KiB (20 verdicts of history); bound what we read
+
+
+def commands(paths: dict) -> dict[str, str]:
+    """Section key -> read-only shell command. Every path is shell-quoted."""
+    q = shlex.quote
+    return {
+        "now": "date +%s",
+        "unit": remote.guard("systemctl", f"systemctl show {UNIT} -p {UNIT_PROPS}"),
+        "health": f"head -c {HEALTH_MAX_BYTES} {q(health_status_file(paths))}",
+        "release": f"readlink {q(paths['current_release'])}",
+        "model": f"readlink {q(paths['current_model'])}",
+        "gpus": remote.guard("nvidia-smi", "timeout 20 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader"),
+    }
+
+
+@dataclass
+class HostStatus:
+    """One host's row. `reach`: ok | unreachable | error (answered, but the script did not run)."""
+
+    host: str
+    reach: str = "ok"
+    error: str = ""
+    load_state: str = ""  # systemd LoadState: loaded / not-found ("" when unknown)
+    active: str = "unknown"  # ActiveState (what `systemctl is-active` prints)
+    sub: str = ""
+    unit_note: str = ""  # why the unit's state is unknown
+    restarts: int | None = None
+    health: str = "unknown"  # the check's verdict OK / WARNING / CRITICAL / UNKNOWN, or unknown
+    health_time: str | None = None
+    health_age_s: float | None = None
+    health_note: str = ""  # why the verdict is unknown
+    release: str = "none"
+    release_path: str = ""
+    model: str = "none"  # org/name@revision
+    model_revision: str = ""
+    gpu_count: int = 0
+    gpus: list[dict] = field(default_factory=list)  # {"name", "memory"}
+    gpu_note: str = ""  # nvidia-smi failed: its first line
+    last_verify: dict | None = None  # {"status", "run", "reason", "report"} from the controller's reports
+    seconds: float | None = None  # how long this host took to answer
+
+    @property
+    def failed(self) -> bool:
+        return self.reach != "ok"
+
+
+def _epoch(iso) -> float | None:
+    try:
+        stamp = datetime.fromisoformat(str(iso))
+    except (TypeError, ValueError):
+        return None
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=timezone.utc)
+    return stamp.timestamp()
+
+
+def _key_values(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key and key not in out:
+            out[key] = value
+    return out
+
+
+def _parse_unit(row: HostStatus, text: str | None, code: int | None) -> None:
+    if text is None:
+        return
+    if text.strip() == remote.NOCMD:
+        row.unit_note = "no systemctl"
+        return
+    props = _key_values(text)
+    if code or "ActiveState" not in props:
+        row.unit_note = f"systemctl: {(text.strip().splitlines() or [f'exit {code}'])[0][:120]}"
+        return
+    row.load_state = props.get("LoadState", "")
+    row.active = props.get("ActiveState") or "unknown"
+    row.sub = props.get("SubState", "")
+    try:
+        row.restarts = int(props["NRestarts"]) if props.get("NRestarts") else None
+    except ValueError:
+        row.restarts = None
+
+
+def _parse_health(row: HostStatus, text: str | None, code: int | None, now: float | None) -> None:
+    if text is None:
+        row.health_note = "not read"
+        return
+    if code:
+        row.health_note = ("no status file" if "No such file" in text
+                           else "status file unreadable" if "ermission denied" in text else "status file not read")
+        return
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict) or not isinstance(data.get("verdict"), str):
+        row.health_note = "corrupt status file"
+        return
+    verdict = data["verdict"]
+    if verdict not in ("OK", "WARNING", "CRITICAL", "UNKNOWN"):
+        row.health_note = "corrupt status file"
+        return
+    row.health = verdict
+    row.health_time = data.get("time") if isinstance(data.get("time"), str) else None
+    stamp = _epoch(row.health_time)
+    if stamp is not None and now is not None:
+        row.health_age_s = max(0.0, now - stamp)
+
+
+def _parse_release(row: HostStatus, text: str | None, code: int | None, releases: str) -> None:
+    target = (text or "").strip()
+    if code or not target:
+        return
+    row.release_path = target
+    parent, _, name = target.rstrip("/").rpartition("/")
+    row.release = name if parent == releases.rstrip("/") or not target.startswith("/") else target
+
+
+def _parse_model(row: HostStatus, text: str | None, code: int | None) -> None:
+    target = (text or "").strip().rstrip("/")
+    if code or not target:
+        return
+    name = target.rpartition("/")[2]
+    repo, at, revision = name.rpartition("@")
+    if at:  # the weights role's 'org--name@revision' (qwen27b.stack.revision_dir_name)
+        row.model, row.model_revision = f"{repo.replace('--', '/', 1)}@{revision}", revision
+    else:
+        row.model = name
+
+
+def _parse_gpus(row: HostStatus, text: str | None, code: int | None) -> None:
+    if text is None or text.strip() == remote.NOCMD:
+        return
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    parsed = []
+    for line in lines:
+        name, sep, memory = line.rpartition(",")
+        if not sep or not name.strip() or not memory.strip():
+            parsed = None
+            break
+        parsed.append({"name": name.strip(), "memory": memory.strip()})
+    if code or parsed is None:
+        row.gpu_note = f"nvidia-smi: {(lines or [f'exit {code}'])[0][:120]}"
+        return
+    row.gpus, row.gpu_count = parsed, len(parsed)
+
+
+def parse(host: str, outputs: dict[str, str], codes: dict[str, int], paths: dict,
+          controller_now: float | None = None) -> HostStatus:
+    """The script's sections -> the host's row. Pure; a missing or garbled section is 'unknown'."""
+    row = HostStatus(host)
+    try:
+        now = float(outputs["now"].strip())
+    except (KeyError, ValueError):
+        now = controller_now  # the host's clock when it gave it: ages are not skewed by ours
+    _parse_unit(row, outputs.get("unit"), codes.get("unit"))
+    _parse_health(row, outputs.get("health"), codes.get("health"), now)
+    _parse_release(row, outputs.get("release"), codes.get("release"), paths["releases"])
+    _parse_model(row, outputs.get("model"), codes.get("model"))
+    _parse_gpus(row, outputs.get("gpus"), codes.get("gpus"))
+    return row
+
+
+def from_answer(answer: remote.Answer, nonce: str, paths: dict, controller_now: float | None = None) -> HostStatus:
+    """One host's answer (qwen27b.remote.run_command) -> its row."""
+    if answer.error:
+        row = HostStatus(answer.host, reach="unreachable" if answer.unreachable else "error", error=answer.error)
+    else:
+        outputs, codes = remote.parse_script_output(answer.stdout, nonce)
+        if outputs:
+            row = parse(answer.host, outputs, codes, paths, controller_now)
+        else:
+            why = (answer.stderr.strip().splitlines() or answer.stdout.strip().splitlines() or
+                   ["no output"])[-1][:200]
+            row = HostStatus(answer.host, reach="error", error=f"the status script did not run: {why}")
+    row.seconds = round(answer.seconds, 3)
+    return row
+
+
+# --------------------------------------------------------------------------- the controller's reports
+
+def last_verifies(reports: Path, hosts: list[str]) -> dict[str, dict]:
+    """host -> its newest verify result in reports/deploy-*.json (the verify role's run reports),
+    newest first, read until every host is found; unreadable or corrupt files are skipped."""
+    found: dict[str, dict] = {}
+    wanted = set(hosts)
+    try:
+        files = sorted(Path(reports).glob("deploy-*.json"), key=lambda p: p.name, reverse=True)
+    except OSError:
+        return found
+    for path in files:
+        if wanted <= set(found):
+            break
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        entries = data.get("hosts") if isinstance(data, dict) else None
+        for entry in entries if isinstance(entries, list) else []:
+            if not isinstance(entry, dict):
+                continue
+            name = entry.get("host")
+            if name in wanted and name not in found:
+                found[name] = {"status": str(entry.get("status") or "?"), "run": str(data.get("run") or path.stem),
+                               "reason": str(entry.get("reason") or "")[:200], "report": path.name}
+    return found
+
+
+# --------------------------------------------------------------------------- output
+
+def age(seconds: float | None) -> str:
+    if seconds is None:
+        return "age unknown"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit} ago"
+    return f"{seconds:.0f}s ago"
+
+
+def _short(text: str, n: int = 60) -> str:
+    return text if len(text) <= n else text[:n - 3].rstrip() + "..."
+
+
+def cells(row: HostStatus) -> list[str]:
+    if row.failed:
+        return [row.host, f"{row.reach}: {_short(row.error, 120)}", "-", "-", "-", "-", _verify_cell(row)]
+    if row.load_state == "not-found":
+        service = "not installed"
+    elif row.unit_note:
+        service = f"unknown: {_short(row.unit_note)}"
+    else:
+        service = "/".join(p for p in (row.active, row.sub) if p)
+        if row.restarts is not None:
+            service += f", {row.restarts} restart{'' if row.restarts == 1 else 's'}"
+    health = (f"{row.health} {age(row.health_age_s)}" if row.health != "unknown"
+              else f"unknown: {row.health_note}" if row.health_note else "unknown")
+    groups = Counter((g["name"], g["memory"]) for g in row.gpus)
+    gpus = (", ".join(f"{n}x {name} ({memory})" for (name, memory), n in groups.items()) if groups
+            else _short(row.gpu_note) or "none")
+    return [row.host, service, health, row.release, row.model, gpus, _verify_cell(row)]
+
+
+def _verify_cell(row: HostStatus) -> str:
+    v = row.last_verify
+    if not v:
+        return "never (no report here)"
+    return f"{v['status']} (run {v['run']})" + (f": {_short(v['reason'])}" if v["status"] != "ok" and v["reason"] else "")
+
+
+HEADERS = ["host", "service", "health", "release", "model", "gpus", "last verify"]
+WIDTHS = [28, 30, 24, 12, 40, 36, 34]  # wrap points; a column is as wide as its longest line
+
+
+def status_table(rows: list[HostStatus]) -> str:
+    return table(HEADERS, [cells(r) for r in rows], WIDTHS)
+
+
+def footer(rows: list[HostStatus], elapsed: float) -> str:
+    bad = [r.host for r in rows if r.failed]
+    slowest = max(rows, key=lambda r: r.seconds or 0.0, default=None)
+    text = f"read {len(rows)} host(s) in {elapsed:.2f} s"
+    if slowest is not None and slowest.seconds is not None:
+        text += f" (slowest {slowest.host}: {slowest.seconds:.2f} s)"
+    if bad:
+        text += f"; {len(bad)} not read: {', '.join(bad)}"
+    return text
+
+
+# --------------------------------------------------------------------------- I/O
+
+def collect(state, hosts, paths: dict, timeout: int = 60) -> list[HostStatus]:
+    """Every host at once, one script each (a fresh nonce per host); rows in inventory order."""
+    nonces = {host.name: remote.new_nonce() for host in hosts}
+    cmds = commands(paths)
+    answers = remote.run_everywhere(state, hosts, lambda host: remote.script(cmds, nonces[host.name]), timeout)
+    now = time.time()
+    return [from_answer(a, nonces[a.host], paths, now) for a in answers]
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="qwen27b status", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("inventory", help="pyinfra inventory file (as for deploy.py)")
+    p.add_argument("--limit", nargs="+", action="extend", metavar="HOST",
+                   help="only these hosts or groups (globs, as pyinfra's --limit)")
+    p.add_argument("--json", action="store_true", help="JSON for machines instead of the table")
+    p.add_argument("--reports", type=Path, default=Path(os.environ.get("QWEN27B_REPORTS", "reports")),
+                   help="the deploy reports dir for 'last verify' (default $QWEN27B_REPORTS or ./reports)")
+    p.add_argument("--timeout", type=int, default=60, help="seconds per host for the status script (default 60)")
+    p.add_argument("--parallel", type=int, metavar="N", help="hosts read at once (as pyinfra's --parallel; "
+                   "default pyinfra's: 20 per CPU)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    from gevent import monkey  # as pyinfra's CLI: sockets and subprocesses cooperate, hosts overlap
+    monkey.patch_all()
+
+    paths = load_stack()["paths"]
+    started = time.monotonic()
+    try:
+        state, hosts = remote.load_inventory(args.inventory, args.limit, parallel=args.parallel)
+    except Exception as error:  # pyinfra raises many kinds for a bad inventory file
+        print(f"status: cannot load inventory {args.inventory}: {error}", file=sys.stderr)
+        return 2
+    if not hosts:
+        print("status: no host selected", file=sys.stderr)
+        return 2
+    rows = collect(state, hosts, paths, args.timeout)
+    verifies = last_verifies(args.reports, [r.host for r in rows])
+    for row in rows:
+        row.last_verify = verifies.get(row.host)
+    elapsed = time.monotonic() - started
+    code = 1 if any(r.failed for r in rows) else 0
+    if args.json:
+        print(json.dumps({"hosts": [asdict(r) for r in rows], "elapsed_s": round(elapsed, 3), "exit_code": code},
+                         indent=2, ensure_ascii=False))
+    else:
+        print(status_table(rows))
+        print()
+        print(footer(rows, elapsed))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
