@@ -180,6 +180,20 @@ def test_deployed_host_is_healthy(deployed):
     assert {c["check"] for c in report["checks"] if c["verdict"] == "info"} <= {"journal: history"}
 
 
+def test_fleet_status_reads_the_real_host(deployed):
+    """`qwen27b status INVENTORY --json` over pyinfra's SSH connector, on the healthy host: the
+    row doctor and the deploy agree on (running unit, a health verdict, release, model)."""
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "SSL_CERT_FILE")}
+    env["PYTHONPATH"] = str(ROOT)
+    result = subprocess.run([sys.executable, "-m", "qwen27b.cli", "status", str(deployed["inventory"]), "--json"],
+                            cwd=deployed["work"], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-2000:])
+    (row,) = json.loads(result.stdout)["hosts"]
+    assert row["reach"] == "ok" and (row["active"], row["sub"]) == ("active", "running"), row
+    assert row["health"] in ("OK", "WARNING") and row["health_age_s"] is not None, row
+    assert row["release"] != "none" and "@" in row["model"] and row["gpu_count"] == 0, row
+
+
 @pytest.mark.parametrize("fault", FAULTS, ids=[f.label for f in FAULTS])
 def test_injected_fault_names_its_step(deployed, fault):
     with injected(deployed, fault):
