@@ -13,6 +13,7 @@ in waves, one operation per wave (qwen27b/fanout.py plans it; its docstring says
 from __future__ import annotations
 
 import json
+import shlex
 import threading
 import urllib.request
 from io import StringIO
@@ -65,9 +66,9 @@ def _hub(decision: Decision, entry: dict, target: str):
         token_env = f'HF_TOKEN="$(cat {token_path})" '
     venv = release_venv(decision)
     return server.shell(name="download from the hub", commands=[
-        f"{token_env}HF_HUB_DISABLE_TELEMETRY=1 {venv}/bin/hf download {entry['id']} --revision {entry['revision']} "
-        f"--local-dir {target}",
-        f"cd {target} && find . -maxdepth 1 -type f ! -name '.*' ! -name {HUB_MANIFEST} -printf '%f\\n' | sort | "
+        f"{token_env}HF_HUB_DISABLE_TELEMETRY=1 {venv}/bin/hf download {shlex.quote(entry['id'])} "
+        f"--revision {shlex.quote(entry['revision'])} --local-dir {shlex.quote(target)}",
+        f"cd {shlex.quote(target)} && find . -maxdepth 1 -type f ! -name '.*' ! -name {HUB_MANIFEST} -printf '%f\\n' | sort | "
         f"xargs -r -d '\\n' sha256sum > {HUB_MANIFEST}.part && mv -f {HUB_MANIFEST}.part {HUB_MANIFEST}",
     ])
 
@@ -159,7 +160,7 @@ def _mirror_base(decision: Decision, entry: dict) -> str:
     settings = decision.settings
     word = url_word(settings, "model_mirror")
     if word == settings.model_mirror:
-        return f"{settings.model_mirror.rstrip('/')}/{safe_name(entry)}"
+        return shlex.quote(f"{settings.model_mirror.rstrip('/')}/{safe_name(entry)}")
     return f"'{word.strip(chr(34))}/{safe_name(entry)}'"
 
 
@@ -222,7 +223,7 @@ def place(decision: Decision, entry: dict, link: str, local_dir: str | None) -> 
             tool, listing = _fetch_setup(decision, entry, manifest)
             needs_restart(server.shell(name="fetch the checkpoint from the mirror",
                          commands=[f"{url_source(decision)}{_proxy_env(settings)}python3 {tool} "
-                                   f"--base {_mirror_base(decision, entry)} --dest {target} --manifest {listing}"]))
+                                   f"--base {_mirror_base(decision, entry)} --dest {shlex.quote(target)} --manifest {listing}"]))
     elif source == "hub":
         needs_restart(_hub(decision, entry, target))
     else:
@@ -253,7 +254,8 @@ def _prune(decision: Decision, entry: dict, target: str, previous: str | None) -
     quota = max(0, decision.settings.keep_model_revisions - (1 if replaced else 0))
     old = spare[: max(0, len(spare) - quota)]
     if old:
-        server.shell(name="prune old model revisions", commands=[f"rm -rf {' '.join(old)}"])
+        # the names come from the host's disk (Subdirectories): quoted, whatever they hold
+        server.shell(name="prune old model revisions", commands=[f"rm -rf {' '.join(map(shlex.quote, old))}"])
 
 
 def weights(decision: Decision) -> None:
