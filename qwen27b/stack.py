@@ -99,6 +99,9 @@ def merge_overrides(base: dict, overrides: dict, where: str = "") -> dict:
     merged = copy.deepcopy(base)
     for key, value in overrides.items():
         path = f"{where}.{key}" if where else key
+        if key not in merged and where == "serve.env":
+            merged[key] = value  # the service's environment: new names are allowed (allow-listed in allowlist.py)
+            continue
         if key not in merged:
             close = difflib.get_close_matches(key, list(merged), n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
