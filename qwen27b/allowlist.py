@@ -66,9 +66,12 @@ STACK_RULES: dict[str, Rule] = {
                               "a pip requirement (name and version bounds, no spaces, no URL)", "torch>=2.8,<2.11"),
     "torch.required_arch": Rule(r"sm_[0-9]{2,3}a?", "a string literal inside the smoke test's `python -c`", "sm_70"),
     "torch.source": _SOURCE,
-    "serve.dtype": _WORD,
+    # the planner sizes memory by them (checkpoint.DTYPE_BYTES): a name it does not know is refused
+    "serve.dtype": Rule(r"auto|float16|bfloat16|float32", "--dtype in ExecStart, and the planner's bytes per value",
+                        "float16"),
     "serve.attention_backend": _WORD,
-    "serve.kv_cache_dtype": _WORD,
+    "serve.kv_cache_dtype": Rule(r"auto|float16|bfloat16|fp8|fp8_e5m2|fp8_e4m3", "--kv-cache-dtype in ExecStart, and "
+                                 "the planner's KV bytes per token", "auto"),
     "serve.source": _SOURCE,
     "serve.headroom_source": _SOURCE,
     "serve.env": Rule(r"[A-Za-z0-9_.,:/@+=-]{0,200}", "an unquoted value in /etc/qwen27b/qwen27b.env "

@@ -159,7 +159,8 @@ def resolve_stack(stack: dict, profile_name: str, overrides: dict | None = None)
 
     Override layout: profile keys at the top level ({"driver": {...}, "serve": {...}}), plus
     "model" / "draft" dicts merged into the model entries, and shortcuts "model_revision" /
-    "draft_revision" for the most common pin.
+    "draft_revision" for the most common pin (refused beside "model": {"revision": ...}: one key,
+    one spelling). Every merged value is held to its allow-list (qwen27b/allowlist.py).
     """
     overrides = dict(overrides or {})
     if profile_name not in stack["profiles"]:

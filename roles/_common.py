@@ -4,6 +4,7 @@ restart, and the symlink targets a rollback returns to."""
 
 from __future__ import annotations
 
+import shlex
 import sys
 
 from pyinfra import host
@@ -71,6 +72,13 @@ def url_word(settings: Settings, name: str) -> str:
     (only ever as an environment assignment's value: expanded in argv it would show in `ps`)."""
     url = getattr(settings, name)
     return f'"${URL_VARS[name]}"' if url_has_password(url) else url
+
+
+def shell_word(settings: Settings, name: str) -> str:
+    """url_word as one shell word: a plain URL shell-quoted (hostdata allows ? # ~ [ ], which an
+    unquoted word would glob or tilde-expand), the "$VAR" of a URL with a password as it is."""
+    url = getattr(settings, name)
+    return url_word(settings, name) if url_has_password(url) else shlex.quote(url)
 
 
 def needs_restart(op) -> None:

@@ -19,7 +19,7 @@ from qwen27b.gate import Decision
 from qwen27b.host_facts import ServiceUser
 from qwen27b.operations import directories, secret_file
 
-from ._common import dry_run, note, url_env_file, url_env_text, url_source, url_word
+from ._common import dry_run, note, shell_word, url_env_file, url_env_text, url_source
 
 
 def release_dir(decision: Decision) -> str:
@@ -79,7 +79,7 @@ def _python(decision: Decision) -> str:
                   dest=uv, user="root", group="root", mode="0755")
     env = f"{url_source(decision)}UV_PYTHON_INSTALL_DIR={paths['python']}"
     if decision.settings.python_mirror:
-        env += f" UV_PYTHON_INSTALL_MIRROR={url_word(decision.settings, 'python_mirror')}"
+        env += f" UV_PYTHON_INSTALL_MIRROR={shell_word(decision.settings, 'python_mirror')}"
     managed, python = _venv_python(decision, env, uv)
     return f"{env} {uv} venv {managed} --seed --python {shlex.quote(python)}"
 

@@ -34,7 +34,7 @@ from qwen27b.health import load_secret
 from qwen27b.operations import push_files, secret_file, symlink_switch
 from qwen27b.stack import revision_dir_name
 
-from ._common import needs_restart, note, remember_previous, url_source, url_word
+from ._common import needs_restart, note, remember_previous, shell_word, url_source, url_word
 
 FETCH_TOOL = Path(__file__).resolve().parent.parent / "qwen27b" / "fetch.py"
 SEED_TOOL = Path(__file__).resolve().parent.parent / "qwen27b" / "mirror.py"  # stdlib only, Range requests
@@ -150,7 +150,7 @@ def _fetch_setup(decision: Decision, entry: dict, manifest: dict) -> tuple[str, 
 
 def _proxy_env(settings: Settings) -> str:
     # qwen27b_http_proxy is for the mirror: no_proxy emptied so it applies even to a loopback mirror
-    proxy = url_word(settings, "http_proxy") if settings.http_proxy else None
+    proxy = shell_word(settings, "http_proxy") if settings.http_proxy else None
     return f"http_proxy={proxy} https_proxy={proxy} no_proxy= NO_PROXY= " if proxy else ""
 
 

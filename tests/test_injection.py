@@ -131,6 +131,7 @@ def test_model_revision_in_two_spellings_is_refused_not_one_silently_winning():
     ({"driver": {"package": "nvidia-driver-580 evil"}}, "driver.package"),
     ({"packages": ["curl", "-oAPT::x"]}, "packages"),
     ({"serve": {"dtype": "float16 --trust-remote-code"}}, "serve.dtype"),
+    ({"serve": {"dtype": "0"}}, "serve.dtype"),  # found by the property test: a KeyError in the planner
     ({"serve": {"env": {"LD_PRELOAD": "/tmp/x.so"}}}, "serve.env"),
     ({"serve": {"env": {"PYTHONPATH": "/tmp"}}}, "serve.env"),
     ({"serve": {"env": {"VLLM_API_KEY": "sk-x"}}}, "serve.env"),
@@ -170,7 +171,7 @@ def test_wrong_typed_or_unknown_overrides_are_refused_not_a_traceback(overrides,
 def test_good_overrides_still_pass():
     s = settings_for("h", {"qwen27b_stack_overrides": {
         "vllm": {"version": "1.5.1", "sha256": "ab" * 32}, "torch": {"index_url": "https://mirror.lab/whl/cu128"},
-        "cuda": {"toolkit": "12.9", "needed_by_vllm": True}, "serve": {"env": {"NCCL_P2P_DISABLE": "1"}, "dtype": "half"},
+        "cuda": {"toolkit": "12.9", "needed_by_vllm": True}, "serve": {"env": {"NCCL_P2P_DISABLE": "1"}, "dtype": "bfloat16"},
         "model": {"revision": "0123abcd", "served_name": "qwen/27b:v1"}, "draft": {"revision": "v1.2"}}})
     rs = resolve_stack(STACK, "sm70", s.stack_overrides)
     assert rs.model["revision"] == "0123abcd" and rs.profile["serve"]["env"]["NCCL_P2P_DISABLE"] == "1"
@@ -317,7 +318,7 @@ OVERRIDES = st.fixed_dictionaries({}, optional={
     "python": st.fixed_dictionaries({}, optional={"version": mostly(["3.12", "3.11"])}),
     "cuda": st.fixed_dictionaries({"needed_by_vllm": st.booleans()}, optional={
         "toolkit": mostly(["12.8", "12.6"]), "keyring_deb": mostly(["cuda-keyring_1.1-1_all.deb"])}),
-    "serve": st.fixed_dictionaries({}, optional={"dtype": mostly(["float16", "half"]),
+    "serve": st.fixed_dictionaries({}, optional={"dtype": mostly(["float16", "bfloat16"]),
                                                  "env": st.dictionaries(mostly(["NCCL_DEBUG", "X_1"]),
                                                                         mostly(["INFO", "1", "a,b:c"]), max_size=2)}),
 })
@@ -428,8 +429,9 @@ def check_units(decision, root: Path) -> None:
 
 
 @needs_systemd
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                 HealthCheck.too_slow])
+# QWEN27B_FUZZ_EXAMPLES=600 for a longer hunt (~50 s); 50 keep the unit tier fast (~6 s)
+@settings(max_examples=int(os.environ.get("QWEN27B_FUZZ_EXAMPLES", "50")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(host=st.sampled_from(FUZZ_HOSTS), data=HOST_DATA)
 def test_fuzzed_data_is_refused_cleanly_or_planned_as_the_intended_argv(planner, host, data):
     try:
@@ -461,3 +463,15 @@ def test_fuzzed_data_is_refused_cleanly_or_planned_as_the_intended_argv(planner,
         check_units(decision, Path(scratch))
     served = decision.serve.value("--served-model-name")
     assert served == (data.get("qwen27b_served_model_name") or decision.stack.model["served_name"])
+
+
+def test_plain_urls_with_glob_characters_are_one_quoted_word(planner):
+    """hostdata allows ? # ~ [ ] in URLs (percent-encoding aside): the commands quote them."""
+    host, data = "v100x4-2204-fresh", {"qwen27b_python_mirror": "https://m.lab/py?v=[3]~x",
+                                       "qwen27b_http_proxy": "http://proxy.lab:3128/?a=~b",
+                                       "qwen27b_model_source": "hub"}
+    decision = decide(host, recorded_facts(host), STACK, settings_for(host, data))
+    commands = [c for _, cmds in planner(host, data, decision) for c in cmds]
+    python = [c for c in commands if "uv python install" in c]
+    assert python and "UV_PYTHON_INSTALL_MIRROR='https://m.lab/py?v=[3]~x'" in python[0]
+    assert "UV_PYTHON_INSTALL_MIRROR=https://m.lab/py?v=[3]~x" in shlex.split(python[0])
