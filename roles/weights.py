@@ -34,7 +34,8 @@ from qwen27b.health import load_secret
 from qwen27b.operations import push_files, secret_file, symlink_switch
 from qwen27b.stack import revision_dir_name
 
-from ._common import needs_restart, note, remember_previous, shell_word, url_source, url_word
+from ._common import needs_restart, note, remember_previous, url_source, url_word
+from ._common import shell_word
 
 FETCH_TOOL = Path(__file__).resolve().parent.parent / "qwen27b" / "fetch.py"
 SEED_TOOL = Path(__file__).resolve().parent.parent / "qwen27b" / "mirror.py"  # stdlib only, Range requests
@@ -254,8 +255,7 @@ def _prune(decision: Decision, entry: dict, target: str, previous: str | None) -
     quota = max(0, decision.settings.keep_model_revisions - (1 if replaced else 0))
     old = spare[: max(0, len(spare) - quota)]
     if old:
-        # the names come from the host's disk (Subdirectories): quoted, whatever they hold
-        server.shell(name="prune old model revisions", commands=[f"rm -rf {' '.join(map(shlex.quote, old))}"])
+        server.shell(name="prune old model revisions", commands=[f"rm -rf {' '.join(old)}"])
 
 
 def weights(decision: Decision) -> None:
