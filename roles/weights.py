@@ -35,7 +35,6 @@ from qwen27b.operations import push_files, secret_file, symlink_switch
 from qwen27b.stack import revision_dir_name
 
 from ._common import needs_restart, note, remember_previous, url_source, url_word
-from ._common import shell_word
 
 FETCH_TOOL = Path(__file__).resolve().parent.parent / "qwen27b" / "fetch.py"
 SEED_TOOL = Path(__file__).resolve().parent.parent / "qwen27b" / "mirror.py"  # stdlib only, Range requests
@@ -151,8 +150,11 @@ def _fetch_setup(decision: Decision, entry: dict, manifest: dict) -> tuple[str, 
 
 def _proxy_env(settings: Settings) -> str:
     # qwen27b_http_proxy is for the mirror: no_proxy emptied so it applies even to a loopback mirror
-    proxy = shell_word(settings, "http_proxy") if settings.http_proxy else None
-    return f"http_proxy={proxy} https_proxy={proxy} no_proxy= NO_PROXY= " if proxy else ""
+    if not settings.http_proxy:
+        return ""
+    word = url_word(settings, "http_proxy")  # "$VAR" when it carries a password, else the URL: quoted
+    proxy = word if word != settings.http_proxy else shlex.quote(word)
+    return f"http_proxy={proxy} https_proxy={proxy} no_proxy= NO_PROXY= "
 
 
 def _mirror_base(decision: Decision, entry: dict) -> str:
