@@ -123,7 +123,8 @@ OWN_KEY_FLAGS = {
     "--ssl-certfile": _TLS_FIX,
 }
 # Secrets never go on a command line (ps, systemctl status, the 0644 unit): any flag named like one.
-SECRET_FLAG = re.compile(r"^--(?:.*-)?(?:api-key|token|password|passwd|secret)(?:-.*)?$")
+# (a name ending in the word: --return-tokens-as-token-ids is a real, harmless vLLM flag)
+SECRET_FLAG = re.compile(r"^--(?:.*-)?(?:api-key|token|password|passwd|secret)$")
 SECRET_FLAG_FIX = ("put the API key in a 0600 file and set qwen27b_api_key_file, the hub token in a 0600 file and "
                    "qwen27b_hf_token_file (a flag shows in ps, systemctl status and the 0644 unit)")
 POSITIVE_FLAGS = ("--tensor-parallel-size", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens")

@@ -69,6 +69,12 @@ def test_underscored_flags_get_the_dashed_flags_checks(flag, canonical):
     assert refusal({"qwen27b_serve_flags": {flag: bad}}).key == f"qwen27b_serve_flags.{canonical}"
 
 
+@pytest.mark.parametrize("flag, value", [("--return-tokens-as-token-ids", True), ("--tokenizer", "org/tok"),
+                                         ("--max-num-batched-tokens", 4096), ("--tokenizer_revision", "v1")])
+def test_flags_that_only_mention_tokens_are_not_secrets(flag, value):
+    assert settings_for("h", {"qwen27b_serve_flags": {flag: value}}).serve_flags
+
+
 def test_underscored_flags_reach_the_plan_dashed():
     s = settings_for("h", {"qwen27b_serve_flags": {"--max_num_seqs": 2, "--enable_chunked_prefill": True}})
     assert s.serve_flags == {"--max-num-seqs": 2, "--enable-chunked-prefill": True}
