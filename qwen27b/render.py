@@ -163,12 +163,10 @@ def contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
         "interval_s": s.health_interval_s,
         "first_check_s": 120,
         "timeout_s": 60,
-        # each argument quoted for systemd, as the main unit's ExecStart is
-        "health_exec": [systemd_quote(arg) for arg in
-                        [f"{where['venv']}/bin/qwen27b-health", "--url", base_url, "--unit", SERVICE_UNIT,
-                         "--status-file", where["health_status"], "--served-name", serve.value("--served-model-name"),
-                         "--restart-after", str(s.health_failures_before_restart)]
-                        + (["--api-key-file", where["secrets_file"]] if s.api_key_file else [])],
+        "health_exec": [f"{where['venv']}/bin/qwen27b-health", "--url", base_url, "--unit", SERVICE_UNIT,
+                        "--status-file", where["health_status"], "--served-name", serve.value("--served-model-name"),
+                        "--restart-after", str(s.health_failures_before_restart)]
+        + (["--api-key-file", where["secrets_file"]] if s.api_key_file else []),
         # the check must get CPU when the service takes it all (a CPU build under load starved it
         # for tens of seconds, close to timeout_s): CPUWeight where systemd runs the cpu controller
         # (default 100), Nice where both share one cpu cgroup (cgroup v1 without it, containers)
@@ -176,6 +174,8 @@ def contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
                       ("NoNewPrivileges", "yes"), ("ReadWritePaths", where["state_dir"]), ("CPUWeight", "1000"),
                       ("Nice", "-5")],
     }
+    # each argument quoted for systemd, as the main unit's ExecStart is
+    health["health_exec"] = [systemd_quote(arg) for arg in health["health_exec"]]
     return {
         "qwen27b.service.j2": service,
         "qwen27b.env.j2": {"env": service_env(decision, where), "secrets_file": where["secrets_file"]},

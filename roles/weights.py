@@ -13,8 +13,8 @@ in waves, one operation per wave (qwen27b/fanout.py plans it; its docstring says
 from __future__ import annotations
 
 import json
-import shlex
 import threading
+import shlex
 import urllib.request
 from io import StringIO
 from pathlib import Path
