@@ -11,8 +11,10 @@ import re
 import stat
 import urllib.parse
 from dataclasses import dataclass, fields
+from functools import lru_cache
 from typing import Any
 
+from . import allowlist
 from .health import SecretFileError, load_secret
 
 
@@ -121,8 +123,12 @@ OWN_KEY_FLAGS = {
     # the readiness check, the health timer and verify speak http:// to the port
     "--ssl-keyfile": _TLS_FIX,
     "--ssl-certfile": _TLS_FIX,
-    "--api-key": "put the key in a 0600 file and set qwen27b_api_key_file (a flag shows in ps and systemctl status)",
 }
+# Secrets never go on a command line (ps, systemctl status, the 0644 unit): any flag named like one.
+# (a name ending in the word: --return-tokens-as-token-ids is a real, harmless vLLM flag)
+SECRET_FLAG = re.compile(r"^--(?:.*-)?(?:api-key|token|password|passwd|secret)$")
+SECRET_FLAG_FIX = ("put the API key in a 0600 file and set qwen27b_api_key_file, the hub token in a 0600 file and "
+                   "qwen27b_hf_token_file (a flag shows in ps, systemctl status and the 0644 unit)")
 POSITIVE_FLAGS = ("--tensor-parallel-size", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens")
 # URLs are pasted into shell commands and env files on the host: plain URL characters only.
 URL_KEYS = {"python_mirror": ("http", "https", "file"), "wheel_mirror": ("http", "https", "file"),
@@ -159,11 +165,21 @@ def _check_no_control_chars(host: str, key: str, value: Any) -> None:
             _check_no_control_chars(host, key, item)
 
 
+ASCII_DIGITS = re.compile(r"[0-9]+")
+
+
+def canonical_flag(name: str) -> str:
+    """vLLM's argument parser reads `--max_model_len` as `--max-model-len`: every check and the
+    planner see the dashed spelling."""
+    return "--" + name[2:].replace("_", "-") if name.startswith("--") else name
+
+
 def _positive_int(value: Any) -> int | None:
-    """An int (or a string of digits) above 0, else None; bools are not numbers here."""
+    """An int (or a string of ASCII digits) above 0, else None; bools are not numbers here.
+    str.isdigit() and int() also take '４０９６' and Arabic-Indic digits: never here."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and ASCII_DIGITS.fullmatch(value.strip()):
         value = int(value)
     return value if isinstance(value, int) and value > 0 else None
 
@@ -178,6 +194,8 @@ def settings_for(host: str, data: dict) -> Settings:
                 continue
             _check_type(host, key, name, value)
             _check_no_control_chars(host, key, value)
+            if name == "serve_flags":
+                value = _normalise_serve_flags(host, value)
             values[name] = value
             continue
         close = difflib.get_close_matches(key, KEYS, n=1, cutoff=0.8)
@@ -271,17 +289,42 @@ def _check_values(host: str, s: Settings) -> None:
                           "set qwen27b_model_local_dir to the checkpoint directory on this machine")
     if s.stack_overrides:
         _check_overrides(host, s.stack_overrides)
+    if s.mok_key_path is not None and not (allowlist.MOK_KEY_PATH.ok(s.mok_key_path) and ".." not in s.mok_key_path):
+        raise BadHostData(host, "qwen27b_mok_key_path", f"{s.mok_key_path!r} is not allowed here ({allowlist.MOK_KEY_PATH.why})",
+                          f"give the key's absolute path, e.g. {allowlist.MOK_KEY_PATH.example}")
+    if s.wheelhouse_dir is not None:
+        name = os.path.basename(os.path.normpath(os.path.expanduser(s.wheelhouse_dir)))
+        if not allowlist.WHEELHOUSE_NAME.ok(name):
+            raise BadHostData(host, "qwen27b_wheelhouse_dir", f"the folder name {name!r} is not allowed here "
+                              f"({allowlist.WHEELHOUSE_NAME.why})", "rename the folder to letters, digits and . _ + - only, "
+                              f"e.g. {allowlist.WHEELHOUSE_NAME.example}")
     for name in ("api_key_file", "hf_token_file"):
         if getattr(s, name):
             _check_secret_file(host, PREFIX + name, getattr(s, name))
 
 
-def _check_serve_flags(host: str, s: Settings) -> None:
-    key = "qwen27b_serve_flags"
-    for flag, value in s.serve_flags.items():
+def _normalise_serve_flags(host: str, flags: dict) -> dict:
+    """The flags under their dashed names (what vLLM reads); a flag given in two spellings, or a
+    secret given as a flag, is refused."""
+    key, out, given = "qwen27b_serve_flags", {}, {}
+    for flag, value in flags.items():
         if not (isinstance(flag, str) and SERVE_FLAG.match(flag)):
             raise BadHostData(host, key, f"{flag!r} is not a vllm serve flag",
                               'write flags with their dashes, e.g. {"--max-model-len": 4096}')
+        name = canonical_flag(flag)
+        if SECRET_FLAG.match(name):
+            raise BadHostData(host, f"{key}.{flag}", f"{flag} passes a secret on the command line", SECRET_FLAG_FIX)
+        if name in out:
+            raise BadHostData(host, f"{key}.{flag}", f"{flag} and {given[name]} are one flag ({name}: vLLM reads _ as -)",
+                              "give it once, with dashes")
+        out[name], given[name] = value, flag
+    return out
+
+
+def _check_serve_flags(host: str, s: Settings) -> None:
+    """Checks on the dashed names (settings_for normalised them)."""
+    key = "qwen27b_serve_flags"
+    for flag, value in s.serve_flags.items():
         where = f"{key}.{flag}"
         if flag in OWN_KEY_FLAGS:
             raise BadHostData(host, where, f"{flag} has its own key", OWN_KEY_FLAGS[flag])
@@ -290,9 +333,12 @@ def _check_serve_flags(host: str, s: Settings) -> None:
                               "give a number or a string, True for a switch; remove the flag to leave it out")
         if flag in POSITIVE_FLAGS and _positive_int(value) is None:
             raise BadHostData(host, where, f"must be a positive whole number, got {value!r}", "use a value of 1 or more")
+        if isinstance(value, str) and not allowlist.SERVE_FLAG_VALUE.ok(value):
+            raise BadHostData(host, where, f"{value!r} is not a plain flag value ({allowlist.SERVE_FLAG_VALUE.why})",
+                              "use printable ASCII without quotes ' or backslashes")
         if flag == "--gpu-memory-utilization":
             try:
-                util = float(value) if not isinstance(value, bool) else None
+                util = None if isinstance(value, bool) or (isinstance(value, str) and not value.isascii()) else float(value)
             except ValueError:
                 util = None
             if util is None or not 0 < util <= 1:
@@ -318,12 +364,17 @@ SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
 
 
 def _check_overrides(host: str, overrides: dict) -> None:
-    """The values in stack overrides that end up in paths and downloads: ids, revisions, hashes."""
+    """The values in stack overrides that end up in paths and downloads: ids, revisions, hashes;
+    then every value's type and allow-list (qwen27b/allowlist.py)."""
     key = "qwen27b_stack_overrides"
     for section in ("model", "draft"):
         entry = overrides.get(section) or {}
         if not isinstance(entry, dict):
             raise BadHostData(host, f"{key}.{section}", f"expected a dict, got {type(entry).__name__}", "e.g. {'id': 'org/name'}")
+        if f"{section}_revision" in overrides and "revision" in entry:
+            # two spellings of one key: the shortcut would win over the checked one
+            raise BadHostData(host, f"{key}.{section}_revision", f"given twice, as {section}_revision and "
+                              f"{section}.revision", f"give it once: {{'{section}': {{'revision': ...}}}}")
         if "id" in entry and not (isinstance(entry["id"], str) and HUB_ID.match(entry["id"]) and ".." not in entry["id"]):
             raise BadHostData(host, f"{key}.{section}.id", f"{entry['id']!r} is not a hub id 'org/name'",
                               "use the checkpoint's hub id, e.g. 'nvidia/Qwen3.8-27B-NVFP4' (no paths, no '..')")
@@ -350,6 +401,70 @@ def _check_overrides(host: str, overrides: dict) -> None:
             isinstance(vllm["sha256"], str) and SHA256.match(vllm["sha256"])):
         raise BadHostData(host, f"{key}.vllm.sha256", f"{vllm['sha256']!r} is not a sha256 (64 hex digits)",
                           "copy the wheel's full sha256 (sha256sum FILE)")
+    shapes = _stack_shapes()
+    for name, value in overrides.items():
+        path = {"model_revision": "model.revision", "draft_revision": "draft.revision"}.get(name, name)
+        _check_override_value(host, f"{key}.{name}", path, value, shapes)
+
+
+@lru_cache(maxsize=1)
+def _stack_shapes() -> dict[str, frozenset]:
+    """Stack key path -> the types its value has in some profile (or model entry) of stack.yaml."""
+    from .stack import load_stack
+
+    stack, shapes = load_stack(), {}
+
+    def add(tree: dict, prefix: str) -> None:
+        for name, value in tree.items():
+            path = prefix + str(name)
+            shapes.setdefault(path, set()).add(type(value))
+            if isinstance(value, dict) and path != "serve.env":
+                add(value, path + ".")
+    for profile in stack["profiles"].values():
+        add(profile, "")
+    for entry in stack["models"].values():
+        add(entry, "model.")
+        add(entry, "draft.")
+    shapes["model"] = shapes["draft"] = {dict}  # overrides of the model entries, not the profile's names
+    for path in allowlist.STACK_RULES:
+        if shapes.get(path) == {type(None)}:  # null in every profile (a sha256 to pin, a URL): a string
+            shapes[path].add(str)
+    return {path: frozenset(types) for path, types in shapes.items()}
+
+
+def _type_ok(value: Any, types: frozenset) -> bool:
+    if value is None:
+        return type(None) in types
+    if isinstance(value, bool):
+        return bool in types
+    if isinstance(value, int):
+        return bool(types & {int, float})
+    return any(isinstance(value, t) for t in types if t not in (bool, int, type(None)))
+
+
+def _check_override_value(host: str, where: str, path: str, value: Any, shapes: dict) -> None:
+    """One override against the stack's shape (known key, same type) and its allow-list pattern."""
+    types = shapes.get(path)
+    if types is None:
+        parent, _, leaf = path.rpartition(".")
+        known = sorted({p[len(parent) + 1:] if parent else p for p in shapes
+                        if p.rpartition(".")[0] == parent and "." not in (p[len(parent) + 1:] if parent else p)})
+        close = difflib.get_close_matches(leaf, known, n=1)
+        raise BadHostData(host, where, "unknown stack key", (f"did you mean '{close[0]}'? " if close else "")
+                          + f"known here: {', '.join(known)}")
+    if not _type_ok(value, types):
+        names = " or ".join(sorted("null" if t is type(None) else t.__name__ for t in types))
+        raise BadHostData(host, where, f"expected {names} (as in qwen27b/stack.yaml), got {type(value).__name__} {value!r}",
+                          f"write it as qwen27b/stack.yaml does at {path}")
+    if isinstance(value, dict) and path != "serve.env":
+        for name, item in value.items():
+            if not isinstance(name, str):
+                raise BadHostData(host, where, f"{name!r} is not a stack key", "stack keys are strings")
+            _check_override_value(host, f"{where}.{name}", f"{path}.{name}", item, shapes)
+        return
+    found = allowlist.problem(path, value)
+    if found:
+        raise BadHostData(host, where, *found)
 
 
 SECRET_NAMES = {"api_key_file": "VLLM_API_KEY", "hf_token_file": "HF_TOKEN"}  # NAME=KEY accepted in each file

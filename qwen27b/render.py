@@ -108,6 +108,24 @@ def systemd_quote(arg: str) -> str:
     return "'" + arg.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+_ENV_SAFE = re.compile(r"^[A-Za-z0-9_.,:/@+=-]*$")
+
+
+def env_value(value: str) -> str:
+    """One value of an EnvironmentFile= line: as is when plain (every allow-listed value is), else
+    double-quoted with systemd's backslash escapes, so it stays one value on one line."""
+    value = str(value)
+    if _ENV_SAFE.match(value):
+        return value
+    escaped = "".join("\\" + c if c in '"\\$`' else c for c in value)
+    return f'"{escaped}"'
+
+
+def unit_text(value: str) -> str:
+    """Free text in a unit line (Description=): % escaped so systemd expands no specifier."""
+    return str(value).replace("%", "%%")
+
+
 def layout(decision: Decision, prefix: str = "") -> dict:
     """Host paths (prefix lets tests render into a scratch root)."""
     paths = decision.stack.paths
@@ -168,7 +186,7 @@ def service_env(decision: Decision, where: dict) -> list[tuple[str, str]]:
         if decision.settings.metrics_allow:
             env["QWEN27B_METRICS_ALLOW"] = ",".join(decision.settings.metrics_allow)
     env.update(decision.serve.env)
-    return sorted(env.items())
+    return sorted((name, env_value(value)) for name, value in env.items())
 
 
 def contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
@@ -184,9 +202,9 @@ def contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
     model = decision.stack.model
     service = {
         **where,
-        "served_name": serve.value("--served-model-name"),
-        "model_ref": f"{model['id']}@{model['revision']}",
-        "profile": decision.profile,
+        "served_name": unit_text(serve.value("--served-model-name")),
+        "model_ref": unit_text(f"{model['id']}@{model['revision']}"),
+        "profile": unit_text(decision.profile),
         "after": ["network-online.target"] + (["nvidia-persistenced.service"] if decision.gpus else []),
         "user": decision.stack.paths["service_user"],
         "exec_start": exec_start,
@@ -225,6 +243,8 @@ def contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
         "hardening": hardening(decision, where, HEALTH_HARDENING) + [("CPUWeight", "1000"), ("Nice", "-5")],
         "left_off": left_off(decision, HEALTH_LEFT_OFF),
     }
+    # each argument quoted for systemd, as the main unit's ExecStart is
+    health["health_exec"] = [systemd_quote(arg) for arg in health["health_exec"]]
     return {
         "qwen27b.service.j2": service,
         "qwen27b.env.j2": {"env": service_env(decision, where), "secrets_file": where["secrets_file"]},

@@ -99,6 +99,9 @@ def merge_overrides(base: dict, overrides: dict, where: str = "") -> dict:
     merged = copy.deepcopy(base)
     for key, value in overrides.items():
         path = f"{where}.{key}" if where else key
+        if key not in merged and where == "serve.env":
+            merged[key] = value  # the service's environment: new names are allowed (allow-listed in allowlist.py)
+            continue
         if key not in merged:
             close = difflib.get_close_matches(key, list(merged), n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
@@ -156,7 +159,8 @@ def resolve_stack(stack: dict, profile_name: str, overrides: dict | None = None)
 
     Override layout: profile keys at the top level ({"driver": {...}, "serve": {...}}), plus
     "model" / "draft" dicts merged into the model entries, and shortcuts "model_revision" /
-    "draft_revision" for the most common pin.
+    "draft_revision" for the most common pin (refused beside "model": {"revision": ...}: one key,
+    one spelling). Every merged value is held to its allow-list (qwen27b/allowlist.py).
     """
     overrides = dict(overrides or {})
     if profile_name not in stack["profiles"]:
@@ -165,6 +169,10 @@ def resolve_stack(stack: dict, profile_name: str, overrides: dict | None = None)
         raise StackError(f"unknown profile '{profile_name}'{hint}; known: {', '.join(stack['profiles'])}")
     model_over = overrides.pop("model", {}) or {}
     draft_over = overrides.pop("draft", {}) or {}
+    for section, entry in (("model", model_over), ("draft", draft_over)):
+        if f"{section}_revision" in overrides and isinstance(entry, dict) and "revision" in entry:
+            raise StackError(f"'{section}_revision' and '{section}.revision' are one key given twice; give it once, "
+                             f"as {{'{section}': {{'revision': ...}}}}")
     if "model_revision" in overrides:
         model_over = {**model_over, "revision": overrides.pop("model_revision")}
     if "draft_revision" in overrides:
@@ -177,11 +185,26 @@ def resolve_stack(stack: dict, profile_name: str, overrides: dict | None = None)
         draft = merge_overrides(stack["models"][profile["draft"]], draft_over, "draft")
     elif draft_over:
         raise StackError(f"profile '{profile_name}' has no draft model to override")
+    _check_allowed(profile, "")
+    _check_allowed(model, "model.")
+    if draft is not None:
+        _check_allowed(draft, "draft.")
     build_name = profile["vllm"]["build"]
     if build_name not in stack["vllm_builds"]:
         raise StackError(f"unknown vllm build '{build_name}'; known: {', '.join(stack['vllm_builds'])}")
     return ResolvedStack(profile_name, profile, model, draft, stack["paths"], stack["sources"],
                          stack["vllm_builds"][build_name], stack["tools"])
+
+
+def _check_allowed(tree: dict, prefix: str) -> None:
+    """Every merged value that reaches a host matches its allow-list (qwen27b/allowlist.py), the
+    stack file's own values included."""
+    from .allowlist import problem, walk
+
+    for path, value in walk(tree, prefix):
+        found = problem(path, value)
+        if found:
+            raise StackError(f"stack key '{path}': {found[0]}; fix: {found[1]}")
 
 
 def checkpoint_metadata_dir(model: dict) -> Path:

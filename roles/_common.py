@@ -75,6 +75,13 @@ def url_word(settings: Settings, name: str) -> str:
     return f'"${URL_VARS[name]}"' if url_has_password(url) else url
 
 
+def shell_word(settings: Settings, name: str) -> str:
+    """url_word as one shell word: a plain URL shell-quoted (hostdata allows ? # ~ [ ], which an
+    unquoted word would glob or tilde-expand), the "$VAR" of a URL with a password as it is."""
+    url = getattr(settings, name)
+    return url_word(settings, name) if url_has_password(url) else shlex.quote(url)
+
+
 def needs_restart(op) -> None:
     """Remember an operation whose change means the service must restart (weights, release)."""
     if op is not None:

@@ -4,6 +4,7 @@ build needs a compiler; the V100 build ships its CUDA 12.8 runtime in its wheels
 
 from __future__ import annotations
 
+import shlex
 from io import StringIO
 
 from pyinfra import host
@@ -34,10 +35,10 @@ def cuda(decision: Decision) -> None:
         files.download(name=f"download {keyring}", src=f"{repo}/{keyring}", dest=f"/tmp/{keyring}",
                        sha256sum=decision.os_row.get("cuda_keyring_sha256"))
         server.shell(name="install cuda-keyring (signed-by keyring for NVIDIA's repo)",
-                     commands=[f"dpkg -i /tmp/{keyring}"])
+                     commands=[f"dpkg -i {shlex.quote('/tmp/' + keyring)}"])
     apt_install("CUDA toolkit", [cuda_entry["package"]])
-    version = cuda_entry["toolkit"]
+    cuda_dir = shlex.quote(f"/usr/local/cuda-{cuda_entry['toolkit']}")  # allow-listed: digits and a dot
     files.put(name="CUDA on PATH for login shells", dest="/etc/profile.d/qwen27b-cuda.sh", mode="0644",
-              src=StringIO(f"export PATH=/usr/local/cuda-{version}/bin:$PATH\n"
-                           f"export LD_LIBRARY_PATH=/usr/local/cuda-{version}/lib64${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}\n"))
+              src=StringIO(f"export PATH={cuda_dir}/bin:$PATH\n"
+                           f"export LD_LIBRARY_PATH={cuda_dir}/lib64${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}\n"))
 

@@ -7,6 +7,8 @@ The venv lives in a versioned release dir, so an upgrade never touches the runni
 
 from __future__ import annotations
 
+import shlex
+
 from pyinfra import host
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File
@@ -17,7 +19,7 @@ from qwen27b.gate import Decision
 from qwen27b.host_facts import ServiceUser
 from qwen27b.operations import directories, secret_file
 
-from ._common import dry_run, note, url_env_file, url_env_text, url_source, url_word
+from ._common import dry_run, note, shell_word, url_env_file, url_env_text, url_source
 
 
 def release_dir(decision: Decision) -> str:
@@ -66,7 +68,7 @@ def _python(decision: Decision) -> str:
     """Queue what makes the profile's Python exist; return the command prefix that creates a venv."""
     py, paths = decision.stack.profile["python"], decision.stack.paths
     if py["route"] == "system":
-        return f"python{py['version']} -m venv"
+        return f"{shlex.quote('python' + py['version'])} -m venv"
     uv, version = f"{paths['bin']}/uv", decision.stack.tools["uv"]["version"]
     if dry_run() and not uv_path(version).exists():
         # no cache path here: the plan reads the same on every controller ($QWEN27B_CACHE says where)
@@ -77,9 +79,9 @@ def _python(decision: Decision) -> str:
                   dest=uv, user="root", group="root", mode="0755")
     env = f"{url_source(decision)}UV_PYTHON_INSTALL_DIR={paths['python']}"
     if decision.settings.python_mirror:
-        env += f" UV_PYTHON_INSTALL_MIRROR={url_word(decision.settings, 'python_mirror')}"
+        env += f" UV_PYTHON_INSTALL_MIRROR={shell_word(decision.settings, 'python_mirror')}"
     managed, python = _venv_python(decision, env, uv)
-    return f"{env} {uv} venv {managed} --seed --python {python}"
+    return f"{env} {uv} venv {managed} --seed --python {shlex.quote(python)}"
 
 
 def _venv_python(decision: Decision, env: str, uv: str) -> tuple[str, str]:
@@ -91,7 +93,7 @@ def _venv_python(decision: Decision, env: str, uv: str) -> tuple[str, str]:
     if have and not have.startswith(paths["python"] + "/"):
         return "--no-managed-python", have
     if not have:
-        server.shell(name="python (uv managed)", commands=[f"{env} {uv} python install --managed-python {version}"])
+        server.shell(name="python (uv managed)", commands=[f"{env} {uv} python install --managed-python {shlex.quote(version)}"])
     return "--managed-python", version
 
 
@@ -122,6 +124,6 @@ def toolchain(decision: Decision) -> None:
     if host.get_fact(File, path=f"{venv}/bin/python") is None:
         files.directory(name="release dir", path=release_dir(decision),
                         user="root", group="root", mode="0755")
-        server.shell(name="release venv", commands=[f"{make_venv} {venv}"])
+        server.shell(name="release venv", commands=[f"{make_venv} {shlex.quote(venv)}"])
     else:
         note(f"toolchain: release venv {venv} exists")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import time
 from pathlib import Path
 
@@ -57,7 +58,8 @@ def _rollback_commands(previous: list[tuple[str, str]]) -> list[str]:
                 commands.append(f"cp -a {ROLLBACK_DIR}/{path.rsplit('/', 1)[-1]} {path}")
             commands.append("systemctl daemon-reload")
         else:
-            commands.append(f"ln -sfn {target} {link}.new && mv -Tf {link}.new {link}")
+            commands.append(f"ln -sfn {shlex.quote(target)} {shlex.quote(link + '.new')} && "
+                            f"mv -Tf {shlex.quote(link + '.new')} {shlex.quote(link)}")
     return commands + [RESTART_COMMAND]
 
 

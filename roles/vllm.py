@@ -42,15 +42,15 @@ def _install_commands(decision: Decision, pip: str) -> tuple[str, list[str]]:
     """(where the wheels come from, the pip commands) for this build."""
     vllm, torch = decision.stack.profile["vllm"], decision.stack.profile["torch"]
     extras = " ".join(shlex.quote(p) for p in decision.stack.tools["host_packages"])
-    requirement = f"{vllm['dist']}=={vllm['version']}"
+    requirement = shlex.quote(f"{vllm['dist']}=={vllm['version']}")
     local = wheelhouse_dir(decision)
     if local.is_dir() and any(local.glob("*.whl")):
-        dest = f"{decision.stack.paths['wheelhouse']}/{local.name}"
+        dest = f"{decision.stack.paths['wheelhouse']}/{local.name}"  # hostdata allow-listed the name
         push_files(name="push the wheelhouse (fetched once on the controller)", src_dir=str(local),
                    dest_dir=dest, manifest=dir_manifest(local))
         # PIP_CONFIG_FILE=/dev/null: only the pushed wheels, whatever pip.conf the host has
         return f"controller wheelhouse {local}", [
-            f"PIP_CONFIG_FILE=/dev/null {pip} install --no-index --find-links {dest} {requirement} {extras}"]
+            f"PIP_CONFIG_FILE=/dev/null {pip} install --no-index --find-links {shlex.quote(dest)} {requirement} {extras}"]
     mirror = decision.settings.wheel_mirror
     if mirror:
         # PIP_FIND_LINKS, not --find-links: a URL with a password stays out of pip's argv (`ps`)
@@ -62,12 +62,12 @@ def _install_commands(decision: Decision, pip: str) -> tuple[str, list[str]]:
         raise_missing(local)
     commands = []
     if torch.get("index_url") and torch.get("requirement"):
-        commands.append(f"{pip} install --index-url {torch['index_url']} {shlex.quote(torch['requirement'])}")
+        commands.append(f"{pip} install --index-url {shlex.quote(torch['index_url'])} {shlex.quote(torch['requirement'])}")
     if vllm.get("url"):
         url = vllm["url"] + (f"#sha256={vllm['sha256']}" if vllm.get("sha256") else "")
         commands.append(f"{pip} install {shlex.quote(url)} {extras}")
     else:
-        index = f" --extra-index-url {torch['index_url']}" if torch.get("index_url") else ""
+        index = f" --extra-index-url {shlex.quote(torch['index_url'])}" if torch.get("index_url") else ""
         commands.append(f"{pip} install{index} {requirement} {extras}")
     return "upstream index / release URL (no wheelhouse or mirror set)", commands
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import secrets
 import threading
+import shlex
 import urllib.request
 from io import StringIO
 from pathlib import Path
@@ -66,9 +67,9 @@ def _hub(decision: Decision, entry: dict, target: str):
         token_env = f'HF_TOKEN="$(cat {token_path})" '
     venv = release_venv(decision)
     return server.shell(name="download from the hub", commands=[
-        f"{token_env}HF_HUB_DISABLE_TELEMETRY=1 {venv}/bin/hf download {entry['id']} --revision {entry['revision']} "
-        f"--local-dir {target}",
-        f"cd {target} && find . -maxdepth 1 -type f ! -name '.*' ! -name {HUB_MANIFEST} -printf '%f\\n' | sort | "
+        f"{token_env}HF_HUB_DISABLE_TELEMETRY=1 {venv}/bin/hf download {shlex.quote(entry['id'])} "
+        f"--revision {shlex.quote(entry['revision'])} --local-dir {shlex.quote(target)}",
+        f"cd {shlex.quote(target)} && find . -maxdepth 1 -type f ! -name '.*' ! -name {HUB_MANIFEST} -printf '%f\\n' | sort | "
         f"xargs -r -d '\\n' sha256sum > {HUB_MANIFEST}.part && mv -f {HUB_MANIFEST}.part {HUB_MANIFEST}",
     ])
 
@@ -158,8 +159,11 @@ def _fetch_setup(decision: Decision, entry: dict, manifest: dict) -> tuple[str, 
 
 def _proxy_env(settings: Settings) -> str:
     # qwen27b_http_proxy is for the mirror: no_proxy emptied so it applies even to a loopback mirror
-    proxy = url_word(settings, "http_proxy") if settings.http_proxy else None
-    return f"http_proxy={proxy} https_proxy={proxy} no_proxy= NO_PROXY= " if proxy else ""
+    if not settings.http_proxy:
+        return ""
+    word = url_word(settings, "http_proxy")  # "$VAR" when it carries a password, else the URL: quoted
+    proxy = word if word != settings.http_proxy else shlex.quote(word)
+    return f"http_proxy={proxy} https_proxy={proxy} no_proxy= NO_PROXY= "
 
 
 def _mirror_base(decision: Decision, entry: dict) -> str:
@@ -168,7 +172,7 @@ def _mirror_base(decision: Decision, entry: dict) -> str:
     settings = decision.settings
     word = url_word(settings, "model_mirror")
     if word == settings.model_mirror:
-        return f"{settings.model_mirror.rstrip('/')}/{safe_name(entry)}"
+        return shlex.quote(f"{settings.model_mirror.rstrip('/')}/{safe_name(entry)}")
     return f"'{word.strip(chr(34))}/{safe_name(entry)}'"
 
 
@@ -253,7 +257,7 @@ def place(decision: Decision, entry: dict, link: str, local_dir: str | None) -> 
             tool, listing = _fetch_setup(decision, entry, manifest)
             needs_restart(server.shell(name="fetch the checkpoint from the mirror",
                          commands=[f"{url_source(decision)}{_proxy_env(settings)}python3 {tool} "
-                                   f"--base {_mirror_base(decision, entry)} --dest {target} --manifest {listing}"]))
+                                   f"--base {_mirror_base(decision, entry)} --dest {shlex.quote(target)} --manifest {listing}"]))
     elif source == "hub":
         needs_restart(_hub(decision, entry, target))
     else:
