@@ -138,19 +138,25 @@ def test_secure_boot_with_a_mok_key_signs_the_module_and_open_driver_is_refused(
     assert "DKMS signs the module with the MOK key" in plan and "qwen27b-mok.conf" in plan
 
 
-def test_old_model_revisions_are_pruned_but_the_rollback_target_stays(tmp_path):
-    """The converged host, recorded with three older revisions of its checkpoint on disk."""
-    inventory = tmp_path / "prune.py"
+def converged_plan_with_dirs(tmp_path, directory: str, listing: list[str]) -> str:
+    """The converged host's dry plan, with `directory` recorded as holding `listing` (Subdirectories
+    lines '<mtime> <name>', oldest first)."""
+    inventory = tmp_path / "dirs.py"
     inventory.write_text(
         "from inventory.recorded import _fake\n"
         "name, data = _fake('v100x4-converged')\n"
-        "data['fake_responses']['/var/lib/qwen27b/models -mindepth 1 -maxdepth 1 -type d'] = [\n"
-        "    '1764000000 nvidia--Qwen3.8-27B-NVFP4@zzzoldest', '1764000100 nvidia--Qwen3.8-27B-NVFP4@aaaolder',\n"
-        "    '1764000200 nvidia--Qwen3.8-27B-NVFP4@0000newer', '1764000300 nvidia--Qwen3.8-27B-NVFP4@main',\n"
-        "    '1764000400 incoai--Qwen3.8-27B-DFlash2@main', '1764000500 unrelated@x']\n"
+        f"data['fake_responses'][{directory + ' -mindepth 1 -maxdepth 1 -type d'!r}] = {listing!r}\n"
         "hosts = [(name, data)]\n")
     result = run_pyinfra(str(inventory), "deploy.py", "--dry", "-y")
-    plan = host_plan(result.stderr, "v100x4-converged")
+    return host_plan(result.stderr, "v100x4-converged")
+
+
+def test_old_model_revisions_are_pruned_but_the_rollback_target_stays(tmp_path):
+    """The converged host, recorded with three older revisions of its checkpoint on disk."""
+    plan = converged_plan_with_dirs(tmp_path, "/var/lib/qwen27b/models", [
+        "1764000000 nvidia--Qwen3.8-27B-NVFP4@zzzoldest", "1764000100 nvidia--Qwen3.8-27B-NVFP4@aaaolder",
+        "1764000200 nvidia--Qwen3.8-27B-NVFP4@0000newer", "1764000300 nvidia--Qwen3.8-27B-NVFP4@main",
+        "1764000400 incoai--Qwen3.8-27B-DFlash2@main", "1764000500 unrelated@x"])
     prune = [line for line in plan.splitlines() if "$ rm -rf" in line]
     # nothing is replaced on this run: one old revision (the newest, 0000newer) stays for rollback
     assert prune == ["            $ rm -rf -- /var/lib/qwen27b/models/nvidia--Qwen3.8-27B-NVFP4@zzzoldest "
@@ -162,16 +168,8 @@ def test_old_releases_are_pruned_never_the_current_nor_the_previous(tmp_path):
     with three older release dirs: with qwen27b_keep_releases=1 the newest old one stays for a
     rollback, the two older go, oldest first; the current one never (stale_dirs below covers the
     previous one of an upgrade)."""
-    inventory = tmp_path / "releases.py"
-    inventory.write_text(
-        "from inventory.recorded import _fake\n"
-        "name, data = _fake('v100x4-converged')\n"
-        "data['fake_responses']['/opt/qwen27b/releases -mindepth 1 -maxdepth 1 -type d'] = [\n"
-        "    '1764000000 aaaa00000001', '1764000100 aaaa00000002', '1764000200 aaaa00000003',\n"
-        "    '1764000300 bc7b88da5403']\n"
-        "hosts = [(name, data)]\n")
-    result = run_pyinfra(str(inventory), "deploy.py", "--dry", "-y")
-    plan = host_plan(result.stderr, "v100x4-converged")
+    plan = converged_plan_with_dirs(tmp_path, "/opt/qwen27b/releases", [
+        "1764000000 aaaa00000001", "1764000100 aaaa00000002", "1764000200 aaaa00000003", "1764000300 bc7b88da5403"])
     prune = [line.strip() for line in plan.splitlines() if "$ rm -rf -- /opt/qwen27b/releases" in line]
     assert prune == ["$ rm -rf -- /opt/qwen27b/releases/aaaa00000001 /opt/qwen27b/releases/aaaa00000002"], plan[-3000:]
 
