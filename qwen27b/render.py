@@ -13,6 +13,7 @@ from pathlib import Path
 import jinja2
 
 from .gate import Decision
+from .health import TEXTFILE_DIR
 from .stack import api_key_env_file
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -147,14 +148,17 @@ def contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
         "timeout_s": 60,
         "health_exec": [f"{where['venv']}/bin/qwen27b-health", "--url", base_url, "--unit", SERVICE_UNIT,
                         "--status-file", where["health_status"], "--served-name", serve.value("--served-model-name"),
-                        "--restart-after", str(s.health_failures_before_restart)]
+                        "--restart-after", str(s.health_failures_before_restart),
+                        "--model-ref", systemd_quote(service["model_ref"])]
         + (["--api-key-file", where["secrets_file"]] if s.api_key_file else []),
         # the check must get CPU when the service takes it all (a CPU build under load starved it
         # for tens of seconds, close to timeout_s): CPUWeight where systemd runs the cpu controller
         # (default 100), Nice where both share one cpu cgroup (cgroup v1 without it, containers)
         "hardening": [("ProtectSystem", "strict"), ("ProtectHome", "yes"), ("PrivateTmp", "yes"),
                       ("NoNewPrivileges", "yes"), ("ReadWritePaths", where["state_dir"]), ("CPUWeight", "1000"),
-                      ("Nice", "-5")],
+                      ("Nice", "-5"),
+                      # node_exporter's textfile dir; "-": no error where node_exporter is not installed
+                      ("ReadWritePaths", f"-{TEXTFILE_DIR}")],
     }
     return {
         "qwen27b.service.j2": service,

@@ -219,6 +219,7 @@ def _fake_driver(monkeypatch, count=1, lost=(), init_error=None):
         "nvmlDeviceGetTemperature": lambda h, sensor: v["temp"],
         "nvmlDeviceGetTotalEccErrors": lambda h, kind, counter: v["ecc"],
         "nvmlDeviceGetRetiredPagesPendingStatus": not_supported,  # Hopper remaps rows instead
+        "nvmlDeviceGetRetiredPages": not_supported,  # nvidia-smi -q: "Retired Pages ... N/A" on the H200
         "nvmlDeviceGetCurrentClocksEventReasons": lambda h: v["throttle"],
     }
     for name, fn in fakes.items():
@@ -231,7 +232,7 @@ def test_read_gpus_from_the_recorded_h200(monkeypatch):
     assert note is None
     assert gpus == [{"index": 0, "name": "NVIDIA H200", "pci": "00000000:18:00.0", "memory_used_mib": 615,
                      "memory_total_mib": 143771, "temperature_c": 32, "ecc_uncorrected": 0,
-                     "retired_pages_pending": None, "throttle": {"mask": "0x1", "reasons": ["gpu_idle"]}}]
+                     "retired_pages_pending": None, "retired_pages": None, "throttle": {"mask": "0x1", "reasons": ["gpu_idle"]}}]
     assert hc.verdict(_readings(gpu=gpus)) == (0, [])
 
 
@@ -247,7 +248,7 @@ def test_read_gpus_lost_gpu_and_cpu_only_host(monkeypatch):
 
 # ============================================================================ shipped as one file
 
-def test_imports_only_stdlib_httpx_and_lazy_pynvml():
+def test_imports_only_stdlib_httpx_and_lazy_pynvml_and_prometheus_client():
     tree = ast.parse(HEALTH_PY.read_text())
     top = set()
     for node in tree.body:
@@ -258,7 +259,7 @@ def test_imports_only_stdlib_httpx_and_lazy_pynvml():
     assert top - sys.stdlib_module_names - {"__future__"} == {"httpx"}
     every = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     every |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert every - sys.stdlib_module_names - {"__future__"} == {"httpx", "pynvml"}
+    assert every - sys.stdlib_module_names - {"__future__"} == {"httpx", "pynvml", "prometheus_client"}
 
 
 @pytest.fixture(scope="module")
@@ -325,9 +326,13 @@ def cli(venv, fakebin, tmp_path):
     calls = tmp_path / "calls.log"
     calls.touch()
     status = tmp_path / "state" / "health.json"
+    textfile = tmp_path / "textfile"  # never the machine's own node_exporter dir
+    textfile.mkdir()
 
     def run(*args, env=None, status_file=True):
         argv = [str(venv / "bin" / "qwen27b-health"), *args]
+        if "--textfile-dir" not in args:
+            argv += ["--textfile-dir", str(textfile)]
         if status_file:
             argv += ["--status-file", str(status)]
         e = {"PATH": f"{fakebin}:/usr/bin:/bin", "FAKE_CALLS": str(calls), "HOME": str(tmp_path)}
@@ -338,6 +343,8 @@ def cli(venv, fakebin, tmp_path):
 
     run.calls = calls
     run.status = status
+    run.textfile = textfile
+    run.venv = venv
     return run
 
 
@@ -394,6 +401,28 @@ def test_cli_reads_xids_since_the_last_check(cli, tmp_path):
     assert [x["xid"] for x in s["xids"]] == [13, 48] and s["xid_source"] == "journalctl"
     assert "--since=@" + str(int(hc._epoch("2026-12-02T14:32:00+00:00"))) in cli.calls.read_text()
     assert any("Xid 48" in f["text"] and f["level"] == "CRITICAL" for f in s["findings"])
+
+
+def test_cli_writes_the_textfile_and_counts_xids_across_runs(cli, tmp_path):
+    """The real release venv (prometheus-client from the wheelhouse) writes node_exporter's file."""
+    parser = pytest.importorskip("prometheus_client.parser")
+    kernel = tmp_path / "kernel.log"
+    kernel.write_text(KERNEL_LOG)
+    hc.write_status(str(cli.status), {"time": "2026-12-02T14:32:00+00:00", "consecutive_failures": 0})
+    args = ("--url", closed_url(), "--no-restart", "--timeout", "2", "--model-ref", "org/m@abc")
+    for _ in range(2):  # the second run finds no new Xid lines: the counter stays, never resets
+        rc, out, err, s = cli(*args, env={"FAKE_KERNEL": str(kernel)})
+        assert rc == 2 and err == ""
+        prom = cli.textfile / "qwen27b.prom"
+        assert [p.name for p in cli.textfile.iterdir()] == ["qwen27b.prom"] and prom.stat().st_mode & 0o777 == 0o644
+        samples = {(x.name, tuple(sorted(x.labels.items()))): x.value
+                   for f in parser.text_string_to_metric_families(prom.read_text()) for x in f.samples}
+        assert samples[("qwen27b_health_verdict", ())] == 2 and samples[("qwen27b_service_up", ())] == 0
+        assert samples[("qwen27b_xid_total", (("fatal", "true"), ("xid", "48")))] == 1
+        assert samples[("qwen27b_build_info", (("model", "org/m@abc"), ("release", cli.venv.parent.name),
+                                               ("unit", "qwen27b.service")))] == 1
+        kernel.write_text("")
+    assert s["xid_counts"]["48"] == 1
 
 
 def test_cli_bad_key_file_and_usage(cli, tmp_path):
