@@ -749,6 +749,34 @@ def check(args: argparse.Namespace, now: float | None = None) -> dict:
     }
 
 
+def verdict_changed(s: dict) -> bool:
+    """True on a first run or when this run's verdict differs from the previous run's."""
+    history = s.get("history") or []
+    return len(history) < 2 or history[-2]["code"] != history[-1]["code"]
+
+
+def one_line(s: dict) -> str:
+    """The journal's line for a check whose verdict did not change (``--quiet``): the verdict, since
+    when (as far as the history reaches), the counter, and the first finding's sentence."""
+    history = s.get("history") or []
+    since = s["time"]
+    for h in reversed(history):
+        if h["code"] != s["code"]:
+            break
+        since = h["time"]
+    gpus = s.get("gpu")
+    parts = [f"{s['verdict']} ({s['code']}) unchanged since {since}",
+             f"/health {s['health_status']} in {s['latency_ms']} ms" if s.get("health_status") else "/health no answer",
+             "no GPU" if gpus is None else f"{sum(1 for g in gpus if not g.get('error'))}/{len(gpus)} GPUs read",
+             f"{len(s['xids'])} new Xids" if s.get("xids") is not None else "Xids unknown"]
+    if s["code"] == CRITICAL:
+        parts.append(f"{s['consecutive_failures']} consecutive failures")
+    worst = [f for f in s.get("findings") or [] if f["level"] == s["verdict"]]
+    if worst:
+        parts.append(f"{len(s['findings'])} finding(s), first: {worst[0]['text']}")
+    return "; ".join(parts)
+
+
 def table(s: dict) -> str:
     """A few aligned lines for a person at a terminal (or reading the journal)."""
     rows = [("verdict", f"{s['verdict']} ({s['code']})  {s['time']}"),
@@ -802,6 +830,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--slow-ms", type=float, default=1000.0, help="/health slower than this is a WARNING")
     p.add_argument("--json", action="store_true", help="print the status JSON instead of the table")
     p.add_argument("--no-restart", action="store_true", help="never restart; record what would happen")
+    p.add_argument("--quiet", action="store_true",
+                   help="the full table only when the verdict changes (and on a first run); else one line")
     p.add_argument("--textfile-dir", default=TEXTFILE_DIR,
                    help=f"node_exporter textfile dir for {TEXTFILE_NAME} ('' to write none; default %(default)s)")
     p.add_argument("--model-ref", help="model id@revision, for the qwen27b_build_info metric")
@@ -828,7 +858,12 @@ def main(argv=None) -> int:
         except OSError as e:
             print(f"qwen27b-health: cannot write {args.status_file} ({e.strerror}): the failure counter "
                   f"and history are not kept", file=sys.stderr)
-    print(json.dumps(status, indent=2) if args.json else table(status))
+    if args.json:
+        print(json.dumps(status, indent=2))
+    elif args.quiet and not verdict_changed(status):
+        print(one_line(status))
+    else:
+        print(table(status))
     return status["code"]
 
 

@@ -149,7 +149,8 @@ def contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
         "health_exec": [f"{where['venv']}/bin/qwen27b-health", "--url", base_url, "--unit", SERVICE_UNIT,
                         "--status-file", where["health_status"], "--served-name", serve.value("--served-model-name"),
                         "--restart-after", str(s.health_failures_before_restart),
-                        "--model-ref", systemd_quote(service["model_ref"])]
+                        "--model-ref", systemd_quote(service["model_ref"]),
+                        "--quiet"]  # the journal: one line a check, the table when the verdict changes
         + (["--api-key-file", where["secrets_file"]] if s.api_key_file else []),
         # the check must get CPU when the service takes it all (a CPU build under load starved it
         # for tens of seconds, close to timeout_s): CPUWeight where systemd runs the cpu controller

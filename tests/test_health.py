@@ -425,6 +425,35 @@ def test_cli_writes_the_textfile_and_counts_xids_across_runs(cli, tmp_path):
     assert s["xid_counts"]["48"] == 1
 
 
+def test_cli_quiet_prints_one_line_until_the_verdict_changes(cli, tmp_path):
+    """--quiet (the timer's unit): ~10 journal lines a check only when the verdict changes."""
+    args = ("--url", closed_url(), "--no-restart", "--timeout", "2", "--quiet")
+    rc, out, err, s = cli(*args)
+    assert rc == 2 and out.startswith("verdict ") and len(out.splitlines()) > 5  # first run: the table
+    first = s["time"]
+    rc, out, err, s = cli(*args)
+    assert rc == 2 and len(out.splitlines()) == 1
+    assert out.startswith(f"CRITICAL (2) unchanged since {first}") and "2 consecutive failures" in out
+    assert "/health unreachable" in out  # the first CRITICAL finding's sentence, with its fix
+    # a different verdict (history says OK last): the table again
+    s["history"][-1].update(code=0, verdict="OK")
+    hc.write_status(str(cli.status), s)
+    rc, out, err, s = cli(*args)
+    assert len(out.splitlines()) > 5
+
+
+def test_one_line_since_reaches_back_through_the_history():
+    s = {"time": "t3", "code": 1, "verdict": "WARNING", "health_status": 200, "latency_ms": 1500.0,
+         "gpu": [{"index": 0}, {"index": 1, "error": "GPU is lost"}], "xids": [], "consecutive_failures": 0,
+         "findings": [hc.finding(1, "slow")],
+         "history": [{"time": "t0", "code": 2}, {"time": "t1", "code": 1}, {"time": "t2", "code": 1},
+                     {"time": "t3", "code": 1}]}
+    assert not hc.verdict_changed(s)
+    assert hc.one_line(s) == ("WARNING (1) unchanged since t1; /health 200 in 1500.0 ms; 1/2 GPUs read; "
+                              "0 new Xids; 1 finding(s), first: slow")
+    assert hc.verdict_changed({"history": [{"time": "t0", "code": 1}]})  # a first run shows the table
+
+
 def test_cli_bad_key_file_and_usage(cli, tmp_path):
     rc, out, err, s = cli("--url", closed_url(), "--api-key-file", str(tmp_path / "nope.env"), "--no-restart")
     assert rc == 2 and any("cannot use the API key file" in f["text"] for f in s["findings"])
