@@ -1,8 +1,9 @@
 """qwen27b-health: one health check of the vLLM service, run by a systemd timer on each host.
 
 Shipped as a single file (``<venv>/lib/qwen27b_health.py``) into the release venv, which holds
-only the stdlib, httpx and nvidia-ml-py: so this module imports nothing from qwen27b or pyinfra,
-and pynvml only lazily (CPU-only hosts have no NVML).
+only the stdlib and the stack's host_packages (httpx, nvidia-ml-py, prometheus-client): so this
+module imports nothing from qwen27b or pyinfra, and pynvml and prometheus_client only lazily
+(CPU-only hosts have no NVML; a venv from before the metrics lacks prometheus_client).
 
 One run: probe ``/health`` and ``/v1/models``, read the GPUs through NVML and new ``NVRM: Xid``
 kernel lines, turn the readings into a nagios verdict (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN

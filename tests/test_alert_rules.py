@@ -75,3 +75,8 @@ def test_rule_tests_cover_every_alert():
     tested = {t["alertname"] for f in RULE_TESTS for case in yaml.safe_load(f.read_text())["tests"]
               for t in case.get("alert_rule_test", []) if t.get("exp_alerts")}
     assert tested == set(rules())
+
+
+def test_docs_describe_every_alert():
+    doc = (ROOT / "docs" / "monitoring.md").read_text()
+    assert set(re.findall(r"^\| `(Qwen27b[A-Za-z]+)`", doc, re.M)) == set(rules())
