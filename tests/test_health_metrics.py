@@ -164,3 +164,46 @@ def test_docs_list_exactly_the_exported_metrics():
     table = doc.split("<!-- metrics -->")[1].split("<!-- /metrics -->")[0]
     listed = set(re.findall(r"^\| `(qwen27b_[a-z_]+)`", table, re.M))
     assert listed == full_status_names()
+
+
+def test_node_exporter_reads_the_file(tmp_path):
+    """Debian's prometheus-node-exporter (optional here: `apt-get install prometheus-node-exporter`)
+    serves the written file with node_textfile_scrape_error 0, on a loopback port, then stopped."""
+    import shutil
+    import subprocess
+    import time
+
+    import httpx
+
+    binary = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+    if not binary:
+        pytest.skip("no prometheus-node-exporter on this machine")
+    from qwen27b.cpu_smoke import free_port
+    gpus = v100_gpus("v100x4-degraded")
+    gpus[2] = {"index": 2, "error": "GPU is lost"}
+    looping = {"Result": "exit-code", "SubState": "auto-restart", "NRestarts": "3"}
+    hc.write_metrics(str(tmp_path), hc.metrics_registry(status(code=2, gpu=gpus), release="r", model_ref="m@1",
+                                                        systemd=looping))
+    port = free_port()
+    proc = subprocess.Popen([binary, f"--web.listen-address=127.0.0.1:{port}", "--collector.disable-defaults",
+                             "--collector.textfile", f"--collector.textfile.directory={tmp_path}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        text = None
+        for _ in range(50):
+            try:
+                text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2, trust_env=False).text
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        assert text is not None, "node_exporter did not answer"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    samples = {(x.name, tuple(sorted(x.labels.items()))): x.value
+               for f in text_string_to_metric_families(text) for x in f.samples}
+    assert samples[("node_textfile_scrape_error", ())] == 0
+    assert samples[("qwen27b_service_crash_loop", ())] == 1
+    assert samples[("qwen27b_gpu_up", (("gpu", "2"),))] == 0
+    exported = {name for name, _ in samples if name.startswith("qwen27b_")}
+    assert exported == full_status_names() - {"qwen27b_health_last_restart_timestamp_seconds"}
