@@ -1,14 +1,17 @@
 """qwen27b-health: one health check of the vLLM service, run by a systemd timer on each host.
 
 Shipped as a single file (``<venv>/lib/qwen27b_health.py``) into the release venv, which holds
-only the stdlib, httpx and nvidia-ml-py: so this module imports nothing from qwen27b or pyinfra,
-and pynvml only lazily (CPU-only hosts have no NVML).
+only the stdlib and the stack's host_packages (httpx, nvidia-ml-py, prometheus-client): so this
+module imports nothing from qwen27b or pyinfra, and pynvml and prometheus_client only lazily
+(CPU-only hosts have no NVML; a venv from before the metrics lacks prometheus_client).
 
 One run: probe ``/health`` and ``/v1/models``, read the GPUs through NVML and new ``NVRM: Xid``
 kernel lines, turn the readings into a nagios verdict (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN
 when the check itself broke), persist it to a JSON status file (with the consecutive-failure
 counter and the last 20 verdicts) and, after K consecutive CRITICAL runs, restart the unit,
-rate-limited.  Every finding is one sentence saying what to do.
+rate-limited.  Every finding is one sentence saying what to do.  The same readings also go to
+node_exporter's textfile collector as ``qwen27b_*`` gauges (:func:`metrics_registry`), written
+with prometheus_client (imported lazily: a venv without it still gets the verdict).
 
 The pure parts (:func:`verdict`, :func:`decode_throttle`, :func:`parse_xids`,
 :func:`next_failures`, :func:`restart_decision`, :func:`parse_secret`) take plain values so they
@@ -366,6 +369,7 @@ def read_gpus(nvml=None) -> tuple[list[dict] | None, str | None]:
                 pci = opt(nvml.nvmlDeviceGetPciInfo, h)
                 mask = opt(throttle_fn, h)
                 pending = opt(nvml.nvmlDeviceGetRetiredPagesPendingStatus, h)
+                retired = opt(_retired_pages, nvml, h)
                 gpus.append({
                     "index": i,
                     "name": name.decode() if isinstance(name, bytes) else name,
@@ -376,6 +380,7 @@ def read_gpus(nvml=None) -> tuple[list[dict] | None, str | None]:
                     "ecc_uncorrected": opt(nvml.nvmlDeviceGetTotalEccErrors, h,
                                            nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC),
                     "retired_pages_pending": None if pending is None else bool(pending),
+                    "retired_pages": retired,
                     "throttle": None if mask is None else {"mask": hex(mask), "reasons": decode_throttle(mask)},
                 })
             except nvml.NVMLError as e:
@@ -386,6 +391,14 @@ def read_gpus(nvml=None) -> tuple[list[dict] | None, str | None]:
         except nvml.NVMLError:
             pass
     return gpus, None
+
+
+def _retired_pages(nvml, h) -> int:
+    """Pages retired for ECC (single-bit storms and double-bit errors); Volta retires pages,
+    Ampere+ remaps rows instead and answers Not Supported (None)."""
+    return sum(len(nvml.nvmlDeviceGetRetiredPages(h, cause)) for cause in (
+        nvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+        nvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR))
 
 
 def read_kernel_log(since: float) -> tuple[str | None, str | None]:
@@ -551,6 +564,164 @@ def write_text_atomic(path: str, text: str) -> None:
         raise
 
 
+# ------------------------------------------------------------------------------- Prometheus metrics
+
+# Debian's prometheus-node-exporter reads *.prom here (its --collector.textfile.directory).
+TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
+TEXTFILE_NAME = "qwen27b.prom"
+QUIET_ENV, TEXTFILE_DIR_ENV, MODEL_REF_ENV = "QWEN27B_HEALTH_QUIET", "QWEN27B_HEALTH_TEXTFILE_DIR", "QWEN27B_MODEL_REF"
+
+
+def accumulate_xids(previous: dict | None, xids: list[dict] | None) -> dict[str, int]:
+    """Xid counts since the status file began, by Xid number (str keys: JSON).  A counter, not a
+    per-run gauge: a 30 s gauge is missed by a 60 s scrape, a counter's increase() is not.  Every
+    known Xid starts at 0 so that the first one is an increase, not a new series at 1."""
+    counts = {str(x): 0 for x in sorted(set(XID_ADVICE) | XID_FATAL)}
+    counts.update({str(k): int(v) for k, v in (previous or {}).items() if str(k).isdigit()})
+    for x in xids or []:
+        counts[str(x["xid"])] = counts.get(str(x["xid"]), 0) + 1
+    return counts
+
+
+def crash_loop(props: dict | None) -> bool:
+    """systemd says the unit keeps dying: the restart-loop sentence's crash-loop and start-limit cases."""
+    sentence = restart_loop(props or {}, "unit")
+    return bool(sentence) and ("crash loop" in sentence or "start limit hit" in sentence)
+
+
+class _Fixed:
+    """A collector that yields metric families built beforehand."""
+
+    def __init__(self, *families):
+        self.families = families
+
+    def collect(self):
+        return iter(self.families)
+
+
+def metrics_registry(s: dict, *, release: str | None, model_ref: str | None, systemd: dict | None = None):
+    """A status dict (what :func:`check` returns, plus ``xid_counts``) -> a prometheus_client
+    CollectorRegistry of ``qwen27b_*`` gauges.  Readings NVML calls Not Supported are left out
+    rather than written as 0: an absent series is "unknown", a 0 would claim a healthy reading."""
+    from prometheus_client import CollectorRegistry, Gauge, Info
+    from prometheus_client.core import CounterMetricFamily
+
+    reg = CollectorRegistry()
+
+    def gauge(name, doc, labels=()):
+        return Gauge(name, doc, labels, registry=reg)
+
+    gauge("qwen27b_health_verdict", "Health check verdict as its nagios code: 0 OK, 1 WARNING, 2 CRITICAL, "
+          "3 UNKNOWN").set(s["code"])
+    state = gauge("qwen27b_health_state", "1 for the health check's current verdict, 0 for the others", ["state"])
+    for code, name in LEVELS.items():
+        state.labels(name).set(1 if code == s["code"] else 0)
+    epoch = _epoch(s.get("time"))
+    if epoch is not None:
+        gauge("qwen27b_health_last_run_timestamp_seconds", "When the health check last ran (Unix time)").set(epoch)
+    gauge("qwen27b_health_consecutive_failures", "Consecutive CRITICAL health checks").set(s["consecutive_failures"])
+    gauge("qwen27b_health_restart_after", "The watchdog restarts the unit after this many consecutive "
+          "CRITICAL checks").set(s["restart_after"])
+    last = _epoch((s.get("last_restart") or {}).get("time"))
+    if last is not None:
+        gauge("qwen27b_health_last_restart_timestamp_seconds", "When the health watchdog last restarted the "
+              "unit (Unix time)").set(last)
+    gauge("qwen27b_service_up", "1 when vLLM's /health answered 200").set(1 if s.get("health_status") == 200 else 0)
+    if s.get("latency_ms") is not None:
+        gauge("qwen27b_health_latency_seconds", "Time /health took to answer").set(s["latency_ms"] / 1000)
+    systemd = systemd if systemd is not None else s.get("systemd")
+    if systemd and str(systemd.get("NRestarts", "")).isdigit():
+        gauge("qwen27b_service_systemd_restarts", "systemd's automatic restarts of the unit (NRestarts) since "
+              "it was last started by hand").set(int(systemd["NRestarts"]))
+    if systemd:
+        gauge("qwen27b_service_crash_loop", "1 when systemd keeps restarting the unit (crash loop or start "
+              "limit hit)").set(1 if crash_loop(systemd) else 0)
+
+    if s.get("gpu") is not None:
+        info = gauge("qwen27b_gpu_info", "A GPU the health check read through NVML (always 1)", ["gpu", "pci", "name"])
+        up = gauge("qwen27b_gpu_up", "1 when NVML could read the GPU", ["gpu"])
+        used = gauge("qwen27b_gpu_memory_used_bytes", "GPU memory in use", ["gpu"])
+        total = gauge("qwen27b_gpu_memory_total_bytes", "GPU memory in all", ["gpu"])
+        temp = gauge("qwen27b_gpu_temperature_celsius", "GPU core temperature", ["gpu"])
+        ecc = gauge("qwen27b_gpu_ecc_uncorrected_errors", "Uncorrected (volatile) ECC errors since the driver "
+                    "loaded", ["gpu"])
+        retired = gauge("qwen27b_gpu_retired_pages", "Memory pages retired for ECC errors", ["gpu"])
+        pending = gauge("qwen27b_gpu_retired_pages_pending", "1 when retired pages wait for a reboot/reset", ["gpu"])
+        throttle = gauge("qwen27b_gpu_throttle_reason", "1 for each active clocks-event (throttle) reason",
+                         ["gpu", "reason"])
+        for g in s["gpu"]:
+            i = str(g.get("index"))
+            up.labels(i).set(0 if g.get("error") else 1)
+            if g.get("error"):
+                continue
+            info.labels(i, g.get("pci") or "", g.get("name") or "").set(1)
+            for metric, value in ((used, g.get("memory_used_mib")), (total, g.get("memory_total_mib"))):
+                if value is not None:
+                    metric.labels(i).set(value * 2**20)
+            for metric, value in ((temp, g.get("temperature_c")), (ecc, g.get("ecc_uncorrected")),
+                                  (retired, g.get("retired_pages")), (pending, g.get("retired_pages_pending"))):
+                if value is not None:
+                    metric.labels(i).set(int(value))
+            if g.get("throttle") is not None:
+                active = set(g["throttle"].get("reasons") or [])
+                for reason in sorted(set(THROTTLE_BITS.values()) | active):
+                    throttle.labels(i, reason).set(1 if reason in active else 0)
+
+    if s.get("xids") is not None:
+        gauge("qwen27b_health_xids_new", "Xid kernel lines this check found (since the previous one)").set(len(s["xids"]))
+    # a counter family, not Counter(): its value comes from the status file, and Counter's
+    # qwen27b_xid_created would claim the count began at this run
+    xid_total = CounterMetricFamily("qwen27b_xid", "NVRM Xid kernel lines seen by the health check, by Xid",
+                                    labels=["xid", "fatal"])
+    for xid, n in sorted((s.get("xid_counts") or {}).items(), key=lambda kv: int(kv[0])):
+        xid_total.add_metric([xid, "true" if int(xid) in XID_FATAL else "false"], n)
+    reg.register(_Fixed(xid_total))
+
+    Info("qwen27b_build", "The release venv and the model the host serves", registry=reg).info(
+        {"release": release or "", "model": model_ref or "", "unit": s.get("unit") or ""})
+    return reg
+
+
+def write_metrics(directory: str, registry) -> str:
+    """``<directory>/qwen27b.prom`` via prometheus_client's write_to_textfile (a temp file in the
+    same directory, renamed over: node_exporter never reads half a file), mode 0644 whatever the
+    unit's UMask, so node_exporter's own user can read it."""
+    from prometheus_client import write_to_textfile
+
+    path = os.path.join(directory, TEXTFILE_NAME)
+    old = os.umask(0o022)
+    try:
+        write_to_textfile(path, registry)
+    finally:
+        os.umask(old)
+    return path
+
+
+def current_release() -> str:
+    """The release this check runs from: <releases>/<name>/venv/bin/python -> <name>."""
+    return os.path.basename(os.path.dirname(os.path.realpath(sys.prefix)))
+
+
+def export_metrics(args: argparse.Namespace, status: dict) -> str | None:
+    """Write the textfile; why not as one sentence (never raised: metrics must not break the check)."""
+    if not args.textfile_dir:
+        return None
+    if not os.path.isdir(args.textfile_dir):
+        if args.textfile_dir == TEXTFILE_DIR:
+            return None  # no node_exporter on this host: nothing to say every 30 s
+        return (f"no {args.textfile_dir}: node_exporter's textfile collector is not installed; metrics not "
+                f"written (install prometheus-node-exporter or pass --textfile-dir)")
+    try:
+        systemd = status.get("systemd") or unit_properties(args.unit)
+        write_metrics(args.textfile_dir, metrics_registry(status, release=current_release(),
+                                                          model_ref=args.model_ref, systemd=systemd))
+    except ImportError:
+        return "prometheus_client is not in this venv: metrics not written (redeploy to install it)"
+    except OSError as e:
+        return f"cannot write metrics to {args.textfile_dir} ({e.strerror})"
+    return None
+
+
 # ------------------------------------------------------------------------------- one run
 
 def check(args: argparse.Namespace, now: float | None = None) -> dict:
@@ -633,6 +804,34 @@ def check(args: argparse.Namespace, now: float | None = None) -> dict:
     }
 
 
+def verdict_changed(s: dict) -> bool:
+    """True on a first run or when this run's verdict differs from the previous run's."""
+    history = s.get("history") or []
+    return len(history) < 2 or history[-2]["code"] != history[-1]["code"]
+
+
+def one_line(s: dict) -> str:
+    """The journal's line for a check whose verdict did not change (``--quiet``): the verdict, since
+    when (as far as the history reaches), the counter, and the first finding's sentence."""
+    history = s.get("history") or []
+    since = s["time"]
+    for h in reversed(history):
+        if h["code"] != s["code"]:
+            break
+        since = h["time"]
+    gpus = s.get("gpu")
+    parts = [f"{s['verdict']} ({s['code']}) unchanged since {since}",
+             f"/health {s['health_status']} in {s['latency_ms']} ms" if s.get("health_status") else "/health no answer",
+             "no GPU" if gpus is None else f"{sum(1 for g in gpus if not g.get('error'))}/{len(gpus)} GPUs read",
+             f"{len(s['xids'])} new Xids" if s.get("xids") is not None else "Xids unknown"]
+    if s["code"] == CRITICAL:
+        parts.append(f"{s['consecutive_failures']} consecutive failures")
+    worst = [f for f in s.get("findings") or [] if f["level"] == s["verdict"]]
+    if worst:
+        parts.append(f"{len(s['findings'])} finding(s), first: {worst[0]['text']}")
+    return "; ".join(parts)
+
+
 def table(s: dict) -> str:
     """A few aligned lines for a person at a terminal (or reading the journal)."""
     rows = [("verdict", f"{s['verdict']} ({s['code']})  {s['time']}"),
@@ -691,6 +890,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--restart-request", default=os.environ.get(RESTART_REQUEST_ENV) or None, metavar="FILE",
                    help="restart by writing FILE for a privileged helper instead of `systemctl restart` "
                         f"(default ${RESTART_REQUEST_ENV}; the health unit runs unprivileged)")
+    # these three from the environment as well, for the same reason
+    p.add_argument("--quiet", action="store_true", default=os.environ.get(QUIET_ENV) == "1",
+                   help=f"the full table only when the verdict changes (and on a first run); else one line "
+                        f"(default: ${QUIET_ENV}=1)")
+    p.add_argument("--textfile-dir", default=os.environ.get(TEXTFILE_DIR_ENV, TEXTFILE_DIR),
+                   help=f"node_exporter textfile dir for {TEXTFILE_NAME} ('' to write none; "
+                        f"default ${TEXTFILE_DIR_ENV} or {TEXTFILE_DIR})")
+    p.add_argument("--model-ref", default=os.environ.get(MODEL_REF_ENV) or None,
+                   help=f"model id@revision, for the qwen27b_build_info metric (default ${MODEL_REF_ENV})")
     args = p.parse_args(argv)
     if args.restart_after < 1:
         p.error("--restart-after must be >= 1")
@@ -704,13 +912,22 @@ def main(argv=None) -> int:
     except Exception as e:  # noqa: BLE001 - a broken check is UNKNOWN, not a service outage
         print(f"qwen27b-health: UNKNOWN: the check itself failed: {type(e).__name__}: {e}", file=sys.stderr)
         return UNKNOWN
+    status["xid_counts"] = accumulate_xids(load_status(args.status_file).get("xid_counts"), status["xids"])
+    problem = export_metrics(args, status)
+    if problem:
+        print(f"qwen27b-health: {problem}", file=sys.stderr)
     if args.status_file:
         try:
             write_status(args.status_file, status)
         except OSError as e:
             print(f"qwen27b-health: cannot write {args.status_file} ({e.strerror}): the failure counter "
                   f"and history are not kept", file=sys.stderr)
-    print(json.dumps(status, indent=2) if args.json else table(status))
+    if args.json:
+        print(json.dumps(status, indent=2))
+    elif args.quiet and not verdict_changed(status):
+        print(one_line(status))
+    else:
+        print(table(status))
     return status["code"]
 
 

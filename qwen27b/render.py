@@ -13,6 +13,7 @@ from pathlib import Path
 import jinja2
 
 from .gate import Decision
+from .health import MODEL_REF_ENV, QUIET_ENV, TEXTFILE_DIR
 from .stack import api_key_env_file, health_status_file
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -236,11 +237,16 @@ def contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
                         "--status-file", where["health_status"], "--served-name", serve.value("--served-model-name"),
                         "--restart-after", str(s.health_failures_before_restart)]
         + (["--api-key-file", credential] if s.api_key_file else []),
+        # environment, not flags: a rollback to an older qwen27b-health must still run. Quiet: the
+        # journal gets one line a check, the table when the verdict changes
+        "health_env": [(QUIET_ENV, "1"), (MODEL_REF_ENV, service["model_ref"])],
         # the check must get CPU when the service takes it all (a CPU build under load starved it
         # for tens of seconds, close to timeout_s): CPUWeight where systemd runs the cpu controller
         # (default 100), Nice where both share one cpu cgroup (cgroup v1 without it, containers);
-        # systemd sets Nice before it drops to the user, so no capability is needed
-        "hardening": hardening(decision, where, HEALTH_HARDENING) + [("CPUWeight", "1000"), ("Nice", "-5")],
+        # systemd sets Nice before it drops to the user, so no capability is needed.
+        # node_exporter's textfile dir: "-", no error where node_exporter is not installed
+        "hardening": hardening(decision, where, HEALTH_HARDENING) + [("CPUWeight", "1000"), ("Nice", "-5"),
+                                                                      ("ReadWritePaths", f"-{TEXTFILE_DIR}")],
         "left_off": left_off(decision, HEALTH_LEFT_OFF),
     }
     # each argument quoted for systemd, as the main unit's ExecStart is

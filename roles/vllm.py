@@ -94,7 +94,7 @@ ROUTE_GUARD_SOURCE = Path(route_auth.__file__)
 
 
 def install_health_check(venv: str) -> None:
-    """qwen27b-health in the release venv: one stdlib + httpx + pynvml file and its wrapper; and the
+    """qwen27b-health in the release venv: one file (stdlib + the stack's host_packages) and its wrapper; and the
     route guard (one stdlib file, imported by vLLM through the unit's PYTHONPATH when a key is set)."""
     files.put(name="health check code", src=str(HEALTH_SOURCE), dest=f"{venv}/lib/qwen27b_health.py", mode="0644")
     files.put(name="qwen27b-health command", src=StringIO(health.wrapper_script(venv)), dest=f"{venv}/bin/qwen27b-health",

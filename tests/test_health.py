@@ -219,6 +219,7 @@ def _fake_driver(monkeypatch, count=1, lost=(), init_error=None):
         "nvmlDeviceGetTemperature": lambda h, sensor: v["temp"],
         "nvmlDeviceGetTotalEccErrors": lambda h, kind, counter: v["ecc"],
         "nvmlDeviceGetRetiredPagesPendingStatus": not_supported,  # Hopper remaps rows instead
+        "nvmlDeviceGetRetiredPages": not_supported,  # nvidia-smi -q: "Retired Pages ... N/A" on the H200
         "nvmlDeviceGetCurrentClocksEventReasons": lambda h: v["throttle"],
     }
     for name, fn in fakes.items():
@@ -231,7 +232,7 @@ def test_read_gpus_from_the_recorded_h200(monkeypatch):
     assert note is None
     assert gpus == [{"index": 0, "name": "NVIDIA H200", "pci": "00000000:18:00.0", "memory_used_mib": 615,
                      "memory_total_mib": 143771, "temperature_c": 32, "ecc_uncorrected": 0,
-                     "retired_pages_pending": None, "throttle": {"mask": "0x1", "reasons": ["gpu_idle"]}}]
+                     "retired_pages_pending": None, "retired_pages": None, "throttle": {"mask": "0x1", "reasons": ["gpu_idle"]}}]
     assert hc.verdict(_readings(gpu=gpus)) == (0, [])
 
 
@@ -247,7 +248,7 @@ def test_read_gpus_lost_gpu_and_cpu_only_host(monkeypatch):
 
 # ============================================================================ shipped as one file
 
-def test_imports_only_stdlib_httpx_and_lazy_pynvml():
+def test_imports_only_stdlib_httpx_and_lazy_pynvml_and_prometheus_client():
     tree = ast.parse(HEALTH_PY.read_text())
     top = set()
     for node in tree.body:
@@ -258,7 +259,7 @@ def test_imports_only_stdlib_httpx_and_lazy_pynvml():
     assert top - sys.stdlib_module_names - {"__future__"} == {"httpx"}
     every = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     every |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert every - sys.stdlib_module_names - {"__future__"} == {"httpx", "pynvml"}
+    assert every - sys.stdlib_module_names - {"__future__"} == {"httpx", "pynvml", "prometheus_client"}
 
 
 @pytest.fixture(scope="module")
@@ -325,9 +326,13 @@ def cli(venv, fakebin, tmp_path):
     calls = tmp_path / "calls.log"
     calls.touch()
     status = tmp_path / "state" / "health.json"
+    textfile = tmp_path / "textfile"  # never the machine's own node_exporter dir
+    textfile.mkdir()
 
     def run(*args, env=None, status_file=True):
         argv = [str(venv / "bin" / "qwen27b-health"), *args]
+        if "--textfile-dir" not in args:
+            argv += ["--textfile-dir", str(textfile)]
         if status_file:
             argv += ["--status-file", str(status)]
         e = {"PATH": f"{fakebin}:/usr/bin:/bin", "FAKE_CALLS": str(calls), "HOME": str(tmp_path)}
@@ -338,6 +343,8 @@ def cli(venv, fakebin, tmp_path):
 
     run.calls = calls
     run.status = status
+    run.textfile = textfile
+    run.venv = venv
     return run
 
 
@@ -394,6 +401,57 @@ def test_cli_reads_xids_since_the_last_check(cli, tmp_path):
     assert [x["xid"] for x in s["xids"]] == [13, 48] and s["xid_source"] == "journalctl"
     assert "--since=@" + str(int(hc._epoch("2026-12-02T14:32:00+00:00"))) in cli.calls.read_text()
     assert any("Xid 48" in f["text"] and f["level"] == "CRITICAL" for f in s["findings"])
+
+
+def test_cli_writes_the_textfile_and_counts_xids_across_runs(cli, tmp_path):
+    """The real release venv (prometheus-client from the wheelhouse) writes node_exporter's file."""
+    parser = pytest.importorskip("prometheus_client.parser")
+    kernel = tmp_path / "kernel.log"
+    kernel.write_text(KERNEL_LOG)
+    hc.write_status(str(cli.status), {"time": "2026-12-02T14:32:00+00:00", "consecutive_failures": 0})
+    args = ("--url", closed_url(), "--no-restart", "--timeout", "2", "--model-ref", "org/m@abc")
+    for _ in range(2):  # the second run finds no new Xid lines: the counter stays, never resets
+        rc, out, err, s = cli(*args, env={"FAKE_KERNEL": str(kernel)})
+        assert rc == 2 and err == ""
+        prom = cli.textfile / "qwen27b.prom"
+        assert [p.name for p in cli.textfile.iterdir()] == ["qwen27b.prom"] and prom.stat().st_mode & 0o777 == 0o644
+        samples = {(x.name, tuple(sorted(x.labels.items()))): x.value
+                   for f in parser.text_string_to_metric_families(prom.read_text()) for x in f.samples}
+        assert samples[("qwen27b_health_verdict", ())] == 2 and samples[("qwen27b_service_up", ())] == 0
+        assert samples[("qwen27b_xid_total", (("fatal", "true"), ("xid", "48")))] == 1
+        assert samples[("qwen27b_build_info", (("model", "org/m@abc"), ("release", cli.venv.parent.name),
+                                               ("unit", "qwen27b.service")))] == 1
+        kernel.write_text("")
+    assert s["xid_counts"]["48"] == 1
+
+
+def test_cli_quiet_prints_one_line_until_the_verdict_changes(cli, tmp_path):
+    """--quiet (the timer's unit): ~10 journal lines a check only when the verdict changes."""
+    args = ("--url", closed_url(), "--no-restart", "--timeout", "2", "--quiet")
+    rc, out, err, s = cli(*args)
+    assert rc == 2 and out.startswith("verdict ") and len(out.splitlines()) > 5  # first run: the table
+    first = s["time"]
+    rc, out, err, s = cli(*args)
+    assert rc == 2 and len(out.splitlines()) == 1
+    assert out.startswith(f"CRITICAL (2) unchanged since {first}") and "2 consecutive failures" in out
+    assert "/health unreachable" in out  # the first CRITICAL finding's sentence, with its fix
+    # a different verdict (history says OK last): the table again
+    s["history"][-1].update(code=0, verdict="OK")
+    hc.write_status(str(cli.status), s)
+    rc, out, err, s = cli(*args)
+    assert len(out.splitlines()) > 5
+
+
+def test_one_line_since_reaches_back_through_the_history():
+    s = {"time": "t3", "code": 1, "verdict": "WARNING", "health_status": 200, "latency_ms": 1500.0,
+         "gpu": [{"index": 0}, {"index": 1, "error": "GPU is lost"}], "xids": [], "consecutive_failures": 0,
+         "findings": [hc.finding(1, "slow")],
+         "history": [{"time": "t0", "code": 2}, {"time": "t1", "code": 1}, {"time": "t2", "code": 1},
+                     {"time": "t3", "code": 1}]}
+    assert not hc.verdict_changed(s)
+    assert hc.one_line(s) == ("WARNING (1) unchanged since t1; /health 200 in 1500.0 ms; 1/2 GPUs read; "
+                              "0 new Xids; 1 finding(s), first: slow")
+    assert hc.verdict_changed({"history": [{"time": "t0", "code": 1}]})  # a first run shows the table
 
 
 def test_cli_bad_key_file_and_usage(cli, tmp_path):

@@ -1,0 +1,209 @@
+"""The health check's Prometheus textfile (qwen27b/health.py, metrics part): the exposition text
+parsed back with prometheus_client's own parser, fed from recorded GPUs (the genuine H200 NVML
+reading in shared/fixtures through test_health's faked driver; the hand-written V100 hosts in
+tests/fixtures/hosts, whose README says which machine each stands for), the atomic 0644 write,
+and the docs' metric list against what is exported."""
+
+import os
+import re
+import stat
+from pathlib import Path
+
+import pytest
+
+from qwen27b import health as hc
+
+prometheus_client = pytest.importorskip("prometheus_client")
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+HOSTS = ROOT / "tests" / "fixtures" / "hosts"
+
+
+def status(**change) -> dict:
+    s = {"time": "2026-12-03T20:00:00+00:00", "code": 0, "consecutive_failures": 0, "restart_after": 3,
+         "last_restart": None, "health_status": 200, "latency_ms": 12.5, "systemd": None,
+         "unit": "qwen27b.service", "gpu": None, "xids": [], "xid_counts": hc.accumulate_xids(None, [])}
+    s.update(change)
+    return s
+
+
+def exposition(s: dict, **kw) -> dict:
+    """-> {sample name: {frozenset(labels): value}} (counters keep their _total sample name)."""
+    text = prometheus_client.generate_latest(
+        hc.metrics_registry(s, release=kw.get("release", "r-20261203"), model_ref="Qwen/x@abc",
+                            systemd=kw.get("systemd"))).decode()
+    out: dict = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, {})[frozenset(sample.labels.items())] = sample.value
+    return out
+
+
+def one(samples: dict, metric: str, /, **labels) -> float:
+    return samples[metric][frozenset({k: str(v) for k, v in labels.items()}.items())]
+
+
+def v100_gpus(host: str) -> list[dict]:
+    """read_gpus' shape for a recorded V100 host: name, bus id and memory from its query-gpu CSV."""
+    gpus = []
+    for line in (HOSTS / host / "nvidia-smi-query-gpu.csv").read_text().splitlines():
+        f = [v.strip() for v in line.split(",")]
+        gpus.append({"index": int(f[0]), "name": f[1], "pci": f[3], "memory_used_mib": 0,
+                     "memory_total_mib": int(f[4]), "temperature_c": 35, "ecc_uncorrected": 0,
+                     "retired_pages_pending": False, "retired_pages": 0,
+                     "throttle": {"mask": "0x1", "reasons": hc.decode_throttle(0x1)}})
+    return gpus
+
+
+def test_verdict_and_state_one_hot():
+    for code, name in hc.LEVELS.items():
+        m = exposition(status(code=code))
+        assert one(m, "qwen27b_health_verdict") == code
+        assert {dict(k)["state"]: v for k, v in m["qwen27b_health_state"].items()} == {
+            n: (1.0 if n == name else 0.0) for n in hc.LEVELS.values()}
+    m = exposition(status())
+    assert one(m, "qwen27b_service_up") == 1 and one(m, "qwen27b_health_latency_seconds") == 0.0125
+    assert one(m, "qwen27b_health_last_run_timestamp_seconds") == hc._epoch("2026-12-03T20:00:00+00:00")
+    assert one(m, "qwen27b_build_info", release="r-20261203", model="Qwen/x@abc", unit="qwen27b.service") == 1
+    assert "qwen27b_gpu_up" not in m  # a CPU-only host has no GPU series at all, not zeros
+
+
+def test_recorded_h200_through_nvml(monkeypatch):
+    from test_health import _fake_driver, _h200_reading
+    _fake_driver(monkeypatch)
+    gpus, _ = hc.read_gpus()
+    m = exposition(status(gpu=gpus))
+    total, used, _free = _h200_reading()["mem"]
+    assert one(m, "qwen27b_gpu_memory_total_bytes", gpu=0) == total // 2**20 * 2**20  # MiB precision
+    assert one(m, "qwen27b_gpu_memory_used_bytes", gpu=0) == used // 2**20 * 2**20
+    assert one(m, "qwen27b_gpu_temperature_celsius", gpu=0) == 32
+    assert one(m, "qwen27b_gpu_ecc_uncorrected_errors", gpu=0) == 0
+    assert one(m, "qwen27b_gpu_info", gpu=0, pci="00000000:18:00.0", name="NVIDIA H200") == 1
+    assert {dict(k)["reason"] for k, v in m["qwen27b_gpu_throttle_reason"].items() if v} == {"gpu_idle"}
+    assert len(m["qwen27b_gpu_throttle_reason"]) == len(hc.THROTTLE_BITS)  # every reason, 0 when inactive
+    # Hopper remaps rows: NVML says Not Supported for retired pages, so no series (not a healthy 0)
+    assert "qwen27b_gpu_retired_pages" not in m and "qwen27b_gpu_retired_pages_pending" not in m
+
+
+def test_recorded_v100_degraded_lost_gpu_and_fatal_xid():
+    """v100x4-degraded: GPU 2 fell off the bus (its kernel line in xid-errors.txt)."""
+    gpus = v100_gpus("v100x4-degraded")
+    gpus[2] = {"index": 2, "error": "GPU is lost"}
+    xids = hc.parse_xids((HOSTS / "v100x4-degraded" / "xid-errors.txt").read_text())
+    assert [x["xid"] for x in xids] == [79]
+    counts = hc.accumulate_xids(None, xids)
+    m = exposition(status(code=2, gpu=gpus, xids=xids, xid_counts=counts))
+    assert [one(m, "qwen27b_gpu_up", gpu=i) for i in range(4)] == [1, 1, 0, 1]
+    assert one(m, "qwen27b_gpu_memory_total_bytes", gpu=0) == 32510 * 2**20
+    assert frozenset({("gpu", "2")}) not in m["qwen27b_gpu_memory_total_bytes"]
+    assert one(m, "qwen27b_xid_total", xid=79, fatal="true") == 1
+    assert one(m, "qwen27b_xid_total", xid=48, fatal="true") == 0
+    assert one(m, "qwen27b_health_xids_new") == 1
+    assert "qwen27b_xid_created" not in m  # the count is the status file's, not this run's
+
+
+def test_xid_counts_accumulate_and_start_at_zero():
+    first = hc.accumulate_xids(None, [])
+    assert set(first) == {str(x) for x in set(hc.XID_ADVICE) | hc.XID_FATAL} and set(first.values()) == {0}
+    later = hc.accumulate_xids(hc.accumulate_xids(first, [{"xid": 79}]), [{"xid": 79}, {"xid": 119}])
+    assert later["79"] == 2 and later["119"] == 1 and later["48"] == 0
+
+
+def test_crash_loop_from_systemd_counters():
+    looping = {"Result": "exit-code", "SubState": "auto-restart", "NRestarts": "4", "ActiveState": "activating"}
+    m = exposition(status(code=2), systemd=looping)
+    assert one(m, "qwen27b_service_crash_loop") == 1 and one(m, "qwen27b_service_systemd_restarts") == 4
+    once = dict(looping, NRestarts="1")
+    assert one(exposition(status(code=2), systemd=once), "qwen27b_service_crash_loop") == 0
+    gave_up = dict(looping, Result="start-limit-hit", SubState="failed", NRestarts="5")
+    assert one(exposition(status(code=2), systemd=gave_up), "qwen27b_service_crash_loop") == 1
+    healthy = {"Result": "success", "SubState": "running", "NRestarts": "0", "ActiveState": "active"}
+    assert one(exposition(status(), systemd=healthy), "qwen27b_service_crash_loop") == 0
+
+
+def test_write_is_atomic_0644_whatever_the_umask(tmp_path):
+    old = os.umask(0o077)  # the health unit could well run with UMask=0077
+    try:
+        path = hc.write_metrics(str(tmp_path), hc.metrics_registry(status(), release="r", model_ref=None))
+    finally:
+        os.umask(old)
+    assert path == str(tmp_path / "qwen27b.prom")
+    assert [p.name for p in tmp_path.iterdir()] == ["qwen27b.prom"]  # no temp file left behind
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
+    assert os.umask(old) == old  # restored
+    names = {f.name for f in text_string_to_metric_families(Path(path).read_text())}
+    assert "qwen27b_health_verdict" in names
+
+
+def test_export_metrics_never_breaks_the_check(tmp_path):
+    import argparse
+    ns = argparse.Namespace(textfile_dir=hc.TEXTFILE_DIR + "-absent-for-test", unit="x.service", model_ref=None)
+    assert "not installed" in hc.export_metrics(ns, status())
+    ns.textfile_dir = ""
+    assert hc.export_metrics(ns, status()) is None
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    ns.textfile_dir = str(ro)
+    if os.geteuid() != 0:  # root writes anyway
+        assert "cannot write metrics" in hc.export_metrics(ns, status(systemd={"NRestarts": "0"}))
+
+
+def full_status_names() -> set[str]:
+    """Every metric family name the exporter can write (a status with every part present)."""
+    gpus = v100_gpus("v100x4-converged")
+    s = status(gpu=gpus, last_restart={"time": "2026-12-03T19:00:00+00:00"}, xids=[])
+    text = prometheus_client.generate_latest(hc.metrics_registry(
+        s, release="r", model_ref="m", systemd={"NRestarts": "0", "Result": "success"})).decode()
+    return {sample.name for f in text_string_to_metric_families(text) for sample in f.samples}
+
+
+def test_docs_list_exactly_the_exported_metrics():
+    doc = (ROOT / "docs" / "monitoring.md").read_text()
+    table = doc.split("<!-- metrics -->")[1].split("<!-- /metrics -->")[0]
+    listed = set(re.findall(r"^\| `(qwen27b_[a-z_]+)`", table, re.M))
+    assert listed == full_status_names()
+
+
+def test_node_exporter_reads_the_file(tmp_path):
+    """Debian's prometheus-node-exporter (optional here: `apt-get install prometheus-node-exporter`)
+    serves the written file with node_textfile_scrape_error 0, on a loopback port, then stopped."""
+    import shutil
+    import subprocess
+    import time
+
+    import httpx
+
+    binary = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+    if not binary:
+        pytest.skip("no prometheus-node-exporter on this machine")
+    from qwen27b.cpu_smoke import free_port
+    gpus = v100_gpus("v100x4-degraded")
+    gpus[2] = {"index": 2, "error": "GPU is lost"}
+    looping = {"Result": "exit-code", "SubState": "auto-restart", "NRestarts": "3"}
+    hc.write_metrics(str(tmp_path), hc.metrics_registry(status(code=2, gpu=gpus), release="r", model_ref="m@1",
+                                                        systemd=looping))
+    port = free_port()
+    proc = subprocess.Popen([binary, f"--web.listen-address=127.0.0.1:{port}", "--collector.disable-defaults",
+                             "--collector.textfile", f"--collector.textfile.directory={tmp_path}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        text = None
+        for _ in range(50):
+            try:
+                text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2, trust_env=False).text
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        assert text is not None, "node_exporter did not answer"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    samples = {(x.name, tuple(sorted(x.labels.items()))): x.value
+               for f in text_string_to_metric_families(text) for x in f.samples}
+    assert samples[("node_textfile_scrape_error", ())] == 0
+    assert samples[("qwen27b_service_crash_loop", ())] == 1
+    assert samples[("qwen27b_gpu_up", (("gpu", "2"),))] == 0
+    exported = {name for name, _ in samples if name.startswith("qwen27b_")}
+    assert exported == full_status_names() - {"qwen27b_health_last_restart_timestamp_seconds"}
