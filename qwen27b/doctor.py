@@ -51,13 +51,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from . import facts as F
-from .remote import guard as remote_guard
-from .remote import new_nonce, parse_script_output
-from .remote import script as remote_script
 from .checkpoint import CheckpointError, load_shape, shape_from_config
 from .gate import SEED_XID79_ADVICE, XID_MEANING, HostFacts, RefusedHost, decide
 from .hostdata import URL_KEYS, BadHostData, Settings, lab_address, redact_url, settings_for
 from .planner import PlanRefused, ServeInputs, plan_serve
+from .remote import guard, new_nonce, parse_script_output
+from .remote import script as remote_script
+from .route_auth import DENIED_ERROR
 from .stack import (StackError, api_key_env_file, cc_tuple, checkpoint_metadata_dir, gpu_spec, load_stack,
                     profile_for_compute_capability, resolve_stack)
 from .verify import spec_counters
@@ -103,11 +103,6 @@ print(json.dumps(out))
 """
 
 
-def _guard(binary: str, command: str) -> str:
-    # what pyinfra runs for a fact with requires_command; the parsers know the marker
-    return remote_guard(binary, command)
-
-
 def fact_commands(paths: dict) -> dict[str, tuple[type, str]]:
     """Snapshot key (the fact's recorded_as, as in tests/fixtures/hosts/) -> (fact class, command)."""
     out = {}
@@ -116,7 +111,7 @@ def fact_commands(paths: dict) -> dict[str, tuple[type, str]]:
         command = fact.command(paths[cls.path_arg]) if getattr(cls, "path_arg", None) else fact.command()
         needs = fact.requires_command() if callable(getattr(fact, "requires_command", None)) else None
         if needs:  # FactBase's default answers None
-            command = _guard(needs, command)
+            command = guard(needs, command)  # what pyinfra runs for a fact with requires_command
         out[cls.recorded_as] = (cls, command)
     return out
 
@@ -1428,7 +1423,7 @@ def step4(ctx: Ctx) -> list[Check]:
     # /metrics: KV cache usage and preemptions
     if not ctx.serving:
         checks.append(Check(4, "KV cache / preemptions", SKIP, "the service is not serving"))
-    elif not ctx.metrics and ctx.metrics_text and '"Unauthorized"' in ctx.metrics_text:
+    elif not ctx.metrics and ctx.metrics_text and f'"error": "{DENIED_ERROR}"' in ctx.metrics_text:
         checks.append(Check(4, "KV cache / preemptions", WARN, "/metrics answered 401 (the route guard wants the key)",
                             "run doctor as a user who can read the API key file on the host (ssh as root or "
                             "with qwen27b's sudo), or add the scraping network to qwen27b_metrics_allow"))

@@ -37,7 +37,8 @@ INSTALLED_AS = "qwen27b_auth.py"  # in <release venv>/lib, on the unit's PYTHONP
 MIDDLEWARE = "qwen27b_auth.RequireKey"  # --middleware takes module.attribute
 OPEN_PATHS = ("/health",)
 METRICS_PREFIX = "/metrics"
-_DENIED = json.dumps({"error": "Unauthorized", "detail": "send Authorization: Bearer <API key>"}).encode()
+DENIED_ERROR = "Unauthorized"  # the 401 body's "error": doctor tells a guarded /metrics by it
+_DENIED = json.dumps({"error": DENIED_ERROR, "detail": "send Authorization: Bearer <API key>"}).encode()
 
 
 def parse_networks(text: str) -> list:

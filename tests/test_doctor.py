@@ -372,6 +372,15 @@ def test_metrics_read_sends_the_key_from_the_hosts_file_never_in_argv(tmp_path):
         server.shutdown()
 
 
+def test_metrics_behind_the_guard_without_the_key_says_so():
+    """The healthy recording, its /metrics answered by the route guard's real 401 body."""
+    from qwen27b import route_auth
+    snap = HostSnapshot.load(JOURNALS / "cpu-healthy")
+    snap.outputs["metrics.txt"] = route_auth._DENIED.decode()
+    check = next(c for c in diagnose(snap, STACK).checks if c.check == "KV cache / preemptions")
+    assert check.verdict == WARN and "401" in check.evidence and "qwen27b_metrics_allow" in check.fix
+
+
 def test_ssh_argv_from_inventory_data():
     data = {"ssh_hostname": "10.231.1.2", "ssh_user": "root", "ssh_key": "/k/id", "ssh_known_hosts_file": "/k/known",
             "ssh_strict_host_key_checking": "yes", "ssh_allow_agent": False, "ssh_port": 2222}
