@@ -11,6 +11,7 @@ from pyinfra import host
 from pyinfra.operations import server
 
 from qwen27b.gate import Decision
+from qwen27b.host_facts import Subdirectories
 from qwen27b.health import load_secret
 from qwen27b.hostdata import Settings, url_has_password
 
@@ -114,7 +115,10 @@ def stale_dirs(paths: list[str], current: str, previous: str | None, keep: int) 
     return spare[: max(0, len(spare) - quota)]
 
 
-def prune_dirs(name: str, paths: list[str], current: str, previous: str | None, keep: int) -> None:
+def prune_dirs(name: str, directory: str, current: str, previous: str | None, keep: int, prefix: str = "") -> None:
+    """Remove the stale_dirs among `directory`'s subdirectories whose names start with `prefix`."""
+    paths = [f"{directory}/{entry}" for entry in host.get_fact(Subdirectories, path=directory) or []
+             if entry.startswith(prefix)]  # oldest first
     old = stale_dirs(paths, current, previous, keep)
     if old:
         server.shell(name=name, commands=["rm -rf -- " + " ".join(shlex.quote(path) for path in old)])

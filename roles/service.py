@@ -16,7 +16,7 @@ from pyinfra.facts.files import Sha1File
 from pyinfra.operations import files, server, systemd
 
 from qwen27b.gate import Decision
-from qwen27b.host_facts import Subdirectories, SymlinkTarget
+from qwen27b.host_facts import SymlinkTarget
 from qwen27b.operations import secret_file, symlink_switch
 from qwen27b.render import HEALTH_TIMER, HEALTH_UNIT, RESTART_COMMAND, SERVICE_UNIT, layout, render_all
 
@@ -69,9 +69,8 @@ def service(decision: Decision) -> None:
     if previous != release_dir(decision):
         remember_previous(current, previous)
     release = symlink_switch(name="activate the release (current symlink)", link=current, target=release_dir(decision))
-    releases = decision.stack.paths["releases"]
-    prune_dirs("prune old releases", [f"{releases}/{name}" for name in host.get_fact(Subdirectories, path=releases) or []],
-               release_dir(decision), previous, decision.settings.keep_releases)
+    prune_dirs("prune old releases", decision.stack.paths["releases"], release_dir(decision), previous,
+               decision.settings.keep_releases)
     if any(op.will_change for op in written[1:4]):  # the three unit files
         systemd.daemon_reload(name="systemd daemon-reload (a unit file changed)")
     serving = [written[0], written[1]] + written[4:]  # env, main unit, API key: the health units never restart vLLM

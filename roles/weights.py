@@ -30,12 +30,12 @@ from qwen27b import fanout
 from qwen27b.artifacts import cache_root, dir_manifest
 from qwen27b.gate import Decision, RefusedHost
 from qwen27b.hostdata import Settings, lab_address, redact_url
-from qwen27b.host_facts import FileHashes, Subdirectories, SymlinkTarget
+from qwen27b.host_facts import FileHashes, SymlinkTarget
 from qwen27b.health import load_secret
 from qwen27b.operations import push_files, secret_file, symlink_switch
 from qwen27b.stack import revision_dir_name
 
-from ._common import needs_restart, note, prune_dirs, remember_previous, url_source, url_word
+from ._common import needs_restart, note, prune_dirs, remember_previous, shell_word, url_source, url_word
 
 FETCH_TOOL = Path(__file__).resolve().parent.parent / "qwen27b" / "fetch.py"
 SEED_TOOL = Path(__file__).resolve().parent.parent / "qwen27b" / "mirror.py"  # stdlib only, Range requests
@@ -161,8 +161,7 @@ def _proxy_env(settings: Settings) -> str:
     # qwen27b_http_proxy is for the mirror: no_proxy emptied so it applies even to a loopback mirror
     if not settings.http_proxy:
         return ""
-    word = url_word(settings, "http_proxy")  # "$VAR" when it carries a password, else the URL: quoted
-    proxy = word if word != settings.http_proxy else shlex.quote(word)
+    proxy = shell_word(settings, "http_proxy")  # "$VAR" when it carries a password, else the URL quoted
     return f"http_proxy={proxy} https_proxy={proxy} no_proxy= NO_PROXY= "
 
 
@@ -279,11 +278,8 @@ def place(decision: Decision, entry: dict, link: str, local_dir: str | None) -> 
 def _prune(decision: Decision, entry: dict, target: str, previous: str | None) -> None:
     """Keep qwen27b_keep_model_revisions old revisions of this checkpoint besides the current one
     (the one being replaced counts first: it is the rollback target); remove the rest, oldest first."""
-    models = decision.stack.paths["models"]
-    prefix = entry["id"].replace("/", "--") + "@"
-    revisions = [f"{models}/{name}" for name in host.get_fact(Subdirectories, path=models) or []
-                 if name.startswith(prefix)]  # oldest first
-    prune_dirs("prune old model revisions", revisions, target, previous, decision.settings.keep_model_revisions)
+    prune_dirs("prune old model revisions", decision.stack.paths["models"], target, previous,
+               decision.settings.keep_model_revisions, prefix=entry["id"].replace("/", "--") + "@")
 
 
 def weights(decision: Decision) -> None:
