@@ -55,7 +55,7 @@ from .checkpoint import CheckpointError, load_shape, shape_from_config
 from .gate import SEED_XID79_ADVICE, XID_MEANING, HostFacts, RefusedHost, decide
 from .hostdata import URL_KEYS, BadHostData, Settings, lab_address, redact_url, settings_for
 from .planner import PlanRefused, ServeInputs, plan_serve
-from .remote import guard, new_nonce, parse_script_output
+from .remote import guard, new_nonce, parse_script_output, parse_show
 from .remote import script as remote_script
 from .route_auth import DENIED_ERROR
 from .stack import (StackError, api_key_env_file, cc_tuple, checkpoint_metadata_dir, gpu_spec, load_stack,
@@ -310,15 +310,6 @@ def collect(name: str, data: dict, stack: dict) -> HostSnapshot:
 
 
 # --------------------------------------------------------------------------- parsing (pure)
-
-def parse_show(text: str) -> dict[str, str]:
-    out = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key and key not in out:
-            out[key] = value
-    return out
-
 
 def exec_argv(exec_start: str) -> list[str]:
     """`systemctl show -p ExecStart`'s '{ path=... ; argv[]=A B C ; ... }' -> argv (the last entry).

@@ -97,22 +97,13 @@ def _epoch(iso) -> float | None:
     return stamp.timestamp()
 
 
-def _key_values(text: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key and key not in out:
-            out[key] = value
-    return out
-
-
 def _parse_unit(row: HostStatus, text: str | None, code: int | None) -> None:
     if text is None:
         return
     if text.strip() == remote.NOCMD:
         row.unit_note = "no systemctl"
         return
-    props = _key_values(text)
+    props = remote.parse_show(text)
     if code or "ActiveState" not in props:
         row.unit_note = f"systemctl: {(text.strip().splitlines() or [f'exit {code}'])[0][:120]}"
         return
