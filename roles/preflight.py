@@ -14,8 +14,10 @@ import signal
 import sys
 
 import click
+import gevent
 from pyinfra import host, state
 from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.state import BaseStateCallback
 from pyinfra.context import ctx_state
 from pyinfra.operations import server
 
@@ -50,9 +52,7 @@ def inventory_settings() -> dict[str, Settings]:
             _validated[key] = validate_inventory(hosts)
         except BadHostData as error:
             raise BadInventory(f"bad inventory data, no host was touched: {error}") from None
-        _run.update(state=ctx_state.get(), argv=list(sys.argv))
-        atexit.register(_finish_run)
-        signal.signal(signal.SIGINT, _interrupted)
+        watch_ctrl_c()
     return _validated[key]
 
 
@@ -60,24 +60,57 @@ _interrupted_at: dict[str, str] = {}  # host -> the operation Ctrl-C stopped
 _run: dict = {}  # pyinfra's State of this run (the context object is not set at exit) and argv
 
 
+def watch_ctrl_c() -> None:
+    """Once per run, in the main greenlet: our Ctrl-C handling and the run summary at exit."""
+    _run.update(state=ctx_state.get(), argv=list(sys.argv), main=gevent.getcurrent())
+    atexit.register(_finish_run)
+    _run["state"].add_callback_handler(_StopAfterOperation())
+    signal.signal(signal.SIGINT, _interrupted)
+
+
 def _interrupted(signum, frame) -> None:
     """Ctrl-C. pyinfra's own handler exits 0, and only once the running remote command has ended
-    (a weight download can take an hour): the first Ctrl-C says so and exits 130 that way; a second
-    one stops at once (the SSH sessions close, the host keeps what is done, e.g. a download's part
-    file). An interrupted deploy must never look like a success."""
+    (a weight download can take an hour): the first Ctrl-C says so and exits 130 once the running
+    operation has ended (`_StopAfterOperation`); a second one stops at once (the SSH sessions close,
+    the host keeps what is done, e.g. a download's part file). An interrupted deploy must never look
+    like a success.
+
+    Python runs this handler in whichever greenlet happens to be current, often paramiko's
+    transport "thread": an exception raised here would end that SSH connection instead of the run
+    (threading drops a SystemExit silently, the operation fails, pyinfra exits 1). So it raises
+    nothing itself; the exit is raised in the main greenlet."""
     run_state = _run["state"]
-    if _interrupted_at:
+    if _run.get("interrupted"):
         click.echo("\n--> Ctrl-C again: stopping now (exit 130)", err=True)
         _finish_run()  # os._exit skips atexit: the summary is printed here instead
+        sys.stdout.flush()
         sys.stderr.flush()
         os._exit(130)
     for each in run_state.inventory:
         if each in run_state.active_hosts:
             _interrupted_at[each.name] = runsummary.unfinished_operation(run_state, each) or "the end of the run"
+    _run["interrupted"] = True  # also with no host active
     running = ", ".join(sorted(set(_interrupted_at.values()))) or "nothing"
     click.echo(f"\n--> interrupted (Ctrl-C): waiting for the running operation ({running}) to end, then stopping; "
                "Ctrl-C again stops at once. Done work is kept, a re-run resumes (exit 130)", err=True)
-    sys.exit(130)
+    if not run_state.is_executing:  # still connecting or planning: no operation to wait for
+        _exit_in_main()
+
+
+def _exit_in_main() -> None:
+    main = _run["main"]
+    if gevent.getcurrent() is main:
+        sys.exit(130)
+    gevent.get_hub().loop.run_callback(main.throw, SystemExit(130))
+
+
+class _StopAfterOperation(BaseStateCallback):
+    """After each operation (in pyinfra's main greenlet): stop the run once Ctrl-C was pressed."""
+
+    @staticmethod
+    def operation_end(state, op_hash) -> None:
+        if _run.get("interrupted"):
+            sys.exit(130)
 
 
 def _finish_run() -> None:

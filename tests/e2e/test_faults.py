@@ -121,7 +121,8 @@ def test_a_second_deploy_is_refused_and_ctrl_c_keeps_the_running_release(lab, mi
             first.send_signal(signal.SIGINT)  # Ctrl-C: the download would be waited for...
             time.sleep(2)
             first.send_signal(signal.SIGINT)  # ...Ctrl-C again: stop now
-            assert first.wait(timeout=60) == 130  # pyinfra alone would exit 0, after the download
+            rc = first.wait(timeout=60)
+            assert rc == 130, first_log.read_text()[-6000:]  # pyinfra alone would exit 0, after the download
         finally:
             if first.poll() is None:
                 first.kill()
