@@ -167,7 +167,7 @@ def test_docs_list_exactly_the_exported_metrics():
 
 
 def test_node_exporter_reads_the_file(tmp_path):
-    """Debian's prometheus-node-exporter (optional here: `apt-get install prometheus-node-exporter`)
+    """Debian's prometheus-node-exporter (`./run` installs it)
     serves the written file with node_textfile_scrape_error 0, on a loopback port, then stopped."""
     import shutil
     import subprocess
@@ -177,7 +177,8 @@ def test_node_exporter_reads_the_file(tmp_path):
 
     binary = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
     if not binary:
-        pytest.skip("no prometheus-node-exporter on this machine")
+        from setupcheck import skip_or_fail_setup
+        skip_or_fail_setup("no prometheus-node-exporter on this machine (./run installs it)")
     from qwen27b.cpu_smoke import free_port
     gpus = v100_gpus("v100x4-degraded")
     gpus[2] = {"index": 2, "error": "GPU is lost"}
