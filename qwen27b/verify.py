@@ -83,6 +83,23 @@ def wait_ready(base: str, deadline_s: float, say=print, state=lambda: None) -> f
         delay = min(delay * 1.5, 10)
 
 
+def wait_active(state, deadline_s: float = 60, poll_s: float = 0.5, clock=time.monotonic, sleep=time.sleep) -> None:
+    """After /health answers: wait (bounded) for systemd to call the unit active too. Its start-up
+    check (ExecStartPost) polls /health every 2 s, so a deploy that reported ok at once could leave
+    `systemctl status` saying "activating" for a moment, longer on a loaded host."""
+    deadline = clock() + deadline_s
+    while True:
+        unit = state()
+        if not unit or unit.startswith("active/"):
+            return
+        if any(bad in unit for bad in CRASHED):
+            raise VerifyFailed(f"the service exits during start-up (unit {unit}): see its journal", crashed=True)
+        if clock() > deadline:
+            raise VerifyFailed(f"/health answers but systemd still has the unit {unit} after {deadline_s:.0f} s "
+                               "(its start-up check, ExecStartPost, did not finish): see its journal")
+        sleep(poll_s)
+
+
 def check_models(base: str, served_name: str, api_key: str | None) -> list[str]:
     try:
         with _request(f"{base}/v1/models", api_key) as response:

@@ -67,6 +67,7 @@ def _serving(decision: Decision, result: V.HostResult, key: str | None, say, uni
     """Ready, the served name listed, one streamed completion: fills result, raises VerifyFailed."""
     base = result.url
     result.ready_s = V.wait_ready(base, decision.stack.profile["serve"]["start_timeout_s"], say, unit_state)
+    V.wait_active(unit_state)
     V.check_models(base, result.served_name, key)
     speculative = decision.serve.has("--speculative-config")
     before = V.spec_counters(V.scrape(base, key)) if speculative else None
