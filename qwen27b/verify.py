@@ -59,6 +59,12 @@ def _request(url: str, api_key: str | None = None, body: dict | None = None, tim
     return urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers), timeout=timeout)
 
 
+def _fail_if_crashed(unit: str | None) -> None:
+    """The unit's ActiveState/SubState says its process died: a crash, not a slow start."""
+    if unit and any(bad in unit for bad in CRASHED):
+        raise VerifyFailed(f"the service exits during start-up (unit {unit}): see its journal", crashed=True)
+
+
 def wait_ready(base: str, deadline_s: float, say=print, state=lambda: None) -> float:
     """Poll /health with backoff until 200 or the deadline; say progress every ~10 s."""
     started = time.monotonic()
@@ -75,8 +81,7 @@ def wait_ready(base: str, deadline_s: float, say=print, state=lambda: None) -> f
             raise VerifyFailed(f"not ready after {deadline_s:.0f} s (GET {base}/health)")
         if elapsed - last_said >= 10 or elapsed > 5 and not last_said:
             unit = state()
-            if unit and any(bad in unit for bad in CRASHED):
-                raise VerifyFailed(f"the service exits during start-up (unit {unit}): see its journal", crashed=True)
+            _fail_if_crashed(unit)
             say(f"loading weights... {elapsed:.0f} s" + (f" (unit {unit})" if unit else ""))
             last_said = elapsed
         time.sleep(delay)
@@ -92,8 +97,7 @@ def wait_active(state, deadline_s: float = 60, poll_s: float = 0.5, clock=time.m
         unit = state()
         if not unit or unit.startswith("active/"):
             return
-        if any(bad in unit for bad in CRASHED):
-            raise VerifyFailed(f"the service exits during start-up (unit {unit}): see its journal", crashed=True)
+        _fail_if_crashed(unit)
         if clock() > deadline:
             raise VerifyFailed(f"/health answers but systemd still has the unit {unit} after {deadline_s:.0f} s "
                                "(its start-up check, ExecStartPost, did not finish): see its journal")
