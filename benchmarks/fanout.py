@@ -5,13 +5,13 @@ multi-GB checkpoint on N hosts, each transfer side by side with plain rsync on t
     sudo .venv/bin/python benchmarks/fanout.py                     # 4 hosts, 2 GiB, WAN 50 MB/s
     sudo .venv/bin/python benchmarks/fanout.py --hosts 3 --size-gib 1 --wan-mbs 25 --keep
 
-What it does (root; qwen27b.testhosts):
+What it does (root; tests.support.testhosts):
 1. boots N nspawn hosts (profile `fanout-bench`) and links them as on a lab LAN
    (NspawnHosts.link_peers: routes between their namespaces, forwarding on their veths only);
    installs rsync on them (apt through the test hosts' proxy) and on this machine;
 2. generates a checkpoint-like dir once (random `model-0000i-of-0000K.safetensors` + config.json,
-   manifest.json from qwen27b.artifacts.dir_manifest) under $QWEN27B_CACHE/fanout-bench/;
-3. serves it from a loopback mirror (qwen27b.mirror.serve: Range requests, request log) behind an
+   manifest.json from qwen27b.controller.artifacts.dir_manifest) under $QWEN27B_CACHE/fanout-bench/;
+3. serves it from a loopback mirror (qwen27b.onhost.mirror.serve: Range requests, request log) behind an
    emulated WAN: a TCP relay on loopback whose download direction shares one token bucket of
    --wan-mbs MB/s among all connections (one site uplink), counting the bytes that cross it. The
    hosts reach it through their proxy bridge, as in the e2e tests;
@@ -49,9 +49,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from qwen27b.artifacts import cache_root, dir_manifest  # noqa: E402
-from qwen27b.mirror import serve  # noqa: E402
-from qwen27b.testhosts import NspawnHosts, TestHostsError  # noqa: E402
+from qwen27b.controller.artifacts import cache_root, dir_manifest  # noqa: E402
+from qwen27b.onhost.mirror import serve  # noqa: E402
+from tests.support.testhosts import NspawnHosts, TestHostsError  # noqa: E402
 
 MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the cpu-smoke profile's checkpoint id ...
 REVISION = "fanout-bench"  # ... at a revision of our own: the generated files
@@ -470,7 +470,7 @@ class Bench:
             self.wan.close()
             self.mirror.shutdown()
         if self.args.keep:
-            log(f"hosts left up (profile {self.args.profile}): python3 -m qwen27b.testhosts --profile "
+            log(f"hosts left up (profile {self.args.profile}): python3 -m tests.support.testhosts --profile "
                 f"{self.args.profile} down")
             return
         with contextlib.suppress(TestHostsError):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Hashing speed of qwen27b-fetch (qwen27b/fetch.py: sha256_of) against GNU `sha256sum`.
+"""Hashing speed of qwen27b-fetch (qwen27b/onhost/fetch.py: sha256_of) against GNU `sha256sum`.
 
 qwen27b-fetch hashes every checkpoint file it downloads, and every file already present before
 it skips it; `sha256sum` is what the FileHashes fact runs on the host. Goal (issue 6): ours at
@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from qwen27b import fetch  # noqa: E402  (stdlib-only module: the code shipped to hosts)
+from qwen27b.onhost import fetch  # noqa: E402  (stdlib-only module: the code shipped to hosts)
 
 GOAL = 0.90
 UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}

@@ -19,11 +19,11 @@ way an SSH round trip waits), so hosts overlap as they would on a network; 0 mea
 controller's own cost alone. On @fake hosts the verify step is skipped (the recorded host binds
 to loopback), so no HTTP check is in these figures.
 
-Real hosts (b): `--real N` (N <= 3) boots N Debian 12 systemd test hosts (qwen27b.testhosts,
+Real hosts (b): `--real N` (N <= 3) boots N Debian 12 systemd test hosts (tests.support.testhosts,
 own profile, always torn down), serves the tiny SmolLM2 model from a loopback mirror reached
 through the hosts' proxy, deploys the CPU smoke profile once (timed: the first deploy), then
 times `--reruns K` no-op re-runs on the first 1, ..., N hosts, each checked to plan 0 changes.
-Needs root and the controller cache (`./run demo` or `python3 -m qwen27b.cpu_smoke wheelhouse`
+Needs root and the controller cache (`./run demo` or `python3 -m qwen27b.tools.cpu_smoke wheelhouse`
 and `... model` build it; this script builds what is missing).
 
 Every configuration also gets one extra, instrumented run (the same CLI in-process, with the
@@ -280,11 +280,11 @@ def _raise(signum, frame):
 
 def real_hosts(n: int, reruns: int, work: Path) -> list[dict]:
     sys.path.insert(0, str(ROOT))
-    from qwen27b import cpu_smoke
-    from qwen27b.artifacts import cache_root
-    from qwen27b.host_facts import HASH_CACHE, FileHashes
-    from qwen27b.mirror import serve
-    from qwen27b.testhosts import NspawnHosts
+    from qwen27b.tools import cpu_smoke
+    from qwen27b.controller.artifacts import cache_root
+    from qwen27b.controller.host_facts import HASH_CACHE, FileHashes
+    from qwen27b.onhost.mirror import serve
+    from tests.support.testhosts import NspawnHosts
 
     if os.geteuid() != 0:
         raise SystemExit("--real needs root (network namespaces, systemd-nspawn)")

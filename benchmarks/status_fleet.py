@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SHIM = ("import sys\nfrom qwen27b import remote\nremote.new_nonce = lambda: 'recorded'\n"
-        "from qwen27b.status import main\nsys.exit(main(sys.argv[1:]))\n")
+SHIM = ("import sys\nfrom qwen27b.controller import remote\nremote.new_nonce = lambda: 'recorded'\n"
+        "from qwen27b.tools.status import main\nsys.exit(main(sys.argv[1:]))\n")
 INVENTORY = """\
 from pathlib import Path
 _recordings = sorted(Path({recorded!r}).glob('*.txt'))

@@ -3,7 +3,7 @@
     pyinfra inventory/lab.py deploy.py --dry     # see each host's plan and why
     pyinfra inventory/lab.py deploy.py -y        # do it
 
-Every `qwen27b_*` key is optional; the defaults (qwen27b/hostdata.py) fit a standard V100 box.
+Every `qwen27b_*` key is optional; the defaults (qwen27b/plan/hostdata.py) fit a standard V100 box.
 A typo in a key or a wrong type is refused before any host is touched.
 """
 

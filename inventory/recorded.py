@@ -9,7 +9,7 @@ which machine it stands for).
 
 from pathlib import Path
 
-from qwen27b.recorded import fake_responses
+from tests.support.recorded import fake_responses
 
 RECORDINGS = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "hosts"
 

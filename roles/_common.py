@@ -10,10 +10,10 @@ import sys
 from pyinfra import host
 from pyinfra.operations import server
 
-from qwen27b.gate import Decision
-from qwen27b.host_facts import Subdirectories
-from qwen27b.health import load_secret
-from qwen27b.hostdata import Settings, url_has_password
+from qwen27b.plan.gate import Decision
+from qwen27b.controller.host_facts import Subdirectories
+from qwen27b.onhost.health import load_secret
+from qwen27b.plan.hostdata import Settings, url_has_password
 
 ROLLBACK_DIR = "/etc/qwen27b/rollback"  # the running release's unit and env, kept while an upgrade is verified
 _notes: dict[str, list[str]] = {}

@@ -11,7 +11,7 @@ from pyinfra import host
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import files, server
 
-from qwen27b.gate import Decision
+from qwen27b.plan.gate import Decision
 
 from ._common import note
 from .toolchain import apt_install

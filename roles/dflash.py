@@ -9,8 +9,8 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.operations import server
 
-from qwen27b.gate import Decision
-from qwen27b.host_facts import VenvPackages
+from qwen27b.plan.gate import Decision
+from qwen27b.controller.host_facts import VenvPackages
 
 from ._common import note
 from .toolchain import release_venv

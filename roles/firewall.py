@@ -12,8 +12,8 @@ from pyinfra import host
 from pyinfra.facts.files import File
 from pyinfra.operations import files, server, systemd
 
-from qwen27b.gate import Decision
-from qwen27b.render import FIREWALL_UNIT, firewall_contexts, render
+from qwen27b.plan.gate import Decision
+from qwen27b.controller.render import FIREWALL_UNIT, firewall_contexts, render
 
 from ._common import note
 from .toolchain import apt_install

@@ -11,8 +11,8 @@ from io import StringIO
 
 from pyinfra.operations import files, server, systemd
 
-from qwen27b.gate import Decision
-from qwen27b.operations import apt_hold
+from qwen27b.plan.gate import Decision
+from qwen27b.controller.operations import apt_hold
 
 from ._common import note
 from .toolchain import apt_install

@@ -21,15 +21,16 @@ from pyinfra.api.state import BaseStateCallback
 from pyinfra.context import ctx_state
 from pyinfra.operations import server
 
-from qwen27b import facts as F
-from qwen27b import hostlock, runsummary
-from qwen27b.artifacts import ArtifactError
-from qwen27b.gate import Decision, HostFacts, RefusedHost, decide
-from qwen27b.host_facts import DeployLock
-from qwen27b.hostdata import BadHostData, Settings, lab_address, validate_inventory
-from qwen27b.opsplan import planned_operations
-from qwen27b.report import format_decision, format_operations, format_refusal
-from qwen27b.stack import load_stack
+from qwen27b.controller import facts as F
+from qwen27b.controller import hostlock
+from qwen27b.controller import runsummary
+from qwen27b.controller.artifacts import ArtifactError
+from qwen27b.plan.gate import Decision, HostFacts, RefusedHost, decide
+from qwen27b.controller.host_facts import DeployLock
+from qwen27b.plan.hostdata import BadHostData, Settings, lab_address, validate_inventory
+from qwen27b.controller.opsplan import planned_operations
+from qwen27b.controller.report import format_decision, format_operations, format_refusal
+from qwen27b.plan.stack import load_stack
 
 from ._common import note, take_notes
 

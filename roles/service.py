@@ -15,10 +15,10 @@ from pyinfra.facts.files import Sha1File
 
 from pyinfra.operations import files, server, systemd
 
-from qwen27b.gate import Decision
-from qwen27b.host_facts import SymlinkTarget
-from qwen27b.operations import secret_file, symlink_switch
-from qwen27b.render import HEALTH_TIMER, HEALTH_UNIT, RESTART_COMMAND, SERVICE_UNIT, layout, render_all
+from qwen27b.plan.gate import Decision
+from qwen27b.controller.host_facts import SymlinkTarget
+from qwen27b.controller.operations import secret_file, symlink_switch
+from qwen27b.controller.render import HEALTH_TIMER, HEALTH_UNIT, RESTART_COMMAND, SERVICE_UNIT, layout, render_all
 
 from ._common import ROLLBACK_DIR, api_key, prune_dirs, remember_previous, restart_needed
 from .toolchain import release_dir

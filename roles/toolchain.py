@@ -14,10 +14,10 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, server
 
-from qwen27b.artifacts import uv_binary, uv_path
-from qwen27b.gate import Decision
-from qwen27b.host_facts import ServiceUser
-from qwen27b.operations import directories, secret_file
+from qwen27b.controller.artifacts import uv_binary, uv_path
+from qwen27b.plan.gate import Decision
+from qwen27b.controller.host_facts import ServiceUser
+from qwen27b.controller.operations import directories, secret_file
 
 from ._common import dry_run, note, shell_word, url_env_file, url_env_text, url_source
 

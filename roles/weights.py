@@ -7,7 +7,7 @@ with huggingface_hub at the pinned revision (token from a 0600 file, never on a 
 
 Fan-out (qwen27b_weights_fanout "tree", mirror source): the hosts of the run that share the mirror
 form a group; one of them fetches from the mirror, then hosts holding a verified copy seed the rest
-in waves, one operation per wave (qwen27b/fanout.py plans it; its docstring says how).
+in waves, one operation per wave (qwen27b/plan/fanout.py plans it; its docstring says how).
 """
 
 from __future__ import annotations
@@ -26,19 +26,19 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.files import File
 from pyinfra.operations import files, server
 
-from qwen27b import fanout
-from qwen27b.artifacts import cache_root, dir_manifest
-from qwen27b.gate import Decision, RefusedHost
-from qwen27b.hostdata import Settings, lab_address, redact_url
-from qwen27b.host_facts import FileHashes, SymlinkTarget
-from qwen27b.health import load_secret
-from qwen27b.operations import push_files, secret_file, symlink_switch
-from qwen27b.stack import revision_dir_name
+from qwen27b.plan import fanout
+from qwen27b.controller.artifacts import cache_root, dir_manifest
+from qwen27b.plan.gate import Decision, RefusedHost
+from qwen27b.plan.hostdata import Settings, lab_address, redact_url
+from qwen27b.controller.host_facts import FileHashes, SymlinkTarget
+from qwen27b.onhost.health import load_secret
+from qwen27b.controller.operations import push_files, secret_file, symlink_switch
+from qwen27b.plan.stack import revision_dir_name
 
 from ._common import needs_restart, note, prune_dirs, remember_previous, shell_word, url_source, url_word
 
-FETCH_TOOL = Path(__file__).resolve().parent.parent / "qwen27b" / "fetch.py"
-SEED_TOOL = Path(__file__).resolve().parent.parent / "qwen27b" / "mirror.py"  # stdlib only, Range requests
+FETCH_TOOL = Path(__file__).resolve().parent.parent / "qwen27b" / "onhost" / "fetch.py"
+SEED_TOOL = Path(__file__).resolve().parent.parent / "qwen27b" / "onhost" / "mirror.py"  # stdlib only, Range requests
 HUB_MANIFEST = "qwen27b-manifest.sha256"  # written after a hub download: what later runs verify
 
 
@@ -265,7 +265,7 @@ def place(decision: Decision, entry: dict, link: str, local_dir: str | None) -> 
             local = cache_root() / local
         if not (local / "config.json").is_file():
             raise OperationError(f"no checkpoint at {local} (config.json missing): set qwen27b_model_local_dir"
-                                 + (" or run `python3 -m qwen27b.cpu_smoke model`" if entry.get("local_dir") else ""))
+                                 + (" or run `python3 -m qwen27b.tools.cpu_smoke model`" if entry.get("local_dir") else ""))
         needs_restart(push_files(name="push the checkpoint (verified by sha256)", src_dir=str(local), dest_dir=target,
                                  manifest=dir_manifest(local)))
     previous = host.get_fact(SymlinkTarget, path=link)

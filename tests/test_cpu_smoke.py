@@ -1,4 +1,4 @@
-"""Pure parts of qwen27b.cpu_smoke: command / argv / env shapes and idempotence guards.
+"""Pure parts of qwen27b.tools.cpu_smoke: command / argv / env shapes and idempotence guards.
 
 Fast and offline: nothing here runs pip or vLLM.  The shell commands are executed only
 against a fake venv in tmp_path (a stub python that delegates to this interpreter).
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen27b import cpu_smoke as cs
+from qwen27b.tools import cpu_smoke as cs
 
 
 # ---------------------------------------------------------------------------- paths

@@ -15,9 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from qwen27b import cli, doctor
-from qwen27b.doctor import FAIL, INFO, OK, SKIP, WARN, HostSnapshot, diagnose
-from qwen27b.stack import load_stack
+from qwen27b.tools import cli
+
+from qwen27b.tools import doctor
+from qwen27b.tools.doctor import FAIL, INFO, OK, SKIP, WARN, HostSnapshot, diagnose
+from qwen27b.plan.stack import load_stack
 
 JOURNALS = Path(__file__).resolve().parent / "fixtures" / "journals"
 STACK = load_stack()
@@ -374,7 +376,7 @@ def test_metrics_read_sends_the_key_from_the_hosts_file_never_in_argv(tmp_path):
 
 def test_metrics_behind_the_guard_without_the_key_says_so():
     """The healthy recording, its /metrics answered by the route guard's real 401 body."""
-    from qwen27b import route_auth
+    from qwen27b.onhost import route_auth
     snap = HostSnapshot.load(JOURNALS / "cpu-healthy")
     snap.outputs["metrics.txt"] = route_auth._DENIED.decode()
     check = next(c for c in diagnose(snap, STACK).checks if c.check == "KV cache / preemptions")

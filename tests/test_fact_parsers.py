@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyinfra.api.exceptions import FactProcessError
 
-from qwen27b import facts as F
-from qwen27b.facts import ALL_FACTS, FactParseError
+from qwen27b.controller import facts as F
+from qwen27b.controller.facts import ALL_FACTS, FactParseError
 
 HOSTS = Path(__file__).parent / "fixtures" / "hosts"
 NOCMD = "##PYINFRA_NOCMD##"

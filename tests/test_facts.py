@@ -1,4 +1,4 @@
-"""JSON fixture tests for qwen27b.facts, run the way pyinfra tests its own facts.
+"""JSON fixture tests for qwen27b.controller.facts, run the way pyinfra tests its own facts.
 
 One generated TestCase per fact; one test per tests/facts/<FactClassName>/<case>.json with the
 keys `command`, `requires_command` (facts that have one), `arg` (DiskFree), `output` and `fact`.
@@ -10,12 +10,12 @@ from pathlib import Path
 
 from pyinfra_testing.facts import make_fact_tests
 
-from qwen27b.facts import ALL_FACTS
+from qwen27b.controller.facts import ALL_FACTS
 
 FACT_CASES = Path(__file__).parent / "facts"
 
 for _fact in ALL_FACTS:
-    _test_case = make_fact_tests("qwen27b", f"facts.{_fact.__name__}", FACT_CASES / _fact.__name__)
+    _test_case = make_fact_tests("qwen27b.controller", f"facts.{_fact.__name__}", FACT_CASES / _fact.__name__)
     globals()[f"TestFact{_fact.__name__}"] = _test_case
 
 del _fact, _test_case

@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qwen27b.artifacts import dir_manifest
-from qwen27b.fanout import (MIRROR, SEED_PORT, Member, fetch_command, ideal_waves, plan_waves, seed_max_s, seed_peers,
+from qwen27b.controller.artifacts import dir_manifest
+from qwen27b.plan.fanout import (MIRROR, SEED_PORT, Member, fetch_command, ideal_waves, plan_waves, seed_max_s, seed_peers,
                             seed_start_commands)
-from qwen27b.hostdata import BadHostData, settings_for
-from qwen27b.mirror import serve
+from qwen27b.plan.hostdata import BadHostData, settings_for
+from qwen27b.onhost.mirror import serve
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -355,7 +355,7 @@ def test_a_failed_seed_falls_back_to_the_mirror_and_resumes(tmp_path, seed):
     try:
         plan = plan_waves([Member("a", "127.0.0.1", True), Member("b", "127.0.0.2")])
         dest = tmp_path / "dest"
-        fetch = f"{sys.executable} {ROOT / 'qwen27b' / 'fetch.py'} --dest {dest} --manifest {listing}"
+        fetch = f"{sys.executable} {ROOT / 'qwen27b' / 'onhost' / 'fetch.py'} --dest {dest} --manifest {listing}"
         command = fetch_command(fetch, plan.copy_for("b"), f"http://127.0.0.1:{server.server_address[1]}/{name}",
                                 name, port=port)
         result = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60)

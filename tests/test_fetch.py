@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from qwen27b import fetch
-from qwen27b.mirror import serve
+from qwen27b.onhost import fetch
+from qwen27b.onhost.mirror import serve
 
 
 @pytest.fixture

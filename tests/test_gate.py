@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from qwen27b import facts as F
-from qwen27b.gate import RefusedHost, decide
-from qwen27b.hostdata import settings_for
-from qwen27b.stack import load_stack
+from qwen27b.controller import facts as F
+from qwen27b.plan.gate import RefusedHost, decide
+from qwen27b.plan.hostdata import settings_for
+from qwen27b.plan.stack import load_stack
 from recordings import recorded_facts
 
 STACK = load_stack()

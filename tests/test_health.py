@@ -1,4 +1,4 @@
-"""qwen27b.health: pure parts offline, then the CLI against a real vLLM OpenAI server.
+"""qwen27b.onhost.health: pure parts offline, then the CLI against a real vLLM OpenAI server.
 
 The CLI always runs the way hosts run it: the file copied to ``<venv>/lib/qwen27b_health.py``
 behind the rendered wrapper ``<venv>/bin/qwen27b-health`` (here a real scratch venv with the host
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen27b import health as hc
+from qwen27b.onhost import health as hc
 
 HEALTH_PY = Path(hc.__file__)
 FIXTURES = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures"
@@ -271,12 +271,12 @@ def venv(tmp_path_factory):
     which had httpx only where someone installed it by hand)."""
     import os
 
-    from qwen27b import cpu_smoke as cs
+    from qwen27b.tools import cpu_smoke as cs
     wheelhouse = cs.default_wheelhouse(cs.cache_root())
     if not wheelhouse.is_dir():
         from setupcheck import skip_or_fail_setup
         skip_or_fail_setup(f"no controller wheelhouse at {wheelhouse}: `./run tests` builds it "
-                    "(python -m qwen27b.cpu_smoke wheelhouse)")
+                    "(python -m qwen27b.tools.cpu_smoke wheelhouse)")
     root = tmp_path_factory.mktemp("release") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
     subprocess.run([str(root / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index",
@@ -349,7 +349,7 @@ def cli(venv, fakebin, tmp_path):
 
 
 def closed_url():
-    from qwen27b.cpu_smoke import free_port
+    from qwen27b.tools.cpu_smoke import free_port
     return f"http://127.0.0.1:{free_port()}"  # bound then released: nothing listens there
 
 

@@ -1,4 +1,4 @@
-"""The health check's Prometheus textfile (qwen27b/health.py, metrics part): the exposition text
+"""The health check's Prometheus textfile (qwen27b/onhost/health.py, metrics part): the exposition text
 parsed back with prometheus_client's own parser, fed from recorded GPUs (the genuine H200 NVML
 reading in shared/fixtures through test_health's faked driver; the hand-written V100 hosts in
 tests/fixtures/hosts, whose README says which machine each stands for), the atomic 0644 write,
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen27b import health as hc
+from qwen27b.onhost import health as hc
 
 prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -179,7 +179,7 @@ def test_node_exporter_reads_the_file(tmp_path):
     if not binary:
         from setupcheck import skip_or_fail_setup
         skip_or_fail_setup("no prometheus-node-exporter on this machine (./run installs it)")
-    from qwen27b.cpu_smoke import free_port
+    from qwen27b.tools.cpu_smoke import free_port
     gpus = v100_gpus("v100x4-degraded")
     gpus[2] = {"index": 2, "error": "GPU is lost"}
     looping = {"Result": "exit-code", "SubState": "auto-restart", "NRestarts": "3"}

@@ -4,7 +4,7 @@ The values are what `systemctl show` printed on the test host for a vLLM started
 
 import pytest
 
-from qwen27b import health as hc
+from qwen27b.onhost import health as hc
 
 UNIT = "qwen27b.service"
 

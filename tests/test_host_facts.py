@@ -1,4 +1,4 @@
-"""qwen27b.host_facts: JSON fixture cases (pyinfra-testing) plus garbled-output checks.
+"""qwen27b.controller.host_facts: JSON fixture cases (pyinfra-testing) plus garbled-output checks.
 
 One generated TestCase per fact; one test per tests/host_facts/<FactClassName>/<case>.json with
 the keys `arg`, `command`, `output` and `fact`.
@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyinfra_testing.facts import make_fact_tests
 
-from qwen27b.facts import FactParseError
-from qwen27b.host_facts import (
+from qwen27b.controller.facts import FactParseError
+from qwen27b.controller.host_facts import (
     ALL_HOST_FACTS,
     DeployLock,
     DirectoryStates,
@@ -36,7 +36,7 @@ from qwen27b.host_facts import (
 FACT_CASES = Path(__file__).parent / "host_facts"
 
 for _fact in ALL_HOST_FACTS:
-    _test_case = make_fact_tests("qwen27b", f"host_facts.{_fact.__name__}", FACT_CASES / _fact.__name__)
+    _test_case = make_fact_tests("qwen27b.controller", f"host_facts.{_fact.__name__}", FACT_CASES / _fact.__name__)
     globals()[f"TestHostFact{_fact.__name__}"] = _test_case
 
 del _fact, _test_case
@@ -147,7 +147,7 @@ def test_normalized_names_are_fixed_points(name):
 @pytest.mark.parametrize("arg", ["/opt/qwen27b/wheelhouse", "/srv/it's a dir/", "-odd"])
 def test_fake_match_matches_only_its_own_fact(fact, arg):
     """The @fake connector takes the first matching key: a recorded host must answer the right fact."""
-    from qwen27b.facts import ALL_FACTS
+    from qwen27b.controller.facts import ALL_FACTS
 
     command = fact().command(arg)
     assert fact.fake_match.search(command)

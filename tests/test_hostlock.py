@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from qwen27b import hostlock
+from qwen27b.controller import hostlock
 from test_plans import run_pyinfra
 
 ALICE = hostlock.Holder("lab-admin", 4242, "981234", "alice", "2026-12-02T17:40:01+0000")

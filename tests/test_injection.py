@@ -1,5 +1,5 @@
 """No injection from inventory data: every value that reaches a host's commands, units, env file or
-config files is allow-listed (qwen27b/allowlist.py, hostdata) and quoted where it is used.
+config files is allow-listed (qwen27b/plan/allowlist.py, hostdata) and quoted where it is used.
 
 Hosts are recorded @fake hosts (tests/fixtures/hosts): V100s, their driver and secure boot cannot
 be had here. Three tiers:
@@ -29,11 +29,11 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from qwen27b import allowlist
-from qwen27b.gate import RefusedHost, decide
-from qwen27b.hostdata import BadHostData, settings_for
-from qwen27b.render import env_value, systemd_quote, unit_text
-from qwen27b.stack import StackError, load_stack, resolve_stack
+from qwen27b.plan import allowlist
+from qwen27b.plan.gate import RefusedHost, decide
+from qwen27b.plan.hostdata import BadHostData, settings_for
+from qwen27b.controller.render import env_value, systemd_quote, unit_text
+from qwen27b.plan.stack import StackError, load_stack, resolve_stack
 from recordings import recorded_facts
 from test_templates import rendered
 
@@ -196,7 +196,7 @@ def test_the_stack_file_meets_its_own_allow_lists_and_every_string_has_one():
         for path, value in allowlist.walk(entry, "model."):
             if isinstance(value, str) and allowlist.rule_for(path) is None:
                 untyped.add(path)
-    assert not untyped, f"stack keys holding text with no allow-list in qwen27b/allowlist.py: {sorted(untyped)}"
+    assert not untyped, f"stack keys holding text with no allow-list in qwen27b/plan/allowlist.py: {sorted(untyped)}"
     assert all(rule.why and rule.ok(rule.example) for rule in allowlist.STACK_RULES.values())
 
 
@@ -366,8 +366,8 @@ class InProcessPlan:
 
         import roles._common
         import roles.toolchain
-        from qwen27b.opsplan import planned_operations
-        from qwen27b.recorded import fake_responses
+        from qwen27b.controller.opsplan import planned_operations
+        from tests.support.recorded import fake_responses
         from roles import cuda, dflash, firewall, nvidia, service, toolchain, vllm, weights
 
         inventory = Inventory(([(f"@fake/{name}", {"fake_responses": fake_responses(HOSTS_DIR / name), "fake_delay": 0,

@@ -1,4 +1,4 @@
-"""qwen27b.operations: JSON fixture cases run the way pyinfra tests its own operations.
+"""qwen27b.controller.operations: JSON fixture cases run the way pyinfra tests its own operations.
 
 One generated TestCase per operation; one test per tests/operations/<op>/<case>.json with the keys
 `args`, `kwargs`, `facts` (keyed "<module>.<Fact>", then "arg=value" for facts with arguments),
@@ -14,6 +14,6 @@ OPERATION_CASES = Path(__file__).parent / "operations"
 OPERATIONS = ("apt_hold", "directories", "push_files", "secret_file", "symlink_switch")
 
 for _op in OPERATIONS:
-    globals()[f"TestOperation_{_op}"] = make_operation_tests("qwen27b", f"operations.{_op}", OPERATION_CASES / _op)
+    globals()[f"TestOperation_{_op}"] = make_operation_tests("qwen27b.controller", f"operations.{_op}", OPERATION_CASES / _op)
 
 del _op

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from qwen27b.pciids import PCI_IDS, TABLE, memory_class, render, volta_devices, volta_table
-from qwen27b.stack import gpu_spec, load_stack
+from qwen27b.plan.pciids import PCI_IDS, TABLE, memory_class, render, volta_devices, volta_table
+from qwen27b.plan.stack import gpu_spec, load_stack
 
 from setupcheck import skip_or_fail_setup
 
@@ -19,7 +19,7 @@ def test_committed_table_matches_the_installed_pci_ids():
     installed = volta_devices(text)[1].get("version")
     if installed != volta_table()["version"]:
         pytest.skip(f"{PCI_IDS} is version {installed}, the table was generated from {volta_table()['version']}")
-    assert TABLE.read_text(encoding="utf-8") == render(text), "regenerate: python -m qwen27b.pciids > qwen27b/pci_volta.yaml"
+    assert TABLE.read_text(encoding="utf-8") == render(text), "regenerate: python -m qwen27b.plan.pciids > qwen27b/plan/pci_volta.yaml"
 
 
 def test_parser_takes_devices_not_subsystems_nor_other_vendors():

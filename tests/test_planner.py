@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from qwen27b.checkpoint import load_shape
-from qwen27b.planner import GiB, MiB, Gpu, PlanRefused, ServeInputs, plan_serve
-from qwen27b.stack import checkpoint_metadata_dir, gpu_spec, load_stack, resolve_stack
+from qwen27b.plan.checkpoint import load_shape
+from qwen27b.plan.planner import GiB, MiB, Gpu, PlanRefused, ServeInputs, plan_serve
+from qwen27b.plan.stack import checkpoint_metadata_dir, gpu_spec, load_stack, resolve_stack
 
 STACK = load_stack()
 

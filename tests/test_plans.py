@@ -233,7 +233,7 @@ def test_garbled_fact_output_refuses_that_host_naming_the_fact_and_its_command(t
     (garbled / "nvidia-smi-query-gpu.csv").write_text("0, Tesla V100-SXM2-32GB, GPU-4d7c\n")
     inventory = tmp_path / "inventory.py"
     inventory.write_text(
-        "from pathlib import Path\nfrom qwen27b.recorded import fake_responses\n"
+        "from pathlib import Path\nfrom tests.support.recorded import fake_responses\n"
         "data = {'fake_delay': 0, 'fake_delay_jitter': 0}\n"
         f"hosts = [('@fake/garbled', dict(data, fake_responses=fake_responses(Path({str(garbled)!r})))),\n"
         f"         ('@fake/converged', dict(data, fake_responses=fake_responses(Path({str(hosts / 'v100x4-converged')!r}))))]\n")

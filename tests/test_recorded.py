@@ -9,9 +9,9 @@ from pyinfra.api import Config, Inventory, State, StringCommand
 from pyinfra.api.connect import connect_all
 from pyinfra.facts.server import Arch, LinuxDistribution
 
-from qwen27b import facts as F
-from qwen27b.facts import ALL_FACTS
-from qwen27b.recorded import fake_responses, recorded_facts
+from qwen27b.controller import facts as F
+from qwen27b.controller.facts import ALL_FACTS
+from tests.support.recorded import fake_responses, recorded_facts
 
 TESTS = Path(__file__).parent
 HOSTS_DIR = TESTS / "fixtures" / "hosts"

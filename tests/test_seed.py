@@ -1,8 +1,8 @@
-"""The fan-out seed server for real: qwen27b/mirror.py in seed mode, started as a process the way
+"""The fan-out seed server for real: qwen27b/onhost/mirror.py in seed mode, started as a process the way
 its transient unit runs it, on loopback, serving a revision dir next to a symlink to /etc, a
 hidden file and a subdirectory. Clients connect from 127.0.0.1 (the planned peer) and 127.0.0.2
 (anyone else on the LAN). The unit's own sandbox (User=, TemporaryFileSystem=, IPAddressAllow=)
-is planned by qwen27b/fanout.py and checked in tests/test_fanout.py."""
+is planned by qwen27b/plan/fanout.py and checked in tests/test_fanout.py."""
 
 import http.client
 import json
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from qwen27b.artifacts import dir_manifest
-from qwen27b.cpu_smoke import free_port
+from qwen27b.controller.artifacts import dir_manifest
+from qwen27b.tools.cpu_smoke import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "x--ckpt@1"
@@ -42,7 +42,7 @@ def seed(tmp_path):
     token_file.write_text(token + "\n")
     token_file.chmod(0o600)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, str(ROOT / "qwen27b" / "mirror.py"), str(rev), "--host", "127.0.0.1",
+    proc = subprocess.Popen([sys.executable, str(ROOT / "qwen27b" / "onhost" / "mirror.py"), str(rev), "--host", "127.0.0.1",
                              "--port", str(port), "--token-file", str(token_file), "--allow", "127.0.0.1"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -121,7 +121,7 @@ def test_qwen27b_fetch_takes_the_copy_with_its_token_file(seed, tmp_path):
     dest.mkdir()
     (dest / "model.safetensors.part").write_bytes(seed["payload"][:4096])
     base = f"http://127.0.0.1:{seed['port']}/{NAME}"
-    fetch = [sys.executable, str(ROOT / "qwen27b" / "fetch.py"), "--base", base, "--dest", str(dest),
+    fetch = [sys.executable, str(ROOT / "qwen27b" / "onhost" / "fetch.py"), "--base", base, "--dest", str(dest),
              "--manifest", str(listing)]
     refused = subprocess.run(fetch, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 1 and "401" in refused.stderr
@@ -143,6 +143,6 @@ def test_refusals_are_logged_without_the_token(seed):
 def test_seed_mode_needs_a_token_and_peers(tmp_path):
     (tmp_path / "seed.token").write_text("t\n")
     for args in (["--allow", "127.0.0.1"], ["--token-file", str(tmp_path / "seed.token")]):
-        result = subprocess.run([sys.executable, str(ROOT / "qwen27b" / "mirror.py"), str(tmp_path), *args],
+        result = subprocess.run([sys.executable, str(ROOT / "qwen27b" / "onhost" / "mirror.py"), str(tmp_path), *args],
                                 capture_output=True, text=True, timeout=30)
         assert result.returncode == 2 and "needs both" in result.stderr

@@ -2,7 +2,7 @@
 
 import pytest
 
-from qwen27b.stack import (StackError, checkpoint_metadata_dir, gpu_spec, load_stack, profile_for_compute_capability,
+from qwen27b.plan.stack import (StackError, checkpoint_metadata_dir, gpu_spec, load_stack, profile_for_compute_capability,
                            resolve_stack)
 
 

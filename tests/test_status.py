@@ -23,15 +23,17 @@ from pathlib import Path
 
 import pytest
 
-from qwen27b import remote, status
-from qwen27b.stack import load_stack
+from qwen27b.controller import remote
+
+from qwen27b.tools import status
+from qwen27b.plan.stack import load_stack
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDED = ROOT / "tests" / "fixtures" / "status"
 NONCE = "recorded"
 PATHS = load_stack()["paths"]
-SHIM = ("import sys\nfrom qwen27b import remote\nremote.new_nonce = lambda: 'recorded'\n"
-        "from qwen27b.status import main\nsys.exit(main(sys.argv[1:]))\n")
+SHIM = ("import sys\nfrom qwen27b.controller import remote\nremote.new_nonce = lambda: 'recorded'\n"
+        "from qwen27b.tools.status import main\nsys.exit(main(sys.argv[1:]))\n")
 
 
 def recorded(name: str) -> status.HostStatus:

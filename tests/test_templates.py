@@ -13,10 +13,10 @@ import subprocess
 
 import pytest
 
-from qwen27b.gate import decide
-from qwen27b.hostdata import settings_for
-from qwen27b.render import render_all, systemd_quote
-from qwen27b.stack import load_stack
+from qwen27b.plan.gate import decide
+from qwen27b.plan.hostdata import settings_for
+from qwen27b.controller.render import render_all, systemd_quote
+from qwen27b.plan.stack import load_stack
 from recordings import recorded_facts
 
 STACK = load_stack()
@@ -134,7 +134,7 @@ def test_systemd_quote(raw, quoted):
 
 def test_firewall_rule_allows_the_listed_networks_and_the_host_and_resets_the_rest(tmp_path):
     """The nftables rule and its unit (loaded for real on a test host by tests/e2e/test_faults.py)."""
-    from qwen27b.render import firewall_contexts, render
+    from qwen27b.controller.render import firewall_contexts, render
 
     assert firewall_contexts(decision()) == {}  # no key, no rule
     d = decision(data={"qwen27b_firewall_allow": ["10.0.0.0/24", "192.168.7.9", "fd00::/64"]})
@@ -213,7 +213,7 @@ def test_health_unit_runs_unprivileged_and_restarts_through_root_exec_stop_post(
 def test_the_root_exec_stop_post_restarts_only_on_request(tmp_path):
     """The ExecStopPost command, run for real with a stand-in systemctl: no request, nothing; a
     request (even one that is a symlink: rm removes the link, never its target), one restart."""
-    from qwen27b.render import restart_exec
+    from qwen27b.controller.render import restart_exec
 
     bindir = tmp_path / "bin"
     bindir.mkdir()

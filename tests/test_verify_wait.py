@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from qwen27b import verify as V
+from qwen27b.controller import postdeploy as V
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""Fixtures for end-to-end tests on throwaway real hosts (qwen27b.testhosts).
+"""Fixtures for end-to-end tests on throwaway real hosts (tests.support.testhosts).
 
 `testhosts` (session scope) boots N Debian 12 hosts running real systemd in systemd-nspawn,
 each in its own network namespace, reachable over SSH, and always tears them down again
@@ -9,7 +9,7 @@ module can ask for more with indirect parametrisation:
     def test_two(testhosts): ...
 
 Each pytest process uses its own profile (state dir), so it does not touch hosts brought up
-with the CLI (`python3 -m qwen27b.testhosts up`), nor those of another pytest run.
+with the CLI (`python3 -m tests.support.testhosts up`), nor those of another pytest run.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen27b.testhosts import NspawnHosts
+from tests.support.testhosts import NspawnHosts
 from setupcheck import skip_or_fail_setup
 
 E2E_DIR = Path(__file__).resolve().parent

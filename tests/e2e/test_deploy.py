@@ -26,9 +26,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from qwen27b import cpu_smoke
-from qwen27b.artifacts import cache_root
-from qwen27b.mirror import serve
+from qwen27b.tools import cpu_smoke
+from qwen27b.controller.artifacts import cache_root
+from qwen27b.onhost.mirror import serve
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]

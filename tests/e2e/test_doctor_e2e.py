@@ -2,7 +2,7 @@
 
 One deployment (the fixtures and helpers of test_deploy.py: the same inventory, mirror and
 `pyinfra ... deploy.py -y`; after test_deploy.py on the session host it changes nothing), then
-the real CLI, `python -m qwen27b.cli doctor INVENTORY --json`:
+the real CLI, `python -m qwen27b.tools.cli doctor INVENTORY --json`:
 
     healthy                                   -> no check warns or fails, exit 0 (failed runs that
                                                  earlier tests left in the journal: one info line)
@@ -36,8 +36,8 @@ from typing import Callable
 
 import pytest
 
-from qwen27b.doctor import exec_argv
-from qwen27b.render import systemd_quote
+from qwen27b.tools.doctor import exec_argv
+from qwen27b.controller.render import systemd_quote
 from test_deploy import GOOD, ROOT, artifacts, deploy, lab, mirror, wait_healthy  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.e2e
@@ -54,7 +54,7 @@ def doctor(lab, label: str) -> tuple[int, dict]:
     """The real CLI against the lab inventory: (exit code, the host's JSON report)."""
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "SSL_CERT_FILE")}
     env["PYTHONPATH"] = str(ROOT)
-    argv = [sys.executable, "-m", "qwen27b.cli", "doctor", str(lab["inventory"]), "--json"]
+    argv = [sys.executable, "-m", "qwen27b.tools.cli", "doctor", str(lab["inventory"]), "--json"]
     if os.environ.get("QWEN27B_DOCTOR_SAVE"):
         argv += ["--save", str(Path(os.environ["QWEN27B_DOCTOR_SAVE"]) / label)]
     started = time.monotonic()
@@ -185,7 +185,7 @@ def test_fleet_status_reads_the_real_host(deployed):
     row doctor and the deploy agree on (running unit, a health verdict, release, model)."""
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "SSL_CERT_FILE")}
     env["PYTHONPATH"] = str(ROOT)
-    result = subprocess.run([sys.executable, "-m", "qwen27b.cli", "status", str(deployed["inventory"]), "--json"],
+    result = subprocess.run([sys.executable, "-m", "qwen27b.tools.cli", "status", str(deployed["inventory"]), "--json"],
                             cwd=deployed["work"], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-2000:])
     (row,) = json.loads(result.stdout)["hosts"]

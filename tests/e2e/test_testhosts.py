@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen27b.testhosts import NspawnHosts, pid_alive
+from tests.support.testhosts import NspawnHosts, pid_alive
 
 pytestmark = pytest.mark.e2e
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 from typing import Any
 
-from . import allowlist
-from .health import SecretFileError, load_secret
+from qwen27b.plan import allowlist
+from qwen27b.onhost.health import SecretFileError, load_secret
 
 
 class BadHostData(ValueError):
@@ -62,7 +62,7 @@ class Settings:
     firewall_allow: list | None = None  # networks allowed to reach the port (nftables); None: no rule
     metrics_allow: list | None = None  # networks whose scraper reads /metrics without the API key
     # none | tree: with model_source mirror, one host fetches from the mirror and hosts holding a
-    # verified copy seed the others in waves (1 -> 2 -> 4 ...): 1x the model over the WAN (qwen27b/fanout.py)
+    # verified copy seed the others in waves (1 -> 2 -> 4 ...): 1x the model over the WAN (qwen27b/plan/fanout.py)
     weights_fanout: str = "none"
 
 
@@ -105,7 +105,7 @@ KEYS = [PREFIX + f.name for f in fields(Settings)]
 _POSITIVE = {"tensor_parallel_size", "min_free_disk_gib", "health_interval_s", "health_failures_before_restart",
              "keep_model_revisions", "keep_releases"}
 MODEL_SOURCES = ("hub", "mirror", "controller")
-WEIGHTS_FANOUT = ("none", "tree")  # qwen27b.fanout.MODES
+WEIGHTS_FANOUT = ("none", "tree")  # qwen27b.plan.fanout.MODES
 # The unit drops every capability (CapabilityBoundingSet=), so user qwen27b cannot bind below 1024.
 FIRST_UNPRIVILEGED_PORT = 1024
 # Names end up unquoted in unit lines and the health timer's ExecStart: no spaces, no quotes.
@@ -365,7 +365,7 @@ SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
 
 def _check_overrides(host: str, overrides: dict) -> None:
     """The values in stack overrides that end up in paths and downloads: ids, revisions, hashes;
-    then every value's type and allow-list (qwen27b/allowlist.py)."""
+    then every value's type and allow-list (qwen27b/plan/allowlist.py)."""
     key = "qwen27b_stack_overrides"
     for section in ("model", "draft"):
         entry = overrides.get(section) or {}
@@ -410,7 +410,7 @@ def _check_overrides(host: str, overrides: dict) -> None:
 @lru_cache(maxsize=1)
 def _stack_shapes() -> dict[str, frozenset]:
     """Stack key path -> the types its value has in some profile (or model entry) of stack.yaml."""
-    from .stack import load_stack
+    from qwen27b.plan.stack import load_stack
 
     stack, shapes = load_stack(), {}
 
@@ -454,8 +454,8 @@ def _check_override_value(host: str, where: str, path: str, value: Any, shapes: 
                           + f"known here: {', '.join(known)}")
     if not _type_ok(value, types):
         names = " or ".join(sorted("null" if t is type(None) else t.__name__ for t in types))
-        raise BadHostData(host, where, f"expected {names} (as in qwen27b/stack.yaml), got {type(value).__name__} {value!r}",
-                          f"write it as qwen27b/stack.yaml does at {path}")
+        raise BadHostData(host, where, f"expected {names} (as in qwen27b/plan/stack.yaml), got {type(value).__name__} {value!r}",
+                          f"write it as qwen27b/plan/stack.yaml does at {path}")
     if isinstance(value, dict) and path != "serve.env":
         for name, item in value.items():
             if not isinstance(name, str):
@@ -472,7 +472,7 @@ SECRET_NAMES = {"api_key_file": "VLLM_API_KEY", "hf_token_file": "HF_TOKEN"}  # 
 
 def _check_secret_file(host: str, key: str, path: str) -> None:
     """A key or token file the controller reads must be private to its owner and hold one key in
-    the one format (qwen27b.health.parse_secret); the message never holds the file's contents."""
+    the one format (qwen27b.onhost.health.parse_secret); the message never holds the file's contents."""
     try:
         st = os.stat(os.path.expanduser(path))
     except OSError as error:

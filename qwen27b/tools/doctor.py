@@ -17,7 +17,7 @@ skip), the evidence and the fix:
   3. environment  driver (proprietary vs open on Volta, nvidia-smi), Xids, CUDA (driver vs torch
                   runtime), torch version and arch list in the release venv, the vLLM build, Docker
   4. parameters   the running `vllm serve` flags (ExecStart, drop-ins included) against what the
-                  planner chooses now (qwen27b.gate.decide on facts read the way the preflight
+                  planner chooses now (qwen27b.plan.gate.decide on facts read the way the preflight
                   reads them), whether the running sizes fit at all (the planner with them pinned),
                   KV cache usage and preemptions from /metrics
   5. tool limits  the quantization the build supports on this GPU (stack `vllm_builds`) and the
@@ -50,17 +50,17 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import facts as F
-from .checkpoint import CheckpointError, load_shape, shape_from_config
-from .gate import SEED_XID79_ADVICE, XID_MEANING, HostFacts, RefusedHost, decide
-from .hostdata import URL_KEYS, BadHostData, Settings, lab_address, redact_url, settings_for
-from .planner import PlanRefused, ServeInputs, plan_serve
-from .remote import guard, new_nonce, parse_script_output, parse_show
-from .remote import script as remote_script
-from .route_auth import DENIED_ERROR
-from .stack import (StackError, api_key_env_file, cc_tuple, checkpoint_metadata_dir, gpu_spec, load_stack,
+from qwen27b.controller import facts as F
+from qwen27b.plan.checkpoint import CheckpointError, load_shape, shape_from_config
+from qwen27b.plan.gate import SEED_XID79_ADVICE, XID_MEANING, HostFacts, RefusedHost, decide
+from qwen27b.plan.hostdata import URL_KEYS, BadHostData, Settings, lab_address, redact_url, settings_for
+from qwen27b.plan.planner import PlanRefused, ServeInputs, plan_serve
+from qwen27b.controller.remote import guard, new_nonce, parse_script_output, parse_show
+from qwen27b.controller.remote import script as remote_script
+from qwen27b.onhost.route_auth import DENIED_ERROR
+from qwen27b.plan.stack import (StackError, api_key_env_file, cc_tuple, checkpoint_metadata_dir, gpu_spec, load_stack,
                     profile_for_compute_capability, resolve_stack)
-from .verify import spec_counters
+from qwen27b.controller.postdeploy import spec_counters
 
 UNIT = "qwen27b.service"
 OK, WARN, FAIL, SKIP, INFO = "ok", "warn", "fail", "skip", "info"
@@ -182,7 +182,7 @@ FACT_KEYS = frozenset(cls.recorded_as for cls in F.ALL_FACTS)
 
 
 def script(cmds: dict[str, str], nonce: str) -> str:
-    """One shell script printing each command's output between markers (qwen27b.remote). Facts get
+    """One shell script printing each command's output between markers (qwen27b.controller.remote). Facts get
     stdout only (as pyinfra gives their parsers; those that need stderr redirect it themselves)."""
     return remote_script(cmds, nonce, stdout_only=FACT_KEYS)
 

@@ -11,8 +11,8 @@ import subprocess
 import urllib.request
 from pathlib import Path
 
-from .artifacts import cache_root
-from .verify import HostResult, report_table
+from qwen27b.controller.artifacts import cache_root
+from qwen27b.controller.postdeploy import HostResult, report_table
 
 
 def main() -> None:

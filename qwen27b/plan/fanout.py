@@ -6,7 +6,7 @@ that holds a verified copy seeds one host that has none, so the holders double (
 and N hosts are done after 1 + ceil(log2 N) waves. Hosts that already hold a verified copy when
 the deploy starts seed from wave 1 on, and then nothing crosses the WAN at all.
 
-A seed serves the one model revision it holds over HTTP (qwen27b/mirror.py in seed mode, Range
+A seed serves the one model revision it holds over HTTP (qwen27b/onhost/mirror.py in seed mode, Range
 requests honoured) on its lab address, in a transient sandboxed unit (the service user, no
 capability, only that revision visible and read-only) that the last wave's operation stops and
 that stops itself after the planned waves' time budget (`seed_max_s`) if the deploy dies first.

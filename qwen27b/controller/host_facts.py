@@ -1,10 +1,10 @@
-"""Host facts that qwen27b's own operations (qwen27b/operations.py) read to decide what to change.
+"""Host facts that qwen27b's own operations (qwen27b/controller/operations.py) read to decide what to change.
 
-Same conventions as qwen27b/facts.py: a command plus a pure `process` that returns JSON-able data
+Same conventions as qwen27b/controller/facts.py: a command plus a pure `process` that returns JSON-able data
 and raises FactParseError on output it cannot make sense of. Every command here exits 0 when the
 thing it looks at is missing (a missing directory, venv or link is a state, not an error: pyinfra
 fails the host on a non-zero fact command), and returns the "absent" value for empty output.
-`fake_match` is the key for pyinfra's @fake connector, as in qwen27b/facts.py.
+`fake_match` is the key for pyinfra's @fake connector, as in qwen27b/controller/facts.py.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import shlex
 
 from pyinfra.api.facts import FactBase
 
-from qwen27b.facts import FactParseError
-from qwen27b.hostlock import LOCK_FILE
+from qwen27b.controller.facts import FactParseError
+from qwen27b.controller.hostlock import LOCK_FILE
 
 _SHA256_LINE = re.compile(r"^(?P<escaped>\\?)(?P<hash>[0-9a-f]{64}) [ *]\./(?P<name>.+)$")
 _SHA256_UNESCAPE = {"\\\\": "\\", "\\n": "\n", "\\r": "\r"}
@@ -276,7 +276,7 @@ class ServiceUser(FactBase):
 
 
 class DeployLock(FactBase):
-    """Who holds the host's deploy lock (qwen27b.hostlock), as the lock file's one line; None: free."""
+    """Who holds the host's deploy lock (qwen27b.controller.hostlock), as the lock file's one line; None: free."""
 
     fake_match = re.compile(r"^cat .+ 2>/dev/null \|\| true$")
 

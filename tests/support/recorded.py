@@ -1,7 +1,7 @@
 """Recorded host outputs -> `fake_responses` for a pyinfra `@fake` host.
 
 A recorded host is a directory (tests/fixtures/hosts/<name>/) holding, for each fact in
-qwen27b.facts, the output of its command in the file named by the fact's `recorded_as`:
+qwen27b.controller.facts, the output of its command in the file named by the fact's `recorded_as`:
 
 - file present: the fact's command answers with the file's lines (an empty file answers with
   empty output, which pyinfra turns into the fact's default);
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from qwen27b.facts import ALL_FACTS
+from qwen27b.controller.facts import ALL_FACTS
 
 EXTRA_FILE = "extra.yaml"
 # Answers every recorded machine gives alike (all are x86_64 Linux), for pyinfra's built-in facts;

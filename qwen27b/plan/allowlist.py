@@ -87,7 +87,7 @@ STACK_RULES: dict[str, Rule] = {
     "model.served_name": Rule(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}", "--served-model-name in the unit and the "
                               "health timer's ExecStart, unquoted", "qwen3.8-27b"),
     "model.format": _WORD,
-    "model.metadata": Rule(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", "a folder under qwen27b/checkpoints (no '/', no '..')",
+    "model.metadata": Rule(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", "a folder under qwen27b/plan/checkpoints (no '/', no '..')",
                            "nvidia--Qwen3.8-27B-NVFP4"),
     "model.default_source": Rule(r"hub|mirror|controller", "one of the model sources", "hub"),
     "model.local_dir": Rule(r"[A-Za-z0-9_./~+-]{1,255}", "a controller path under the cache", "models/x"),

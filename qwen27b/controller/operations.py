@@ -19,8 +19,8 @@ from pyinfra import host, state
 from pyinfra.api import FileUploadCommand, StringCommand, operation
 from pyinfra.api.exceptions import OperationError, OperationValueError
 
-from qwen27b.facts import HeldPackages
-from qwen27b.host_facts import DirectoryStates, FileHashes, SecretFileState, SymlinkTarget
+from qwen27b.controller.facts import HeldPackages
+from qwen27b.controller.host_facts import DirectoryStates, FileHashes, SecretFileState, SymlinkTarget
 
 _APT_PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]*(?::[a-z0-9]+)?$")
 _SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")

@@ -1,8 +1,8 @@
 """`qwen27b` on the controller: the commands beside `pyinfra ... deploy.py`.
 
-    qwen27b bench ...     the seed's bench matrix against a deployed endpoint (qwen27b.bench)
-    qwen27b doctor ...    the seed's troubleshooting chain, automated (qwen27b.doctor)
-    qwen27b status ...    one line per host of the fleet, read in parallel (qwen27b.status)
+    qwen27b bench ...     the seed's bench matrix against a deployed endpoint (qwen27b.tools.bench)
+    qwen27b doctor ...    the seed's troubleshooting chain, automated (qwen27b.tools.doctor)
+    qwen27b status ...    one line per host of the fleet, read in parallel (qwen27b.tools.status)
 
 Each subcommand lives in its own module with a `main(argv)`; this only dispatches.
 """
@@ -13,9 +13,9 @@ import importlib
 import sys
 
 COMMANDS = {
-    "bench": ("qwen27b.bench", "the bench matrix against an endpoint"),
-    "doctor": ("qwen27b.doctor", "the troubleshooting chain for a host"),
-    "status": ("qwen27b.status", "service, health, release, model, GPUs, last verify of every host"),
+    "bench": ("qwen27b.tools.bench", "the bench matrix against an endpoint"),
+    "doctor": ("qwen27b.tools.doctor", "the troubleshooting chain for a host"),
+    "status": ("qwen27b.tools.status", "service, health, release, model, GPUs, last verify of every host"),
 }
 
 

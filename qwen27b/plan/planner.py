@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from .checkpoint import DTYPE_BYTES, ModelShape
-from .route_auth import MIDDLEWARE
-from .stack import ResolvedStack
+from qwen27b.plan.checkpoint import DTYPE_BYTES, ModelShape
+from qwen27b.onhost.route_auth import MIDDLEWARE
+from qwen27b.plan.stack import ResolvedStack
 
 MiB = 2**20
 GiB = 2**30

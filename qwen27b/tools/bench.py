@@ -248,8 +248,8 @@ def params_from_config(config: Mapping) -> int | None:
 
 def stack_model_facts(stack: dict, key: str) -> dict:
     """Weights bytes (safetensors index total_size) and estimated params of a stack model."""
-    from .checkpoint import CheckpointError, load_shape
-    from .stack import checkpoint_metadata_dir
+    from qwen27b.plan.checkpoint import CheckpointError, load_shape
+    from qwen27b.plan.stack import checkpoint_metadata_dir
     if key not in stack["models"]:
         raise BenchError(f"unknown stack model {key!r}; stack models: {', '.join(stack['models'])}")
     folder = checkpoint_metadata_dir(stack["models"][key])
@@ -259,7 +259,7 @@ def stack_model_facts(stack: dict, key: str) -> dict:
     except (CheckpointError, OSError, ValueError) as error:
         raise BenchError(f"stack model {key}: cannot read its checkpoint metadata: {error}") from None
     return {"key": key, "weights_bytes": shape.weight_bytes, "params": params_from_config(config),
-            "source": f"checkpoint metadata qwen27b/checkpoints/{folder.name}"}
+            "source": f"checkpoint metadata qwen27b/plan/checkpoints/{folder.name}"}
 
 
 def stack_model_for_served(stack: dict, served: str | None) -> str | None:
@@ -642,7 +642,7 @@ def write_chart(run: dict, path: Path, baseline: dict | None = None) -> Path | N
 
 def write_outputs(run: dict, out: Path, baseline: dict | None = None) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
-    from .report import write_private  # reports are 0600 (they name hosts and models)
+    from qwen27b.controller.report import write_private  # reports are 0600 (they name hosts and models)
     paths = {"json": out / "bench.json", "csv": out / "bench.csv", "txt": out / "bench.txt"}
     write_private(paths["json"], json.dumps(run, indent=2, ensure_ascii=False) + "\n")
     write_private(paths["csv"], csv_text(run))
@@ -863,10 +863,10 @@ def _headers(api_key: str | None) -> dict:
 
 
 def read_key_file(path: str | None) -> str | None:
-    """The API key, read as deploy and qwen27b-health read it (qwen27b.health.load_secret)."""
+    """The API key, read as deploy and qwen27b-health read it (qwen27b.onhost.health.load_secret)."""
     if not path:
         return None
-    from .health import SecretFileError, load_secret
+    from qwen27b.onhost.health import SecretFileError, load_secret
     try:
         return load_secret(path)
     except SecretFileError as error:
@@ -940,7 +940,7 @@ def resolve_physics(args, stack: dict, served: str) -> dict:
 
 def measure(args) -> dict:
     import httpx
-    from .stack import load_stack
+    from qwen27b.plan.stack import load_stack
     base = args.url.rstrip("/")
     key = read_key_file(args.api_key_file)
     headers = _headers(key)

@@ -14,7 +14,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .report import write_private
+from qwen27b.controller.report import write_private
 
 PROMPT = "你好"  # the seed article's first request
 SPEC_DRAFT = re.compile(r"^vllm:spec_decode_num_draft_tokens_total(?:\{[^}]*\})?\s+([0-9.eE+-]+)$", re.M)

@@ -4,7 +4,7 @@ Each fact is a command plus a pure parser (`process`) that turns the command's o
 plain JSON-able data. A parser that cannot make sense of its output raises FactParseError (which
 pyinfra reports as "could not process fact" and fails that host) instead of guessing.
 
-Two class attributes tie each fact to recorded host outputs (see qwen27b/recorded.py):
+Two class attributes tie each fact to recorded host outputs (see tests/support/recorded.py):
 `recorded_as` names the file holding the command's output in tests/fixtures/hosts/<host>/, and
 `fake_match` is the key for pyinfra's @fake connector (`fake_responses`), which matches a str as a
 substring and an re.Pattern with .search() against the command pyinfra runs. A fact with

@@ -8,7 +8,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from .gate import Decision, RefusedHost
+from qwen27b.plan.gate import Decision, RefusedHost
 
 def write_private(path: Path, text: str) -> Path:
     """Write a report file mode 0600 from its first byte (a temp file in the same directory, renamed):

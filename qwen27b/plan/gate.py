@@ -9,10 +9,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from .checkpoint import CheckpointError, ModelShape, load_shape
-from .hostdata import Settings
-from .planner import GiB, Gpu, PlanRefused, ServeInputs, ServePlan, _divides, plan_serve
-from .stack import (ResolvedStack, StackError, cc_tuple, checkpoint_metadata_dir, gpu_spec,
+from qwen27b.plan.checkpoint import CheckpointError, ModelShape, load_shape
+from qwen27b.plan.hostdata import Settings
+from qwen27b.plan.planner import GiB, Gpu, PlanRefused, ServeInputs, ServePlan, _divides, plan_serve
+from qwen27b.plan.stack import (ResolvedStack, StackError, cc_tuple, checkpoint_metadata_dir, gpu_spec,
                     os_support, profile_for_compute_capability, resolve_stack, revision_dir_name)
 
 SEED_XID79_ADVICE = (
@@ -68,7 +68,7 @@ SECURE_BOOT_FIX = (
 
 @dataclass(frozen=True)
 class HostFacts:
-    """The facts the gate reads, as the fact classes in qwen27b.facts return them."""
+    """The facts the gate reads, as the fact classes in qwen27b.controller.facts return them."""
 
     os: dict
     kernel: str | None = None
@@ -197,7 +197,7 @@ def host_gpus(host: str, facts: HostFacts, stack: dict) -> list[Gpu]:
         spec = gpu_spec(stack, pci_id=dev["device_id"])
         if spec is None:
             raise RefusedHost(host, f"unknown NVIDIA GPU 10de:{dev['device_id']} ({dev.get('description', '')}) at {dev['slot']}",
-                              "add it to the gpus table in qwen27b/stack.yaml (PCI id, memory, compute capability)")
+                              "add it to the gpus table in qwen27b/plan/stack.yaml (PCI id, memory, compute capability)")
         gpus.append(Gpu(index, spec["names"][0], spec["memory_mib"], spec["compute_capability"]))
     return gpus
 
@@ -251,7 +251,7 @@ def _choose_profile(host: str, gpus: list[Gpu], settings: Settings, stack: dict)
     if settings.profile is None:
         if auto is None:
             raise RefusedHost(host, f"no validated stack for compute capability {cc} ({gpus[0].name})",
-                              "add a profile for it in qwen27b/stack.yaml")
+                              "add a profile for it in qwen27b/plan/stack.yaml")
         return auto
     bounds = stack["profiles"].get(settings.profile, {}).get("compute_capability")
     if bounds and not cc_tuple(bounds["min"]) <= cc_tuple(cc) <= cc_tuple(bounds["max"]):
@@ -511,7 +511,7 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
     try:
         rs = resolve_stack(stack, profile_name, settings.stack_overrides)
     except StackError as error:
-        raise RefusedHost(host, f"qwen27b_stack_overrides: {error}", "use keys that exist in qwen27b/stack.yaml") from None
+        raise RefusedHost(host, f"qwen27b_stack_overrides: {error}", "use keys that exist in qwen27b/plan/stack.yaml") from None
     # From here each check is independent: collect every refusal, so one run names them all.
     refusals: list[RefusedHost] = []
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import jinja2
 
-from .gate import Decision
-from .health import MODEL_REF_ENV, QUIET_ENV, TEXTFILE_DIR
-from .stack import api_key_env_file, health_status_file
+from qwen27b.plan.gate import Decision
+from qwen27b.onhost.health import MODEL_REF_ENV, QUIET_ENV, TEXTFILE_DIR
+from qwen27b.plan.stack import api_key_env_file, health_status_file
 
-TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
 SERVICE_UNIT = "qwen27b.service"
 HEALTH_UNIT = "qwen27b-health.service"
 HEALTH_TIMER = "qwen27b-health.timer"

@@ -57,9 +57,9 @@ def gpu_spec(stack: dict, *, name: str | None = None, pci_id: str | None = None)
 
 
 def volta_pci_spec(stack: dict, pci_id: str) -> dict | None:
-    """A row for any Volta board of pci.ids (qwen27b/pci_volta.yaml) that the gpus table lacks:
+    """A row for any Volta board of pci.ids (qwen27b/plan/pci_volta.yaml) that the gpus table lacks:
     memory from the size its name says, as R580 reports it, else the smallest Tesla V100's."""
-    from .pciids import memory_class, volta_table
+    from qwen27b.plan.pciids import memory_class, volta_table
 
     name = volta_table()["devices"].get(pci_id.lower())
     rule = stack.get("volta_pci")
@@ -160,7 +160,7 @@ def resolve_stack(stack: dict, profile_name: str, overrides: dict | None = None)
     Override layout: profile keys at the top level ({"driver": {...}, "serve": {...}}), plus
     "model" / "draft" dicts merged into the model entries, and shortcuts "model_revision" /
     "draft_revision" for the most common pin (refused beside "model": {"revision": ...}: one key,
-    one spelling). Every merged value is held to its allow-list (qwen27b/allowlist.py).
+    one spelling). Every merged value is held to its allow-list (qwen27b/plan/allowlist.py).
     """
     overrides = dict(overrides or {})
     if profile_name not in stack["profiles"]:
@@ -197,9 +197,9 @@ def resolve_stack(stack: dict, profile_name: str, overrides: dict | None = None)
 
 
 def _check_allowed(tree: dict, prefix: str) -> None:
-    """Every merged value that reaches a host matches its allow-list (qwen27b/allowlist.py), the
+    """Every merged value that reaches a host matches its allow-list (qwen27b/plan/allowlist.py), the
     stack file's own values included."""
-    from .allowlist import problem, walk
+    from qwen27b.plan.allowlist import problem, walk
 
     for path, value in walk(tree, prefix):
         found = problem(path, value)

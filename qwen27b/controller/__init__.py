@@ -1,0 +1,1 @@
+"""Controller code bound to pyinfra: facts, operations, rendering, the run summary and reports."""

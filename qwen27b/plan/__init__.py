@@ -1,0 +1,1 @@
+"""Pure planning: facts and the stack file in, decisions out. No pyinfra, no host I/O."""

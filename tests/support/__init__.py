@@ -1,0 +1,1 @@
+"""Test machinery: systemd test hosts and recorded hosts. Not in the wheel."""
