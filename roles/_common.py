@@ -12,7 +12,7 @@ from pyinfra.operations import server
 
 from qwen27b.plan.gate import Decision
 from qwen27b.controller.host_facts import Subdirectories
-from qwen27b.onhost.health import load_secret
+from qwen27b.onhost.secretfile import load_secret
 from qwen27b.plan.hostdata import Settings, url_has_password
 
 ROLLBACK_DIR = "/etc/qwen27b/rollback"  # the running release's unit and env, kept while an upgrade is verified

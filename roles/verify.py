@@ -21,6 +21,7 @@ from pyinfra.operations import python
 
 from qwen27b.controller import runsummary
 from qwen27b.controller import postdeploy as V
+from qwen27b.onhost.contract import RESTART_LOOP_FINDING, UNIT_PROPERTIES, crash_loop
 from qwen27b.plan.gate import Decision
 from qwen27b.controller.render import HEALTH_UNIT, RESTART_COMMAND, SERVICE_UNIT, layout
 
@@ -81,11 +82,8 @@ def _serving(decision: Decision, result: V.HostResult, key: str | None, say, uni
                                  "(1Cat-vLLM issue 478: NVFP4 target on V100 TP4); check the draft and target")
 
 
-UNIT_PROPERTIES = "ActiveState,SubState,Result,NRestarts,StartLimitBurst"
-
-
 def _unit_properties() -> dict:
-    return dict(line.split("=", 1) for line in _remote(f"systemctl show -p {UNIT_PROPERTIES} {SERVICE_UNIT}")
+    return dict(line.split("=", 1) for line in _remote(f"systemctl show -p {','.join(UNIT_PROPERTIES)} {SERVICE_UNIT}")
                 if "=" in line)
 
 
@@ -95,7 +93,7 @@ def _until_restart_loop_is_evident(say, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         props = _unit_properties()
-        if props.get("Result") == "start-limit-hit" or int(props.get("NRestarts") or 0) >= 2:
+        if crash_loop(props):
             return
         say(f"the service died during start-up; watching systemd restart it "
             f"({props.get('NRestarts', '?')} restart(s), {props.get('SubState', '?')})")
@@ -113,7 +111,7 @@ def _health_verdict(decision: Decision, result: V.HostResult) -> None:
     except ValueError:
         result.health = {"raw": status.splitlines()}
     findings = (result.health or {}).get("findings") or []
-    loop = [f["text"] for f in findings if f"{SERVICE_UNIT} is not serving: " in str(f.get("text"))]
+    loop = [f["text"] for f in findings if f.get("kind") == RESTART_LOOP_FINDING]
     if loop:
         result.reason = loop[0]
 

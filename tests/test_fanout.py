@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qwen27b.controller.artifacts import dir_manifest
+from qwen27b.onhost.contract import module_argv, module_command
 from qwen27b.plan.fanout import (MIRROR, SEED_PORT, Member, fetch_command, ideal_waves, plan_waves, seed_max_s, seed_peers,
                             seed_start_commands)
 from qwen27b.plan.hostdata import BadHostData, settings_for
@@ -121,9 +122,18 @@ def test_plan_invariants(spec):
     _check_invariants(members, plan_waves(members))
 
 
+VENV = "/opt/qwen27b/releases/1/venv"
+
+
+def _fetch_tool(out: str) -> str:
+    """The fetch command the plan names: qwen27b_onhost.fetch from the host's release venv."""
+    venv = re.search(r"(/opt/qwen27b/releases/[0-9a-f]+/venv)/bin/python -m qwen27b_onhost\.fetch", out).group(1)
+    return module_command(venv, "fetch")
+
+
 def test_commands():
     plan = plan_waves(_hosts(2))
-    fetch = "python3 /opt/qwen27b/bin/qwen27b-fetch --dest D --manifest M"
+    fetch = f"{module_command(VENV, 'fetch')} --dest D --manifest M"
     mirror = "http://mirror.lab/x@1"
     assert fetch_command(fetch, plan.copies[0], mirror, "x@1", proxy_env="http_proxy=http://p:3128 ") == (
         f"http_proxy=http://p:3128 {fetch} --base {mirror}")
@@ -131,17 +141,18 @@ def test_commands():
     assert peer.startswith(f"no_proxy='*' NO_PROXY='*' {fetch} --base http://10.0.0.1:{SEED_PORT}/x@1 || {{ ")
     assert peer.endswith(f"http_proxy=http://p:3128 {fetch} --base {mirror}; }}")
     revision = "/var/lib/qwen27b/models/x@1"
-    start = seed_start_commands("/opt/qwen27b/bin/qwen27b-seed", revision, "10.0.0.1", seed_peers(plan, "h01"),
+    start = seed_start_commands(module_argv(VENV, "mirror"), revision, "10.0.0.1", seed_peers(plan, "h01"),
                                 "/etc/qwen27b/seed.token", "qwen27b", seed_max_s(plan, "h01", 10**9),
-                                "/var/lib/qwen27b")
+                                "/var/lib/qwen27b", pythonpath=f"{VENV}/lib")
     argv = shlex.split(start[1])
     props = [a.split("=", 1)[1] for a in argv if a.startswith("--property=")]
     for prop in ("User=qwen27b", "Group=qwen27b", "CapabilityBoundingSet=", "NoNewPrivileges=yes",
                  "TemporaryFileSystem=/var/lib/qwen27b:ro", f"BindReadOnlyPaths={revision}",
-                 "IPAddressDeny=any", "IPAddressAllow=10.0.0.1 10.0.0.2", f"RuntimeMaxSec={1 * (120 + 40)}"):
+                 "IPAddressDeny=any", "IPAddressAllow=10.0.0.1 10.0.0.2", f"RuntimeMaxSec={1 * (120 + 40)}",
+                 f"Environment=PYTHONPATH={VENV}/lib"):
         assert prop in props, prop
     assert not any("CAP_" in p for p in props)
-    assert argv[argv.index("python3"):] == ["python3", "/opt/qwen27b/bin/qwen27b-seed", revision, "--host", "10.0.0.1",
+    assert argv[argv.index(f"{VENV}/bin/python"):] == [f"{VENV}/bin/python", "-m", "qwen27b_onhost.mirror", revision, "--host", "10.0.0.1",
                                             "--port", "8801", "--token-file", "/etc/qwen27b/seed.token",
                                             "--allow", "10.0.0.2"]
     assert "--token-file /etc/qwen27b/seed.token" in fetch_command(fetch, plan.copies[1], mirror, "x@1",
@@ -231,7 +242,7 @@ def test_fake_four_hosts_plan_waves_and_commands(tmp_path, mirror):
         "   wave 2: @fake/fan-3 <- @fake/fan-1 (10.9.0.1:8801): @fake/fan-1 verified in wave 0; falls back to the mirror if the seed fails",
         "   wave 2: @fake/fan-4 <- @fake/fan-2 (10.9.0.2:8801): @fake/fan-2 verified in wave 1; falls back to the mirror if the seed fails",
         "   4 host(s), 3 wave(s), 1 copy(ies) over the WAN (ideal for 4: 3 wave(s), 1 WAN copy)"]
-    fetch = (f"python3 /opt/qwen27b/bin/qwen27b-fetch --dest /var/lib/qwen27b/models/{MODEL} "
+    fetch = (f"{_fetch_tool(out)} --dest /var/lib/qwen27b/models/{MODEL} "
              f"--manifest /opt/qwen27b/cache/{MODEL}.manifest.json")
     first = _ops(out, "fan-1", f"fan-out wave 0 of {MODEL}")
     assert first[0] == f"CHANGE  weights fan-out wave 0 of {MODEL}"
@@ -300,7 +311,7 @@ def test_fake_default_is_one_mirror_fetch_per_host(tmp_path, mirror):
     assert "weights fan-out" not in out
     for n in (1, 2, 3, 4):
         assert (
-            f"$ python3 /opt/qwen27b/bin/qwen27b-fetch --base {url}/{MODEL} --dest /var/lib/qwen27b/models/{MODEL} "
+            f"$ {_fetch_tool(out)} --base {url}/{MODEL} --dest /var/lib/qwen27b/models/{MODEL} "
             f"--manifest /opt/qwen27b/cache/{MODEL}.manifest.json") in _ops(out, f"fan-{n}", "fetch the checkpoint from the mirror")
 
 
@@ -377,7 +388,7 @@ def test_the_seed_unit_verifies_and_scores_like_the_service(tmp_path):
     """The transient unit's properties as a unit file: systemd-analyze accepts every one, and its
     exposure stays within the main unit's goal (2.5; the root seed with CAP_DAC_READ_SEARCH was 6.1)."""
     plan = plan_waves(_hosts(2))
-    argv = shlex.split(seed_start_commands("/usr/bin/true", "/var/lib/qwen27b/models/x@1", "10.0.0.1",
+    argv = shlex.split(seed_start_commands(["python3", "/usr/bin/true"], "/var/lib/qwen27b/models/x@1", "10.0.0.1",
                                            seed_peers(plan, "h01"), "/etc/qwen27b/seed.token", "qwen27b", 160,
                                            "/var/lib/qwen27b")[1])
     props = [a.split("=", 1)[1] for a in argv if a.startswith("--property=")]

@@ -1,6 +1,6 @@
 """qwen27b.onhost.health: pure parts offline, then the CLI against a real vLLM OpenAI server.
 
-The CLI always runs the way hosts run it: the file copied to ``<venv>/lib/qwen27b_health.py``
+The CLI always runs the way hosts run it: the package copied to ``<venv>/lib/qwen27b_onhost/``
 behind the rendered wrapper ``<venv>/bin/qwen27b-health`` (here a real scratch venv with the host
 packages installed from the controller wheelhouse, as the vllm role does on a host).
 ``systemctl`` and ``journalctl`` are fakes first on PATH, so the watchdog's restart is recorded,
@@ -18,6 +18,11 @@ from pathlib import Path
 import pytest
 
 from qwen27b.onhost import health as hc
+from qwen27b.onhost import contract
+from qwen27b.onhost import gpu
+from qwen27b.onhost import secretfile
+from qwen27b.onhost import statusfile
+from tests.support import onhost_lib
 
 HEALTH_PY = Path(hc.__file__)
 FIXTURES = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures"
@@ -37,14 +42,14 @@ NVRM: Xid (PCI:0000:3b:00): notanumber, garbage
 # ============================================================================ pure parts
 
 def test_decode_throttle():
-    assert hc.decode_throttle(0) == []
-    assert hc.decode_throttle(0x1) == ["gpu_idle"]  # the genuine H200 reading (fixtures)
-    assert hc.decode_throttle(0x44) == ["sw_power_cap", "hw_thermal"]
-    assert hc.decode_throttle(0x80 | 0x800) == ["hw_power_brake", "0x800"]  # unknown bits kept
+    assert gpu.decode_throttle(0) == []
+    assert gpu.decode_throttle(0x1) == ["gpu_idle"]  # the genuine H200 reading (fixtures)
+    assert gpu.decode_throttle(0x44) == ["sw_power_cap", "hw_thermal"]
+    assert gpu.decode_throttle(0x80 | 0x800) == ["hw_power_brake", "0x800"]  # unknown bits kept
 
 
 def test_parse_xids_real_line_shapes():
-    xids = hc.parse_xids(KERNEL_LOG)
+    xids = gpu.parse_xids(KERNEL_LOG)
     assert [x["xid"] for x in xids] == [79, 13, 48, 31]
     x79 = xids[0]
     assert x79 == {"time": "2026-12-02T14:31:07+00:00", "pci": "0000:3b:00", "xid": 79, "pid": "1423",
@@ -56,9 +61,9 @@ def test_parse_xids_real_line_shapes():
 
 
 def test_parse_xids_since_drops_old_and_unstamped_lines():
-    since = hc._epoch("2026-12-02T14:32:00+00:00")
-    assert [x["xid"] for x in hc.parse_xids(KERNEL_LOG, since=since)] == [13, 48]
-    assert hc.parse_xids("random\n\n", since=since) == []
+    since = statusfile.epoch("2026-12-02T14:32:00+00:00")
+    assert [x["xid"] for x in gpu.parse_xids(KERNEL_LOG, since=since)] == [13, 48]
+    assert gpu.parse_xids("random\n\n", since=since) == []
 
 
 def _readings(**kw):
@@ -144,7 +149,7 @@ def test_counter_and_restart_decision():
 def test_history_keeps_the_last_20():
     h = None
     for i in range(25):
-        h = hc.push_history(h, f"t{i}", 2 if i % 2 else 0)
+        h = statusfile.push_history(h, f"t{i}", 2 if i % 2 else 0)
     assert len(h) == 20 and h[0]["time"] == "t5" and h[-1] == {"time": "t24", "code": 0, "verdict": "OK"}
 
 
@@ -154,23 +159,23 @@ def test_history_keeps_the_last_20():
 ])
 def test_parse_secret_reads_the_deployed_env_file(text, key):
     """The full format is tested in tests/test_secrets.py (one parser for deploy, health, bench)."""
-    assert hc.parse_secret(text) == key
+    assert secretfile.parse_secret(text) == key
 
 
 @pytest.mark.parametrize("text", ["OTHER=1\n", "VLLM_API_KEY=\n", "", "VLLM_API_KEY=a\nLD_PRELOAD=/x.so\n"])
 def test_parse_secret_refuses(text):
-    with pytest.raises(hc.SecretFileError):
-        hc.parse_secret(text)
+    with pytest.raises(secretfile.SecretFileError):
+        secretfile.parse_secret(text)
 
 
 def test_status_file_atomic_and_tolerant(tmp_path):
     path = tmp_path / "state" / "health.json"
-    hc.write_status(str(path), {"a": 1})
+    statusfile.write_status(str(path), {"a": 1})
     assert json.loads(path.read_text()) == {"a": 1}
     assert [p.name for p in path.parent.iterdir()] == ["health.json"]  # no temp file left behind
     path.write_text("{half a fi")
-    assert hc.load_status(str(path)) == {}  # a torn/corrupt file is a first run, not a crash
-    assert hc.load_status(str(tmp_path / "missing.json")) == {}
+    assert statusfile.load_status(str(path)) == {}  # a torn/corrupt file is a first run, not a crash
+    assert statusfile.load_status(str(tmp_path / "missing.json")) == {}
 
 
 # ---------------------------------------------------------------------------- NVML (real pynvml, faked driver)
@@ -228,7 +233,7 @@ def _fake_driver(monkeypatch, count=1, lost=(), init_error=None):
 
 def test_read_gpus_from_the_recorded_h200(monkeypatch):
     _fake_driver(monkeypatch)
-    gpus, note = hc.read_gpus()
+    gpus, note = gpu.read_gpus()
     assert note is None
     assert gpus == [{"index": 0, "name": "NVIDIA H200", "pci": "00000000:18:00.0", "memory_used_mib": 615,
                      "memory_total_mib": 143771, "temperature_c": 32, "ecc_uncorrected": 0,
@@ -239,34 +244,40 @@ def test_read_gpus_from_the_recorded_h200(monkeypatch):
 def test_read_gpus_lost_gpu_and_cpu_only_host(monkeypatch):
     pynvml = pytest.importorskip("pynvml")
     _fake_driver(monkeypatch, count=2, lost={1})
-    gpus, _ = hc.read_gpus()
+    gpus, _ = gpu.read_gpus()
     assert gpus[1] == {"index": 1, "error": "GPU is lost"}
     assert hc.verdict(_readings(gpu=gpus))[0] == 2
     _fake_driver(monkeypatch, init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
-    assert hc.read_gpus() == (None, "NVML Shared Library Not Found")
+    assert gpu.read_gpus() == (None, "NVML Shared Library Not Found")
 
 
-# ============================================================================ shipped as one file
+# ============================================================================ shipped as one package
 
-def test_imports_only_stdlib_httpx_and_lazy_pynvml_and_prometheus_client():
-    tree = ast.parse(HEALTH_PY.read_text())
+ONHOST = sorted(HEALTH_PY.parent.glob("*.py"))
+
+
+@pytest.mark.parametrize("path", ONHOST, ids=lambda p: p.name)
+def test_onhost_imports_only_stdlib_its_siblings_and_the_host_packages(path):
+    """The package runs in the release venv as qwen27b_onhost: stdlib, siblings (relative imports),
+    httpx at the top (health only), pynvml and prometheus_client lazily; never qwen27b or pyinfra."""
+    tree = ast.parse(path.read_text())
     top = set()
     for node in tree.body:
         if isinstance(node, ast.Import):
             top |= {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
+        elif isinstance(node, ast.ImportFrom) and not node.level:
             top.add((node.module or "").split(".")[0])
-    assert top - sys.stdlib_module_names - {"__future__"} == {"httpx"}
+    assert top - sys.stdlib_module_names - {"__future__"} <= ({"httpx"} if path.name == "health.py" else set())
     every = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    every |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert every - sys.stdlib_module_names - {"__future__"} == {"httpx", "pynvml", "prometheus_client"}
+    every |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level}
+    assert every - sys.stdlib_module_names - {"__future__"} <= {"httpx", "pynvml", "prometheus_client"}
 
 
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory):
     """A real release venv built the way the vllm role builds one on a host: ``python3 -m venv``,
     then the stack's host packages (httpx, nvidia-ml-py) installed offline from the controller
-    wheelhouse, then lib/qwen27b_health.py and the wrapper. Nothing comes from this machine's
+    wheelhouse, then lib/qwen27b_onhost/ and the wrapper. Nothing comes from this machine's
     own site-packages (issue 10: a linked interpreter without pyvenv.cfg ran the system Python,
     which had httpx only where someone installed it by hand)."""
     import os
@@ -282,9 +293,9 @@ def venv(tmp_path_factory):
     subprocess.run([str(root / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index",
                     "--find-links", str(wheelhouse), *cs.host_packages()],
                    check=True, env=cs.offline_pip_env(os.environ))
-    (root / "lib" / "qwen27b_health.py").write_bytes(HEALTH_PY.read_bytes())
+    onhost_lib.install(root / "lib")
     wrapper = root / "bin" / "qwen27b-health"
-    wrapper.write_text(hc.wrapper_script(str(root)))
+    wrapper.write_text(contract.wrapper_script(str(root)))
     wrapper.chmod(0o755)
     return root
 
@@ -300,10 +311,10 @@ def test_release_venv_is_a_real_venv(venv):
 
 
 def test_wrapper_script_shape():
-    text = hc.wrapper_script("/opt/qwen27b/releases/1/venv")
+    text = contract.wrapper_script("/opt/qwen27b/releases/1/venv")
     assert text.startswith("#!/opt/qwen27b/releases/1/venv/bin/python\n")
     assert "sys.path.insert(0, '/opt/qwen27b/releases/1/venv/lib')" in text
-    assert text.endswith("from qwen27b_health import main\nraise SystemExit(main())\n")
+    assert text.endswith("from qwen27b_onhost.health import main\nraise SystemExit(main())\n")
 
 
 @pytest.fixture(scope="module")
@@ -396,10 +407,10 @@ def test_cli_reads_xids_since_the_last_check(cli, tmp_path):
     kernel.write_text(KERNEL_LOG)
     url = closed_url()
     # a previous run at 14:32:00: only the Xid 13 and Xid 48 are new
-    hc.write_status(str(cli.status), {"time": "2026-12-02T14:32:00+00:00", "consecutive_failures": 0})
+    statusfile.write_status(str(cli.status), {"time": "2026-12-02T14:32:00+00:00", "consecutive_failures": 0})
     rc, out, err, s = cli("--url", url, "--no-restart", "--timeout", "2", env={"FAKE_KERNEL": str(kernel)})
     assert [x["xid"] for x in s["xids"]] == [13, 48] and s["xid_source"] == "journalctl"
-    assert "--since=@" + str(int(hc._epoch("2026-12-02T14:32:00+00:00"))) in cli.calls.read_text()
+    assert "--since=@" + str(int(statusfile.epoch("2026-12-02T14:32:00+00:00"))) in cli.calls.read_text()
     assert any("Xid 48" in f["text"] and f["level"] == "CRITICAL" for f in s["findings"])
 
 
@@ -408,7 +419,7 @@ def test_cli_writes_the_textfile_and_counts_xids_across_runs(cli, tmp_path):
     parser = pytest.importorskip("prometheus_client.parser")
     kernel = tmp_path / "kernel.log"
     kernel.write_text(KERNEL_LOG)
-    hc.write_status(str(cli.status), {"time": "2026-12-02T14:32:00+00:00", "consecutive_failures": 0})
+    statusfile.write_status(str(cli.status), {"time": "2026-12-02T14:32:00+00:00", "consecutive_failures": 0})
     args = ("--url", closed_url(), "--no-restart", "--timeout", "2", "--model-ref", "org/m@abc")
     for _ in range(2):  # the second run finds no new Xid lines: the counter stays, never resets
         rc, out, err, s = cli(*args, env={"FAKE_KERNEL": str(kernel)})
@@ -437,7 +448,7 @@ def test_cli_quiet_prints_one_line_until_the_verdict_changes(cli, tmp_path):
     assert "/health unreachable" in out  # the first CRITICAL finding's sentence, with its fix
     # a different verdict (history says OK last): the table again
     s["history"][-1].update(code=0, verdict="OK")
-    hc.write_status(str(cli.status), s)
+    statusfile.write_status(str(cli.status), s)
     rc, out, err, s = cli(*args)
     assert len(out.splitlines()) > 5
 
@@ -566,8 +577,8 @@ def test_cli_a_corrupt_status_file_starts_fresh_and_says_so_once(cli, text):
 def test_a_valid_previous_status_is_kept():
     good = {"time": "2026-12-02T14:32:00+00:00", "consecutive_failures": 2, "history": [{"code": 2}],
             "last_restart": {"time": "2026-12-02T14:00:00+00:00", "reason": "r", "ok": True}}
-    assert hc._valid_status(good) is None and hc._valid_status({}) is None
-    assert hc._valid_status({**good, "last_restart": None}) is None
+    assert statusfile._valid_status(good) is None and statusfile._valid_status({}) is None
+    assert statusfile._valid_status({**good, "last_restart": None}) is None
 
 
 @pytest.mark.parametrize("how", ["flag", "environment"])
@@ -576,7 +587,7 @@ def test_cli_restart_by_request_file_runs_no_systemctl_restart(cli, tmp_path, ho
     ExecStopPost acts on (tests/test_templates.py runs that line); no `systemctl restart` here."""
     request = tmp_path / "state" / "health-restart.request"
     args = ["--url", closed_url(), "--unit", "fake.service", "--restart-after", "1", "--timeout", "2"]
-    env = {hc.RESTART_REQUEST_ENV: str(request)} if how == "environment" else {}
+    env = {contract.RESTART_REQUEST_ENV: str(request)} if how == "environment" else {}
     if how == "flag":
         args += ["--restart-request", str(request)]
     rc, out, err, s = cli(*args, env=env)

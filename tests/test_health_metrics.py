@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from qwen27b.onhost import health as hc
+from qwen27b.onhost import contract
+from qwen27b.onhost import gpu
+from qwen27b.onhost import metrics
+from qwen27b.onhost import statusfile
 
 prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -23,7 +26,7 @@ HOSTS = ROOT / "tests" / "fixtures" / "hosts"
 def status(**change) -> dict:
     s = {"time": "2026-12-03T20:00:00+00:00", "code": 0, "consecutive_failures": 0, "restart_after": 3,
          "last_restart": None, "health_status": 200, "latency_ms": 12.5, "systemd": None,
-         "unit": "qwen27b.service", "gpu": None, "xids": [], "xid_counts": hc.accumulate_xids(None, [])}
+         "unit": "qwen27b.service", "gpu": None, "xids": [], "xid_counts": metrics.accumulate_xids(None, [])}
     s.update(change)
     return s
 
@@ -31,7 +34,7 @@ def status(**change) -> dict:
 def exposition(s: dict, **kw) -> dict:
     """-> {sample name: {frozenset(labels): value}} (counters keep their _total sample name)."""
     text = prometheus_client.generate_latest(
-        hc.metrics_registry(s, release=kw.get("release", "r-20261203"), model_ref="Qwen/x@abc",
+        metrics.metrics_registry(s, release=kw.get("release", "r-20261203"), model_ref="Qwen/x@abc",
                             systemd=kw.get("systemd"))).decode()
     out: dict = {}
     for family in text_string_to_metric_families(text):
@@ -52,19 +55,19 @@ def v100_gpus(host: str) -> list[dict]:
         gpus.append({"index": int(f[0]), "name": f[1], "pci": f[3], "memory_used_mib": 0,
                      "memory_total_mib": int(f[4]), "temperature_c": 35, "ecc_uncorrected": 0,
                      "retired_pages_pending": False, "retired_pages": 0,
-                     "throttle": {"mask": "0x1", "reasons": hc.decode_throttle(0x1)}})
+                     "throttle": {"mask": "0x1", "reasons": gpu.decode_throttle(0x1)}})
     return gpus
 
 
 def test_verdict_and_state_one_hot():
-    for code, name in hc.LEVELS.items():
+    for code, name in contract.LEVELS.items():
         m = exposition(status(code=code))
         assert one(m, "qwen27b_health_verdict") == code
         assert {dict(k)["state"]: v for k, v in m["qwen27b_health_state"].items()} == {
-            n: (1.0 if n == name else 0.0) for n in hc.LEVELS.values()}
+            n: (1.0 if n == name else 0.0) for n in contract.LEVELS.values()}
     m = exposition(status())
     assert one(m, "qwen27b_service_up") == 1 and one(m, "qwen27b_health_latency_seconds") == 0.0125
-    assert one(m, "qwen27b_health_last_run_timestamp_seconds") == hc._epoch("2026-12-03T20:00:00+00:00")
+    assert one(m, "qwen27b_health_last_run_timestamp_seconds") == statusfile.epoch("2026-12-03T20:00:00+00:00")
     assert one(m, "qwen27b_build_info", release="r-20261203", model="Qwen/x@abc", unit="qwen27b.service") == 1
     assert "qwen27b_gpu_up" not in m  # a CPU-only host has no GPU series at all, not zeros
 
@@ -72,7 +75,7 @@ def test_verdict_and_state_one_hot():
 def test_recorded_h200_through_nvml(monkeypatch):
     from test_health import _fake_driver, _h200_reading
     _fake_driver(monkeypatch)
-    gpus, _ = hc.read_gpus()
+    gpus, _ = gpu.read_gpus()
     m = exposition(status(gpu=gpus))
     total, used, _free = _h200_reading()["mem"]
     assert one(m, "qwen27b_gpu_memory_total_bytes", gpu=0) == total // 2**20 * 2**20  # MiB precision
@@ -81,7 +84,7 @@ def test_recorded_h200_through_nvml(monkeypatch):
     assert one(m, "qwen27b_gpu_ecc_uncorrected_errors", gpu=0) == 0
     assert one(m, "qwen27b_gpu_info", gpu=0, pci="00000000:18:00.0", name="NVIDIA H200") == 1
     assert {dict(k)["reason"] for k, v in m["qwen27b_gpu_throttle_reason"].items() if v} == {"gpu_idle"}
-    assert len(m["qwen27b_gpu_throttle_reason"]) == len(hc.THROTTLE_BITS)  # every reason, 0 when inactive
+    assert len(m["qwen27b_gpu_throttle_reason"]) == len(gpu.THROTTLE_BITS)  # every reason, 0 when inactive
     # Hopper remaps rows: NVML says Not Supported for retired pages, so no series (not a healthy 0)
     assert "qwen27b_gpu_retired_pages" not in m and "qwen27b_gpu_retired_pages_pending" not in m
 
@@ -90,9 +93,9 @@ def test_recorded_v100_degraded_lost_gpu_and_fatal_xid():
     """v100x4-degraded: GPU 2 fell off the bus (its kernel line in xid-errors.txt)."""
     gpus = v100_gpus("v100x4-degraded")
     gpus[2] = {"index": 2, "error": "GPU is lost"}
-    xids = hc.parse_xids((HOSTS / "v100x4-degraded" / "xid-errors.txt").read_text())
+    xids = gpu.parse_xids((HOSTS / "v100x4-degraded" / "xid-errors.txt").read_text())
     assert [x["xid"] for x in xids] == [79]
-    counts = hc.accumulate_xids(None, xids)
+    counts = metrics.accumulate_xids(None, xids)
     m = exposition(status(code=2, gpu=gpus, xids=xids, xid_counts=counts))
     assert [one(m, "qwen27b_gpu_up", gpu=i) for i in range(4)] == [1, 1, 0, 1]
     assert one(m, "qwen27b_gpu_memory_total_bytes", gpu=0) == 32510 * 2**20
@@ -104,9 +107,9 @@ def test_recorded_v100_degraded_lost_gpu_and_fatal_xid():
 
 
 def test_xid_counts_accumulate_and_start_at_zero():
-    first = hc.accumulate_xids(None, [])
-    assert set(first) == {str(x) for x in set(hc.XID_ADVICE) | hc.XID_FATAL} and set(first.values()) == {0}
-    later = hc.accumulate_xids(hc.accumulate_xids(first, [{"xid": 79}]), [{"xid": 79}, {"xid": 119}])
+    first = metrics.accumulate_xids(None, [])
+    assert set(first) == {str(x) for x in set(contract.XID_ADVICE) | contract.XID_FATAL} and set(first.values()) == {0}
+    later = metrics.accumulate_xids(metrics.accumulate_xids(first, [{"xid": 79}]), [{"xid": 79}, {"xid": 119}])
     assert later["79"] == 2 and later["119"] == 1 and later["48"] == 0
 
 
@@ -125,7 +128,7 @@ def test_crash_loop_from_systemd_counters():
 def test_write_is_atomic_0644_whatever_the_umask(tmp_path):
     old = os.umask(0o077)  # the health unit could well run with UMask=0077
     try:
-        path = hc.write_metrics(str(tmp_path), hc.metrics_registry(status(), release="r", model_ref=None))
+        path = metrics.write_metrics(str(tmp_path), metrics.metrics_registry(status(), release="r", model_ref=None))
     finally:
         os.umask(old)
     assert path == str(tmp_path / "qwen27b.prom")
@@ -138,23 +141,23 @@ def test_write_is_atomic_0644_whatever_the_umask(tmp_path):
 
 def test_export_metrics_never_breaks_the_check(tmp_path):
     import argparse
-    ns = argparse.Namespace(textfile_dir=hc.TEXTFILE_DIR + "-absent-for-test", unit="x.service", model_ref=None)
-    assert "not installed" in hc.export_metrics(ns, status())
+    ns = argparse.Namespace(textfile_dir=contract.TEXTFILE_DIR + "-absent-for-test", unit="x.service", model_ref=None)
+    assert "not installed" in metrics.export_metrics(ns, status())
     ns.textfile_dir = ""
-    assert hc.export_metrics(ns, status()) is None
+    assert metrics.export_metrics(ns, status()) is None
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(0o555)
     ns.textfile_dir = str(ro)
     if os.geteuid() != 0:  # root writes anyway
-        assert "cannot write metrics" in hc.export_metrics(ns, status(systemd={"NRestarts": "0"}))
+        assert "cannot write metrics" in metrics.export_metrics(ns, status(systemd={"NRestarts": "0"}))
 
 
 def full_status_names() -> set[str]:
     """Every metric family name the exporter can write (a status with every part present)."""
     gpus = v100_gpus("v100x4-converged")
     s = status(gpu=gpus, last_restart={"time": "2026-12-03T19:00:00+00:00"}, xids=[])
-    text = prometheus_client.generate_latest(hc.metrics_registry(
+    text = prometheus_client.generate_latest(metrics.metrics_registry(
         s, release="r", model_ref="m", systemd={"NRestarts": "0", "Result": "success"})).decode()
     return {sample.name for f in text_string_to_metric_families(text) for sample in f.samples}
 
@@ -183,7 +186,7 @@ def test_node_exporter_reads_the_file(tmp_path):
     gpus = v100_gpus("v100x4-degraded")
     gpus[2] = {"index": 2, "error": "GPU is lost"}
     looping = {"Result": "exit-code", "SubState": "auto-restart", "NRestarts": "3"}
-    hc.write_metrics(str(tmp_path), hc.metrics_registry(status(code=2, gpu=gpus), release="r", model_ref="m@1",
+    metrics.write_metrics(str(tmp_path), metrics.metrics_registry(status(code=2, gpu=gpus), release="r", model_ref="m@1",
                                                         systemd=looping))
     port = free_port()
     proc = subprocess.Popen([binary, f"--web.listen-address=127.0.0.1:{port}", "--collector.disable-defaults",

@@ -4,7 +4,7 @@ The values are what `systemctl show` printed on the test host for a vLLM started
 
 import pytest
 
-from qwen27b.onhost import health as hc
+from qwen27b.onhost import contract
 
 UNIT = "qwen27b.service"
 
@@ -27,7 +27,7 @@ UNIT = "qwen27b.service"
 ], ids=["running", "first-start", "unknown", "one-crash", "crash-loop", "crash-loop-restarting",
         "start-limit", "garbled-count"])
 def test_restart_loop_sentence(props, expected):
-    text = hc.restart_loop(props, UNIT)
+    text = contract.restart_loop(props, UNIT)
     if expected is None:
         assert text is None
     else:

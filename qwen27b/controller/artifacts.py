@@ -60,6 +60,12 @@ def dir_manifest(directory: Path) -> dict[str, str]:
     return {name: v["sha256"] for name, v in manifest.items()}
 
 
+def source_manifest(directory: Path) -> dict[str, str]:
+    """{file name: sha256} of the Python files of a source package, hashed every time: a size-keyed
+    manifest.json (dir_manifest) would miss a same-size edit, and a source tree gets no sidecar."""
+    return {p.name: sha256_file(p) for p in sorted(Path(directory).glob("*.py")) if p.is_file()}
+
+
 def uv_path(version: str) -> Path:
     return cache_root() / "tools" / f"uv-{version}" / "uv"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import jinja2
 
 from qwen27b.plan.gate import Decision
-from qwen27b.onhost.health import MODEL_REF_ENV, QUIET_ENV, TEXTFILE_DIR
+from qwen27b.onhost.contract import MODEL_REF_ENV, QUIET_ENV, TEXTFILE_DIR, lib_dir
 from qwen27b.plan.stack import api_key_env_file, health_status_file
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
@@ -181,9 +181,8 @@ def service_env(decision: Decision, where: dict) -> list[tuple[str, str]]:
     if decision.gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g.index) for g in decision.gpus)
     if decision.serve.has("--middleware"):
-        # the route guard (route_auth.py) lives in <venv>/lib next to qwen27b_health.py, outside
-        # site-packages, where --middleware qwen27b_auth.RequireKey imports it
-        env["PYTHONPATH"] = where["venv"] + "/lib"
+        # the route guard is qwen27b_onhost.route_auth, shipped into <venv>/lib outside site-packages
+        env["PYTHONPATH"] = lib_dir(where["venv"])
         if decision.settings.metrics_allow:
             env["QWEN27B_METRICS_ALLOW"] = ",".join(decision.settings.metrics_allow)
     env.update(decision.serve.env)

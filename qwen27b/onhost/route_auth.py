@@ -19,8 +19,9 @@ deny instead of by a proxy config someone must remember to extend; and vLLM's ``
 hook (``app.add_middleware``, the last one added, so outside vLLM's own middleware) is a
 supported flag. TLS is then vLLM's ``--ssl-keyfile/--ssl-certfile`` (see docs/security.md).
 
-Deployed as ``<release venv>/lib/qwen27b_auth.py`` (pure stdlib: it must import in vLLM's venv),
-with that directory on the unit's PYTHONPATH and ``--middleware qwen27b_auth.RequireKey``. The
+Deployed with the rest of the package as ``<release venv>/lib/qwen27b_onhost/route_auth.py`` (pure
+stdlib: it must import in vLLM's venv), that directory on the unit's PYTHONPATH and
+``--middleware qwen27b_onhost.route_auth.RequireKey`` (contract.MIDDLEWARE). The
 key comes from VLLM_API_KEY (the unit's 0600 env file); without one it refuses to start: a
 guard that silently guards nothing is worse than a service that does not come up.
 """
@@ -33,8 +34,6 @@ import ipaddress
 import json
 import os
 
-INSTALLED_AS = "qwen27b_auth.py"  # in <release venv>/lib, on the unit's PYTHONPATH
-MIDDLEWARE = "qwen27b_auth.RequireKey"  # --middleware takes module.attribute
 OPEN_PATHS = ("/health",)
 METRICS_PREFIX = "/metrics"
 DENIED_ERROR = "Unauthorized"  # the 401 body's "error": doctor tells a guarded /metrics by it

@@ -172,12 +172,13 @@ def seed_max_s(plan: FanoutPlan, name: str, total_bytes: int) -> int:
     return int(waves * (SEED_WAVE_SLACK_S + total_bytes / SEED_MIN_RATE))
 
 
-def seed_start_commands(seed_tool: str, revision_dir: str, address: str, peers: list[str], token_file: str,
-                        user: str, max_s: int, hide: str, port: int = SEED_PORT) -> list[str]:
+def seed_start_commands(seed_argv: list[str], revision_dir: str, address: str, peers: list[str], token_file: str,
+                        user: str, max_s: int, hide: str, port: int = SEED_PORT, pythonpath: str | None = None) -> list[str]:
     """Start the seed server and wait until it listens. A transient unit: the service user (it
     reads the root:user 0750 models dir through its group), no capability, the whole of `hide`
     (the service's state dir) replaced by an empty read-only tmpfs in which only `revision_dir`
-    is mounted back, read-only; its peers' (and its own, for the readiness probe) addresses only."""
+    is mounted back, read-only; its peers' (and its own, for the readiness probe) addresses only.
+    `seed_argv` runs the seed server (qwen27b_onhost.mirror), with `pythonpath` in its environment."""
     props = [f"User={user}", f"Group={user}", f"RuntimeMaxSec={max_s}",
              "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes", "PrivateDevices=yes", "PrivateMounts=yes",
              f"TemporaryFileSystem={hide}:ro", f"BindReadOnlyPaths={revision_dir}",
@@ -188,10 +189,10 @@ def seed_start_commands(seed_tool: str, revision_dir: str, address: str, peers: 
              "SystemCallFilter=@system-service", "SystemCallFilter=~@privileged @resources",
              "SystemCallErrorNumber=EPERM", "RestrictAddressFamilies=AF_INET AF_INET6", "UMask=0077",
              "IPAddressDeny=any", f"IPAddressAllow={' '.join([address, *peers])}",
-             "Environment=PYTHONDONTWRITEBYTECODE=1"]
+             "Environment=PYTHONDONTWRITEBYTECODE=1", *([f"Environment=PYTHONPATH={pythonpath}"] if pythonpath else [])]
     run = ["systemd-run", f"--unit={SEED_UNIT}", "--collect", "--quiet",
            *[f"--property={p}" for p in props],
-           "python3", seed_tool, revision_dir, "--host", address, "--port", str(port), "--token-file", token_file,
+           *seed_argv, revision_dir, "--host", address, "--port", str(port), "--token-file", token_file,
            *[arg for peer in peers for arg in ("--allow", peer)]]
     wait = ("import socket, sys, time; "
             f'up = lambda: socket.socket({"socket.AF_INET6" if ":" in address else "socket.AF_INET"}).connect_ex'

@@ -15,7 +15,7 @@ from functools import lru_cache
 from typing import Any
 
 from qwen27b.plan import allowlist
-from qwen27b.onhost.health import SecretFileError, load_secret
+from qwen27b.onhost.secretfile import SecretFileError, load_secret
 
 
 class BadHostData(ValueError):
@@ -472,7 +472,7 @@ SECRET_NAMES = {"api_key_file": "VLLM_API_KEY", "hf_token_file": "HF_TOKEN"}  # 
 
 def _check_secret_file(host: str, key: str, path: str) -> None:
     """A key or token file the controller reads must be private to its owner and hold one key in
-    the one format (qwen27b.onhost.health.parse_secret); the message never holds the file's contents."""
+    the one format (qwen27b.onhost.secretfile); the message never holds the file's contents."""
     try:
         st = os.stat(os.path.expanduser(path))
     except OSError as error:

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 
 from qwen27b.plan.checkpoint import DTYPE_BYTES, ModelShape
-from qwen27b.onhost.route_auth import MIDDLEWARE
+from qwen27b.onhost.contract import MIDDLEWARE
 from qwen27b.plan.stack import ResolvedStack
 
 MiB = 2**20

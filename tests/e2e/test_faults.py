@@ -79,12 +79,15 @@ def part_size(lab) -> int:
     return int(probe.stdout) if probe.returncode == 0 else 0
 
 
+FETCH_MODULE = "-m qwen27b_onhost.fetch"  # qwen27b-fetch as the weights role runs it (contract.module_argv)
+
+
 def no_fetch_left_running(lab, timeout: float = 20) -> bool:
     """The interrupted fetch on the host ended too (it must not write on behind the re-run's back)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         ps = lab["host"].run("ps -eo args=").stdout
-        if not any("qwen27b-fetch" in line and "python3" in line for line in ps.splitlines()):
+        if not any(FETCH_MODULE in line for line in ps.splitlines()):
             return True
         time.sleep(1)
     return False
@@ -142,7 +145,7 @@ def _kill_the_fetch_ssh_session(lab) -> None:
     """Cut the SSH connection that runs qwen27b-fetch (kill its sshd session process, by PID)."""
     table = lab["host"].run("ps -eo pid=,ppid=,args=").stdout.splitlines()
     procs = {int(p): (int(pp), args) for p, pp, args in (line.split(None, 2) for line in table if line.strip())}
-    fetch = [pid for pid, (_, args) in procs.items() if "qwen27b-fetch" in args and "python3" in args]
+    fetch = [pid for pid, (_, args) in procs.items() if FETCH_MODULE in args and args.split()[0].endswith("/bin/python")]
     assert fetch, "qwen27b-fetch is not running"
     pid = fetch[0]
     while not procs[pid][1].startswith("sshd:"):

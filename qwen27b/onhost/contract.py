@@ -1,0 +1,132 @@
+"""What host code and controller code both rely on, defined once: the nagios codes of the health
+status, the fatal Xids, systemd's unit properties and the restart-loop rule, the environment and
+file names the units set, and how this package is installed on a host. Standard library only."""
+
+from __future__ import annotations
+
+OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
+
+
+LEVELS = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}
+
+
+INFO = -1  # a note that does not change the verdict (watchdog decisions)
+
+
+# Xids whose GPU cannot serve until it is reset or the host rebooted; others are warnings.
+XID_FATAL = {48, 79, 95}
+
+
+XID_ADVICE = {
+    13: "graphics engine exception, usually a kernel/app bug: read the vLLM log around that time",
+    31: "GPU memory page fault, usually an app bug: read the vLLM log; if it repeats, update the driver",
+    43: "GPU stopped processing (app fault): read the vLLM log",
+    45: "preemptive cleanup after a killed process: harmless alone, look for the Xid before it",
+    48: "double-bit ECC error: drain the host and reboot; if it repeats, replace the card",
+    61: "GPU microcontroller error: reboot at the next window; update the driver if it repeats",
+    62: "GPU microcontroller halt: reboot at the next window; update the driver if it repeats",
+    63: "ECC page retirement / row remap recorded: reboot at the next window to apply it",
+    64: "ECC page retirement / row remap failed: drain the host, reboot, replace the card if it repeats",
+    74: "NVLink error: reseat the NVLink bridge, check `nvidia-smi nvlink -e`",
+    79: "GPU has fallen off the bus: reboot; check PCIe seating, riser, PSU and Above-4G decoding",
+    92: "high single-bit ECC rate: plan a reboot and watch for Xid 48/63",
+    94: "contained ECC error: the app was stopped; restart it and reboot at the next window",
+    95: "uncontained ECC error: drain the host and reboot (GPU reset required)",
+}
+
+
+UNIT_PROPERTIES = ("ActiveState", "SubState", "Result", "NRestarts", "StartLimitBurst")
+
+
+FAILED_RESULTS = ("exit-code", "signal", "core-dump", "timeout", "start-limit-hit", "watchdog", "oom-kill")
+
+
+# systemd's Result values that mean the process itself failed, and the restart-loop rule read from
+# systemd's own counters: (kind, restarts). The health check's finding, its crash-loop metric and the
+# deploy's verify all judge by this one rule (verify matches the finding's "kind", not its sentence).
+START_LIMIT, CRASH_LOOP, EXITED = "start_limit", "crash_loop", "exited"
+LOOPING = (START_LIMIT, CRASH_LOOP)
+RESTART_LOOP_FINDING = "restart_loop"  # a finding's "kind" when it holds the restart-loop sentence
+
+
+def restart_state(props: dict) -> tuple[str, int] | None:
+    """(kind, automatic restarts) of a unit whose process keeps exiting; None when systemd does not say so."""
+    result, sub = props.get("Result", ""), props.get("SubState", "")
+    try:
+        restarts = int(props.get("NRestarts") or 0)
+    except ValueError:
+        restarts = 0
+    if result not in FAILED_RESULTS or sub not in ("auto-restart", "failed", "start", "start-post", "dead"):
+        return None
+    if result == "start-limit-hit":
+        return START_LIMIT, restarts
+    return (CRASH_LOOP if restarts >= 2 else EXITED), restarts
+
+
+def crash_loop(props: dict | None) -> bool:
+    """systemd keeps restarting the unit, or gave up on it (a start-up failure, not a fluke)."""
+    state = restart_state(props or {})
+    return state is not None and state[0] in LOOPING
+
+
+def restart_loop(props: dict, unit: str) -> str | None:
+    """The sentence for restart_state (what to do included); None when systemd does not say so."""
+    state = restart_state(props)
+    if state is None:
+        return None
+    kind, restarts = state
+    result = props.get("Result", "")
+    advice = (f"a start-up failure (bad flag, model or memory), not an outage to wait out: read "
+              f"`journalctl -u {unit}` or run `qwen27b doctor`.")
+    if kind == START_LIMIT:
+        return (f"{unit} is not serving: systemd gave up on it, start limit hit after {restarts} automatic "
+                f"restart(s) (StartLimitBurst={props.get('StartLimitBurst', '?')}); {advice}")
+    if kind == CRASH_LOOP:
+        return (f"{unit} is not serving: crash loop, its process exited (Result={result}) and systemd "
+                f"restarted it {restarts} times; {advice}")
+    return (f"{unit} is not serving: its process exited (Result={result}); systemd restarts it "
+            f"({restarts} restart(s) so far): read `journalctl -u {unit}` if it does not come back.")
+
+
+RESTART_REQUEST_ENV = "QWEN27B_HEALTH_RESTART_REQUEST"
+
+
+# Debian's prometheus-node-exporter reads *.prom here (its --collector.textfile.directory).
+TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
+
+
+TEXTFILE_NAME = "qwen27b.prom"
+
+
+QUIET_ENV, TEXTFILE_DIR_ENV, MODEL_REF_ENV = "QWEN27B_HEALTH_QUIET", "QWEN27B_HEALTH_TEXTFILE_DIR", "QWEN27B_MODEL_REF"
+
+
+# How the package is installed on a host: once per release venv, under this name, outside
+# site-packages (nothing in the venv can shadow it or be shadowed by it).
+PACKAGE = "qwen27b_onhost"
+MIDDLEWARE = f"{PACKAGE}.route_auth.RequireKey"  # vLLM's --middleware takes module.attribute
+
+
+def lib_dir(venv: str) -> str:
+    """The directory holding the package; on PYTHONPATH of the units and the tools run from it."""
+    return f"{venv}/lib"
+
+
+def module_argv(venv: str, module: str) -> list[str]:
+    """`python -m qwen27b_onhost.<module>` with the release venv's python (PYTHONPATH: lib_dir)."""
+    return [f"{venv}/bin/python", "-m", f"{PACKAGE}.{module}"]
+
+
+def module_command(venv: str, module: str) -> str:
+    """module_argv as shell words, PYTHONPATH set (the paths are the stack's: plain characters)."""
+    return f"PYTHONPATH={lib_dir(venv)} " + " ".join(module_argv(venv, module))
+
+
+def wrapper_script(venv: str) -> str:
+    """``<venv>/bin/qwen27b-health``: the health check's command, for the timer and for people."""
+    return (f"#!{venv}/bin/python\n"
+            f"# qwen27b health check (rendered by qwen27b); the code is {lib_dir(venv)}/{PACKAGE}/health.py\n"
+            f"import sys\n"
+            f"sys.path.insert(0, {lib_dir(venv)!r})\n"
+            f"from {PACKAGE}.health import main\n"
+            f"raise SystemExit(main())\n")

@@ -1,0 +1,40 @@
+"""systemd, as the health check sees and drives it: the unit's properties, and a restart either
+queued directly or requested from the health unit's privileged ExecStopPost."""
+
+from __future__ import annotations
+
+import subprocess
+
+from .contract import UNIT_PROPERTIES
+from .statusfile import write_text_atomic
+
+def unit_properties(unit: str) -> dict:
+    """systemd's view of the unit (Key=Value from `systemctl show`); {} when unknown."""
+    try:
+        p = subprocess.run(["systemctl", "show", *[a for k in UNIT_PROPERTIES for a in ("-p", k)], unit],
+                           capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return dict(line.split("=", 1) for line in p.stdout.splitlines() if "=" in line) if p.returncode == 0 else {}
+
+
+def restart_unit(unit: str) -> tuple[bool, str]:
+    """``systemctl restart --no-block``: queue the job and return; the check never waits for a
+    model load (the timer's TimeoutStartSec is far shorter)."""
+    try:
+        p = subprocess.run(["systemctl", "restart", "--no-block", unit],
+                           capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as e:
+        return False, f"{type(e).__name__}: {e}"
+    return p.returncode == 0, (p.stderr or p.stdout).strip()[-300:]
+
+
+def request_restart(path: str, unit: str, reason: str) -> tuple[bool, str]:
+    """The unprivileged route: leave the request in ``path`` for the health unit's root
+    ExecStopPost (``+``: runs as root once this check has exited), which removes it and restarts
+    the unit. The check itself then needs no privilege, polkit rule or capability."""
+    try:
+        write_text_atomic(path, reason + "\n")
+    except OSError as e:
+        return False, f"cannot write the restart request {path}: {e.strerror}"
+    return True, f"requested in {path}; the health unit's ExecStopPost restarts {unit} as root"
