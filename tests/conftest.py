@@ -30,6 +30,7 @@ def vllm_server(tmp_path_factory):
     Skipped when the check venv (~/.cache/qwen27b/check/venv) or the model is missing."""
     import subprocess as sp
 
+    from qwen27b.controller import cpu_build as cb
     from qwen27b.tools import cpu_smoke as cs
     cache = cs.cache_root()
     venv_dir, model_dir = cache / "check" / "venv", cs.default_model_dir(cache)
@@ -44,10 +45,10 @@ def vllm_server(tmp_path_factory):
     onhost_lib.install(lib)  # as roles/vllm.py ships it
     port = cs.free_port()
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work),
-           **cs.serve_env(str(work / "cache")), "VLLM_API_KEY": VLLM_API_KEY,
+           **cb.serve_env(str(work / "cache")), "VLLM_API_KEY": VLLM_API_KEY,
            "PYTHONPATH": str(lib), "QWEN27B_METRICS_ALLOW": f"{METRICS_SCRAPER}/32"}
     log = work / "serve.log"
-    argv = cs.serve_command(str(venv_dir), str(model_dir), VLLM_SERVED_NAME, "127.0.0.1", port)
+    argv = cb.serve_command(str(venv_dir), str(model_dir), VLLM_SERVED_NAME, "127.0.0.1", port)
     with open(log, "wb") as fh:
         proc = sp.Popen(argv + ["--middleware", MIDDLEWARE], stdout=fh, stderr=sp.STDOUT, env=env, cwd=work)
     base = f"http://127.0.0.1:{port}"

