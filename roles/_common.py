@@ -1,6 +1,6 @@
 """What the roles share per host while a deploy is planned: notes printed as one block at the
 end of the host's plan (no interleaving between hosts), the operations whose change means a
-restart, and the symlink targets a rollback returns to."""
+restart, and the symlink targets a rollback returns to (kept in the run's runstate)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,13 @@ import sys
 from pyinfra import host
 from pyinfra.operations import server
 
+from qwen27b.controller import runstate
 from qwen27b.plan.gate import Decision
 from qwen27b.controller.host_facts import Subdirectories
 from qwen27b.onhost.secretfile import load_secret
 from qwen27b.plan.hostdata import Settings, url_has_password
 
 ROLLBACK_DIR = "/etc/qwen27b/rollback"  # the running release's unit and env, kept while an upgrade is verified
-_notes: dict[str, list[str]] = {}
-_restart_ops: dict[str, list] = {}
 
 
 def dry_run() -> bool:
@@ -27,11 +26,11 @@ def dry_run() -> bool:
 
 
 def note(text: str) -> None:
-    _notes.setdefault(host.name, []).append(text)
+    runstate.current().notes.setdefault(host.name, []).append(text)
 
 
 def take_notes() -> list[str]:
-    return _notes.pop(host.name, [])
+    return runstate.current().notes.pop(host.name, [])
 
 
 def api_key(decision: Decision) -> str | None:
@@ -86,24 +85,21 @@ def shell_word(settings: Settings, name: str) -> str:
 def needs_restart(op) -> None:
     """Remember an operation whose change means the service must restart (weights, release)."""
     if op is not None:
-        _restart_ops.setdefault(host.name, []).append(op)
+        runstate.current().restart_ops.setdefault(host.name, []).append(op)
 
 
 def restart_needed() -> bool:
-    return any(op.will_change for op in _restart_ops.pop(host.name, []))
-
-
-_previous: dict[str, list[tuple[str, str]]] = {}
+    return any(op.will_change for op in runstate.current().restart_ops.pop(host.name, []))
 
 
 def remember_previous(link: str, target: str | None) -> None:
     """What a symlink pointed to before this deploy switched it: the rollback target."""
     if target:
-        _previous.setdefault(host.name, []).append((link, target))
+        runstate.current().previous.setdefault(host.name, []).append((link, target))
 
 
 def previous_links() -> list[tuple[str, str]]:
-    return _previous.pop(host.name, [])
+    return runstate.current().previous.pop(host.name, [])
 
 
 def stale_dirs(paths: list[str], current: str, previous: str | None, keep: int) -> list[str]:

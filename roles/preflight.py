@@ -23,7 +23,7 @@ from pyinfra.operations import server
 
 from qwen27b.controller import facts as F
 from qwen27b.controller import hostlock
-from qwen27b.controller import runsummary
+from qwen27b.controller import runstate, runsummary
 from qwen27b.controller.artifacts import ArtifactError
 from qwen27b.plan.gate import Decision, HostFacts, RefusedHost, decide
 from qwen27b.controller.host_facts import DeployLock
@@ -34,9 +34,6 @@ from qwen27b.plan.stack import load_stack
 
 from ._common import note, take_notes
 
-_validated: dict[int, dict[str, Settings]] = {}
-_refused: dict[str, str] = {}  # host -> cause, for the run summary
-_raised: dict[str, str] = {}  # host -> what its deploy file raised while planning, for the run summary
 _OWNER = hostlock.me()  # this deploy, as the host locks name it
 
 
@@ -46,19 +43,21 @@ class BadInventory(PyinfraError):
 
 def inventory_settings() -> dict[str, Settings]:
     """Validate every host's data once per run (ports are checked across hosts)."""
-    key = id(state)
-    if key not in _validated:
+    run = runstate.current()
+    if run.settings is None:
         hosts = [(h.name, dict(h.data.dict())) for h in state.inventory]
         try:
-            _validated[key] = validate_inventory(hosts)
+            run.settings = validate_inventory(hosts)
         except BadHostData as error:
             raise BadInventory(f"bad inventory data, no host was touched: {error}") from None
         watch_ctrl_c()
-    return _validated[key]
+    return run.settings
 
 
-_interrupted_at: dict[str, str] = {}  # host -> the operation Ctrl-C stopped
-_run: dict = {}  # pyinfra's State of this run (the context object is not set at exit) and argv
+# The process's handle on its run, for what runs outside pyinfra's context: the SIGINT handler and
+# the atexit summary (the State, argv, the main greenlet, whether Ctrl-C was pressed). A signal
+# handler is per process, so this one store is per process too.
+_run: dict = {}
 
 
 def watch_ctrl_c() -> None:
@@ -81,6 +80,7 @@ def _interrupted(signum, frame) -> None:
     (threading drops a SystemExit silently, the operation fails, pyinfra exits 1). So it raises
     nothing itself; the exit is raised in the main greenlet."""
     run_state = _run["state"]
+    interrupted_at = runstate.of(run_state).interrupted_at
     if _run.get("interrupted"):
         click.echo("\n--> Ctrl-C again: stopping now (exit 130)", err=True)
         _finish_run()  # os._exit skips atexit: the summary is printed here instead
@@ -89,9 +89,9 @@ def _interrupted(signum, frame) -> None:
         os._exit(130)
     for each in run_state.inventory:
         if each in run_state.active_hosts:
-            _interrupted_at[each.name] = runsummary.unfinished_operation(run_state, each) or "the end of the run"
+            interrupted_at[each.name] = runsummary.unfinished_operation(run_state, each) or "the end of the run"
     _run["interrupted"] = True  # also with no host active
-    running = ", ".join(sorted(set(_interrupted_at.values()))) or "nothing"
+    running = ", ".join(sorted(set(interrupted_at.values()))) or "nothing"
     click.echo(f"\n--> interrupted (Ctrl-C): waiting for the running operation ({running}) to end, then stopping; "
                "Ctrl-C again stops at once. Done work is kept, a re-run resumes (exit 130)", err=True)
     if not run_state.is_executing:  # still connecting or planning: no operation to wait for
@@ -117,17 +117,19 @@ class _StopAfterOperation(BaseStateCallback):
 def _finish_run() -> None:
     from .verify import finish_run, verified
 
+    run = runstate.of(_run["state"])
     try:
-        results = runsummary.outcomes(_run["state"], _refused, verified(), interrupted=_interrupted_at, raised=_raised)
+        results = runsummary.outcomes(_run["state"], run.refused, verified(run), interrupted=run.interrupted_at,
+                                      raised=run.raised)
     except Exception as error:  # noqa: BLE001 (the summary must never hide the run's own output)
         click.echo(f"qwen27b: no run summary ({type(error).__name__}: {error}); the output above has each host", err=True)
         results = []
-    finish_run(results, _run["argv"])
+    finish_run(run, results, _run["argv"])
 
 
 def _refuse(refused: RefusedHost) -> None:
     click.echo(format_refusal(refused), err=True)
-    _refused[host.name] = " ".join(f"{cause}. Fix: {fix}." for cause, fix in refused.problems)[:-1]
+    runstate.current().refused[host.name] = " ".join(f"{cause}. Fix: {fix}." for cause, fix in refused.problems)[:-1]
     state.fail_hosts({host})
 
 
@@ -194,23 +196,20 @@ def gather_facts(models_path: str, on=None) -> HostFacts:
     )
 
 
-_decisions: dict[tuple[int, str], Decision | RefusedHost] = {}
-
-
 def gate(on=None) -> Decision | RefusedHost:
     """The gate's answer for a host (this one by default), once per run: the weights fan-out asks
     it for the other hosts before their own turn, so a host that will be refused seeds nobody."""
     on = host if on is None else on
-    key = (id(state), on.name)
-    if key not in _decisions:
+    decisions = runstate.current().decisions
+    if on.name not in decisions:
         stack = load_stack()
         settings = inventory_settings()[on.name]  # bad inventory stops the run before any fact is read
         try:
             facts = gather_facts(stack["paths"]["models"], on)
-            _decisions[key] = decide(on.name, facts, stack, settings, bind_address=lab_address(dict(on.data.dict())))
+            decisions[on.name] = decide(on.name, facts, stack, settings, bind_address=lab_address(dict(on.data.dict())))
         except RefusedHost as refused:
-            _decisions[key] = refused
-    return _decisions[key]
+            decisions[on.name] = refused
+    return decisions[on.name]
 
 
 def preflight() -> Decision | None:
@@ -235,11 +234,11 @@ def run_roles(plan: Decision, roles) -> bool:
             role(plan)
     except ArtifactError as error:
         click.echo(f"== {host.name}: FAILED while planning (nothing will be run on this host)\n   {error}\n", err=True)
-        _raised[host.name] = " ".join(str(error).split())
+        runstate.current().raised[host.name] = " ".join(str(error).split())
         state.fail_hosts({host})
         return False
     except BaseException as error:
-        _raised[host.name] = f"the deploy file raised {type(error).__name__}: {error}"
+        runstate.current().raised[host.name] = f"the deploy file raised {type(error).__name__}: {error}"
         raise
     return True
 

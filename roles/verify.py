@@ -19,7 +19,7 @@ from pyinfra import host
 from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python
 
-from qwen27b.controller import runsummary
+from qwen27b.controller import runstate, runsummary
 from qwen27b.controller import postdeploy as V
 from qwen27b.onhost.contract import RESTART_LOOP_FINDING, UNIT_PROPERTIES, crash_loop
 from qwen27b.plan.gate import Decision
@@ -28,21 +28,20 @@ from qwen27b.controller.render import HEALTH_UNIT, RESTART_COMMAND, SERVICE_UNIT
 from ._common import ROLLBACK_DIR, api_key, note, previous_links
 
 REPORTS = Path(os.environ.get("QWEN27B_REPORTS", "reports"))
-_results: list[V.HostResult] = []
 RUN_ID = time.strftime("%Y%m%d-%H%M%S")
 
 
-def finish_run(results: list[runsummary.Outcome], argv: list[str]) -> None:
+def finish_run(run: runstate.RunState, results: list[runsummary.Outcome], argv: list[str]) -> None:
     """At exit: the verify table, every host's outcome with the re-run command, one report file."""
-    path = V.write_report(_results, REPORTS, RUN_ID, runsummary.as_json(results)) if results or _results else None
-    if _results:
-        click.echo(f"\n--> qwen27b verify report ({path})\n{V.report_table(_results)}\n", err=True)
+    path = V.write_report(run.results, REPORTS, RUN_ID, runsummary.as_json(results)) if results or run.results else None
+    if run.results:
+        click.echo(f"\n--> qwen27b verify report ({path})\n{V.report_table(run.results)}\n", err=True)
     if results:
         click.echo("\n" + runsummary.summary_text(results, argv), err=True)
 
 
-def verified() -> dict[str, tuple[str, str]]:
-    return {r.host: (r.status, r.reason) for r in _results}
+def verified(run: runstate.RunState) -> dict[str, tuple[str, str]]:
+    return {r.host: (r.status, r.reason) for r in run.results}
 
 
 def _remote(command: str) -> list[str]:
@@ -121,7 +120,7 @@ def _check(decision: Decision, previous: list[tuple[str, str]]) -> None:
     base = f"http://{serve.value('--host')}:{serve.value('--port')}"
     result = V.HostResult(host.name, model=model["id"], revision=model["revision"],
                           served_name=serve.value("--served-model-name"), url=base)
-    _results.append(result)
+    runstate.current().results.append(result)
     key = api_key(decision)
 
     def say(message: str) -> None:

@@ -27,6 +27,7 @@ from pyinfra.facts.files import File
 from pyinfra.operations import files, server
 
 from qwen27b.plan import fanout
+from qwen27b.controller import runstate
 from qwen27b.controller.artifacts import cache_root, dir_manifest
 from qwen27b.plan.gate import Decision, RefusedHost
 from qwen27b.plan.hostdata import Settings, lab_address, redact_url
@@ -73,9 +74,6 @@ def _hub(decision: Decision, entry: dict, target: str):
     ])
 
 
-_manifests: dict[tuple[int, str], dict] = {}
-_tokens: dict[int, str] = {}
-_plans: dict[tuple[int, str, str], fanout.FanoutPlan] = {}
 # pyinfra evaluates the deploy file for all hosts at once (gevent; threading is patched): the first
 # host to get here reads the manifest / the group's facts and plans, the others wait and reuse it
 _once = threading.Lock()
@@ -83,23 +81,26 @@ _once = threading.Lock()
 
 def _mirror_manifest(base: str) -> dict:
     """The mirror's manifest, read once per run (not once per host)."""
-    key = (id(state), base)
+    manifests = runstate.current().manifests
     with _once:
-        if key not in _manifests:
+        if base not in manifests:
             # urllib, not httpx: this runs inside pyinfra's gevent-patched process
             try:
                 with urllib.request.urlopen(f"{base}/manifest.json", timeout=30) as response:
-                    _manifests[key] = json.loads(response.read())["files"]
+                    manifests[base] = json.loads(response.read())["files"]
             except (OSError, ValueError, KeyError) as error:
                 raise OperationError(f"cannot read {redact_url(base)}/manifest.json: {error}") from None
-    return _manifests[key]
+    return manifests[base]
 
 
 def _run_token() -> str:
     """The fan-out seeds' bearer token: random, made on the controller once per run (every seed
     and receiver of the run shares it), held in memory only; it reaches hosts through secret_file."""
+    run = runstate.current()
     with _once:
-        return _tokens.setdefault(id(state), secrets.token_urlsafe(32))
+        if run.seed_token is None:
+            run.seed_token = secrets.token_urlsafe(32)
+        return run.seed_token
 
 
 def _verified(have: dict, manifest: dict) -> bool:
@@ -119,14 +120,16 @@ def _fanout_plan(decision: Decision, entry: dict, target: str, base: str, manife
     settings = decision.settings
     if settings.weights_fanout != "tree":
         return None
-    key = (id(state), base, target)
+    plans = runstate.current().fanout_plans
     with _once:
-        return _plans[key] if key in _plans else _make_plan(key, settings, entry, target, manifest)
+        if (base, target) not in plans:
+            plans[base, target] = _make_plan(settings, entry, target, manifest)
+        return plans[base, target]
 
 
-def _make_plan(key: tuple, settings: Settings, entry: dict, target: str, manifest: dict) -> fanout.FanoutPlan:
+def _make_plan(settings: Settings, entry: dict, target: str, manifest: dict) -> fanout.FanoutPlan:
     """The group: the run's hosts with tree fan-out from the same mirror; each one's copy judged by
-    its own FileHashes fact (read once per run: the plan is made once, then kept in _plans)."""
+    its own FileHashes fact (read once per run: the plan is made once, then kept in the run state)."""
     from .preflight import gate, inventory_settings  # noqa: PLC0415 (roles import each other lazily)
     every = inventory_settings()
     default = entry.get("default_source", "hub")
@@ -139,7 +142,7 @@ def _make_plan(key: tuple, settings: Settings, entry: dict, target: str, manifes
         have = other.get_fact(FileHashes, directory=target) or {}
         members.append(fanout.Member(other.name, _seed_address(dict(other.data.dict()), theirs),
                                      _verified(have, manifest)))
-    _plans[key] = plan = fanout.plan_waves(members)
+    plan = fanout.plan_waves(members)
     click.echo("\n".join([f"== weights fan-out of {safe_name(entry)} (qwen27b_weights_fanout: tree)"]
                          + [f"   {line}" for line in plan.lines()]) + "\n", err=True)
     return plan

@@ -1,0 +1,46 @@
+"""What one deploy run remembers between its roles and hosts, owned by the run's pyinfra State.
+
+pyinfra runs the deploy file once per host in one process; the roles share answers across hosts
+(the validated inventory, each host's gate decision, the mirror's manifest, the fan-out plan, the
+run's seed token) and per host (notes, restart triggers, rollback targets, verify results). They
+live on the State object itself, so a second State in the same process (a test, an API user)
+starts empty and can never read a stale answer; nothing is keyed by id(), which Python reuses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ATTRIBUTE = "_qwen27b_run"
+
+
+@dataclass
+class RunState:
+    settings: dict | None = None  # host name -> hostdata.Settings, validated once for the whole inventory
+    decisions: dict = field(default_factory=dict)  # host name -> gate.Decision | gate.RefusedHost
+    refused: dict[str, str] = field(default_factory=dict)  # host name -> cause, for the run summary
+    raised: dict[str, str] = field(default_factory=dict)  # host name -> what planning raised
+    interrupted_at: dict[str, str] = field(default_factory=dict)  # host name -> the operation Ctrl-C stopped
+    notes: dict[str, list[str]] = field(default_factory=dict)  # host name -> plan notes, printed as one block
+    restart_ops: dict[str, list] = field(default_factory=dict)  # host name -> operations whose change restarts
+    previous: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # host name -> (link, old target)
+    results: list = field(default_factory=list)  # postdeploy.HostResult of each verified host
+    manifests: dict[str, dict] = field(default_factory=dict)  # mirror base URL -> its manifest
+    fanout_plans: dict[tuple[str, str], object] = field(default_factory=dict)  # (base, target) -> FanoutPlan
+    seed_token: str | None = None  # the fan-out seeds' bearer token, made once per run
+
+
+def of(state) -> RunState:
+    """The run state hung on `state` (created on first use)."""
+    run = getattr(state, ATTRIBUTE, None)
+    if run is None:
+        run = RunState()
+        setattr(state, ATTRIBUTE, run)
+    return run
+
+
+def current() -> RunState:
+    """The run state of the State pyinfra is running now."""
+    from pyinfra.context import ctx_state
+
+    return of(ctx_state.get())
