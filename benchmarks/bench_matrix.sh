@@ -25,4 +25,4 @@ OUT="${OUT:-reports/bench/matrix-$(date -u +%Y%m%dT%H%M%SZ)}"
 ARGS=(--url "$URL" --prompt-tokens 512 --output-tokens 256 --concurrency 1,4,8
       --warmup "${WARMUP:-2}" --out "$OUT")
 [ -n "${REQUESTS:-}" ] && ARGS+=(--requests-per-level "$REQUESTS")
-exec "${PYTHON:-python3}" -m qwen27b.cli bench "${ARGS[@]}" "$@"
+exec "${PYTHON:-python3}" -m qwen27b.tools.cli bench "${ARGS[@]}" "$@"

@@ -20,7 +20,7 @@ OUT="${OUT:-reports/bench/crosscheck-$(date -u +%Y%m%dT%H%M%SZ)}"
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 ours() {  # concurrency requests tag
-    python3 -m qwen27b.cli bench --url "$URL" --model "$NAME" --prompt-tokens 512 --output-tokens 256 \
+    python3 -m qwen27b.tools.cli bench --url "$URL" --model "$NAME" --prompt-tokens 512 --output-tokens 256 \
         --concurrency "$1" --requests-per-level "$2" --warmup 0 --out "$OUT/qwen27b-$3"
 }
 theirs() {  # concurrency requests seed tag
@@ -30,7 +30,7 @@ theirs() {  # concurrency requests seed tag
         --num-warmups 0 --save-result --save-detailed --result-dir "$OUT" --result-filename "vllm-$4.json" \
         2>&1 | sed -n '/Serving Benchmark Result/,/^=====*$/p'
 }
-python3 -m qwen27b.cli bench --url "$URL" --model "$NAME" --prompt-tokens 64 --output-tokens 16 \
+python3 -m qwen27b.tools.cli bench --url "$URL" --model "$NAME" --prompt-tokens 64 --output-tokens 16 \
     --concurrency 1 --requests-per-level 1 --warmup 1 --out "$OUT/warm" >/dev/null  # one warm-up for both
 theirs 1 2 21 c1-a; ours 1 2 c1-a
 theirs 1 2 22 c1-b; ours 1 2 c1-b

@@ -1,4 +1,5 @@
-"""Garbled or truncated output never escapes a fact parser as anything but FactParseError."""
+"""Garbled or truncated output never escapes a fact parser (qwen27b/plan/hostfacts_parse.py,
+gpufacts_parse.py) as anything but FactParseError; the fact classes hand it to pyinfra as its own."""
 
 import json
 import pickle
@@ -11,7 +12,10 @@ from hypothesis import strategies as st
 from pyinfra.api.exceptions import FactProcessError
 
 from qwen27b.controller import facts as F
-from qwen27b.controller.facts import ALL_FACTS, FactParseError
+from qwen27b.controller.facts import ALL_FACTS
+from qwen27b.plan import gpufacts_parse as G
+from qwen27b.plan import hostfacts_parse as H
+from qwen27b.plan.hostfacts_parse import FactParseError
 
 HOSTS = Path(__file__).parent / "fixtures" / "hosts"
 NOCMD = "##PYINFRA_NOCMD##"
@@ -28,109 +32,120 @@ DF_ROW = "/dev/sda2   960197124096 512187269120 400000000000       57% /"
 
 GARBLED = [
     # OsRelease
-    (F.OsRelease, []),
-    (F.OsRelease, ["garbage"]),
-    (F.OsRelease, ['PRETTY_NAME="Ubuntu 22.04.5 LTS"', 'NAME="Ubuntu"']),  # truncated before ID=
-    (F.OsRelease, ['ID="ubuntu']),  # cut inside the quotes
-    (F.OsRelease, ["ID=ubuntu", "VERSION_ID=22.04 LTS"]),  # unquoted spaces
-    (F.OsRelease, ["cat: /etc/os-release: No such file or directory"]),
+    (H.parse_os_release, []),
+    (H.parse_os_release, ["garbage"]),
+    (H.parse_os_release, ['PRETTY_NAME="Ubuntu 22.04.5 LTS"', 'NAME="Ubuntu"']),  # truncated before ID=
+    (H.parse_os_release, ['ID="ubuntu']),  # cut inside the quotes
+    (H.parse_os_release, ["ID=ubuntu", "VERSION_ID=22.04 LTS"]),  # unquoted spaces
+    (H.parse_os_release, ["cat: /etc/os-release: No such file or directory"]),
     # KernelRelease
-    (F.KernelRelease, []),
-    (F.KernelRelease, ["5.15.0-125-generic", "5.15.0-126-generic"]),
-    (F.KernelRelease, ["uname: invalid option -- 'x'"]),
+    (H.parse_kernel_release, []),
+    (H.parse_kernel_release, ["5.15.0-125-generic", "5.15.0-126-generic"]),
+    (H.parse_kernel_release, ["uname: invalid option -- 'x'"]),
     # NvidiaGpus
-    (F.NvidiaGpus, [V100_ROW.rsplit(",", 6)[0]]),  # truncated row
-    (F.NvidiaGpus, [V100_ROW, V100_ROW[:40]]),
-    (F.NvidiaGpus, ["Failed to initialize NVML"]),  # cut before the reason (the whole line is a "problem" entry)
-    (F.NvidiaGpus, ["Unable to determine the device handle for GPU 0000:3b"]),  # cut inside the bus id
-    (F.NvidiaGpus, [V100_ROW.replace("0, Tesla", "x, Tesla", 1)]),
-    (F.NvidiaGpus, [V100_ROW.replace("32768", "32 GB")]),
-    (F.NvidiaGpus, [V100_ROW.replace(", 7.0,", ", seven,")]),
-    (F.NvidiaGpus, [V100_ROW.replace("Enabled, Enabled", "Yes, Enabled")]),
-    (F.NvidiaGpus, [V100_ROW.replace(", 3, 3,", ", 3, gen3,")]),
-    (F.NvidiaGpus, [V100_ROW.replace("0, Tesla V100-SXM2-32GB", "[N/A], Tesla V100-SXM2-32GB")]),
+    (G.parse_nvidia_gpus, [V100_ROW.rsplit(",", 6)[0]]),  # truncated row
+    (G.parse_nvidia_gpus, [V100_ROW, V100_ROW[:40]]),
+    (G.parse_nvidia_gpus, ["Failed to initialize NVML"]),  # cut before the reason (the whole line is a "problem" entry)
+    (G.parse_nvidia_gpus, ["Unable to determine the device handle for GPU 0000:3b"]),  # cut inside the bus id
+    (G.parse_nvidia_gpus, [V100_ROW.replace("0, Tesla", "x, Tesla", 1)]),
+    (G.parse_nvidia_gpus, [V100_ROW.replace("32768", "32 GB")]),
+    (G.parse_nvidia_gpus, [V100_ROW.replace(", 7.0,", ", seven,")]),
+    (G.parse_nvidia_gpus, [V100_ROW.replace("Enabled, Enabled", "Yes, Enabled")]),
+    (G.parse_nvidia_gpus, [V100_ROW.replace(", 3, 3,", ", 3, gen3,")]),
+    (G.parse_nvidia_gpus, [V100_ROW.replace("0, Tesla V100-SXM2-32GB", "[N/A], Tesla V100-SXM2-32GB")]),
     # NvidiaPciDevices
-    (F.NvidiaPciDevices, [V100_PCI[:70]]),
-    (F.NvidiaPciDevices, [V100_PCI.replace("[10de:1db5]", "[10de:1db]")]),
-    (F.NvidiaPciDevices, ["pcilib: Cannot open /proc/bus/pci"]),
+    (G.parse_nvidia_pci_devices, [V100_PCI[:70]]),
+    (G.parse_nvidia_pci_devices, [V100_PCI.replace("[10de:1db5]", "[10de:1db]")]),
+    (G.parse_nvidia_pci_devices, ["pcilib: Cannot open /proc/bus/pci"]),
     # NvidiaKernelModule
-    (F.NvidiaKernelModule, ["GCC version:  gcc version 11.4.0 (Ubuntu 11.4.0-1ubuntu1~22.04) "]),
-    (F.NvidiaKernelModule, ["NVRM version: NVIDIA UNIX"]),
-    (F.NvidiaKernelModule, ["NVRM version: NVIDIA UNIX x86_64 Kernel Module  "]),
+    (G.parse_nvidia_kernel_module, ["GCC version:  gcc version 11.4.0 (Ubuntu 11.4.0-1ubuntu1~22.04) "]),
+    (G.parse_nvidia_kernel_module, ["NVRM version: NVIDIA UNIX"]),
+    (G.parse_nvidia_kernel_module, ["NVRM version: NVIDIA UNIX x86_64 Kernel Module  "]),
     # NouveauLoaded
-    (F.NouveauLoaded, ["yes"]),
-    (F.NouveauLoaded, ["1", "2"]),
-    (F.NouveauLoaded, ["-1"]),
+    (G.parse_nouveau_loaded, ["yes"]),
+    (G.parse_nouveau_loaded, ["1", "2"]),
+    (G.parse_nouveau_loaded, ["-1"]),
     # SecureBoot
-    (F.SecureBoot, []),
-    (F.SecureBoot, ["SB:mokutil"]),
-    (F.SecureBoot, ["SB:mokutil", "Failed to read SecureBoot"]),
-    (F.SecureBoot, ["SB:efivar"]),
-    (F.SecureBoot, ["SB:efivar", "   6   0   0"]),
-    (F.SecureBoot, ["SB:efivar", "   6   0   0   0   7"]),
-    (F.SecureBoot, ["SecureBoot enabled"]),  # no marker
-    (F.SecureBoot, ["SB:bios"]),
+    (H.parse_secure_boot, []),
+    (H.parse_secure_boot, ["SB:mokutil"]),
+    (H.parse_secure_boot, ["SB:mokutil", "Failed to read SecureBoot"]),
+    (H.parse_secure_boot, ["SB:efivar"]),
+    (H.parse_secure_boot, ["SB:efivar", "   6   0   0"]),
+    (H.parse_secure_boot, ["SB:efivar", "   6   0   0   0   7"]),
+    (H.parse_secure_boot, ["SecureBoot enabled"]),  # no marker
+    (H.parse_secure_boot, ["SB:bios"]),
     # DiskFree
-    (F.DiskFree, []),
-    (F.DiskFree, ["path /var/lib/qwen27b/models", "checked /var/lib", DF_HEADER]),  # truncated
-    (F.DiskFree, ["checked /var/lib", DF_HEADER, DF_ROW]),
-    (F.DiskFree, ["path /var/lib/qwen27b/models", "checked /var/lib", "df: /var/lib: No such file", DF_ROW]),
-    (F.DiskFree, ["path /x", "checked /", DF_HEADER, "/dev/sda2 960197124096 512187269120"]),
-    (F.DiskFree, ["path /x", "checked /", DF_HEADER, DF_ROW, DF_ROW]),
+    (H.parse_disk_free, []),
+    (H.parse_disk_free, ["path /var/lib/qwen27b/models", "checked /var/lib", DF_HEADER]),  # truncated
+    (H.parse_disk_free, ["checked /var/lib", DF_HEADER, DF_ROW]),
+    (H.parse_disk_free, ["path /var/lib/qwen27b/models", "checked /var/lib", "df: /var/lib: No such file", DF_ROW]),
+    (H.parse_disk_free, ["path /x", "checked /", DF_HEADER, "/dev/sda2 960197124096 512187269120"]),
+    (H.parse_disk_free, ["path /x", "checked /", DF_HEADER, DF_ROW, DF_ROW]),
     # MemoryInfo
-    (F.MemoryInfo, []),
-    (F.MemoryInfo, ["MemTotal:       lots kB"]),
-    (F.MemoryInfo, ["MemFree:        60000000 kB", "MemAvailable:   61000000 kB"]),  # no MemTotal
-    (F.MemoryInfo, ["MemTotal:       65843000 kB"]),  # truncated after the first line
-    (F.MemoryInfo, ["MemTotal:       65843000 kB", "MemAvailable:   610000"[:-3] + " MB"]),
+    (H.parse_memory_info, []),
+    (H.parse_memory_info, ["MemTotal:       lots kB"]),
+    (H.parse_memory_info, ["MemFree:        60000000 kB", "MemAvailable:   61000000 kB"]),  # no MemTotal
+    (H.parse_memory_info, ["MemTotal:       65843000 kB"]),  # truncated after the first line
+    (H.parse_memory_info, ["MemTotal:       65843000 kB", "MemAvailable:   610000"[:-3] + " MB"]),
     # PythonVersions
-    (F.PythonVersions, ["/usr/bin/python3"]),
-    (F.PythonVersions, ["python3 3.10.12"]),
-    (F.PythonVersions, ["/usr/bin/python3 Python 3.10.12"]),
-    (F.PythonVersions, ["/usr/bin/python3 3"]),
+    (H.parse_python_versions, ["/usr/bin/python3"]),
+    (H.parse_python_versions, ["python3 3.10.12"]),
+    (H.parse_python_versions, ["/usr/bin/python3 Python 3.10.12"]),
+    (H.parse_python_versions, ["/usr/bin/python3 3"]),
     # XidErrors
-    (F.XidErrors, ["2026-11-30T10:12:01+0000 v100-node4 kernel: NVRM: Xid (PCI:0000:86"]),
-    (F.XidErrors, ["2026-11-30T10:12:01+0000 v100-node4 kernel: something else entirely"]),
-    (F.XidErrors, ["NVRM: Xid (PCI:0000:3b:00): seventy-nine, GPU has fallen off the bus."]),
+    (G.parse_xid_errors, ["2026-11-30T10:12:01+0000 v100-node4 kernel: NVRM: Xid (PCI:0000:86"]),
+    (G.parse_xid_errors, ["2026-11-30T10:12:01+0000 v100-node4 kernel: something else entirely"]),
+    (G.parse_xid_errors, ["NVRM: Xid (PCI:0000:3b:00): seventy-nine, GPU has fallen off the bus."]),
     # NvidiaCudaPackages
-    (F.NvidiaCudaPackages, ["ii"]),
-    (F.NvidiaCudaPackages, ["xx  nvidia-driver-580-server 580.95.05-0ubuntu0.22.04.1"]),
-    (F.NvidiaCudaPackages, ["ii  nvidia-driver-580-server"]),  # installed but no version
-    (F.NvidiaCudaPackages, ["ii  nvidia-driver-580-server 580.95.05 extra"]),
+    (H.parse_nvidia_cuda_packages, ["ii"]),
+    (H.parse_nvidia_cuda_packages, ["xx  nvidia-driver-580-server 580.95.05-0ubuntu0.22.04.1"]),
+    (H.parse_nvidia_cuda_packages, ["ii  nvidia-driver-580-server"]),  # installed but no version
+    (H.parse_nvidia_cuda_packages, ["ii  nvidia-driver-580-server 580.95.05 extra"]),
     # HeldPackages
-    (F.HeldPackages, ["E: Could not open lock file /var/lib/dpkg/lock-frontend"]),
-    (F.HeldPackages, ["nvidia driver"]),
+    (H.parse_held_packages, ["E: Could not open lock file /var/lib/dpkg/lock-frontend"]),
+    (H.parse_held_packages, ["nvidia driver"]),
     # KernelHeaders
-    (F.KernelHeaders, ["linux-headers-5.15.0-125-generic:"]),  # no marker line
-    (F.KernelHeaders, ["headers linux-headers-"]),  # uname -r printed nothing
-    (F.KernelHeaders, ["headers linux-headers-5.15.0-125-generic", "linux-headers-5.15.0-125-generic:",
+    (H.parse_kernel_headers, ["linux-headers-5.15.0-125-generic:"]),  # no marker line
+    (H.parse_kernel_headers, ["headers linux-headers-"]),  # uname -r printed nothing
+    (H.parse_kernel_headers, ["headers linux-headers-5.15.0-125-generic", "linux-headers-5.15.0-125-generic:",
                        "  Installed: (none)"]),  # cut before Candidate
-    (F.KernelHeaders, ["headers linux-headers-5.15.0-125-generic", "E: Could not open lock file"]),
+    (H.parse_kernel_headers, ["headers linux-headers-5.15.0-125-generic", "E: Could not open lock file"]),
     # ModelsOnDisk
-    (F.ModelsOnDisk, ["du: cannot read directory 'x@main/': Permission denied"]),
-    (F.ModelsOnDisk, ["21904347136 verified"]),  # cut before the name
-    (F.ModelsOnDisk, ["12 verified a@main", "13 partial a@main"]),
+    (H.parse_models_on_disk, ["du: cannot read directory 'x@main/': Permission denied"]),
+    (H.parse_models_on_disk, ["21904347136 verified"]),  # cut before the name
+    (H.parse_models_on_disk, ["12 verified a@main", "13 partial a@main"]),
 ]
 
 
-@pytest.mark.parametrize(
-    "fact, output", GARBLED, ids=[f"{fact.__name__}-{i}" for i, (fact, _) in enumerate(GARBLED)]
-)
-def test_garbled_output_raises_fact_parse_error(fact, output):
+FACT_OF = {fact.parser: fact for fact in ALL_FACTS}  # each class names its parser
+GARBLED_IDS = [f"{FACT_OF[parser].__name__}-{i}" for i, (parser, _) in enumerate(GARBLED)]
+
+
+@pytest.mark.parametrize("parser, output", GARBLED, ids=GARBLED_IDS)
+def test_garbled_output_raises_fact_parse_error(parser, output):
     with pytest.raises(FactParseError) as error:
-        fact().process(output)
-    assert str(error.value).startswith(f"{fact.__name__}: "), str(error.value)
+        parser(output)
+    assert str(error.value).startswith(f"{FACT_OF[parser].__name__}: "), str(error.value)
     assert "expected" in str(error.value)
 
 
+@pytest.mark.parametrize("parser, output", GARBLED, ids=GARBLED_IDS)
+def test_the_fact_class_raises_it_as_pyinfras_error(parser, output):
+    with pytest.raises(FactParseError) as pure:
+        parser(output)
+    with pytest.raises(FactProcessError) as error:
+        FACT_OF[parser]().process(output)
+    assert isinstance(error.value, F.FactParseError) and str(error.value) == str(pure.value)
+
+
 def test_every_fact_has_garbled_cases():
-    assert {fact for fact, _ in GARBLED} == set(ALL_FACTS)
+    assert {FACT_OF[parser] for parser, _ in GARBLED} == set(ALL_FACTS)
 
 
 def test_fact_parse_error_is_pyinfras_fact_process_error():
     # pyinfra catches FactProcessError to report "could not process fact" and fail only that host.
-    assert issubclass(FactParseError, FactProcessError)
-    error = FactParseError("NvidiaGpus", 3, "13 comma-separated --query-gpu fields", "0, Tesla")
+    assert issubclass(F.FactParseError, FactProcessError) and issubclass(F.FactParseError, FactParseError)
+    error = F.FactParseError("NvidiaGpus", 3, "13 comma-separated --query-gpu fields", "0, Tesla")
     assert str(error) == "NvidiaGpus: line 3: expected 13 comma-separated --query-gpu fields, got '0, Tesla'"
     assert (error.fact, error.lineno) == ("NvidiaGpus", 3)
     assert str(pickle.loads(pickle.dumps(error))) == str(error)
@@ -139,7 +154,7 @@ def test_fact_parse_error_is_pyinfras_fact_process_error():
 def test_error_names_the_offending_line():
     output = [V100_ROW, V100_ROW, "Segmentation fault (core dumped) nvidia-smi"]
     with pytest.raises(FactParseError, match=r"^NvidiaGpus: line 3: .*Segmentation fault"):
-        F.NvidiaGpus().process(output)
+        G.parse_nvidia_gpus(output)
 
 
 def test_driver_message_wins_over_other_lines():
@@ -147,7 +162,7 @@ def test_driver_message_wins_over_other_lines():
         "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
         "Make sure that the latest NVIDIA driver is installed and running.",
     ]
-    assert F.NvidiaGpus().process(output) == []
+    assert G.parse_nvidia_gpus(output) == []
 
 
 # --- fuzzing -------------------------------------------------------------------------------------
@@ -204,7 +219,7 @@ def _check_shape(fact, value):
 
 def _parse_or_error(fact, output):
     try:
-        value = fact().process(output)
+        value = fact.parser(output)
     except FactParseError:
         return
     _check_shape(fact, value)
@@ -283,4 +298,4 @@ def test_mutated_recordings_are_parsed_or_refused(case):
 
 def test_unmutated_recordings_parse():
     for fact, lines in RECORDED:
-        _check_shape(fact, fact().process(lines))
+        _check_shape(fact, fact.parser(lines))

@@ -249,7 +249,7 @@ def test_verify_and_bench_read_metrics_with_the_key(vllm_server):
     assert "vllm:" in verify.scrape(base, key)
     with httpx.Client(timeout=30, trust_env=False) as bare:
         assert bench.scrape(bare, base) == {}
-    with httpx.Client(timeout=30, trust_env=False, headers=bench._headers(key)) as keyed:
+    with httpx.Client(timeout=30, trust_env=False, headers=bench.auth_headers(key)) as keyed:
         assert bench.scrape(keyed, base) and bench.server_info(keyed, base, {}, None)["version"]
 
 

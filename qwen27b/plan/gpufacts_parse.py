@@ -1,0 +1,223 @@
+"""Pure parsers of the GPU and driver facts' output: nvidia-smi, lspci, /proc/driver/nvidia,
+/proc/modules, the kernel log's Xids. Same rules as hostfacts_parse.py (FactParseError, no pyinfra)."""
+
+from __future__ import annotations
+
+import re
+
+from qwen27b.plan.hostfacts_parse import FactParseError, numbered_lines
+
+# --- nvidia-smi --query-gpu ---------------------------------------------------------------------
+
+_NO_DRIVER = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver"
+_NO_DEVICES = "No devices were found"
+_NOT_A_VALUE = {"N/A", "[N/A]", "Not Supported", "[Not Supported]"}
+# nvidia-smi's own failure lines (2>&1 puts them among the CSV rows). Each becomes a "problem"
+# entry in the fact, which the gate turns into a refusal or a warning with a fix.
+_NVML_INIT = re.compile(r"^Failed to initialize NVML: (?P<reason>.+)$")
+_DEVICE_HANDLE = re.compile(
+    r"^Unable to determine the device handle for (?:GPU|gpu) ?(?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:"
+    r"[0-9A-Fa-f]{2}\.[0-7]): (?P<reason>.+)$"
+)
+# R470 and older print this for compute_cap (added in R510) and stop: the driver is too old.
+_UNKNOWN_FIELD = re.compile(r'^Field "(?P<field>[^"]+)" is not a valid field to query\.?$')
+_INFOROM = re.compile(
+    r"^WARNING: infoROM is corrupted at gpu (?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$"
+)
+
+
+def _gpu_problem(line: str) -> dict | None:
+    """A failure line of nvidia-smi's as a "problem" entry; None for anything else."""
+    if _UNKNOWN_FIELD.match(line):
+        return {"problem": "driver-too-old", "bus_id": None, "message": line}
+    match = _NVML_INIT.match(line)
+    if match:
+        kind = "driver-library-mismatch" if "Driver/library version mismatch" in line else "nvml-init"
+        return {"problem": kind, "bus_id": None, "message": line}
+    match = _DEVICE_HANDLE.match(line) or _INFOROM.match(line)
+    if match:
+        kind = "inforom" if line.startswith("WARNING: infoROM") else "device-handle"
+        return {"problem": kind, "bus_id": match["bus"], "message": line}
+    return None
+
+
+def _gpu_row(n: int, line: str, fields: list[str]) -> dict:
+    """One GPU from a row's 13 --query-gpu fields ("[N/A]" and "Not Supported" become None)."""
+    def value(i: int) -> str | None:
+        field = fields[i]
+        return None if field in _NOT_A_VALUE or (field.startswith("[") and field.endswith("]")) else field
+
+    def number(i: int, what: str, unit: str = "") -> int | None:
+        field = value(i)
+        if field is None:
+            return None
+        if unit and field.endswith(unit):
+            field = field[: -len(unit)].rstrip()
+        if not re.fullmatch(r"[0-9]+", field):
+            raise FactParseError("NvidiaGpus", n, f"{what} as an integer", line)
+        return int(field)
+
+    def switch(i: int, what: str) -> bool | None:
+        field = value(i)
+        if field is None:
+            return None
+        if field not in ("Enabled", "Disabled"):
+            raise FactParseError("NvidiaGpus", n, f"{what} Enabled/Disabled", line)
+        return field == "Enabled"
+
+    index = number(0, "index")
+    name = value(1)
+    if index is None or not name:
+        raise FactParseError("NvidiaGpus", n, "a GPU index and name", line)
+    compute = value(5)
+    if compute is not None and not re.match(r"^[0-9]+\.[0-9]+$", compute):
+        raise FactParseError("NvidiaGpus", n, "compute_cap like 7.0", line)
+    return {
+        "index": index,
+        "name": name,
+        "uuid": value(2),
+        "bus_id": value(3),
+        "memory_mib": number(4, "memory.total", "MiB"),
+        "compute_capability": compute,
+        "driver_version": value(6),
+        "pcie_gen_current": number(7, "pcie.link.gen.current"),
+        "pcie_gen_max": number(8, "pcie.link.gen.max"),
+        "pcie_width_current": number(9, "pcie.link.width.current"),
+        "pcie_width_max": number(10, "pcie.link.width.max"),
+        "persistence_mode": switch(11, "persistence_mode"),
+        "ecc_enabled": switch(12, "ecc.mode.current"),
+    }
+
+
+def parse_nvidia_gpus(output: list[str]) -> list[dict]:
+    """The GPU dicts, plus one {"problem", "bus_id", "message"} dict per failure line nvidia-smi printed.
+
+    "driver-library-mismatch" (the driver was upgraded, the old kernel module is still loaded),
+    "nvml-init" (NVML failed for another reason), "driver-too-old" (no compute_cap field: R470 and
+    older), "device-handle" (a GPU that does not answer: Unknown Error / GPU is lost), "inforom" (a
+    corrupted infoROM; the GPU is still listed). gate.HostFacts keeps them apart from the GPUs.
+    """
+    lines = numbered_lines(output)
+    if any(line.startswith(_NO_DRIVER) or line.strip() == _NO_DEVICES for _, line in lines):
+        return []
+    gpus = []
+    for n, line in lines:
+        problem = _gpu_problem(line.strip())
+        if problem is not None:
+            if problem["problem"] in ("driver-library-mismatch", "nvml-init", "driver-too-old"):
+                return [problem]  # nothing else nvidia-smi printed is a GPU row
+            gpus.append(problem)
+            continue
+        fields = [field.strip() for field in line.split(",")]
+        if fields[0] == "index":  # a header row, if --format lost "noheader"
+            continue
+        if len(fields) != 13:
+            raise FactParseError("NvidiaGpus", n, "13 comma-separated --query-gpu fields", line)
+        gpus.append(_gpu_row(n, line, fields))
+    return gpus
+
+
+# --- the PCI bus, the kernel modules, the kernel log ---------------------------------------------
+
+_LSPCI_LINE = re.compile(
+    r"^(?P<slot>(?:[0-9a-f]{4}:)?[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]) .*?\[(?P<class>[0-9a-f]{4})\]: "
+    r"(?P<description>.*) \[10de:(?P<device>[0-9a-f]{4})\](?: \(rev [0-9a-f]{2}\))?$",
+    re.IGNORECASE,
+)
+_GPU_PCI_CLASSES = {"0300", "0302"}  # VGA compatible controller, 3D controller
+
+
+def parse_nvidia_pci_devices(output: list[str]) -> list[dict]:
+    """The NVIDIA GPU functions on the bus (class 0300/0302), whether or not a driver is loaded."""
+    devices = []
+    for n, line in numbered_lines(output):
+        match = _LSPCI_LINE.match(line.strip())
+        if not match:
+            raise FactParseError(
+                "NvidiaPciDevices", n, "an lspci -nn -D line ending in [10de:XXXX] (rev xx)", line
+            )
+        if match["class"] not in _GPU_PCI_CLASSES:
+            continue  # the card's HDMI audio, USB-C, UCSI or NVSwitch bridge functions
+        slot = match["slot"].lower()
+        devices.append(
+            {
+                "slot": slot if slot.count(":") == 2 else f"0000:{slot}",
+                "class": match["class"],
+                "device_id": match["device"].lower(),
+                "description": match["description"],
+            }
+        )
+    return devices
+
+
+_NVRM_VERSION = re.compile(
+    r"^NVRM version: NVIDIA UNIX (?:(?P<open>Open Kernel Module for \S+)|\S+ Kernel Module)"
+    r"\s+(?P<version>[0-9]+(?:\.[0-9]+)+)(?:\s|$)"
+)
+
+
+def kernel_module_not_loaded() -> dict:
+    """NvidiaKernelModule without /proc/driver/nvidia/version (also the fact's default)."""
+    return {"loaded": False, "flavor": None, "version": None}
+
+
+def parse_nvidia_kernel_module(output: list[str]) -> dict:
+    """Loaded or not, and which flavour: Volta needs the proprietary module, not the open one."""
+    lines = numbered_lines(output)
+    if not lines:
+        return kernel_module_not_loaded()
+    n, first = lines[0]
+    match = _NVRM_VERSION.match(first.strip())
+    if not match:
+        raise FactParseError(
+            "NvidiaKernelModule", n, "'NVRM version: NVIDIA UNIX ... Kernel Module  VERSION'", first
+        )
+    return {
+        "loaded": True,
+        "flavor": "open" if match["open"] else "proprietary",
+        "version": match["version"],
+    }
+
+
+def parse_nouveau_loaded(output: list[str]) -> bool:
+    """grep -c '^nouveau ' /proc/modules: is nouveau loaded?"""
+    lines = numbered_lines(output)
+    if len(lines) != 1 or not re.fullmatch(r"[0-9]+", lines[0][1].strip()):
+        n, line = lines[-1] if lines else (None, None)
+        raise FactParseError("NouveauLoaded", n, "one count from grep -c", line)
+    return int(lines[0][1]) > 0
+
+
+_XID = re.compile(
+    r"NVRM: Xid \(PCI:(?P<pci>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): "
+    r"(?P<xid>[0-9]+),\s*(?P<text>.*)$"
+)
+_ISO_TIME = re.compile(
+    r"^([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]+)?(?:Z|[+-][0-9]{2}:?[0-9]{2})?)\s"
+)
+_DMESG_TIME = re.compile(r"^\[([^\]]+)\]")
+
+
+def parse_xid_errors(output: list[str]) -> list[dict]:
+    """{"time", "pci", "xid", "text"} per NVRM Xid line, journalctl's ISO or dmesg's [seconds] time."""
+    events = []
+    for n, line in numbered_lines(output):
+        at = line.find("NVRM: Xid")
+        match = _XID.match(line, at) if at >= 0 else None
+        if not match:
+            raise FactParseError("XidErrors", n, "'NVRM: Xid (PCI:dddd:bb:dd): N, ...'", line)
+        prefix = line[:at].strip()
+        iso = _ISO_TIME.match(prefix + " ")
+        bracket = _DMESG_TIME.match(prefix)
+        if iso:
+            time = iso.group(1)
+        elif bracket:
+            time = f"[{bracket.group(1).strip()}]"
+        else:
+            time = None
+        text = match["text"].strip()
+        # Drivers since ~R470 prefix the message with the process that hit it.
+        text = re.sub(r"^pid=[^,]*,\s*", "", text)
+        text = re.sub(r"^name=[^,]*,\s*", "", text)
+        events.append({"time": time, "pci": match["pci"], "xid": int(match["xid"]), "text": text})
+    return events

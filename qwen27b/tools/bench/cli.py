@@ -1,0 +1,119 @@
+"""`qwen27b bench`: the seed's bench matrix (section 4.2), measured honestly.
+
+    qwen27b bench --url http://HOST:PORT [--api-key-file F] [--model NAME] [--tokenizer DIR]
+                  [--prompt-tokens 512] [--output-tokens 256] [--concurrency 1,4,8]
+                  [--max-model-len-label 4096] [--gpu KEY --tp N --weights-bytes B]
+                  [--spec on|off|auto] [--requests-per-level N] [--warmup N] [--out DIR]
+                  [--ab OTHER_RESULT.json]
+    qwen27b bench --load RUN.json [--ab OTHER_RESULT.json] [--out DIR]   (no server: re-print/compare)
+
+The seed fixes the test so numbers can be compared: prompt 512 tokens, output 256, batch 1/4/8,
+max-model-len 4096 and 8192. This module:
+
+- builds each prompt to exactly --prompt-tokens tokens *as the server counts them* (chat
+  template included): with the model's own tokenizer when ``transformers`` is importable and
+  --tokenizer is given, else through the server's ``/tokenize`` (vLLM serves it); then checks
+  that count against the ``usage.prompt_tokens`` the server reports, and records both;
+- sends streamed requests (``ignore_eos``, ``max_tokens`` = --output-tokens,
+  ``stream_options.include_usage``) with at most C in flight per concurrency level C, after
+  warm-up requests that are not timed (the first request on a V100 compiles for minutes);
+- per level: TTFT p50/p90, decode tok/s per request and aggregate, end-to-end p50/p90, prefill
+  tok/s (prompt / TTFT), and from ``/metrics`` deltas (counters are cumulative) the speculative
+  acceptance rate / length and the prefix-cache hit rate;
+- puts each figure beside its physical ceiling: decode against GPU bandwidth x TP / weight bytes
+  read per token, prefill against fp16 tensor peak x TP / (2 x params), both from the stack's
+  ``gpus:`` table (--gpu) and the checkpoint metadata; with no --gpu it prints "n/a (no GPU)";
+- ``--ab other.json`` prints the ratio per cell with the physics ceiling beside the seed's
+  "3x decode / 15x prefill" claims (FACTS.md "Physics of the seed's claims");
+- writes bench.json, bench.csv, bench.txt (the table) and bench.png (tok/s and TTFT per
+  concurrency, matplotlib Agg) to --out.
+
+The controller package needs only httpx here (matplotlib for the chart); ``transformers`` /
+``tokenizers`` are used when importable, never required.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from qwen27b.tools.bench.common import SEED_CONCURRENCY, SEED_OUTPUT_TOKENS, SEED_PROMPT_TOKENS, BenchError
+from qwen27b.tools.bench.matrix import ab_compare
+from qwen27b.tools.bench.measure import measure
+from qwen27b.tools.bench.output import format_ab, format_table, load_run, write_outputs
+
+
+def _concurrency(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a comma-separated list of integers, e.g. 1,4,8") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: concurrency levels must be >= 1")
+    return values
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be >= 1")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="qwen27b bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", help="the endpoint, http://HOST:PORT")
+    p.add_argument("--load", metavar="RUN.json", help="print (and --ab compare) a saved run instead of measuring")
+    p.add_argument("--api-key-file", help="file with VLLM_API_KEY=... (or a bare key)")
+    p.add_argument("--model", help="served model name (default: the first in /v1/models)")
+    p.add_argument("--tokenizer", metavar="DIR", help="the model's tokenizer dir (used if transformers is importable)")
+    p.add_argument("--api", choices=("chat", "completions"), default="chat")
+    p.add_argument("--prompt-tokens", type=_positive, default=SEED_PROMPT_TOKENS)
+    p.add_argument("--output-tokens", type=_positive, default=SEED_OUTPUT_TOKENS)
+    p.add_argument("--concurrency", type=_concurrency, default=list(SEED_CONCURRENCY))
+    p.add_argument("--requests-per-level", type=_positive, help="default 2 x concurrency (at least the concurrency)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed requests first (default 1)")
+    p.add_argument("--max-model-len-label", help="which deployment this measures (default: the server's max_model_len)")
+    p.add_argument("--gpu", help="the stack's gpus: key (e.g. v100-sxm2-32gb) for the physical ceilings")
+    p.add_argument("--tp", type=_positive, default=1)
+    p.add_argument("--weights-bytes", type=int, help="weight bytes read per decoded token (default: the checkpoint's)")
+    p.add_argument("--params", type=int, help="parameter count for the prefill ceiling (default: from config.json)")
+    p.add_argument("--stack-model", help="stack model key for weights/params (default: matched by served name)")
+    p.add_argument("--spec", choices=("on", "off", "auto"), default="auto",
+                   help="speculative decoding in this deployment (auto: from /metrics)")
+    p.add_argument("--temperature", type=float, help="default: the server's (generation_config)")
+    p.add_argument("--seed", type=int, help="prompt filler seed (default: random per run, so no stale prefix-cache hits)")
+    p.add_argument("--timeout", type=float, default=900.0, help="per-request seconds")
+    p.add_argument("--out", type=Path, help="output dir (default reports/bench/<UTC time>)")
+    p.add_argument("--ab", metavar="OTHER.json", help="a previous run (baseline A) to compare this run (B) with")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if bool(args.url) == bool(args.load):
+            raise BenchError("give exactly one of --url (measure) or --load RUN.json (re-print a saved run)")
+        baseline = load_run(args.ab) if args.ab else None
+        run = load_run(args.load) if args.load else measure(args)
+        if baseline:
+            run["ab"] = ab_compare(baseline, run)
+            run["ab"]["baseline_file"] = str(args.ab)
+        out = args.out or Path("reports") / "bench" / dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        paths = write_outputs(run, out, baseline)
+    except BenchError as error:
+        print(f"qwen27b bench: {error}", file=sys.stderr)
+        return 2
+    print(format_table(run))
+    if run.get("ab"):
+        print()
+        print(format_ab(run["ab"]))
+    print()
+    print("wrote " + ", ".join(str(p) for p in paths.values())
+          + ("" if "png" in paths else " (no chart: matplotlib not importable)"))
+    failed = sum(lv["errors"] for lv in run["levels"])
+    return 1 if failed or not any(lv["ok"] for lv in run["levels"]) else 0
