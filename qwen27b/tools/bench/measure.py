@@ -9,6 +9,7 @@ import secrets
 import sys
 import time
 
+from qwen27b.onhost.secretfile import SecretFileError, load_secret
 from qwen27b.tools.bench.common import SCHEMA, BenchError
 from qwen27b.tools.bench.loadgen import request_body, run_level
 from qwen27b.tools.bench.matrix import request_figures, summarize_level, token_check
@@ -22,10 +23,9 @@ def auth_headers(api_key: str | None) -> dict:
 
 
 def read_key_file(path: str | None) -> str | None:
-    """The API key, read as deploy and qwen27b-health read it (qwen27b.onhost.health.load_secret)."""
+    """The API key, read as deploy and qwen27b-health read it (qwen27b.onhost.secretfile)."""
     if not path:
         return None
-    from qwen27b.onhost.health import SecretFileError, load_secret
     try:
         return load_secret(path)
     except SecretFileError as error:
