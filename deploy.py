@@ -18,7 +18,7 @@ from roles.verify import verify
 from roles.vllm import vllm
 from roles.weights import weights
 
-plan = preflight()
-if plan is not None and run_roles(plan, [toolchain, nvidia, cuda, vllm, dflash, weights, firewall, service, verify]):
+decision = preflight()
+if decision is not None and run_roles(decision, [toolchain, nvidia, cuda, vllm, dflash, weights, firewall, service, verify]):
     release_lock()
     show_planned_operations()

@@ -13,8 +13,8 @@ try:  # the host deploy lock, where this tree has it
 except ImportError:  # pragma: no cover
     release_lock = None
 
-plan = preflight()
-if plan is not None:
-    weights(plan)
+decision = preflight()
+if decision is not None:
+    weights(decision)
     if release_lock is not None:
         release_lock()

@@ -224,14 +224,14 @@ def preflight() -> Decision | None:
     return decision
 
 
-def run_roles(plan: Decision, roles) -> bool:
+def run_roles(decision: Decision, roles) -> bool:
     """Queue each role's operations for this host. An ArtifactError (a controller-side artifact that
     could not be prepared: offline, PyPI unreachable) fails this host with its message and fix, not a
     traceback; anything else is a bug and propagates, but the run summary still counts the host
     failed, never "ok". Returns whether every role was planned."""
     try:
         for role in roles:
-            role(plan)
+            role(decision)
     except ArtifactError as error:
         click.echo(f"== {host.name}: FAILED while planning (nothing will be run on this host)\n   {error}\n", err=True)
         runstate.current().raised[host.name] = " ".join(str(error).split())
