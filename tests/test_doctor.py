@@ -385,18 +385,6 @@ def test_metrics_behind_the_guard_without_the_key_says_so():
     assert check.verdict == WARN and "401" in check.evidence and "qwen27b_metrics_allow" in check.fix
 
 
-def test_ssh_argv_from_inventory_data():
-    data = {"ssh_hostname": "10.231.1.2", "ssh_user": "root", "ssh_key": "/k/id", "ssh_known_hosts_file": "/k/known",
-            "ssh_strict_host_key_checking": "yes", "ssh_allow_agent": False, "ssh_port": 2222}
-    argv = collection.ssh_argv("q27t1", data, "sh -s")
-    assert argv[0] == "ssh" and argv[-3:] == ["--", "10.231.1.2", "sh -s"]
-    joined = " ".join(argv)
-    for part in ("-p 2222", "-l root", "-i /k/id", "UserKnownHostsFile=/k/known", "StrictHostKeyChecking=yes",
-                 "BatchMode=yes", "IdentityAgent=none"):
-        assert part in joined
-    assert collection.ssh_argv("@local", {}, "sh -s") == ["sh", "-c", "sh -s"]
-
-
 def test_snapshot_save_load_roundtrip(tmp_path):
     snap = HostSnapshot.load(JOURNALS / "cpu-corrupt-config")
     snap.save(tmp_path / "q27t1")

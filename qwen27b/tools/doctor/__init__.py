@@ -1,6 +1,6 @@
 """`qwen27b doctor`: the seed article's troubleshooting chain (section 6.2), automated.
 
-    qwen27b doctor INVENTORY [--limit NAME] [--json] [--save DIR]
+    qwen27b doctor INVENTORY [--limit NAME ...] [--json] [--save DIR] [--timeout S] [--parallel N]
     qwen27b doctor --replay DIR [--json]
 
 Per host, in the seed's order, each step a set of checks with a verdict (ok / warn / fail /
@@ -28,9 +28,10 @@ config.json to step 2, "Minimum capability: 75" to step 3, "CUDA out of memory" 
 step 1 reports the symptom, and the headline names the first failing *cause* step in chain
 order (2..5), or step 1 when none explains the symptom.
 
-Design: collecting and judging are separate. `collect()` (collection.py) runs one shell script per
-phase over plain `ssh` (the inventory's ssh_hostname / ssh_user / ssh_key / ssh_known_hosts_file
-...) and returns a
+Design: collecting and judging are separate. `collect()` (collection.py) reads every host at
+once through pyinfra's own connectors, the inventory loaded as the deploy loads it
+(qwen27b.controller.remote: ssh_port / ssh_user / ssh_key / ssh_password / paramiko settings,
+_sudo, @local, @fake), one shell script per phase over one connection, and returns a
 `HostSnapshot` (model.py: command outputs by key); `diagnose()` (diagnosis.py) is a pure function
 of a snapshot, the stack file and the host's inventory data: parse.py and journal.py parse,
 context.py holds what every step reads, diagnose_<step>.py judge one step each, so every verdict

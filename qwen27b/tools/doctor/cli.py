@@ -6,10 +6,10 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
-import os
 import sys
 from pathlib import Path
 
+from qwen27b.controller import remote
 from qwen27b.plan.stack import load_stack
 
 from .collection import collect
@@ -18,26 +18,20 @@ from .model import STEPS, HostSnapshot
 from .output import table
 
 
-def inventory_hosts(path: str) -> list[tuple[str, dict]]:
-    """(name, data) of every host in a pyinfra inventory file, group data included, as pyinfra loads it."""
-    from pyinfra.api import State
-    from pyinfra.context import ctx_state
-    from pyinfra_cli.inventory import make_inventory
-
-    ctx_state.set(State())
-    inventory = make_inventory(path, cwd=os.getcwd())
-    return [(h.name, dict(h.data.dict())) for h in inventory]
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="qwen27b doctor", description=sys.modules[__package__].__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="Steps: " + ", ".join(f"{n} {s}" for n, s in STEPS.items()))
     parser.add_argument("inventory", nargs="?", help="pyinfra inventory file (as for deploy.py)")
-    parser.add_argument("--limit", action="append", metavar="NAME", help="only hosts matching NAME (glob; repeatable)")
+    parser.add_argument("--limit", nargs="+", action="extend", metavar="NAME",
+                        help="only these hosts or groups (globs, as pyinfra's --limit; repeatable)")
     parser.add_argument("--json", action="store_true", help="JSON for machines instead of tables")
     parser.add_argument("--save", metavar="DIR", help="also write each host's snapshot (command outputs) to DIR/HOST/")
     parser.add_argument("--replay", metavar="DIR", help="diagnose saved snapshot dir(s) instead of reading hosts")
+    parser.add_argument("--timeout", type=int, default=300, metavar="S",
+                        help="seconds per host for the main script (default 300)")
+    parser.add_argument("--parallel", type=int, metavar="N", help="hosts read at once (as pyinfra's --parallel; "
+                        "default pyinfra's: 20 per CPU)")
     args = parser.parse_args(argv)
     if bool(args.inventory) == bool(args.replay):
         parser.error("give an INVENTORY or --replay DIR")
@@ -56,22 +50,19 @@ def replayed(root: Path, limit: list[str] | None) -> list[HostSnapshot]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     stack = load_stack()
-    snapshots: list[HostSnapshot] = []
     if args.replay:
         snapshots = replayed(Path(args.replay), args.limit)
     else:
+        from gevent import monkey  # as pyinfra's CLI: sockets and subprocesses cooperate, hosts overlap
+        monkey.patch_all()
         try:
-            hosts = inventory_hosts(args.inventory)
+            state, hosts = remote.load_inventory(args.inventory, args.limit, parallel=args.parallel)
         except Exception as error:  # pyinfra raises many kinds for a bad inventory file
             print(f"doctor: cannot load inventory {args.inventory}: {error}", file=sys.stderr)
             return 2
-        if args.limit:
-            hosts = [(n, d) for n, d in hosts if any(fnmatch.fnmatch(n, pat) for pat in args.limit)]
-        for name, data in hosts:
-            snap = collect(name, data, stack)
-            if args.save:
-                snap.save(Path(args.save) / name)
-            snapshots.append(snap)
+        snapshots = collect(state, hosts, stack, args.timeout)
+        for snap in snapshots if args.save else []:
+            snap.save(Path(args.save) / snap.host)
     if not snapshots:
         print("doctor: no host selected", file=sys.stderr)
         return 2
@@ -88,4 +79,3 @@ def main(argv: list[str] | None = None) -> int:
             print(table(r))
             print()
     return 1 if failed else 0
-

@@ -1,11 +1,11 @@
 """What doctor runs on a host (read-only shell commands, one script per phase) and the read
-itself: one SSH session per phase, built from the inventory's ssh_* data."""
+itself: every host at once through pyinfra's own connectors (qwen27b.controller.remote), so the
+inventory's ssh_port / ssh_user / ssh_key / ssh_password / paramiko settings, _sudo, @local and
+@fake are honoured exactly as by the deploy."""
 
 from __future__ import annotations
 
-import os
 import shlex
-import subprocess
 
 from qwen27b.controller import facts as F
 from qwen27b.controller import remote
@@ -133,58 +133,35 @@ def script(cmds: dict[str, str], nonce: str) -> str:
     return remote.script(cmds, nonce, stdout_only=FACT_KEYS)
 
 
-def ssh_argv(name: str, data: dict, command: str) -> list[str]:
-    """Plain OpenSSH from pyinfra's ssh_* host data; '@local' runs on this machine."""
-    if name.startswith("@local"):
-        return ["sh", "-c", command]
-    argv = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(data.get('ssh_connect_timeout') or 10)}",
-            "-o", "LogLevel=ERROR"]
-    if data.get("ssh_port"):
-        argv += ["-p", str(data["ssh_port"])]
-    if data.get("ssh_user"):
-        argv += ["-l", str(data["ssh_user"])]
-    if data.get("ssh_key"):
-        argv += ["-i", os.path.expanduser(str(data["ssh_key"])), "-o", "IdentitiesOnly=yes"]
-    if data.get("ssh_known_hosts_file"):
-        argv += ["-o", f"UserKnownHostsFile={os.path.expanduser(str(data['ssh_known_hosts_file']))}",
-                 "-o", "GlobalKnownHostsFile=/dev/null"]
-    strict = data.get("ssh_strict_host_key_checking")
-    if strict:
-        argv += ["-o", f"StrictHostKeyChecking={strict}"]
-    if data.get("ssh_allow_agent") is False:
-        argv += ["-o", "IdentityAgent=none"]
-    return argv + ["--", str(data.get("ssh_hostname") or name), command]
-
-
-def run_remote(name: str, data: dict, cmds: dict[str, str], timeout: float = 300) -> tuple[dict, dict, str | None]:
-    """One SSH session runs every command (script on stdin) -> (outputs, codes, error)."""
+def run_phase(state, host, cmds: dict[str, str], timeout: int) -> tuple[dict, dict, str | None]:
+    """One script on the host through its own connector (remote.run_command) -> (outputs, codes, error)."""
     nonce = remote.new_nonce()
-    shell = "sudo -n sh -s" if data.get("_sudo") else "sh -s"
-    try:
-        proc = subprocess.run(ssh_argv(name, data, shell), input=script(cmds, nonce), capture_output=True,
-                              text=True, errors="replace", timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {}, {}, f"no answer within {timeout:.0f} s"
-    except OSError as error:
-        return {}, {}, f"cannot run ssh: {error}"
-    outputs, codes = remote.parse_script_output(proc.stdout, nonce)
+    answer = remote.run_command(state, host, script(cmds, nonce), timeout)
+    if answer.error:
+        return {}, {}, answer.error
+    outputs, codes = remote.parse_script_output(answer.stdout, nonce)
     if not outputs:
-        why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-        return {}, {}, f"ssh to {data.get('ssh_hostname') or name} failed: {why}"
+        return {}, {}, f"the doctor script did not run: {remote.no_sections_why(answer)}"
     return outputs, codes, None
 
 
-def collect(name: str, data: dict, stack: dict) -> HostSnapshot:
-    """Read one host: phase 1 (unit, journal, model, venv, facts), phase 2 (/health, /metrics)."""
-    outputs, codes, error = run_remote(name, data, commands(stack))
-    snap = HostSnapshot(host=name, outputs=outputs, codes=codes, data=data, error=error)
-    if error:
+def read_host(state, host, stack: dict, timeout: int = 300) -> HostSnapshot:
+    """Read one host: phase 1 (unit, journal, model, venv, facts), phase 2 (/health, /metrics on the
+    host itself, where the service's bind address is reachable), over one connection."""
+    snap = HostSnapshot(host=host.name, data=dict(host.data.dict()))
+    snap.outputs, snap.codes, snap.error = run_phase(state, host, commands(stack), timeout)
+    if snap.error:
         return snap
     flags = running_flags(remote.parse_show(snap.text("systemctl-show.txt") or "").get("ExecStart", ""))
     if flags.get("--port"):
-        more, more_codes, error = run_remote(name, data, http_commands(flags.get("--host") or "127.0.0.1",
-                                                                        flags["--port"], api_key_env_file(stack["paths"])),
-                                             timeout=60)
+        more, more_codes, _ = run_phase(state, host, http_commands(flags.get("--host") or "127.0.0.1", flags["--port"],
+                                                                   api_key_env_file(stack["paths"])), 60)
         snap.outputs.update(more)
         snap.codes.update(more_codes)
     return snap
+
+
+def collect(state, hosts, stack: dict, timeout: int = 300) -> list[HostSnapshot]:
+    """Every host at once on pyinfra's pool (remote.on_every_host), snapshots in inventory order."""
+    return remote.on_every_host(state, hosts, lambda host: read_host(state, host, stack, timeout),
+                                lambda host, why: HostSnapshot(host=host.name, data=dict(host.data.dict()), error=why))
