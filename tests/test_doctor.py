@@ -15,10 +15,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from qwen27b.controller import facts as F
+from qwen27b.controller import remote
 from qwen27b.tools import cli
 
 from qwen27b.tools import doctor
-from qwen27b.tools.doctor import FAIL, INFO, OK, SKIP, WARN, HostSnapshot, diagnose
+from qwen27b.tools.doctor import FAIL, INFO, OK, SKIP, WARN, HostSnapshot, collection, context, diagnose, journal, parse
 from qwen27b.plan.stack import load_stack
 
 JOURNALS = Path(__file__).resolve().parent / "fixtures" / "journals"
@@ -145,7 +147,7 @@ def test_real_restored_host_keeps_the_injected_faults_as_history():
 def test_real_shutdown_noise_is_not_a_failure():
     """A stop/restart makes vLLM log EngineDeadError during its shutdown: that run did not fail."""
     text = (JOURNALS / "real-cpu-missing-model-path" / "journal.txt").read_text()
-    runs = doctor.split_runs(doctor.journal_lines(text))
+    runs = journal.split_runs(journal.journal_lines(text))
     stopped = [r for r in runs if any("EngineDeadError" in line.msg for line in r.lines)]
     assert stopped and all(not r.systemd_failed and r.cause is None and not r.exceptions for r in stopped)
 
@@ -212,7 +214,7 @@ def test_known_bugs_table_is_well_formed():
     assert {b["id"] for b in bugs} >= {"1cat-478", "vllm-0.17-encoder-profiling-hang", "seed-vllm-0.23.0-chunk-size"}
     for bug in bugs:
         assert bug["source"] in STACK["sources"] and bug["workaround"] and isinstance(bug["verified"], bool)
-        assert doctor._version_in("0.0.1", bug["versions"]) in (True, False)  # a valid specifier
+        assert parse.version_in("0.0.1", bug["versions"]) in (True, False)  # a valid specifier
     assert next(b for b in bugs if b["id"] == "seed-vllm-0.23.0-chunk-size")["verified"] is False
 
 
@@ -270,15 +272,15 @@ def test_exec_start_parsing():
     show = ("ExecStart={ path=/opt/v/bin/python ; argv[]=/opt/v/bin/python -m vllm.entrypoints.openai.api_server "
             "--model /m --max-model-len 2048 --enforce-eager --limit-mm-per-prompt {\"image\":0,\"video\":0} "
             "--port=8000 ; ignore_errors=no ; start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }")
-    flags = doctor.running_flags(doctor.parse_show(show)["ExecStart"])
+    flags = parse.running_flags(remote.parse_show(show)["ExecStart"])
     assert flags == {"--model": "/m", "--max-model-len": "2048", "--enforce-eager": None,
                      "--limit-mm-per-prompt": '{"image":0,"video":0}', "--port": "8000"}
-    assert doctor.running_flags("") == {}
+    assert parse.running_flags("") == {}
 
 
 def test_journal_runs_and_phases():
     text = (JOURNALS / "v100x4-oom-at-inference-recovered" / "journal.txt").read_text()
-    runs = doctor.split_runs(doctor.journal_lines(text))
+    runs = journal.split_runs(journal.journal_lines(text))
     assert len(runs) == 2 and all(r.started and r.reached_startup for r in runs)
     assert runs[0].cause.pattern.kind == "cuda_oom" and runs[0].cause.phase == "inference"
     assert runs[1].cause is None
@@ -296,7 +298,7 @@ def test_journal_runs_and_phases():
     (None, None, None),
 ])
 def test_weights_format(config, hf_quant, expected):
-    assert doctor.weights_format(config, hf_quant) == expected
+    assert parse.weights_format(config, hf_quant) == expected
 
 
 def test_weights_format_mismatch_fails_step_2():
@@ -314,23 +316,23 @@ def test_script_markers_roundtrip_through_a_real_shell():
     cmds = {"a.txt": "echo hello; echo world", "b.txt": "printf 'no newline'", "c.txt": "echo oops >&2; exit 3",
             "d.txt": "cat", "e.txt": "true"}  # d: stdin is /dev/null, the script itself is not eaten
     nonce = "f00d"
-    out = subprocess.run(["sh", "-s"], input=doctor.script(cmds, nonce), capture_output=True, text=True, timeout=30)
-    outputs, codes = doctor.parse_script_output(out.stdout, nonce)
+    out = subprocess.run(["sh", "-s"], input=collection.script(cmds, nonce), capture_output=True, text=True, timeout=30)
+    outputs, codes = remote.parse_script_output(out.stdout, nonce)
     assert outputs == {"a.txt": "hello\nworld", "b.txt": "no newline", "c.txt": "oops", "d.txt": "", "e.txt": ""}
     assert codes == {"a.txt": 0, "b.txt": 0, "c.txt": 3, "d.txt": 0, "e.txt": 0}
 
 
 def test_commands_cover_every_fact_and_stay_read_only():
-    cmds = doctor.commands(STACK)
-    assert {f.recorded_as for f in doctor.F.ALL_FACTS} <= set(cmds)
+    cmds = collection.commands(STACK)
+    assert {f.recorded_as for f in F.ALL_FACTS} <= set(cmds)
     assert cmds["os-release"] == "cat /etc/os-release"  # unguarded: no requires_command
     assert cmds["nvidia-smi-query-gpu.csv"].startswith("if command -v nvidia-smi ")
     text = " ".join(cmds.values())
     for verb in ("systemctl restart", "systemctl start", "rm ", "apt-get", "ln -s", "mv ", "kill "):
         assert verb not in text
-    http = doctor.http_commands("0.0.0.0", "8000")
+    http = collection.http_commands("0.0.0.0", "8000")
     assert "http://127.0.0.1:8000/health" in http["health.txt"]
-    assert "http://[::1]:8001/metrics" in doctor.http_commands("::", "8001")["metrics.txt"]
+    assert "http://[::1]:8001/metrics" in collection.http_commands("::", "8001")["metrics.txt"]
 
 
 def test_metrics_read_sends_the_key_from_the_hosts_file_never_in_argv(tmp_path):
@@ -363,11 +365,11 @@ def test_metrics_read_sends_the_key_from_the_hosts_file_never_in_argv(tmp_path):
         secrets.write_text(f"VLLM_API_KEY={key}\n")
         secrets.chmod(0o600)
         port = str(server.server_address[1])
-        keyed = doctor.http_commands("127.0.0.1", port, str(secrets))["metrics.txt"]
+        keyed = collection.http_commands("127.0.0.1", port, str(secrets))["metrics.txt"]
         assert key not in keyed
         out = subprocess.run(["sh", "-c", keyed], capture_output=True, text=True, timeout=30).stdout
         assert out.startswith("vllm:num_preemptions_total 0")
-        missing = doctor.http_commands("127.0.0.1", port, str(tmp_path / "absent.env"))["metrics.txt"]
+        missing = collection.http_commands("127.0.0.1", port, str(tmp_path / "absent.env"))["metrics.txt"]
         out = subprocess.run(["sh", "-c", missing], capture_output=True, text=True, timeout=30).stdout
         assert "Unauthorized" in out
     finally:
@@ -381,18 +383,6 @@ def test_metrics_behind_the_guard_without_the_key_says_so():
     snap.outputs["metrics.txt"] = route_auth._DENIED.decode()
     check = next(c for c in diagnose(snap, STACK).checks if c.check == "KV cache / preemptions")
     assert check.verdict == WARN and "401" in check.evidence and "qwen27b_metrics_allow" in check.fix
-
-
-def test_ssh_argv_from_inventory_data():
-    data = {"ssh_hostname": "10.231.1.2", "ssh_user": "root", "ssh_key": "/k/id", "ssh_known_hosts_file": "/k/known",
-            "ssh_strict_host_key_checking": "yes", "ssh_allow_agent": False, "ssh_port": 2222}
-    argv = doctor.ssh_argv("q27t1", data, "sh -s")
-    assert argv[0] == "ssh" and argv[-3:] == ["--", "10.231.1.2", "sh -s"]
-    joined = " ".join(argv)
-    for part in ("-p 2222", "-l root", "-i /k/id", "UserKnownHostsFile=/k/known", "StrictHostKeyChecking=yes",
-                 "BatchMode=yes", "IdentityAgent=none"):
-        assert part in joined
-    assert doctor.ssh_argv("@local", {}, "sh -s") == ["sh", "-c", "sh -s"]
 
 
 def test_snapshot_save_load_roundtrip(tmp_path):
@@ -411,7 +401,7 @@ def as_journal_json(text: str, invocation: str, t0: int = 1796230000_000000) -> 
     (systemd's own lines carry INVOCATION_ID, the service's output _SYSTEMD_INVOCATION_ID)."""
     out = []
     for i, raw in enumerate(text.splitlines()):
-        match = doctor._JOURNAL_LINE.match(raw)
+        match = journal.JOURNAL_LINE.match(raw)
         ident, pid, msg = (match["ident"], match["pid"], match["msg"]) if match else (None, None, raw.strip())
         entry = {"__REALTIME_TIMESTAMP": str(t0 + i * 1000), "_HOSTNAME": "q27t1", "MESSAGE": msg}
         if ident:
@@ -452,7 +442,7 @@ def with_invocations(runs: list[tuple[str, str]], current: str, **show) -> HostS
 def test_real_invocations_recorded_on_a_test_host():
     """Recorded with journal.json after the e2e faults (restarted by hand each time): one run per
     invocation id, the current one is systemd's InvocationID, the faults before it are history."""
-    ctx = doctor.Ctx(HostSnapshot.load(JOURNALS / "real-cpu-bad-flag"), STACK)
+    ctx = context.Ctx(HostSnapshot.load(JOURNALS / "real-cpu-bad-flag"), STACK)
     assert ctx.by_invocation and len({r.invocation for r in ctx.runs}) == len(ctx.runs) == 4
     assert ctx.view.current is ctx.runs[-1] and ctx.view.current.invocation == ctx.unit["InvocationID"]
     assert ctx.view.chain == [ctx.view.current] and ctx.view.failing is ctx.view.current
@@ -472,7 +462,7 @@ def test_real_restored_by_invocation_is_all_ok():
     assert {c.verdict for c in rep.checks} <= {OK, SKIP, INFO}
     history = next(c for c in rep.checks if c.check == "journal: history")
     assert "rejected a command-line flag -> step 4" in history.evidence
-    assert rep.symptom["invocation"] == doctor.Ctx(HostSnapshot.load(JOURNALS / "real-cpu-restored-by-invocation"),
+    assert rep.symptom["invocation"] == context.Ctx(HostSnapshot.load(JOURNALS / "real-cpu-restored-by-invocation"),
                                                    STACK).unit["InvocationID"]
 
 
@@ -530,13 +520,13 @@ def test_lines_are_judged_by_their_invocation_not_by_their_place():
     del snap.outputs["health.txt"], snap.outputs["metrics.txt"]
     rep = diagnose(snap, STACK)
     assert rep.symptom["state"] == "loading" and rep.first_failure is None, rep.headline()
-    ctx = doctor.Ctx(snap, STACK)
+    ctx = context.Ctx(snap, STACK)
     assert ctx.by_invocation and [r.invocation for r in ctx.runs] == [A, B]
     assert ctx.view.current.lines[0].msg.endswith("vLLM API server version 0.32.0")  # before its 'Starting'
     assert ctx.runs[0].cause.pattern.kind == "port_in_use"  # the late line stays with its own run
     # journal.txt alone (no ids) would blame the loading run for the late line
     del snap.outputs["journal.json"]
-    snap.outputs["journal.txt"] = "\n".join(line.raw for line in doctor.journal_entries("\n".join(entries)))
+    snap.outputs["journal.txt"] = "\n".join(line.raw for line in journal.journal_entries("\n".join(entries)))
     assert diagnose(snap, STACK).symptom["state"] == "failing"
 
 
@@ -551,7 +541,7 @@ def test_stopped_after_a_failure_names_the_failure_as_history():
 
 
 def test_journal_json_parsing_and_fallback():
-    entries = doctor.journal_entries("\n".join([
+    entries = journal.journal_entries("\n".join([
         '{"MESSAGE": "Starting qwen27b.service...", "SYSLOG_IDENTIFIER": "systemd", "_PID": "1", "INVOCATION_ID": "x1",'
         ' "__REALTIME_TIMESTAMP": "1796230000000000", "_HOSTNAME": "h"}',
         '{"MESSAGE": [104, 105, 255], "_COMM": "python", "_SYSTEMD_INVOCATION_ID": "x1"}',  # binary message
@@ -561,13 +551,13 @@ def test_journal_json_parsing_and_fallback():
         ("systemd", "Starting qwen27b.service...", "x1"), ("python", "hi\ufffd", "x1"),
         ("python", "one", None), ("python", "two", None)]
     assert entries[0].raw.startswith("Dec ") and " h systemd[1]: Starting" in entries[0].raw
-    runs = doctor.split_invocations(entries)
+    runs = journal.split_invocations(entries)
     assert len(runs) == 1 and runs[0].started and len(runs[0].lines) == 4
-    assert doctor.journal_entries("") is None and doctor.journal_entries("no json here") is None
+    assert journal.journal_entries("") is None and journal.journal_entries("no json here") is None
     # a journal.json that failed (old journalctl) or is absent: journal.txt, split at 'Starting'
     snap = with_invocations([(A, BROKEN), (B, HEALTHY)], B)
     snap.codes["journal.json"] = 1
-    assert not doctor.Ctx(snap, STACK).by_invocation
+    assert not context.Ctx(snap, STACK).by_invocation
     assert diagnose(snap, STACK).status == OK  # the same verdicts from the text
 
 
@@ -583,7 +573,7 @@ def test_snapshot_keeps_journal_json_compact(tmp_path):
 
 
 def test_collection_reads_invocation_ids():
-    cmds = doctor.commands(STACK)
+    cmds = collection.commands(STACK)
     assert "InvocationID" in cmds["systemctl-show.txt"]
     assert "-o json" in cmds["journal.json"] and "_SYSTEMD_INVOCATION_ID,INVOCATION_ID" in cmds["journal.json"]
 

@@ -5,11 +5,12 @@ sections, and (for the tools beside the deploy) the inventory reached through py
 output (a journal line, a file) cannot forge a section end; `parse_script_output()` splits it.
 Both are pure (tests/test_doctor.py runs a script through `sh -s`).
 
-`load_inventory()` / `run_everywhere()`: the inventory file loaded exactly as `pyinfra INVENTORY
-deploy.py` loads it (pyinfra_cli's make_inventory, group_data/ included) and each host reached
-through its own connector (ssh with ssh_port / ssh_user / ssh_key / ssh_password, @local, @fake,
-@docker...), with the host's `_sudo` / `_sudo_user` / `_su_user` ... data honoured the way a fact
-honours it, every host at once on pyinfra's greenlet pool. A host that cannot be reached gives
+`load_inventory()` / `run_everywhere()` / `on_every_host()`: the inventory file loaded exactly
+as `pyinfra INVENTORY deploy.py` loads it (pyinfra_cli's make_inventory, group_data/ included)
+and each host reached through its own connector (ssh with ssh_port / ssh_user / ssh_key /
+ssh_password, @local, @fake, @docker...), with the host's `_sudo` / `_sudo_user` / `_su_user` ...
+data honoured the way a fact honours it, every host at once on pyinfra's greenlet pool
+(`on_every_host` for a tool that runs more than one command per host, as doctor does). A host that cannot be reached gives
 its connector's one-line error, never a traceback.
 """
 
@@ -22,8 +23,9 @@ import secrets
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, TypeVar
 
+T = TypeVar("T")
 NOCMD = "##PYINFRA_NOCMD##"  # what pyinfra's requires_command guard prints when the binary is absent
 
 
@@ -157,23 +159,32 @@ def run_command(state, host, command: str, timeout: int = 60) -> Answer:
     return answer
 
 
-def run_everywhere(state, hosts, command_for: Callable[[object], str], timeout: int = 60) -> list[Answer]:
-    """`command_for(host)` on every host at once (pyinfra's pool), answers in `hosts` order;
-    then every connection closed."""
+def no_sections_why(answer: Answer) -> str:
+    """What the host printed instead of a script's sections (its last line), for the error."""
+    return (answer.stderr.strip().splitlines() or answer.stdout.strip().splitlines() or ["no output"])[-1][:200]
+
+
+def on_every_host(state, hosts, work: Callable[[object], T], failed: Callable[[object, str], T]) -> list[T]:
+    """`work(host)` on every host at once (pyinfra's pool), results in `hosts` order, `failed(host,
+    why)` for a host whose work raised; then every connection closed."""
     import gevent
 
-    greenlets = [state.pool.spawn(run_command, state, host, command_for(host), timeout) for host in hosts]
+    greenlets = [state.pool.spawn(work, host) for host in hosts]
     gevent.joinall(greenlets)
-    answers = []
-    for host, greenlet in zip(hosts, greenlets):
-        if greenlet.successful():
-            answers.append(greenlet.value)
-        else:
-            answers.append(Answer(host.name, error=f"internal error: {_one_line(greenlet.exception)}"))
+    results = [greenlet.value if greenlet.successful() else failed(host, f"internal error: {_one_line(greenlet.exception)}")
+               for host, greenlet in zip(hosts, greenlets)]
     for host in hosts:
         if host.connected:
             try:
                 host.disconnect()
             except Exception:  # closing is best effort
                 pass
-    return answers
+    return results
+
+
+def run_everywhere(state, hosts, command_for: Callable[[object], str], timeout: int = 60) -> list[Answer]:
+    """`command_for(host)` on every host at once (pyinfra's pool), answers in `hosts` order;
+    then every connection closed."""
+    commands = {host.name: command_for(host) for host in hosts}
+    return on_every_host(state, hosts, lambda host: run_command(state, host, commands[host.name], timeout),
+                         lambda host, why: Answer(host.name, error=why))

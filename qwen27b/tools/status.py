@@ -205,9 +205,8 @@ def from_answer(answer: remote.Answer, nonce: str, paths: dict, controller_now: 
         if outputs:
             row = parse(answer.host, outputs, codes, paths, controller_now)
         else:
-            why = (answer.stderr.strip().splitlines() or answer.stdout.strip().splitlines() or
-                   ["no output"])[-1][:200]
-            row = HostStatus(answer.host, reach="error", error=f"the status script did not run: {why}")
+            row = HostStatus(answer.host, reach="error",
+                             error=f"the status script did not run: {remote.no_sections_why(answer)}")
     row.seconds = round(answer.seconds, 3)
     return row
 

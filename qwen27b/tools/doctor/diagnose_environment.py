@@ -1,0 +1,165 @@
+"""Step 3, the environment: Xids, the driver (open vs proprietary on Volta, lost GPUs), CUDA
+(driver vs torch's runtime), torch and the vLLM build in the release venv, Docker's GPU access."""
+
+from __future__ import annotations
+
+import re
+
+from qwen27b.plan.gate import SEED_XID79_ADVICE, XID_MEANING
+from qwen27b.plan.stack import cc_tuple
+
+from .context import Ctx, journal_checks
+from .model import FAIL, OK, SKIP, WARN, Check
+from .parse import version_in
+
+XID_FATAL = {48, 79, 95}  # the GPU cannot serve until reset / reboot (as qwen27b-health)
+
+
+def _nvidia_smi(ctx: Ctx) -> dict:
+    text = ctx.snap.text("nvidia-smi.txt") or ""
+    out = {"present": bool(text) and "##PYINFRA_NOCMD##" not in text, "driver": None, "cuda": None, "error": None}
+    match = re.search(r"Driver Version:\s*(\S+)\s+CUDA Version:\s*(\S+)", text)
+    if match:
+        out["driver"], out["cuda"] = match[1], match[2]
+    for bad in ("couldn't communicate with the NVIDIA driver", "Unable to determine the device handle", "GPU is lost",
+                "No devices were found"):
+        if bad in text:
+            out["error"] = next(line.strip() for line in text.splitlines() if bad in line)
+    return out
+
+
+def step3(ctx: Ctx) -> list[Check]:
+    checks: list[Check] = []
+    if ctx.snap.error:
+        return [Check(3, "environment", SKIP, "host not read")]
+    rs, facts = ctx.rs, ctx.facts
+    smi = _nvidia_smi(ctx)
+    view = ctx.view
+    failing_now = view.failing is not None and not view.recovered
+    # Xids first: a GPU that fell off the bus explains everything after it
+    xids = list(facts.xids)
+    if not xids:
+        checks.append(Check(3, "Xid errors", OK if not ctx.cpu else SKIP,
+                            "none in the kernel log of the last 7 days" if not ctx.cpu else "CPU smoke profile"))
+    else:
+        by: dict[int, list] = {}
+        for x in xids:
+            by.setdefault(x["xid"], []).append(x)
+        worst = sorted(by, key=lambda n: (n not in XID_FATAL, n != 79))[0]
+        last = by[worst][-1]
+        gpu_lost = len(facts.pci_gpus) > len(ctx.gpus) or bool(smi["error"])
+        fatal = worst in XID_FATAL and (failing_now or gpu_lost or not ctx.serving)
+        summary = ", ".join(f"Xid {n} x{len(v)}" for n, v in sorted(by.items()))
+        fix = SEED_XID79_ADVICE if worst == 79 else "reboot at the next window; if it repeats, replace the card"
+        checks.append(Check(3, "Xid errors", FAIL if fatal else WARN,
+                            f"{summary}; last Xid {worst} ({XID_MEANING.get(worst, 'see the Xid catalog')}) at "
+                            f"{last.get('time') or '?'} on {last.get('pci')}", fix))
+    # driver
+    if ctx.cpu:
+        checks.append(Check(3, "driver", SKIP, "CPU smoke profile: no GPU driver"))
+    else:
+        module = facts.kernel_module
+        drv = rs.profile.get("driver") if rs else None
+        volta = ctx.cc is not None and cc_tuple(ctx.cc) < (7, 5)
+        if not module.get("loaded"):
+            checks.append(Check(3, "driver", FAIL, "no NVIDIA kernel module loaded (/proc/driver/nvidia/version missing)"
+                                + (f"; nvidia-smi: {smi['error']}" if smi["error"] else ""),
+                                "run the deploy (nvidia role) and reboot; check `dmesg | grep -i nvidia` (secure boot, "
+                                "nouveau, a kernel without headers)"))
+        elif module.get("flavor") == "open" and volta:
+            checks.append(Check(3, "driver", FAIL, f"open kernel module {module.get('version')} on compute capability "
+                                f"{ctx.cc}: it needs GSP (Turing+), Volta is not supported",
+                                "purge nvidia-*-open and install the proprietary nvidia-driver-580-server (re-run the deploy)"))
+        elif smi["error"]:
+            checks.append(Check(3, "driver", FAIL, f"nvidia-smi: {smi['error']}",
+                                "reboot; if a GPU stays lost check its seating, power and Above-4G decoding (see the Xid check)"))
+        else:
+            version = module.get("version") or "?"
+            branch_ok = drv is None or version.split(".")[0] == str(drv.get("branch"))
+            evidence = f"{module.get('flavor')} kernel module {version}" + (f", nvidia-smi sees {len(ctx.gpus)} GPU(s)")
+            checks.append(Check(3, "driver", OK if branch_ok else WARN,
+                                evidence + ("" if branch_ok else f"; the stack's branch is R{drv.get('branch')}"),
+                                "" if branch_ok else f"install {drv.get('package')} (re-run the deploy)"))
+        if len(facts.pci_gpus) > len(ctx.gpus) and module.get("loaded"):
+            checks.append(Check(3, "GPUs visible", FAIL, f"lspci lists {len(facts.pci_gpus)} NVIDIA GPU(s), nvidia-smi "
+                                f"only {len(ctx.gpus)}: a GPU is lost", SEED_XID79_ADVICE))
+    # CUDA: the driver's CUDA version vs torch's runtime
+    probe = ctx.probe or {}
+    if ctx.cpu:
+        checks.append(Check(3, "CUDA", SKIP, "CPU smoke profile"))
+    else:
+        torch_cuda = probe.get("torch_cuda")
+        toolkits = sorted(p for p in facts.packages if re.match(r"cuda-toolkit-\d+-\d+$", p))
+        cuda = rs.profile.get("cuda") if rs else None
+        bad_toolkit = [t for t in toolkits if cuda and int(t.split("-")[2]) > cuda["max_major"]]
+        if smi["cuda"] and torch_cuda and tuple(map(int, torch_cuda.split(".")[:2])) > tuple(map(int, smi["cuda"].split(".")[:2])):
+            checks.append(Check(3, "CUDA", FAIL, f"torch uses CUDA {torch_cuda}, the driver supports up to {smi['cuda']}",
+                                "install the stack's driver (R580 supports CUDA 12.8/13.0), or torch built for an older CUDA"))
+        elif bad_toolkit:
+            checks.append(Check(3, "CUDA", WARN, f"{', '.join(bad_toolkit)} installed: CUDA {cuda['max_major'] + 1}+ has no "
+                                f"Volta support (the wheel ships its own runtime, but builds would fail)",
+                                f"apt-get purge {' '.join(bad_toolkit)}; keep {cuda['package']}"))
+        else:
+            checks.append(Check(3, "CUDA", OK if torch_cuda or smi["cuda"] else SKIP,
+                                f"driver supports CUDA {smi['cuda'] or '?'}, torch runtime {torch_cuda or '?'}"
+                                + (f", toolkits: {', '.join(toolkits)}" if toolkits else ", no toolkit installed")))
+    # torch and the vLLM build, from the release venv
+    if ctx.snap.text("venv-probe.json") is None:
+        checks.append(Check(3, "release venv", SKIP, "not probed"))
+    elif ctx.probe is None:
+        checks.append(Check(3, "release venv", FAIL, f"{ctx.stack['paths']['current_release']}/venv/bin/python did not "
+                            f"answer: {(ctx.snap.text('venv-probe.json') or '').strip().splitlines()[-1:] or ['no output']}",
+                            "re-run the deploy (toolchain and vllm roles rebuild the release venv)"))
+    else:
+        if probe.get("torch_error"):
+            checks.append(Check(3, "torch", FAIL, f"import torch failed: {probe['torch_error'][:200]}",
+                                "re-run the deploy (vllm role) to reinstall torch into the release venv"))
+        else:
+            tv = probe.get("torch")
+            spec = (rs.profile.get("torch") or {}).get("requirement") if rs else None
+            arch = (rs.profile.get("torch") or {}).get("required_arch") if rs else None
+            arch_list = probe.get("arch_list") or []
+            evidence = f"torch {tv}" + (f" (CUDA {probe.get('torch_cuda')}, arch {' '.join(arch_list)})" if probe.get("torch_cuda") else "")
+            if arch and arch not in arch_list:
+                checks.append(Check(3, "torch", FAIL, f"{evidence}: {arch} missing from torch.cuda.get_arch_list()",
+                                    f"install torch from {rs.profile['torch'].get('index_url')} matching "
+                                    f"'{spec}' (cu128 2.8-2.10 carry sm_70): re-run the deploy"))
+            elif not ctx.cpu and probe.get("cuda_available") is False:
+                checks.append(Check(3, "torch", FAIL, f"{evidence}: torch.cuda.is_available() is False",
+                                    "the driver or the GPUs are not usable: see the driver check"))
+            elif spec and not version_in(tv, spec):
+                checks.append(Check(3, "torch", WARN, f"{evidence}, the stack wants '{spec}'", "re-run the deploy"))
+            else:
+                checks.append(Check(3, "torch", OK, evidence + (f", satisfies '{spec}'" if spec else "")))
+        dist, version = ctx.installed()
+        vllm = rs.profile["vllm"] if rs else None
+        missing = [m for m in (vllm or {}).get("smoke_imports", []) if probe.get("specs", {}).get(m) is False]
+        if dist is None:
+            checks.append(Check(3, "vLLM build", FAIL, "no vLLM distribution in the release venv",
+                                "re-run the deploy (vllm role)"))
+        elif vllm and dist == "vllm" and vllm["dist"] != "vllm" and ctx.cc and cc_tuple(ctx.cc) < (7, 5):
+            checks.append(Check(3, "vLLM build", FAIL, f"upstream vllm {version} on compute capability {ctx.cc}: "
+                                f"{ctx.rs.source_text(['vllm-39878', 'vllm-nvfp4-min75'])}",
+                                f"install the sm70 profile's {vllm['dist']} {vllm['version']} (remove the vllm override, "
+                                "re-run the deploy)"))
+        elif missing:
+            checks.append(Check(3, "vLLM build", FAIL, f"{dist} {version}: module(s) {', '.join(missing)} not importable",
+                                "re-run the deploy (vllm role)"))
+        elif vllm and (dist != vllm["dist"] or version != vllm["version"]):
+            checks.append(Check(3, "vLLM build", WARN, f"{dist} {version} installed, the stack pins {vllm['dist']} {vllm['version']}",
+                                "re-run the deploy to install the stack's build"))
+        else:
+            checks.append(Check(3, "vLLM build", OK, f"{dist} {version}" + (f" (Python {probe.get('python')})")))
+    # Docker's GPU access (the seed's "does Docker have GPU rights")
+    docker = ctx.snap.text("docker.txt")
+    if docker is None or "docker absent" in docker:
+        checks.append(Check(3, "docker GPU access", SKIP, "docker not installed (the service runs vLLM without it)"))
+    elif ctx.cpu:
+        checks.append(Check(3, "docker GPU access", SKIP, "docker present; CPU smoke profile needs no GPU in containers"))
+    else:
+        has = "nvidia" in docker.lower()
+        checks.append(Check(3, "docker GPU access", OK if has else WARN,
+                            "nvidia runtime / CDI spec present" if has else "docker present without the nvidia runtime or a CDI spec",
+                            "" if has else "install nvidia-container-toolkit and run `nvidia-ctk runtime configure --runtime=docker` "
+                            "(only needed to run vLLM in containers)"))
+    return checks + journal_checks(ctx, 3)

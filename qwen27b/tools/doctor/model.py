@@ -1,0 +1,141 @@
+"""doctor's report model: the verdicts, a host's snapshot (what was read, saved and replayed as
+one file per key) and the report of checks it is judged into."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from qwen27b.plan.hostdata import URL_KEYS, redact_url
+
+from .journal import compact_journal_json
+from .parse import METRIC_FAMILIES
+
+UNIT = "qwen27b.service"
+OK, WARN, FAIL, SKIP, INFO = "ok", "warn", "fail", "skip", "info"
+RANK = {SKIP: 0, INFO: 1, OK: 2, WARN: 3, FAIL: 4}  # info: history, not a judgement (counts as ok)
+STEPS = {1: "symptom", 2: "inputs", 3: "environment", 4: "parameters", 5: "tool limits"}
+
+
+@dataclass
+class HostSnapshot:
+    """What doctor read from one host: command outputs by key (see collection.commands), their exit codes,
+    and the host's inventory data (qwen27b_* keys, ssh_hostname). A key that is absent was not
+    collected (its checks are skipped); `error` is set when the host could not be read at all."""
+
+    host: str
+    outputs: dict[str, str] = field(default_factory=dict)
+    codes: dict[str, int] = field(default_factory=dict)
+    data: dict = field(default_factory=dict)
+    error: str | None = None
+
+    def text(self, key: str) -> str | None:
+        return self.outputs.get(key)
+
+    def ok_text(self, key: str) -> str | None:
+        """The output, or None when the key is absent or its command failed."""
+        if key not in self.outputs or self.codes.get(key, 0) != 0:
+            return None
+        return self.outputs[key]
+
+    def save(self, directory: Path) -> None:
+        """One file per key (the layout `load` reads); /metrics is cut to the families doctor reads."""
+        directory.mkdir(parents=True, exist_ok=True)
+        for key, text in self.outputs.items():
+            if key == "metrics.txt":
+                text = "\n".join(line for line in text.splitlines() if any(f in line for f in METRIC_FAMILIES))
+            elif key == "journal.json":
+                text = compact_journal_json(text)
+            (directory / key).write_text(text + ("\n" if text and not text.endswith("\n") else ""), encoding="utf-8")
+        # the host data that drives decisions; controller-side secret file paths stay behind
+        data = {k: redact_url(v) if isinstance(v, str) and k[len("qwen27b_"):] in URL_KEYS else v
+                for k, v in self.data.items() if k.startswith(("qwen27b_", "ssh_hostname"))
+                and k not in ("qwen27b_api_key_file", "qwen27b_hf_token_file")}  # URL passwords as ***
+        meta = {"host": self.host, "codes": {k: v for k, v in self.codes.items() if v}, "error": self.error,
+                "data": data}
+        (directory / "snapshot.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def load(cls, directory: Path | str) -> "HostSnapshot":
+        """A saved or hand-written snapshot dir: one file per key, optional snapshot.json
+        {host, codes, data, error, absent: [keys]} and an optional `base` file naming another
+        snapshot (or a tests/fixtures/hosts/ recording) whose files fill in the keys this one lacks."""
+        directory = Path(directory)
+        meta_file = directory / "snapshot.json"
+        meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
+        base_file = directory / "base"
+        if base_file.is_file():
+            base = cls.load((directory / base_file.read_text().strip()).resolve())
+        else:
+            base = cls(host=directory.name)
+        outputs, codes = dict(base.outputs), dict(base.codes)
+        for path in sorted(directory.iterdir()):
+            if path.is_file() and path.name not in ("snapshot.json", "base", "README.md", "extra.yaml",
+                                                    "record_state.py"):
+                outputs[path.name] = path.read_text(encoding="utf-8").rstrip("\n")
+                codes.pop(path.name, None)
+        for key in meta.get("absent", []):
+            outputs.pop(key, None)
+        codes.update(meta.get("codes", {}))
+        data = {**base.data, **meta.get("data", {})}
+        return cls(host=meta.get("host") or base.host or directory.name, outputs=outputs, codes=codes, data=data,
+                   error=meta.get("error"))
+
+
+@dataclass
+class Check:
+    step: int
+    check: str
+    verdict: str
+    evidence: str
+    fix: str = ""
+
+    @property
+    def step_name(self) -> str:
+        return STEPS[self.step]
+
+
+@dataclass
+class Report:
+    host: str
+    checks: list[Check]
+    symptom: dict = field(default_factory=dict)
+
+    @property
+    def first_failure(self) -> Check | None:
+        """The first failing cause step in chain order (2..5); step 1 when nothing explains it."""
+        fails = [c for c in self.checks if c.verdict == FAIL]
+        causes = [c for c in fails if c.step > 1]
+        pool = causes or fails
+        return min(pool, key=lambda c: c.step) if pool else None
+
+    @property
+    def status(self) -> str:
+        worst = max((c.verdict for c in self.checks), key=RANK.get, default=OK)
+        return OK if worst == INFO else worst
+
+    def headline(self) -> str:
+        first = self.first_failure
+        if first is not None:
+            text = f"doctor: step {first.step} ({first.step_name}) fails: {first.check}: {first.evidence}"
+            if first.step > 1 and self.symptom.get("state") not in (None, "serving"):
+                text += f" [symptom: {self.symptom['summary']}]"
+            return text
+        warns = [c for c in self.checks if c.verdict == WARN]
+        if warns:
+            w = warns[0]
+            return (f"doctor: no step fails; {len(warns)} warning(s), first: step {w.step} ({w.step_name}) "
+                    f"{w.check}: {w.evidence}")
+        return f"doctor: all {sum(c.verdict == OK for c in self.checks)} checks ok"
+
+    def as_dict(self) -> dict:
+        first = self.first_failure
+        return {
+            "host": self.host,
+            "status": self.status,
+            "headline": self.headline(),
+            "first_failure": None if first is None else {**asdict(first), "step_name": first.step_name},
+            "symptom": self.symptom,
+            "checks": [{**asdict(c), "step_name": c.step_name} for c in self.checks],
+        }
