@@ -35,6 +35,12 @@ XID_ADVICE = {
 }
 
 
+def xid_meaning(xid: int) -> str:
+    """What an Xid is, in a few words (XID_ADVICE's sentence up to its first colon)."""
+    advice = XID_ADVICE.get(xid)
+    return advice.split(":", 1)[0] if advice else "see NVIDIA's Xid catalog"
+
+
 UNIT_PROPERTIES = ("ActiveState", "SubState", "Result", "NRestarts", "StartLimitBurst")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
+from qwen27b.onhost.contract import xid_meaning
 from qwen27b.plan.checkpoint import CheckpointError, ModelShape, load_shape
 from qwen27b.plan.hostdata import Settings
 from qwen27b.plan.planner import GiB, Gpu, PlanRefused, ServeInputs, ServePlan, _divides, plan_serve
@@ -20,16 +21,6 @@ SEED_XID79_ADVICE = (
     "(e.g. X99): enable Above 4G Decoding and set the PCIe link speed in the BIOS, check the slot "
     "seating and that the board/PSU delivers enough PCIe power, and keep the driver matched to the kernel"
 )
-XID_MEANING = {
-    48: "double-bit ECC error",
-    63: "ECC page retirement / row remap event",
-    64: "ECC page retirement / row remap failure",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    92: "high single-bit ECC error rate",
-    94: "contained ECC error",
-    95: "uncontained ECC error",
-}
 
 
 class RefusedHost(Exception):
@@ -402,7 +393,7 @@ def _warnings(facts: HostFacts, rs: ResolvedStack, settings: Settings, os_row: d
     for x in facts.xids:
         by_xid[x["xid"]] = by_xid.get(x["xid"], 0) + 1
     for xid, count in sorted(by_xid.items()):
-        meaning = XID_MEANING.get(xid, "see NVIDIA's Xid catalog")
+        meaning = xid_meaning(xid)
         line = f"Xid {xid} ({meaning}) seen {count}x in the kernel log in the last 7 days"
         if xid == 79:
             line += f". {SEED_XID79_ADVICE}"

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import re
 
-from qwen27b.plan.gate import SEED_XID79_ADVICE, XID_MEANING
+from qwen27b.onhost.contract import XID_FATAL, xid_meaning
+from qwen27b.plan.gate import SEED_XID79_ADVICE
 from qwen27b.plan.stack import cc_tuple
 
 from .context import Ctx, journal_checks
 from .model import FAIL, OK, SKIP, WARN, Check
 from .parse import version_in
 
-XID_FATAL = {48, 79, 95}  # the GPU cannot serve until reset / reboot (as qwen27b-health)
 
 
 def _nvidia_smi(ctx: Ctx) -> dict:
@@ -52,7 +52,7 @@ def step3(ctx: Ctx) -> list[Check]:
         summary = ", ".join(f"Xid {n} x{len(v)}" for n, v in sorted(by.items()))
         fix = SEED_XID79_ADVICE if worst == 79 else "reboot at the next window; if it repeats, replace the card"
         checks.append(Check(3, "Xid errors", FAIL if fatal else WARN,
-                            f"{summary}; last Xid {worst} ({XID_MEANING.get(worst, 'see the Xid catalog')}) at "
+                            f"{summary}; last Xid {worst} ({xid_meaning(worst)}) at "
                             f"{last.get('time') or '?'} on {last.get('pci')}", fix))
     # driver
     if ctx.cpu:
