@@ -16,6 +16,7 @@ substring and an re.Pattern with .search() against the command pyinfra runs. A f
 
 from __future__ import annotations
 
+import copy
 import re
 import shlex
 from typing import Any, Callable
@@ -48,9 +49,23 @@ class _ParsedFact(FactBase):
 
     _command: str
     parser: Callable[[list[str]], Any]
+    requires: str | None = None  # the binary pyinfra checks for first; absent, the fact answers `empty`
+    empty: Any = None  # the answer to an empty output or a missing binary (a fresh copy each time)
+
+    def __init_subclass__(cls) -> None:
+        super().__init_subclass__()
+        if "_command" in cls.__dict__ and "fake_match" not in cls.__dict__:
+            cls.fake_match = _command_pattern(cls._command)  # @fake hosts answer by the command
 
     def command(self) -> str:
         return self._command
+
+    def requires_command(self, *args, **kwargs) -> str | None:
+        return self.requires
+
+    @classmethod
+    def default(cls) -> Any:
+        return copy.deepcopy(cls.empty)
 
     def process(self, output: list[str]) -> Any:
         try:
@@ -67,12 +82,9 @@ class OsRelease(_ParsedFact):
 
     recorded_as = "os-release"
     _command = "cat /etc/os-release"
-    fake_match = _command_pattern(_command)
     parser = staticmethod(parse_os_release)
 
-    @staticmethod
-    def default() -> dict:
-        return {"id": None, "version_id": None, "pretty_name": None, "codename": None, "id_like": None}
+    empty = {"id": None, "version_id": None, "pretty_name": None, "codename": None, "id_like": None}
 
 
 class KernelRelease(_ParsedFact):
@@ -80,7 +92,6 @@ class KernelRelease(_ParsedFact):
 
     recorded_as = "uname-r.txt"
     _command = "uname -r"
-    fake_match = _command_pattern(_command)
     parser = staticmethod(parse_kernel_release)
 
 
@@ -98,15 +109,11 @@ class NvidiaGpus(_ParsedFact):
 
     recorded_as = "nvidia-smi-query-gpu.csv"
     _command = f"nvidia-smi --query-gpu={_GPU_FIELDS} --format=csv,noheader,nounits 2>&1 || true"
-    fake_match = _command_pattern(_command)
     parser = staticmethod(parse_nvidia_gpus)
 
-    def requires_command(self) -> str:
-        return "nvidia-smi"
+    requires = "nvidia-smi"
 
-    @staticmethod
-    def default() -> list:
-        return []
+    empty = []
 
 
 class NvidiaPciDevices(_ParsedFact):
@@ -114,15 +121,11 @@ class NvidiaPciDevices(_ParsedFact):
 
     recorded_as = "lspci-nvidia.txt"
     _command = "lspci -nn -D -d 10de:"
-    fake_match = _command_pattern(_command)
     parser = staticmethod(parse_nvidia_pci_devices)
 
-    def requires_command(self) -> str:
-        return "lspci"
+    requires = "lspci"
 
-    @staticmethod
-    def default() -> list:
-        return []
+    empty = []
 
 
 class NvidiaKernelModule(_ParsedFact):
@@ -130,7 +133,6 @@ class NvidiaKernelModule(_ParsedFact):
 
     recorded_as = "proc-driver-nvidia-version.txt"
     _command = "cat /proc/driver/nvidia/version 2>/dev/null || true"
-    fake_match = _command_pattern(_command)
     parser = staticmethod(parse_nvidia_kernel_module)
 
     default = staticmethod(kernel_module_not_loaded)
@@ -141,12 +143,9 @@ class NouveauLoaded(_ParsedFact):
 
     recorded_as = "nouveau-count.txt"
     _command = "grep -c '^nouveau ' /proc/modules || true"
-    fake_match = _command_pattern(_command)
     parser = staticmethod(parse_nouveau_loaded)
 
-    @staticmethod
-    def default() -> bool:
-        return False
+    empty = False
 
 
 _SB_VAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
@@ -162,7 +161,6 @@ class SecureBoot(_ParsedFact):
         f"elif [ -r {_SB_VAR} ]; then echo SB:efivar; od -An -t u1 {_SB_VAR}; "
         "else echo SB:none; fi"
     )
-    fake_match = _command_pattern(_command)
     parser = staticmethod(parse_secure_boot)
 
 
@@ -175,15 +173,11 @@ class KernelHeaders(_ParsedFact):
     recorded_as = "apt-cache-policy-headers.txt"
     _command = ('k=$(uname -r); echo "headers linux-headers-$k"; '
                 'apt-cache policy "linux-headers-$k" 2>/dev/null || true')
-    fake_match = _command_pattern(_command)
     parser = staticmethod(parse_kernel_headers)
 
-    def requires_command(self) -> str:
-        return "apt-cache"
+    requires = "apt-cache"
 
-    @staticmethod
-    def default() -> None:
-        return None
+    empty = None
 
 
 # --- Resources ---------------------------------------------------------------------------------
@@ -205,9 +199,7 @@ class DiskFree(_ParsedFact):
             'df -P -B1 "$p"'
         )
 
-    @staticmethod
-    def default() -> dict:
-        return {"path": None, "checked": None, "mount": None, "size_bytes": None, "free_bytes": None}
+    empty = {"path": None, "checked": None, "mount": None, "size_bytes": None, "free_bytes": None}
 
 
 class ModelsOnDisk(_ParsedFact):
@@ -226,9 +218,7 @@ class ModelsOnDisk(_ParsedFact):
                 'b=$(du -sb -- "$d" | cut -f1); m=partial; [ -f "${d}qwen27b-manifest.sha256" ] && m=verified; '
                 "printf '%s %s %s\\n' \"$b\" \"$m\" \"${d%/}\"; done")
 
-    @staticmethod
-    def default() -> dict:
-        return {}
+    empty = {}
 
 
 class MemoryInfo(_ParsedFact):
@@ -236,12 +226,9 @@ class MemoryInfo(_ParsedFact):
 
     recorded_as = "meminfo"
     _command = "cat /proc/meminfo"
-    fake_match = _command_pattern(_command)
     parser = staticmethod(parse_memory_info)
 
-    @staticmethod
-    def default() -> dict:
-        return {"total_bytes": None, "available_bytes": None}
+    empty = {"total_bytes": None, "available_bytes": None}
 
 
 # --- Software ----------------------------------------------------------------------------------
@@ -263,12 +250,9 @@ class PythonVersions(_ParsedFact):
         'do case "$c" in *-config) continue;; esac; [ -x "$c" ] || continue; '
         f"v=$(\"$c\" -c '{_PY_VERSION}' 2>/dev/null) && echo \"$c $v\"; done; true"
     )
-    fake_match = _command_pattern(_command)
     parser = staticmethod(parse_python_versions)
 
-    @staticmethod
-    def default() -> dict:
-        return {}
+    empty = {}
 
 
 class XidErrors(_ParsedFact):
@@ -281,12 +265,9 @@ class XidErrors(_ParsedFact):
         "(journalctl _TRANSPORT=kernel -o short-iso --no-pager -q --since=-7d 2>/dev/null "
         "|| dmesg 2>/dev/null) | grep -F 'NVRM: Xid' | tail -n 200 || true"
     )
-    fake_match = _command_pattern(_command)
     parser = staticmethod(parse_xid_errors)
 
-    @staticmethod
-    def default() -> list:
-        return []
+    empty = []
 
 
 class NvidiaCudaPackages(_ParsedFact):
@@ -297,12 +278,9 @@ class NvidiaCudaPackages(_ParsedFact):
         "dpkg-query -W -f='${db:Status-Abbrev} ${Package} ${Version}\\n' "
         "'nvidia-*' 'libnvidia-*' 'cuda-*' 'cuda' 2>/dev/null || true"
     )
-    fake_match = _command_pattern(_command)
     parser = staticmethod(parse_nvidia_cuda_packages)
 
-    @staticmethod
-    def default() -> dict:
-        return {}
+    empty = {}
 
 
 class HeldPackages(_ParsedFact):
@@ -310,12 +288,9 @@ class HeldPackages(_ParsedFact):
 
     recorded_as = "apt-mark-showhold.txt"
     _command = "apt-mark showhold 2>/dev/null || true"
-    fake_match = _command_pattern(_command)
     parser = staticmethod(parse_held_packages)
 
-    @staticmethod
-    def default() -> list:
-        return []
+    empty = []
 
 
 ALL_FACTS: tuple[type[FactBase], ...] = (
