@@ -17,7 +17,9 @@ The model (every input a figure of docs/deploy-bench.md, fan-out section, final 
 - staged (as deployed): a wave starts when the previous one has ended (one pyinfra operation per
   wave), so the run is `setup_s` + the sum of each wave's slowest copy.
 plan_waves gives a seed one copy per wave and a host at most one download per wave, so under
-"nic" no NIC is ever shared in the deployed plan; the pipelined proposals below do share them.
+"nic" no NIC is ever shared in the deployed plan. PROPOSALS, simulation only (nothing deployed
+uses them): relaying while receiving (pipelined_wall_s, on plan_waves' tree or plan_chain) and
+several streams per seed (plan_kary), whose streams share the seed's NIC.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class Links:
     setup_s: float = 2.7  # one host: wall 47.9 - transfers 45.2 (connect, facts, preflight)
     fabric: str = "nic"  # "nic": per-host NICs; "shared": the bench machine's one kernel/disk
     lan_agg_mbs: float = 470.0  # "shared" only: tree wave 2's two rsyncs together (2 x 2 GiB in 9.1 s)
+    stream_cap_mbs: float | None = None  # one stream's own limit below the NIC (a CPU-bound fetch); None: none
 
     def _eff(self, end_to_end_s: float, raw_s: float) -> float:
         stream_s = end_to_end_s - self.copy_overhead_s
@@ -95,7 +98,7 @@ def _rates(copies: list[Copy], links: Links, concurrent: list[Copy]) -> dict[str
         if c.from_mirror:
             rates[c.host] = links.wan_mbs * 1e6 / mirror * links.wan_eff
             continue
-        link = links.lan_mbs / uploads[c.source]
+        link = min(links.lan_mbs / uploads[c.source], links.stream_cap_mbs or math.inf)
         if links.fabric == "shared":
             link = min(link, links.lan_agg_mbs / len(peers))
         rates[c.host] = link * 1e6 * links.peer_eff
@@ -149,6 +152,23 @@ def plan_chain(members: list[Member]) -> FanoutPlan:
     return FanoutPlan(tuple(members), tuple(copies))
 
 
+def plan_kary(members: list[Member], k: int) -> FanoutPlan:
+    """PROPOSAL (simulation only): staged like plan_waves, but each holder serves up to `k` hosts
+    at once per wave (holders grow (k+1)-fold a wave, a seed's NIC shared by its k streams)."""
+    members = sorted(members, key=lambda m: m.name)
+    if any(m.has_copy or not m.address for m in members):
+        raise ValueError("plan_kary: every member needs a lab address and no copy")
+    holders, rest = members[:1], members[1:]
+    copies = [Copy(holders[0].name, 0, MIRROR, None, "the one transfer over the WAN")] if members else []
+    wave = 1
+    while rest:
+        batch, rest = rest[:k * len(holders)], rest[k * len(holders):]
+        copies += [Copy(m.name, wave, holders[i % len(holders)].name, holders[i % len(holders)].address,
+                        f"stream {i // len(holders) + 1} of its seed") for i, m in enumerate(batch)]
+        holders, wave = holders + batch, wave + 1
+    return FanoutPlan(tuple(members), tuple(copies))
+
+
 @dataclass(frozen=True)
 class Row:
     hosts: int
@@ -168,9 +188,16 @@ def one_host_s(nbytes: int, links: Links) -> float:
 
 def simulate(n: int, nbytes: int, links: Links, how: str = "staged", chunk_bytes: int = 16 << 20) -> Row:
     """One row: `how` is "staged" (plan_waves, as deployed), "pipelined" (plan_waves' tree,
-    relayed) or "chain" (plan_chain, relayed); the ratio is to one host's staged run."""
-    plan = plan_chain(group(n)) if how == "chain" else plan_waves(group(n))
-    wall = staged_wall_s(plan, nbytes, links) if how == "staged" else pipelined_wall_s(plan, nbytes, links, chunk_bytes)
+    relayed), "chain" (plan_chain, relayed) or "k<K>" (plan_kary, staged); the ratio is to one
+    host's staged run."""
+    if how == "chain":
+        plan = plan_chain(group(n))
+    elif how.startswith("k"):
+        plan = plan_kary(group(n), int(how[1:]))
+    else:
+        plan = plan_waves(group(n))
+    relayed = how in ("pipelined", "chain")
+    wall = pipelined_wall_s(plan, nbytes, links, chunk_bytes) if relayed else staged_wall_s(plan, nbytes, links)
     return Row(n, plan.waves, plan.mirror_copies, wall, wall / one_host_s(nbytes, links))
 
 
@@ -250,6 +277,15 @@ def report(hosts: list[int], links: Links, sizes: list[int], chunk_bytes: int) -
                     *_table(["hosts", "staged tree (deployed)", "pipelined tree", "chain"],
                             [[n, *[f"{simulate(n, nbytes, lk, how, chunk_bytes).x_one:.2f}"
                                    for how in ("staged", "pipelined", "chain")]] for n in hosts]), ""]
+    lan10g = replace(links, lan_mbs=1250.0, peer_ratio=GOAL_PEER_RATIO)
+    capped = replace(lan10g, stream_cap_mbs=links.lan_mbs)
+    out += [f"PROPOSAL: several streams per seed (plan_kary, staged), {_size_label(sizes[-1])}, peer ratio "
+            f"{GOAL_PEER_RATIO}, SIMULATED: x one host",
+            *_table(["hosts", "k=1 (= plan_waves)", "k=2", "k=3", "k=4", "LAN, per stream"],
+                    [[n, *[f"{simulate(n, sizes[-1], lk, how).x_one:.2f}" for how in ("k1", "k2", "k3", "k4")], what]
+                     for lk, what in ((replace(links, peer_ratio=GOAL_PEER_RATIO), f"{links.lan_mbs:g} MB/s NIC, no stream cap"),
+                                      (capped, f"1250 MB/s NIC, {links.lan_mbs:g} MB/s a stream"))
+                     for n in (16, 32)]), ""]
     return out
 
 

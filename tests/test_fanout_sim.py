@@ -71,3 +71,16 @@ def test_chain_plan_relays_by_name():
         ("h01", sim.MIRROR), ("h02", "h01"), ("h03", "h02"), ("h04", "h03")]
     with pytest.raises(ValueError):
         sim.plan_chain(sim.group(2, addressed=False))
+
+
+def test_kary_plan_at_k1_times_like_plan_waves_and_shares_the_seed_nic():
+    links = sim.Links()
+    for n in HOSTS:
+        assert sim.simulate(n, sim.BENCH_BYTES, links, "k1").x_one == pytest.approx(
+            sim.simulate(n, sim.BENCH_BYTES, links).x_one)
+    plan = sim.plan_kary(sim.group(9), 2)
+    assert [sum(c.wave == w for c in plan.copies) for w in range(plan.waves)] == [1, 2, 6]
+    assert plan.mirror_copies == 1
+    # without a per-stream cap, two streams from one seed halve each other's rate
+    assert sim.wave_times(plan, sim.BENCH_BYTES, links)[1] > sim.wave_times(
+        plan_waves(sim.group(2)), sim.BENCH_BYTES, links)[1] * 1.9
