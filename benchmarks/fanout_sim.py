@@ -123,7 +123,8 @@ def pipelined_wall_s(plan: FanoutPlan, nbytes: int, links: Links, chunk_bytes: i
     """PROPOSAL: every copy of the plan runs at once, a receiver relaying what it has so far (its
     seed serves the growing part file by Range). A copy starts once its source holds a chunk,
     streams at the lesser of its source's rate and its own share of the source's NIC, and ends
-    no earlier than a chunk after its source's end."""
+    no earlier than a chunk after its source's end. The copies start in one operation, so the
+    per-copy overhead is paid once."""
     copies = sorted(plan.copies, key=lambda c: c.wave)
     rates = _rates(copies, links, copies)
     start: dict[str, float] = {}
