@@ -277,13 +277,48 @@ def test_csv_and_json_shapes(tmp_path):
     rows = list(csv.DictReader(io.StringIO(b.csv_text(run))))
     assert list(rows[0].keys()) == b.CSV_FIELDS
     assert [r["concurrency"] for r in rows] == ["1", "4"]
-    assert rows[0]["gpu"] == b.NO_GPU and rows[0]["decode_ceiling_tok_s"] == b.NO_GPU
+    assert rows[0]["gpu"] == b.NO_GPU  # the one text column that says why the ceilings are empty
+    assert rows[0]["decode_ceiling_tok_s"] == rows[0]["prefill_vs_ceiling"] == ""
+    _numeric_columns_hold_numbers(rows)
     assert float(rows[1]["decode_tok_s_p50"]) == pytest.approx(20.0)
     paths = b.write_outputs(run, tmp_path / "out")
     assert json.loads(paths["json"].read_text())["levels"][1]["concurrency"] == 4
     assert b.NO_GPU in paths["txt"].read_text()
     pytest.importorskip("matplotlib")
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+CSV_TEXT_COLUMNS = {"model", "url", "server_version", "api", "max_model_len_label", "spec", "gpu"}
+
+
+def _numeric_columns_hold_numbers(rows):
+    for row in rows:
+        for k, v in row.items():
+            if k not in CSV_TEXT_COLUMNS and v != "":
+                float(v)  # raises on "n/a (no GPU)" or any other text
+
+
+def test_chart_title_and_panels_with_and_without_server_figures(tmp_path):
+    pytest.importorskip("matplotlib")
+    from qwen27b.tools.bench.output import _series, chart_title
+    run = _run([(1, 0.2, 0.03), (8, 4.0, 0.05)], spec="on", al=2.5)
+    run["started"], run["url"] = "2026-12-04T02:40:00+00:00", "http://v100-node1:8000"
+    title = chart_title(run)
+    assert title.startswith("qwen27b bench 2026-12-04 02:40 UTC  v100-node1  vLLM 0.32.0  no GPU")
+    assert "spec on" in title and "prompt 512 / output 256" in title
+    assert chart_title(dict(run, started=None, url=None, server_version=None)).startswith(
+        "qwen27b bench (no date)  ?  vLLM ?")
+    for lv, queue, prefill in zip(run["levels"], (0.0, 3500.0), (180.0, 480.0)):
+        lv.update(server_queue_mean_ms=queue, server_prefill_mean_ms=prefill, spec_acceptance_rate=0.6)
+    # a queue mean of 0 cannot sit on the log axis: drawn on its floor, a decade under TTFT p50
+    assert _series(run, "server_queue_mean_ms", 1e-3, 0.01) == ([1, 8], [0.01, 3.5])
+    assert _series(run, "spec_acceptance_rate") == ([1, 8], [0.6, 0.6])
+    baseline = _run([(1, 0.4, 0.05), (8, 6.0, 0.08)])
+    for lv in baseline["levels"]:
+        lv["prefix_cache_hit_rate"] = None
+    assert b.write_chart(run, tmp_path / "ab.png", baseline).read_bytes()[:4] == b"\x89PNG"
+    # no spec or prefix-cache counters at all: the third panel says so instead of plotting nothing
+    assert b.write_chart(baseline, tmp_path / "plain.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_cli_load_and_ab_without_a_server(tmp_path, capsys):
@@ -329,7 +364,8 @@ def test_real_run_writes_table_json_csv_png(small_run):
     assert "decode tok/s/req" in text and b.NO_GPU in text and "qwen27b_serve_flags" in text
     rows = list(csv.DictReader((out / "bench.csv").open()))
     assert [int(r["concurrency"]) for r in rows] == [1, 2]
-    assert all(r["gpu"] == b.NO_GPU for r in rows)
+    assert all(r["gpu"] == b.NO_GPU and r["decode_ceiling_tok_s"] == "" for r in rows)
+    _numeric_columns_hold_numbers(rows)
 
 
 def test_real_run_token_counts_match_what_was_requested(small_run):

@@ -153,20 +153,45 @@ def test_export_metrics_never_breaks_the_check(tmp_path):
         assert "cannot write metrics" in metrics.export_metrics(ns, status(systemd={"NRestarts": "0"}))
 
 
-def full_status_names() -> set[str]:
-    """Every metric family name the exporter can write (a status with every part present)."""
+def full_status_families() -> dict[str, tuple[str, frozenset]]:
+    """Every sample name the exporter can write (a status with every part present) -> its
+    family's type and the label names its samples carry."""
     gpus = v100_gpus("v100x4-converged")
     s = status(gpu=gpus, last_restart={"time": "2026-12-03T19:00:00+00:00"}, xids=[])
     text = prometheus_client.generate_latest(metrics.metrics_registry(
         s, release="r", model_ref="m", systemd={"NRestarts": "0", "Result": "success"})).decode()
-    return {sample.name for f in text_string_to_metric_families(text) for sample in f.samples}
+    out: dict = {}
+    for f in text_string_to_metric_families(text):
+        for sample in f.samples:
+            kind, labels = out.get(sample.name, (f.type, frozenset()))
+            out[sample.name] = (kind, labels | set(sample.labels))
+    return out
+
+
+def full_status_names() -> set[str]:
+    return set(full_status_families())
+
+
+def docs_metrics_table() -> dict[str, tuple[str, frozenset]]:
+    """docs/monitoring.md's metric table (between its <!-- metrics --> markers): name -> type, labels."""
+    doc = (ROOT / "docs" / "monitoring.md").read_text()
+    table = doc.split("<!-- metrics -->")[1].split("<!-- /metrics -->")[0]
+    out = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        m = re.fullmatch(r"`(qwen27b_[a-z_]+)`", cells[0])
+        if m:
+            assert m.group(1) not in out, f"{m.group(1)} listed twice"
+            out[m.group(1)] = (cells[1], frozenset(re.findall(r"`([a-z_]+)`", cells[2])))
+    return out
 
 
 def test_docs_list_exactly_the_exported_metrics():
-    doc = (ROOT / "docs" / "monitoring.md").read_text()
-    table = doc.split("<!-- metrics -->")[1].split("<!-- /metrics -->")[0]
-    listed = set(re.findall(r"^\| `(qwen27b_[a-z_]+)`", table, re.M))
-    assert listed == full_status_names()
+    """Names, types and label names: the docs' table is what a dashboard or rule author reads."""
+    listed, exported = docs_metrics_table(), full_status_families()
+    assert set(listed) == set(exported)
+    assert {n: listed[n] for n in listed if listed[n] != exported[n]} == {}, \
+        {n: exported[n] for n in listed if listed[n] != exported[n]}
 
 
 def test_node_exporter_reads_the_file(tmp_path):

@@ -6,7 +6,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from pathlib import Path
+from urllib.parse import urlparse
 
 from qwen27b.tools.bench.common import (FP4_27B_GB_PER_TOKEN, FP16_27B_GB_PER_TOKEN, NO_GPU, SEED_MAX_MODEL_LENS,
                                        BenchError)
@@ -153,6 +155,8 @@ CSV_FIELDS = [
 
 
 def csv_text(run: dict) -> str:
+    """One row per level. Numeric columns hold numbers or nothing: no GPU leaves the ceilings and
+    fractions empty (the ``gpu`` column says why), so a spreadsheet reads every column as numbers."""
     ceil = run.get("ceilings") or {}
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
@@ -162,45 +166,98 @@ def csv_text(run: dict) -> str:
                                        "spec", "tp", "prompt_tokens", "output_tokens")}
         row["gpu"] = ceil.get("gpu") or NO_GPU
         row.update({k: lv.get(k) for k in CSV_FIELDS if k in lv})
-        row["decode_ceiling_tok_s"] = ceil.get("decode_tok_s") if ceil else NO_GPU
-        row["prefill_ceiling_tok_s"] = ceil.get("prefill_tok_s") if ceil else NO_GPU
-        if not ceil:
-            row["decode_vs_ceiling"] = row["prefill_vs_ceiling"] = NO_GPU
+        row["decode_ceiling_tok_s"] = ceil.get("decode_tok_s")
+        row["prefill_ceiling_tok_s"] = ceil.get("prefill_tok_s")
         writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
     return buf.getvalue()
 
 
+def chart_title(run: dict) -> str:
+    """Date, host and vLLM version first (what a picture pasted into an issue must carry), then the test."""
+    when = (run.get("started") or "").replace("T", " ")[:16]
+    host = urlparse(run.get("url") or "").hostname or "?"
+    ceil = run.get("ceilings") or {}
+    return (f"qwen27b bench {when + ' UTC' if when else '(no date)'}  {host}  vLLM {run.get('server_version') or '?'}"
+            f"  {ceil.get('gpu') or 'no GPU'}{' x ' + str(ceil['tp']) if ceil.get('tp') else ''}\n"
+            f"{run.get('model')}  prompt {run['prompt_tokens']} / output {run['output_tokens']}  "
+            f"max-model-len {run.get('max_model_len_label')}  spec {run.get('spec')}")
+
+
+def _series(run: dict, key: str, scale: float = 1.0, floor: float | None = None) -> tuple[list, list]:
+    """(concurrency, value) pairs of the levels that have the figure; with a floor (a log axis),
+    values under it sit on it: a queue of 30 us is "no queue", not four decades of empty axis."""
+    pts = [(lv["concurrency"], lv[key] * scale) for lv in run["levels"] if lv.get(key) is not None]
+    if floor is not None:
+        pts = [(x, max(y, floor)) for x, y in pts]
+    return [x for x, _ in pts], [y for _, y in pts]
+
+
+def _log_floor(runs: list[dict]) -> float:
+    """The log axis's floor: the power of ten one to two decades under the fastest client TTFT p50 (s)."""
+    fastest = [lv["ttft_p50_ms"] / 1000 for r in runs for lv in r["levels"] if lv.get("ttft_p50_ms")]
+    return 10 ** (math.floor(math.log10(min(fastest))) - 1) if fastest else 1e-3
+
+
 def write_chart(run: dict, path: Path, baseline: dict | None = None) -> Path | None:
-    """tok/s and TTFT per concurrency (and the baseline's, dashed, in A/B mode)."""
+    """Three panels per concurrency: tok/s; TTFT in seconds on a log axis with the engine's queue
+    and prefill means beside it (queueing past --max-num-seqs shows as the queue line rising, not
+    prefill); speculative acceptance and prefix-cache hits when /metrics had them. The baseline's
+    lines dashed in A/B mode."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, PercentFormatter
     except ImportError:
         return None
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.8))
     series = [(run, "-", "")] + ([(baseline, "--", " (A)")] if baseline else [])
+    floor = _log_floor([r for r, _, _ in series])
+    rates = False
     for r, style, tag in series:
-        xs = [lv["concurrency"] for lv in r["levels"]]
-        ax1.plot(xs, [lv["decode_tok_s_p50"] for lv in r["levels"]], "o" + style, color="C0",
-                 label=f"decode tok/s per request p50{tag}")
-        ax1.plot(xs, [lv["aggregate_output_tok_s"] for lv in r["levels"]], "s" + style, color="C1",
-                 label=f"aggregate output tok/s{tag}")
-        ax2.plot(xs, [lv["ttft_p50_ms"] for lv in r["levels"]], "o" + style, color="C2", label=f"TTFT p50{tag}")
-        ax2.plot(xs, [lv["ttft_p90_ms"] for lv in r["levels"]], "^" + style, color="C3", label=f"TTFT p90{tag}")
+        for ax, key, marker, color, label, scale in (
+                (ax1, "decode_tok_s_p50", "o", "C0", "decode tok/s per request p50", 1),
+                (ax1, "aggregate_output_tok_s", "s", "C1", "aggregate output tok/s", 1),
+                (ax2, "ttft_p50_ms", "o", "C2", "TTFT p50 (client)", 1e-3),
+                (ax2, "ttft_p90_ms", "^", "C3", "TTFT p90 (client)", 1e-3),
+                (ax2, "server_queue_mean_ms", "v", "C4", f"queue mean (server; < {floor:g} s on the floor)", 1e-3),
+                (ax2, "server_prefill_mean_ms", "D", "C5", "prefill mean (server)", 1e-3),
+                (ax3, "spec_acceptance_rate", "o", "C6", "spec acceptance (accepted/drafted)", 1),
+                (ax3, "prefix_cache_hit_rate", "s", "C7", "prefix-cache hits/queries", 1)):
+            xs, ys = _series(r, key, scale, floor if ax is ax2 else None)
+            if xs:
+                ax.plot(xs, ys, marker + style, color=color, label=label + tag)
+                rates = rates or ax is ax3
     ceil = run.get("ceilings")
     if ceil and ceil.get("decode_tok_s"):
         ax1.axhline(ceil["decode_tok_s"], color="grey", linestyle=":", label="bandwidth ceiling per sequence")
-    for ax, ylabel in ((ax1, "tokens / s"), (ax2, "TTFT (ms)")):
+    for lv in run["levels"]:  # acceptance length: tokens per target pass, the most speculation can give
+        if lv.get("spec_acceptance_rate") is not None and lv.get("spec_acceptance_length") is not None:
+            ax3.annotate(f"AL {lv['spec_acceptance_length']:.2f}", (lv["concurrency"], lv["spec_acceptance_rate"]),
+                         textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7, color="C6")
+    ax2.set_yscale("log")  # TTFT spans ms (one request) to many seconds (queued): seconds, log
+    ax2.set_ylim(bottom=floor / 1.5)
+    ax2.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+    ax2.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax2.yaxis.set_minor_formatter(NullFormatter())
+    ax3.set_ylim(0, 1.05)
+    ax3.yaxis.set_major_formatter(PercentFormatter(1.0))
+    if not rates:
+        ax3.text(0.5, 0.5, "no speculative-decoding or prefix-cache\ncounters in /metrics",
+                 ha="center", va="center", transform=ax3.transAxes, fontsize=9, color="grey")
+        ax3.set_xlim(ax1.get_xlim())
+    for ax, ylabel in ((ax1, "tokens / s"), (ax2, "seconds (log)"), (ax3, "rate")):
         ax.set_xlabel("concurrency")
         ax.set_ylabel(ylabel)
         ax.set_xticks(sorted({lv["concurrency"] for lv in run["levels"]}))
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-        ax.set_ylim(bottom=0)
-    fig.suptitle(f"{run.get('model')}  prompt {run['prompt_tokens']} / output {run['output_tokens']}  "
-                 f"max-model-len {run.get('max_model_len_label')}  spec {run.get('spec')}  "
-                 f"{(ceil or {}).get('gpu') or 'no GPU'}", fontsize=9)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    ax1.set_ylim(bottom=0)
+    ax1.set_title("throughput", fontsize=9)
+    ax2.set_title("time to first token: queue vs prefill", fontsize=9)
+    ax3.set_title("speculative acceptance, prefix cache", fontsize=9)
+    fig.suptitle(chart_title(run), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
