@@ -33,37 +33,26 @@ def write(textfile_dir, systemd: dict, **change) -> None:
     metrics.write_metrics(str(textfile_dir), metrics.metrics_registry(s, release="r-test", model_ref="m@1"))
 
 
-def all_evaluated(prom: Prometheus) -> list[dict] | None:
-    """The rules once each has been evaluated (Go's zero time, year 0001, until then)."""
-    rules = prom.rules()
-    return rules if rules and not any(r.get("lastEvaluation", "0001").startswith("0001") for r in rules) else None
-
-
-def one(prom: Prometheus, expr: str) -> float | None:
-    values = prom.values(expr)
-    return values[0] if len(values) == 1 else None
-
-
 def test_crash_loop_and_critical_verdict_fire_and_recovery_resolves(tmp_path):
     textfile = tmp_path / "textfile"
     textfile.mkdir()
     write(textfile, HEALTHY)
     with node_exporter(textfile, log=tmp_path / "node_exporter.log") as target, \
             Prometheus(tmp_path / "prometheus", {"node": [target]}, hold="2s") as prom:
-        prom.wait_until(lambda: one(prom, 'qwen27b_health_verdict{job="node"}') == 0, "the OK verdict scraped")
-        assert one(prom, "node_textfile_scrape_error") == 0
-        assert one(prom, "qwen27b_service_crash_loop") == 0 and one(prom, "qwen27b_service_up") == 1
+        prom.wait_until(lambda: prom.value('qwen27b_health_verdict{job="node"}') == 0, "the OK verdict scraped")
+        assert prom.value("node_textfile_scrape_error") == 0
+        assert prom.value("qwen27b_service_crash_loop") == 0 and prom.value("qwen27b_service_up") == 1
         assert len(prom.values("qwen27b_gpu_up == 1")) == 4
         # every shipped rule evaluates without error on the real series, and none is active
-        rules = prom.wait_until(lambda: all_evaluated(prom), "every rule evaluated once")
+        rules = prom.wait_until(prom.evaluated_rules, "every rule evaluated once")
         assert [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"] == []
         assert len(rules) == len(shortened_rules()["groups"][0]["rules"])
         assert prom.alert_states() == {}
 
         write(textfile, LOOPING, code=2, health_status=None, latency_ms=None, consecutive_failures=3)
-        prom.wait_until(lambda: one(prom, "qwen27b_service_crash_loop") == 1, "the crash loop scraped")
-        assert one(prom, "qwen27b_service_systemd_restarts") == 4
-        assert one(prom, "qwen27b_health_verdict") == 2 and one(prom, "qwen27b_service_up") == 0
+        prom.wait_until(lambda: prom.value("qwen27b_service_crash_loop") == 1, "the crash loop scraped")
+        assert prom.value("qwen27b_service_systemd_restarts") == 4
+        assert prom.value("qwen27b_health_verdict") == 2 and prom.value("qwen27b_service_up") == 0
         prom.wait_until(lambda: set(prom.alert_states().values()) == {"firing"}
                         and set(prom.alert_states()) == FAILING, f"{sorted(FAILING)} firing")
         alerts = {a["labels"]["alertname"]: a for a in prom.alerts()}
@@ -75,7 +64,7 @@ def test_crash_loop_and_critical_verdict_fire_and_recovery_resolves(tmp_path):
                         "ALERTS{alertstate=firing} stored")
 
         write(textfile, HEALTHY)
-        prom.wait_until(lambda: one(prom, "qwen27b_service_crash_loop") == 0, "the recovery scraped")
+        prom.wait_until(lambda: prom.value("qwen27b_service_crash_loop") == 0, "the recovery scraped")
         prom.wait_until(lambda: prom.alert_states() == {}, "every alert resolved")
         prom.wait_until(lambda: prom.values("ALERTS") == [], "ALERTS gone stale")
 

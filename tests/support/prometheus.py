@@ -157,6 +157,11 @@ class Prometheus:
     def values(self, expr: str) -> list[float]:
         return [float(r["value"][1]) for r in self.query(expr)]
 
+    def value(self, expr: str) -> float | None:
+        """The one value of an instant query; None when it has none or several."""
+        values = self.values(expr)
+        return values[0] if len(values) == 1 else None
+
     def alerts(self) -> list[dict]:
         """Active alerts (pending or firing), as /api/v1/alerts lists them."""
         return self.api("alerts")["alerts"]
@@ -168,6 +173,11 @@ class Prometheus:
 
     def rules(self) -> list[dict]:
         return [r for g in self.api("rules")["groups"] for r in g["rules"]]
+
+    def evaluated_rules(self) -> list[dict] | None:
+        """The rules once every one has been evaluated (Go's zero time, year 0001, until then)."""
+        rules = self.rules()
+        return rules if rules and not any(r.get("lastEvaluation", "0001").startswith("0001") for r in rules) else None
 
     def targets(self) -> list[dict]:
         return self.api("targets")["activeTargets"]
