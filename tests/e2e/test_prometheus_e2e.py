@@ -62,6 +62,10 @@ def answered(address: str, status: int) -> dict | None:
     return body if code == status and body is not None else None
 
 
+def firing_alerts(prom: Prometheus) -> dict[str, dict]:
+    return {a["labels"]["alertname"]: a for a in prom.alerts() if a["state"] == "firing"}
+
+
 @pytest.fixture(scope="module")
 def monitored(lab):
     """Deployed with node_exporter, the controller in metrics_allow and a 5 s health timer."""
@@ -109,15 +113,17 @@ def test_a_crash_loop_fires_the_alerts_and_the_restored_service_resolves_them(mo
         # systemd's NRestarts reaches 2 after the third failed start (RestartSec=10 between)
         prom.wait_until(lambda: prom.value('qwen27b_service_crash_loop{job="node"}') == 1,
                         "qwen27b_service_crash_loop 1", timeout=300, every=2)
-        assert prom.value("qwen27b_service_systemd_restarts") >= 2
+        assert (prom.value("qwen27b_service_systemd_restarts") or 0) >= 2
         assert prom.value("qwen27b_health_verdict") == 2 and prom.value("qwen27b_service_up") == 0
-        prom.wait_until(lambda: FAILING <= {n for n, s in prom.alert_states().items() if s == "firing"},
-                        f"{sorted(FAILING)} firing", timeout=60)
-        crash = next(a for a in prom.alerts() if a["labels"]["alertname"] == "Qwen27bCrashLoop")
-        assert crash["annotations"]["summary"] == f"qwen27b.service on {host.address}:{NODE_EXPORTER_PORT} is in a crash loop"
+        # systemd resets Result at every start, so the gauge reads 0 during each retry's start-up
+        # and the crash-loop alert may only hold once systemd gives up (start limit, 5 starts)
+        firing = prom.wait_until(lambda: firing_alerts(prom) if FAILING <= set(firing_alerts(prom)) else None,
+                                 f"{sorted(FAILING)} firing", timeout=300, every=1)
+        assert firing["Qwen27bCrashLoop"]["annotations"]["summary"] == \
+            f"qwen27b.service on {host.address}:{NODE_EXPORTER_PORT} is in a crash loop"
         body = prom.wait_until(lambda: answered(host.address, 503), "the health endpoint's 503", timeout=60)
         assert body["verdict"] == "CRITICAL", body
-        assert show(monitored, "Result") in ("exit-code", "start-limit-hit")
+        assert int(show(monitored, "NRestarts")) >= 2
     finally:
         host.run(f"rm -f {DROP_IN} && systemctl daemon-reload && systemctl reset-failed qwen27b.service; "
                  "systemctl restart --no-block qwen27b.service", check=False)
