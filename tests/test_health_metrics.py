@@ -195,40 +195,18 @@ def test_docs_list_exactly_the_exported_metrics():
 
 
 def test_node_exporter_reads_the_file(tmp_path):
-    """Debian's prometheus-node-exporter (`./run` installs it)
-    serves the written file with node_textfile_scrape_error 0, on a loopback port, then stopped."""
-    import shutil
-    import subprocess
-    import time
-
+    """Debian's prometheus-node-exporter (`./run` installs it) serves the written file with
+    node_textfile_scrape_error 0, on a loopback port, then stopped (tests/support/prometheus.py)."""
     import httpx
 
-    binary = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
-    if not binary:
-        from setupcheck import skip_or_fail_setup
-        skip_or_fail_setup("no prometheus-node-exporter on this machine (./run installs it)")
-    from qwen27b.tools.cpu_smoke import free_port
+    from tests.support.prometheus import node_exporter
     gpus = v100_gpus("v100x4-degraded")
     gpus[2] = {"index": 2, "error": "GPU is lost"}
     looping = {"Result": "exit-code", "SubState": "auto-restart", "NRestarts": "3"}
     metrics.write_metrics(str(tmp_path), metrics.metrics_registry(status(code=2, gpu=gpus), release="r", model_ref="m@1",
                                                         systemd=looping))
-    port = free_port()
-    proc = subprocess.Popen([binary, f"--web.listen-address=127.0.0.1:{port}", "--collector.disable-defaults",
-                             "--collector.textfile", f"--collector.textfile.directory={tmp_path}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        text = None
-        for _ in range(50):
-            try:
-                text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2, trust_env=False).text
-                break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        assert text is not None, "node_exporter did not answer"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with node_exporter(tmp_path) as address:
+        text = httpx.get(f"http://{address}/metrics", timeout=5, trust_env=False).text
     samples = {(x.name, tuple(sorted(x.labels.items()))): x.value
                for f in text_string_to_metric_families(text) for x in f.samples}
     assert samples[("node_textfile_scrape_error", ())] == 0
