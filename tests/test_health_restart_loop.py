@@ -22,10 +22,14 @@ UNIT = "qwen27b.service"
     ({"ActiveState": "failed", "SubState": "failed", "Result": "start-limit-hit", "NRestarts": "4",
       "StartLimitBurst": "5"},
      "systemd gave up on it, start limit hit after 4 automatic restart(s) (StartLimitBurst=5)"),
+    # systemd reset Result at the third start: only NRestarts still says it keeps dying
+    ({"ActiveState": "activating", "SubState": "start", "Result": "success", "NRestarts": "3"},
+     "crash loop, systemd restarted it 3 times and it is starting again"),
+    ({"ActiveState": "active", "SubState": "running", "Result": "success", "NRestarts": "3"}, None),
     ({"ActiveState": "failed", "SubState": "failed", "Result": "exit-code", "NRestarts": "bogus"},
      "its process exited (Result=exit-code); systemd restarts it (0 restart(s) so far)"),
 ], ids=["running", "first-start", "unknown", "one-crash", "crash-loop", "crash-loop-restarting",
-        "start-limit", "garbled-count"])
+        "start-limit", "restarting-again", "recovered-after-restarts", "garbled-count"])
 def test_restart_loop_sentence(props, expected):
     text = contract.restart_loop(props, UNIT)
     if expected is None:

@@ -52,7 +52,8 @@ FAILED_RESULTS = ("exit-code", "signal", "core-dump", "timeout", "start-limit-hi
 # deploy's verify all judge by this one rule (verify matches the finding's "kind", not its sentence).
 START_LIMIT, CRASH_LOOP, EXITED = "start_limit", "crash_loop", "exited"
 LOOPING = (START_LIMIT, CRASH_LOOP)
-RESTART_LOOP_FINDING = "restart_loop"  # a finding's "kind" when it holds the restart-loop sentence
+RESTART_LOOP_FINDING = "restart_loop"
+RESTARTING = ("auto-restart", "start-pre", "start", "start-post")  # SubStates of a unit on its way back up  # a finding's "kind" when it holds the restart-loop sentence
 
 
 def restart_state(props: dict) -> tuple[str, int] | None:
@@ -62,11 +63,15 @@ def restart_state(props: dict) -> tuple[str, int] | None:
         restarts = int(props.get("NRestarts") or 0)
     except ValueError:
         restarts = 0
-    if result not in FAILED_RESULTS or sub not in ("auto-restart", "failed", "start", "start-post", "dead"):
-        return None
-    if result == "start-limit-hit":
-        return START_LIMIT, restarts
-    return (CRASH_LOOP if restarts >= 2 else EXITED), restarts
+    if result in FAILED_RESULTS and sub in ("auto-restart", "failed", "start", "start-post", "dead"):
+        if result == "start-limit-hit":
+            return START_LIMIT, restarts
+        return (CRASH_LOOP if restarts >= 2 else EXITED), restarts
+    # systemd resets Result to "success" at every start, automatic restarts included: while a
+    # restarted unit is starting again only NRestarts (reset by a manual start alone) remembers
+    if restarts >= 2 and sub in RESTARTING:
+        return CRASH_LOOP, restarts
+    return None
 
 
 def crash_loop(props: dict | None) -> bool:
@@ -87,6 +92,9 @@ def restart_loop(props: dict, unit: str) -> str | None:
     if kind == START_LIMIT:
         return (f"{unit} is not serving: systemd gave up on it, start limit hit after {restarts} automatic "
                 f"restart(s) (StartLimitBurst={props.get('StartLimitBurst', '?')}); {advice}")
+    if kind == CRASH_LOOP and result not in FAILED_RESULTS:
+        return (f"{unit} is not serving: crash loop, systemd restarted it {restarts} times and it is "
+                f"starting again; {advice}")
     if kind == CRASH_LOOP:
         return (f"{unit} is not serving: crash loop, its process exited (Result={result}) and systemd "
                 f"restarted it {restarts} times; {advice}")
