@@ -22,7 +22,7 @@ from pyinfra.context import ctx_state
 from pyinfra.operations import server
 
 from qwen27b.controller import facts as F
-from qwen27b.controller import hostlock
+from qwen27b.controller import factcache, hostlock
 from qwen27b.controller import runstate, runsummary
 from qwen27b.controller.artifacts import ArtifactError
 from qwen27b.plan.gate import Decision, HostFacts, RefusedHost, decide
@@ -51,6 +51,7 @@ def inventory_settings() -> dict[str, Settings]:
         except BadHostData as error:
             raise BadInventory(f"bad inventory data, no host was touched: {error}") from None
         watch_ctrl_c()
+        factcache.install(state)  # each fact read once while nothing changes the host
     return run.settings
 
 
@@ -143,13 +144,15 @@ def take_lock() -> bool:
             return False
         stale = held
         note(f"lock: the deploy that held this host ({held.describe()}) is gone (interrupted?): taking its lock over")
-    server.shell(name="lock: one deploy at a time on this host", commands=[hostlock.take_command(_OWNER, stale)])
+    lock = server.shell(name="lock: one deploy at a time on this host", commands=[hostlock.take_command(_OWNER, stale)])
+    factcache.changes_only(lock, DeployLock)  # the lock file only: the facts read to plan stay valid
     return True
 
 
 def release_lock() -> None:
     """The last operation of a deploy that got to the end (a failed one leaves a stale lock)."""
-    server.shell(name="unlock: this deploy is done", commands=[hostlock.release_command(_OWNER)])
+    unlock = server.shell(name="unlock: this deploy is done", commands=[hostlock.release_command(_OWNER)])
+    factcache.changes_only(unlock, DeployLock)
 
 
 class UnreadableFact(RefusedHost):
