@@ -86,6 +86,8 @@ def _shim(stats_path: str, pyinfra_args: list[str]) -> None:
         while frame is not None:
             if frame.f_code.co_name == "_get_fact" and "cls" in frame.f_locals:
                 return frame.f_locals["cls"].__name__
+            if frame.f_code.co_name == "prefetch" and "todo" in frame.f_locals:  # factcache's batched read
+                return "batch: " + " ".join(sorted({type(f).__name__ for f, _, _ in frame.f_locals["todo"].values()}))
             frame = frame.f_back
         return "-"
 

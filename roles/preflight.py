@@ -180,6 +180,11 @@ def gather_facts(models_path: str, on=None) -> HostFacts:
                                  "then re-run the deploy")
         return value
 
+    at = {"path": models_path}
+    factcache.prefetch([(F.OsRelease, {}), (F.KernelRelease, {}), (F.NvidiaGpus, {}), (F.NvidiaPciDevices, {}),
+                        (F.NvidiaKernelModule, {}), (F.NouveauLoaded, {}), (F.SecureBoot, {}), (F.DiskFree, at),
+                        (F.MemoryInfo, {}), (F.PythonVersions, {}), (F.XidErrors, {}), (F.NvidiaCudaPackages, {}),
+                        (F.HeldPackages, {}), (F.KernelHeaders, {}), (F.ModelsOnDisk, at), (DeployLock, {})], on=on)
     return HostFacts(
         os=read(F.OsRelease),
         kernel=read(F.KernelRelease),
@@ -188,14 +193,14 @@ def gather_facts(models_path: str, on=None) -> HostFacts:
         kernel_module=read(F.NvidiaKernelModule) or {},
         nouveau_loaded=bool(read(F.NouveauLoaded)),
         secure_boot=read(F.SecureBoot) or "unsupported",
-        disk=read(F.DiskFree, path=models_path),
+        disk=read(F.DiskFree, **at),
         memory=read(F.MemoryInfo),
         pythons=read(F.PythonVersions) or {},
         xids=read(F.XidErrors) or [],
         packages=read(F.NvidiaCudaPackages) or {},
         held=read(F.HeldPackages) or [],
         kernel_headers=read(F.KernelHeaders),
-        models_on_disk=read(F.ModelsOnDisk, path=models_path) or {},
+        models_on_disk=read(F.ModelsOnDisk, **at) or {},
     )
 
 

@@ -21,12 +21,13 @@ State (the instance, not the class: other States' hosts are untouched).
 
 `prefetch` reads several facts in one remote command (a script of each fact's own command,
 sections split by a fresh nonce) and keeps each answer as that fact's own read would have
-returned it; @fake hosts (which answer by substring of the whole command) read one by one.
+returned it (an answer it cannot parse back, e.g. a @fake host's, leaves the fact to its own read).
 """
 
 from __future__ import annotations
 
 import copy
+import posixpath
 import weakref
 from inspect import getcallargs
 
@@ -35,8 +36,9 @@ from pyinfra import logger
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, all_global_arguments, pop_global_arguments
 from pyinfra.api.command import FunctionCommand, StringCommand
 from pyinfra.api.facts import FactBase, ShortFactBase
+from pyinfra.api.host import Host
 from pyinfra.api.state import BaseStateCallback, StateStage
-from pyinfra.context import ctx_config
+from pyinfra.context import ctx_config, ctx_host
 
 from .remote import NOCMD, guard, new_nonce, parse_script_output, script
 
@@ -177,11 +179,11 @@ def changes_only(op, *facts: type) -> None:
 def prefetch(reads: list[tuple[type, dict]], on=None) -> None:
     """Read these (fact, kwargs) in one remote command while planning; later reads are answered
     from the memo. Only speed depends on it: anything it cannot batch is read later, one by one."""
-    from pyinfra import host as current, state
+    from pyinfra import state
 
-    target = current if on is None else on
+    target = on if isinstance(on, Host) else ctx_host.get()  # the Host itself, not pyinfra's context proxy
     cache = _CACHES.get(state)
-    if cache is None or state.current_stage != StateStage.Prepare or cache.busy.get(target) or _is_fake(target):
+    if cache is None or state.current_stage != StateStage.Prepare or cache.busy.get(target):
         return
     held = cache.answers.setdefault(target, {})
     todo, seen = {}, set()
@@ -190,14 +192,14 @@ def prefetch(reads: list[tuple[type, dict]], on=None) -> None:
         if key is None or key in held or key in seen or cls.shell_executable:
             continue
         seen.add(key)
-        todo[f"f{len(todo)}"] = (cls, kwargs, key)
+        todo[f"f{len(todo)}"] = (cls(), kwargs, key)  # one instance: some facts' process() reads what command() kept
     if len(todo) < 2:
         return
     connector = dict(cache._defaults(state, target))
     if list(connector.get("_success_exit_codes") or [0]) != [0]:
         return
     nonce = new_nonce()
-    commands = {name: _fact_command(cls, kwargs) for name, (cls, kwargs, _) in todo.items()}
+    commands = {name: _fact_command(fact, kwargs) for name, (fact, kwargs, _) in todo.items()}
     text = script(commands, nonce, stdout_only=frozenset(commands), preamble=False)
     if not target.connected:
         target.connect(reason="to load facts", raise_exceptions=True)
@@ -211,19 +213,34 @@ def prefetch(reads: list[tuple[type, dict]], on=None) -> None:
     if not ok:
         return
     sections, codes = parse_script_output("\n".join(output.stdout_lines) + "\n", nonce, strip=False)
-    for name, (cls, kwargs, key) in todo.items():
+    for name, (fact, kwargs, key) in todo.items():
         if codes.get(name) != 0 or name not in sections:
             continue  # a failing read is left to pyinfra's own, which reports it
-        value = _answer(cls, kwargs, _lines(sections[name]))
+        value = _answer(fact, kwargs, _lines(sections[name]))
         if value is not _UNREAD:
             held[key] = copy.deepcopy(value)
+
+
+def put_reads(dest: str, create_remote_dir: bool = True) -> list[tuple[type, dict]]:
+    """What pyinfra's files.put reads for `dest` on a host that has it (for prefetch)."""
+    from pyinfra.facts.files import Directory, File, Sha1File
+
+    reads = [(File, {"path": dest}), (Sha1File, {"path": dest})]
+    parent = posixpath.dirname(dest)
+    return reads + ([(Directory, {"path": parent})] if create_remote_dir and parent else [])
+
+
+def service_reads(service: str) -> list[tuple[type, dict]]:
+    """What pyinfra's systemd.service(running=..., enabled=...) reads for a system unit (for prefetch)."""
+    from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
+
+    return [(fact, {"services": [service]}) for fact in (SystemdStatus, SystemdEnabled)]
 
 
 _UNREAD = object()
 
 
-def _fact_command(cls, kwargs: dict) -> str:
-    fact = cls()
+def _fact_command(fact, kwargs: dict) -> str:
     command = fact.command(**kwargs) if callable(fact.command) else fact.command
     command = command.get_raw_value() if isinstance(command, StringCommand) else str(command)
     needs = fact.requires_command(**kwargs)
@@ -239,9 +256,8 @@ def _lines(section: str) -> list[str]:
     return lines[:-1] if section.endswith("\n") else lines
 
 
-def _answer(cls, kwargs: dict, lines: list[str]):
+def _answer(fact, kwargs: dict, lines: list[str]):
     """What pyinfra's read returns for this output while planning, or _UNREAD."""
-    fact = cls()
     if lines == [NOCMD] and fact.requires_command(**kwargs):
         return fact.default()  # the binary is absent: pyinfra returns the default while planning
     if not lines:
@@ -251,8 +267,3 @@ def _answer(cls, kwargs: dict, lines: list[str]):
     except Exception:  # noqa: BLE001 (pyinfra's own read logs it and fails the host)
         return _UNREAD
 
-
-def _is_fake(host) -> bool:
-    from pyinfra.connectors.fake import FakeConnector
-
-    return isinstance(getattr(host, "connector", None), FakeConnector)
