@@ -9,6 +9,10 @@ Goals: <= 3 s per host; 50 hosts <= 2x one host.
     .venv/bin/python benchmarks/noop_rerun.py --sizes 1,50 --latency-ms 50 --pyinfra-args=--no-wait
     .venv/bin/python benchmarks/noop_rerun.py --real 1 --reruns 3 # real nspawn test hosts (root; minutes)
     .venv/bin/python benchmarks/noop_rerun.py --real 2 --skip-fake
+    .venv/bin/python benchmarks/noop_rerun.py --commands --base DIR  # every remote command of one no-op run, per stage
+    .venv/bin/python benchmarks/noop_rerun.py --real 1 --skip-fake --base DIR  # re-runs of two checkouts, alternating
+
+DIR is another checkout to compare with, e.g. `mkdir DIR && git archive main | tar -x -C DIR`.
 
 @fake scale (a): N copies of the recorded converged host (tests/fixtures/hosts/v100x4-converged,
 the recording that plans zero changes: 4x V100, driver, venv, weights, unit all in place) under
@@ -328,7 +332,7 @@ def _raise(signum, frame):
     raise _Terminated(f"signal {signum}")
 
 
-def real_hosts(n: int, reruns: int, work: Path) -> list[dict]:
+def real_hosts(n: int, reruns: int, work: Path, base: Path | None = None) -> list[dict]:
     sys.path.insert(0, str(ROOT))
     from qwen27b.tools import cpu_smoke
     from qwen27b.controller.artifacts import cache_root
@@ -374,19 +378,26 @@ def real_hosts(n: int, reruns: int, work: Path) -> list[dict]:
             raise SystemExit(f"first deploy failed (exit {rc}):\n" + "\n".join(out.splitlines()[-60:]))
         print(f"  first deploy of {n} host(s): {first:.1f} s", flush=True)
 
+        # --base: the same re-runs from another checkout, alternating with this one's on the same
+        # converged hosts (the same plan: 0 changes), so both see the same machine and load
+        trees = [("", ROOT)] + ([(" --base", base)] if base else [])
         for k in range(1, n + 1):
-            env = {**base_env, "NOOP_BENCH_N": str(k)}
-            walls, cpus = [], []
+            timed = {tag: ([], []) for tag, _ in trees}
             for repeat in range(reruns):
-                wall, rc, out, cpu = run_pyinfra(inventory, env, work / f"real-{k}-{repeat}.log")
-                check_noop(rc, out, k, f"real N={k}")
-                walls.append(wall)
-                cpus.append(cpu)
-                print(f"  real N={k} no-op re-run {repeat + 1}: {wall:.2f} s wall, {cpu:.2f} s CPU", flush=True)
-            t0 = time.perf_counter()
-            stats = instrumented(inventory, env, work, f"real-{k}")
-            rows.append({"n": k, "walls": walls, "cpus": cpus, "first": first if k == n else None, "label": f"real N={k}",
-                         "breakdown": summarise(stats), "instr_wall": time.perf_counter() - t0})
+                for tag, tree in trees:
+                    env = {**clean_env(tree, QWEN27B_REPORTS=str(work / "reports")), "NOOP_BENCH_N": str(k)}
+                    wall, rc, out, cpu = run_pyinfra(inventory, env, work / f"real-{k}{tag.strip()}-{repeat}.log", root=tree)
+                    check_noop(rc, out, k, f"real N={k}{tag}")
+                    timed[tag][0].append(wall)
+                    timed[tag][1].append(cpu)
+                    print(f"  real N={k}{tag} no-op re-run {repeat + 1}: {wall:.2f} s wall, {cpu:.2f} s CPU", flush=True)
+            for tag, tree in trees:
+                env = {**clean_env(tree, QWEN27B_REPORTS=str(work / "reports")), "NOOP_BENCH_N": str(k)}
+                t0 = time.perf_counter()
+                stats = instrumented(inventory, env, work, f"real-{k}{tag.strip()}", root=tree)
+                rows.append({"n": k, "tree": tag, "walls": timed[tag][0], "cpus": timed[tag][1],
+                             "first": first if k == n and not tag else None, "label": f"real N={k}{tag}",
+                             "breakdown": summarise(stats), "instr_wall": time.perf_counter() - t0})
         # what the FileHashes fact costs on the host: cold (no stat cache: every file hashed, as
         # every run did before the cache), warm (as a no-op re-run reads it), and sha256sum's pass
         name, model = lab.hosts[0]["name"], f"/var/lib/qwen27b/models/{GOOD}"
@@ -412,11 +423,11 @@ def real_hosts(n: int, reruns: int, work: Path) -> list[dict]:
     print("| hosts | first deploy s | no-op wall s median (min-max) | per host s | ratio to 1 host "
           f"| <= {GOAL_PER_HOST_S:g} s / host | <= {GOAL_SCALE:g}x one host | controller CPU s median |")
     print("|---|---|---|---|---|---|---|---|")
-    one = statistics.median(rows[0]["walls"])
     for row in rows:
+        one = statistics.median(next(r for r in rows if r["n"] == 1 and r["tree"] == row["tree"])["walls"])
         med = statistics.median(row["walls"])
         first = f"{row['first']:.0f}" if row.get("first") else "-"
-        print(f"| {row['n']} | {first} | {fmt_range(row['walls'])} | {med / row['n']:.2f} | {med / one:.2f}x "
+        print(f"| {row['n']}{row['tree']} | {first} | {fmt_range(row['walls'])} | {med / row['n']:.2f} | {med / one:.2f}x "
               f"| {'met' if med / row['n'] <= GOAL_PER_HOST_S else 'NOT met'} "
               f"| {'-' if row['n'] == 1 else ('met' if med / one <= GOAL_SCALE else 'NOT met')} "
               f"| {statistics.median(row['cpus']):.2f} |")
@@ -448,7 +459,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--commands", action="store_true",
                         help="only the table of remote commands of one no-op run (one @fake host), per stage")
     parser.add_argument("--base", type=Path, metavar="DIR",
-                        help="with --commands: another checkout to compare with, side by side")
+                        help="with --commands or --real: another checkout to compare with, side by side "
+                             "(e.g. `git archive main | tar -x -C DIR`)")
     args = parser.parse_args(argv)
     if not 0 <= args.real <= 3:
         parser.error("--real takes 1 to 3 hosts")
@@ -463,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
             fake_scale([int(x) for x in args.sizes.split(",")], args.repeats,
                        [float(x) for x in args.latency_ms.split(",")], work, args.warmup)
         if args.real:
-            real_hosts(args.real, args.reruns, work)
+            real_hosts(args.real, args.reruns, work, args.base.resolve() if args.base else None)
         print(f"\nload average at the end: {loadavg()}")
     finally:
         if not args.keep:

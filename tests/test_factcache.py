@@ -77,6 +77,22 @@ def test_two_states_in_one_process_never_share_an_answer():
     assert read(one, Command, command="uname -r") == "5.15-one"
 
 
+def test_a_new_state_on_the_same_hosts_reads_afresh():
+    """A State and its hosts are re-used (pyinfra's API allows it): the memo is the first State's."""
+    answers = {"uname -r": ["5.15-old"]}
+    inventory = Inventory(([("@fake/a", {"fake_responses": answers})], {}))
+    first = State(inventory, Config())
+    first.set_stage(StateStage.Prepare)
+    factcache.install(first)
+    assert read(first, Command, command="uname -r") == "5.15-old"
+    answers["uname -r"] = ["6.1-new"]  # the host changed between the two runs
+    second = State(inventory, Config())
+    second.set_stage(StateStage.Prepare)
+    assert read(second, Command, command="uname -r") == "6.1-new"  # no memo for this State
+    factcache.install(second)
+    assert read(second, Command, command="uname -r") == "6.1-new"  # its own memo, not the first's
+
+
 def test_a_state_without_the_cache_reads_every_time():
     state = make_state("@fake/a", {"fake_responses": {"uname -r": ["5.15"]}}, cache=False)
     ran = counting(only_host(state))

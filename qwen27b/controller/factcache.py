@@ -56,7 +56,6 @@ class FactCache:
         self.busy: dict = {}
         self.narrow: dict[str, frozenset[str]] = {}  # op hash -> names of the facts its commands change
         self.defaults: dict = {}  # host -> (config, its default connector arguments)
-        self.reads = self.hits = 0
 
     def key(self, state, host, cls, args, kwargs):
         """The memo key, or None when this read is not kept."""
@@ -154,9 +153,7 @@ def _hook(host) -> None:
         if key is None:
             return original(cls, *args, **kwargs)
         held = cache.answers.setdefault(host, {})
-        cache.reads += 1
         if key in held:
-            cache.hits += 1
             return copy.deepcopy(held[key])
         value = original(cls, *args, **kwargs)
         if host not in state.failed_hosts and not cache.busy.get(host):
