@@ -15,9 +15,11 @@ State in the process never sees it), per host, per fact, arguments and connector
   those facts read (the deploy lock: only `DeployLock`).
 
 Answers are deep-copied in and out (a caller may change what it got). A read that failed the
-host, a short fact, one with global arguments in its call and one with preconditions are never
-kept. pyinfra offers no hook around fact reads, so `install` sets `get_fact` on each Host of the
-State (the instance, not the class: other States' hosts are untouched).
+host, a short fact, the clock (`server.Date`), one with global arguments in its call and one
+with preconditions are never kept. pyinfra offers no hook around fact reads, so `install` sets
+`get_fact` on each Host of the State (the instance, not the class: other States' hosts are
+untouched). A kept answer is the plan's: a unit that crashes between planning and executing
+is found by verify, not by the second read pyinfra would have made.
 
 `prefetch` reads several facts in one remote command (a script of each fact's own command,
 sections split by a fresh nonce) and keeps each answer as that fact's own read would have
@@ -108,9 +110,12 @@ class FactCache:
         return generator
 
 
+CLOCKS = frozenset({"server.Date"})  # the time now: a kept answer would be the plan's time
+
+
 def _cacheable(cls) -> bool:
     return (isinstance(cls, type) and issubclass(cls, FactBase) and not issubclass(cls, ShortFactBase)
-            and cls.check_preconditions is FactBase.check_preconditions)
+            and cls.check_preconditions is FactBase.check_preconditions and cls.name not in CLOCKS)
 
 
 def cache_of(state) -> FactCache | None:
