@@ -2,7 +2,7 @@
 
 pyinfra 3.10 keeps no fact cache: every `host.get_fact` runs its command, and every operation's
 generator runs twice (to plan, then to execute), so a no-op re-run read each fact two or three
-times (docs/deploy-bench.md). Here an answer is kept per State (a WeakKeyDictionary: a second
+times (docs/deploy-bench.md). Here an answer is kept per State (on its runstate: a second
 State in the process never sees it), per host, per fact, arguments and connector arguments
 (`_sudo`, `_su_user`, ...), and dropped whenever a command may have changed the host:
 
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import copy
 import posixpath
-import weakref
 from inspect import getcallargs
 
 from paramiko import SSHException
@@ -40,14 +39,13 @@ from pyinfra.api.command import FunctionCommand, StringCommand
 from pyinfra.api.facts import FactBase, ShortFactBase
 from pyinfra.api.host import Host
 from pyinfra.api.state import BaseStateCallback, StateStage
-from pyinfra.context import ctx_config, ctx_host
+from pyinfra.context import ctx_config, ctx_host, ctx_state
 
+from . import runstate
 from .remote import NOCMD, guard, new_nonce, parse_script_output, script
 
 GLOBAL_KEYS = frozenset(name for name, _ in all_global_arguments())
 KEYED = tuple(CONNECTOR_ARGUMENT_KEYS) + ("_ignore_errors",)  # what changes a read's answer or its failure
-
-_CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class FactCache:
@@ -119,13 +117,13 @@ def _cacheable(cls) -> bool:
 
 
 def cache_of(state) -> FactCache | None:
-    return _CACHES.get(state)
+    return runstate.of(state).fact_cache if state is not None else None
 
 
 class _WatchOperations(BaseStateCallback):
     @staticmethod
     def operation_host_start(state, host, op_hash) -> None:
-        cache = _CACHES.get(state)
+        cache = cache_of(state)
         data = state.ops.get(host, {}).get(op_hash)
         if cache is None or data is None or getattr(data.command_generator, "qwen27b_watched", False):
             return
@@ -134,10 +132,10 @@ class _WatchOperations(BaseStateCallback):
 
 def install(state) -> FactCache:
     """Keep fact answers for this State's run (idempotent)."""
-    cache = _CACHES.get(state)
-    if cache is not None:
-        return cache
-    cache = _CACHES[state] = FactCache()
+    run = runstate.of(state)
+    if run.fact_cache is not None:
+        return run.fact_cache
+    cache = run.fact_cache = FactCache()
     state.add_callback_handler(_WatchOperations())
     for each in state.inventory:
         _hook(each)
@@ -151,7 +149,7 @@ def _hook(host) -> None:
 
     def get_fact(cls, *args, **kwargs):
         state = host.state
-        cache = _CACHES.get(state) if state is not None else None
+        cache = cache_of(state)
         if cache is None or cache.busy.get(host):
             return original(cls, *args, **kwargs)
         key = cache.key(state, host, cls, args, kwargs)
@@ -170,9 +168,7 @@ def _hook(host) -> None:
 
 def changes_only(op, *facts: type) -> None:
     """Declare that `op`'s commands change only what these facts read: the others stay kept."""
-    from pyinfra import state
-
-    cache = _CACHES.get(state)
+    cache = cache_of(ctx_state.get())
     op_hash = getattr(op, "_hash", None)  # pyinfra's OperationMeta names its op by this hash
     if cache is not None and op_hash is not None:
         cache.narrow[op_hash] = frozenset(f.__name__ for f in facts)
@@ -181,10 +177,9 @@ def changes_only(op, *facts: type) -> None:
 def prefetch(reads: list[tuple[type, dict]], on=None) -> None:
     """Read these (fact, kwargs) in one remote command while planning; later reads are answered
     from the memo. Only speed depends on it: anything it cannot batch is read later, one by one."""
-    from pyinfra import state
-
+    state = ctx_state.get()
     target = on if isinstance(on, Host) else ctx_host.get()  # the Host itself, not pyinfra's context proxy
-    cache = _CACHES.get(state)
+    cache = cache_of(state)
     if cache is None or state.current_stage != StateStage.Prepare or cache.busy.get(target):
         return
     held = cache.answers.setdefault(target, {})
