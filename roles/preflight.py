@@ -22,7 +22,7 @@ from pyinfra.context import ctx_state
 from pyinfra.operations import server
 
 from qwen27b.controller import facts as F
-from qwen27b.controller import hostlock
+from qwen27b.controller import factcache, hostlock
 from qwen27b.controller import runstate, runsummary
 from qwen27b.controller.artifacts import ArtifactError
 from qwen27b.plan.gate import Decision, HostFacts, RefusedHost, decide
@@ -51,6 +51,7 @@ def inventory_settings() -> dict[str, Settings]:
         except BadHostData as error:
             raise BadInventory(f"bad inventory data, no host was touched: {error}") from None
         watch_ctrl_c()
+        factcache.install(state)  # each fact read once while nothing changes the host
     return run.settings
 
 
@@ -143,13 +144,15 @@ def take_lock() -> bool:
             return False
         stale = held
         note(f"lock: the deploy that held this host ({held.describe()}) is gone (interrupted?): taking its lock over")
-    server.shell(name="lock: one deploy at a time on this host", commands=[hostlock.take_command(_OWNER, stale)])
+    lock = server.shell(name="lock: one deploy at a time on this host", commands=[hostlock.take_command(_OWNER, stale)])
+    factcache.changes_only(lock, DeployLock)  # the lock file only: the facts read to plan stay valid
     return True
 
 
 def release_lock() -> None:
     """The last operation of a deploy that got to the end (a failed one leaves a stale lock)."""
-    server.shell(name="unlock: this deploy is done", commands=[hostlock.release_command(_OWNER)])
+    unlock = server.shell(name="unlock: this deploy is done", commands=[hostlock.release_command(_OWNER)])
+    factcache.changes_only(unlock, DeployLock)
 
 
 class UnreadableFact(RefusedHost):
@@ -177,6 +180,11 @@ def gather_facts(models_path: str, on=None) -> HostFacts:
                                  "then re-run the deploy")
         return value
 
+    at = {"path": models_path}
+    factcache.prefetch([(F.OsRelease, {}), (F.KernelRelease, {}), (F.NvidiaGpus, {}), (F.NvidiaPciDevices, {}),
+                        (F.NvidiaKernelModule, {}), (F.NouveauLoaded, {}), (F.SecureBoot, {}), (F.DiskFree, at),
+                        (F.MemoryInfo, {}), (F.PythonVersions, {}), (F.XidErrors, {}), (F.NvidiaCudaPackages, {}),
+                        (F.HeldPackages, {}), (F.KernelHeaders, {}), (F.ModelsOnDisk, at), (DeployLock, {})], on=on)
     return HostFacts(
         os=read(F.OsRelease),
         kernel=read(F.KernelRelease),
@@ -185,14 +193,14 @@ def gather_facts(models_path: str, on=None) -> HostFacts:
         kernel_module=read(F.NvidiaKernelModule) or {},
         nouveau_loaded=bool(read(F.NouveauLoaded)),
         secure_boot=read(F.SecureBoot) or "unsupported",
-        disk=read(F.DiskFree, path=models_path),
+        disk=read(F.DiskFree, **at),
         memory=read(F.MemoryInfo),
         pythons=read(F.PythonVersions) or {},
         xids=read(F.XidErrors) or [],
         packages=read(F.NvidiaCudaPackages) or {},
         held=read(F.HeldPackages) or [],
         kernel_headers=read(F.KernelHeaders),
-        models_on_disk=read(F.ModelsOnDisk, path=models_path) or {},
+        models_on_disk=read(F.ModelsOnDisk, **at) or {},
     )
 
 

@@ -16,7 +16,8 @@ from pyinfra.facts.files import Sha1File
 from pyinfra.operations import files, server, systemd
 
 from qwen27b.plan.gate import Decision
-from qwen27b.controller.host_facts import SymlinkTarget
+from qwen27b.controller import factcache
+from qwen27b.controller.host_facts import SecretFileState, Subdirectories, SymlinkTarget
 from qwen27b.controller.operations import secret_file, symlink_switch
 from qwen27b.controller.render import HEALTH_TIMER, HEALTH_UNIT, RESTART_COMMAND, SERVICE_UNIT, layout, render_all
 
@@ -45,6 +46,11 @@ def service(decision: Decision) -> None:
         ("qwen27b-health.timer.j2", f"{UNIT_DIR}/{HEALTH_TIMER}"),
     ]
     serving_files = [dest for _, dest in targets[:2]]
+    factcache.prefetch([read for _, dest in targets for read in factcache.put_reads(dest, create_remote_dir=False)]
+                       + [(SymlinkTarget, {"path": decision.stack.paths["current_release"]}),
+                          (Subdirectories, {"path": decision.stack.paths["releases"]})]
+                       + ([(SecretFileState, {"path": where["secrets_file"]})] if decision.settings.api_key_file else [])
+                       + factcache.service_reads(SERVICE_UNIT) + factcache.service_reads(HEALTH_TIMER))
     if _will_change(rendered, targets[:2]):
         # keep the running release's env and unit: the verify role restores them on rollback
         server.shell(name="keep the running unit and env for rollback", commands=[

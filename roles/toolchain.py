@@ -7,6 +7,7 @@ The venv lives in a versioned release dir, so an upgrade never touches the runni
 
 from __future__ import annotations
 
+import posixpath
 import shlex
 
 from pyinfra import host
@@ -14,9 +15,10 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, server
 
+from qwen27b.controller import factcache
 from qwen27b.controller.artifacts import uv_binary, uv_path
 from qwen27b.plan.gate import Decision
-from qwen27b.controller.host_facts import ServiceUser
+from qwen27b.controller.host_facts import DirectoryStates, ServiceUser
 from qwen27b.controller.operations import directories, secret_file
 
 from ._common import dry_run, note, shell_word, url_env_file, url_env_text, url_source
@@ -113,6 +115,10 @@ def _service_user(user: str, home: str) -> None:
 
 def toolchain(decision: Decision) -> None:
     paths, user = decision.stack.paths, decision.stack.paths["service_user"]
+    factcache.prefetch([(DebPackages, {}), (ServiceUser, {"user": user}),
+                        (DirectoryStates, {"paths": [posixpath.normpath(d[0]) for d in _directories(decision)]}),
+                        (File, {"path": f"{release_venv(decision)}/bin/python"})]
+                       + factcache.put_reads(f"{paths['bin']}/uv"))  # one round trip for what this role reads
     apt_install("base packages", _packages(decision))
     _service_user(user, paths["state"])
     directories(name="qwen27b directories (owner, group, mode)", specs=[list(d) for d in _directories(decision)])

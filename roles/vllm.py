@@ -19,9 +19,10 @@ from qwen27b.controller import cpu_build
 
 from qwen27b import onhost
 from qwen27b.onhost.contract import PACKAGE, lib_dir, wrapper_script
+from qwen27b.controller import factcache
 from qwen27b.controller.artifacts import cache_root, dir_manifest, source_manifest
 from qwen27b.plan.gate import Decision
-from qwen27b.controller.host_facts import VenvPackages
+from qwen27b.controller.host_facts import FileHashes, VenvPackages
 from qwen27b.controller.operations import push_files
 
 from qwen27b.plan.hostdata import redact_url
@@ -110,6 +111,8 @@ def install_onhost(venv: str) -> None:
 
 def vllm(decision: Decision) -> None:
     venv = release_venv(decision)
+    factcache.prefetch([(FileHashes, {"directory": f"{lib_dir(venv)}/{PACKAGE}"}), (VenvPackages, {"venv": venv})]
+                       + factcache.put_reads(f"{venv}/bin/qwen27b-health"))  # one round trip for this role's reads
     install_onhost(venv)
     vllm_entry = decision.stack.profile["vllm"]
     wanted = {_norm(vllm_entry["dist"]): vllm_entry["version"]}

@@ -27,11 +27,11 @@ from pyinfra.facts.files import File
 from pyinfra.operations import files, server
 
 from qwen27b.plan import fanout
-from qwen27b.controller import runstate
+from qwen27b.controller import factcache, runstate
 from qwen27b.controller.artifacts import cache_root, dir_manifest
 from qwen27b.plan.gate import Decision, RefusedHost
 from qwen27b.plan.hostdata import Settings, lab_address, redact_url
-from qwen27b.controller.host_facts import FileHashes, SymlinkTarget
+from qwen27b.controller.host_facts import FileHashes, Subdirectories, SymlinkTarget
 from qwen27b.onhost.contract import lib_dir, module_argv, module_command
 from qwen27b.onhost.secretfile import load_secret
 from qwen27b.controller.operations import push_files, secret_file, symlink_switch
@@ -240,6 +240,8 @@ def place(decision: Decision, entry: dict, link: str, local_dir: str | None) -> 
     settings = decision.settings
     source = settings.model_source or entry.get("default_source", "hub")
     target = model_dir(decision, entry)
+    on_host = (File, {"path": f"{target}/{HUB_MANIFEST}"}) if source == "hub" else (FileHashes, {"directory": target})
+    factcache.prefetch([on_host, (SymlinkTarget, {"path": link}), (Subdirectories, {"path": decision.stack.paths["models"]})])
     if source == "mirror":
         base = f"{settings.model_mirror.rstrip('/')}/{safe_name(entry)}"
         manifest = _mirror_manifest(base)

@@ -38,10 +38,12 @@ def guard(binary: str, command: str) -> str:
     return f"if command -v {binary} >/dev/null 2>&1; then ( {command} ); else echo '{NOCMD}'; fi"
 
 
-def script(cmds: dict[str, str], nonce: str, stdout_only: frozenset[str] | set[str] = frozenset()) -> str:
+def script(cmds: dict[str, str], nonce: str, stdout_only: frozenset[str] | set[str] = frozenset(),
+           preamble: bool = True) -> str:
     """One shell script printing each command's output between markers, then its exit code.
-    Keys in `stdout_only` get stdout alone (their stderr goes to /dev/null), the rest both."""
-    lines = ["export LC_ALL=C.UTF-8 SYSTEMD_PAGER= SYSTEMD_COLORS=0 PAGER=cat"]
+    Keys in `stdout_only` get stdout alone (their stderr goes to /dev/null), the rest both.
+    `preamble=False` leaves the environment as it is (fact reads: the answer pyinfra's own gets)."""
+    lines = ["export LC_ALL=C.UTF-8 SYSTEMD_PAGER= SYSTEMD_COLORS=0 PAGER=cat"] if preamble else []
     for key, command in cmds.items():
         stderr = "2>/dev/null" if key in stdout_only else "2>&1"
         lines += [f"echo '@@{nonce}@@ BEGIN {key}'", f"( {command}\n) </dev/null {stderr}",
@@ -49,12 +51,13 @@ def script(cmds: dict[str, str], nonce: str, stdout_only: frozenset[str] | set[s
     return "\n".join(lines) + "\n"
 
 
-def parse_script_output(text: str, nonce: str) -> tuple[dict[str, str], dict[str, int]]:
-    """The script's output -> (output by key, exit code by key); a section cut short is absent."""
+def parse_script_output(text: str, nonce: str, strip: bool = True) -> tuple[dict[str, str], dict[str, int]]:
+    """The script's output -> (output by key, exit code by key); a section cut short is absent.
+    `strip=False` keeps each output's trailing newlines (exactly what the command printed)."""
     outputs, codes = {}, {}
     pattern = re.compile(rf"@@{re.escape(nonce)}@@ BEGIN (\S+)\n(.*?)\n@@{re.escape(nonce)}@@ END \1 (\d+)\n", re.S)
     for match in pattern.finditer(text):
-        outputs[match[1]] = match[2].rstrip("\n")
+        outputs[match[1]] = match[2].rstrip("\n") if strip else match[2]
         codes[match[1]] = int(match[3])
     return outputs, codes
 

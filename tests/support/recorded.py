@@ -37,6 +37,7 @@ COMMON_FILE = "linux-common.yaml"
 
 def fake_responses(host_dir: Path) -> dict:
     """The `fake_responses` host data for the recorded host in `host_dir`."""
+    answer_scripts()
     host_dir = Path(host_dir)
     if not host_dir.is_dir():
         raise FileNotFoundError(f"no recorded host directory: {host_dir}")
@@ -62,6 +63,35 @@ def fake_responses(host_dir: Path) -> dict:
                 response["stderr"] = _lines(entry["stderr"])
             responses.setdefault(key, response)
     return responses
+
+
+_SECTION = re.compile(r"^echo '@@(\w+)@@ BEGIN (\S+)'\n\( (.*?)\n\) </dev/null 2>/dev/null\nprintf '[^\n]*\n", re.S | re.M)
+
+
+def answer_scripts() -> None:
+    """Make @fake hosts answer a batched fact read (qwen27b.controller.remote.script, as
+    factcache.prefetch sends it) section by section, each command by the recorded answers, as a
+    real shell would: pyinfra's FakeConnector alone answers a whole command by its first matching
+    key, and the batch would fall back to one read per fact."""
+    from pyinfra.connectors.fake import FakeConnector
+    from pyinfra.connectors.util import CommandOutput, OutputLine
+
+    if getattr(FakeConnector, "qwen27b_answers_scripts", False):
+        return
+    lookup = FakeConnector._lookup_response
+
+    def lookup_sections(self, command_str: str):
+        sections = _SECTION.findall(command_str)
+        if not sections:
+            return lookup(self, command_str)
+        lines = []
+        for nonce, key, command in sections:
+            ok, output = lookup(self, command)
+            lines += [f"@@{nonce}@@ BEGIN {key}", *output.stdout_lines, "", f"@@{nonce}@@ END {key} {0 if ok else 1}"]
+        return True, CommandOutput([OutputLine("stdout", line) for line in lines])
+
+    FakeConnector._lookup_response = lookup_sections
+    FakeConnector.qwen27b_answers_scripts = True
 
 
 def recorded_facts(host_dir: Path) -> list[type]:
