@@ -35,7 +35,7 @@ from qwen27b.plan.hostdata import BadHostData, settings_for
 from qwen27b.controller.render import env_value, systemd_quote, unit_text
 from qwen27b.plan.stack import StackError, load_stack, resolve_stack
 from recordings import recorded_facts
-from test_templates import rendered
+from test_templates import UNIT_NAMES, rendered
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTS_DIR = ROOT / "tests" / "fixtures" / "hosts"
@@ -415,8 +415,7 @@ def check_units(decision, root: Path) -> None:
     files = rendered(root, decision)  # test_templates' helper: the units' executables exist
     units = root / "units"
     units.mkdir(exist_ok=True)
-    names = {"qwen27b.service.j2": "qwen27b.service", "qwen27b-health.service.j2": "qwen27b-health.service",
-             "qwen27b-health.timer.j2": "qwen27b-health.timer"}
+    names = UNIT_NAMES
     for template, name in names.items():
         text = files[template]
         assert "%" not in text.replace("%%", ""), f"a bare % (systemd specifier) in {name}:\n{text}"
