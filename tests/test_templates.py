@@ -148,10 +148,12 @@ def test_firewall_rule_allows_the_listed_networks_and_the_host_and_resets_the_re
     context = firewall_contexts(d)["qwen27b-firewall.nft.j2"]
     rule = render("qwen27b-firewall.nft.j2", context)
     port = d.serve.value("--port")
-    accepts = [line.strip() for line in rule.splitlines() if line.strip().endswith("accept")]
-    assert accepts == [f'iifname "lo" tcp dport {port} accept', f"ip saddr 10.0.0.0/24 tcp dport {port} accept",
-                       f"ip saddr 192.168.7.9/32 tcp dport {port} accept", f"ip6 saddr fd00::/64 tcp dport {port} accept"]
-    assert rule.rstrip().splitlines()[-3].strip() == f"tcp dport {port} reject with tcp reset"
+    assert port_rules(rule, port) == [f'iifname "lo" tcp dport {port} accept', f"ip saddr 10.0.0.0/24 tcp dport {port} accept",
+                                      f"ip saddr 192.168.7.9/32 tcp dport {port} accept",
+                                      f"ip6 saddr fd00::/64 tcp dport {port} accept", f"tcp dport {port} reject with tcp reset"]
+    # the health endpoint's port: the host only, as no scraper is listed
+    assert port_rules(rule, 9120) == ['iifname "lo" tcp dport 9120 accept', "tcp dport 9120 reject with tcp reset"]
+    assert rule.rstrip().splitlines()[-3].strip() == "tcp dport 9120 reject with tcp reset"
     unit = render("qwen27b-firewall.service.j2", context)
     assert "Before=qwen27b.service" in unit and f"ExecStart=/usr/sbin/nft -f {context['rules_file']}" in unit
     if shutil.which("nft"):  # syntax check without loading (./run installs nftables)
@@ -163,6 +165,32 @@ def test_firewall_rule_allows_the_listed_networks_and_the_host_and_resets_the_re
         result = subprocess.run(["systemd-analyze", "verify", "--man=no", str(tmp_path / "qwen27b-firewall.service")],
                                 capture_output=True, text=True)
         assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
+def port_rules(rule: str, port: int) -> list[str]:
+    """The nftables lines of one port, in order."""
+    return [line.strip() for line in rule.splitlines() if f"dport {port} " in line]
+
+
+def test_node_exporter_and_health_ports_open_to_the_scrapers_only(tmp_path):
+    """With qwen27b_node_exporter (no qwen27b_firewall_allow) the table guards node_exporter's port and the
+    health endpoint's, each to the host and qwen27b_metrics_allow; vLLM's port gets no rule."""
+    from qwen27b.controller.render import firewall_contexts, render
+
+    d = decision(data={"qwen27b_node_exporter": True, "qwen27b_metrics_allow": ["10.0.0.5/32", "fd00::/64"]})
+    contexts = firewall_contexts(d)
+    rule = render("qwen27b-firewall.nft.j2", contexts["qwen27b-firewall.nft.j2"])
+    for port in (9120, 9100):
+        assert port_rules(rule, port) == [f'iifname "lo" tcp dport {port} accept', f"ip saddr 10.0.0.5/32 tcp dport {port} accept",
+                                          f"ip6 saddr fd00::/64 tcp dport {port} accept",
+                                          f"tcp dport {port} reject with tcp reset"]
+    assert port_rules(rule, d.serve.value("--port")) == []
+    unit = render("qwen27b-firewall.service.j2", contexts["qwen27b-firewall.service.j2"])
+    assert "Before=qwen27b.service prometheus-node-exporter.service" in unit.splitlines()
+    if shutil.which("nft"):
+        (tmp_path / "firewall.nft").write_text(rule)
+        check = subprocess.run(["nft", "-c", "-f", str(tmp_path / "firewall.nft")], capture_output=True, text=True)
+        assert check.returncode == 0, check.stderr
 
 
 def test_health_endpoint_socket_listens_on_the_bind_address_for_the_scrapers(tmp_path):

@@ -14,6 +14,7 @@ import jinja2
 
 from qwen27b.plan.gate import Decision
 from qwen27b.onhost.contract import MODEL_REF_ENV, QUIET_ENV, TEXTFILE_DIR, lib_dir, module_argv
+from qwen27b.plan.hostdata import NODE_EXPORTER_PORT
 from qwen27b.plan.stack import api_key_env_file, health_status_file
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
@@ -22,6 +23,7 @@ HEALTH_UNIT = "qwen27b-health.service"
 HEALTH_TIMER = "qwen27b-health.timer"
 HEALTH_HTTP_SOCKET = "qwen27b-health-http.socket"  # the health endpoint: systemd listens, one process a request
 HEALTH_HTTP_SERVICE = "qwen27b-health-http@.service"
+NODE_EXPORTER_UNIT = "prometheus-node-exporter.service"  # Debian's and Ubuntu's name for it
 _SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 
 # The sandbox both units share: every line removes a privilege neither vLLM nor the health check
@@ -317,18 +319,37 @@ RESTART_COMMAND = (f"systemctl stop {SERVICE_UNIT}; systemctl reset-failed {SERV
                    f"systemctl start --no-block {SERVICE_UNIT}")
 
 
+def _nft_networks(networks: list | None) -> list[tuple[str, str]]:
+    parsed = [ipaddress.ip_network(n, strict=False) for n in networks or []]
+    return [("ip" if n.version == 4 else "ip6", str(n)) for n in parsed]
+
+
 def firewall_contexts(decision: Decision) -> dict[str, dict]:
-    """The nftables rule and its unit when qwen27b_firewall_allow is set ({} when it is not)."""
-    networks = decision.settings.firewall_allow
-    if not networks:
+    """The nftables rule and its unit ({} when there is nothing to guard): with qwen27b_firewall_allow,
+    vLLM's port to those networks; with it or qwen27b_node_exporter, the health endpoint's port and
+    node_exporter's (which has no allow-list of its own) to qwen27b_metrics_allow. The host itself
+    (loopback) always gets through."""
+    s = decision.settings
+    rules = []
+    if s.firewall_allow:
+        rules.append({"port": decision.serve.value("--port"), "what": f"{SERVICE_UNIT} (vLLM's API)",
+                      "allowed": _nft_networks(s.firewall_allow)})
+    if rules or s.node_exporter:
+        rules.append({"port": s.health_port, "what": f"{HEALTH_HTTP_SOCKET} (the health endpoint)",
+                      "allowed": _nft_networks(s.metrics_allow)})
+    if s.node_exporter:
+        rules.append({"port": NODE_EXPORTER_PORT, "what": f"{NODE_EXPORTER_UNIT} (node_exporter)",
+                      "allowed": _nft_networks(s.metrics_allow)})
+    if not rules:
         return {}
-    parsed = [ipaddress.ip_network(n, strict=False) for n in networks]
     context = {
-        "port": decision.serve.value("--port"),
-        "service_unit": SERVICE_UNIT,
+        "rules": rules,
+        "ports": ", ".join(str(rule["port"]) for rule in rules),
+        # a socket unit cannot be ordered after it (sockets come before basic.target, which it is after):
+        # the socket's own IPAddressAllow= guards the health port from the start
+        "before": [SERVICE_UNIT] + ([NODE_EXPORTER_UNIT] if s.node_exporter else []),
         "firewall_unit": FIREWALL_UNIT,
         "rules_file": decision.stack.paths["config"] + "/firewall.nft",
-        "allowed": [("ip" if n.version == 4 else "ip6", str(n)) for n in parsed],
     }
     return {"qwen27b-firewall.nft.j2": context, "qwen27b-firewall.service.j2": context}
 
