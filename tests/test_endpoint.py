@@ -6,7 +6,9 @@ and stdout, as systemd's Accept=yes hands it over)."""
 from __future__ import annotations
 
 import ast
+import http.client
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -203,3 +205,40 @@ def test_one_socket_as_stdin_and_stdout_as_systemd_hands_it(shipped, tmp_path):
         assert proc.wait(timeout=30) == 0 and proc.stderr.read() == b""
     head, _, body = data.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 503 ") and json.loads(body)["verdict"] == "UNKNOWN"
+
+
+@pytest.mark.skipif(shutil.which("systemd-socket-activate") is None, reason="systemd-socket-activate not installed")
+def test_over_a_real_socket_as_systemd_accepts_it(shipped, tmp_path):
+    """systemd's own socket activator in the socket unit's mode (Accept=yes, the connection as stdin
+    and stdout): an HTTP client on loopback gets 503 before the first check and 200 after it."""
+    argv, lib = shipped
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    path = tmp_path / "health.json"
+    activator = subprocess.Popen(["systemd-socket-activate", "--accept", "--inetd", f"--listen=127.0.0.1:{port}",
+                                  f"--setenv=PYTHONPATH={lib}", *argv, "--status-file", str(path)],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        def get(method="GET", target="/health"):
+            for _ in range(100):  # until the activator listens
+                try:
+                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+                    conn.request(method, target)
+                    resp = conn.getresponse()
+                    return resp.status, resp.read()
+                except ConnectionRefusedError:
+                    time.sleep(0.05)
+            raise AssertionError(activator.stderr.read1().decode() if activator.poll() is not None else "no listener")
+
+        code, body = get()
+        assert code == 503 and json.loads(body)["verdict"] == "UNKNOWN"
+        fresh = status(1)
+        fresh["time"] = iso(time.time())
+        write_status(str(path), fresh)
+        code, body = get()
+        assert code == 200 and json.loads(body)["verdict"] == "WARNING"
+        assert get("POST")[0] == 405 and get(target="/metrics")[0] == 404
+    finally:
+        activator.terminate()
+        activator.wait(timeout=10)
