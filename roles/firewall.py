@@ -1,7 +1,8 @@
 """Firewall (optional): with qwen27b_firewall_allow set, an nftables table lets only those networks
-(and the host itself) reach the service port; everyone else gets a TCP reset. Its own table and a
-oneshot unit ordered before the service, so it does not fight ufw or other rules. Unsetting the key
-removes the table and the unit again.
+(and the host itself) reach the service port; everyone else gets a TCP reset. With it, or with
+qwen27b_node_exporter, the same table lets only qwen27b_metrics_allow (and the host) reach the health
+endpoint's port and node_exporter's. Its own table and a oneshot unit ordered before the service, so
+it does not fight ufw or other rules. Unsetting both keys removes the table and the unit again.
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ def firewall(decision: Decision) -> None:
             systemd.daemon_reload(name="systemd daemon-reload (firewall unit removed)")
         return
     context = contexts["qwen27b-firewall.nft.j2"]
-    networks = ", ".join(n for _, n in context["allowed"])
-    note(f"firewall: port {context['port']}/tcp only from {networks} and the host itself (nftables table inet qwen27b)")
+    for rule in context["rules"]:
+        networks = ", ".join(n for _, n in rule["allowed"])
+        note(f"firewall: port {rule['port']}/tcp only from " + (f"{networks} and the host itself" if networks else
+             "the host itself") + f", {rule['what']} (nftables table inet qwen27b)")
     apt_install("nftables (the firewall rule's tool)", ["nftables"])
     rules = files.put(name="render the firewall rule", src=StringIO(render("qwen27b-firewall.nft.j2", context)),
                       dest=context["rules_file"], user="root", group="root", mode="0644")

@@ -1,5 +1,6 @@
-"""Service: the systemd unit, its env file and the health timer, rendered from the plan; the
-`current` release switched atomically; daemon-reload and a restart only when something changed.
+"""Service: the systemd unit, its env file, the health timer and the health endpoint's socket,
+rendered from the plan; the `current` release switched atomically; daemon-reload and a restart only
+when something changed.
 
 The restart is `--no-block`: loading 27B weights takes minutes on V100, and the verify role waits
 for readiness with progress instead of pyinfra hanging silently.
@@ -19,7 +20,8 @@ from qwen27b.plan.gate import Decision
 from qwen27b.controller import factcache
 from qwen27b.controller.host_facts import SecretFileState, Subdirectories, SymlinkTarget
 from qwen27b.controller.operations import secret_file, symlink_switch
-from qwen27b.controller.render import HEALTH_TIMER, HEALTH_UNIT, RESTART_COMMAND, SERVICE_UNIT, layout, render_all
+from qwen27b.controller.render import (HEALTH_HTTP_SERVICE, HEALTH_HTTP_SOCKET, HEALTH_TIMER, HEALTH_UNIT,
+                                       RESTART_COMMAND, SERVICE_UNIT, layout, render_all)
 
 from ._common import ROLLBACK_DIR, api_key, prune_dirs, remember_previous, restart_needed
 from .toolchain import release_dir
@@ -44,13 +46,17 @@ def service(decision: Decision) -> None:
         ("qwen27b.service.j2", f"{UNIT_DIR}/{SERVICE_UNIT}"),
         ("qwen27b-health.service.j2", f"{UNIT_DIR}/{HEALTH_UNIT}"),
         ("qwen27b-health.timer.j2", f"{UNIT_DIR}/{HEALTH_TIMER}"),
+        ("qwen27b-health-http.socket.j2", f"{UNIT_DIR}/{HEALTH_HTTP_SOCKET}"),
+        ("qwen27b-health-http@.service.j2", f"{UNIT_DIR}/{HEALTH_HTTP_SERVICE}"),
     ]
+    units = len(targets) - 1  # every target but the env file is a unit file
     serving_files = [dest for _, dest in targets[:2]]
     factcache.prefetch([read for _, dest in targets for read in factcache.put_reads(dest, create_remote_dir=False)]
                        + [(SymlinkTarget, {"path": decision.stack.paths["current_release"]}),
                           (Subdirectories, {"path": decision.stack.paths["releases"]})]
                        + ([(SecretFileState, {"path": where["secrets_file"]})] if decision.settings.api_key_file else [])
-                       + factcache.service_reads(SERVICE_UNIT) + factcache.service_reads(HEALTH_TIMER))
+                       + factcache.service_reads(SERVICE_UNIT) + factcache.service_reads(HEALTH_TIMER)
+                       + factcache.service_reads(HEALTH_HTTP_SOCKET))
     if _will_change(rendered, targets[:2]):
         # keep the running release's env and unit: the verify role restores them on rollback
         server.shell(name="keep the running unit and env for rollback", commands=[
@@ -77,9 +83,10 @@ def service(decision: Decision) -> None:
     release = symlink_switch(name="activate the release (current symlink)", link=current, target=release_dir(decision))
     prune_dirs("prune old releases", decision.stack.paths["releases"], release_dir(decision), previous,
                decision.settings.keep_releases)
-    if any(op.will_change for op in written[1:4]):  # the three unit files
+    if any(op.will_change for op in written[1:1 + units]):
         systemd.daemon_reload(name="systemd daemon-reload (a unit file changed)")
-    serving = [written[0], written[1]] + written[4:]  # env, main unit, API key: the health units never restart vLLM
+    # env, main unit, API key: the health units never restart vLLM
+    serving = [written[0], written[1]] + written[1 + units:]
     if any(op.will_change for op in serving) or release.will_change or restart_needed():
         systemd.service(name=f"enable {SERVICE_UNIT}", service=SERVICE_UNIT, running=None, enabled=True)
         server.shell(name=f"restart {SERVICE_UNIT} (config, release or weights changed)",
@@ -87,3 +94,16 @@ def service(decision: Decision) -> None:
     else:
         systemd.service(name=f"{SERVICE_UNIT} enabled and running", service=SERVICE_UNIT, running=True, enabled=True)
     systemd.service(name=f"{HEALTH_TIMER} enabled and running", service=HEALTH_TIMER, running=True, enabled=True)
+    health_endpoint(dict(zip((template for template, _ in targets), written))["qwen27b-health-http.socket.j2"])
+
+
+def health_endpoint(socket_file) -> None:
+    """The health endpoint's socket listening and enabled. A changed socket unit (address, port,
+    allow-list) takes effect only when systemd binds again: restart the socket then; a changed
+    request service needs nothing (the next connection starts the new definition)."""
+    if socket_file.will_change:
+        server.shell(name=f"(re)start {HEALTH_HTTP_SOCKET} (its unit changed)",
+                     commands=[f"systemctl enable {HEALTH_HTTP_SOCKET}", f"systemctl restart {HEALTH_HTTP_SOCKET}"])
+    else:
+        systemd.service(name=f"{HEALTH_HTTP_SOCKET} enabled and listening", service=HEALTH_HTTP_SOCKET,
+                        running=True, enabled=True)

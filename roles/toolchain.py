@@ -40,7 +40,7 @@ def _packages(decision: Decision) -> list[str]:
     return packages
 
 
-def apt_install(name: str, packages: list[str]) -> bool:
+def apt_install(name: str, packages: list[str], no_recommends: bool = False) -> bool:
     """apt.packages (refreshing the index first) only when something is missing: a converged host
     is left alone, and pyinfra's op, which reads `dpkg -l` again twice, is not queued. Returns
     whether the host will change."""
@@ -49,7 +49,8 @@ def apt_install(name: str, packages: list[str]) -> bool:
     if not missing:
         note(f"apt: {name} installed ({', '.join(packages)})")
         return False
-    return apt.packages(name=name, packages=packages, update=True, cache_time=3600).will_change
+    return apt.packages(name=name, packages=packages, update=True, cache_time=3600,
+                        no_recommends=no_recommends).will_change
 
 
 def _directories(decision: Decision) -> list[tuple[str, str, str, str]]:

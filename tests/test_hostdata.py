@@ -106,15 +106,25 @@ BAD_INPUTS = [
                  "qwen27b_api_key_file", id="middleware-as-flag"),
     pytest.param({"qwen27b_serve_flags": {"--ssl-keyfile": "/etc/k.pem"}}, "qwen27b_serve_flags.--ssl-keyfile",
                  "reverse proxy", id="tls-as-flag"),
-    # the /metrics allow-list: networks, and only behind a key
-    pytest.param({"qwen27b_metrics_allow": ["10.0.0.5/32"]}, "qwen27b_metrics_allow", "every route, /metrics "
-                 "included, is open", id="metrics-allow-without-key"),
+    # the scrapers' allow-list: networks
     pytest.param(lambda tmp: {**_api_key_file(tmp), "qwen27b_metrics_allow": ["prometheus.lab"]},
                  "qwen27b_metrics_allow", "is not a network", id="metrics-allow-hostname"),
     pytest.param(lambda tmp: {**_api_key_file(tmp), "qwen27b_metrics_allow": []}, "qwen27b_metrics_allow",
                  "allows no scraper", id="metrics-allow-empty"),
     pytest.param({"qwen27b_metrics_allow": "10.0.0.5/32"}, "qwen27b_metrics_allow", "expected list",
                  id="metrics-allow-not-a-list"),
+    # the health endpoint's port and node_exporter's
+    pytest.param({"qwen27b_health_port": 80}, "qwen27b_health_port", "privileged port", id="health-port-privileged"),
+    pytest.param({"qwen27b_health_port": 70000}, "qwen27b_health_port", "is not a TCP port", id="health-port-above-65535"),
+    pytest.param({"qwen27b_health_port": "9120"}, "qwen27b_health_port", "expected int", id="health-port-as-string"),
+    pytest.param({"qwen27b_health_port": 8000}, "qwen27b_health_port", "also qwen27b_port", id="health-port-is-vllm-port"),
+    pytest.param({"qwen27b_port": 8100, "qwen27b_health_port": 8100}, "qwen27b_health_port", "also qwen27b_port",
+                 id="health-port-is-moved-vllm-port"),
+    pytest.param({"qwen27b_node_exporter": True, "qwen27b_health_port": 9100}, "qwen27b_health_port",
+                 "node_exporter's port", id="health-port-is-node-exporter-port"),
+    pytest.param({"qwen27b_node_exporter": True, "qwen27b_port": 9100}, "qwen27b_port", "node_exporter's port",
+                 id="port-is-node-exporter-port"),
+    pytest.param({"qwen27b_node_exporter": "yes"}, "qwen27b_node_exporter", "expected bool", id="node-exporter-not-bool"),
     pytest.param({"qwen27b_served_model_name": "my model"}, "qwen27b_served_model_name", "is not a plain model name",
                  id="served-name-with-space"),
     pytest.param({"qwen27b_bind_address": "lab-net"}, "qwen27b_bind_address", "is not an IP address",
@@ -166,6 +176,17 @@ def test_bad_input_is_refused_naming_host_key_and_fix(data, key, text, tmp_path)
     assert (error.host, error.key) == ("gpu-a", key), message
     assert message.startswith(f"gpu-a: {key}: ") and text in message, message
     assert error.fix and message.endswith(f". Fix: {error.fix}")
+
+
+def test_monitoring_keys_default_and_scrapers_need_no_api_key():
+    """node_exporter off and the health endpoint on 9120 by default; qwen27b_metrics_allow alone is
+    accepted: it opens the health endpoint and node_exporter's port, not only vLLM's /metrics."""
+    s = settings_for("h", {})
+    assert (s.node_exporter, s.health_port, s.metrics_allow) == (False, 9120, None)
+    s = settings_for("h", {"qwen27b_node_exporter": True, "qwen27b_health_port": 9200,
+                           "qwen27b_metrics_allow": ["10.0.0.5/32"]})
+    assert (s.node_exporter, s.health_port, s.metrics_allow, s.api_key_file) == (True, 9200, ["10.0.0.5/32"], None)
+    assert settings_for("h", {"qwen27b_health_port": 9100}).health_port == 9100  # no node_exporter: free
 
 
 def test_other_data_keys_pass():

@@ -35,7 +35,7 @@ from qwen27b.plan.hostdata import BadHostData, settings_for
 from qwen27b.controller.render import env_value, systemd_quote, unit_text
 from qwen27b.plan.stack import StackError, load_stack, resolve_stack
 from recordings import recorded_facts
-from test_templates import rendered
+from test_templates import UNIT_NAMES, rendered
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTS_DIR = ROOT / "tests" / "fixtures" / "hosts"
@@ -368,7 +368,7 @@ class InProcessPlan:
         import roles.toolchain
         from qwen27b.controller.opsplan import planned_operations
         from tests.support.recorded import fake_responses
-        from roles import cuda, dflash, firewall, nvidia, service, toolchain, vllm, weights
+        from roles import cuda, dflash, firewall, node_exporter, nvidia, service, toolchain, vllm, weights
 
         inventory = Inventory(([(f"@fake/{name}", {"fake_responses": fake_responses(HOSTS_DIR / name), "fake_delay": 0,
                                                    "fake_delay_jitter": 0, **data})], {}))
@@ -383,7 +383,7 @@ class InProcessPlan:
             roles.toolchain.dry_run = lambda: True  # plan only: fetch no uv
             try:
                 for role in (toolchain.toolchain, nvidia.nvidia, cuda.cuda, vllm.vllm, dflash.dflash, weights.weights,
-                             firewall.firewall, service.service):
+                             firewall.firewall, node_exporter.node_exporter, service.service):
                     role(decision)
             finally:
                 roles.toolchain.dry_run = dry
@@ -415,8 +415,7 @@ def check_units(decision, root: Path) -> None:
     files = rendered(root, decision)  # test_templates' helper: the units' executables exist
     units = root / "units"
     units.mkdir(exist_ok=True)
-    names = {"qwen27b.service.j2": "qwen27b.service", "qwen27b-health.service.j2": "qwen27b-health.service",
-             "qwen27b-health.timer.j2": "qwen27b-health.timer"}
+    names = UNIT_NAMES
     for template, name in names.items():
         text = files[template]
         assert "%" not in text.replace("%%", ""), f"a bare % (systemd specifier) in {name}:\n{text}"

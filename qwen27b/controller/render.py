@@ -13,13 +13,17 @@ from pathlib import Path
 import jinja2
 
 from qwen27b.plan.gate import Decision
-from qwen27b.onhost.contract import MODEL_REF_ENV, QUIET_ENV, TEXTFILE_DIR, lib_dir
+from qwen27b.onhost.contract import MODEL_REF_ENV, QUIET_ENV, TEXTFILE_DIR, lib_dir, module_argv
+from qwen27b.plan.hostdata import NODE_EXPORTER_PORT
 from qwen27b.plan.stack import api_key_env_file, health_status_file
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
 SERVICE_UNIT = "qwen27b.service"
 HEALTH_UNIT = "qwen27b-health.service"
 HEALTH_TIMER = "qwen27b-health.timer"
+HEALTH_HTTP_SOCKET = "qwen27b-health-http.socket"  # the health endpoint: systemd listens, one process a request
+HEALTH_HTTP_SERVICE = "qwen27b-health-http@.service"
+NODE_EXPORTER_UNIT = "prometheus-node-exporter.service"  # Debian's and Ubuntu's name for it
 _SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 
 # The sandbox both units share: every line removes a privilege neither vLLM nor the health check
@@ -87,6 +91,25 @@ HEALTH_LEFT_OFF = [
     ("PrivateUsers= is off", "no capability left to confine; a user namespace under the nspawn test hosts is untested"),
     ("RootDirectory= is off", "the release venv runs on the host's libc and NVIDIA driver libraries"),
 ]
+# The health endpoint (qwen27b_onhost.endpoint): reads one request from the socket systemd hands it
+# and one file, the status; it opens no socket, writes nothing and needs no device.
+ENDPOINT_HARDENING = SANDBOX + [
+    ("PrivateNetwork", "yes"),  # the accepted connection is passed in; the process itself has no network
+    ("RestrictAddressFamilies", "AF_UNIX"),
+    ("PrivateDevices", "yes"),
+    ("MemoryDenyWriteExecute", "yes"),
+    ("ProcSubset", "pid"),
+    ("UMask", "0077"),
+]
+ENDPOINT_LEFT_OFF = [
+    ("IPAddressDeny= is off here", "the socket unit holds the allow-list (PrivateNetwork= leaves this process none)"),
+    ("RemoveIPC= is off", "it runs as the service user: it would remove vLLM's shared memory after every request"),
+    ("PrivateUsers= is off", "no capability left to confine; a user namespace under the nspawn test hosts is untested"),
+    ("RootDirectory= is off", "the release venv runs on the host's libc"),
+]
+ENDPOINT_RUNTIME_MAX_S = 10  # a client that never finishes its request holds no process longer
+ENDPOINT_MAX_CONNECTIONS = 16  # at once; a load balancer and a few scrapers need far fewer
+ENDPOINT_MAX_PER_SOURCE = 4
 # The NVIDIA device nodes: control, UVM, and every /dev/nvidiaN (major "nvidia-frontend").
 GPU_DEVICES = [
     ("DevicePolicy", "closed"),
@@ -250,11 +273,41 @@ def contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
     }
     # each argument quoted for systemd, as the main unit's ExecStart is
     health["health_exec"] = [systemd_quote(arg) for arg in health["health_exec"]]
+    endpoint = endpoint_context(decision, where, address)
     return {
         "qwen27b.service.j2": service,
         "qwen27b.env.j2": {"env": service_env(decision, where), "secrets_file": where["secrets_file"]},
         "qwen27b-health.service.j2": health,
         "qwen27b-health.timer.j2": health,
+        "qwen27b-health-http.socket.j2": endpoint,
+        "qwen27b-health-http@.service.j2": endpoint,
+    }
+
+
+def endpoint_context(decision: Decision, where: dict, address: str) -> dict:
+    """The health endpoint's socket and service: on the service's address, the health port. Who may
+    connect is the socket's IPAddressAllow=: loopback, the host's own bind address (a local client
+    connecting to it has that source address) and qwen27b_metrics_allow; everyone else is dropped."""
+    s = decision.settings
+    ip = ipaddress.ip_address(address)
+    listen = f"[{ip}]:{s.health_port}" if ip.version == 6 else f"{ip}:{s.health_port}"
+    own = [] if ip.is_loopback or ip.is_unspecified else [str(ip)]
+    argv = module_argv(where["venv"], "endpoint") + ["--status-file", where["health_status"],
+                                                     "--interval-s", str(s.health_interval_s)]
+    return {
+        "listen": listen,
+        "port": s.health_port,
+        "allow": ["localhost"] + own + list(s.metrics_allow or []),
+        "max_connections": ENDPOINT_MAX_CONNECTIONS,
+        "max_per_source": ENDPOINT_MAX_PER_SOURCE,
+        "status_file": where["health_status"],
+        "user": decision.stack.paths["service_user"],
+        "pythonpath": lib_dir(where["venv"]),
+        "exec": [systemd_quote(arg) for arg in argv],
+        "runtime_max_s": ENDPOINT_RUNTIME_MAX_S,
+        # never the key: the endpoint reads the status file only, and this makes sure of it
+        "hardening": ENDPOINT_HARDENING + [("InaccessiblePaths", f"-{where['secrets_file']}")],
+        "left_off": [f"{what}: {why}" for what, why in ENDPOINT_LEFT_OFF],
     }
 
 
@@ -266,18 +319,37 @@ RESTART_COMMAND = (f"systemctl stop {SERVICE_UNIT}; systemctl reset-failed {SERV
                    f"systemctl start --no-block {SERVICE_UNIT}")
 
 
+def _nft_networks(networks: list | None) -> list[tuple[str, str]]:
+    parsed = [ipaddress.ip_network(n, strict=False) for n in networks or []]
+    return [("ip" if n.version == 4 else "ip6", str(n)) for n in parsed]
+
+
 def firewall_contexts(decision: Decision) -> dict[str, dict]:
-    """The nftables rule and its unit when qwen27b_firewall_allow is set ({} when it is not)."""
-    networks = decision.settings.firewall_allow
-    if not networks:
+    """The nftables rule and its unit ({} when there is nothing to guard): with qwen27b_firewall_allow,
+    vLLM's port to those networks; with it or qwen27b_node_exporter, the health endpoint's port and
+    node_exporter's (which has no allow-list of its own) to qwen27b_metrics_allow. The host itself
+    (loopback) always gets through."""
+    s = decision.settings
+    rules = []
+    if s.firewall_allow:
+        rules.append({"port": decision.serve.value("--port"), "what": f"{SERVICE_UNIT} (vLLM's API)",
+                      "allowed": _nft_networks(s.firewall_allow)})
+    if rules or s.node_exporter:
+        rules.append({"port": s.health_port, "what": f"{HEALTH_HTTP_SOCKET} (the health endpoint)",
+                      "allowed": _nft_networks(s.metrics_allow)})
+    if s.node_exporter:
+        rules.append({"port": NODE_EXPORTER_PORT, "what": f"{NODE_EXPORTER_UNIT} (node_exporter)",
+                      "allowed": _nft_networks(s.metrics_allow)})
+    if not rules:
         return {}
-    parsed = [ipaddress.ip_network(n, strict=False) for n in networks]
     context = {
-        "port": decision.serve.value("--port"),
-        "service_unit": SERVICE_UNIT,
+        "rules": rules,
+        "ports": ", ".join(str(rule["port"]) for rule in rules),
+        # a socket unit cannot be ordered after it (sockets come before basic.target, which it is after):
+        # the socket's own IPAddressAllow= guards the health port from the start
+        "before": [SERVICE_UNIT] + ([NODE_EXPORTER_UNIT] if s.node_exporter else []),
         "firewall_unit": FIREWALL_UNIT,
         "rules_file": decision.stack.paths["config"] + "/firewall.nft",
-        "allowed": [("ip" if n.version == 4 else "ip6", str(n)) for n in parsed],
     }
     return {"qwen27b-firewall.nft.j2": context, "qwen27b-firewall.service.j2": context}
 

@@ -60,7 +60,9 @@ class Settings:
     keep_releases: int = 1  # old release dirs (~3.5 GB each) kept besides the current one; the previous always stays
     dflash_cli: bool = False  # also install PyPI's `dflash` CLI (benchmarks against the server)
     firewall_allow: list | None = None  # networks allowed to reach the port (nftables); None: no rule
-    metrics_allow: list | None = None  # networks whose scraper reads /metrics without the API key
+    metrics_allow: list | None = None  # scrapers: /metrics without the key, the health endpoint, node_exporter
+    node_exporter: bool = False  # install Debian/Ubuntu's prometheus-node-exporter (textfile dir for qwen27b.prom)
+    health_port: int = 9120  # the health verdict over HTTP (qwen27b-health-http.socket), on the bind address
     # none | tree: with model_source mirror, one host fetches from the mirror and hosts holding a
     # verified copy seed the others in waves (1 -> 2 -> 4 ...): 1x the model over the WAN (qwen27b/plan/fanout.py)
     weights_fanout: str = "none"
@@ -99,6 +101,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "weights_fanout": (str,),
     "firewall_allow": (list,),
     "metrics_allow": (list,),
+    "node_exporter": (bool,),
+    "health_port": (int,),
 }
 PREFIX = "qwen27b_"
 KEYS = [PREFIX + f.name for f in fields(Settings)]
@@ -108,6 +112,7 @@ MODEL_SOURCES = ("hub", "mirror", "controller")
 WEIGHTS_FANOUT = ("none", "tree")  # qwen27b.plan.fanout.MODES
 # The unit drops every capability (CapabilityBoundingSet=), so user qwen27b cannot bind below 1024.
 FIRST_UNPRIVILEGED_PORT = 1024
+NODE_EXPORTER_PORT = 9100  # prometheus-node-exporter's default (--web.listen-address=:9100), left as is
 # Names end up unquoted in unit lines and the health timer's ExecStart: no spaces, no quotes.
 SERVED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
 SERVE_FLAG = re.compile(r"^--[a-z0-9][a-z0-9_-]*$")
@@ -225,12 +230,7 @@ def _check_values(host: str, s: Settings) -> None:
         value = getattr(s, name)
         if value is not None and value <= 0:
             raise BadHostData(host, PREFIX + name, f"must be a positive number, got {value}", "use a value of 1 or more")
-    if not 1 <= s.port <= 65535:
-        raise BadHostData(host, "qwen27b_port", f"{s.port} is not a TCP port", "use 1024-65535 (default 8000)")
-    if s.port < FIRST_UNPRIVILEGED_PORT:
-        raise BadHostData(host, "qwen27b_port", f"{s.port} is a privileged port: the service runs as user qwen27b "
-                          "without capabilities and cannot bind it",
-                          "use 1024-65535 (default 8000); put a reverse proxy in front for 80/443")
+    _check_ports(host, s)
     if s.serve_flags:
         _check_serve_flags(host, s)
     tp = s.tensor_parallel_size or _positive_int((s.serve_flags or {}).get("--tensor-parallel-size"))
@@ -278,12 +278,8 @@ def _check_values(host: str, s: Settings) -> None:
         _check_networks(host, "qwen27b_firewall_allow", s.firewall_allow,
                         "an empty list would shut everyone out, the deploy's verify included")
     if s.metrics_allow is not None:
+        # also without an API key: the list then opens the health endpoint and node_exporter's port
         _check_networks(host, "qwen27b_metrics_allow", s.metrics_allow, "an empty list allows no scraper")
-        if not s.api_key_file:
-            raise BadHostData(host, "qwen27b_metrics_allow", "without qwen27b_api_key_file every route, /metrics "
-                              "included, is open: an allow-list would allow nothing more",
-                              "set qwen27b_api_key_file (the route guard then closes /metrics to all but these "
-                              "networks), or leave the key out")
     if s.model_source == "controller" and not s.model_local_dir:
         raise BadHostData(host, "qwen27b_model_local_dir", "model_source is 'controller' but no local dir is set",
                           "set qwen27b_model_local_dir to the checkpoint directory on this machine")
@@ -301,6 +297,26 @@ def _check_values(host: str, s: Settings) -> None:
     for name in ("api_key_file", "hf_token_file"):
         if getattr(s, name):
             _check_secret_file(host, PREFIX + name, getattr(s, name))
+
+
+def _check_ports(host: str, s: Settings) -> None:
+    """The service's port and the health endpoint's: unprivileged TCP ports, apart from each other
+    and from node_exporter's when the deploy installs it."""
+    for key, port, default in (("qwen27b_port", s.port, 8000), ("qwen27b_health_port", s.health_port, 9120)):
+        if not 1 <= port <= 65535:
+            raise BadHostData(host, key, f"{port} is not a TCP port", f"use 1024-65535 (default {default})")
+        if port < FIRST_UNPRIVILEGED_PORT:
+            raise BadHostData(host, key, f"{port} is a privileged port: the service runs as user qwen27b "
+                              "without capabilities and cannot bind it",
+                              f"use 1024-65535 (default {default}); put a reverse proxy in front for 80/443")
+    if s.health_port == s.port:
+        raise BadHostData(host, "qwen27b_health_port", f"{s.health_port} is also qwen27b_port (vLLM's port)",
+                          "give the health endpoint its own port (default 9120)")
+    if s.node_exporter:
+        for key, port in (("qwen27b_port", s.port), ("qwen27b_health_port", s.health_port)):
+            if port == NODE_EXPORTER_PORT:
+                raise BadHostData(host, key, f"{port} is node_exporter's port (qwen27b_node_exporter is set)",
+                                  "use another port, or leave qwen27b_node_exporter out")
 
 
 def _normalise_serve_flags(host: str, flags: dict) -> dict:
