@@ -68,7 +68,7 @@ def firing_alerts(prom: Prometheus) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def monitored(lab):
-    """Deployed with node_exporter, the controller in metrics_allow and a 5 s health timer."""
+    """Deployed with node_exporter, the controller in metrics_allow and a 10 s health timer."""
     host = lab["host"]
     controller = host.lab.host(host.name)["gateway"]  # the controller's end of the host's veth
     extra = {"qwen27b_node_exporter": True, "qwen27b_metrics_allow": [f"{controller}/32"],
