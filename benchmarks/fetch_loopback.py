@@ -5,6 +5,7 @@ beside curl of the same files from the same server.
     python3 benchmarks/fetch_loopback.py                        # 1 GiB in 4 files, 3 repeats, before = main
     python3 benchmarks/fetch_loopback.py --size 2G --files 8 --before 776f7fd
     python3 benchmarks/fetch_loopback.py --chunks 256K,4M       # fetch.CHUNK variants of this tree's fetch.py
+    python3 benchmarks/fetch_loopback.py --before 56ef630 --servers after   # two clients, one server
     /usr/bin/python3 benchmarks/fetch_loopback.py               # the interpreter a host runs fetch.py with
 
 Why: the tree fan-out's peer legs ran at 0.51-0.67 of rsync (docs/deploy-bench.md); this isolates
@@ -87,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", default="1G", help="total size of the files (default 1G)")
     parser.add_argument("--files", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--before", default="main", help="git revision of the 'before' fetch.py and mirror.py")
+    parser.add_argument("--before", default="main",
+                        help="git revision of the 'before' fetch.py and mirror.py, or a directory holding them")
+    parser.add_argument("--servers", default="before,after", help="which seed servers to run every client against")
     parser.add_argument("--chunks", default="", help="extra fetch.CHUNK sizes for this tree's fetch.py, e.g. 256K,4M")
     parser.add_argument("--python", default=sys.executable, help="interpreter for fetch.py and mirror.py")
     parser.add_argument("--dir", help="scratch dir (default: a temp dir, removed after)")
@@ -99,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         code = {"after": ROOT / "qwen27b" / "onhost", "before": tmp / "before"}
         code["before"].mkdir()
         for name in ("fetch.py", "mirror.py"):
+            if os.path.isdir(args.before):
+                shutil.copy(os.path.join(args.before, name), code["before"] / name)
+                continue
             text = subprocess.run(["git", "-C", str(ROOT), "show", f"{args.before}:qwen27b/onhost/{name}"],
                                   check=True, capture_output=True, text=True).stdout
             (code["before"] / name).write_text(text)
@@ -115,12 +121,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{time.perf_counter() - t0:.1f} s); before = {args.before}; {platform.python_implementation()} "
               f"{platform.python_version()} ({args.python}); {os.cpu_count()} CPUs; load {load():.2f}", flush=True)
 
-        seeds = {which: start_seed(args.python, code[which], tmp / "src" / REVISION, token_file) for which in code}
+        servers = [which for which in ("before", "after") if which in args.servers.split(",")]
+        seeds = {which: start_seed(args.python, code[which], tmp / "src" / REVISION, token_file) for which in servers}
         dest = tmp / "dest"
         chunks = [fetch.CHUNK] + [c for c in (parse_size(x) for x in args.chunks.split(",") if x.strip())
                                   if c != fetch.CHUNK]
         cases = []  # (label, client, server, argv builder)
-        for server in ("before", "after"):
+        for server in servers:
             urls = [f"{seeds[server][1]}/{name}" for name in manifest["files"]]
             cases.append((f"curl -o, {server} server", "curl", server,
                           ["curl", "-sf", "-H", f"Authorization: Bearer {token}",
@@ -159,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                 proc.terminate()
                 proc.wait(timeout=10)
 
-    reference = {server: statistics.median(w for w, *_ in runs[f"curl -o, {server} server"]) for server in code}
+    reference = {server: statistics.median(w for w, *_ in runs[f"curl -o, {server} server"]) for server in servers}
     print()
     print(f"| case | wall s (median of {args.repeats}) | MB/s | client cpu s | server cpu s | vs curl, same server |")
     print("|---|---|---|---|---|---|")

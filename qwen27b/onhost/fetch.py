@@ -17,6 +17,7 @@ Exit codes: 0 all verified; 1 a file failed its checksum or the mirror failed; 2
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import errno
 import fcntl
 import hashlib
@@ -58,23 +59,31 @@ def _receive(request, part: str, have: int, size: int, name: str):
     bytes arrive: a resumed part's prefix is read once first, and nothing is read after the
     transfer (rsync hashes while it receives too; reading 2 GiB back cost a peer copy ~30 %)."""
     started, last = time.monotonic(), 0.0
-    buffer = memoryview(bytearray(CHUNK))
+    buffers = [memoryview(bytearray(CHUNK)) for _ in range(2)]
     digest = hashlib.sha256()
-    with urllib.request.urlopen(request, timeout=60) as response:
+    with urllib.request.urlopen(request, timeout=60) as response, \
+            concurrent.futures.ThreadPoolExecutor(1) as hasher:
         if have and response.status != 206:
             have = 0  # the mirror ignored Range: start over
         with open(part, "r+b" if have else "wb") as out:
             if have:
-                _hash_rest(out, digest, buffer)  # the kept prefix; the handle ends at its end
+                _hash_rest(out, digest, buffers[0])  # the kept prefix; the handle ends at its end
                 out.seek(have)
-            done = have
-            while count := response.readinto(buffer):
-                out.write(buffer[:count])
-                digest.update(buffer[:count])
+            done, hashing = have, None
+            # Two buffers: while one block is hashed (hashlib drops the GIL) the next is received
+            # and written; a block is hashed before its buffer is filled again, in order.
+            while count := response.readinto(buffers[0]):
+                out.write(buffers[0][:count])
+                if hashing:
+                    hashing.result()
+                hashing = hasher.submit(digest.update, buffers[0][:count])
+                buffers.reverse()
                 done += count
                 if time.monotonic() - last > 2:
                     _progress(name, done, size, started, have)
                     last = time.monotonic()
+            if hashing:
+                hashing.result()
         if done < size:  # the server went away mid-file (a seed stopped, a mirror restarted)
             raise OSError(f"the connection ended after {done:,} of {size:,} bytes; "
                           "the part file is kept: a re-run resumes it")
