@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from http.server import SimpleHTTPRequestHandler
 
 import pytest
 
@@ -133,3 +134,75 @@ def test_a_second_fetch_waits_for_the_first(mirror):
     _, err = second.communicate(timeout=60)
     assert second.returncode == 0 and (dest / "config.json").read_bytes() == blobs["config.json"]
     assert "another fetch (pid 4242) is writing" in err
+
+
+def _count_reads(monkeypatch, names):
+    """Count the opens of dest files for reading (any mode but write-only) made by fetch.py."""
+    reads = []
+
+    def counting_open(file, mode="r", *args, **kwargs):
+        if os.path.basename(str(file)).split(".part")[0] in names and ("r" in mode or "+" in mode):
+            reads.append((os.path.basename(str(file)), mode))
+        return open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(fetch, "open", counting_open, raising=False)  # fetch's global `open` shadows the builtin
+    return reads
+
+
+def test_a_fresh_download_is_hashed_as_it_arrives(mirror, monkeypatch):
+    """No file is read back after its transfer: the sha256 is fed from the received chunks."""
+    base, tmp, blobs, _ = mirror
+    reads = _count_reads(monkeypatch, set(blobs))
+    dest = tmp / "dest"
+    assert fetch.main(["--base", base, "--dest", str(dest), "--manifest", str(tmp / "manifest.json")]) == 0
+    assert reads == [] and (dest / "model.safetensors").read_bytes() == blobs["model.safetensors"]
+
+
+def test_a_resume_reads_the_kept_prefix_once_and_verifies(mirror, monkeypatch):
+    base, tmp, blobs, handler = mirror
+    dest = tmp / "dest"
+    dest.mkdir()
+    data = blobs["model.safetensors"]
+    (dest / "model.safetensors.part").write_bytes(data[: 2**20 + 7])  # not on a chunk boundary
+    reads = _count_reads(monkeypatch, set(blobs))
+    assert fetch.main(["--base", base, "--dest", str(dest), "--manifest", str(tmp / "manifest.json")]) == 0
+    assert reads == [("model.safetensors.part", "r+b")]
+    assert ("/model.safetensors", f"bytes={2**20 + 7}-") in handler.requests
+    assert (dest / "model.safetensors").read_bytes() == data and not (dest / "model.safetensors.part").exists()
+
+
+def test_a_corrupt_prefix_of_a_resumed_part_is_detected(mirror, capsys):
+    """Right length, one flipped byte early on: the resumed tail is fine, the whole-file hash is not."""
+    base, tmp, blobs, handler = mirror
+    dest = tmp / "dest"
+    dest.mkdir()
+    prefix = bytearray(blobs["model.safetensors"][: 2**20])
+    prefix[1000] ^= 0xFF
+    (dest / "model.safetensors.part").write_bytes(bytes(prefix))
+    assert fetch.main(["--base", base, "--dest", str(dest), "--manifest", str(tmp / "manifest.json")]) == 1
+    assert "model.safetensors: sha256" in capsys.readouterr().err
+    assert ("/model.safetensors", f"bytes={2**20}-") in handler.requests  # it did resume, then refused
+    assert not (dest / "model.safetensors.part").exists() and not (dest / "model.safetensors").exists()
+
+
+def test_a_complete_unverified_part_is_hashed_once_and_renamed(mirror, monkeypatch):
+    """Stopped between the last byte and the rename: nothing is asked of the mirror."""
+    base, tmp, blobs, handler = mirror
+    dest = tmp / "dest"
+    dest.mkdir()
+    (dest / "model.safetensors.part").write_bytes(blobs["model.safetensors"])
+    reads = _count_reads(monkeypatch, set(blobs))
+    assert fetch.main(["--base", base, "--dest", str(dest), "--manifest", str(tmp / "manifest.json")]) == 0
+    assert reads == [("model.safetensors.part", "rb")]
+    assert [path for path, _ in handler.requests] == ["/config.json"]
+
+
+def test_a_server_ignoring_range_restarts_the_hash(mirror, monkeypatch):
+    """A 200 to a Range request: the part is rewritten from byte 0 and hashed from byte 0."""
+    base, tmp, blobs, handler = mirror
+    monkeypatch.setattr(handler, "send_head", SimpleHTTPRequestHandler.send_head)  # http.server's: no Range
+    dest = tmp / "dest"
+    dest.mkdir()
+    (dest / "model.safetensors.part").write_bytes(b"x" * 2**20)  # garbage, which the 200 replaces
+    assert fetch.main(["--base", base, "--dest", str(dest), "--manifest", str(tmp / "manifest.json")]) == 0
+    assert (dest / "model.safetensors").read_bytes() == blobs["model.safetensors"]

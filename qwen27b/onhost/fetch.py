@@ -17,6 +17,7 @@ Exit codes: 0 all verified; 1 a file failed its checksum or the mirror failed; 2
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import errno
 import fcntl
 import hashlib
@@ -32,11 +33,16 @@ import urllib.request
 CHUNK = 1 << 20
 
 
+def _hash_rest(handle, digest, buffer: memoryview) -> None:
+    """Feed digest from handle's position to its end (one buffer, no allocation per block)."""
+    while count := handle.readinto(buffer):
+        digest.update(buffer[:count])
+
+
 def sha256_of(path: str) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        while block := handle.read(CHUNK):
-            digest.update(block)
+        _hash_rest(handle, digest, memoryview(bytearray(CHUNK)))
     return digest.hexdigest()
 
 
@@ -46,6 +52,42 @@ def _progress(name: str, done: int, total: int, started: float, resumed_from: in
     eta = (total - done) / rate if rate > 0 else 0
     print(f"  {name}: {done / 2**20:,.1f}/{total / 2**20:,.1f} MiB  {rate / 2**20:,.1f} MiB/s  ETA {eta:,.0f} s",
           file=sys.stderr, flush=True)
+
+
+def _receive(request, part: str, have: int, size: int, name: str):
+    """Append the response to part and return the sha256 of the whole part file, hashed as the
+    bytes arrive: a resumed part's prefix is read once first, and nothing is read after the
+    transfer (reading every file back made a LAN peer copy CPU-bound; rsync hashes as it receives)."""
+    started, last = time.monotonic(), 0.0
+    buffers = [memoryview(bytearray(CHUNK)) for _ in range(2)]
+    digest = hashlib.sha256()
+    with urllib.request.urlopen(request, timeout=60) as response, \
+            concurrent.futures.ThreadPoolExecutor(1) as hasher:
+        if have and response.status != 206:
+            have = 0  # the mirror ignored Range: start over
+        with open(part, "r+b" if have else "wb") as out:
+            if have:
+                _hash_rest(out, digest, buffers[0])  # the kept prefix; the handle ends at its end
+                out.seek(have)
+            done, hashing = have, None
+            # Two buffers: while one block is hashed (hashlib drops the GIL) the next is received
+            # and written; a block is hashed before its buffer is filled again, in order.
+            while count := response.readinto(buffers[0]):
+                out.write(buffers[0][:count])
+                if hashing:
+                    hashing.result()
+                hashing = hasher.submit(digest.update, buffers[0][:count])
+                buffers.reverse()
+                done += count
+                if time.monotonic() - last > 2:
+                    _progress(name, done, size, started, have)
+                    last = time.monotonic()
+            if hashing:
+                hashing.result()
+        if done < size:  # the server went away mid-file (a seed stopped, a mirror restarted)
+            raise OSError(f"the connection ended after {done:,} of {size:,} bytes; "
+                          "the part file is kept: a re-run resumes it")
+    return digest
 
 
 def fetch_one(base: str, name: str, size: int, sha256: str, dest: str, token: str | None = None) -> None:
@@ -61,24 +103,10 @@ def fetch_one(base: str, name: str, size: int, sha256: str, dest: str, token: st
     headers = {"Range": f"bytes={have}-"} if have else {}
     if token:  # a fan-out seed's per-run token (read from --token-file, never in argv)
         headers["Authorization"] = f"Bearer {token}"
-    request = urllib.request.Request(url, headers=headers)
-    started, last = time.monotonic(), 0.0
     if have < size:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            if have and response.status != 206:
-                have = 0  # the mirror ignored Range: start over
-            with open(part, "ab" if have else "wb") as out:
-                done = have
-                while block := response.read(CHUNK):
-                    out.write(block)
-                    done += len(block)
-                    if time.monotonic() - last > 2:
-                        _progress(name, done, size, started, have)
-                        last = time.monotonic()
-            if done < size:  # the server went away mid-file (a seed stopped, a mirror restarted)
-                raise OSError(f"the connection ended after {done:,} of {size:,} bytes; "
-                              "the part file is kept: a re-run resumes it")
-    got = sha256_of(part)
+        got = _receive(urllib.request.Request(url, headers=headers), part, have, size, name).hexdigest()
+    else:  # complete but not yet verified (stopped between the last byte and the rename)
+        got = sha256_of(part)
     if got != sha256:
         os.remove(part)  # a corrupt part must not be resumed
         raise ValueError(f"{name}: sha256 {got} does not match the manifest's {sha256}; the part file was removed")

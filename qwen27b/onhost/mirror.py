@@ -56,6 +56,10 @@ class RangeHandler(SimpleHTTPRequestHandler):
 
     def copyfile(self, source, outputfile, remaining=None):
         remaining = getattr(self, "_remaining", None) if remaining is None else remaining
+        if not self.rate:  # sendfile(2): page cache to socket in the kernel, no copy through python
+            # (outputfile is self.wfile, unbuffered: the headers have already gone out on the socket)
+            self.connection.sendfile(source, source.tell(), remaining)
+            return
         chunk = 1 << 18
         while remaining is None or remaining > 0:
             block = source.read(chunk if remaining is None else min(chunk, remaining))
