@@ -40,6 +40,18 @@ def test_download_verify_and_skip(mirror):
     assert (dest / "model.safetensors").stat().st_mtime_ns == mtime  # verified, not re-sent
 
 
+def test_an_empty_file_in_the_manifest_is_fetched(mirror):
+    """A checkpoint may list an empty file (an empty added_tokens.json): it has no part to hash."""
+    base, tmp, blobs, handler = mirror
+    (tmp / "mirror" / "empty.txt").write_bytes(b"")
+    manifest = json.loads((tmp / "manifest.json").read_text())
+    manifest["files"]["empty.txt"] = {"size": 0, "sha256": hashlib.sha256(b"").hexdigest()}
+    (tmp / "manifest.json").write_text(json.dumps(manifest))
+    dest = tmp / "dest"
+    assert fetch.main(["--base", base, "--dest", str(dest), "--manifest", str(tmp / "manifest.json")]) == 0
+    assert (dest / "empty.txt").read_bytes() == b"" and not (dest / "empty.txt.part").exists()
+
+
 def test_interrupted_transfer_resumes_from_the_part_file(mirror):
     base, tmp, blobs, handler = mirror
     dest = tmp / "dest"

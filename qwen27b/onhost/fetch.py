@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """qwen27b-fetch: download files listed in a manifest from a mirror, resumable and verified.
 
-Pushed to hosts and run with the host's own python3 (stdlib only, so it works before any venv
-exists). Each file goes to NAME.part, resumes from where an interrupted transfer stopped (HTTP
+Shipped with the on-host package and run from the release venv as `python -m qwen27b_onhost.fetch`
+(standard library only). Each file goes to NAME.part, resumes from where an interrupted transfer stopped (HTTP
 Range), is checked against its sha256, then renamed into place. Files already present with the
 right hash are skipped, so a re-run after Ctrl-C, a dropped SSH session or a reboot converges.
 A full disk stops the transfer with the space needed and keeps the part file for the re-run; a
@@ -103,7 +103,7 @@ def fetch_one(base: str, name: str, size: int, sha256: str, dest: str, token: st
     headers = {"Range": f"bytes={have}-"} if have else {}
     if token:  # a fan-out seed's per-run token (read from --token-file, never in argv)
         headers["Authorization"] = f"Bearer {token}"
-    if have < size:
+    if have < size or not os.path.exists(part):  # an empty file is fetched too: its part is created
         got = _receive(urllib.request.Request(url, headers=headers), part, have, size, name).hexdigest()
     else:  # complete but not yet verified (stopped between the last byte and the rename)
         got = sha256_of(part)
