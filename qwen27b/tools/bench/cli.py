@@ -26,8 +26,9 @@ max-model-len 4096 and 8192. This module:
 - ``--ab other.json`` prints the ratio per cell with the physics ceiling beside the seed's
   "3x decode / 15x prefill" claims (FACTS.md "Physics of the seed's claims");
 - ``--load-generator vllm-bench``: each level's requests sent and timed by `vllm bench serve`
-  (our exact prompts as its custom dataset), its --save-result JSON read into the same figures
-  (bench/vllmbench.py maps the fields); prompts, /metrics, ceilings and A/B stay ours;
+  (random dataset, its input length less the chat template's tokens), its --save-result JSON read
+  into the same figures (bench/vllmbench.py maps the fields); the token check, warm-up, /metrics,
+  ceilings and A/B stay ours;
 - writes bench.json, bench.csv, bench.txt (the table) and bench.png (tok/s and TTFT per
   concurrency, matplotlib Agg) to --out.
 
