@@ -9,6 +9,7 @@ import io
 import json
 import random
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -412,3 +413,85 @@ def test_real_run_ab_against_itself_is_one(small_run, tmp_path, capsys):
                    "--ab", str(small_run["out"] / "bench.json"), "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0 and "1.00x" in out and "n/a (no GPU)" in out
+
+
+# ---------------------------------------------------------------- --load-generator vllm-bench
+
+VLLM_FIXTURE = Path(__file__).parent / "fixtures" / "vllm" / "bench-serve-c2.json"
+
+
+def test_vllm_bench_saved_result_maps_into_our_level():
+    """A real `vllm bench serve --save-result --save-detailed` JSON (tests/fixtures/vllm/README.md)
+    read through the one mapping (bench/vllmbench.py) into a level of our shape."""
+    from qwen27b.tools.bench import vllmbench as vb
+    saved = json.loads(VLLM_FIXTURE.read_text())
+    records = vb.request_records(saved)
+    assert len(records) == saved["num_prompts"] == saved["completed"] and all(r["ok"] for r in records)
+    level = b.summarize_level(saved["max_concurrency"], records, saved["duration"], None, None, 64, 16)
+    ours = dict(level)
+    level = vb.apply_saved(level, saved, {"decode_tok_s": 1000.0, "prefill_tok_s": 1.0})
+    assert set(level) == set(ours) | {"vllm_bench"}
+    assert level["ttft_p50_ms"] == saved["median_ttft_ms"] and level["ttft_p90_ms"] == saved["p90_ttft_ms"]
+    assert level["e2e_p90_s"] == pytest.approx(saved["p90_e2el_ms"] / 1000)
+    assert level["aggregate_output_tok_s"] == saved["output_throughput"]
+    assert level["decode_tok_s_p50"] == pytest.approx(1000 / saved["median_tpot_ms"])
+    assert level["decode_vs_ceiling"] == pytest.approx(level["decode_tok_s_p50"] / 1000)
+    assert level["vllm_bench"]["p99_ttft_ms"] == saved["p99_ttft_ms"]
+    assert level["vllm_bench"]["request_throughput"] == saved["request_throughput"]
+    # vllm's statistics agree with ours on the same requests (both numpy-linear percentiles)
+    for key in ("ttft_p50_ms", "ttft_p90_ms", "e2e_p50_s", "e2e_p90_s", "aggregate_output_tok_s"):
+        assert level[key] == pytest.approx(ours[key], rel=1e-6), key
+    assert level["decode_tok_s_p50"] == pytest.approx(ours["decode_tok_s_p50"], rel=0.05)
+    assert level["usage_prompt_tokens"] == [64] and level["usage_completion_tokens"] == [16]
+    assert vb.version_warning(vb.VLLM_CHECKED) is None and "checked against" in vb.version_warning("0.40.1")
+
+
+def test_vllm_bench_argv_carries_no_key_and_env_does(monkeypatch, tmp_path):
+    from qwen27b.tools.bench import vllmbench as vb
+    monkeypatch.setenv("OPENAI_API_KEY", "stale")
+    argv = vb.bench_argv("vllm", "chat", "http://127.0.0.1:1", "m", "/tok", 60, 4, 2, 16,
+                         None, 1, tmp_path, "r.json")
+    assert "openai-chat" in argv and "/v1/chat/completions" in argv and "--save-detailed" in argv
+    assert not any("sk-" in a for a in argv)
+    assert vb.bench_env("sk-x")["OPENAI_API_KEY"] == "sk-x" and "OPENAI_API_KEY" not in vb.bench_env(None)
+    with pytest.raises(b.BenchError, match="--vllm PATH"):
+        vb.find_vllm(str(tmp_path / "nope"))
+    rc = cli.main(["bench", "--url", "http://127.0.0.1:9", "--load-generator", "vllm-bench", "--out", str(tmp_path)])
+    assert rc == 2  # no --tokenizer: refused before any request
+
+
+def test_real_run_through_vllm_bench_has_our_shape(vllm_server, small_run, tmp_path):
+    """The same tiny matrix sent by `vllm bench serve` (the check venv's): same level shape as our
+    loop's, exact prompts, plausible figures. QWEN27B_RECORD_VLLM_FIXTURE=1 re-records the fixture."""
+    import contextlib
+    import os
+    out = tmp_path / "run"
+    argv = ["bench", "--url", vllm_server["url"], "--api-key-file", vllm_server["key_file"],
+            "--tokenizer", vllm_server["model_dir"], "--load-generator", "vllm-bench",
+            "--vllm", vllm_server["venv"] + "/bin/vllm",
+            "--prompt-tokens", "64", "--output-tokens", "16", "--concurrency", "1,2",
+            "--requests-per-level", "2", "--warmup", "1", "--out", str(out)]
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = cli.main(argv)
+    assert rc == 0, buf.getvalue()
+    run = json.loads((out / "bench.json").read_text())
+    theirs_levels, ours_levels = run["levels"], small_run["run"]["levels"]
+    assert [set(lv) - {"vllm_bench"} for lv in theirs_levels] == [set(lv) for lv in ours_levels]
+    assert run["load_generator"]["name"] == "vllm-bench" and run["load_generator"]["vllm_version"]
+    assert "timed by vllm bench serve" in buf.getvalue()
+    assert run["token_check"]["prompt_tokens_match"] and run["token_check"]["output_tokens_match"], run["token_check"]
+    assert not run["warnings"], run["warnings"]
+    for lv in theirs_levels:
+        assert lv["ok"] == lv["requests"] == 2 and lv["errors"] == 0
+        assert 0 < lv["ttft_p50_ms"] <= lv["ttft_p90_ms"] <= lv["vllm_bench"]["p99_ttft_ms"]
+        assert 0 < lv["e2e_p50_s"] <= lv["e2e_p90_s"] and lv["decode_tok_s_p50"] > 0
+        assert lv["aggregate_output_tok_s"] == pytest.approx(2 * 16 / lv["wall_s"], rel=1e-6)
+        assert lv["vllm_bench"]["request_throughput"] > 0 and lv["metrics"]["prefix_cache_queries"] >= 2 * 64
+    log = (out / "vllm-bench" / "vllm-bench-c2.log").read_text()
+    assert vllm_server["api_key"] not in log
+    if os.environ.get("QWEN27B_RECORD_VLLM_FIXTURE") == "1":
+        VLLM_FIXTURE.parent.mkdir(parents=True, exist_ok=True)
+        saved = json.loads((out / "vllm-bench" / "vllm-bench-c2.json").read_text())
+        saved["generated_texts"] = [t[:40] for t in saved.get("generated_texts", [])]
+        VLLM_FIXTURE.write_text(json.dumps(saved, indent=1) + "\n")

@@ -4,7 +4,7 @@
                   [--prompt-tokens 512] [--output-tokens 256] [--concurrency 1,4,8]
                   [--max-model-len-label 4096] [--gpu KEY --tp N --weights-bytes B]
                   [--spec on|off|auto] [--requests-per-level N] [--warmup N] [--out DIR]
-                  [--ab OTHER_RESULT.json]
+                  [--ab OTHER_RESULT.json] [--load-generator ours|vllm-bench [--vllm PATH]]
     qwen27b bench --load RUN.json [--ab OTHER_RESULT.json] [--out DIR]   (no server: re-print/compare)
 
 The seed fixes the test so numbers can be compared: prompt 512 tokens, output 256, batch 1/4/8,
@@ -25,6 +25,10 @@ max-model-len 4096 and 8192. This module:
   ``gpus:`` table (--gpu) and the checkpoint metadata; with no --gpu it prints "n/a (no GPU)";
 - ``--ab other.json`` prints the ratio per cell with the physics ceiling beside the seed's
   "3x decode / 15x prefill" claims (FACTS.md "Physics of the seed's claims");
+- ``--load-generator vllm-bench``: each level's requests sent and timed by `vllm bench serve`
+  (random dataset, its input length less the chat template's tokens), its --save-result JSON read
+  into the same figures (bench/vllmbench.py maps the fields); the token check, warm-up, /metrics,
+  ceilings and A/B stay ours;
 - writes bench.json, bench.csv, bench.txt (the table) and bench.png (tok/s and TTFT per
   concurrency, matplotlib Agg) to --out.
 
@@ -89,6 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="prompt filler seed (default: random per run, so no stale prefix-cache hits)")
     p.add_argument("--timeout", type=float, default=900.0, help="per-request seconds")
     p.add_argument("--out", type=Path, help="output dir (default reports/bench/<UTC time>)")
+    p.add_argument("--load-generator", choices=("ours", "vllm-bench"), default="ours",
+                   help="who sends and times the requests: our loop (default) or `vllm bench serve`, whose "
+                        "--save-result JSON then gives the figures (needs --tokenizer; vllm from --vllm)")
+    p.add_argument("--vllm", metavar="PATH", help="the vllm executable for --load-generator vllm-bench "
+                   "(default: vllm on PATH)")
     p.add_argument("--ab", metavar="OTHER.json", help="a previous run (baseline A) to compare this run (B) with")
     return p
 
@@ -99,12 +108,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if bool(args.url) == bool(args.load):
             raise BenchError("give exactly one of --url (measure) or --load RUN.json (re-print a saved run)")
         baseline = load_run(args.ab) if args.ab else None
+        args.out = args.out or Path("reports") / "bench" / dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         run = load_run(args.load) if args.load else measure(args)
         if baseline:
             run["ab"] = ab_compare(baseline, run)
             run["ab"]["baseline_file"] = str(args.ab)
-        out = args.out or Path("reports") / "bench" / dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        paths = write_outputs(run, out, baseline)
+        paths = write_outputs(run, args.out, baseline)
     except BenchError as error:
         print(f"qwen27b bench: {error}", file=sys.stderr)
         return 2

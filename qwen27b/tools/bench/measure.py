@@ -7,9 +7,12 @@ import datetime as dt
 import random
 import secrets
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from qwen27b.onhost.secretfile import SecretFileError, load_secret
+from qwen27b.tools.bench import vllmbench
 from qwen27b.tools.bench.common import SCHEMA, BenchError
 from qwen27b.tools.bench.loadgen import request_body, run_level
 from qwen27b.tools.bench.matrix import request_figures, summarize_level, token_check
@@ -71,6 +74,12 @@ def measure(args) -> dict:
     key = read_key_file(args.api_key_file)
     headers = auth_headers(key)
     stack = load_stack()
+    vllm_exe = vllm_ver = None
+    if getattr(args, "load_generator", "ours") == "vllm-bench":
+        if not args.tokenizer:
+            raise BenchError("--load-generator vllm-bench needs --tokenizer DIR: vllm bench serve loads it")
+        vllm_exe = vllmbench.find_vllm(getattr(args, "vllm", None))
+        vllm_ver = vllmbench.vllm_version(vllm_exe)
     seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     # the key on every request: the route guard asks for it on /metrics and /version too
@@ -104,11 +113,13 @@ def measure(args) -> dict:
             return text
 
         levels_spec = [(c, max(c, args.requests_per_level or 2 * c)) for c in args.concurrency]
-        total = args.warmup + sum(n for _, n in levels_spec)
+        # vllm bench makes its own prompts: one of ours measures the chat template's tokens
+        per_level = [1 if vllm_exe else n for _, n in levels_spec]
+        total = args.warmup + sum(per_level)
         _say(f"building {total} prompts of exactly {args.prompt_tokens} tokens ({counter_fn.name})")
         t0 = time.monotonic()
         warm_prompts = [prompt() for _ in range(args.warmup)]
-        level_prompts = [[prompt() for _ in range(n)] for _, n in levels_spec]
+        level_prompts = [[prompt() for _ in range(n)] for n in per_level]
         prompt_build_s = time.monotonic() - t0
 
         def bodies(texts):
@@ -122,14 +133,25 @@ def measure(args) -> dict:
                 raise BenchError(f"warm-up request failed: {bad[0]}")
 
         ceil = ceilings(physics["gpu"], args.tp, physics["weights_bytes"], physics["params"])
+        if vllm_exe:  # vllm's random dataset counts before the template: ask it for what is left
+            raw_counter = TokenCounter("completions", model, client, base, headers, args.tokenizer)
+            input_len = args.prompt_tokens - vllmbench.template_tokens(args.api, counter_fn, raw_counter,
+                                                                       level_prompts[0][0])
+            result_dir = Path(args.out or tempfile.mkdtemp(prefix="qwen27b-bench-")) / "vllm-bench"
         levels, raw = [], []
         for (conc, n), texts in zip(levels_spec, level_prompts):
             _say(f"concurrency {conc}: {n} requests")
             before = scrape(client, base)
-            results, wall = asyncio.run(run_level(base, args.api, bodies(texts), conc, headers, args.timeout))
+            if vllm_exe:
+                saved = vllmbench.run_level(vllm_exe, args, base, model, key, input_len, n, conc, seed + conc,
+                                            result_dir)
+                results, wall = vllmbench.request_records(saved), saved["duration"]
+            else:
+                results, wall = asyncio.run(run_level(base, args.api, bodies(texts), conc, headers, args.timeout))
             after = scrape(client, base)
             deltas = metric_deltas(before, after) if before and after else None
-            levels.append(summarize_level(conc, results, wall, deltas, ceil, args.prompt_tokens, args.output_tokens))
+            level = summarize_level(conc, results, wall, deltas, ceil, args.prompt_tokens, args.output_tokens)
+            levels.append(vllmbench.apply_saved(level, saved, ceil) if vllm_exe else level)
             raw.extend({"concurrency": conc, **request_figures(r)} for r in results)
 
     run = {
@@ -147,7 +169,11 @@ def measure(args) -> dict:
         "weights_bytes": physics["weights_bytes"], "weights_source": physics["weights_source"],
         "params": physics["params"], "params_source": physics["params_source"],
         "ceilings": ceil, "levels": levels, "warnings": warnings, "requests": raw,
+        "load_generator": {"name": "vllm-bench" if vllm_exe else "ours", "vllm": vllm_exe, "vllm_version": vllm_ver,
+                           "mapping_checked_against": vllmbench.VLLM_CHECKED if vllm_exe else None},
     }
+    if vllm_exe and vllmbench.version_warning(vllm_ver):
+        warnings.append(vllmbench.version_warning(vllm_ver))
     run["token_check"] = token_check(levels, args.prompt_tokens, args.output_tokens)
     tc = run["token_check"]
     if not tc["prompt_tokens_match"]:

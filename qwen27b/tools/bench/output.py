@@ -43,6 +43,10 @@ def format_table(run: dict) -> str:
         f"completion {tc.get('output_tokens_reported')} "
         f"({'match' if tc.get('output_tokens_match') else 'MISMATCH'})",
     ]
+    lg = run.get("load_generator") or {}
+    if lg.get("name") == "vllm-bench":
+        head.append(f"requests sent and timed by vllm bench serve {lg.get('vllm_version') or '?'} "
+                    f"({lg.get('vllm')}); prompts' template tokens, /metrics and ceilings by qwen27b bench")
     if ceil:
         w = ceil.get("weights_bytes")
         head.append(
