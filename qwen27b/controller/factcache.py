@@ -56,7 +56,8 @@ class FactCache:
         self.answers: dict = {}
         self.busy: dict = {}
         self.narrow: dict[str, frozenset[str]] = {}  # op hash -> names of the facts its commands change
-        self.defaults: dict = {}  # host -> (config, its default connector arguments)
+        self.defaults: dict = {}  # host -> (config, its default connector arguments, their key text)
+        self.op_texts: dict = {}  # host -> (the running op's global arguments, defaults' text, key text)
 
     def key(self, state, host, cls, args, kwargs):
         """The memo key, or None when this read is not kept."""
@@ -67,12 +68,20 @@ class FactCache:
         except TypeError:
             return None  # pyinfra raises it on the read itself
         bound.apply_defaults()
-        defaults, defaults_text = self._defaults(state, host)
+        return cls, repr(sorted(bound.arguments.items())), self._connector_text(state, host)
+
+    def _connector_text(self, state, host) -> str:
+        """The connector arguments of a read, as key text: the defaults, with the running operation's
+        own over them (kept per operation: pyinfra builds its arguments dict once and never changes it)."""
+        defaults, text = self._defaults(state, host)
         current = host.current_op_global_arguments
-        if current and any(k in current for k in KEYED):
+        if not current:
+            return text
+        memo = self.op_texts.get(host)
+        if memo is None or memo[0] is not current or memo[1] is not text:
             connector = {**defaults, **{k: current[k] for k in KEYED if k in current}}
-            defaults_text = repr(sorted(connector.items()))
-        return cls, repr(sorted(bound.arguments.items())), defaults_text
+            memo = self.op_texts[host] = (current, text, repr(sorted(connector.items())))
+        return memo[2]
 
     def _defaults(self, state, host) -> tuple[dict, str]:
         """The connector arguments a read outside any operation gets (host data, config), and their
