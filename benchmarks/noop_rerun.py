@@ -11,6 +11,7 @@ Goals: <= 3 s per host; 50 hosts <= 2x one host.
     .venv/bin/python benchmarks/noop_rerun.py --real 2 --skip-fake
     .venv/bin/python benchmarks/noop_rerun.py --commands --base DIR  # every remote command of one no-op run, per stage
     .venv/bin/python benchmarks/noop_rerun.py --real 1 --skip-fake --base DIR  # re-runs of two checkouts, alternating
+    .venv/bin/python benchmarks/noop_rerun.py --sizes 1,50 --latency-ms 0,50 --base DIR  # @fake scale, two checkouts
 
 DIR is another checkout to compare with, e.g. `mkdir DIR && git archive main | tar -x -C DIR`.
 
@@ -237,42 +238,54 @@ def print_breakdowns(rows: list[dict], title: str) -> None:
 
 
 # --------------------------------------------------------------------------- (a) @fake scale
-def fake_scale(sizes: list[int], repeats: int, latencies_ms: list[float], work: Path, warmup: int = 1) -> list[dict]:
+def fake_scale(sizes: list[int], repeats: int, latencies_ms: list[float], work: Path, warmup: int = 1,
+               base: Path | None = None) -> list[dict]:
+    """Each size and latency: `repeats` timed runs after `warmup`; with `base`, that checkout's runs
+    alternate with this one's (same machine, same load), each compared with its own 1-host row."""
     inventory = work / "fake_converged.py"
     inventory.write_text(FAKE_INVENTORY)
+    trees = [("", ROOT)] + ([(" --base", base)] if base else [])
     rows = []
     for latency in latencies_ms:
         for n in sizes:
-            env = clean_env(NOOP_BENCH_N=str(n), NOOP_BENCH_DELAY_S=str(latency / 1000),
-                            QWEN27B_REPORTS=str(work / "reports"))
-            walls, cpus = [], []
+            envs = {tag: clean_env(tree, NOOP_BENCH_N=str(n), NOOP_BENCH_DELAY_S=str(latency / 1000),
+                                   QWEN27B_REPORTS=str(work / "reports")) for tag, tree in trees}
+            timed = {tag: ([], []) for tag, _ in trees}
+            name = f"fake-{latency:g}ms-{n}"
             for _ in range(warmup):  # untimed: byte-compiled files, page cache
-                run_pyinfra(inventory, env, work / f"fake-{latency:g}ms-{n}-warmup.log")
+                for tag, tree in trees:
+                    run_pyinfra(inventory, envs[tag], work / f"{name}{tag.strip()}-warmup.log", root=tree)
             for repeat in range(repeats):
-                wall, rc, out, cpu = run_pyinfra(inventory, env, work / f"fake-{latency:g}ms-{n}-{repeat}.log")
-                check_noop(rc, out, n, f"@fake N={n}")
-                walls.append(wall)
-                cpus.append(cpu)
-                print(f"  @fake N={n:<3} latency {latency:g} ms  repeat {repeat + 1}: {wall:.2f} s wall, {cpu:.2f} s CPU",
-                      flush=True)
-            t0 = time.perf_counter()
-            stats = instrumented(inventory, env, work, f"fake-{latency:g}ms-{n}")
-            rows.append({"n": n, "latency": latency, "walls": walls, "cpus": cpus, "label": f"@fake N={n}, {latency:g} ms/cmd",
-                         "breakdown": summarise(stats), "instr_wall": time.perf_counter() - t0})
+                for tag, tree in trees:
+                    wall, rc, out, cpu = run_pyinfra(inventory, envs[tag], work / f"{name}{tag.strip()}-{repeat}.log",
+                                                     root=tree)
+                    check_noop(rc, out, n, f"@fake N={n}{tag}")
+                    timed[tag][0].append(wall)
+                    timed[tag][1].append(cpu)
+                    print(f"  @fake N={n:<3} latency {latency:g} ms{tag} repeat {repeat + 1}: {wall:.2f} s wall, "
+                          f"{cpu:.2f} s CPU", flush=True)
+            for tag, tree in trees:
+                t0 = time.perf_counter()
+                stats = instrumented(inventory, envs[tag], work, f"{name}{tag.strip()}", root=tree)
+                rows.append({"n": n, "latency": latency, "tree": tag, "walls": timed[tag][0], "cpus": timed[tag][1],
+                             "label": f"@fake N={n}, {latency:g} ms/cmd{tag}", "breakdown": summarise(stats),
+                             "instr_wall": time.perf_counter() - t0})
     print(f"\n(a) @fake scale: converged V100x4 recording x N, `pyinfra {' '.join(EXTRA_ARGS + ['INV'])} deploy.py -y`, {repeats} repeats "
-          f"after {warmup} warm-up, whole CLI process, {os.cpu_count()} CPUs (shared)")
+          f"after {warmup} warm-up, whole CLI process, {os.cpu_count()} CPUs (shared)"
+          + (f"; --base: {base}, runs alternating with this tree's" if base else ""))
     print("| hosts | latency / remote cmd | wall s median (min-max) | per host s | ratio to 1 host "
           f"| <= {GOAL_PER_HOST_S:g} s / host | <= {GOAL_SCALE:g}x one host | CPU s (user+sys) median | CPU ratio |")
     print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
-        one = next((r for r in rows if r["n"] == 1 and r["latency"] == row["latency"]), None)
+        one = next((r for r in rows if r["n"] == 1 and r["latency"] == row["latency"] and r["tree"] == row["tree"]), None)
         med = statistics.median(row["walls"])
         ratio = med / statistics.median(one["walls"]) if one else float("nan")
         scale_goal = "-" if row["n"] == 1 else ("met" if ratio <= GOAL_SCALE else "NOT met")
         cpu = statistics.median(row["cpus"])
         cpu_ratio = cpu / statistics.median(one["cpus"]) if one else float("nan")
-        print(f"| {row['n']} | {row['latency']:g} ms | {fmt_range(row['walls'])} | {med / row['n']:.3f} | {ratio:.2f}x "
-              f"| {'met' if med / row['n'] <= GOAL_PER_HOST_S else 'NOT met'} | {scale_goal} | {cpu:.2f} | {cpu_ratio:.2f}x |")
+        print(f"| {row['n']}{row['tree']} | {row['latency']:g} ms | {fmt_range(row['walls'])} | {med / row['n']:.3f} "
+              f"| {ratio:.2f}x | {'met' if med / row['n'] <= GOAL_PER_HOST_S else 'NOT met'} | {scale_goal} "
+              f"| {cpu:.2f} | {cpu_ratio:.2f}x |")
     print_breakdowns(rows, "(a) where the time goes")
     return rows
 
@@ -459,7 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--commands", action="store_true",
                         help="only the table of remote commands of one no-op run (one @fake host), per stage")
     parser.add_argument("--base", type=Path, metavar="DIR",
-                        help="with --commands or --real: another checkout to compare with, side by side "
+                        help="another checkout to compare with, side by side, its runs alternating with this "
+                             "tree's (@fake scale, --commands, --real) "
                              "(e.g. `git archive main | tar -x -C DIR`)")
     args = parser.parse_args(argv)
     if not 0 <= args.real <= 3:
@@ -473,7 +487,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if not args.skip_fake:
             fake_scale([int(x) for x in args.sizes.split(",")], args.repeats,
-                       [float(x) for x in args.latency_ms.split(",")], work, args.warmup)
+                       [float(x) for x in args.latency_ms.split(",")], work, args.warmup,
+                       args.base.resolve() if args.base else None)
         if args.real:
             real_hosts(args.real, args.reruns, work, args.base.resolve() if args.base else None)
         print(f"\nload average at the end: {loadavg()}")

@@ -22,7 +22,7 @@ from pyinfra.context import ctx_state
 from pyinfra.operations import server
 
 from qwen27b.controller import facts as F
-from qwen27b.controller import factcache, hostlock
+from qwen27b.controller import factcache, hostlock, oporder
 from qwen27b.controller import runstate, runsummary
 from qwen27b.controller.artifacts import ArtifactError
 from qwen27b.plan.gate import Decision, HostFacts, RefusedHost, decide
@@ -222,6 +222,7 @@ def gate(on=None) -> Decision | RefusedHost:
 
 def preflight() -> Decision | None:
     """The plan for this host, printed; None when refused (the host is then marked failed)."""
+    oporder.register_deploy_file(state.current_deploy_filename)  # before this host's first operation
     decision = gate()
     if isinstance(decision, RefusedHost):
         _refuse(decision)

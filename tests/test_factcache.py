@@ -241,3 +241,28 @@ def test_reads_with_global_arguments_are_not_kept(kwargs):
     read(state, Command, command="uname -r", **kwargs)
     read(state, Command, command="uname -r", **kwargs)
     assert len(ran) == (2 if kwargs else 1)
+
+
+def test_one_read_is_one_key_however_its_arguments_are_written():
+    state = make_state("@fake/a")
+    cache, host = factcache.cache_of(state), only_host(state)
+    with ctx_state.use(state), ctx_host.use(host):
+        by_name = cache.key(state, host, File, (), {"path": "/etc/hosts"})
+        by_position = cache.key(state, host, File, ("/etc/hosts",), {})
+        other = cache.key(state, host, File, (), {"path": "/etc/passwd"})
+        wrong = cache.key(state, host, File, (), {"no_such_argument": 1})
+    assert by_name == by_position and by_name != other and wrong is None
+    assert by_name[1] == repr([("path", "/etc/hosts")])  # the command's own argument names, defaults filled in
+
+
+def test_a_read_inside_an_operation_is_keyed_by_its_connector_arguments():
+    state = make_state("@fake/a")
+    cache, host = factcache.cache_of(state), only_host(state)
+    with ctx_state.use(state), ctx_host.use(host):
+        outside = cache.key(state, host, File, (), {"path": "/etc/hosts"})
+        keys = []
+        for arguments in ({"_sudo": False}, {"_sudo": True}, {"_sudo": True}, {"_sudo": False, "name": "x"}):
+            host.current_op_global_arguments = arguments  # as pyinfra sets it while an op generates
+            keys.append(cache.key(state, host, File, (), {"path": "/etc/hosts"}))
+        host.current_op_global_arguments = None
+    assert keys[0] == outside == keys[3] and keys[1] == keys[2] != outside

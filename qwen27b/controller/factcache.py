@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import copy
 import posixpath
-from inspect import getcallargs
+from functools import lru_cache
+from inspect import signature
 
 from paramiko import SSHException
 from pyinfra import logger
@@ -55,31 +56,43 @@ class FactCache:
         self.answers: dict = {}
         self.busy: dict = {}
         self.narrow: dict[str, frozenset[str]] = {}  # op hash -> names of the facts its commands change
-        self.defaults: dict = {}  # host -> (config, its default connector arguments)
+        self.defaults: dict = {}  # host -> (config, its default connector arguments, their key text)
+        self.op_texts: dict = {}  # host -> (the running op's global arguments, defaults' text, key text)
 
     def key(self, state, host, cls, args, kwargs):
         """The memo key, or None when this read is not kept."""
         if kwargs.keys() & GLOBAL_KEYS or host.current_deploy_kwargs or not _cacheable(cls):
             return None
         try:
-            fact_kwargs = getcallargs(cls().command, *args, **kwargs)
+            bound = _command_signature(cls).bind(*args, **kwargs)
         except TypeError:
             return None  # pyinfra raises it on the read itself
-        fact_kwargs.pop("self", None)
-        connector = dict(self._defaults(state, host))
-        current = host.current_op_global_arguments or {}
-        connector.update((k, current[k]) for k in KEYED if k in current)
-        return cls, repr(sorted(fact_kwargs.items())), repr(sorted(connector.items()))
+        bound.apply_defaults()
+        return cls, repr(sorted(bound.arguments.items())), self._connector_text(state, host)
 
-    def _defaults(self, state, host) -> dict:
-        """The connector arguments a read outside any operation gets (host data, config): computed
-        once per host and config, as pyinfra's own pop_global_arguments is costly per call."""
+    def _connector_text(self, state, host) -> str:
+        """The connector arguments of a read, as key text: the defaults, with the running operation's
+        own over them (kept per operation: pyinfra builds its arguments dict once and never changes it)."""
+        defaults, text = self._defaults(state, host)
+        current = host.current_op_global_arguments
+        if not current:
+            return text
+        memo = self.op_texts.get(host)
+        if memo is None or memo[0] is not current or memo[1] is not text:
+            connector = {**defaults, **{k: current[k] for k in KEYED if k in current}}
+            memo = self.op_texts[host] = (current, text, repr(sorted(connector.items())))
+        return memo[2]
+
+    def _defaults(self, state, host) -> tuple[dict, str]:
+        """The connector arguments a read outside any operation gets (host data, config), and their
+        text in a key: computed once per host and config, as pyinfra's pop_global_arguments is costly."""
         config = ctx_config.get() if ctx_config.isset() else state.config
         memo = self.defaults.get(host)
         if memo is None or memo[0] is not config:
             arguments, _ = pop_global_arguments(state, host, {})
-            memo = self.defaults[host] = (config, {k: arguments[k] for k in KEYED if k in arguments})
-        return memo[1]
+            defaults = {k: arguments[k] for k in KEYED if k in arguments}
+            memo = self.defaults[host] = (config, defaults, repr(sorted(defaults.items())))
+        return memo[1], memo[2]
 
     def drop(self, host, only: frozenset[str] | None = None) -> None:
         if only is None:
@@ -109,6 +122,12 @@ class FactCache:
 
 
 CLOCKS = frozenset({"server.Date"})  # the time now: a kept answer would be the plan's time
+
+
+@lru_cache(maxsize=None)
+def _command_signature(cls):
+    """The signature of a fact's command() (self bound): inspect's getcallargs costs ~50 us a read."""
+    return signature(cls().command)
 
 
 def _cacheable(cls) -> bool:
@@ -192,7 +211,7 @@ def prefetch(reads: list[tuple[type, dict]], on=None) -> None:
         todo[f"f{len(todo)}"] = (cls(), kwargs, key)  # one instance: some facts' process() reads what command() kept
     if len(todo) < 2:
         return
-    connector = dict(cache._defaults(state, target))
+    connector = dict(cache._defaults(state, target)[0])
     if list(connector.get("_success_exit_codes") or [0]) != [0]:
         return
     nonce = new_nonce()

@@ -28,9 +28,13 @@ CHECK_PREFIX = ("verify:", "lock:", "unlock:")
 
 
 def planned_operations(state, host) -> list[tuple[str, bool, list[str]]]:
-    """(operation name, will it change the host, the commands) for each op queued for host, in order."""
+    """(operation name, will it change the host, the commands) for each op queued for host, in order.
+
+    The host's own call order: pyinfra's `state.get_op_order()` sorts every host's operations
+    (a graph of all hosts, each time: quadratic over a run that prints each host's plan), and each
+    host's operations form one chain in that graph, so its order restricted to this host is this."""
     out = []
-    for op_hash in state.get_op_order():
+    for op_hash in host.op_hash_order:
         data = state.ops[host].get(op_hash)
         if data is None:
             continue

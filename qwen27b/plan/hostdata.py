@@ -189,6 +189,12 @@ def _positive_int(value: Any) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
+@lru_cache(maxsize=256)
+def _near_misses(key: str) -> tuple[str, ...]:
+    """The known key a host data key is a near-miss of (every host has the same other keys: once)."""
+    return tuple(difflib.get_close_matches(key, KEYS, n=1, cutoff=0.8))
+
+
 def settings_for(host: str, data: dict) -> Settings:
     """Validate one host's data -> Settings. Unknown qwen27b_* keys (and near-misses) are refused."""
     values: dict[str, Any] = {}
@@ -203,7 +209,7 @@ def settings_for(host: str, data: dict) -> Settings:
                 value = _normalise_serve_flags(host, value)
             values[name] = value
             continue
-        close = difflib.get_close_matches(key, KEYS, n=1, cutoff=0.8)
+        close = _near_misses(key)
         if key.startswith(PREFIX) or close:
             hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(KEYS)}"
             raise BadHostData(host, key, "unknown key", hint)
