@@ -130,6 +130,35 @@ def test_disk_full_mid_transfer_keeps_the_part_and_the_rerun_resumes(mirror, sma
     assert ("/model.safetensors", f"bytes={kept}-") in handler.requests
 
 
+def test_a_fetch_whose_caller_is_gone_stops_at_once_and_keeps_the_part(mirror):
+    """Ctrl-C of the controller or a dropped SSH session closes the reader of the fetch's stderr.
+    The fetch must stop then, not at its next progress line: here the mirror speeds up the moment
+    the caller goes (as the e2e mirror's throttle lifts), and a fetch that wrote on until its next
+    progress line (2 s) would have finished the file, unobserved (seen in CI)."""
+    base, tmp, blobs, handler = mirror
+    handler.rate = 0.5e6
+    dest = tmp / "dest"
+    part = dest / "model.safetensors.part"
+    proc = run_fetch(base, dest, tmp / "manifest.json")
+    deadline = time.monotonic() + 20
+    while not (part.exists() and part.stat().st_size > 2**18):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    proc.stderr.close()  # the caller is gone
+    handler.rate = None
+    assert proc.wait(timeout=5) == 1
+    assert not (dest / "model.safetensors").exists()
+    assert 0 < part.stat().st_size < len(blobs["model.safetensors"])  # kept for the re-run
+    assert fetch.main(["--base", base, "--dest", str(dest), "--manifest", str(tmp / "manifest.json")]) == 0
+    assert (dest / "model.safetensors").read_bytes() == blobs["model.safetensors"]
+
+
+def test_a_fetch_with_its_stderr_on_a_file_is_not_watched(tmp_path):
+    """A terminal, a file or /dev/null has no reader to lose: no watcher thread."""
+    with open(tmp_path / "log", "w") as log:
+        assert fetch.stop_when_the_caller_goes(log.fileno()) is None
+
+
 def test_a_second_fetch_waits_for_the_first(mirror):
     """Two fetches into one dir (e.g. one orphaned by a dropped SSH session): the second waits."""
     base, tmp, blobs, _ = mirror

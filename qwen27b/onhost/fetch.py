@@ -6,7 +6,9 @@ Shipped with the on-host package and run from the release venv as `python -m qwe
 Range), is checked against its sha256, then renamed into place. Files already present with the
 right hash are skipped, so a re-run after Ctrl-C, a dropped SSH session or a reboot converges.
 A full disk stops the transfer with the space needed and keeps the part file for the re-run; a
-lock on DIR makes a second fetch (say one orphaned by a dropped SSH session) wait its turn.
+lock on DIR makes a second fetch wait its turn, and a fetch whose caller is gone (Ctrl-C of the
+controller, a dropped SSH session: the reader of its stderr closed) stops at once, not at its next
+progress line (an orphan writing on, unobserved, beside a re-run was seen).
 
     qwen27b-fetch --base URL --dest DIR --manifest FILE.json [--token-file FILE]
 
@@ -23,8 +25,11 @@ import fcntl
 import hashlib
 import json
 import os
+import select
 import shutil
+import stat
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -143,6 +148,31 @@ def _lock(dest: str):
     return handle
 
 
+def stop_when_the_caller_goes(fd: int = 2) -> threading.Thread | None:
+    """When fd (stderr) is a pipe or socket, exit as soon as its reader is gone (poll reports POLLERR
+    or POLLHUP). Over SSH that reader is sshd's session: it closes when the controller is interrupted
+    or the link drops. What is on disk is always a prefix of each file (appended in order), so the
+    part file is kept for the re-run; the lock goes with the process."""
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return None
+    if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+        return None  # a terminal, a file, /dev/null: nobody to lose
+
+    def watch() -> None:
+        poller = select.poll()
+        poller.register(fd, 0)  # no events asked: only POLLERR / POLLHUP / POLLNVAL wake it
+        while True:
+            for _, events in poller.poll():
+                if events & (select.POLLERR | select.POLLHUP | select.POLLNVAL):
+                    os._exit(1)  # noqa: SLF001 - nothing to say it to; stop writing now
+
+    watcher = threading.Thread(target=watch, name="caller-gone", daemon=True)
+    watcher.start()
+    return watcher
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", required=True, help="mirror URL of the directory holding the files; "
@@ -160,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         files = json.load(handle)["files"]
     os.makedirs(args.dest, exist_ok=True)
     os.chmod(args.dest, 0o755)  # the models dir above it (root:service user 0750) is the gate
+    stop_when_the_caller_goes()
     lock = _lock(args.dest)  # noqa: F841 (held until exit)
     free = shutil.disk_usage(args.dest).free
     needed = _still_needed(args.dest, files)

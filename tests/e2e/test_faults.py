@@ -20,6 +20,7 @@ host (the summary, the exit code, the --limit re-run). Each step asserts what th
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import shlex
 import signal
@@ -39,10 +40,11 @@ MODELS = "/var/lib/qwen27b/models"
 UPGRADE = {"qwen27b_stack_overrides": {"model_revision": REV_B}}
 WEIGHTS = "model.safetensors"
 FETCH_OP = "fetch the checkpoint from the mirror"
-WEIGHTS_SIZE = 269060552  # SmolLM2-135M's model.safetensors
-# bytes/s from the mirror during the interrupted fetches: ~180 s for the 269 MB file. At 4e6 (67 s) a
-# loaded CI run once saw the whole file arrive before the Ctrl-C test looked (the refused second
-# deploy and the waits took that long), so the part-file assertions had nothing to look at
+# bytes/s from the mirror during the interrupted fetches: ~180 s for the 269 MB file, so each of the
+# three interruptions finds the file still arriving on a loaded 2-core CI machine. The throttle
+# stays on until the host's fetch has gone: once it lifts, a fetch still running (an orphan) would
+# finish the file in a second (CI saw that when qwen27b-fetch noticed its caller's end only at its
+# next progress line; it now stops at once, tests/test_fetch.py)
 RATE = 1.5e6
 
 
@@ -129,6 +131,7 @@ def test_a_second_deploy_is_refused_and_ctrl_c_keeps_the_running_release(lab, mi
             first.send_signal(signal.SIGINT)  # ...Ctrl-C again: stop now
             rc = first.wait(timeout=60)
             assert rc == 130, first_log.read_text()[-6000:]  # pyinfra alone would exit 0, after the download
+            assert no_fetch_left_running(lab)  # the host's fetch stopped with its caller
         finally:
             if first.poll() is None:
                 first.kill()
@@ -138,7 +141,6 @@ def test_a_second_deploy_is_refused_and_ctrl_c_keeps_the_running_release(lab, mi
     row = summary_line(out, host)
     assert row.split()[1] == "interrupted" and FETCH_OP in row, row
     assert_still_serving(lab, serving)
-    assert no_fetch_left_running(lab)
     listing = lab["host"].run(f"ls -la {MODELS}/{GOOD_B}").stdout
     assert part_size(lab) > 0, f"{listing}\n{mirror.handler.requests}\n{out[-2500:]}"  # kept for the re-run
     assert f"pid={first.pid} " in lab["host"].run("cat /run/qwen27b/deploy.lock").stdout  # left behind: stale
@@ -165,25 +167,19 @@ def test_ssh_drop_mid_download_fails_clearly_and_the_rerun_took_the_stale_lock_o
         wait_until(lambda: fetching(mirror, ranged=True), proc, "resumed weights request")
         time.sleep(2)
         _kill_the_fetch_ssh_session(lab)
+        assert no_fetch_left_running(lab)  # its session's end stopped it: no orphan writing on
         assert proc.wait(timeout=180) != 0
     out = lab["logs"][-1].read_text()
-    # the orphaned fetch may finish the file it is writing (then verified and renamed) before its
-    # next write to the dead session fails; it never writes beside a re-run (qwen27b-fetch's lock)
-    assert no_fetch_left_running(lab, timeout=240)  # an orphan finishing the file: ~160 s at RATE
     assert "is gone (interrupted?): taking its lock over" in out
     row = summary_line(out, host)
     assert row.split()[1] == "failed" and FETCH_OP in row, row
     assert f"--limit {host}" in out
     assert_still_serving(lab, serving)
-    done = lab["host"].run(f"stat -c %s {MODELS}/{GOOD_B}/{WEIGHTS}", check=False).stdout.strip()
-    assert part_size(lab) > before or done == str(WEIGHTS_SIZE)  # resumed: kept, or finished whole
+    assert part_size(lab) > before  # resumed, and kept for the next re-run
 
 
 def test_disk_full_mid_download_says_what_to_free_and_keeps_the_part(lab, mirror, serving):
     host = lab["host"].name
-    if not part_size(lab):  # the orphan of the SSH drop finished the file: make it a part again
-        path = f"{MODELS}/{GOOD_B}/{WEIGHTS}"
-        lab["host"].run(f"mv {path} {path}.part && truncate -s 100M {path}.part")
     with throttled(mirror):
         proc = deploy(lab, UPGRADE, background=True)
         wait_until(lambda: fetching(mirror, ranged=True), proc, "resumed weights request")
@@ -255,20 +251,30 @@ def _stream(base: str, stop: threading.Event, deadline: float) -> tuple[int, int
     return done, errors
 
 
+def _health_run_and_result(lab) -> dict:
+    """health_run and the run's systemd Result in one SSH session (under load each session's key
+    exchange competes with vLLM for the CPU: CI saw ~40 s of a check's wall spent outside it)."""
+    out = lab["host"].run("systemctl start qwen27b-health.service; "
+                          "systemctl show -p Result --value qwen27b-health.service; "
+                          "cat /var/lib/qwen27b/health.json", check=False, timeout=180).stdout
+    result, _, status = out.partition("\n")
+    return {**json.loads(status), "result": result.strip()}
+
+
 def test_under_bounded_load_health_checks_see_no_outage_and_nothing_restarts(lab, serving):
     """16 concurrent streams from the controller for at least 60 s and until three health checks have
-    run (bounded: 240 s). Each check runs as its timer runs it; on a CPU host the streams take every
-    core, so a check may start slowly: what counts is its verdict and that its unit never timed out."""
+    run (bounded: 480 s; a check on a loaded 2-core CI machine once took 118 s of wall from the
+    controller). Each check runs as its timer runs it; on a CPU host the streams take every core, so
+    a check may start slowly: what counts is its verdict and that its unit never timed out."""
     pid, restarts = show(lab, "MainPID"), show(lab, "NRestarts")
     started, stop, checks = time.monotonic(), threading.Event(), []
     with timer_paused(lab), ThreadPoolExecutor(16) as pool:
-        loads = [pool.submit(_stream, lab["base"], stop, started + 240) for _ in range(16)]
+        loads = [pool.submit(_stream, lab["base"], stop, started + 480) for _ in range(16)]
         try:
             time.sleep(10)
-            while (len(checks) < 3 or time.monotonic() < started + 60) and time.monotonic() < started + 240:
+            while (len(checks) < 3 or time.monotonic() < started + 60) and time.monotonic() < started + 480:
                 began = time.monotonic()
-                checks.append({**health_run(lab), "wall_s": time.monotonic() - began,
-                               "result": show(lab, "Result", "qwen27b-health.service")})
+                checks.append({**_health_run_and_result(lab), "wall_s": time.monotonic() - began})
                 time.sleep(5)
         finally:
             stop.set()
