@@ -28,6 +28,7 @@ import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -251,34 +252,65 @@ def _stream(base: str, stop: threading.Event, deadline: float) -> tuple[int, int
     return done, errors
 
 
-def _health_run_and_result(lab) -> dict:
-    """health_run and the run's systemd Result in one SSH session (under load each session's key
-    exchange competes with vLLM for the CPU: CI saw ~40 s of a check's wall spent outside it)."""
-    out = lab["host"].run("systemctl start qwen27b-health.service; "
-                          "systemctl show -p Result --value qwen27b-health.service; "
-                          "cat /var/lib/qwen27b/health.json", check=False, timeout=180).stdout
-    result, _, status = out.partition("\n")
-    return {**json.loads(status), "result": result.strip()}
+LOAD_CHECKS = "q27-load-checks"  # the transient unit on the host that runs the counted health checks
+CHECKS_DIR = "/var/tmp/q27-load-checks"
+
+
+def _start_health_checks_on_host(lab) -> Path:
+    """Run the health check back to back ON the host, as its timer runs it (`systemctl start
+    qwen27b-health.service`), each run's systemd Result, wall time and status file kept in CHECKS_DIR;
+    returns that directory as the controller sees it (the test host's root is a directory here).
+
+    Nothing the load test counts goes through SSH while the load runs: under 16 streams on 2 cores
+    an SSH login (key exchange, PAM, logind) once took over 180 s in CI although the check itself
+    passed, and the test failed on its own instrument."""
+    script = (f"rm -rf {CHECKS_DIR}; mkdir -p {CHECKS_DIR}; i=0; while :; do i=$((i+1)); "
+              "b=$(date +%s.%N); systemctl start qwen27b-health.service; "
+              "r=$(systemctl show -p Result --value qwen27b-health.service); e=$(date +%s.%N); "
+              f"cp /var/lib/qwen27b/health.json {CHECKS_DIR}/$i.json.tmp; "
+              f"printf '%s %s %s\\n' \"$b\" \"$e\" \"$r\" > {CHECKS_DIR}/$i.run; "
+              f"mv {CHECKS_DIR}/$i.json.tmp {CHECKS_DIR}/$i.json; sleep 5; done")
+    lab["host"].run(f"systemd-run --unit={LOAD_CHECKS} --collect --quiet sh -c {shlex.quote(script)}")
+    root = lab["host"].lab.host(lab["host"].name)["root"]
+    return Path(root) / CHECKS_DIR.lstrip("/")
+
+
+def _finished_checks(checks_dir: Path, before: float | None = None) -> list[dict]:
+    """The host's finished check runs (ended before `before`, a wall-clock time: the container shares
+    the controller's realtime clock), each its status file plus Result and wall time."""
+    checks = []
+    for status in sorted(checks_dir.glob("*.json"), key=lambda p: int(p.stem)):
+        began, ended, result = (checks_dir / f"{status.stem}.run").read_text().split()
+        if before is None or float(ended) <= before:
+            checks.append({**json.loads(status.read_text()), "result": result,
+                           "wall_s": float(ended) - float(began)})
+    return checks
 
 
 def test_under_bounded_load_health_checks_see_no_outage_and_nothing_restarts(lab, serving):
     """16 concurrent streams from the controller for at least 60 s and until three health checks have
-    run (bounded: 480 s; a check on a loaded 2-core CI machine once took 118 s of wall from the
-    controller). Each check runs as its timer runs it; on a CPU host the streams take every core, so
-    a check may start slowly: what counts is its verdict and that its unit never timed out."""
+    run (bounded: 480 s). Each check runs on the host as its timer runs it, back to back; on a CPU
+    host the streams take every core, so a check may start slowly: what counts is its verdict and that
+    its unit never timed out. The controller counts the checks by reading their records from the test
+    host's root directory, so an SSH login starved by the load cannot fail the test."""
     pid, restarts = show(lab, "MainPID"), show(lab, "NRestarts")
-    started, stop, checks = time.monotonic(), threading.Event(), []
-    with timer_paused(lab), ThreadPoolExecutor(16) as pool:
-        loads = [pool.submit(_stream, lab["base"], stop, started + 480) for _ in range(16)]
+    with timer_paused(lab):
+        checks_dir = _start_health_checks_on_host(lab)
+        started, stop = time.monotonic(), threading.Event()
         try:
-            time.sleep(10)
-            while (len(checks) < 3 or time.monotonic() < started + 60) and time.monotonic() < started + 480:
-                began = time.monotonic()
-                checks.append({**_health_run_and_result(lab), "wall_s": time.monotonic() - began})
-                time.sleep(5)
+            with ThreadPoolExecutor(16) as pool:
+                loads = [pool.submit(_stream, lab["base"], stop, started + 480) for _ in range(16)]
+                try:
+                    while ((len(_finished_checks(checks_dir)) < 3 or time.monotonic() < started + 60)
+                           and time.monotonic() < started + 480):
+                        time.sleep(2)
+                finally:
+                    stop.set()
+                    load_ended = time.time()
+                results = [f.result() for f in loads]
         finally:
-            stop.set()
-        results = [f.result() for f in loads]
+            lab["host"].run(f"systemctl stop {LOAD_CHECKS}", check=False, timeout=300)
+        checks = _finished_checks(checks_dir, before=load_ended + 1)
     seconds = time.monotonic() - started
     done, errors = sum(r[0] for r in results), sum(r[1] for r in results)
     assert done > 16 and errors == 0, (done, errors)
@@ -292,7 +324,7 @@ def test_under_bounded_load_health_checks_see_no_outage_and_nothing_restarts(lab
                             "health_run_s": [c["wall_s"] for c in checks]}
     print(f"\nload: {done} streamed requests in {seconds:.0f} s at 16 concurrent, 0 errors; /health latency "
           f"during it {[round(c['latency_ms']) for c in checks]} ms; each health check run took "
-          f"{[round(c['wall_s'], 1) for c in checks]} s; no restart")
+          f"{[round(c['wall_s'], 1) for c in checks]} s on the host; no restart")
 
 
 def test_systemd_analyze_security_score(lab, serving):
