@@ -66,6 +66,13 @@ class Settings:
     # none | tree: with model_source mirror, one host fetches from the mirror and hosts holding a
     # verified copy seed the others in waves (1 -> 2 -> 4 ...): 1x the model over the WAN (qwen27b/plan/fanout.py)
     weights_fanout: str = "none"
+    # Multi-node serving (qwen27b/plan/multinode.py): hosts naming the same group serve one model
+    # together when it does not fit one of them (TP within a host, PP across the hosts, vLLM's Ray backend)
+    node_group: str | None = None  # e.g. "pair-a"; every member names it
+    node_role: str | None = None  # "head" (runs the API and the Ray head) or "worker"; one head per group
+    node_address: str | None = None  # this host's address on the link between the members; default ssh_hostname
+    node_interface: str | None = None  # the NIC of that link (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME)
+    interconnect_gbps: float | None = None  # the link's speed in Gbit/s (10 for 10 GbE): the planner checks it
 
 
 _TYPES: dict[str, tuple[type, ...]] = {
@@ -103,6 +110,11 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "metrics_allow": (list,),
     "node_exporter": (bool,),
     "health_port": (int,),
+    "node_group": (str,),
+    "node_role": (str,),
+    "node_address": (str,),
+    "node_interface": (str,),
+    "interconnect_gbps": (int, float),
 }
 PREFIX = "qwen27b_"
 KEYS = [PREFIX + f.name for f in fields(Settings)]
@@ -291,6 +303,8 @@ def _check_values(host: str, s: Settings) -> None:
                           "set qwen27b_model_local_dir to the checkpoint directory on this machine")
     if s.stack_overrides:
         _check_overrides(host, s.stack_overrides)
+    from qwen27b.plan.groupdata import check_node_keys  # its own module: it imports this one
+    check_node_keys(host, s)
     if s.mok_key_path is not None and not (allowlist.MOK_KEY_PATH.ok(s.mok_key_path) and ".." not in s.mok_key_path):
         raise BadHostData(host, "qwen27b_mok_key_path", f"{s.mok_key_path!r} is not allowed here ({allowlist.MOK_KEY_PATH.why})",
                           f"give the key's absolute path, e.g. {allowlist.MOK_KEY_PATH.example}")
@@ -560,4 +574,7 @@ def validate_inventory(hosts: list[tuple[str, dict]]) -> dict[str, Settings]:
                               "keep one entry per machine (list its GPUs with qwen27b_gpu_indices)")
         seen[key] = name
         machines[sshd] = name
+    from qwen27b.plan.groupdata import check_groups
+    check_groups(hosts, settings)
     return settings
+
