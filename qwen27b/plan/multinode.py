@@ -25,7 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from qwen27b.plan.checkpoint import DTYPE_BYTES, ModelShape
-from qwen27b.plan.gate import (Decision, HostFacts, RefusedHost, _choose_profile, _select_gpus, decide, host_gpus)
+from qwen27b.plan.gate import (Decision, HostFacts, RefusedHost, _choose_profile, _os_check, _select_gpus, decide,
+                                host_gpus)
 from qwen27b.plan.hostdata import Settings
 from qwen27b.plan.planner import Flag, Gpu, PlanRefused, ServeInputs, ServePlan, choose_tp, plan_serve
 from qwen27b.plan.stack import gpu_spec, resolve_stack
@@ -272,9 +273,12 @@ def _refuse_all(name: str, members: list[Member], cause: str, fix: str) -> dict[
 def plan_group(name: str, members: list[Member], stack: dict, why: str) -> dict[str, Decision | RefusedHost]:
     """Step 3: the pipeline over every member, or every member refused with the numbers."""
     gpus: dict[str, list[Gpu]] = {}
-    for m in members:
+    for m in members:  # what stops a member whatever the others have: OS, GPUs it cannot serve on
         try:
-            gpus[m.name] = _select_gpus(m.name, host_gpus(m.name, m.facts, stack), m.settings)
+            _os_check(m.name, m.facts, stack, m.settings.profile == "cpu-smoke")
+            cpu = m.settings.profile == "cpu-smoke"
+            gpus[m.name] = [] if cpu else _select_gpus(m.name, host_gpus(m.name, m.facts, stack), m.settings)
+            _choose_profile(m.name, gpus[m.name], m.settings, stack)
         except RefusedHost as refused:
             return {**_refuse_all(name, members, f"member {m.name} is refused: {refused.cause}", refused.fix),
                     m.name: refused}
