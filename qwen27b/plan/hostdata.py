@@ -273,11 +273,7 @@ def _check_values(host: str, s: Settings) -> None:
         if getattr(s, name) is not None:
             _check_url(host, PREFIX + name, getattr(s, name), schemes)
     if s.bind_address is not None:
-        try:
-            ipaddress.ip_address(s.bind_address)
-        except ValueError:
-            raise BadHostData(host, "qwen27b_bind_address", f"{s.bind_address!r} is not an IP address",
-                              "give the lab interface's address, e.g. 192.168.1.20") from None
+        check_ip(host, "qwen27b_bind_address", s.bind_address, "give the lab interface's address, e.g. 192.168.1.20")
     if s.model_source is not None and s.model_source not in MODEL_SOURCES:
         close = difflib.get_close_matches(s.model_source, MODEL_SOURCES, n=1)
         raise BadHostData(host, "qwen27b_model_source", f"{s.model_source!r} is not a model source",
@@ -317,6 +313,13 @@ def _check_values(host: str, s: Settings) -> None:
     for name in ("api_key_file", "hf_token_file"):
         if getattr(s, name):
             _check_secret_file(host, PREFIX + name, getattr(s, name))
+
+
+def check_ip(host: str, key: str, value: str, fix: str) -> None:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        raise BadHostData(host, key, f"{value!r} is not an IP address", fix) from None
 
 
 def _check_ports(host: str, s: Settings) -> None:
