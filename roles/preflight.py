@@ -33,6 +33,8 @@ from qwen27b.controller.report import format_decision, format_operations, format
 from qwen27b.plan.stack import load_stack
 from qwen27b.plan.groupdata import node_address
 from qwen27b.plan.multinode import Member, decide_group
+from pyinfra.facts.files import File
+from roles.multinode import UNIT_FILE as RAY_UNIT_FILE
 
 from ._common import note, take_notes
 
@@ -186,7 +188,8 @@ def gather_facts(models_path: str, on=None) -> HostFacts:
     factcache.prefetch([(F.OsRelease, {}), (F.KernelRelease, {}), (F.NvidiaGpus, {}), (F.NvidiaPciDevices, {}),
                         (F.NvidiaKernelModule, {}), (F.NouveauLoaded, {}), (F.SecureBoot, {}), (F.DiskFree, at),
                         (F.MemoryInfo, {}), (F.PythonVersions, {}), (F.XidErrors, {}), (F.NvidiaCudaPackages, {}),
-                        (F.HeldPackages, {}), (F.KernelHeaders, {}), (F.ModelsOnDisk, at), (DeployLock, {})], on=on)
+                        (F.HeldPackages, {}), (F.KernelHeaders, {}), (F.ModelsOnDisk, at), (DeployLock, {}),
+                        (File, {"path": RAY_UNIT_FILE})], on=on)  # the multinode role's: in this batch, no round trip
     return HostFacts(
         os=read(F.OsRelease),
         kernel=read(F.KernelRelease),
