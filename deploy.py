@@ -10,6 +10,7 @@ operations. The roles then run in the order the stack is built.
 from roles.cuda import cuda
 from roles.dflash import dflash
 from roles.firewall import firewall
+from roles.multinode import multinode
 from roles.node_exporter import node_exporter
 from roles.nvidia import nvidia
 from roles.preflight import preflight, release_lock, run_roles, show_planned_operations
@@ -19,7 +20,7 @@ from roles.verify import verify
 from roles.vllm import vllm
 from roles.weights import weights
 
-ROLES = [toolchain, nvidia, cuda, vllm, dflash, weights, firewall, node_exporter, service, verify]
+ROLES = [toolchain, nvidia, cuda, vllm, dflash, weights, firewall, node_exporter, multinode, service, verify]
 
 decision = preflight()
 if decision is not None and run_roles(decision, ROLES):

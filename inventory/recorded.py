@@ -14,9 +14,16 @@ from tests.support.recorded import fake_responses
 RECORDINGS = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "hosts"
 
 
-def _fake(name: str, **data):
-    return (f"@fake/{name}", {"fake_responses": fake_responses(RECORDINGS / name), "fake_delay": 0,
+def _fake(name: str, recording: str | None = None, **data):
+    """A recorded host; `recording` lets one recording stand for several machines of one kind."""
+    return (f"@fake/{name}", {"fake_responses": fake_responses(RECORDINGS / (recording or name)), "fake_delay": 0,
                               "fake_delay_jitter": 0, **data})
+
+
+# Two workstations with 2x V100 16 GB each, linked by 10 GbE, pooled for a 64k-token context that one
+# of them cannot hold (qwen27b/plan/multinode.py: TP 2 within each, PP 2 across, vLLM's Ray backend).
+PAIR = {"qwen27b_node_group": "pair-a", "qwen27b_node_interface": "enp65s0f0", "qwen27b_interconnect_gbps": 10,
+        "qwen27b_serve_flags": {"--max-model-len": 65536}}
 
 
 recorded_hosts = [
@@ -36,4 +43,8 @@ recorded_hosts = [
     _fake("v100x4-pg500"),
     _fake("v100x4-noheaders"),
     _fake("v100x4-converged-8g"),
+    _fake("v100x2-16gb-pair-head", "v100x2-16gb", qwen27b_node_role="head", qwen27b_node_address="10.10.0.1",
+          qwen27b_bind_address="192.168.10.31", **PAIR),
+    _fake("v100x2-16gb-pair-worker", "v100x2-16gb", qwen27b_node_role="worker", qwen27b_node_address="10.10.0.2",
+          **PAIR),
 ]

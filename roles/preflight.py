@@ -31,6 +31,10 @@ from qwen27b.plan.hostdata import BadHostData, Settings, lab_address, validate_i
 from qwen27b.controller.opsplan import planned_operations
 from qwen27b.controller.report import format_decision, format_operations, format_refusal
 from qwen27b.plan.stack import load_stack
+from qwen27b.plan.groupdata import node_address
+from qwen27b.plan.multinode import Member, decide_group
+from pyinfra.facts.files import File
+from roles.multinode import UNIT_FILE as RAY_UNIT_FILE
 
 from ._common import note, take_notes
 
@@ -184,7 +188,8 @@ def gather_facts(models_path: str, on=None) -> HostFacts:
     factcache.prefetch([(F.OsRelease, {}), (F.KernelRelease, {}), (F.NvidiaGpus, {}), (F.NvidiaPciDevices, {}),
                         (F.NvidiaKernelModule, {}), (F.NouveauLoaded, {}), (F.SecureBoot, {}), (F.DiskFree, at),
                         (F.MemoryInfo, {}), (F.PythonVersions, {}), (F.XidErrors, {}), (F.NvidiaCudaPackages, {}),
-                        (F.HeldPackages, {}), (F.KernelHeaders, {}), (F.ModelsOnDisk, at), (DeployLock, {})], on=on)
+                        (F.HeldPackages, {}), (F.KernelHeaders, {}), (F.ModelsOnDisk, at), (DeployLock, {}),
+                        (File, {"path": RAY_UNIT_FILE})], on=on)  # the multinode role's: in this batch, no round trip
     return HostFacts(
         os=read(F.OsRelease),
         kernel=read(F.KernelRelease),
@@ -209,6 +214,8 @@ def gate(on=None) -> Decision | RefusedHost:
     it for the other hosts before their own turn, so a host that will be refused seeds nobody."""
     on = host if on is None else on
     decisions = runstate.current().decisions
+    if on.name not in decisions and inventory_settings()[on.name].node_group:
+        decisions.update(_group_gate(inventory_settings()[on.name].node_group))
     if on.name not in decisions:
         stack = load_stack()
         settings = inventory_settings()[on.name]  # bad inventory stops the run before any fact is read
@@ -218,6 +225,29 @@ def gate(on=None) -> Decision | RefusedHost:
         except RefusedHost as refused:
             decisions[on.name] = refused
     return decisions[on.name]
+
+
+def _group_gate(name: str) -> dict[str, Decision | RefusedHost]:
+    """Every member of a serving group decided at once, from all their facts (multinode.decide_group):
+    a member's plan depends on the others' GPUs, and none serves without all of them."""
+    stack, settings = load_stack(), inventory_settings()
+    members, refused = [], {}
+    for each in state.inventory:
+        if settings[each.name].node_group != name:
+            continue
+        data = dict(each.data.dict())
+        try:
+            facts = gather_facts(stack["paths"]["models"], each)
+        except RefusedHost as error:
+            refused[each.name] = error
+            continue
+        members.append(Member(each.name, facts, settings[each.name], node_address(settings[each.name], data),
+                              lab_address(data)))
+    if refused:
+        first, error = next(iter(refused.items()))
+        return {**{m.name: RefusedHost(m.name, f"serving group '{name}': member {first} is refused: {error.cause}",
+                                       error.fix) for m in members}, **refused}
+    return decide_group(name, members, stack)
 
 
 def preflight() -> Decision | None:

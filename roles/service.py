@@ -39,6 +39,8 @@ def _will_change(rendered: dict, targets) -> bool:
 
 
 def service(decision: Decision) -> None:
+    if decision.group is not None and decision.group.role == "worker":
+        return  # a serving group's worker runs no API: its Ray node is the multinode role's
     where = layout(decision)
     rendered = render_all(decision)
     targets = [

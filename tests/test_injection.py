@@ -368,7 +368,7 @@ class InProcessPlan:
         import roles.toolchain
         from qwen27b.controller.opsplan import planned_operations
         from tests.support.recorded import fake_responses
-        from roles import cuda, dflash, firewall, node_exporter, nvidia, service, toolchain, vllm, weights
+        from roles import cuda, dflash, firewall, multinode, node_exporter, nvidia, service, toolchain, vllm, weights
 
         inventory = Inventory(([(f"@fake/{name}", {"fake_responses": fake_responses(HOSTS_DIR / name), "fake_delay": 0,
                                                    "fake_delay_jitter": 0, **data})], {}))
@@ -383,7 +383,7 @@ class InProcessPlan:
             roles.toolchain.dry_run = lambda: True  # plan only: fetch no uv
             try:
                 for role in (toolchain.toolchain, nvidia.nvidia, cuda.cuda, vllm.vllm, dflash.dflash, weights.weights,
-                             firewall.firewall, node_exporter.node_exporter, service.service):
+                             firewall.firewall, node_exporter.node_exporter, multinode.multinode, service.service):
                     role(decision)
             finally:
                 roles.toolchain.dry_run = dry

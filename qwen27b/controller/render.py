@@ -208,6 +208,8 @@ def service_env(decision: Decision, where: dict) -> list[tuple[str, str]]:
         env["PYTHONPATH"] = lib_dir(where["venv"])
         if decision.settings.metrics_allow:
             env["QWEN27B_METRICS_ALLOW"] = ",".join(decision.settings.metrics_allow)
+    if decision.group is not None:
+        env.update(group_env(decision))
     env.update(decision.serve.env)
     return sorted((name, env_value(value)) for name, value in env.items())
 
@@ -240,7 +242,13 @@ def contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
         "start_limit_burst": 5,
         "hardening": hardening(decision, where),
         "left_off": left_off(decision, SERVICE_LEFT_OFF),
+        # a serving group's head: the engine drives the group's Ray cluster, reached through the head's
+        # GCS (its /tmp is private, so ray.init finds no local cluster file); none elsewhere
+        "requires": [RAY_UNIT] if decision.group is not None else [],
+        "environment": [("RAY_ADDRESS", ray_address(decision))] if decision.group is not None else [],
     }
+    if decision.group is not None:
+        service["after"] = service["after"] + [RAY_UNIT]
     s = decision.settings
     # root's 0600 key file reaches the unprivileged check as a systemd credential: a copy readable
     # by the unit's user only, under /run/credentials/<unit>/, for the run's lifetime
@@ -334,6 +342,8 @@ def firewall_contexts(decision: Decision) -> dict[str, dict]:
     if s.firewall_allow:
         rules.append({"port": decision.serve.value("--port"), "what": f"{SERVICE_UNIT} (vLLM's API)",
                       "allowed": _nft_networks(s.firewall_allow)})
+    if decision.group is not None:
+        rules += group_rules(decision)
     if rules or s.node_exporter:
         rules.append({"port": s.health_port, "what": f"{HEALTH_HTTP_SOCKET} (the health endpoint)",
                       "allowed": _nft_networks(s.metrics_allow)})
@@ -347,7 +357,11 @@ def firewall_contexts(decision: Decision) -> dict[str, dict]:
         "ports": ", ".join(str(rule["port"]) for rule in rules),
         # a socket unit cannot be ordered after it (sockets come before basic.target, which it is after):
         # the socket's own IPAddressAllow= guards the health port from the start
-        "before": [SERVICE_UNIT] + ([NODE_EXPORTER_UNIT] if s.node_exporter else []),
+        "before": [SERVICE_UNIT] + ([RAY_UNIT] if decision.group is not None else [])
+        + ([NODE_EXPORTER_UNIT] if s.node_exporter else []),
+        # NCCL's ephemeral ports are closed to everyone but the members: replies to this host's own
+        # connections (apt, pip, the hub) land on such ports too, so they pass first
+        "established": ["ct state established,related accept"] if decision.group is not None else [],
         "firewall_unit": FIREWALL_UNIT,
         "rules_file": decision.stack.paths["config"] + "/firewall.nft",
     }
@@ -365,3 +379,86 @@ def render(template: str, context: dict) -> str:
 def render_all(decision: Decision, prefix: str = "") -> dict[str, str]:
     """Template name -> rendered text."""
     return {name: render(name, ctx) for name, ctx in contexts(decision, prefix).items()}
+
+
+# ------------------------------------------------------------------ serving groups (multi-node)
+RAY_UNIT = "qwen27b-ray.service"
+
+
+def ray_address(decision: Decision) -> str:
+    g = decision.group
+    return f"{g.head_address}:{g.multinode['ray_ports']['gcs']}"
+
+
+def group_env(decision: Decision) -> dict[str, str]:
+    """A member's additions to the env file (the Ray unit and, on the head, vLLM read it): its address
+    on the link, the link's interface for NCCL and Gloo, vLLM's fixed rendezvous port. The head's
+    NCCL_* reach every Ray worker [vllm-ray-env], so hostdata holds the interface name equal."""
+    g = decision.group
+    return {"VLLM_HOST_IP": g.address, "NCCL_SOCKET_IFNAME": g.interface, "GLOO_SOCKET_IFNAME": g.interface,
+            "VLLM_PORT": str(g.multinode["vllm_port"]["first"]), "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+RAY_LEFT_OFF = [
+    ("PrivateNetwork= and IPAddressDeny= are off", "Ray, vLLM and NCCL talk to the other members; the firewall role's "
+                                                   "nftables table opens their ports to the members only"),
+    ("MemoryDenyWriteExecute= is off", "the vLLM workers Ray starts JIT-compile kernels (torch, Triton, CUDA)"),
+    ("PrivateUsers= is off", "no capability left to confine; a user namespace under the nspawn test hosts is untested"),
+]
+
+
+def ray_context(decision: Decision, prefix: str = "") -> dict:
+    """The Ray node of a serving group's member: the head (GCS, dashboard off) started with, and stopped
+    with, qwen27b.service (PartOf=); a worker joining the head, restarted until the head answers."""
+    g, where = decision.group, layout(decision, prefix)
+    ports = g.multinode["ray_ports"]
+    head = g.role == "head"
+    argv = [f"{where['venv']}/bin/ray", "start", "--block", "--disable-usage-stats", "--node-ip-address", g.address,
+            "--num-gpus", str(len(decision.gpus))]
+    if head:
+        # the temp dir (sockets, logs) under the state dir: PrivateTmp= gives every unit its own /tmp, and the
+        # engine in qwen27b.service reaches this node's raylet through these sockets; workers take it from the head
+        argv += ["--head", "--port", str(ports["gcs"]), "--include-dashboard=false", "--temp-dir", where["state_dir"] + "/ray"]
+    else:
+        argv += ["--address", ray_address(decision)]
+    argv += ["--node-manager-port", str(ports["node_manager"]), "--object-manager-port", str(ports["object_manager"]),
+             "--runtime-env-agent-port", str(ports["runtime_env_agent"]),
+             "--dashboard-agent-grpc-port", str(ports["dashboard_agent_grpc"]),
+             "--dashboard-agent-listen-port", str(ports["dashboard_agent_listen"]),
+             "--metrics-export-port", str(ports["metrics_export"]),
+             "--min-worker-port", str(g.multinode["ray_worker_ports"]["min"]),
+             "--max-worker-port", str(g.multinode["ray_worker_ports"]["max"])]
+    return {
+        **where,
+        "role": g.role,
+        "group": unit_text(g.name),
+        "address": g.address,
+        "after": ["network-online.target"] + (["nvidia-persistenced.service"] if decision.gpus else []),
+        "part_of": [SERVICE_UNIT] if head else [],
+        "user": decision.stack.paths["service_user"],
+        "exec_start": [systemd_quote(arg) for arg in argv],
+        # a worker waits for its head (down, restarting, not deployed yet) as long as it takes
+        "restart": "on-failure" if head else "always",
+        "start_limit_interval_s": 1800 if head else 0,
+        "start_limit_burst": 5,
+        "hardening": hardening(decision, where),
+        "left_off": left_off(decision, RAY_LEFT_OFF),
+    }
+
+
+def group_rules(decision: Decision) -> list[dict]:
+    """The firewall's rules of a member: every port of the group open to the other members and the host
+    itself, reset for everyone else (vLLM warns its traffic is unencrypted and can run code
+    [vllm-multinode]); Ray's client server (the head's port 10001, code from anyone) to no one."""
+    from qwen27b.plan.groupdata import group_ports
+
+    g = decision.group
+    peers = _nft_networks([f"{address}/{32 if ':' not in address else 128}" for address in g.peers])
+    rules = [{"port": str(low) if low == high else f"{low}-{high}", "what": f"{what} (serving group {g.name})",
+              "allowed": peers} for what, low, high in group_ports({"multinode": g.multinode})]
+    if g.role == "head":
+        rules.append({"port": str(RAY_CLIENT_PORT), "what": "Ray client server (not used: closed)", "allowed": []})
+    return rules
+
+
+RAY_CLIENT_PORT = 10001  # `ray start --head` always listens here (Ray docs, ports configurations)

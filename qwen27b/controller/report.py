@@ -54,11 +54,14 @@ def format_decision(d: Decision) -> str:
             f"   {len(d.gpus)} GPU(s): {gpus}; release {d.stack.stack_hash}")
     parts = [head, "", table(["install", "action", "value", "why"],
                              [[c.what, c.action, c.value, c.reason] for c in d.choices], [8, 8, 34, 60]), ""]
+    group = d.group.rows() if d.group is not None else []  # multinode.NodeGroup: one stage of a serving group
+    if group:
+        parts += [table(["serving group", "value", "why"], group, [14, 30, 76]), ""]
     parts.append(table(["vllm serve flag", "value", "why"],
                        [[f.name + (" (pinned)" if f.pinned else ""), f.value if f.value is not None else "(on)", f.reason]
                         for f in d.serve.flags], [26, 44, 60]))
     parts += ["", table(["memory plan", "size"], [list(r) for r in d.serve.memory.rows()], [34, 20])]
-    reasons = [c.reason for c in d.choices] + [f.reason for f in d.serve.flags] + d.serve.notes
+    reasons = [c.reason for c in d.choices] + [row[2] for row in group] + [f.reason for f in d.serve.flags] + d.serve.notes
     legend = _legend(d, reasons)
     if legend:
         parts += ["", "sources:"] + legend

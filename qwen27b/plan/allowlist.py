@@ -104,7 +104,10 @@ STACK_RULES.update({"draft." + k[len("model."):]: r for k, r in list(STACK_RULES
 ENV_NAME = Rule(r"[A-Z_][A-Z0-9_]{0,63}", "a variable name in the service's env file", "VLLM_USE_V2_MODEL_RUNNER")
 ENV_RESERVED = {"HOME", "XDG_CACHE_HOME", "VLLM_CACHE_ROOT", "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
                 "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "CUDA_VISIBLE_DEVICES", "PYTHONPATH", "QWEN27B_METRICS_ALLOW",
-                "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "PYTHONSTARTUP", "PYTHONHOME"}
+                "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "PYTHONSTARTUP", "PYTHONHOME",
+                # a serving group's (render.group_env): one value per member, from its host data
+                "VLLM_HOST_IP", "VLLM_PORT", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "RAY_ADDRESS",
+                "RAY_USAGE_STATS_ENABLED"}
 SECRET_NAME = re.compile(r"KEY|TOKEN|PASSWORD|SECRET|CREDENTIAL", re.I)
 
 # Host data paths that land in a host-side config file or command.

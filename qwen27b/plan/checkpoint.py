@@ -41,6 +41,10 @@ class ModelShape:
     gdn_key_dim: int = 0
     gdn_value_dim: int = 0
     gdn_conv_kernel: int = 0
+    # per layer, "full_attention" or "linear_attention", in order: which stage of a pipeline holds
+    # which kind (qwen27b/plan/multinode.py); empty when the config gives no layout
+    layer_types: tuple = ()
+    tied_embeddings: bool = False  # lm_head shares the embedding matrix (one copy in the checkpoint)
 
     @property
     def hybrid(self) -> bool:
@@ -99,6 +103,9 @@ def shape_from_config(config: dict, weight_bytes: int) -> ModelShape:
             full = layers // int(text["full_attention_interval"])
         else:
             full = layers
+        interval = int(text.get("full_attention_interval") or 1)
+        kinds = tuple(layer_types) if layer_types else tuple(
+            "full_attention" if (n + 1) % interval == 0 else "linear_attention" for n in range(layers))
         quant = config.get("quantization_config") or {}
         return ModelShape(
             architecture=(config.get("architectures") or ["unknown"])[0],
@@ -122,6 +129,8 @@ def shape_from_config(config: dict, weight_bytes: int) -> ModelShape:
             gdn_key_dim=int(text.get("linear_key_head_dim", 0)),
             gdn_value_dim=int(text.get("linear_value_head_dim", 0)),
             gdn_conv_kernel=int(text.get("linear_conv_kernel_dim", 0)),
+            layer_types=kinds,
+            tied_embeddings=bool(text.get("tie_word_embeddings", config.get("tie_word_embeddings", False))),
         )
     except KeyError as missing:
         raise CheckpointError(f"config.json lacks {missing}, which the memory plan needs") from None

@@ -130,6 +130,7 @@ class Decision:
     facts: HostFacts
     os_row: dict  # the stack's os_support row (CUDA repo path, notes)
     driver: DriverPlan | None = None  # None: the profile uses no GPU driver
+    group: object | None = None  # multinode.NodeGroup: this host is one stage of a serving group
 
     @property
     def profile(self) -> str:
@@ -489,8 +490,10 @@ def _check_disk(host: str, facts: HostFacts, rs: ResolvedStack, settings: Settin
     return None
 
 
-def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind_address: str | None = None) -> Decision:
-    """The whole gate for one host. Raises RefusedHost; never touches the host."""
+def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind_address: str | None = None,
+           pipeline=None) -> Decision:
+    """The whole gate for one host. Raises RefusedHost; never touches the host. `pipeline`
+    (multinode.Pipeline): the host is one stage of a serving group, planned for its share of layers."""
     cpu = settings.profile == "cpu-smoke"
     os_row = _os_check(host, facts, stack, cpu)
     if not cpu:
@@ -550,7 +553,7 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
     else:
         bind, bind_reason = "127.0.0.1", "no lab address in host data: loopback only; set qwen27b_bind_address to serve the lab"
     try:
-        serve = plan_serve(ServeInputs(
+        serve = (pipeline.plan if pipeline is not None else plan_serve)(ServeInputs(
             stack=rs, gpus=gpus, target=target, draft=draft, model_path=model_path, draft_path=draft_path,
             served_name=settings.served_model_name or rs.model["served_name"],
             bind_address=bind, bind_reason=bind_reason, port=settings.port,

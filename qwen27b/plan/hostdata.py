@@ -66,6 +66,13 @@ class Settings:
     # none | tree: with model_source mirror, one host fetches from the mirror and hosts holding a
     # verified copy seed the others in waves (1 -> 2 -> 4 ...): 1x the model over the WAN (qwen27b/plan/fanout.py)
     weights_fanout: str = "none"
+    # Multi-node serving (qwen27b/plan/multinode.py): hosts naming the same group serve one model
+    # together when it does not fit one of them (TP within a host, PP across the hosts, vLLM's Ray backend)
+    node_group: str | None = None  # e.g. "pair-a"; every member names it
+    node_role: str | None = None  # "head" (runs the API and the Ray head) or "worker"; one head per group
+    node_address: str | None = None  # this host's address on the link between the members; default ssh_hostname
+    node_interface: str | None = None  # the NIC of that link (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME)
+    interconnect_gbps: float | None = None  # the link's speed in Gbit/s (10 for 10 GbE): the planner checks it
 
 
 _TYPES: dict[str, tuple[type, ...]] = {
@@ -103,6 +110,11 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "metrics_allow": (list,),
     "node_exporter": (bool,),
     "health_port": (int,),
+    "node_group": (str,),
+    "node_role": (str,),
+    "node_address": (str,),
+    "node_interface": (str,),
+    "interconnect_gbps": (int, float),
 }
 PREFIX = "qwen27b_"
 KEYS = [PREFIX + f.name for f in fields(Settings)]
@@ -261,11 +273,7 @@ def _check_values(host: str, s: Settings) -> None:
         if getattr(s, name) is not None:
             _check_url(host, PREFIX + name, getattr(s, name), schemes)
     if s.bind_address is not None:
-        try:
-            ipaddress.ip_address(s.bind_address)
-        except ValueError:
-            raise BadHostData(host, "qwen27b_bind_address", f"{s.bind_address!r} is not an IP address",
-                              "give the lab interface's address, e.g. 192.168.1.20") from None
+        check_ip(host, "qwen27b_bind_address", s.bind_address, "give the lab interface's address, e.g. 192.168.1.20")
     if s.model_source is not None and s.model_source not in MODEL_SOURCES:
         close = difflib.get_close_matches(s.model_source, MODEL_SOURCES, n=1)
         raise BadHostData(host, "qwen27b_model_source", f"{s.model_source!r} is not a model source",
@@ -291,6 +299,8 @@ def _check_values(host: str, s: Settings) -> None:
                           "set qwen27b_model_local_dir to the checkpoint directory on this machine")
     if s.stack_overrides:
         _check_overrides(host, s.stack_overrides)
+    from qwen27b.plan.groupdata import check_node_keys  # its own module: it imports this one
+    check_node_keys(host, s)
     if s.mok_key_path is not None and not (allowlist.MOK_KEY_PATH.ok(s.mok_key_path) and ".." not in s.mok_key_path):
         raise BadHostData(host, "qwen27b_mok_key_path", f"{s.mok_key_path!r} is not allowed here ({allowlist.MOK_KEY_PATH.why})",
                           f"give the key's absolute path, e.g. {allowlist.MOK_KEY_PATH.example}")
@@ -303,6 +313,13 @@ def _check_values(host: str, s: Settings) -> None:
     for name in ("api_key_file", "hf_token_file"):
         if getattr(s, name):
             _check_secret_file(host, PREFIX + name, getattr(s, name))
+
+
+def check_ip(host: str, key: str, value: str, fix: str) -> None:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        raise BadHostData(host, key, f"{value!r} is not an IP address", fix) from None
 
 
 def _check_ports(host: str, s: Settings) -> None:
@@ -560,4 +577,7 @@ def validate_inventory(hosts: list[tuple[str, dict]]) -> dict[str, Settings]:
                               "keep one entry per machine (list its GPUs with qwen27b_gpu_indices)")
         seen[key] = name
         machines[sshd] = name
+    from qwen27b.plan.groupdata import check_groups
+    check_groups(hosts, settings)
     return settings
+

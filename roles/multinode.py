@@ -1,0 +1,71 @@
+"""Multi-node: on a member of a serving group (qwen27b/plan/multinode.py), Ray in the release venv and
+the Ray node's unit, `qwen27b-ray.service`. On the head it starts and stops with qwen27b.service
+(PartOf=, and qwen27b.service Requires= it), so the service role's restart restarts both; a worker
+runs no API: this role writes its env file and keeps its Ray worker running, restarted on change.
+A host that left its group loses the unit again.
+
+Runs before the service role: the head's qwen27b.service needs the Ray unit to exist when it starts.
+"""
+
+from __future__ import annotations
+
+import shlex
+from io import StringIO
+
+from pyinfra import host
+from pyinfra.facts.files import File
+from pyinfra.operations import files, server, systemd
+
+from qwen27b.controller.host_facts import VenvPackages
+from qwen27b.controller.render import RAY_UNIT, layout, ray_context, render, render_all
+from qwen27b.plan.gate import Decision
+
+from ._common import needs_restart, note, restart_needed, url_word
+from .toolchain import release_venv
+
+UNIT_FILE = f"/etc/systemd/system/{RAY_UNIT}"
+
+
+def multinode(decision: Decision) -> None:
+    group = decision.group
+    if group is None:
+        if host.get_fact(File, path=UNIT_FILE):
+            systemd.service(name=f"stop {RAY_UNIT} (no longer in a serving group)", service=RAY_UNIT,
+                            running=False, enabled=False)
+            files.file(name=f"remove {UNIT_FILE}", path=UNIT_FILE, present=False)
+            systemd.daemon_reload(name="systemd daemon-reload (Ray unit removed)")
+        return
+    note(f"multinode: {group.role} of serving group '{group.name}', stage {group.stage.index + 1} of {group.pp} "
+         f"({group.stage.span}), Ray on {group.address} ({group.interface}), GCS {group.head_address}")
+    venv = release_venv(decision)
+    installed = host.get_fact(VenvPackages, venv=venv) or {}
+    changed = []
+    if "ray" not in installed:
+        requirement = shlex.quote(group.multinode["ray_requirement"])
+        mirror = decision.settings.wheel_mirror
+        links = f"PIP_FIND_LINKS={url_word(decision.settings, 'wheel_mirror')} " if mirror else ""
+        changed.append(server.shell(name="Ray into the release venv (vLLM's executor across hosts)",
+                                    commands=[f"{links}{venv}/bin/python -m pip install {requirement}"]))
+    unit_text = render("qwen27b-ray.service.j2", ray_context(decision))
+    unit = files.put(name=f"render {UNIT_FILE}", src=StringIO(unit_text), dest=UNIT_FILE, user="root", group="root",
+                     mode="0644", create_remote_dir=False)
+    changed.append(unit)
+    if group.role == "head":
+        # the service role restarts qwen27b.service, and with it this unit (PartOf=), when either changed
+        for op in changed:
+            needs_restart(op)
+        if unit.will_change:
+            systemd.daemon_reload(name="systemd daemon-reload (Ray unit changed)")
+        return
+    env_file = layout(decision)["env_file"]
+    env_text = render_all(decision)["qwen27b.env.j2"]
+    env = files.put(name=f"render {env_file}", src=StringIO(env_text), dest=env_file, user="root", group="root",
+                    mode="0644", create_remote_dir=False)
+    if unit.will_change:
+        systemd.daemon_reload(name="systemd daemon-reload (Ray unit changed)")
+    if any(op.will_change for op in changed) or env.will_change or restart_needed():
+        systemd.service(name=f"enable {RAY_UNIT}", service=RAY_UNIT, running=None, enabled=True)
+        server.shell(name=f"restart {RAY_UNIT} (the Ray worker: config, release or weights changed)",
+                     commands=[f"systemctl restart --no-block {RAY_UNIT}"])
+    else:
+        systemd.service(name=f"{RAY_UNIT} enabled and running", service=RAY_UNIT, running=True, enabled=True)
