@@ -92,12 +92,15 @@ def pool_config(plan: GatewayPlan, where: dict) -> str:
         "backends": [{"name": b.name, "address": b.address, "port": b.port, "health_port": b.health_port}
                      for b in plan.backends],
         # ~2 s for a dead backend to leave, 2 s to return; nginx's passive check covers the gap
-        "interval_s": 1.0, "timeout_s": 1.0, "fall": 2, "rise": 2, "max_fails": 1, "fail_timeout_s": 5,
+        "interval_s": 1.0, "timeout_s": 1.0, "fall": 2, "rise": 2,
+        # nginx's passive check: 3 failed tries in 5 s skip a server for 5 s (1 would let one hiccup on
+        # the last healthy backend answer 502 "no live upstreams" for 5 s)
+        "max_fails": 3, "fail_timeout_s": 5,
     }, indent=2, sort_keys=True) + "\n"
 
 
 def nginx_context(plan: GatewayPlan, where: dict, run_as: list[str] | None = None,
-                  access_log: str = "syslog:server=unix:/dev/log,nohostname,tag=qwen27b_gateway qwen27b") -> dict:
+                  access_log: str = "syslog:server=unix:/run/systemd/journal/dev-log,nohostname,tag=qwen27b_gateway qwen27b") -> dict:
     return {
         "worker_processes": "auto",
         "worker_connections": 4096,
@@ -111,6 +114,7 @@ def nginx_context(plan: GatewayPlan, where: dict, run_as: list[str] | None = Non
         "keys_file": where["keys"],
         "upstream_file": where["upstream_file"],
         "keepalive": 32,
+        "keepalive_timeout_s": 4,
         "listens": [_listen(plan.address, plan.port)],
         "connect_timeout_s": 2,  # a backend that does not answer SYN in 2 s: try the next one
         "tries": len(plan.backends),  # each backend once
