@@ -48,6 +48,7 @@ from qwen27b.controller import gateway_render as gr  # noqa: E402
 from qwen27b.onhost.contract import MIDDLEWARE  # noqa: E402
 from qwen27b.plan.gateway import Backend, GatewayPlan  # noqa: E402
 from qwen27b.tools import cpu_smoke as cs  # noqa: E402
+from qwen27b.tools.cpu_smoke.check import descendants  # noqa: E402
 from tests.support import onhost_lib  # noqa: E402
 
 BACKEND_KEY = "bench-backend-" + os.urandom(6).hex()
@@ -84,7 +85,7 @@ class Backends:
 
     def kill(self, i: int) -> None:
         """SIGKILL the API server and its children (the engine core), by the PIDs started here."""
-        kids = cs.descendants(self.procs[i].pid)
+        kids = descendants(self.procs[i].pid)
         self.procs[i].kill()
         for pid in kids:
             try:
@@ -259,9 +260,10 @@ def main() -> int:
             backends.start(1)
             print(f"{label}: done; backend 1 back in {backends.wait(1):.0f} s", file=sys.stderr)
     finally:
-        for proc in started:
+        for proc in started:  # SIGTERM: nginx's master takes its workers down with it
             if proc.poll() is None:
-                proc.kill()
+                proc.terminate()
+                proc.wait(timeout=30)
         backends.stop()
     b50, b99 = pct(base_over, 0.5), pct(base_over, 0.99)
     l50, l99 = pct(base_load["ok"], 0.5), pct(base_load["ok"], 0.99)
