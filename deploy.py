@@ -11,7 +11,7 @@ group get the gateway role instead (roles/gateway.py).
 from roles.cuda import cuda
 from roles.dflash import dflash
 from roles.firewall import firewall
-from roles.gateway import gateway, gateway_host, gateway_preflight
+from roles.gateway import gateway, gateway_host, gateway_preflight, verify_gateway
 from roles.node_exporter import node_exporter
 from roles.nvidia import nvidia
 from roles.preflight import preflight, release_lock, run_roles, show_planned_operations
@@ -23,16 +23,17 @@ from roles.weights import weights
 
 ROLES = [toolchain, nvidia, cuda, vllm, dflash, weights, firewall, node_exporter, service, verify]
 
-if not gateway_host():
-    decision = preflight()
-    if decision is not None and run_roles(decision, ROLES):
-        release_lock()
-        show_planned_operations()
-
-# The qwen27b_gateway group: the lab's one OpenAI address in front of the hosts above (planned
-# after them, so a run that deploys both checks the gateway once its backends serve).
-if gateway_host():
-    plan = gateway_preflight()
-    if plan is not None and run_roles(plan, [gateway]):
-        release_lock()
-        show_planned_operations()
+# A host of the qwen27b_gateway group gets the gateway instead: the lab's one OpenAI address in
+# front of the other hosts (roles/gateway.py).
+gateway_plan = gateway_preflight() if gateway_host() else None
+decision = None if gateway_host() else preflight()
+if decision is not None:
+    planned = run_roles(decision, ROLES)
+else:
+    planned = gateway_plan is not None and run_roles(gateway_plan, [gateway])
+if planned:
+    # one line for every host, so one operation: a gateway's check below runs after every backend's verify
+    release_lock()
+    if gateway_plan is not None:
+        verify_gateway(gateway_plan)
+    show_planned_operations()

@@ -100,6 +100,13 @@ def gateway(plan: GatewayPlan) -> None:
                      commands=[f"systemctl reload-or-restart {G.GATEWAY_UNIT}"])
     else:
         _started(G.GATEWAY_UNIT, restart=False, why="")
+
+
+def verify_gateway(plan: GatewayPlan) -> None:
+    """The controller's check of the gateway, as a client. deploy.py queues it after the run's
+    unlock, an operation every host shares: pyinfra orders each host's operations and merges the
+    hosts level by level, so only a shared operation makes this wait for the backends' verify
+    (queued earlier, it would hold the run while their services were not even rendered)."""
     if not dry_run():
         python.call(name="verify: the gateway refuses no key, lists one model, streams a completion",
                     function=_check, plan=plan)
