@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,12 +43,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from qwen27b.controller import cpu_build as cb  # noqa: E402
-from qwen27b.controller import gateway_render as gr  # noqa: E402
 from qwen27b.onhost.contract import MIDDLEWARE  # noqa: E402
 from qwen27b.plan.gateway import Backend, GatewayPlan  # noqa: E402
 from qwen27b.tools import cpu_smoke as cs  # noqa: E402
 from qwen27b.tools.cpu_smoke.check import descendants  # noqa: E402
 from tests.support import onhost_lib  # noqa: E402
+from tests.support.gateway_lab import render_scratch  # noqa: E402
 
 BACKEND_KEY = "bench-backend-" + os.urandom(6).hex()
 CLIENT_KEY = "bench-client-" + os.urandom(6).hex()
@@ -112,19 +111,9 @@ def start_nginx(work: Path, backends: Backends, keys: Path) -> tuple[str, list[s
     plan = GatewayPlan("bench", "127.0.0.1", port, (str(keys / "client.key"),),
                        tuple(Backend(f"b{i}", "127.0.0.1", p, p) for i, p in enumerate(backends.ports)),
                        str(keys / "backend.key"), NAME, 600)
-    where = gr.layout(str(work / "nginx-root"))
-    for key in ("config", "temp_dir"):
-        Path(where[key] if key == "temp_dir" else where[key]).parent.mkdir(parents=True, exist_ok=True)
-    Path(where["temp_dir"]).mkdir(parents=True, exist_ok=True)
-    Path(where["config"]).write_text(gr.render("qwen27b-gateway.nginx.conf.j2",
-                                               gr.nginx_context(plan, where, run_as=[], access_log="off")))
-    Path(where["keys"]).write_text(gr.keys_text(plan))
-    # probing vLLM's /health on both ports: loopback has no qwen27b-health-http
-    Path(where["pool_config"]).write_text(gr.pool_config(plan, where))
-    lib = work / "pool-lib"
-    onhost_lib.install(lib)
-    env = {**os.environ, "PYTHONPATH": str(lib)}
-    pool = [sys.executable, "-m", gr.POOL_MODULE, "--config", where["pool_config"]]
+    # the pool probes vLLM's /health on both ports: loopback has no qwen27b-health-http
+    where = render_scratch(plan, work / "nginx-root")
+    pool, env = where["pool"], where["env"]
     subprocess.run(pool + ["render"], env=env, check=True)
     procs = [subprocess.Popen(["nginx", "-c", where["config"]], stderr=open(work / "nginx.log", "ab")),
              subprocess.Popen(pool + ["watch"], env=env, stderr=open(work / "pool.log", "ab"))]

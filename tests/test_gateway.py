@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -27,7 +26,7 @@ from qwen27b.onhost import gateway_pool as P
 from qwen27b.plan.gateway import Backend, GatewayPlan, plan_gateways
 from qwen27b.plan.hostdata import BadHostData, validate_inventory
 from setupcheck import skip_or_fail_setup
-from tests.support import onhost_lib
+from tests.support.gateway_lab import render_scratch
 
 GOLDEN = Path(__file__).parent / "golden" / "gateway"
 GW, B1, B2 = "10.0.0.9", "10.0.0.21", "10.0.0.22"
@@ -280,18 +279,8 @@ def loopback(tmp_path, keys):
     plan = GatewayPlan("gw", "127.0.0.1", port, (keys["a"],),
                        tuple(Backend(n, "127.0.0.1", s.server_address[1], s.server_address[1]) for n, s in stubs.items()),
                        keys["backend"], None, 600)
-    where = G.layout(str(tmp_path / "root"))
-    for key in ("config", "temp_dir"):
-        Path(where[key]).parent.mkdir(parents=True, exist_ok=True)
-    Path(where["temp_dir"]).mkdir()
-    Path(where["config"]).write_text(G.render("qwen27b-gateway.nginx.conf.j2",
-                                              G.nginx_context(plan, where, run_as=[], access_log="off")))
-    Path(where["keys"]).write_text(G.keys_text(plan))
-    Path(where["pool_config"]).write_text(G.pool_config(plan, where))
-    lib = tmp_path / "lib"
-    onhost_lib.install(lib)
-    pool = [sys.executable, "-m", G.POOL_MODULE, "--config", where["pool_config"]]
-    env = {**os.environ, "PYTHONPATH": str(lib)}
+    where = render_scratch(plan, tmp_path / "root")
+    pool, env = where["pool"], where["env"]
     subprocess.run(pool + ["render"], env=env, check=True, capture_output=True)
     nginx = subprocess.Popen([nginx_binary(), "-c", where["config"]], stderr=open(tmp_path / "nginx.log", "w"))
     try:
