@@ -20,15 +20,16 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 import threading
 import time
 
 import httpx
 import pytest
 
-from qwen27b.controller import gateway_drain
 from qwen27b.controller import postdeploy as V
-from tests.e2e.test_deploy import artifacts, deploy, mirror  # noqa: F401 (module fixtures, shared helpers)
+from tests.e2e.test_deploy import ROOT, artifacts, deploy, mirror  # noqa: F401 (module fixtures, shared helpers)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.parametrize("testhosts", [3], indirect=True)]
 BACKEND_KEY = "q27-backend-" + os.urandom(8).hex()
@@ -212,19 +213,32 @@ def test_a_killed_backend_leaves_the_pool_under_load_without_failed_requests_and
           f"out of the pool after {out_at - killed_at:.1f} s; back in {back_at - killed_at:.0f} s")
 
 
+def gateway_cli(gw, *args: str) -> list[dict]:
+    """`qwen27b gateway --json ARGS` (controller/gateway_drain.py through the operator's command):
+    its own process, as pyinfra's connectors patch the process they run in (gevent) and this one
+    has the load's threads. One JSON object per gateway."""
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "SSL_CERT_FILE")}
+    result = subprocess.run([sys.executable, "-m", "qwen27b.tools.cli", "gateway", "--json", args[0],
+                             str(gw["inventory"]), *args[1:]], cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)},
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
 def test_rolling_restart_with_drain_under_steady_load_fails_no_request(gw):
-    """The rollout's seam: drain (gateway_drain.drain) -> restart -> undrain, one backend at a time."""
+    """The rollout's seam (controller/gateway_drain.py): drain -> restart -> undrain, one backend at a
+    time; `undrain` returns once the backend is healthy and back in the pool."""
     steps = []
     with Load(gw["base"], threads=2, limit_s=900) as load:
         time.sleep(3)
         for backend in gw["backends"]:
             began = time.monotonic()
-            [drained] = gateway_drain.drain(str(gw["inventory"]), backend.name, wait_s=120)
-            assert drained.record["drained"] and backend.name not in drained.record["pool"]
+            [drained] = gateway_cli(gw, "drain", backend.name, "--wait", "120")
+            assert drained["drained"] and backend.name not in drained["pool"], drained
             backend.run("systemctl restart qwen27b.service", timeout=400)  # returns once vLLM is ready
-            [back] = gateway_drain.undrain(str(gw["inventory"]), backend.name, wait_in_pool_s=120)
-            assert backend.name in back.record["pool"]
-            steps.append((backend.name, round(drained.record["waited_s"], 1), round(time.monotonic() - began)))
+            [back] = gateway_cli(gw, "undrain", backend.name, "--wait", "120")
+            assert backend.name in back["pool"], back
+            steps.append((backend.name, round(drained["waited_s"], 1), round(time.monotonic() - began)))
         time.sleep(3)
     assert load.failed == [], load.failed
     assert load.ok > 10
