@@ -2,7 +2,7 @@
 fix), its rendered files (golden: tests/golden/gateway/, regenerate with QWEN27B_UPDATE_GOLDEN=1),
 `nginx -t` and `systemd-analyze verify` of them, the pool rules (onhost/gateway_pool.py), and the
 pool watcher driving a real nginx on loopback in front of two tiny HTTP backends (the backends are
-stand-ins: what is tested is nginx's reloads, drains and retries; tests/e2e/test_gateway.py has real
+stand-ins: what is tested is nginx's reloads, drains and retries; tests/e2e/test_scaleout_gateway.py has real
 vLLM backends on test hosts)."""
 
 from __future__ import annotations

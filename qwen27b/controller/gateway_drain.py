@@ -14,7 +14,7 @@ No admin port is opened on the gateway for this: who may drain is who may SSH to
 
 An inventory without a gateway drains nothing (an empty list): a rollout calls this in any lab.
 pyinfra's connectors patch the process they run in (gevent): call this from a pyinfra-style
-process, not one with threads of its own (tests/e2e/test_gateway.py goes through the CLI).
+process, not one with threads of its own (tests/e2e/test_scaleout_gateway.py goes through the CLI).
 """
 
 from __future__ import annotations

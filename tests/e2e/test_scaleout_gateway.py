@@ -2,6 +2,10 @@
 (group qwen27b_gateway), the CPU smoke profile on the other two (real vLLM, SmolLM2-135M), all from
 one `pyinfra <inventory> deploy.py -y`, as a lab would run it.
 
+The file sorts after the modules that deploy the session's one test host (test_deploy, test_faults,
+test_prometheus_e2e): its three hosts replace that host, and coming earlier would make the next
+module deploy a fresh one again (~4 min of CI).
+
 Three hosts rather than the gateway beside a backend: the inventory keeps one qwen27b deployment
 per machine, and the gateway is cheap (nginx ~10 MB, the watcher ~15 MB: docs/scale-out.md); the
 two vLLM servers take ~3.5 GiB each. The hosts reach each other as on a lab LAN (link_peers); all
