@@ -235,9 +235,10 @@ def test_rolling_restart_with_drain_under_steady_load_fails_no_request(gw):
     """The rollout's seam (controller/gateway_drain.py): drain -> restart -> undrain, one backend at a
     time; `undrain` returns once the backend is healthy and back in the pool."""
     steps = []
-    # paced (one client, a request a second): two vLLM CPU engines share these 2 cores, and with the
-    # one left in the pool kept busy the other's start-up once ran past its 300 s start timeout
-    with Load(gw["base"], threads=1, limit_s=900, pause_s=1.0) as load:
+    # paced (one client, a request every 3 s): both vLLM CPU engines pin their OpenMP thread to core
+    # 0 of these 2 shared cores; with the one left in the pool kept busy (2 clients, then 1 a second)
+    # the other's start-up ran past its 300 s start timeout, twice
+    with Load(gw["base"], threads=1, limit_s=900, pause_s=3.0) as load:
         time.sleep(3)
         for backend in gw["backends"]:
             began = time.monotonic()
@@ -251,7 +252,7 @@ def test_rolling_restart_with_drain_under_steady_load_fails_no_request(gw):
             steps.append((backend.name, round(drained["waited_s"], 1), round(time.monotonic() - began)))
         time.sleep(3)
     assert load.failed == [], load.failed
-    assert load.ok > 10
+    assert load.ok > 5
     gw["figures"]["rollout"] = {"requests_ok": load.ok, "failed": 0, "steps": steps}
     print(f"\nrolling restart of {len(steps)} backends, drained first, under a paced client: {load.ok} requests ok, "
           f"0 failed; (backend, drain wait s, step s): {steps}")
