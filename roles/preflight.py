@@ -51,7 +51,7 @@ def inventory_settings() -> dict[str, Settings]:
     if run.settings is None:
         hosts = [(h.name, dict(h.data.dict())) for h in state.inventory]
         try:
-            run.settings = validate_inventory(hosts)
+            run.settings = validate_inventory(hosts, {h.name: set(h.groups) for h in state.inventory})
         except BadHostData as error:
             raise BadInventory(f"bad inventory data, no host was touched: {error}") from None
         watch_ctrl_c()

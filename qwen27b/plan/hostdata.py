@@ -116,8 +116,18 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "node_interface": (str,),
     "interconnect_gbps": (int, float),
 }
+# Keys read on the gateway hosts only (the qwen27b_gateway group): their meaning and the checks
+# across hosts are in qwen27b/plan/gateway.py; typed here like every other key.
+GATEWAY_TYPES: dict[str, tuple[type, ...]] = {
+    "gateway_port": (int,),  # where clients reach the lab's one OpenAI endpoint (default 8000)
+    "gateway_bind_address": (str,),  # None: the gateway host's lab address
+    "gateway_key_files": (list,),  # controller-side 0600 files, one client key each (required)
+    "gateway_backends": (list,),  # inventory host names; None: every host outside the gateway group
+    "gateway_request_timeout_s": (int,),  # longest request; also bounds a drain's wait
+}
 PREFIX = "qwen27b_"
-KEYS = [PREFIX + f.name for f in fields(Settings)]
+GATEWAY_KEYS = [PREFIX + name for name in GATEWAY_TYPES]
+KEYS = [PREFIX + f.name for f in fields(Settings)] + GATEWAY_KEYS
 _POSITIVE = {"tensor_parallel_size", "min_free_disk_gib", "health_interval_s", "health_failures_before_restart",
              "keep_model_revisions", "keep_releases"}
 MODEL_SOURCES = ("hub", "mirror", "controller")
@@ -155,7 +165,7 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def _check_type(host: str, key: str, name: str, value: Any) -> None:
-    wanted = _TYPES[name]
+    wanted = _TYPES.get(name) or GATEWAY_TYPES[name]
     # bool is an int in Python: a `True` port is a typo, not a number.
     if isinstance(value, bool) and bool not in wanted:
         ok = False
@@ -217,6 +227,8 @@ def settings_for(host: str, data: dict) -> Settings:
                 continue
             _check_type(host, key, name, value)
             _check_no_control_chars(host, key, value)
+            if key in GATEWAY_KEYS:
+                continue  # the gateway's own settings (qwen27b/plan/gateway.py)
             if name == "serve_flags":
                 value = _normalise_serve_flags(host, value)
             values[name] = value
@@ -506,7 +518,8 @@ def _check_override_value(host: str, where: str, path: str, value: Any, shapes: 
         raise BadHostData(host, where, *found)
 
 
-SECRET_NAMES = {"api_key_file": "VLLM_API_KEY", "hf_token_file": "HF_TOKEN"}  # NAME=KEY accepted in each file
+SECRET_NAMES = {"api_key_file": "VLLM_API_KEY", "hf_token_file": "HF_TOKEN",
+                "gateway_key_files": "OPENAI_API_KEY"}  # a client's key file may be its env line  # NAME=KEY accepted in each file
 
 
 def _check_secret_file(host: str, key: str, path: str) -> None:
@@ -555,9 +568,13 @@ def lab_address(data: dict) -> str | None:
     return None
 
 
-def validate_inventory(hosts: list[tuple[str, dict]]) -> dict[str, Settings]:
-    """Check every host's data and what hosts share (ports on one machine) before any is touched."""
+def validate_inventory(hosts: list[tuple[str, dict]], groups: dict[str, set] | None = None) -> dict[str, Settings]:
+    """Check every host's data and what hosts share (ports on one machine, the gateways' backends)
+    before any is touched. `groups`: host name -> its inventory groups (the gateway group)."""
+    from qwen27b.plan.gateway import plan_gateways  # noqa: PLC0415 (gateway builds on this module)
+
     settings = {name: settings_for(name, data) for name, data in hosts}
+    plan_gateways(hosts, groups or {}, settings)
     seen: dict[tuple[str, int], str] = {}
     machines: dict[tuple[str, object], str] = {}
     for name, data in hosts:

@@ -1,0 +1,160 @@
+"""The gateway's files, rendered from its GatewayPlan: nginx's config, the keys include (secret),
+the pool watcher's config and the two systemd units. Every value is computed here; the templates
+only loop (tests/golden/gateway/ holds the rendered files of a reference plan)."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+
+from qwen27b.controller.render import SANDBOX, render
+from qwen27b.onhost.secretfile import load_secret
+from qwen27b.plan.gateway import GatewayPlan
+from qwen27b.plan.hostdata import SECRET_NAMES
+
+CONFIG_DIR = "/etc/qwen27b-gateway"
+STATE_DIR = "/var/lib/qwen27b-gateway"
+LIB_DIR = "/opt/qwen27b-gateway/lib"
+UNIT_DIR = "/etc/systemd/system"
+GATEWAY_UNIT = "qwen27b-gateway.service"
+POOL_UNIT = "qwen27b-gateway-pool.service"
+USER = "qwen27b-gateway"  # nginx's workers; the master stays root to bind and read the keys
+NGINX = "/usr/sbin/nginx"
+PYTHON = "/usr/bin/python3"
+PACKAGES = ["nginx-light", "python3"]  # nginx-light: the core modules (upstream, map, proxy) and nothing more
+DISTRO_UNIT = "nginx.service"  # the package's own server (its default site on :80): stopped, disabled
+POOL_MODULE = "qwen27b_onhost.gateway_pool"
+
+# nginx's unit: the shared sandbox less what an nginx master does (bind, drop to its worker user,
+# hand its temp dirs to it, signal its workers), plus what nginx does not need.
+_MASTER_CAPS = "CAP_NET_BIND_SERVICE CAP_SETUID CAP_SETGID CAP_CHOWN CAP_KILL"
+NGINX_HARDENING = [line for line in SANDBOX if line not in (("CapabilityBoundingSet", ""),
+                                                            ("SystemCallFilter", "~@privileged"))] + [
+    ("CapabilityBoundingSet", _MASTER_CAPS),
+    ("RestrictAddressFamilies", "AF_UNIX AF_INET AF_INET6"),
+    ("PrivateDevices", "yes"),
+    ("MemoryDenyWriteExecute", "yes"),  # no pcre_jit: nothing is compiled at run time
+    ("ReadWritePaths", STATE_DIR),
+    ("ReadWritePaths", "-/var/log/nginx"),  # nginx opens its built-in error log before reading the config
+    ("UMask", "0027"),
+]
+NGINX_LEFT_OFF = [
+    ("SystemCallFilter=~@privileged is off", "the master drops to the worker user (setuid, setgroups)"),
+    ("User= is root", "the master binds the port and reads the 0600 keys, then runs its workers as " + USER),
+    ("IPAddressDeny= is off", "clients come from anywhere the lab's network lets them; the keys decide"),
+]
+# the watcher runs as root (it signals nginx's root master: same user, no capability needed)
+POOL_HARDENING = SANDBOX + [
+    ("RestrictAddressFamilies", "AF_UNIX AF_INET AF_INET6"),
+    ("PrivateDevices", "yes"),
+    ("MemoryDenyWriteExecute", "yes"),
+    ("ReadWritePaths", STATE_DIR),
+    ("UMask", "0022"),
+]
+POOL_LEFT_OFF = [
+    ("ProtectProc=invisible is kept", "nginx's master is root's, as is the watcher: it still sees it"),
+    ("User= is root", "it sends nginx's master SIGHUP after a pool change (root's process); no capability"),
+]
+
+
+def layout(prefix: str = "") -> dict[str, str]:
+    """Host paths (prefix: a scratch root, for tests and the loopback benchmark)."""
+    return {key: prefix + path for key, path in {
+        "config": f"{CONFIG_DIR}/nginx.conf",
+        "keys": f"{CONFIG_DIR}/keys.conf",
+        "pool_config": f"{CONFIG_DIR}/backends.json",
+        "state_dir": STATE_DIR,
+        "upstream_file": f"{STATE_DIR}/upstream.conf",
+        "pid_file": f"{STATE_DIR}/nginx.pid",
+        "temp_dir": f"{STATE_DIR}/tmp",
+        "drain_dir": f"{STATE_DIR}/drained",
+        "lib_dir": LIB_DIR,
+        "gateway_unit": f"{UNIT_DIR}/{GATEWAY_UNIT}",
+        "pool_unit": f"{UNIT_DIR}/{POOL_UNIT}",
+    }.items()}
+
+
+def _listen(address: str, port: int) -> str:
+    return f"[{address}]:{port}" if ipaddress.ip_address(address).version == 6 else f"{address}:{port}"
+
+
+def pool_argv(command: str, where: dict) -> list[str]:
+    return [PYTHON, "-m", POOL_MODULE, "--config", where["pool_config"], command]
+
+
+def pool_config(plan: GatewayPlan, where: dict) -> str:
+    """The watcher's config (JSON): the backends and the files it keeps."""
+    return json.dumps({
+        "state_dir": where["state_dir"],
+        "upstream_file": where["upstream_file"],
+        "pid_file": where["pid_file"],
+        "drain_dir": where["drain_dir"],
+        "backends": [{"name": b.name, "address": b.address, "port": b.port, "health_port": b.health_port}
+                     for b in plan.backends],
+        # ~2 s for a dead backend to leave, 2 s to return; nginx's passive check covers the gap
+        "interval_s": 1.0, "timeout_s": 1.0, "fall": 2, "rise": 2,
+        # nginx's passive check: 3 failed tries in 5 s skip a server for 5 s (1 would let one hiccup on
+        # the last healthy backend answer 502 "no live upstreams" for 5 s)
+        "max_fails": 3, "fail_timeout_s": 5,
+    }, indent=2, sort_keys=True) + "\n"
+
+
+def nginx_context(plan: GatewayPlan, where: dict, run_as: list[str] | None = None,
+                  access_log: str = "syslog:server=unix:/run/systemd/journal/dev-log,nohostname,tag=qwen27b_gateway qwen27b") -> dict:
+    return {
+        "worker_processes": "auto",
+        "worker_connections": 4096,
+        "pid_file": where["pid_file"],
+        "error_log_level": "warn",
+        "run_as": [f"user {USER};"] if run_as is None else run_as,
+        "access_log": access_log,
+        "temp_dir": where["temp_dir"],
+        "max_body": "64m",  # long prompts are text: 64 MiB is far beyond any context window
+        "request_timeout_s": plan.request_timeout_s,
+        "keys_file": where["keys"],
+        "upstream_file": where["upstream_file"],
+        "keepalive": 32,
+        "keepalive_timeout_s": 4,
+        "listens": [_listen(plan.address, plan.port)],
+        "connect_timeout_s": 2,  # a backend that does not answer SYN in 2 s: try the next one
+        "tries": len(plan.backends),  # each backend once
+    }
+
+
+def keys_text(plan: GatewayPlan) -> str:
+    """The secret include: client keys (secretfile's characters: safe in nginx's double quotes) and
+    the backends' Authorization header ("" removes the client's header when the backends have no key)."""
+    client = [load_secret(path, SECRET_NAMES["gateway_key_files"]) for path in plan.key_files]
+    backend = f"Bearer {load_secret(plan.backend_key_file)}" if plan.backend_key_file else ""
+    return render("qwen27b-gateway-keys.conf.j2", {"client_keys": client, "backend_authorization": [backend]})
+
+
+def unit_contexts(plan: GatewayPlan, where: dict) -> dict[str, dict]:
+    listen = _listen(plan.address, plan.port)
+    allow = ["localhost"] + sorted({f"{b.address}/{32 if ipaddress.ip_address(b.address).version == 4 else 128}"
+                                    for b in plan.backends})
+    return {
+        "qwen27b-gateway.service.j2": {
+            "listen": listen, "backend_count": len(plan.backends), "pool_unit": POOL_UNIT,
+            "lib_dir": where["lib_dir"], "render_pool": pool_argv("render", where), "nginx": NGINX,
+            "config": where["config"], "stop_timeout_s": plan.request_timeout_s + 30,
+            "hardening": NGINX_HARDENING, "left_off": [f"{what}: {why}" for what, why in NGINX_LEFT_OFF],
+        },
+        "qwen27b-gateway-pool.service.j2": {
+            "backend_count": len(plan.backends), "lib_dir": where["lib_dir"], "watch": pool_argv("watch", where),
+            "allow": allow, "hardening": POOL_HARDENING,
+            "left_off": [f"{what}: {why}" for what, why in POOL_LEFT_OFF],
+        },
+    }
+
+
+def render_gateway(plan: GatewayPlan) -> dict[str, str]:
+    """Host path -> text of every non-secret file (the keys: keys_text, written as a secret)."""
+    where = layout()
+    units = unit_contexts(plan, where)
+    return {
+        where["config"]: render("qwen27b-gateway.nginx.conf.j2", nginx_context(plan, where)),
+        where["pool_config"]: pool_config(plan, where),
+        where["gateway_unit"]: render("qwen27b-gateway.service.j2", units["qwen27b-gateway.service.j2"]),
+        where["pool_unit"]: render("qwen27b-gateway-pool.service.j2", units["qwen27b-gateway-pool.service.j2"]),
+    }

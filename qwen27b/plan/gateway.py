@@ -1,0 +1,213 @@
+"""The gateway: one OpenAI address for the lab, in front of every qwen27b backend.
+
+A host of the inventory group `qwen27b_gateway` gets the gateway role only (nginx, its pool
+watcher; no GPU role). Its backends are the other hosts of the inventory (or the names in
+`qwen27b_gateway_backends`): each one's address and ports come from its own host data, as its
+deploy reads them. Everything the gateway needs from the backends is checked here, across the
+inventory, before any host is touched: a mistake names the host, the key and the fix.
+
+Pure: host data and settings in, a GatewayPlan out (no pyinfra, no host I/O; the key files are
+read on the controller, as hostdata reads them).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+from qwen27b.onhost.secretfile import load_secret
+from qwen27b.plan.hostdata import (PREFIX, SECRET_NAMES, BadHostData, Settings, _check_secret_file, lab_address)
+
+GROUP = "qwen27b_gateway"
+DEFAULT_PORT = 8000
+DEFAULT_REQUEST_TIMEOUT_S = 600  # a long generation on a loaded V100; also a drain's longest wait
+LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str  # the inventory host name (what `drain NAME` takes)
+    address: str  # where vLLM listens: qwen27b_bind_address, else the host's lab address
+    port: int  # qwen27b_port
+    health_port: int  # qwen27b_health_port (qwen27b-health-http: 200 OK/WARNING, 503 CRITICAL/STALE)
+
+
+@dataclass(frozen=True)
+class GatewayPlan:
+    host: str
+    address: str  # the gateway's listen address (and the source its probes come from)
+    port: int
+    key_files: tuple[str, ...]  # controller-side client key files
+    backends: tuple[Backend, ...]
+    backend_key_file: str | None  # the backends' shared qwen27b_api_key_file, None when they have none
+    served_name: str | None  # the backends' qwen27b_served_model_name (None: their profile's default)
+    request_timeout_s: int
+
+    def describe(self) -> list[str]:
+        """The plan's lines, each with its reason (printed before anything runs)."""
+        lines = [f"gateway: nginx on {self.address}:{self.port} in front of {len(self.backends)} backend(s) "
+                 "(nginx's upstream module: one OpenAI address; docs/scale-out.md)"]
+        for b in self.backends:
+            lines.append(f"  backend {b.name}: {b.address}:{b.port}, health {b.address}:{b.health_port}/health "
+                         "(in the pool while both answer 200 and it is not drained)")
+        lines.append(f"  client keys: {len(self.key_files)} file(s) held by the gateway only; "
+                     + ("the backends' key is added by the gateway, never seen by clients" if self.backend_key_file
+                        else "WARNING: the backends have no qwen27b_api_key_file, so anyone on the lab network "
+                             "can bypass the gateway's keys"))
+        return lines
+
+
+def is_gateway(groups: set | list | tuple) -> bool:
+    return GROUP in set(groups or ())
+
+
+def _int_setting(host: str, data: dict, name: str, default: int, low: int, high: int, fix: str) -> int:
+    value = data.get(PREFIX + name)
+    if value is None:
+        return default
+    if not low <= value <= high:
+        raise BadHostData(host, PREFIX + name, f"{value} is out of range", fix)
+    return value
+
+
+def _address(host: str, key: str, value: str, fix: str) -> str:
+    try:
+        address = ipaddress.ip_address(value)
+    except ValueError:
+        raise BadHostData(host, key, f"{value!r} is not an IP address", fix) from None
+    if address in LOOPBACK:
+        raise BadHostData(host, key, f"{value} is loopback: other hosts cannot reach it", fix)
+    return str(address)
+
+
+def _backend(name: str, data: dict, s: Settings) -> Backend:
+    where = s.bind_address or lab_address(data)
+    if where is None:
+        raise BadHostData(name, "qwen27b_bind_address", "the gateway cannot tell where this backend listens "
+                          "(no qwen27b_bind_address, and ssh_hostname is not an IP address)",
+                          "set qwen27b_bind_address to the host's lab address")
+    where = _address(name, "qwen27b_bind_address", where, "serve on the lab address the gateway reaches "
+                     "(qwen27b_bind_address)")
+    return Backend(name, where, s.port, s.health_port)
+
+
+def _covered(address: str, networks: list | None) -> bool:
+    ip = ipaddress.ip_address(address)
+    return any(ip in ipaddress.ip_network(n, strict=False) for n in networks or [])
+
+
+def _check_reach(gateway: str, address: str, backend: str, s: Settings) -> None:
+    """The gateway must reach the backend's health endpoint (open to loopback, the host itself and
+    qwen27b_metrics_allow only) and, with a firewall rule, its port."""
+    if not _covered(address, s.metrics_allow):
+        raise BadHostData(backend, "qwen27b_metrics_allow", f"the gateway {gateway} ({address}) is not in it: "
+                          "it could not read this host's health endpoint, and would never put it in its pool",
+                          f"add '{address}/32' to qwen27b_metrics_allow")
+    if s.firewall_allow is not None and not _covered(address, s.firewall_allow):
+        raise BadHostData(backend, "qwen27b_firewall_allow", f"the gateway {gateway} ({address}) is not in it: "
+                          "the firewall would drop its requests", f"add '{address}/32' to qwen27b_firewall_allow")
+
+
+def _client_keys(host: str, data: dict) -> tuple[str, ...]:
+    key = PREFIX + "gateway_key_files"
+    files = data.get(key)
+    if not files:
+        raise BadHostData(host, key, "a gateway needs at least one client key (an open gateway would serve anyone "
+                          "on the network)", "list 0600 key files, e.g. ['secrets/team-a.key'] "
+                          "(`openssl rand -hex 32 > FILE; chmod 600 FILE`)")
+    seen: dict[str, str] = {}
+    for path in files:
+        if not isinstance(path, str):
+            raise BadHostData(host, key, f"{path!r} is not a file path", "list paths as strings")
+        _check_secret_file(host, key, path)
+        value = load_secret(path, SECRET_NAMES["gateway_key_files"])
+        if value in seen:
+            raise BadHostData(host, key, f"{path} holds the same key as {seen[value]}", "give each client its own key")
+        seen[value] = path
+    return tuple(files)
+
+
+def _backend_names(host: str, data: dict, names: list[str], gateways: set[str],
+                   workers: set[str] = frozenset()) -> list[str]:
+    """The backends: listed, or every host but the gateways and the Ray workers of a serving group
+    (a worker runs no API: its group's head serves for it)."""
+    key = PREFIX + "gateway_backends"
+    chosen = data.get(key)
+    if chosen is None:
+        chosen = [name for name in names if name not in gateways and name not in workers]
+    for name in chosen:
+        if name not in names:
+            raise BadHostData(host, key, f"{name!r} is not a host of this inventory", "list inventory host names")
+        if name in gateways:
+            raise BadHostData(host, key, f"{name} is a gateway (group {GROUP}), not a backend",
+                              f"list serving hosts only, or take {name} out of the {GROUP} group")
+        if name in workers:
+            raise BadHostData(host, key, f"{name} is a Ray worker of a serving group: it serves no API",
+                              "list the group's head instead")
+    if len(set(chosen)) != len(chosen):
+        raise BadHostData(host, key, "a host is listed twice", "list each backend once")
+    if not chosen:
+        raise BadHostData(host, key if data.get(key) is not None else "inventory",
+                          "the gateway has no backend", "add the serving hosts to the inventory (outside the "
+                          f"{GROUP} group)")
+    return chosen
+
+
+def _shared(host: str, backends: list[str], settings: dict[str, Settings]) -> tuple[str | None, str | None]:
+    """(the backends' key file, their served name): one key and one model name across the pool,
+    since the gateway sends every request to any backend with one Authorization header."""
+    names = {b: settings[b].served_model_name or f"the default of profile {settings[b].profile or 'auto'}"
+             for b in backends}
+    if len(set(names.values())) > 1:
+        detail = ", ".join(f"{b}: {n}" for b, n in names.items())
+        raise BadHostData(host, "qwen27b_served_model_name", f"the backends serve different names ({detail}): "
+                          "/v1/models would list several and a request could reach a host without its model",
+                          "set one qwen27b_served_model_name on every backend of the gateway")
+    keys = {b: (load_secret(settings[b].api_key_file) if settings[b].api_key_file else None) for b in backends}
+    if len(set(keys.values())) > 1:
+        raise BadHostData(host, "qwen27b_api_key_file", "the backends do not share one API key (files differ, or "
+                          "some have none): the gateway sends one key to every backend",
+                          "give every backend of the gateway the same qwen27b_api_key_file")
+    first = backends[0]
+    return settings[first].api_key_file, settings[first].served_model_name
+
+
+def plan_gateway(host: str, data: dict, inventory: list[tuple[str, dict]], gateways: set[str],
+                 settings: dict[str, Settings]) -> GatewayPlan:
+    by_name = dict(inventory)
+    port = _int_setting(host, data, "gateway_port", DEFAULT_PORT, 1, 65535, f"use a TCP port (default {DEFAULT_PORT})")
+    timeout = _int_setting(host, data, "gateway_request_timeout_s", DEFAULT_REQUEST_TIMEOUT_S, 10, 86400,
+                           f"use 10-86400 seconds (default {DEFAULT_REQUEST_TIMEOUT_S})")
+    given = data.get(PREFIX + "gateway_bind_address")
+    address = (_address(host, PREFIX + "gateway_bind_address", given, "give the gateway's lab address")
+               if given else lab_address(data))
+    if address is None:
+        raise BadHostData(host, PREFIX + "gateway_bind_address", "the gateway's lab address is unknown (ssh_hostname "
+                          "is not an IP address)", "set qwen27b_gateway_bind_address to its lab address")
+    address = _address(host, "ssh_hostname", address, "set qwen27b_gateway_bind_address to its lab address")
+    key_files = _client_keys(host, data)
+    workers = {name for name, s in settings.items() if s.node_role == "worker"}
+    names = _backend_names(host, data, [name for name, _ in inventory], gateways, workers)
+    backends = [_backend(name, by_name[name], settings[name]) for name in names]
+    for backend in backends:
+        _check_reach(host, address, backend.name, settings[backend.name])
+    backend_key, served = _shared(host, names, settings)
+    if backend_key and any(load_secret(path, SECRET_NAMES["gateway_key_files"]) == load_secret(backend_key)
+                           for path in key_files):
+        raise BadHostData(host, PREFIX + "gateway_key_files", "a client key is the backends' API key",
+                          "give clients their own keys: the backends' key stays with the gateway")
+    return GatewayPlan(host, address, port, key_files, tuple(backends), backend_key, served, timeout)
+
+
+def plan_gateways(inventory: list[tuple[str, dict]], groups: dict[str, set],
+                  settings: dict[str, Settings]) -> dict[str, GatewayPlan]:
+    """Every gateway host's plan; gateway keys on a host outside the group are refused (they would
+    be silently ignored)."""
+    gateways = {name for name, _ in inventory if is_gateway(groups.get(name, ()))}
+    for name, data in inventory:
+        stray = [key for key in data if key.startswith(PREFIX + "gateway_") and data[key] is not None]
+        if stray and name not in gateways:
+            raise BadHostData(name, stray[0], f"only hosts of the {GROUP} group read it",
+                              f"put {name} in the {GROUP} group, or remove the key")
+    return {name: plan_gateway(name, data, inventory, gateways, settings)
+            for name, data in inventory if name in gateways}

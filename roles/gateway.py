@@ -1,0 +1,171 @@
+"""Gateway: the lab's one OpenAI address, on the hosts of the `qwen27b_gateway` group (and only the
+gateway there: no GPU role). nginx's upstream module in front of every qwen27b backend of the
+inventory (docs/scale-out.md: why nginx, measured beside vllm-router), with qwen27b-gateway-pool
+keeping the pool from each backend's health and drains.
+
+- nginx from the OS archive (`nginx`; an air-gapped lab's apt mirror has it), run by our own
+  hardened unit `qwen27b-gateway.service` (root master, workers as qwen27b-gateway); the
+  package's own `nginx.service` (its default site on :80) is stopped and disabled;
+- the pool watcher: the on-host package pushed by content to /opt/qwen27b-gateway/lib, run by the
+  system python3 (standard library only);
+- config rendered from the GatewayPlan (plan/gateway.py checked it across the inventory); the
+  client keys and the backends' key in one root 0600 include written as a secret (never argv,
+  logs or --diff);
+- a changed config or key reloads nginx (graceful: requests in flight finish), a changed unit
+  restarts it; then the controller checks the gateway: no key refused, /v1/models lists the served
+  name once, a streamed completion through it.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+from io import StringIO
+
+import click
+from pyinfra import host, state
+from pyinfra.operations import files, python, server, systemd
+
+from qwen27b.controller import gateway_render as G
+from qwen27b.controller import postdeploy as V
+from qwen27b.controller import runstate
+from qwen27b.controller.artifacts import source_manifest
+from qwen27b.controller.operations import directories, push_files, secret_file
+from qwen27b.onhost.secretfile import load_secret
+from qwen27b.controller import oporder
+from qwen27b.plan.gateway import GatewayPlan, is_gateway, plan_gateways
+from qwen27b.plan.hostdata import SECRET_NAMES
+
+from ._common import dry_run, note
+from .toolchain import _service_user, apt_install
+from .vllm import ONHOST_SOURCE
+
+READY_TIMEOUT_S = 900  # the backends of the same run load their weights first (minutes on V100)
+
+
+def gateway_host() -> bool:
+    """Is this host in the gateway group (it then gets the gateway role only)?"""
+    return is_gateway(host.groups)
+
+
+def gateway_preflight() -> GatewayPlan | None:
+    """The preflight of a gateway host: the whole inventory validated (gateways and their backends
+    included), this host's plan printed, the host's deploy lock taken; None when another deploy
+    holds the lock. No GPU facts are read: the gate is for serving hosts."""
+    from .preflight import inventory_settings, take_lock  # noqa: PLC0415 (roles import each other lazily)
+
+    oporder.register_deploy_file(state.current_deploy_filename)
+    settings = inventory_settings()
+    inventory = [(h.name, dict(h.data.dict())) for h in state.inventory]
+    plan = plan_gateways(inventory, {h.name: set(h.groups) for h in state.inventory}, settings)[host.name]
+    lines = plan.describe()
+    note(f"== {host.name}: {lines[0]}\n")
+    return plan if take_lock() else None
+
+
+def _directories() -> list[list[str]]:
+    where = G.layout()
+    return [[G.CONFIG_DIR, "root", "root", "0755"], [G.STATE_DIR, "root", "root", "0755"],
+            [where["temp_dir"], "root", "root", "0755"], [where["drain_dir"], "root", "root", "0700"],
+            [G.LIB_DIR.rsplit("/", 1)[0], "root", "root", "0755"], [G.LIB_DIR, "root", "root", "0755"]]
+
+
+def gateway(plan: GatewayPlan) -> None:
+    where = G.layout()
+    for line in plan.describe()[1:]:
+        note(line.strip())
+    apt_install("nginx and python3 (the gateway)", ["nginx", "python3"], no_recommends=True)
+    systemd.service(name=f"the package's {G.DISTRO_UNIT} stopped and disabled (the gateway has its own unit)",
+                    service=G.DISTRO_UNIT, running=False, enabled=False)
+    _service_user(G.USER, G.STATE_DIR)
+    directories(name="gateway directories (owner, group, mode)", specs=_directories())
+    code = push_files(name="on-host code (qwen27b-gateway-pool)", src_dir=str(ONHOST_SOURCE),
+                      dest_dir=f"{G.LIB_DIR}/qwen27b_onhost", manifest=source_manifest(ONHOST_SOURCE), remove_extra=True)
+    written = {path: files.put(name=f"render {path}", src=StringIO(text), dest=path, user="root", group="root",
+                               mode="0644", create_remote_dir=False)
+               for path, text in G.render_gateway(plan).items()}
+    keys = secret_file(name="gateway client keys and the backends' key (0600)", dest=where["keys"],
+                       content=G.keys_text(plan))
+    units = [written[where["gateway_unit"]], written[where["pool_unit"]]]
+    if any(op.will_change for op in units):
+        systemd.daemon_reload(name="systemd daemon-reload (a gateway unit changed)")
+    pool_changed = code.will_change or written[where["pool_config"]].will_change or units[1].will_change
+    _started(G.POOL_UNIT, restart=pool_changed, why="its code, config or unit changed")
+    if units[0].will_change:
+        _started(G.GATEWAY_UNIT, restart=True, why="its unit changed")
+    elif written[where["config"]].will_change or keys.will_change or pool_changed:
+        # nginx's graceful reload (ExecReload: config test, then SIGHUP): requests in flight finish
+        systemd.service(name=f"enable {G.GATEWAY_UNIT}", service=G.GATEWAY_UNIT, running=None, enabled=True)
+        server.shell(name=f"reload {G.GATEWAY_UNIT} (config or keys changed; graceful)",
+                     commands=[f"systemctl reload-or-restart {G.GATEWAY_UNIT}"])
+    else:
+        _started(G.GATEWAY_UNIT, restart=False, why="")
+
+
+def verify_gateway(plan: GatewayPlan) -> None:
+    """The controller's check of the gateway, as a client. deploy.py queues it after the run's
+    unlock, an operation every host shares: pyinfra orders each host's operations and merges the
+    hosts level by level, so only a shared operation makes this wait for the backends' verify
+    (queued earlier, it would hold the run while their services were not even rendered)."""
+    if not dry_run():
+        python.call(name="verify: the gateway refuses no key, lists one model, streams a completion",
+                    function=_check, plan=plan)
+
+
+def _started(unit: str, restart: bool, why: str) -> None:
+    if restart:
+        systemd.service(name=f"enable {unit}", service=unit, running=None, enabled=True)
+        server.shell(name=f"restart {unit} ({why})", commands=[f"systemctl restart {unit}"])
+    else:
+        systemd.service(name=f"{unit} enabled and running", service=unit, running=True, enabled=True)
+
+
+def _check(plan: GatewayPlan) -> None:
+    """From the controller, as a client: the gateway's own refusal, then one backend through it."""
+    from pyinfra.api.exceptions import OperationError
+
+    address = f"[{plan.address}]" if ":" in plan.address else plan.address
+    base = f"http://{address}:{plan.port}"
+    result = V.HostResult(host.name, model="gateway", served_name=plan.served_name or "", url=base)
+    runstate.current().results.append(result)
+    key = load_secret(plan.key_files[0], SECRET_NAMES["gateway_key_files"])
+
+    def say(message: str) -> None:
+        click.echo(f"    [{host.name}] {message}", err=True)
+
+    try:
+        # /health is proxied to the pool: 200 once a backend of this run has loaded its weights
+        result.ready_s = V.wait_ready(base, READY_TIMEOUT_S, say)
+        if _status(f"{base}/v1/models", None) != 401:
+            raise V.VerifyFailed("the gateway does not refuse a request without a key")
+        names = [m["id"] for m in _get(f"{base}/v1/models", key)["data"]]
+        if len(names) != 1 or (plan.served_name and names != [plan.served_name]):
+            raise V.VerifyFailed(f"/v1/models through the gateway lists {names}, not the one served name")
+        result.served_name = names[0]
+        chat = V.chat_stream(base, names[0], key, max_tokens=16)
+        result.ttft_s, result.decode_tok_s = chat["ttft_s"], chat["decode_tok_s"]
+        result.completion_tokens, result.status = chat["completion_tokens"], "ok"
+        say(f"gateway verified: {names[0]} through {base}, TTFT {result.ttft_s * 1000:.0f} ms")
+    except V.VerifyFailed as failure:
+        result.status, result.reason = "failed", str(failure)
+        raise OperationError(f"gateway verify failed: {failure}") from None
+
+
+def _status(url: str, key: str | None) -> int:
+    try:
+        with V._request(url, key) as response:  # noqa: SLF001 (the verifier's one request helper)
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except OSError as error:
+        raise V.VerifyFailed(f"GET {url} failed: {error}") from None
+
+
+def _get(url: str, key: str) -> dict:
+    try:
+        with V._request(url, key) as response:  # noqa: SLF001
+            return json.load(response)
+    except urllib.error.HTTPError as error:
+        raise V.VerifyFailed(f"GET {url} answered {error.code}") from None
+    except (OSError, ValueError) as error:
+        raise V.VerifyFailed(f"GET {url} failed: {error}") from None

@@ -1,0 +1,29 @@
+"""The gateway's files rendered into a scratch root on this machine, as the role writes them on a
+gateway host (nginx.conf with the access log off and no worker user, the keys include, the pool
+watcher's config, the on-host package), for the loopback tests and benchmarks/gateway_compare.py."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from qwen27b.controller import gateway_render as G
+from qwen27b.plan.gateway import GatewayPlan
+from tests.support import onhost_lib
+
+
+def render_scratch(plan: GatewayPlan, root: Path) -> dict:
+    """Write the files under `root`; returns the layout plus `pool` (the watcher's argv, less its
+    command) and `env` (PYTHONPATH to the package)."""
+    where = G.layout(str(root))
+    for key in ("config", "temp_dir"):
+        Path(where[key]).parent.mkdir(parents=True, exist_ok=True)
+    Path(where["temp_dir"]).mkdir(exist_ok=True)
+    Path(where["config"]).write_text(G.render("qwen27b-gateway.nginx.conf.j2",
+                                              G.nginx_context(plan, where, run_as=[], access_log="off")))
+    Path(where["keys"]).write_text(G.keys_text(plan))
+    Path(where["pool_config"]).write_text(G.pool_config(plan, where))
+    onhost_lib.install(root / "lib")
+    return {**where, "pool": [sys.executable, "-m", G.POOL_MODULE, "--config", where["pool_config"]],
+            "env": {**os.environ, "PYTHONPATH": str(root / "lib")}}

@@ -1,0 +1,385 @@
+"""The gateway before any host: its inventory checks (plan/gateway.py, refusals naming host, key and
+fix), its rendered files (golden: tests/golden/gateway/, regenerate with QWEN27B_UPDATE_GOLDEN=1),
+`nginx -t` and `systemd-analyze verify` of them, the pool rules (onhost/gateway_pool.py), and the
+pool watcher driving a real nginx on loopback in front of two tiny HTTP backends (the backends are
+stand-ins: what is tested is nginx's reloads, drains and retries; tests/e2e/test_scaleout_gateway.py has real
+vLLM backends on test hosts)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+
+from qwen27b.controller import gateway_render as G
+from qwen27b.controller.gateway_drain import pool_command
+from qwen27b.onhost import gateway_pool as P
+from qwen27b.plan.gateway import Backend, GatewayPlan, plan_gateways
+from qwen27b.plan.hostdata import BadHostData, validate_inventory
+from setupcheck import skip_or_fail_setup
+from tests.support.gateway_lab import render_scratch
+
+GOLDEN = Path(__file__).parent / "golden" / "gateway"
+GW, B1, B2 = "10.0.0.9", "10.0.0.21", "10.0.0.22"
+
+
+def key_file(tmp_path: Path, name: str, text: str, mode: int = 0o600) -> str:
+    path = tmp_path / name
+    path.write_text(text + "\n")
+    path.chmod(mode)
+    return str(path)
+
+
+@pytest.fixture
+def keys(tmp_path):
+    return {"backend": key_file(tmp_path, "backend.key", "backend-key-0123"),
+            "a": key_file(tmp_path, "a.key", "client-a-4567"), "b": key_file(tmp_path, "b.key", "OPENAI_API_KEY=client-b-89")}
+
+
+def lab(keys, gateway: dict | None = None, b1: dict | None = None, b2: dict | None = None):
+    """(hosts, groups): gw in the gateway group, gpu-1 and gpu-2 its backends."""
+    backend = {"qwen27b_api_key_file": keys["backend"], "qwen27b_metrics_allow": [f"{GW}/32"]}
+    hosts = [("gw", {"ssh_hostname": GW, "qwen27b_gateway_key_files": [keys["a"], keys["b"]], **(gateway or {})}),
+             ("gpu-1", {"ssh_hostname": B1, **backend, **(b1 or {})}),
+             ("gpu-2", {"ssh_hostname": B2, **backend, "qwen27b_port": 8001, **(b2 or {})})]
+    return hosts, {"gw": {"qwen27b_gateway", "all"}, "gpu-1": {"all"}, "gpu-2": {"all"}}
+
+
+def plan_of(hosts, groups) -> GatewayPlan:
+    return plan_gateways(hosts, groups, validate_inventory(hosts, groups))["gw"]
+
+
+def test_plan_reads_every_backend_from_its_own_host_data(keys):
+    plan = plan_of(*lab(keys))
+    assert (plan.address, plan.port, plan.request_timeout_s) == (GW, 8000, 600)
+    assert plan.backends == (Backend("gpu-1", B1, 8000, 9120), Backend("gpu-2", B2, 8001, 9120))
+    assert plan.backend_key_file == keys["backend"] and plan.key_files == (keys["a"], keys["b"])
+    assert any("backends' key is added by the gateway" in line for line in plan.describe())
+
+
+def test_gateway_keys_are_typed_and_near_misses_named(keys):
+    hosts, groups = lab(keys, gateway={"qwen27b_gateway_prot": 80})
+    with pytest.raises(BadHostData, match="did you mean 'qwen27b_gateway_port'"):
+        validate_inventory(hosts, groups)
+    hosts, groups = lab(keys, gateway={"qwen27b_gateway_port": "80"})
+    with pytest.raises(BadHostData, match="qwen27b_gateway_port: expected int"):
+        validate_inventory(hosts, groups)
+
+
+def _other_key(tmp_path):
+    return {"qwen27b_api_key_file": key_file(tmp_path, "other.key", "another-backend-key")}
+
+
+REFUSALS = [  # (gateway data, backend 1 data, refused host, key, text)
+    ({"qwen27b_gateway_key_files": []}, {}, "gw", "qwen27b_gateway_key_files", "at least one client key"),
+    ({"qwen27b_gateway_key_files": "K"}, {}, "gw", "qwen27b_gateway_key_files", "mode 644"),
+    ({"qwen27b_gateway_key_files": "SAME"}, {}, "gw", "qwen27b_gateway_key_files", "holds the same key"),
+    ({"qwen27b_gateway_key_files": "BACKEND"}, {}, "gw", "qwen27b_gateway_key_files", "is the backends' API key"),
+    ({}, {"qwen27b_metrics_allow": ["10.9.0.0/16"]}, "gpu-1", "qwen27b_metrics_allow", f"add '{GW}/32'"),
+    ({}, {"qwen27b_metrics_allow": None}, "gpu-1", "qwen27b_metrics_allow", "could not read this host's health"),
+    ({}, {"qwen27b_firewall_allow": [f"{B1}/32"]}, "gpu-1", "qwen27b_firewall_allow", "the firewall would drop"),
+    ({}, {"qwen27b_served_model_name": "other"}, "gw", "qwen27b_served_model_name", "serve different names"),
+    ({}, "OTHER_KEY", "gw", "qwen27b_api_key_file", "do not share one API key"),
+    ({"qwen27b_gateway_backends": ["gpu-1", "gpu-9"]}, {}, "gw", "qwen27b_gateway_backends", "'gpu-9' is not a host"),
+    ({"qwen27b_gateway_backends": ["gw"]}, {}, "gw", "qwen27b_gateway_backends", "is a gateway"),
+    ({"ssh_hostname": "gw.lab"}, {}, "gw", "qwen27b_gateway_bind_address", "lab address is unknown"),
+    ({}, {"ssh_hostname": "gpu-1.lab"}, "gpu-1", "qwen27b_bind_address", "cannot tell where this backend listens"),
+    ({}, {"qwen27b_bind_address": "127.0.0.1"}, "gpu-1", "qwen27b_bind_address", "loopback"),
+    ({"qwen27b_gateway_port": 70000}, {}, "gw", "qwen27b_gateway_port", "out of range"),
+]
+
+
+@pytest.mark.parametrize("gateway, b1, refused, key, text", REFUSALS,
+                         ids=[f"{r[3]}-{r[4][:24]}" for r in REFUSALS])
+def test_bad_gateway_inventories_are_refused_naming_host_key_and_fix(tmp_path, keys, gateway, b1, refused, key, text):
+    files = gateway.get("qwen27b_gateway_key_files")
+    if files == "K":
+        gateway = {**gateway, "qwen27b_gateway_key_files": [key_file(tmp_path, "open.key", "open-0", 0o644)]}
+    elif files == "SAME":
+        gateway = {**gateway, "qwen27b_gateway_key_files": [keys["a"], key_file(tmp_path, "a2.key", "client-a-4567")]}
+    elif files == "BACKEND":
+        gateway = {**gateway, "qwen27b_gateway_key_files": [keys["a"], keys["backend"]]}
+    if b1 == "OTHER_KEY":
+        b1 = _other_key(tmp_path)
+    with pytest.raises(BadHostData) as error:
+        validate_inventory(*lab(keys, gateway, b1))
+    assert (error.value.host, error.value.key) == (refused, key) and text in str(error.value), str(error.value)
+    assert "Fix:" in str(error.value)
+
+
+def test_a_serving_groups_worker_is_no_backend_and_cannot_be_listed(keys):
+    """A Ray worker of a serving group (multi-node) runs no API: its head serves for the group."""
+    pair = {"qwen27b_node_group": "pair-a", "qwen27b_node_interface": "eth1", "qwen27b_interconnect_gbps": 10}
+    hosts, groups = lab(keys, b1={**pair, "qwen27b_node_role": "head"},
+                        b2={**pair, "qwen27b_node_role": "worker", "qwen27b_port": 8000})
+    assert [b.name for b in plan_of(hosts, groups).backends] == ["gpu-1"]
+    hosts, groups = lab(keys, gateway={"qwen27b_gateway_backends": ["gpu-1", "gpu-2"]},
+                        b1={**pair, "qwen27b_node_role": "head"},
+                        b2={**pair, "qwen27b_node_role": "worker", "qwen27b_port": 8000})
+    with pytest.raises(BadHostData, match="gpu-2 is a Ray worker") as error:
+        plan_of(hosts, groups)
+    assert error.value.key == "qwen27b_gateway_backends"
+
+
+def test_gateway_keys_outside_the_gateway_group_are_refused(keys):
+    hosts, groups = lab(keys, b1={"qwen27b_gateway_port": 8080})
+    with pytest.raises(BadHostData, match="gpu-1: qwen27b_gateway_port: only hosts of the qwen27b_gateway group"):
+        validate_inventory(hosts, groups)
+
+
+def test_an_inventory_without_a_gateway_plans_none(keys):
+    hosts, _ = lab(keys, gateway={"qwen27b_gateway_key_files": None})
+    assert plan_gateways(hosts[1:], {}, validate_inventory(hosts[1:])) == {}
+
+
+# ---------------------------------------------------------------- rendered files
+
+def reference_plan() -> GatewayPlan:
+    keys = GOLDEN / "keys"
+    return GatewayPlan("gw", GW, 8000, (str(keys / "team-a.key"), str(keys / "team-b.key")),
+                       (Backend("gpu-1", B1, 8000, 9120), Backend("gpu-2", B2, 8001, 9120)),
+                       str(keys / "backend.key"), "qwen3.8-27b", 600)
+
+
+@pytest.fixture(scope="module")
+def rendered():
+    for path in (GOLDEN / "keys").iterdir():
+        path.chmod(0o600)  # git keeps 0644
+    files = {Path(path).name: text for path, text in G.render_gateway(reference_plan()).items()}
+    files["keys.conf"] = G.keys_text(reference_plan())
+    return files
+
+
+@pytest.mark.parametrize("name", ["nginx.conf", "keys.conf", "backends.json", G.GATEWAY_UNIT, G.POOL_UNIT])
+def test_rendered_files_match_golden(rendered, name):
+    golden = GOLDEN / name
+    if os.environ.get("QWEN27B_UPDATE_GOLDEN"):
+        golden.write_text(rendered[name])
+    assert rendered[name] == golden.read_text()
+
+
+def test_keys_stay_out_of_every_file_but_the_secret_include(rendered):
+    secrets = ["team-a-golden-key", "team-b-golden-key", "backend-golden-key"]
+    assert all(s in rendered["keys.conf"] for s in secrets)
+    assert not [(n, s) for n, text in rendered.items() if n != "keys.conf" for s in secrets if s in text]
+
+
+def nginx_binary() -> str:
+    found = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+    if not found:
+        skip_or_fail_setup("nginx is not installed (./run tests installs nginx-light)")
+    return found
+
+
+def test_rendered_config_passes_nginx_t(tmp_path):
+    where = G.layout(str(tmp_path))
+    for key in ("config", "temp_dir", "upstream_file"):
+        Path(where[key]).parent.mkdir(parents=True, exist_ok=True)
+    Path(where["temp_dir"]).mkdir()
+    plan = dataclasses.replace(reference_plan(), address="127.0.0.1", port=P_free_port())  # -t binds it
+    Path(where["config"]).write_text(G.render("qwen27b-gateway.nginx.conf.j2", G.nginx_context(plan, where, run_as=[])))
+    Path(where["keys"]).write_text(G.keys_text(plan))
+    Path(where["upstream_file"]).write_text(P.upstream_text(json.loads(G.pool_config(plan, where)), ["gpu-1"]))
+    result = subprocess.run([nginx_binary(), "-t", "-c", where["config"]], capture_output=True, text=True)
+    assert result.returncode == 0 and "test is successful" in result.stderr, result.stderr
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_units_pass_systemd_analyze_verify(tmp_path, rendered):
+    for name in (G.GATEWAY_UNIT, G.POOL_UNIT):
+        (tmp_path / name).write_text(rendered[name])
+    result = subprocess.run(["systemd-analyze", "verify", "--man=no", *(str(tmp_path / n) for n in (G.GATEWAY_UNIT, G.POOL_UNIT))],
+                            capture_output=True, text=True, env={**os.environ, "SYSTEMD_LOG_LEVEL": "notice"})
+    # the binaries and the package live on the gateway host, not here
+    problems = [line for line in result.stderr.splitlines() if "is not executable" not in line
+                and "No such file" not in line and "Command " not in line]
+    assert problems == [], result.stderr
+
+
+def test_drain_command_quotes_its_arguments():
+    assert pool_command("drain", "gpu-1; rm -rf /", "--wait", "60") == (
+        "PYTHONPATH=/opt/qwen27b-gateway/lib /usr/bin/python3 -m qwen27b_onhost.gateway_pool --config "
+        "/etc/qwen27b-gateway/backends.json drain 'gpu-1; rm -rf /' --wait 60")
+
+
+# ---------------------------------------------------------------- the pool's rules
+
+BACKENDS = [{"name": "a", "address": "10.0.0.1", "port": 8000}, {"name": "b", "address": "10.0.0.2", "port": 8001}]
+
+
+def test_counts_follow_each_round():
+    counts = P.next_counts({}, {"a": True, "b": False})
+    assert counts == {"a": 1, "b": -1}
+    counts = P.next_counts(counts, {"a": False, "b": False})
+    assert counts == {"a": -1, "b": -2}
+    assert P.next_counts(counts, {"a": True, "b": True}) == {"a": 1, "b": 1}
+
+
+@pytest.mark.parametrize("counts, was_in, drained, pool, failed_open", [
+    ({}, set(), set(), ["a", "b"], False),  # no round yet: nginx's passive checks decide
+    ({"a": 5, "b": -1}, {"a", "b"}, set(), ["a", "b"], False),  # one failed round: still in (fall 2)
+    ({"a": 5, "b": -2}, {"a", "b"}, set(), ["a"], False),  # two: out
+    ({"a": 5, "b": 1}, {"a"}, set(), ["a"], False),  # back after one good round? not yet (rise 2)
+    ({"a": 5, "b": 2}, {"a"}, set(), ["a", "b"], False),
+    ({"a": 5, "b": 9}, {"a", "b"}, {"b"}, ["a"], False),  # drained: out whatever its health
+    ({"a": -3, "b": -3}, {"a", "b"}, set(), ["a", "b"], True),  # none healthy: fail open
+    ({"a": -3, "b": -3}, {"a", "b"}, {"b"}, ["a"], True),  # ... but a drain holds
+    ({"a": 3, "b": 3}, set(), {"a", "b"}, [], True),
+])
+def test_pool_members(counts, was_in, drained, pool, failed_open):
+    assert P.members(BACKENDS, counts, was_in, drained, fall=2, rise=2) == (pool, failed_open)
+
+
+def test_upstream_text_keeps_every_server_and_marks_the_ones_out():
+    text = P.upstream_text({"backends": BACKENDS, "max_fails": 1, "fail_timeout_s": 5}, ["b"])
+    assert text.splitlines()[1:] == ["server 10.0.0.1:8000 max_fails=1 fail_timeout=5s down;",
+                                     "server 10.0.0.2:8001 max_fails=1 fail_timeout=5s;"]
+
+
+# ---------------------------------------------------------------- the watcher and a real nginx
+
+class Stub(BaseHTTPRequestHandler):
+    """A backend stand-in: /health 200 unless `sick`, POST answers which backend it was. Each answer
+    closes its connection: with keep-alive, Python's http.server was seen (1 run in ~5) dropping a
+    connection nginx reused, a 502 when it was the last backend in the pool; uvicorn (vLLM) keeps
+    its connections 5 s and nginx reuses them 4 s at most (the rendered keepalive_timeout)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def _answer(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Connection", "close")
+        self.close_connection = True
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self._answer(503 if self.server.sick else 200, {})
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.server.seen.append(self.headers.get("Authorization"))
+        time.sleep(self.server.delay)
+        self._answer(200, {"backend": self.server.name})
+
+
+def stub(name: str) -> ThreadingHTTPServer:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Stub)
+    server.name, server.sick, server.seen, server.delay = name, False, [], 0.0
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.fixture
+def loopback(tmp_path, keys):
+    """nginx (the rendered config, as root would run it) and the watcher's config, on loopback."""
+    stubs = {name: stub(name) for name in ("a", "b")}
+    port = P_free_port()
+    plan = GatewayPlan("gw", "127.0.0.1", port, (keys["a"],),
+                       tuple(Backend(n, "127.0.0.1", s.server_address[1], s.server_address[1]) for n, s in stubs.items()),
+                       keys["backend"], None, 600)
+    where = render_scratch(plan, tmp_path / "root")
+    pool, env = where["pool"], where["env"]
+    subprocess.run(pool + ["render"], env=env, check=True, capture_output=True)
+    nginx = subprocess.Popen([nginx_binary(), "-c", where["config"]], stderr=open(tmp_path / "nginx.log", "w"))
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        yield {"base": f"http://127.0.0.1:{port}", "stubs": stubs, "config": P.load_config(where["pool_config"]),
+               "pool": lambda *args: subprocess.run(pool + list(args), env=env, capture_output=True, text=True),
+               "key": "client-a-4567"}
+    finally:
+        nginx.terminate()
+        nginx.wait(timeout=10)
+        for s in stubs.values():
+            s.shutdown()
+
+
+def P_free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ask(lb, n: int = 6, key: str | None = "client-a-4567") -> list:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    with httpx.Client(timeout=10, headers=headers) as c:
+        return [c.post(f"{lb['base']}/v1/chat/completions", json={}) for _ in range(n)]
+
+
+def served_by(answers) -> list[str]:
+    return [a.json()["backend"] for a in answers]
+
+
+def test_nginx_swaps_the_client_key_for_the_backends_and_refuses_others(loopback):
+    assert set(served_by(ask(loopback))) == {"a", "b"}
+    assert {s for stub_ in loopback["stubs"].values() for s in stub_.seen} == {"Bearer backend-key-0123"}
+    assert [a.status_code for a in ask(loopback, 2, key=None) + ask(loopback, 2, key="backend-key-0123")] == [401] * 4
+
+
+def test_drain_takes_a_backend_out_by_a_graceful_reload_and_undrain_brings_it_back(loopback):
+    for s in loopback["stubs"].values():
+        s.delay = 1.5
+    answers = []
+    slow = threading.Thread(target=lambda: answers.extend(ask(loopback, 1)))
+    slow.start()  # a request in flight, held by one of nginx's workers
+    time.sleep(0.3)
+    drained = loopback["pool"]("drain", "a", "--wait", "20")
+    slow.join()
+    record = json.loads(drained.stdout)
+    assert drained.returncode == 0 and record["drained"] and record["pool"] == ["b"], drained.stderr
+    assert record["waited_s"] >= 0.5 and [a.status_code for a in answers] == [200]  # waited for it, and it ended well
+    for s in loopback["stubs"].values():
+        s.delay = 0
+    assert set(served_by(ask(loopback))) == {"b"}
+    back = json.loads(loopback["pool"]("undrain", "a").stdout)
+    assert back["pool"] == ["a", "b"]  # no round yet: in at once, nginx's passive check decides
+    time.sleep(0.5)
+    assert set(served_by(ask(loopback))) == {"a", "b"}
+
+
+def test_the_watcher_takes_an_unhealthy_backend_out_and_back(loopback):
+    config = loopback["config"]
+    loopback["stubs"]["b"].sick = True
+    counts = {}
+    for _ in range(2):  # fall 2: two rounds
+        counts = P.next_counts(counts, {b["name"]: P.healthy(b, 1) for b in config["backends"]})
+        P.apply(config, counts)
+    assert json.loads(loopback["pool"]("status").stdout)["pool"] == ["a"]
+    time.sleep(0.5)
+    assert set(served_by(ask(loopback))) == {"a"}
+    loopback["stubs"]["b"].sick = False
+    for _ in range(2):
+        counts = P.next_counts(counts, {b["name"]: P.healthy(b, 1) for b in config["backends"]})
+        P.apply(config, counts)
+    time.sleep(0.5)
+    assert set(served_by(ask(loopback))) == {"a", "b"}
+
+
+def test_a_backend_that_refuses_connections_is_retried_on_the_other_without_an_error(loopback):
+    loopback["stubs"]["b"].shutdown()
+    loopback["stubs"]["b"].server_close()
+    answers = ask(loopback, 8)
+    assert [a.status_code for a in answers] == [200] * 8 and set(served_by(answers)) == {"a"}
