@@ -25,11 +25,14 @@ def dry_run() -> bool:
     return "--dry" in sys.argv[1:]
 
 
-def note(text: str) -> None:
-    runstate.current().notes.setdefault(host.name, []).append(text)
+def note(text: str, always: bool = False) -> None:
+    """A line of this host's plan block. Printed when the host changes (with the decision it explains)
+    and with -v; `always`: also for a host with nothing to change (a step left to do by hand, a
+    lock taken over, a check that cannot run)."""
+    runstate.current().notes.setdefault(host.name, []).append((text, always))
 
 
-def take_notes() -> list[str]:
+def take_notes() -> list[tuple[str, bool]]:
     return runstate.current().notes.pop(host.name, [])
 
 

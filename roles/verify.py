@@ -8,6 +8,7 @@ It runs on every deploy: it is a check, not a change (the plan counts it apart).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shlex
@@ -155,15 +156,35 @@ def _check(decision: Decision, previous: list[tuple[str, str]]) -> None:
     raise OperationError(f"verify failed, the previous release was restored and verified: {result.reason}")
 
 
+def unverifiable(decision: Decision) -> str | None:
+    """Why verify cannot run from the controller (the service listens on loopback only), or None."""
+    address = decision.serve.value("--host")
+    if not ipaddress.ip_address(address).is_loopback:
+        return None
+    return (f"not verified: the service listens on {address} only, which the controller cannot reach; set "
+            "qwen27b_bind_address to an address the controller reaches")
+
+
+def _unverified(state, host, reason: str) -> bool:
+    """Fail the host with the reason (a False status: pyinfra adds no traceback, as it does for a raise)."""
+    click.echo(f"    [{host.name}] {reason}", err=True)
+    return False
+
+
 def verify(decision: Decision) -> None:
+    """Queue the verify check. A service the controller cannot reach still gets the operation: it
+    fails the host with the reason, so the run exits non-zero and its summary says `unverified`
+    (an endpoint nobody checked is never reported ok)."""
     if decision.group is not None and decision.group.role == "worker":
         note(f"verify: the worker of serving group '{decision.group.name}' is verified through its head "
              f"({decision.group.head_address}): the API answers only once every stage is up")
         return
-    address = decision.serve.value("--host")
-    if address.startswith("127."):
-        note("verify: skipped - the service binds to loopback only, the controller cannot reach it; "
-             "set qwen27b_bind_address to the lab address")
+    reason = unverifiable(decision)
+    if reason:
+        note(f"verify: {reason}", always=True)
+        runstate.current().unverified[host.name] = reason
+        python.call(name="verify: readiness, /v1/models, streamed completion, acceptance", function=_unverified,
+                    reason=reason)
         return
     python.call(name="verify: readiness, /v1/models, streamed completion, acceptance", function=_check,
                 decision=decision, previous=previous_links())

@@ -30,7 +30,8 @@ from qwen27b.plan import fanout
 from qwen27b.controller import factcache, runstate
 from qwen27b.controller.artifacts import cache_root, dir_manifest
 from qwen27b.plan.gate import Decision, RefusedHost
-from qwen27b.plan.hostdata import Settings, lab_address, redact_url
+from qwen27b.controller.address import host_address
+from qwen27b.plan.hostdata import Settings, redact_url
 from qwen27b.controller.host_facts import FileHashes, Subdirectories, SymlinkTarget
 from qwen27b.onhost.contract import lib_dir, module_argv, module_command
 from qwen27b.onhost.secretfile import load_secret
@@ -107,10 +108,11 @@ def _verified(have: dict, manifest: dict) -> bool:
     return all(have.get(name) == meta["sha256"] for name, meta in manifest.items())
 
 
-def _seed_address(data: dict, settings: Settings) -> str | None:
-    """Where a host serves its copy to its peers: its lab address (ssh_hostname), else its service
-    bind address unless that is loopback; None: it cannot seed (it still receives)."""
-    address = lab_address(data) or settings.bind_address
+def _seed_address(other, settings: Settings) -> str | None:
+    """Where a host serves its copy to its peers: its lab address (ssh_hostname, or where the
+    controller's SSH connection reached it), else its service bind address unless that is
+    loopback; None: it cannot seed (it still receives)."""
+    address = host_address(other)[0] or settings.bind_address
     return None if address in (None, "127.0.0.1", "::1", "0.0.0.0", "::") else address
 
 
@@ -140,7 +142,7 @@ def _make_plan(settings: Settings, entry: dict, target: str, manifest: dict) -> 
                 or (theirs.model_source or default) != "mirror" or isinstance(gate(other), RefusedHost)):
             continue
         have = other.get_fact(FileHashes, directory=target) or {}
-        members.append(fanout.Member(other.name, _seed_address(dict(other.data.dict()), theirs),
+        members.append(fanout.Member(other.name, _seed_address(other, theirs),
                                      _verified(have, manifest)))
     plan = fanout.plan_waves(members)
     click.echo("\n".join([f"== weights fan-out of {safe_name(entry)} (qwen27b_weights_fanout: tree)"]

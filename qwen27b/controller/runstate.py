@@ -19,7 +19,9 @@ class RunState:
     settings: dict | None = None  # host name -> hostdata.Settings, validated once for the whole inventory
     decisions: dict = field(default_factory=dict)  # host name -> gate.Decision | gate.RefusedHost
     refused: dict[str, str] = field(default_factory=dict)  # host name -> cause, for the run summary
+    unreachable: dict[str, str] = field(default_factory=dict)  # host name -> its SSH error, one line
     raised: dict[str, str] = field(default_factory=dict)  # host name -> what planning raised
+    unverified: dict[str, str] = field(default_factory=dict)  # host name -> why verify cannot reach its service
     interrupted_at: dict[str, str] = field(default_factory=dict)  # host name -> the operation Ctrl-C stopped
     notes: dict[str, list[str]] = field(default_factory=dict)  # host name -> plan notes, printed as one block
     restart_ops: dict[str, list] = field(default_factory=dict)  # host name -> operations whose change restarts
