@@ -24,7 +24,7 @@ from pyinfra.context import ctx_state
 from pyinfra.operations import server
 
 from qwen27b.controller import facts as F
-from qwen27b.controller import factcache, hostlock, oporder
+from qwen27b.controller import factcache, hostlock, oporder, progress
 from qwen27b.controller import runstate, runsummary
 from qwen27b.controller.artifacts import ArtifactError
 from qwen27b.plan.gate import Decision, HostFacts, RefusedHost, decide
@@ -103,6 +103,7 @@ def watch_ctrl_c() -> None:
         _run.update(state=ctx_state.get(), argv=list(sys.argv), main=gevent.getcurrent())
     _run["started"] = True
     atexit.register(_finish_run)
+    progress.install(_run["state"])  # before _StopAfterOperation: its exit must find the lines cleared
     _run["state"].add_callback_handler(_StopAfterOperation())
     signal.signal(signal.SIGINT, _interrupted)
 
@@ -169,6 +170,7 @@ def _finish_unstarted_run() -> None:
 def _finish_run(started: bool = True) -> None:
     from .verify import finish_run, verified
 
+    progress.stop()
     run = runstate.of(_run["state"])
     try:
         results = runsummary.outcomes(_run["state"], run.refused, verified(run), interrupted=run.interrupted_at,

@@ -20,7 +20,7 @@ from pyinfra import host
 from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python
 
-from qwen27b.controller import runstate, runsummary
+from qwen27b.controller import progress, runstate, runsummary
 from qwen27b.controller import postdeploy as V
 from qwen27b.onhost.contract import RESTART_LOOP_FINDING, UNIT_PROPERTIES, crash_loop
 from qwen27b.plan.gate import Decision
@@ -64,10 +64,28 @@ def _rollback_commands(previous: list[tuple[str, str]]) -> list[str]:
     return commands + [RESTART_COMMAND]
 
 
+def _load_tick(name: str):
+    """On a terminal: the host's line while vLLM loads (its shard count from this start's journal)."""
+    if not progress.drawing():
+        return None
+    invocation = f"$(systemctl show -p InvocationID --value {SERVICE_UNIT})"
+
+    def tick(elapsed: float) -> str:
+        lines = _remote(f"systemctl show -p ActiveState,SubState --value {SERVICE_UNIT} | paste -sd/; "
+                        f"journalctl -o cat --no-pager _SYSTEMD_INVOCATION_ID={invocation} 2>/dev/null "
+                        "| grep -a 'checkpoint shards' | tail -n1")
+        unit = lines[0] if lines else ""
+        progress.show(name, V.load_line(elapsed, V.shards(lines[-1] if len(lines) > 1 else ""), unit))
+        return unit
+
+    return tick
+
+
 def _serving(decision: Decision, result: V.HostResult, key: str | None, say, unit_state) -> None:
     """Ready, the served name listed, one streamed completion: fills result, raises VerifyFailed."""
     base = result.url
-    result.ready_s = V.wait_ready(base, decision.stack.profile["serve"]["start_timeout_s"], say, unit_state)
+    result.ready_s = V.wait_ready(base, decision.stack.profile["serve"]["start_timeout_s"], say, unit_state,
+                                  tick=_load_tick(host.name))
     V.wait_active(unit_state)
     V.check_models(base, result.served_name, key)
     speculative = decision.serve.has("--speculative-config")
@@ -186,5 +204,6 @@ def verify(decision: Decision) -> None:
         python.call(name="verify: readiness, /v1/models, streamed completion, acceptance", function=_unverified,
                     reason=reason)
         return
-    python.call(name="verify: readiness, /v1/models, streamed completion, acceptance", function=_check,
-                decision=decision, previous=previous_links())
+    check = python.call(name="verify: readiness, /v1/models, streamed completion, acceptance", function=_check,
+                        decision=decision, previous=previous_links())
+    progress.watch_self(check, host)

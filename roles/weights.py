@@ -27,7 +27,7 @@ from pyinfra.facts.files import File
 from pyinfra.operations import files, server
 
 from qwen27b.plan import fanout
-from qwen27b.controller import factcache, runstate
+from qwen27b.controller import factcache, progress, runstate
 from qwen27b.controller.artifacts import cache_root, dir_manifest
 from qwen27b.plan.gate import Decision, RefusedHost
 from qwen27b.controller.address import host_address
@@ -36,10 +36,11 @@ from qwen27b.controller.host_facts import FileHashes, Subdirectories, SymlinkTar
 from qwen27b.onhost.contract import lib_dir, module_argv, module_command
 from qwen27b.onhost.secretfile import load_secret
 from qwen27b.controller.operations import push_files, secret_file, symlink_switch
-from qwen27b.plan.stack import revision_dir_name
+from qwen27b.plan.checkpoint import load_shape
+from qwen27b.plan.stack import checkpoint_metadata_dir, revision_dir_name
 
 from .toolchain import release_venv
-from ._common import needs_restart, note, prune_dirs, remember_previous, shell_word, url_source, url_word
+from ._common import fetch_prefix, needs_restart, note, prune_dirs, remember_previous, url_word
 
 HUB_MANIFEST = "qwen27b-manifest.sha256"  # written after a hub download: what later runs verify
 
@@ -68,7 +69,7 @@ def _hub(decision: Decision, entry: dict, target: str):
         token_env = f'HF_TOKEN="$(cat {token_path})" '
     venv = release_venv(decision)
     return server.shell(name="download from the hub", commands=[
-        f"{token_env}HF_HUB_DISABLE_TELEMETRY=1 {venv}/bin/hf download {shlex.quote(entry['id'])} "
+        f"{fetch_prefix(decision)}{token_env}HF_HUB_DISABLE_TELEMETRY=1 {venv}/bin/hf download {shlex.quote(entry['id'])} "
         f"--revision {shlex.quote(entry['revision'])} --local-dir {shlex.quote(target)}",
         f"cd {shlex.quote(target)} && find . -maxdepth 1 -type f ! -name '.*' ! -name {HUB_MANIFEST} -printf '%f\\n' | sort | "
         f"xargs -r -d '\\n' sha256sum > {HUB_MANIFEST}.part && mv -f {HUB_MANIFEST}.part {HUB_MANIFEST}",
@@ -102,6 +103,10 @@ def _run_token() -> str:
         if run.seed_token is None:
             run.seed_token = secrets.token_urlsafe(32)
         return run.seed_token
+
+
+def _manifest_bytes(manifest: dict) -> int:
+    return sum(int(meta["size"]) for meta in manifest.values())
 
 
 def _verified(have: dict, manifest: dict) -> bool:
@@ -159,14 +164,6 @@ def _fetch_setup(decision: Decision, entry: dict, manifest: dict) -> tuple[str, 
     return module_command(release_venv(decision), "fetch"), listing
 
 
-def _proxy_env(settings: Settings) -> str:
-    # qwen27b_http_proxy is for the mirror: no_proxy emptied so it applies even to a loopback mirror
-    if not settings.http_proxy:
-        return ""
-    proxy = shell_word(settings, "http_proxy")  # "$VAR" when it carries a password, else the URL quoted
-    return f"http_proxy={proxy} https_proxy={proxy} no_proxy= NO_PROXY= "
-
-
 def _mirror_base(decision: Decision, entry: dict) -> str:
     """qwen27b-fetch's --base: the mirror URL, or, when it carries a password, '$QWEN27B_MODEL_MIRROR/...'
     single-quoted so the shell leaves it to qwen27b-fetch to expand (never in its argv)."""
@@ -206,7 +203,7 @@ def _fan_out(decision: Decision, entry: dict, target: str, base: str, manifest: 
         tool, listing = _fetch_setup(decision, entry, manifest)
         fetch = fanout.fetch_command(f"{tool} --dest {target} --manifest {listing}", copy,
                                      _mirror_base(decision, entry), safe_name(entry), plan.port,
-                                     url_source(decision) + _proxy_env(decision.settings),
+                                     fetch_prefix(decision),
                                      token_file if from_seed else None)
     venv = release_venv(decision)
     total = sum(int(meta["size"]) for meta in manifest.values())
@@ -222,6 +219,7 @@ def _fan_out(decision: Decision, entry: dict, target: str, base: str, manifest: 
         op = server.shell(name=f"weights fan-out wave {wave} of {safe_name(entry)}", commands=commands)
         if copy is not None and copy.wave == wave:
             needs_restart(op)
+            progress.watch(op, host, "weights", [target], _manifest_bytes(manifest))
     if start is not None:
         server.shell(name=f"weights fan-out of {safe_name(entry)}: stop the seed server",
                      commands=[fanout.seed_stop_command(token_file)])
@@ -255,11 +253,15 @@ def place(decision: Decision, entry: dict, link: str, local_dir: str | None) -> 
             note(f"weights: {safe_name(entry)} verified on the host")
         else:
             tool, listing = _fetch_setup(decision, entry, manifest)
-            needs_restart(server.shell(name="fetch the checkpoint from the mirror",
-                         commands=[f"{url_source(decision)}{_proxy_env(settings)}{tool} "
-                                   f"--base {_mirror_base(decision, entry)} --dest {shlex.quote(target)} --manifest {listing}"]))
+            fetch = server.shell(name="fetch the checkpoint from the mirror",
+                                 commands=[f"{fetch_prefix(decision)}{tool} "
+                                           f"--base {_mirror_base(decision, entry)} --dest {shlex.quote(target)} --manifest {listing}"])
+            needs_restart(fetch)
+            progress.watch(fetch, host, "weights", [target], _manifest_bytes(manifest))
     elif source == "hub":
-        needs_restart(_hub(decision, entry, target))
+        download = _hub(decision, entry, target)
+        needs_restart(download)
+        progress.watch(download, host, "weights", [target], load_shape(checkpoint_metadata_dir(entry)).weight_bytes)
     else:
         local = Path(local_dir or entry.get("local_dir") or "").expanduser()
         if not local.is_absolute():
@@ -267,8 +269,10 @@ def place(decision: Decision, entry: dict, link: str, local_dir: str | None) -> 
         if not (local / "config.json").is_file():
             raise OperationError(f"no checkpoint at {local} (config.json missing): set qwen27b_model_local_dir"
                                  + (" or run `python3 -m qwen27b.tools.cpu_smoke model`" if entry.get("local_dir") else ""))
-        needs_restart(push_files(name="push the checkpoint (verified by sha256)", src_dir=str(local), dest_dir=target,
-                                 manifest=dir_manifest(local)))
+        push = push_files(name="push the checkpoint (verified by sha256)", src_dir=str(local), dest_dir=target,
+                          manifest=dir_manifest(local))
+        needs_restart(push)
+        progress.watch(push, host, "weights", [target], sum(p.stat().st_size for p in local.iterdir() if p.is_file()))
     previous = host.get_fact(SymlinkTarget, path=link)
     if previous != target:
         remember_previous(link, previous)

@@ -30,6 +30,7 @@ class RunState:
     manifests: dict[str, dict] = field(default_factory=dict)  # mirror base URL -> its manifest
     fanout_plans: dict[tuple[str, str], object] = field(default_factory=dict)  # (base, target) -> FanoutPlan
     seed_token: str | None = None  # the fan-out seeds' bearer token, made once per run
+    progress: dict = field(default_factory=dict)  # (host name, op hash) -> progress.Probe: drawn while it runs
     fact_cache: object | None = None  # factcache.FactCache: fact answers kept while nothing changes a host
 
 

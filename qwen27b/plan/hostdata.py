@@ -55,7 +55,7 @@ class Settings:
     model_local_dir: str | None = None  # controller dir holding the checkpoint (model_source controller)
     draft_local_dir: str | None = None  # controller dir holding the DFlash2 draft
     hf_token_file: str | None = None  # controller file (0600) with a Hugging Face token
-    http_proxy: str | None = None  # proxy the host uses to reach mirrors/hubs
+    http_proxy: str | None = None  # every fetch the host makes: apt, uv/pip, hf download, the Python download, qwen27b-fetch
     keep_model_revisions: int = 1  # old revisions kept for rollback
     keep_releases: int = 1  # old release dirs (~3.5 GB each) kept besides the current one; the previous always stays
     dflash_cli: bool = False  # also install PyPI's `dflash` CLI (benchmarks against the server)
