@@ -12,19 +12,17 @@ from __future__ import annotations
 
 import io
 import os
-import pty
 import re
-import select
 import subprocess
 import sys
 from pathlib import Path
 
 from qwen27b.controller import postdeploy as V
 from qwen27b.controller.progress import Board, Meter, _Above, bytes_line, human_bytes, human_duration
+from tests.support.terminal import ANSI, run_on_a_terminal
 
 ROOT = Path(__file__).resolve().parents[1]
 WEIGHTS_LINE = re.compile(r"\[@local\] +weights +\d+\.\d MiB of 8\.0 MiB \(\d+%\), \d+\.\d (?:KiB|MiB)/s, ETA \d+s")
-ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 def _env(tmp_path: Path) -> dict:
@@ -35,36 +33,9 @@ def _env(tmp_path: Path) -> dict:
     return env
 
 
-def run_on_a_terminal(argv: list[str], env: dict, cwd: Path, columns: int = 120) -> tuple[int, str]:
-    """argv with stdin, stdout and stderr on a pseudo-terminal of `columns`; (exit code, transcript)."""
-    import fcntl
-    import struct
-    import termios
-
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=slave, stdout=slave, stderr=slave, close_fds=True)
-    os.close(slave)
-    chunks = []
-    while True:
-        ready, _, _ = select.select([master], [], [], 120)
-        if not ready:
-            proc.kill()
-            break
-        try:
-            data = os.read(master, 65536)
-        except OSError:  # EIO: every writer of the slave side is gone
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(master)
-    return proc.wait(timeout=60), b"".join(chunks).decode("utf-8", "replace")
-
-
 def test_a_watched_step_draws_bytes_rate_and_eta_on_a_terminal(tmp_path):
     rc, transcript = run_on_a_terminal([sys.executable, "-m", "pyinfra", "@local", "tests/data/progress_deploy.py", "-y"],
-                                       _env(tmp_path), ROOT)
+                                       _env(tmp_path), ROOT, columns=120, timeout=120)
     assert rc == 0, transcript[-3000:]
     text = ANSI.sub("", transcript)
     drawn = WEIGHTS_LINE.findall(text)
