@@ -88,12 +88,13 @@ def _install_commands(decision: Decision, venv: str, uv: str) -> tuple[str, list
         # UV_FIND_LINKS, not --find-links: a URL with a password stays out of uv's argv (`ps`)
         links = url_word(decision.settings, "wheel_mirror")
         return f"lab mirror {redact_url(mirror)}", [
-            f"{fetch_prefix(decision)}UV_FIND_LINKS={links} {target} {requirement} {extras}"
-            if links != mirror else f"{fetch_prefix(decision)}{target} --find-links {shlex.quote(mirror)} {requirement} {extras}"], None
+            f"{fetch_prefix(decision)}UV_FIND_LINKS={links} {target}{NETWORK} {requirement} {extras}"
+            if links != mirror else
+            f"{fetch_prefix(decision)}{target}{NETWORK} --find-links {shlex.quote(mirror)} {requirement} {extras}"], None
     if vllm["build"] == "cpu":
         raise_missing(local)
     commands = []
-    target = fetch_prefix(decision) + target
+    target = fetch_prefix(decision) + target + NETWORK
     if torch.get("index_url") and torch.get("requirement"):
         commands.append(f"{target} --index-url {shlex.quote(torch['index_url'])} {shlex.quote(torch['requirement'])}")
     if vllm.get("url"):
@@ -103,6 +104,11 @@ def _install_commands(decision: Decision, venv: str, uv: str) -> tuple[str, list
         index = f" --extra-index-url {shlex.quote(torch['index_url'])}" if torch.get("index_url") else ""
         commands.append(f"{target}{index} {requirement} {extras}")
     return "upstream index / release URL (no wheelhouse or mirror set)", commands, None
+
+
+# uv trusts its own CA bundle unless told otherwise; the host's store (ca-certificates) is what apt
+# and curl trust, and what a lab's mirror or TLS-inspecting proxy is signed for
+NETWORK = " --native-tls"
 
 
 def install_cache(decision: Decision) -> str:

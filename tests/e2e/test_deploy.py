@@ -216,8 +216,9 @@ def test_one_proxy_setting_reaches_apt_uv_and_the_fetch(lab):
             host.run(f"mv {APT_PROXY_CONF}.hidden {APT_PROXY_CONF}")
         assert cut_off.returncode != 0 or "Failed to fetch" in cut_off.stdout + cut_off.stderr
         settings = settings_for(host.name, {"qwen27b_http_proxy": "http://127.0.0.1:3128"})
-        uv = ("/opt/qwen27b/bin/uv pip install --dry-run --no-cache --no-config "
-              "--python /opt/qwen27b/current/venv/bin/python six")
+        # into an empty --target: uv must ask the index; --native-tls as the roles' uv commands do
+        uv = ("/opt/qwen27b/bin/uv pip install --dry-run --no-cache --no-config --native-tls "
+              "--python /opt/qwen27b/current/venv/bin/python --target /tmp/q27-proxy-probe six")
         through = host.run(f"env -u http_proxy -u https_proxy {proxy_env(settings)}{uv}", check=False, timeout=300)
         assert through.returncode == 0, through.stdout + through.stderr
         alone = host.run(f"env -u http_proxy -u https_proxy {uv}", check=False, timeout=300)
