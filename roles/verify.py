@@ -84,8 +84,11 @@ def _load_tick(name: str):
 def _serving(decision: Decision, result: V.HostResult, key: str | None, say, unit_state) -> None:
     """Ready, the served name listed, one streamed completion: fills result, raises VerifyFailed."""
     base = result.url
-    result.ready_s = V.wait_ready(base, decision.stack.profile["serve"]["start_timeout_s"], say, unit_state,
-                                  tick=_load_tick(host.name))
+    try:
+        result.ready_s = V.wait_ready(base, decision.stack.profile["serve"]["start_timeout_s"], say, unit_state,
+                                      tick=_load_tick(host.name))
+    finally:
+        progress.done(host.name)  # loaded (or not): the checks that follow say their own lines
     V.wait_active(unit_state)
     V.check_models(base, result.served_name, key)
     speculative = decision.serve.has("--speculative-config")

@@ -163,6 +163,12 @@ def show(host_name: str, text: str) -> bool:
     return False
 
 
+def done(host_name: str) -> None:
+    """This host's line is no longer needed (its step goes on without progress to show)."""
+    if _BOARD.active:
+        _BOARD.drop(host_name)
+
+
 def drawing() -> bool:
     return _BOARD.active
 

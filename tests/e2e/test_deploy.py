@@ -137,7 +137,7 @@ PROGRESS = {
     "wheels": r"wheels +[\d.]+ (?:KiB|MiB|GiB) of [\d.]+ (?:MiB|GiB) \(\d+%\)",
     "install": r"install +[\d.]+ (?:MiB|GiB) of \d\.\d GiB \(\d+%\), [\d.]+ (?:KiB|MiB|GiB)/s, "
                r"(?:ETA \d+(?:s|m\d\ds)|compiling bytecode)",
-    "weights": r"weights +[\d.]+ (?:KiB|MiB) of 256\.\d MiB \(\d+%\), [\d.]+ (?:KiB|MiB)/s, ETA \d+s",
+    "weights": r"weights +[\d.]+ (?:B|KiB|MiB) of 2\d\d\.\d MiB \(\d+%\), [\d.]+ (?:KiB|MiB)/s, ETA \d+s",
     "load": r"load +loading weights: shards (?:\d+|-)/(?:\d+|-)(?: \(warming up\))?, \d+ s \(unit \w+/[\w-]+\)",
 }
 
