@@ -87,10 +87,12 @@ def _install_commands(decision: Decision, venv: str, uv: str) -> tuple[str, list
     if mirror:
         # UV_FIND_LINKS, not --find-links: a URL with a password stays out of uv's argv (`ps`)
         links = url_word(decision.settings, "wheel_mirror")
+        # --no-index: the mirror holds every wheel (`qwen27b mirror --wheels` lays it out); an
+        # air-gapped host would otherwise wait on PyPI too
         return f"lab mirror {redact_url(mirror)}", [
-            f"{fetch_prefix(decision)}UV_FIND_LINKS={links} {target}{NETWORK} {requirement} {extras}"
+            f"{fetch_prefix(decision)}UV_FIND_LINKS={links} {target}{NETWORK} --no-index {requirement} {extras}"
             if links != mirror else
-            f"{fetch_prefix(decision)}{target}{NETWORK} --find-links {shlex.quote(mirror)} {requirement} {extras}"], None
+            f"{fetch_prefix(decision)}{target}{NETWORK} --no-index --find-links {shlex.quote(mirror)} {requirement} {extras}"], None
     if vllm["build"] == "cpu":
         raise_missing(local)
     commands = []

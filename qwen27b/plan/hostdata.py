@@ -49,7 +49,7 @@ class Settings:
     health_failures_before_restart: int = 3
     python_mirror: str | None = None  # UV_PYTHON_INSTALL_MIRROR for air-gapped labs
     wheelhouse_dir: str | None = None  # controller dir with the vLLM build's wheels + manifest.json
-    wheel_mirror: str | None = None  # a lab mirror (pip --find-links URL) when no wheelhouse is pushed
+    wheel_mirror: str | None = None  # a lab mirror holding every wheel (uv --no-index --find-links) when no wheelhouse is pushed
     model_source: str | None = None  # hub | mirror | controller; None: the stack model's default_source
     model_mirror: str | None = None  # base URL of a lab mirror holding <id>@<revision>/ with manifest.json
     model_local_dir: str | None = None  # controller dir holding the checkpoint (model_source controller)
