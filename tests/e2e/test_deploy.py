@@ -182,9 +182,9 @@ def test_a_host_named_the_usual_pyinfra_way_serves_where_ssh_reached_it(lab):
     inventory = work / "by-name.py"
     inventory.write_text(
         "import runpy\n"
-        f"lab = runpy.run_path({str(lab['inventory'])!r})['lab']\n"
+        f"_lab = runpy.run_path({str(lab['inventory'])!r})['lab']  # _: not a group of this inventory\n"
         f"by_name = [(name, {{**{{k: v for k, v in data.items() if k != 'ssh_hostname'}}, "
-        f"'ssh_config_file': {str(host.ssh_config)!r}}}) for name, data in lab]\n")
+        f"'ssh_config_file': {str(host.ssh_config)!r}}}) for name, data in _lab]\n")
     rc, out = deploy(lab, argv=[str(inventory), "deploy.py", "--dry", "-y", "-v"])
     assert rc == 0, out[-4000:]
     flag = re.search(r"^--host +(\S+) +(.*)$", out, re.M)
