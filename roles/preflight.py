@@ -30,7 +30,7 @@ from qwen27b.controller.artifacts import ArtifactError
 from qwen27b.plan.gate import Decision, HostFacts, RefusedHost, decide
 from qwen27b.controller.host_facts import DeployLock
 from qwen27b.controller.address import host_address, unknown_address
-from qwen27b.plan.hostdata import BadHostData, Settings, validate_inventory
+from qwen27b.plan.hostdata import BadHostData, Settings, lab_address, validate_inventory
 from qwen27b.controller.opsplan import planned_operations
 from qwen27b.controller.report import format_plan, format_refusal
 from qwen27b.plan.stack import load_stack
