@@ -190,9 +190,17 @@ def instrumented(inventory: Path, env: dict, work: Path, tag: str, timeout: floa
     return json.loads(stats.read_text()) if stats.exists() else {}
 
 
+def only_unverified(out: str) -> bool:
+    """Every host's summary row says `unverified`: @fake hosts serve on loopback, which verify cannot
+    reach, and such a run ends with exit 1 by design (a host nobody verified is never ok)."""
+    summary = out.rsplit("--> qwen27b run summary:", 1)[-1].split("\n------", 1)[-1]
+    rows = [line.split()[1] for line in summary.split("\n\n", 1)[0].splitlines()[1:] if line.strip()]
+    return bool(rows) and set(rows) == {"unverified"}
+
+
 def check_noop(rc: int, out: str, n: int, what: str) -> None:
     zero = ZERO.findall(out)
-    if rc != 0 or len(zero) != n:
+    if (rc != 0 and not (rc == 1 and only_unverified(out))) or len(zero) != n:
         tail = "\n".join(out.splitlines()[-40:])
         raise SystemExit(f"{what}: not a no-op run (exit {rc}, {len(zero)}/{n} hosts planned 0 changes):\n{tail}")
 

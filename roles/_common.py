@@ -25,11 +25,14 @@ def dry_run() -> bool:
     return "--dry" in sys.argv[1:]
 
 
-def note(text: str) -> None:
-    runstate.current().notes.setdefault(host.name, []).append(text)
+def note(text: str, always: bool = False) -> None:
+    """A line of this host's plan block. Printed when the host changes (with the decision it explains)
+    and with -v; `always`: also for a host with nothing to change (a step left to do by hand, a
+    lock taken over, a check that cannot run)."""
+    runstate.current().notes.setdefault(host.name, []).append((text, always))
 
 
-def take_notes() -> list[str]:
+def take_notes() -> list[tuple[str, bool]]:
     return runstate.current().notes.pop(host.name, [])
 
 
@@ -73,6 +76,24 @@ def url_word(settings: Settings, name: str) -> str:
     (only ever as an environment assignment's value: expanded in argv it would show in `ps`)."""
     url = getattr(settings, name)
     return f'"${URL_VARS[name]}"' if url_has_password(url) else url
+
+
+def proxy_env(settings: Settings) -> str:
+    """The environment prefix that sends a command's fetches through qwen27b_http_proxy ('' without
+    one): uv, pip, curl, huggingface_hub and qwen27b-fetch read these variables (both spellings: some
+    tools read only one). no_proxy is emptied so a mirror on the lab network (or on loopback, as the
+    test hosts' is) goes through the proxy as well: one setting for every fetch a host makes. With
+    a password the value is "$QWEN27B_HTTP_PROXY" from the URL env file: prefix `url_source`."""
+    if not settings.http_proxy:
+        return ""
+    proxy = shell_word(settings, "http_proxy")
+    return f"http_proxy={proxy} https_proxy={proxy} HTTP_PROXY={proxy} HTTPS_PROXY={proxy} no_proxy= NO_PROXY= "
+
+
+def fetch_prefix(decision: Decision) -> str:
+    """What a command that fetches from the network starts with: the URL env file (when a URL
+    carries a password) and the proxy environment."""
+    return url_source(decision) + proxy_env(decision.settings)
 
 
 def shell_word(settings: Settings, name: str) -> str:

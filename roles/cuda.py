@@ -13,7 +13,7 @@ from pyinfra.operations import files, server
 
 from qwen27b.plan.gate import Decision
 
-from ._common import note
+from ._common import fetch_prefix, note
 from .toolchain import apt_install
 
 REPO = "https://developer.download.nvidia.com/compute/cuda/repos/{repo}/x86_64"
@@ -32,8 +32,12 @@ def cuda(decision: Decision) -> None:
     repo = REPO.format(repo=decision.os_row["cuda_repo"])
     keyring = cuda_entry["keyring_deb"]
     if "cuda-keyring" not in (host.get_fact(DebPackages) or {}):
-        files.download(name=f"download {keyring}", src=f"{repo}/{keyring}", dest=f"/tmp/{keyring}",
-                       sha256sum=decision.os_row.get("cuda_keyring_sha256"))
+        # curl, not files.download: the proxy (with its password) must go in the environment, not argv
+        digest = decision.os_row.get("cuda_keyring_sha256")
+        local = shlex.quote(f"/tmp/{keyring}")
+        server.shell(name=f"download {keyring}", commands=[
+            f"{fetch_prefix(decision)}curl -fsSL {shlex.quote(repo + '/' + keyring)} -o {local}",
+            *([f"echo {shlex.quote(digest + '  /tmp/' + keyring)} | sha256sum -c --quiet -"] if digest else [])])
         server.shell(name="install cuda-keyring (signed-by keyring for NVIDIA's repo)",
                      commands=[f"dpkg -i {shlex.quote('/tmp/' + keyring)}"])
     apt_install("CUDA toolkit", [cuda_entry["package"]])

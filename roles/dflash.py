@@ -12,7 +12,7 @@ from pyinfra.operations import server
 from qwen27b.plan.gate import Decision
 from qwen27b.controller.host_facts import VenvPackages
 
-from ._common import note
+from ._common import fetch_prefix, note
 from .toolchain import release_venv
 from .weights import place
 
@@ -28,4 +28,4 @@ def dflash(decision: Decision) -> None:
         venv = release_venv(decision)
         if "dflash" not in (host.get_fact(VenvPackages, venv=venv) or {}):
             server.shell(name="PyPI dflash CLI (dflash benchmark against the server)",
-                         commands=[f"{venv}/bin/python -m pip install dflash"])
+                         commands=[f"{fetch_prefix(decision)}{venv}/bin/python -m pip install dflash"])

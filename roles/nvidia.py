@@ -74,7 +74,7 @@ def _reboot(decision: Decision) -> None:
     if decision.settings.skip_reboot:
         note(f"nvidia: {package} changes: REBOOT PENDING (qwen27b_skip_reboot). By hand: `sudo systemctl reboot`; "
              "then `nvidia-smi -L` lists every GPU and `cat /proc/driver/nvidia/version` shows "
-             f"{decision.stack.profile['driver']['branch']}.x; then re-run the deploy (the service starts after it)")
+             f"{decision.stack.profile['driver']['branch']}.x; then re-run the deploy (the service starts after it)", always=True)
         return
     server.reboot(name="reboot to load the new driver", delay=10, interval=5, reboot_timeout=900)
     server.shell(name="nvidia-smi answers after the driver change", commands=["nvidia-smi -L"])

@@ -9,9 +9,11 @@ run exits non-zero) and gets no operations. The others go on.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import signal
 import sys
+from pathlib import Path
 
 import click
 import gevent
@@ -22,14 +24,15 @@ from pyinfra.context import ctx_state
 from pyinfra.operations import server
 
 from qwen27b.controller import facts as F
-from qwen27b.controller import factcache, hostlock, oporder
+from qwen27b.controller import factcache, hostlock, oporder, progress
 from qwen27b.controller import runstate, runsummary
 from qwen27b.controller.artifacts import ArtifactError
 from qwen27b.plan.gate import Decision, HostFacts, RefusedHost, decide
 from qwen27b.controller.host_facts import DeployLock
+from qwen27b.controller.address import host_address, unknown_address
 from qwen27b.plan.hostdata import BadHostData, Settings, lab_address, validate_inventory
 from qwen27b.controller.opsplan import planned_operations
-from qwen27b.controller.report import format_decision, format_operations, format_refusal
+from qwen27b.controller.report import format_plan, format_refusal
 from qwen27b.plan.stack import load_stack
 from qwen27b.plan.groupdata import node_address
 from qwen27b.plan.multinode import Member, decide_group
@@ -63,12 +66,44 @@ def inventory_settings() -> dict[str, Settings]:
 # the atexit summary (the State, argv, the main greenlet, whether Ctrl-C was pressed). A signal
 # handler is per process, so this one store is per process too.
 _run: dict = {}
+DEPLOY_FILE = Path(__file__).resolve().parents[1] / "deploy.py"
+
+
+def watch_connections() -> None:
+    """From config.py, which pyinfra reads before it loads the inventory and connects. Each host's
+    SSH error is kept for the run summary (`unreachable: <the error>`), and a run in which no host
+    could be reached still ends with a summary: pyinfra stops ("No hosts remaining!") before the
+    deploy file, and so preflight, ever runs. paramiko's own tracebacks of a failed handshake
+    (printed by Python's last-resort log handler) are dropped: pyinfra's line per host and the
+    summary say it; `--debug-all` still shows them. Only for runs of this project's deploy.py."""
+    if not any(arg.endswith(".py") and Path(arg).resolve() == DEPLOY_FILE for arg in sys.argv[1:]):
+        return
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())
+    run_state = ctx_state.get()
+    init = run_state.init  # callbacks can be added only once pyinfra has initialised the State
+
+    def init_and_watch(*args, **kwargs):
+        init(*args, **kwargs)
+        run_state.add_callback_handler(_ConnectErrors())
+
+    run_state.init = init_and_watch  # this State only (an instance attribute), as factcache hooks get_fact
+    _run.update(state=run_state, argv=list(sys.argv), main=gevent.getcurrent())
+    atexit.register(_finish_unstarted_run)
+
+
+class _ConnectErrors(BaseStateCallback):
+    @staticmethod
+    def host_connect_error(state, host, error) -> None:
+        runstate.of(state).unreachable[host.name] = " ".join(str(error).split())
 
 
 def watch_ctrl_c() -> None:
     """Once per run, in the main greenlet: our Ctrl-C handling and the run summary at exit."""
-    _run.update(state=ctx_state.get(), argv=list(sys.argv), main=gevent.getcurrent())
+    if _run.get("state") is not ctx_state.get():  # config.py was not read (another cwd, --config)
+        _run.update(state=ctx_state.get(), argv=list(sys.argv), main=gevent.getcurrent())
+    _run["started"] = True
     atexit.register(_finish_run)
+    progress.install(_run["state"])  # before _StopAfterOperation: its exit must find the lines cleared
     _run["state"].add_callback_handler(_StopAfterOperation())
     signal.signal(signal.SIGINT, _interrupted)
 
@@ -119,13 +154,28 @@ class _StopAfterOperation(BaseStateCallback):
             sys.exit(130)
 
 
-def _finish_run() -> None:
+def _finish_unstarted_run() -> None:
+    """At exit of a run whose deploy file never started: a summary only when some host could not be
+    reached (when every host connected, pyinfra's own error above says what stopped it, e.g. bad
+    inventory data)."""
+    run_state = _run.get("state")
+    if _run.get("started") or run_state is None or not run_state.initialised:
+        return
+    targeted = [h for h in run_state.inventory if run_state.is_host_in_limit(h)]
+    if all(h in run_state.activated_hosts for h in targeted):
+        return
+    _finish_run(started=False)
+
+
+def _finish_run(started: bool = True) -> None:
     from .verify import finish_run, verified
 
+    progress.stop()
     run = runstate.of(_run["state"])
     try:
         results = runsummary.outcomes(_run["state"], run.refused, verified(run), interrupted=run.interrupted_at,
-                                      raised=run.raised)
+                                      raised=run.raised, unreachable=run.unreachable, started=started,
+                                      unverified=run.unverified)
     except Exception as error:  # noqa: BLE001 (the summary must never hide the run's own output)
         click.echo(f"qwen27b: no run summary ({type(error).__name__}: {error}); the output above has each host", err=True)
         results = []
@@ -147,7 +197,7 @@ def take_lock() -> bool:
             _refuse(RefusedHost(host.name, *hostlock.refusal(host.name, held)))
             return False
         stale = held
-        note(f"lock: the deploy that held this host ({held.describe()}) is gone (interrupted?): taking its lock over")
+        note(f"lock: the deploy that held this host ({held.describe()}) is gone (interrupted?): taking its lock over", always=True)
     lock = server.shell(name="lock: one deploy at a time on this host", commands=[hostlock.take_command(_OWNER, stale)])
     factcache.changes_only(lock, DeployLock)  # the lock file only: the facts read to plan stay valid
     return True
@@ -220,8 +270,12 @@ def gate(on=None) -> Decision | RefusedHost:
         stack = load_stack()
         settings = inventory_settings()[on.name]  # bad inventory stops the run before any fact is read
         try:
+            refused = unknown_address(on, settings.bind_address)
+            if refused is not None:
+                raise refused
             facts = gather_facts(stack["paths"]["models"], on)
-            decisions[on.name] = decide(on.name, facts, stack, settings, bind_address=lab_address(dict(on.data.dict())))
+            address, why = host_address(on)
+            decisions[on.name] = decide(on.name, facts, stack, settings, bind_address=address, address_reason=why)
         except RefusedHost as refused:
             decisions[on.name] = refused
     return decisions[on.name]
@@ -257,7 +311,6 @@ def preflight() -> Decision | None:
     if isinstance(decision, RefusedHost):
         _refuse(decision)
         return None
-    note(format_decision(decision))
     if not take_lock():
         return None
     return decision
@@ -283,8 +336,8 @@ def run_roles(decision: Decision, roles) -> bool:
 
 
 def show_planned_operations() -> None:
-    """Print this host's whole plan in one block: decision, role notes, operations with commands."""
-    notes = take_notes()
-    decision, role_notes = notes[0], [f"   {n}" for n in notes[1:]]
-    click.echo(decision + "\n".join(role_notes) + "\n\n" + format_operations(host.name, planned_operations(state, host)),
+    """Print this host's plan in one block (report.format_plan): what changes in a normal run, all of
+    it with -v (pyinfra's verbosity flag, which also prints its own no-op reasons)."""
+    decision = runstate.current().decisions[host.name]
+    click.echo(format_plan(decision, take_notes(), planned_operations(state, host), verbose=state.print_noop_info),
                err=True)

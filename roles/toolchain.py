@@ -1,7 +1,8 @@
 """Toolchain: base packages, the service user, the directory layout, Python and the release venv.
 
 Python 3.12 is not in Ubuntu 20.04/22.04 (3.8/3.10): it comes from uv's managed Python, with the
-uv binary pushed from the controller cache (and UV_PYTHON_INSTALL_MIRROR for air-gapped labs).
+uv binary pushed from the controller cache (and UV_PYTHON_INSTALL_MIRROR for air-gapped labs); every
+profile gets uv, the vllm role installs the wheels with it.
 The venv lives in a versioned release dir, so an upgrade never touches the running release.
 """
 
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import posixpath
 import shlex
+import urllib.parse
+from io import StringIO
 
 from pyinfra import host
 from pyinfra.facts.deb import DebPackages
@@ -21,7 +24,7 @@ from qwen27b.plan.gate import Decision
 from qwen27b.controller.host_facts import DirectoryStates, ServiceUser
 from qwen27b.controller.operations import directories, secret_file
 
-from ._common import dry_run, note, shell_word, url_env_file, url_env_text, url_source
+from ._common import dry_run, fetch_prefix, note, shell_word, url_env_file, url_env_text
 
 
 def release_dir(decision: Decision) -> str:
@@ -67,12 +70,13 @@ def _directories(decision: Decision) -> list[tuple[str, str, str, str]]:
     ]
 
 
-def _python(decision: Decision) -> str:
-    """Queue what makes the profile's Python exist; return the command prefix that creates a venv."""
-    py, paths = decision.stack.profile["python"], decision.stack.paths
-    if py["route"] == "system":
-        return f"{shlex.quote('python' + py['version'])} -m venv"
-    uv, version = f"{paths['bin']}/uv", decision.stack.tools["uv"]["version"]
+def uv_on_host(decision: Decision) -> str:
+    """Where the uv binary is on the host (the vllm role installs with it; uv's Python route needs it)."""
+    return f"{decision.stack.paths['bin']}/uv"
+
+
+def _push_uv(decision: Decision) -> None:
+    uv, version = uv_on_host(decision), decision.stack.tools["uv"]["version"]
     if dry_run() and not uv_path(version).exists():
         # no cache path here: the plan reads the same on every controller ($QWEN27B_CACHE says where)
         note(f"toolchain: will fetch uv {version} from PyPI into the controller cache and push "
@@ -80,7 +84,16 @@ def _python(decision: Decision) -> str:
     else:
         files.put(name="uv binary (from the controller cache)", src=str(uv_binary(version)),
                   dest=uv, user="root", group="root", mode="0755")
-    env = f"{url_source(decision)}UV_PYTHON_INSTALL_DIR={paths['python']}"
+
+
+def _python(decision: Decision) -> str:
+    """Queue what makes the profile's Python exist; return the command prefix that creates a venv."""
+    py, paths = decision.stack.profile["python"], decision.stack.paths
+    _push_uv(decision)
+    if py["route"] == "system":
+        return f"{shlex.quote('python' + py['version'])} -m venv"
+    uv = uv_on_host(decision)
+    env = f"{fetch_prefix(decision)}UV_PYTHON_INSTALL_DIR={paths['python']}"
     if decision.settings.python_mirror:
         env += f" UV_PYTHON_INSTALL_MIRROR={shell_word(decision.settings, 'python_mirror')}"
     managed, python = _venv_python(decision, env, uv)
@@ -114,12 +127,50 @@ def _service_user(user: str, home: str) -> None:
                 home=home, shell=want["shell"], create_home=False)
 
 
+APT_PROXY_CONF = "/etc/apt/apt.conf.d/90qwen27b-proxy"
+APT_PROXY_AUTH = "/etc/apt/auth.conf.d/90qwen27b-proxy.conf"
+
+
+def apt_proxy_files(url: str) -> tuple[str, str | None]:
+    """apt's side of qwen27b_http_proxy: the apt.conf lines, with the URL stripped of any credentials
+    (apt.conf files are world-readable), and for a URL with user:password the apt_auth.conf(5)
+    entry that holds them (root, 0600; apt reads proxy logins there since 1.5, Ubuntu 18.04)."""
+    parts = urllib.parse.urlsplit(url)
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    bare = urllib.parse.urlunsplit(parts._replace(netloc=hostport))
+    conf = f'Acquire::http::Proxy "{bare}";\nAcquire::https::Proxy "{bare}";\n'
+    if not userinfo:
+        return conf, None
+    user, _, password = (urllib.parse.unquote(p) for p in userinfo.partition(":"))
+    return conf, f"machine {hostport} login {user}" + (f" password {password}" if password else "") + "\n"
+
+
+def _apt_proxy(decision: Decision) -> None:
+    """apt through qwen27b_http_proxy (an apt.conf file, not the environment: pyinfra's apt
+    operations take no env file, and unattended-upgrades should use the same proxy); the files go
+    when the key goes."""
+    proxy = decision.settings.http_proxy
+    conf, auth = apt_proxy_files(proxy) if proxy else (None, None)
+    if conf:
+        files.put(name="apt through qwen27b_http_proxy", src=StringIO(conf), dest=APT_PROXY_CONF, user="root",
+                  group="root", mode="0644", create_remote_dir=False)
+    if auth:
+        secret_file(name="apt's login to the proxy (apt_auth.conf, 0600)", dest=APT_PROXY_AUTH, content=auth)
+    for path, wanted in ((APT_PROXY_CONF, conf), (APT_PROXY_AUTH, auth)):
+        if not wanted and host.get_fact(File, path=path):
+            files.file(name=f"remove {path} (no qwen27b_http_proxy)", path=path, present=False)
+
+
 def toolchain(decision: Decision) -> None:
     paths, user = decision.stack.paths, decision.stack.paths["service_user"]
     factcache.prefetch([(DebPackages, {}), (ServiceUser, {"user": user}),
                         (DirectoryStates, {"paths": [posixpath.normpath(d[0]) for d in _directories(decision)]}),
-                        (File, {"path": f"{release_venv(decision)}/bin/python"})]
-                       + factcache.put_reads(f"{paths['bin']}/uv"))  # one round trip for what this role reads
+                        (File, {"path": f"{release_venv(decision)}/bin/python"}),
+                        (File, {"path": APT_PROXY_AUTH})]
+                       + factcache.put_reads(f"{paths['bin']}/uv")
+                       + (factcache.put_reads(APT_PROXY_CONF, create_remote_dir=False) if decision.settings.http_proxy
+                          else [(File, {"path": APT_PROXY_CONF})]))  # one round trip for what this role reads
+    _apt_proxy(decision)  # before the first apt command
     apt_install("base packages", _packages(decision))
     _service_user(user, paths["state"])
     directories(name="qwen27b directories (owner, group, mode)", specs=[list(d) for d in _directories(decision)])

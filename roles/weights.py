@@ -27,18 +27,20 @@ from pyinfra.facts.files import File
 from pyinfra.operations import files, server
 
 from qwen27b.plan import fanout
-from qwen27b.controller import factcache, runstate
+from qwen27b.controller import factcache, progress, runstate
 from qwen27b.controller.artifacts import cache_root, dir_manifest
 from qwen27b.plan.gate import Decision, RefusedHost
-from qwen27b.plan.hostdata import Settings, lab_address, redact_url
+from qwen27b.controller.address import host_address
+from qwen27b.plan.hostdata import Settings, redact_url
 from qwen27b.controller.host_facts import FileHashes, Subdirectories, SymlinkTarget
 from qwen27b.onhost.contract import lib_dir, module_argv, module_command
 from qwen27b.onhost.secretfile import load_secret
 from qwen27b.controller.operations import push_files, secret_file, symlink_switch
-from qwen27b.plan.stack import revision_dir_name
+from qwen27b.plan.checkpoint import load_shape
+from qwen27b.plan.stack import checkpoint_metadata_dir, revision_dir_name
 
 from .toolchain import release_venv
-from ._common import needs_restart, note, prune_dirs, remember_previous, shell_word, url_source, url_word
+from ._common import fetch_prefix, needs_restart, note, prune_dirs, remember_previous, url_word
 
 HUB_MANIFEST = "qwen27b-manifest.sha256"  # written after a hub download: what later runs verify
 
@@ -67,7 +69,7 @@ def _hub(decision: Decision, entry: dict, target: str):
         token_env = f'HF_TOKEN="$(cat {token_path})" '
     venv = release_venv(decision)
     return server.shell(name="download from the hub", commands=[
-        f"{token_env}HF_HUB_DISABLE_TELEMETRY=1 {venv}/bin/hf download {shlex.quote(entry['id'])} "
+        f"{fetch_prefix(decision)}{token_env}HF_HUB_DISABLE_TELEMETRY=1 {venv}/bin/hf download {shlex.quote(entry['id'])} "
         f"--revision {shlex.quote(entry['revision'])} --local-dir {shlex.quote(target)}",
         f"cd {shlex.quote(target)} && find . -maxdepth 1 -type f ! -name '.*' ! -name {HUB_MANIFEST} -printf '%f\\n' | sort | "
         f"xargs -r -d '\\n' sha256sum > {HUB_MANIFEST}.part && mv -f {HUB_MANIFEST}.part {HUB_MANIFEST}",
@@ -103,14 +105,19 @@ def _run_token() -> str:
         return run.seed_token
 
 
+def _manifest_bytes(manifest: dict) -> int:
+    return sum(int(meta["size"]) for meta in manifest.values())
+
+
 def _verified(have: dict, manifest: dict) -> bool:
     return all(have.get(name) == meta["sha256"] for name, meta in manifest.items())
 
 
-def _seed_address(data: dict, settings: Settings) -> str | None:
-    """Where a host serves its copy to its peers: its lab address (ssh_hostname), else its service
-    bind address unless that is loopback; None: it cannot seed (it still receives)."""
-    address = lab_address(data) or settings.bind_address
+def _seed_address(other, settings: Settings) -> str | None:
+    """Where a host serves its copy to its peers: its lab address (ssh_hostname, or where the
+    controller's SSH connection reached it), else its service bind address unless that is
+    loopback; None: it cannot seed (it still receives)."""
+    address = host_address(other)[0] or settings.bind_address
     return None if address in (None, "127.0.0.1", "::1", "0.0.0.0", "::") else address
 
 
@@ -140,7 +147,7 @@ def _make_plan(settings: Settings, entry: dict, target: str, manifest: dict) -> 
                 or (theirs.model_source or default) != "mirror" or isinstance(gate(other), RefusedHost)):
             continue
         have = other.get_fact(FileHashes, directory=target) or {}
-        members.append(fanout.Member(other.name, _seed_address(dict(other.data.dict()), theirs),
+        members.append(fanout.Member(other.name, _seed_address(other, theirs),
                                      _verified(have, manifest)))
     plan = fanout.plan_waves(members)
     click.echo("\n".join([f"== weights fan-out of {safe_name(entry)} (qwen27b_weights_fanout: tree)"]
@@ -155,14 +162,6 @@ def _fetch_setup(decision: Decision, entry: dict, manifest: dict) -> tuple[str, 
     files.put(name="manifest of the checkpoint", src=StringIO(json.dumps({"files": manifest}, sort_keys=True)),
               dest=listing, mode="0644")
     return module_command(release_venv(decision), "fetch"), listing
-
-
-def _proxy_env(settings: Settings) -> str:
-    # qwen27b_http_proxy is for the mirror: no_proxy emptied so it applies even to a loopback mirror
-    if not settings.http_proxy:
-        return ""
-    proxy = shell_word(settings, "http_proxy")  # "$VAR" when it carries a password, else the URL quoted
-    return f"http_proxy={proxy} https_proxy={proxy} no_proxy= NO_PROXY= "
 
 
 def _mirror_base(decision: Decision, entry: dict) -> str:
@@ -204,7 +203,7 @@ def _fan_out(decision: Decision, entry: dict, target: str, base: str, manifest: 
         tool, listing = _fetch_setup(decision, entry, manifest)
         fetch = fanout.fetch_command(f"{tool} --dest {target} --manifest {listing}", copy,
                                      _mirror_base(decision, entry), safe_name(entry), plan.port,
-                                     url_source(decision) + _proxy_env(decision.settings),
+                                     fetch_prefix(decision),
                                      token_file if from_seed else None)
     venv = release_venv(decision)
     total = sum(int(meta["size"]) for meta in manifest.values())
@@ -220,6 +219,7 @@ def _fan_out(decision: Decision, entry: dict, target: str, base: str, manifest: 
         op = server.shell(name=f"weights fan-out wave {wave} of {safe_name(entry)}", commands=commands)
         if copy is not None and copy.wave == wave:
             needs_restart(op)
+            progress.watch(op, host, "weights", [target], _manifest_bytes(manifest))
     if start is not None:
         server.shell(name=f"weights fan-out of {safe_name(entry)}: stop the seed server",
                      commands=[fanout.seed_stop_command(token_file)])
@@ -253,11 +253,15 @@ def place(decision: Decision, entry: dict, link: str, local_dir: str | None) -> 
             note(f"weights: {safe_name(entry)} verified on the host")
         else:
             tool, listing = _fetch_setup(decision, entry, manifest)
-            needs_restart(server.shell(name="fetch the checkpoint from the mirror",
-                         commands=[f"{url_source(decision)}{_proxy_env(settings)}{tool} "
-                                   f"--base {_mirror_base(decision, entry)} --dest {shlex.quote(target)} --manifest {listing}"]))
+            fetch = server.shell(name="fetch the checkpoint from the mirror",
+                                 commands=[f"{fetch_prefix(decision)}{tool} "
+                                           f"--base {_mirror_base(decision, entry)} --dest {shlex.quote(target)} --manifest {listing}"])
+            needs_restart(fetch)
+            progress.watch(fetch, host, "weights", [target], _manifest_bytes(manifest))
     elif source == "hub":
-        needs_restart(_hub(decision, entry, target))
+        download = _hub(decision, entry, target)
+        needs_restart(download)
+        progress.watch(download, host, "weights", [target], load_shape(checkpoint_metadata_dir(entry)).weight_bytes)
     else:
         local = Path(local_dir or entry.get("local_dir") or "").expanduser()
         if not local.is_absolute():
@@ -265,8 +269,10 @@ def place(decision: Decision, entry: dict, link: str, local_dir: str | None) -> 
         if not (local / "config.json").is_file():
             raise OperationError(f"no checkpoint at {local} (config.json missing): set qwen27b_model_local_dir"
                                  + (" or run `python3 -m qwen27b.tools.cpu_smoke model`" if entry.get("local_dir") else ""))
-        needs_restart(push_files(name="push the checkpoint (verified by sha256)", src_dir=str(local), dest_dir=target,
-                                 manifest=dir_manifest(local)))
+        push = push_files(name="push the checkpoint (verified by sha256)", src_dir=str(local), dest_dir=target,
+                          manifest=dir_manifest(local))
+        needs_restart(push)
+        progress.watch(push, host, "weights", [target], sum(p.stat().st_size for p in local.iterdir() if p.is_file()))
     previous = host.get_fact(SymlinkTarget, path=link)
     if previous != target:
         remember_previous(link, previous)

@@ -213,7 +213,7 @@ def dry_run(tmp_path, mirror_url: str, fanout: str, holder_lines: list[str] | No
         "    hosts.append((f'@fake/fan-{n}', data))\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYINFRA", "QWEN27B"))}
     env.update(PYTHONPATH=str(ROOT), QWEN27B_REPORTS=str(tmp_path / "reports"))
-    result = subprocess.run([sys.executable, "-m", "pyinfra", str(inventory), "deploy.py", "--dry", "-y", *flags], cwd=ROOT,
+    result = subprocess.run([sys.executable, "-m", "pyinfra", str(inventory), "deploy.py", "--dry", "-y", "-v", *flags], cwd=ROOT,
                             capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == (0 if refused is None else 1) and "Traceback" not in result.stderr, result.stderr[-3000:]
     return result.stderr

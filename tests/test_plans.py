@@ -41,7 +41,8 @@ def run_pyinfra(*args, **extra_env):
 
 @pytest.fixture(scope="module")
 def dry_run():
-    result = run_pyinfra("inventory/recorded.py", "deploy.py", "--dry", "-y")
+    """With -v: each host's whole plan (a normal run prints only what changes: test_quiet_plan_*)."""
+    result = run_pyinfra("inventory/recorded.py", "deploy.py", "--dry", "-y", "-v")
     return result
 
 
@@ -259,3 +260,37 @@ def test_garbled_fact_output_refuses_that_host_naming_the_fact_and_its_command(t
     expected = re.search(r"^== @fake/converged: \d+ operation\(s\) planned.*$", alone.stderr, re.M)
     assert expected and expected.group(0) in result.stderr  # the same plan as when it runs alone
     assert re.search(r"^@fake/garbled\s+refused\s+the NvidiaGpus fact", result.stderr, re.M)
+
+
+def test_a_normal_run_prints_what_changes_and_v_the_whole_plan(dry_run):
+    """Without -v: the converged host is its head, warnings and one count line (its -v plan is the
+    golden, ~120 lines); the fresh host gets its decision tables and only the operations that change."""
+    out = run_pyinfra("inventory/recorded.py", "deploy.py", "--dry", "-y", "--limit", "@fake/v100x4-converged",
+                      "--limit", "@fake/v100x4-2204-fresh").stderr
+    converged = out.split("== @fake/v100x4-converged: profile", 1)[1].split("\n\n    [", 1)[0]
+    assert len(converged.splitlines()) <= 12, converged
+    assert "vllm serve flag" not in converged and "install  action" not in converged
+    assert re.search(r"== @fake/v100x4-converged: 20 operation\(s\) planned, 0 would change the host\n"
+                     r"   \(20 operation\(s\) with nothing to change, the decision tables and notes: pyinfra -v shows "
+                     r"the whole plan\)", converged), converged
+    assert "WARNING: model nvidia/Qwen3.8-27B-NVFP4 follows the moving branch 'main'" in converged
+    assert "verify: not verified: the service listens on 127.0.0.1 only" in converged  # a note for the reader
+    fresh = host_plan(out, "v100x4-2204-fresh")
+    assert "install  action" in fresh and "vllm serve flag" in fresh and "memory plan" in fresh
+    listed = re.findall(r"^   (CHANGE|ok    )  ", fresh, re.M)
+    assert listed and set(listed) == {"CHANGE"} and len(listed) == 34, listed
+    assert "(3 operation(s) with nothing to change: pyinfra -v shows the whole plan)" in out
+    whole = GOLDEN.joinpath("v100x4-2204-fresh.txt").read_text()
+    assert len(re.findall(r"^   (?:CHANGE|ok    )  ", whole, re.M)) == 37  # -v: every operation
+
+
+def test_a_host_nobody_can_verify_is_unverified_and_the_run_fails():
+    """A real (not --dry) run of the @fake converged host, which serves on loopback: verify cannot
+    reach it, so the run exits 1 and the summary says `unverified` with the fix, never `ok`."""
+    work = tempfile.mkdtemp(prefix="qwen27b-unverified-")  # its own cache: this run fetches uv into it
+    result = run_pyinfra("inventory/recorded.py", "deploy.py", "-y", "--limit", "@fake/v100x4-converged",
+                         QWEN27B_REPORTS=f"{work}/reports", QWEN27B_CACHE=f"{work}/cache")
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert re.search(r"^@fake/v100x4-converged\s+unverified\s+not verified: the service listens on 127\.0\.0\.1 only, "
+                     r"which the controller cannot reach; set qwen27b_bind_address", result.stderr, re.M)
+    assert "0 of 1 host(s) ok" in result.stderr

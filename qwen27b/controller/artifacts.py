@@ -10,10 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import zipfile
+from functools import lru_cache
 from pathlib import Path
 
 MANIFEST = "manifest.json"
@@ -95,3 +97,43 @@ def uv_binary(version: str) -> Path:
             partial.chmod(0o755)
             partial.replace(target)
     return target
+
+
+def normalize(name: str) -> str:
+    """A distribution name as PEP 503 compares them (Foo_Bar, foo.bar and foo-bar are one)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def wheel_pins(manifest: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """{normalized name: ("name==version", sha256)} for each wheel of a wheelhouse manifest, from the
+    wheel file names (`name-version[-build]-python-abi-platform.whl`)."""
+    pins = {}
+    for filename, digest in manifest.items():
+        if filename.endswith(".whl") and filename.count("-") >= 4:
+            name, version = filename.split("-")[:2]
+            pins[normalize(name)] = (f"{name}=={version}", digest)
+    return pins
+
+
+def constraints_text(manifest: dict[str, str]) -> str:
+    """Every wheel of the wheelhouse pinned with its sha256: what `uv pip install --require-hashes
+    --constraints` may install, and nothing else."""
+    return "".join(f"{pin} --hash=sha256:{digest}\n" for pin, digest in sorted(wheel_pins(manifest).values()))
+
+
+@lru_cache(maxsize=8)
+def _unpacked(directory: str, stamp: tuple) -> int:
+    import zipfile
+
+    total = 0
+    for wheel in sorted(Path(directory).glob("*.whl")):
+        with zipfile.ZipFile(wheel) as archive:  # the central directory only: no file is inflated
+            total += sum(info.file_size for info in archive.infolist())
+    return total
+
+
+def unpacked_bytes(directory: Path) -> int:
+    """What the wheels of a wheelhouse hold unpacked (the install's progress total), read once per
+    run and contents."""
+    wheels = sorted(Path(directory).glob("*.whl"))
+    return _unpacked(str(directory), tuple((w.name, w.stat().st_size) for w in wheels))

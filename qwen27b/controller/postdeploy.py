@@ -65,8 +65,10 @@ def _fail_if_crashed(unit: str | None) -> None:
         raise VerifyFailed(f"the service exits during start-up (unit {unit}): see its journal", crashed=True)
 
 
-def wait_ready(base: str, deadline_s: float, say=print, state=lambda: None) -> float:
-    """Poll /health with backoff until 200 or the deadline; say progress every ~10 s."""
+def wait_ready(base: str, deadline_s: float, say=print, state=lambda: None, tick=None) -> float:
+    """Poll /health with backoff until 200 or the deadline; say progress every ~10 s. With `tick`
+    (a terminal draws the host's progress line): every ~2 s `tick(elapsed)` draws it and returns the
+    unit's state, instead of the lines said."""
     started = time.monotonic()
     delay, last_said = 1.0, 0.0
     while True:
@@ -79,13 +81,33 @@ def wait_ready(base: str, deadline_s: float, say=print, state=lambda: None) -> f
             pass
         if elapsed > deadline_s:
             raise VerifyFailed(f"not ready after {deadline_s:.0f} s (GET {base}/health)")
-        if elapsed - last_said >= 10 or elapsed > 5 and not last_said:
+        if tick is not None:
+            _fail_if_crashed(tick(elapsed))
+        elif elapsed - last_said >= 10 or elapsed > 5 and not last_said:
             unit = state()
             _fail_if_crashed(unit)
             say(f"loading weights... {elapsed:.0f} s" + (f" (unit {unit})" if unit else ""))
             last_said = elapsed
-        time.sleep(delay)
+        time.sleep(min(delay, 2.0) if tick is not None else delay)
         delay = min(delay * 1.5, 10)
+
+
+SHARDS = re.compile(r"checkpoint shards[^:]*:\s*\d+% Completed \| (\d+)/(\d+)")
+
+
+def shards(line: str) -> tuple[int, int] | None:
+    """vLLM's "Loading safetensors checkpoint shards: 40% Completed | 2/5 [...]" as (2, 5)."""
+    found = SHARDS.findall(line or "")
+    return (int(found[-1][0]), int(found[-1][1])) if found else None
+
+
+def load_line(elapsed: float, loaded: tuple[int, int] | None, unit: str | None) -> str:
+    """The host's progress line while vLLM starts: the shard count vLLM logs, the time, the unit."""
+    shard_text = f"shards {loaded[0]}/{loaded[1]}" if loaded else "shards -/-"
+    if loaded and loaded[0] == loaded[1]:
+        shard_text += " (warming up)"
+    return (f"load     loading weights: {shard_text}, {elapsed:.0f} s"
+            + (f" (unit {unit})" if unit else ""))
 
 
 def wait_active(state, deadline_s: float = 60, poll_s: float = 0.5, clock=time.monotonic, sleep=time.sleep) -> None:

@@ -48,11 +48,14 @@ def _legend(d: Decision, texts: list[str]) -> list[str]:
     return [f"  [{i}] {d.stack.sources[i]}" for i in ids]
 
 
-def format_decision(d: Decision) -> str:
+def _head(d: Decision) -> str:
     gpus = ", ".join(sorted({g.name for g in d.gpus})) or "none"
-    head = (f"== {d.host}: profile {d.profile} - {d.stack.profile['description']}\n"
+    return (f"== {d.host}: profile {d.profile} - {d.stack.profile['description']}\n"
             f"   {len(d.gpus)} GPU(s): {gpus}; release {d.stack.stack_hash}")
-    parts = [head, "", table(["install", "action", "value", "why"],
+
+
+def format_decision(d: Decision) -> str:
+    parts = [_head(d), "", table(["install", "action", "value", "why"],
                              [[c.what, c.action, c.value, c.reason] for c in d.choices], [8, 8, 34, 60]), ""]
     group = d.group.rows() if d.group is not None else []  # multinode.NodeGroup: one stage of a serving group
     if group:
@@ -77,11 +80,33 @@ def format_refusal(r: RefusedHost) -> str:
     return head + "".join(f"   cause {n}: {cause}\n   fix {n}:   {fix}\n" for n, (cause, fix) in enumerate(r.problems, 1))
 
 
-def format_operations(host: str, operations: list[tuple[str, bool, list[str]]]) -> str:
-    """The operations queued for a host: name, whether it changes anything, the commands it would run."""
+def format_operations(host: str, operations: list[tuple[str, bool, list[str]]], every: bool = True) -> str:
+    """The operations queued for a host: name, whether it changes anything, the commands it would run;
+    `every=False`: only those that change the host."""
     changing = [op for op in operations if op[1]]
     lines = [f"== {host}: {len(operations)} operation(s) planned, {len(changing)} would change the host"]
-    for name, changes, commands in operations:
+    for name, changes, commands in operations if every else changing:
         lines.append(f"   {'CHANGE' if changes else 'ok    '}  {name}")
         lines.extend(f"            $ {c}" for c in commands)
     return "\n".join(lines) + "\n"
+
+
+def format_plan(d: Decision, notes: list[tuple[str, bool]], operations: list[tuple[str, bool, list[str]]],
+                verbose: bool) -> str:
+    """A host's plan block. With `verbose` (-v): every decision with its reason, every role note and
+    every operation. Otherwise what changes: a host with changes gets the decision tables that
+    explain them, the role notes and only the operations that change; a converged host its head,
+    warnings and the notes that need a reader (`always`), then its operation count. A re-run of a
+    converged fleet prints a few lines per host, not the whole plan each time."""
+    changes = any(op[1] for op in operations)
+    shown = [text for text, always in notes if verbose or changes or always]
+    if verbose or changes:
+        head = format_decision(d)
+    else:
+        head = _head(d) + "\n" + "".join(f"WARNING: {w}\n" for w in d.warnings)
+    unchanged = sum(1 for op in operations if not op[1])
+    tail = "" if verbose or not unchanged else (
+        f"   ({unchanged} operation(s) with nothing to change" + ("" if changes else ", the decision tables and notes")
+        + ": pyinfra -v shows the whole plan)\n")
+    return (head + "".join(f"   {text}\n" for text in shown) + "\n"
+            + format_operations(d.host, operations, every=verbose) + tail)

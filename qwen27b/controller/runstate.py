@@ -19,7 +19,9 @@ class RunState:
     settings: dict | None = None  # host name -> hostdata.Settings, validated once for the whole inventory
     decisions: dict = field(default_factory=dict)  # host name -> gate.Decision | gate.RefusedHost
     refused: dict[str, str] = field(default_factory=dict)  # host name -> cause, for the run summary
+    unreachable: dict[str, str] = field(default_factory=dict)  # host name -> its SSH error, one line
     raised: dict[str, str] = field(default_factory=dict)  # host name -> what planning raised
+    unverified: dict[str, str] = field(default_factory=dict)  # host name -> why verify cannot reach its service
     interrupted_at: dict[str, str] = field(default_factory=dict)  # host name -> the operation Ctrl-C stopped
     notes: dict[str, list[str]] = field(default_factory=dict)  # host name -> plan notes, printed as one block
     restart_ops: dict[str, list] = field(default_factory=dict)  # host name -> operations whose change restarts
@@ -28,6 +30,7 @@ class RunState:
     manifests: dict[str, dict] = field(default_factory=dict)  # mirror base URL -> its manifest
     fanout_plans: dict[tuple[str, str], object] = field(default_factory=dict)  # (base, target) -> FanoutPlan
     seed_token: str | None = None  # the fan-out seeds' bearer token, made once per run
+    progress: dict = field(default_factory=dict)  # (host name, op hash) -> progress.Probe: drawn while it runs
     fact_cache: object | None = None  # factcache.FactCache: fact answers kept while nothing changes a host
 
 

@@ -17,7 +17,7 @@ OK_STATUSES = ("ok", "planned")  # planned: a --dry run, nothing executed
 @dataclass
 class Outcome:
     host: str
-    status: str  # ok | planned | rolled back | failed | refused | unreachable | interrupted
+    status: str  # ok | planned | unverified | rolled back | failed | refused | unreachable | interrupted | not run
     detail: str = ""
 
     @property
@@ -49,19 +49,33 @@ def unfinished_operation(state, host) -> str | None:
     return next((name for name, meta in _operations(state, host) if not meta.is_complete()), None)
 
 
+def unreachable_detail(name: str, error: str | None) -> str:
+    """One line: the connector's own error (pyinfra's "Could not connect (...)", "SSH error (...)")
+    and what to check."""
+    return (f"{error or 'could not connect over SSH'}: check the address, that sshd runs and the key is "
+            f"accepted (ssh {name} true)")
+
+
 def outcomes(state, refused: dict[str, str], verified: dict[str, tuple[str, str]],
-             interrupted: dict[str, str] | None = None, raised: dict[str, str] | None = None) -> list[Outcome]:
+             interrupted: dict[str, str] | None = None, raised: dict[str, str] | None = None,
+             unreachable: dict[str, str] | None = None, started: bool = True,
+             unverified: dict[str, str] | None = None) -> list[Outcome]:
     """Every host the run targeted. `refused`: host -> cause (preflight); `verified`: host ->
     (status, reason) from the verify role; `interrupted`: host -> the operation Ctrl-C stopped;
-    `raised`: host -> the error its deploy file raised while planning (never "ok", even in --dry)."""
+    `raised`: host -> the error its deploy file raised while planning (never "ok", even in --dry);
+    `unreachable`: host -> its SSH error; `started`: False when pyinfra stopped before the deploy
+    file ran (no host reachable): a host that did connect is then "not run"; `unverified`: host ->
+    why verify could not reach its service (its verify operation failed the host on purpose)."""
+    unverified = unverified or {}
     out = []
     for host in state.inventory:
         if not state.is_host_in_limit(host):
             continue
         name = host.name
         if host not in state.activated_hosts:
-            out.append(Outcome(name, "unreachable", "could not connect over SSH: check the address, that sshd "
-                                                    f"runs and the key is accepted (ssh {name} true)"))
+            out.append(Outcome(name, "unreachable", unreachable_detail(name, (unreachable or {}).get(name))))
+        elif not started:
+            out.append(Outcome(name, "not run", "pyinfra stopped before the deploy started (its error is above)"))
         elif name in refused:
             out.append(Outcome(name, "refused", refused[name]))
         elif raised and name in raised:
@@ -70,6 +84,9 @@ def outcomes(state, refused: dict[str, str], verified: dict[str, tuple[str, str]
             out.append(Outcome(name, *verified[name]))
         elif host in state.failed_hosts:
             failed = _failed_operation(state, host)
+            if failed and name in unverified and failed[0].startswith("verify:"):
+                out.append(Outcome(name, "unverified", unverified[name]))
+                continue
             detail = f"at '{failed[0]}': {failed[1]}" if failed else "see the output above"
             out.append(Outcome(name, "failed", detail))
         elif name in verified:
@@ -79,7 +96,7 @@ def outcomes(state, refused: dict[str, str], verified: dict[str, tuple[str, str]
                                f"Ctrl-C during '{interrupted[name]}': re-run to finish (done work is kept)"))
         else:
             ran = any(meta.is_complete() for _, meta in _operations(state, host))
-            out.append(Outcome(name, "ok" if ran else "planned"))
+            out.append(Outcome(name, "ok" if ran else "planned", "" if ran else unverified.get(name, "")))
     return out
 
 

@@ -491,9 +491,12 @@ def _check_disk(host: str, facts: HostFacts, rs: ResolvedStack, settings: Settin
 
 
 def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind_address: str | None = None,
+           address_reason: str = "the host's lab address (ssh_hostname), not every interface",
            pipeline=None) -> Decision:
-    """The whole gate for one host. Raises RefusedHost; never touches the host. `pipeline`
-    (multinode.Pipeline): the host is one stage of a serving group, planned for its share of layers."""
+    """The whole gate for one host. Raises RefusedHost; never touches the host. `bind_address`: where
+    the controller reaches the host (`address_reason` says how it is known), the bind address unless
+    qwen27b_bind_address is set. `pipeline` (multinode.Pipeline): the host is one stage of a serving
+    group, planned for its share of layers."""
     cpu = settings.profile == "cpu-smoke"
     os_row = _os_check(host, facts, stack, cpu)
     if not cpu:
@@ -549,7 +552,7 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
     if settings.bind_address:
         bind, bind_reason = settings.bind_address, "qwen27b_bind_address"
     elif bind_address:
-        bind, bind_reason = bind_address, "the host's lab address (ssh_hostname), not every interface"
+        bind, bind_reason = bind_address, address_reason
     else:
         bind, bind_reason = "127.0.0.1", "no lab address in host data: loopback only; set qwen27b_bind_address to serve the lab"
     try:

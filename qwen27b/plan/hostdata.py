@@ -49,13 +49,13 @@ class Settings:
     health_failures_before_restart: int = 3
     python_mirror: str | None = None  # UV_PYTHON_INSTALL_MIRROR for air-gapped labs
     wheelhouse_dir: str | None = None  # controller dir with the vLLM build's wheels + manifest.json
-    wheel_mirror: str | None = None  # a lab mirror (pip --find-links URL) when no wheelhouse is pushed
+    wheel_mirror: str | None = None  # a lab mirror holding every wheel (uv --no-index --find-links) when no wheelhouse is pushed
     model_source: str | None = None  # hub | mirror | controller; None: the stack model's default_source
     model_mirror: str | None = None  # base URL of a lab mirror holding <id>@<revision>/ with manifest.json
     model_local_dir: str | None = None  # controller dir holding the checkpoint (model_source controller)
     draft_local_dir: str | None = None  # controller dir holding the DFlash2 draft
     hf_token_file: str | None = None  # controller file (0600) with a Hugging Face token
-    http_proxy: str | None = None  # proxy the host uses to reach mirrors/hubs
+    http_proxy: str | None = None  # every fetch the host makes: apt, uv/pip, hf download, the Python download, qwen27b-fetch
     keep_model_revisions: int = 1  # old revisions kept for rollback
     keep_releases: int = 1  # old release dirs (~3.5 GB each) kept besides the current one; the previous always stays
     dflash_cli: bool = False  # also install PyPI's `dflash` CLI (benchmarks against the server)

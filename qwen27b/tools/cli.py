@@ -2,6 +2,7 @@
 
     qwen27b bench ...     the seed's bench matrix against a deployed endpoint (qwen27b.tools.bench)
     qwen27b doctor ...    the seed's troubleshooting chain, automated (qwen27b.tools.doctor)
+    qwen27b mirror ...    an air-gapped lab's mirror layout from fetched artifacts (qwen27b.tools.mirror_layout)
     qwen27b status ...    one line per host of the fleet, read in parallel (qwen27b.tools.status)
     qwen27b gateway ...   a backend in or out of every gateway's pool (qwen27b.tools.gateway)
 
@@ -16,6 +17,7 @@ import sys
 COMMANDS = {
     "bench": ("qwen27b.tools.bench", "the bench matrix against an endpoint"),
     "doctor": ("qwen27b.tools.doctor", "the troubleshooting chain for a host"),
+    "mirror": ("qwen27b.tools.mirror_layout", "lay out a lab mirror (checkpoint, wheels, Python) from fetched files"),
     "status": ("qwen27b.tools.status", "service, health, release, model, GPUs, last verify of every host"),
     "gateway": ("qwen27b.tools.gateway", "drain / undrain a backend at every gateway, or show the pools"),
 }

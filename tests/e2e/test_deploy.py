@@ -29,6 +29,7 @@ import pytest
 from qwen27b.tools import cpu_smoke
 from qwen27b.controller.artifacts import cache_root
 from qwen27b.onhost.mirror import serve
+from tests.support.terminal import plain, run_on_a_terminal
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,15 +85,21 @@ def lab(testhost, mirror, tmp_path_factory):
             "logs": []}
 
 
-def deploy(lab, extra: dict | None = None, background: bool = False, argv: list[str] | None = None):
+def deploy(lab, extra: dict | None = None, background: bool = False, argv: list[str] | None = None,
+           tty: bool = False):
     """The README's real command: `pyinfra <inventory> deploy.py -y` (or `pyinfra ARGV...`), with a
-    clean environment; (exit code, output), or the Popen when in the background."""
+    clean environment; (exit code, output), or the Popen when in the background. `tty`: on a
+    pseudo-terminal, as a person runs it (the output is then the transcript as text; the log keeps
+    it as the terminal received it)."""
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "SSL_CERT_FILE")}
     env.update(PYTHONPATH=str(ROOT), QWEN27B_REPORTS=str(lab["work"] / "reports"), PYTHONUNBUFFERED="1",
                QWEN27B_E2E_EXTRA=json.dumps(extra or {}))
     log = lab["work"] / f"deploy-{len(lab['logs'])}.log"
     lab["logs"].append(log)
     argv = [sys.executable, "-m", "pyinfra", *(argv or [str(lab["inventory"]), "deploy.py", "-y"])]
+    if tty:
+        rc, transcript = run_on_a_terminal(argv, {**env, "TERM": "xterm"}, ROOT, log=log)
+        return rc, plain(transcript)
     if background:
         return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
     result = subprocess.run(argv, cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, timeout=1500)
@@ -125,13 +132,33 @@ def health_run(lab) -> dict:
     return json.loads(lab["host"].run("cat /var/lib/qwen27b/health.json").stdout)
 
 
-def test_fresh_host_deploys_and_verifies(lab):
-    rc, out = deploy(lab)
+# The progress lines a person sees on a terminal (qwen27b/controller/progress.py), one per host
+PROGRESS = {
+    "wheels": r"wheels +[\d.]+ (?:KiB|MiB|GiB) of [\d.]+ (?:MiB|GiB) \(\d+%\)",
+    "install": r"install +[\d.]+ (?:MiB|GiB) of \d\.\d GiB \(\d+%\), [\d.]+ (?:KiB|MiB|GiB)/s, "
+               r"(?:ETA \d+(?:s|m\d\ds)|compiling bytecode)",
+    "weights": r"weights +[\d.]+ (?:B|KiB|MiB) of 2\d\d\.\d MiB \(\d+%\), [\d.]+ (?:KiB|MiB)/s, ETA \d+s",
+    "load": r"load +loading weights: shards (?:\d+|-)/(?:\d+|-)(?: \(warming up\))?, \d+ s \(unit \w+/[\w-]+\)",
+}
+
+
+def test_fresh_host_deploys_and_verifies(lab, mirror):
+    """The README's command as a person runs it, on a terminal: besides the outcome, one updating
+    line per host for each long step (bytes, rate, ETA; the load's shard count from vLLM's log).
+    The weights come at 25 MB/s (~11 s) so that their line is drawn more than once."""
+    mirror.handler.rate = 25e6
+    try:
+        rc, out = deploy(lab, tty=True)
+    finally:
+        mirror.handler.rate = None
     assert rc == 0, out[-4000:]
+    name = lab["host"].name
+    for step, shape in PROGRESS.items():
+        assert re.search(rf"^    \[{name}\] +{shape}", out, re.M), f"no {step} line:\n{out[-6000:]}"
+    assert re.search(rf"^    \[{name}\] +load +loading weights: shards 1/1", out, re.M), out[-3000:]  # vLLM's count
     report = latest_report(lab)
     assert report["status"] == "ok" and report["served_name"] == "smollm2-135m"
     assert report["ttft_s"] > 0 and report["decode_tok_s"] > 0 and report["completion_tokens"] > 0
-    assert "loading weights..." in out or report["ready_s"] < 10  # progress while vLLM loads
     assert lab["host"].run("systemctl is-active qwen27b.service").stdout.strip() == "active"
     assert httpx.get(f"{lab['base']}/health", timeout=10).status_code == 200
 
@@ -141,9 +168,63 @@ def test_second_run_changes_nothing_and_keeps_the_service(lab):
     rc, out = deploy(lab)
     assert rc == 0, out[-4000:]
     assert re.search(r"== \S+: \d+ operation\(s\) planned, 0 would change the host", out), out[-3000:]
+    assert "vllm serve flag" not in out and "pyinfra -v shows the whole plan" in out  # a converged host: a few lines
     changed = [line for line in out.splitlines() if re.match(r"\s{4}\S.*\s1\s+1\s+-\s+-\s*$", line)]
     assert all(line.strip().startswith(("verify:", "lock:", "unlock:")) for line in changed), changed  # checks only
     assert (show(lab, "MainPID"), show(lab, "NRestarts")) == (pid, restarts)
+
+
+def test_a_host_named_the_usual_pyinfra_way_serves_where_ssh_reached_it(lab):
+    """The host by its name alone (no ssh_hostname; its ssh_config's HostName says where): the plan
+    binds the service to the address the SSH connection reached (the one it already serves on:
+    nothing changes), never 127.0.0.1 with verify skipped."""
+    host, work = lab["host"], lab["work"]
+    inventory = work / "by-name.py"
+    inventory.write_text(
+        "import runpy\n"
+        f"_lab = runpy.run_path({str(lab['inventory'])!r})['lab']  # _: not a group of this inventory\n"
+        f"by_name = [(name, {{**{{k: v for k, v in data.items() if k != 'ssh_hostname'}}, "
+        f"'ssh_config_file': {str(host.ssh_config)!r}}}) for name, data in _lab]\n")
+    rc, out = deploy(lab, argv=[str(inventory), "deploy.py", "--dry", "-y", "-v"])
+    assert rc == 0, out[-4000:]
+    flag = re.search(r"^--host +(\S+) +(.*)$", out, re.M)
+    assert flag and flag.group(1) == host.address, out[-6000:]
+    assert flag.group(2).startswith(f"the address the controller's SSH connection reached {host.name}"), flag.group(0)
+    assert re.search(rf"== {host.name}: \d+ operation\(s\) planned, 0 would change the host", out), out[-3000:]
+
+
+def test_one_proxy_setting_reaches_apt_uv_and_the_fetch(lab):
+    """qwen27b_http_proxy (the lab inventory's: the test host's bridge to the controller's proxy,
+    127.0.0.1:3128 inside) is the host's only way out once the test host's own proxy settings are
+    hidden: apt reaches its mirror through the deploy's apt.conf file, uv reaches PyPI with the
+    environment the roles give every fetch (roles/_common.proxy_env); without them both fail. The
+    weights came through it already (the loopback mirror is reachable only through the proxy)."""
+    from qwen27b.plan.hostdata import settings_for
+    from roles._common import proxy_env
+    from roles.toolchain import APT_PROXY_CONF
+
+    host = lab["host"]
+    own = ["/etc/apt/apt.conf.d/80qwen27b-testhost-proxy", "/etc/pip.conf", "/etc/environment"]
+    assert 'Acquire::http::Proxy "http://127.0.0.1:3128";' in host.run(f"cat {APT_PROXY_CONF}").stdout
+    host.run(" && ".join(f"mv {p} {p}.hidden" for p in own))
+    try:
+        assert host.run("apt-get update -qq", check=False, timeout=300).returncode == 0
+        host.run(f"mv {APT_PROXY_CONF} {APT_PROXY_CONF}.hidden")
+        try:
+            cut_off = host.run("apt-get update -qq -o Acquire::Retries=0", check=False, timeout=120)
+        finally:
+            host.run(f"mv {APT_PROXY_CONF}.hidden {APT_PROXY_CONF}")
+        assert cut_off.returncode != 0 or "Failed to fetch" in cut_off.stdout + cut_off.stderr
+        settings = settings_for(host.name, {"qwen27b_http_proxy": "http://127.0.0.1:3128"})
+        # into an empty --target: uv must ask the index; --native-tls as the roles' uv commands do
+        uv = ("/opt/qwen27b/bin/uv pip install --dry-run --no-cache --no-config --native-tls "
+              "--python /opt/qwen27b/current/venv/bin/python --target /tmp/q27-proxy-probe six")
+        through = host.run(f"env -u http_proxy -u https_proxy {proxy_env(settings)}{uv}", check=False, timeout=300)
+        assert through.returncode == 0, through.stdout + through.stderr
+        alone = host.run(f"env -u http_proxy -u https_proxy {uv}", check=False, timeout=300)
+        assert alone.returncode != 0, alone.stdout + alone.stderr
+    finally:
+        host.run(" ; ".join(f"mv {p}.hidden {p}" for p in own), check=False)
 
 
 def test_host_state(lab):

@@ -33,8 +33,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from test_deploy import (API_KEY, GOOD, GOOD_B, PORT, REV_B, artifacts, deploy, lab, latest_report,  # noqa: F401
-                         mirror, show, timer_paused, wait_healthy, health_run)
+from test_deploy import (API_KEY, GOOD, GOOD_B, PORT, PROGRESS, REV_B, artifacts, deploy, lab,  # noqa: F401
+                         latest_report, mirror, show, timer_paused, wait_healthy, health_run)
 
 pytestmark = pytest.mark.e2e
 MODELS = "/var/lib/qwen27b/models"
@@ -208,6 +208,7 @@ def test_after_freeing_space_the_rerun_resumes_verifies_and_switches(lab, mirror
     assert host.run(f"readlink {MODELS}/current").stdout.strip().endswith(GOOD_B)
     assert host.run(f"ls -A {MODELS}/{GOOD_B} | grep -c '\\.part$'", check=False).stdout.strip() == "0"
     assert host.run("test -e /run/qwen27b/deploy.lock", check=False).returncode == 1  # released at the end
+    assert not re.search(PROGRESS["weights"].split(" of ")[0], out) and "ETA " not in out  # no terminal: no lines
     rc, out = deploy(lab, UPGRADE)
     assert rc == 0 and re.search(r"planned, 0 would change the host", out), out[-3000:]
 

@@ -11,6 +11,8 @@ from qwen27b.controller import facts as F
 from qwen27b.controller import remote
 from qwen27b.plan.stack import api_key_env_file
 
+from qwen27b.controller.address import host_address
+
 from .model import UNIT, HostSnapshot
 from .parse import running_flags
 
@@ -148,7 +150,7 @@ def run_phase(state, host, cmds: dict[str, str], timeout: int) -> tuple[dict, di
 def read_host(state, host, stack: dict, timeout: int = 300) -> HostSnapshot:
     """Read one host: phase 1 (unit, journal, model, venv, facts), phase 2 (/health, /metrics on the
     host itself, where the service's bind address is reachable), over one connection."""
-    snap = HostSnapshot(host=host.name, data=dict(host.data.dict()))
+    snap = HostSnapshot(host=host.name, data=dict(host.data.dict()), reached=host_address(host)[0])
     snap.outputs, snap.codes, snap.error = run_phase(state, host, commands(stack), timeout)
     if snap.error:
         return snap

@@ -9,7 +9,10 @@ import re
 from qwen27b.controller import facts as F
 from qwen27b.controller.remote import parse_show
 from qwen27b.plan.gate import HostFacts, RefusedHost, decide
+from qwen27b.controller.address import STATED as ADDRESS_REASON
 from qwen27b.plan.hostdata import BadHostData, Settings, lab_address, settings_for
+
+REACHED_REASON = "the address the controller's SSH connection reached the host at, not every interface"
 from qwen27b.plan.stack import StackError, gpu_spec, profile_for_compute_capability, resolve_stack
 
 from .journal import Finding, JournalView, Run, journal_entries, journal_lines, split_invocations, split_runs
@@ -115,7 +118,9 @@ class Ctx:
         self.refusal: RefusedHost | None = None
         if self.settings_error is None:
             try:
-                self.decision = decide(snap.host, self.facts, stack, self.settings, bind_address=lab_address(self.data))
+                stated = lab_address(self.data)
+                self.decision = decide(snap.host, self.facts, stack, self.settings, bind_address=stated or snap.reached,
+                                       address_reason=ADDRESS_REASON if stated else REACHED_REASON)
             except (RefusedHost, StackError) as error:
                 self.refusal = error if isinstance(error, RefusedHost) else RefusedHost(snap.host, str(error), "fix the stack overrides")
 

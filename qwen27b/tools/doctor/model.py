@@ -29,6 +29,7 @@ class HostSnapshot:
     codes: dict[str, int] = field(default_factory=dict)
     data: dict = field(default_factory=dict)
     error: str | None = None
+    reached: str | None = None  # the address the SSH connection reached (the plan's bind address without one in data)
 
     def text(self, key: str) -> str | None:
         return self.outputs.get(key)
@@ -53,7 +54,7 @@ class HostSnapshot:
                 for k, v in self.data.items() if k.startswith(("qwen27b_", "ssh_hostname"))
                 and k not in ("qwen27b_api_key_file", "qwen27b_hf_token_file")}  # URL passwords as ***
         meta = {"host": self.host, "codes": {k: v for k, v in self.codes.items() if v}, "error": self.error,
-                "data": data}
+                "data": data, "reached": self.reached}
         (directory / "snapshot.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
 
     @classmethod
@@ -80,7 +81,7 @@ class HostSnapshot:
         codes.update(meta.get("codes", {}))
         data = {**base.data, **meta.get("data", {})}
         return cls(host=meta.get("host") or base.host or directory.name, outputs=outputs, codes=codes, data=data,
-                   error=meta.get("error"))
+                   error=meta.get("error"), reached=meta.get("reached", base.reached))
 
 
 @dataclass
