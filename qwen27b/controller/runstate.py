@@ -28,6 +28,7 @@ class RunState:
     manifests: dict[str, dict] = field(default_factory=dict)  # mirror base URL -> its manifest
     fanout_plans: dict[tuple[str, str], object] = field(default_factory=dict)  # (base, target) -> FanoutPlan
     seed_token: str | None = None  # the fan-out seeds' bearer token, made once per run
+    outside_seeds: set = field(default_factory=set)  # (host, stopped?) of seeds outside --limit handled this run
     fact_cache: object | None = None  # factcache.FactCache: fact answers kept while nothing changes a host
 
 
