@@ -32,10 +32,12 @@ from ._common import ROLLBACK_DIR
 from .preflight import inventory_settings, refuse, release_lock, take_lock
 from .verify import failed, say, serving, unit_state
 
+THEN = ["systemctl daemon-reload", RESTART_COMMAND]  # after the swap: the restored unit read, the service restarted
+
 
 def _switch(links: dict[str, str], files: list[str]) -> str | None:
     """Run the swap on the host now (from verify, after a failed check); the first failure, or None."""
-    for command in swap_commands(links, files, ROLLBACK_DIR, RESTART_COMMAND):
+    for command in swap_commands(links, files, ROLLBACK_DIR, THEN):
         ok, output = host.run_shell_command(command)
         if not ok:
             return f"`{command}` failed: {' '.join(output.stderr_lines)[-300:]}"
@@ -94,7 +96,7 @@ def rollback() -> bool:
     if not take_lock():
         return False
     server.shell(name="rollback: switch to the previous release (symlinks, unit, env, record) and restart",
-                 commands=swap_commands(plan.target.links, files, ROLLBACK_DIR, RESTART_COMMAND))
+                 commands=swap_commands(plan.target.links, files, ROLLBACK_DIR, THEN))
     if plan.target.url.startswith("http://127."):
         say("verify: skipped - the service binds to loopback only, the controller cannot reach it")
     else:

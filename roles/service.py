@@ -124,8 +124,11 @@ def keep_running_release(serving_files: list[str], record_file: str, links_now: 
     verify role restores them if the new release fails; the rollback deploy, on demand."""
     keep = ROLLBACK_DIR
     q = shlex.quote
+    # the kept release before this one waits in .prev until the new one verifies: a deploy that is
+    # rolled back puts it back (roles/verify.py), so a failed upgrade never loses the rollback target
     server.shell(name="keep the running release (unit, env, record) for rollback", commands=[
-        f"rm -rf {keep} && mkdir -p {keep} && cp -a {' '.join(serving_files[:-1])} {keep}/ && "
+        f"rm -rf {keep}.prev && {{ [ ! -d {keep} ] || mv -T {keep} {keep}.prev; }} && mkdir -p {keep} && "
+        f"cp -a {' '.join(serving_files[:-1])} {keep}/ && "
         f"{{ cp -a {record_file} {keep}/ 2>/dev/null || printf '%s' {q(record_text(links_now))} > {keep}/{RECORD_NAME}; }}"])
     remember_previous(ROLLBACK_DIR, ";".join(serving_files))
 

@@ -56,6 +56,9 @@ def _rollback_commands(previous: list[tuple[str, str]]) -> list[str]:
         if link == ROLLBACK_DIR:
             for path in target.split(";"):
                 commands.append(f"cp -a {ROLLBACK_DIR}/{path.rsplit('/', 1)[-1]} {path}")
+            # what was kept before this deploy is the rollback target again (none: nothing is)
+            commands.append(f"if [ -d {ROLLBACK_DIR}.prev ]; then rm -rf {ROLLBACK_DIR} && mv -T {ROLLBACK_DIR}.prev "
+                            f"{ROLLBACK_DIR}; else rm -rf {ROLLBACK_DIR}; fi")
             commands.append("systemctl daemon-reload")
         else:
             commands.append(f"ln -sfn {shlex.quote(target)} {shlex.quote(link + '.new')} && "
@@ -147,6 +150,8 @@ def _check(decision: Decision, previous: list[tuple[str, str]]) -> None:
         serving(result, key, say, unit_state, *timing)
         result.status = "ok"
         say(f"verified: TTFT {result.ttft_s * 1000:.0f} ms, {result.decode_tok_s or 0:.1f} tok/s")
+        if any(link == ROLLBACK_DIR for link, _ in previous):
+            _remote(f"rm -rf {ROLLBACK_DIR}.prev")  # the release this one replaced is the rollback target now
         return
     except V.VerifyFailed as failure:
         failed(result, failure, layout(decision)["health_status"])

@@ -154,19 +154,20 @@ def plan_rollback(current: Record | None, previous: Record | None, kept: list[st
     return RollbackPlan(switch, tuple(serving_files), target, current)
 
 
-def swap_commands(links: dict[str, str], serving_files: list[str], kept_dir: str, restart: str) -> list[str]:
+def swap_commands(links: dict[str, str], serving_files: list[str], kept_dir: str, then: list[str]) -> list[str]:
     """Exchange the serving files with their kept copies in `kept_dir`, point every link at its
-    target in `links`, reload systemd and restart the service. One shell command per step; the
-    running files are copied aside first, so an interruption leaves the rollback dir whole."""
+    target in `links`, then run `then` (systemd's reload and the service's restart). One shell
+    command per step; the running files are copied aside first, so an interruption leaves the
+    rollback dir whole."""
     q = shlex.quote
     staged = f"{kept_dir}.swap"
-    commands = [f"rm -rf {q(staged)} && mkdir -m 0700 {q(staged)} && cp -a {' '.join(q(p) for p in serving_files)} {q(staged)}/"]
+    commands = [f"rm -rf {q(staged)} && mkdir {q(staged)} && cp -a {' '.join(q(p) for p in serving_files)} {q(staged)}/"]
     for path in serving_files:
         commands.append(f"cp -a {q(kept_dir + '/' + path.rsplit('/', 1)[-1])} {q(path)}")
     for link, target in sorted(links.items()):
         commands.append(f"ln -sfn {q(target)} {q(link + '.new')} && mv -Tf {q(link + '.new')} {q(link)}")
-    commands += [f"rm -rf {q(kept_dir)} && mv -T {q(staged)} {q(kept_dir)}", "systemctl daemon-reload", restart]
-    return commands
+    commands.append(f"rm -rf {q(kept_dir)} && mv -T {q(staged)} {q(kept_dir)}")
+    return commands + list(then)
 
 
 # ---------------------------------------------------------------------------------- prune

@@ -133,7 +133,8 @@ def summary(result: Rollout) -> str:
         return f"--> rollout done: {len(result.rows)} host(s) upgraded and verified, batch by batch\n{text}"
     failed = next(r for r in result.rows if r.host == result.stopped_at)
     left = [r.host for r in result.rows if r.outcome == "not started"]
-    return (f"--> rollout STOPPED at {failed.host} ({failed.outcome}: {failed.detail or 'see the output above'})\n{text}\n"
+    why = failed.detail.removeprefix(f"{failed.outcome}: ") or "see the output above"
+    return (f"--> rollout STOPPED at {failed.host} ({failed.outcome}: {why})\n{text}\n"
             + (f"not started: {', '.join(left)} (still on their release)\n" if left else "")
             + "fix the cause, then run the same command again: upgraded hosts plan nothing and keep serving")
 
@@ -182,20 +183,19 @@ def selected_hosts(inventory: str, limit: list[str] | None) -> list[str]:
     from qwen27b.controller import remote
 
     _, hosts = remote.load_inventory(inventory, limit)
+    if not hosts:
+        raise ValueError("no host selected")
     return [h.name for h in hosts]
 
 
 def main(argv: list[str] | None = None) -> int:
     args, extra = parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
-        hosts = selected_hosts(args.inventory, args.limit)
-        batches = rollout_batches(hosts, args.canary, args.batch_size)
+        batches = rollout_batches(selected_hosts(args.inventory, args.limit), args.canary, args.batch_size)
     except Exception as error:  # pyinfra raises many kinds for a bad inventory file
         print(f"rollout: {error}", file=sys.stderr)
         return 2
-    if not batches:
-        print("rollout: no host selected", file=sys.stderr)
-        return 2
+    hosts = [name for batch in batches for name in batch]
     print(f"--> rollout of {len(hosts)} host(s) in {len(batches)} batch(es): "
           + "; ".join(f"{n}) {', '.join(b)}" for n, b in enumerate(batches, 1)))
     if args.dry:
