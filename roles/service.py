@@ -24,9 +24,9 @@ from qwen27b.controller.operations import secret_file, symlink_switch
 from qwen27b.controller.render import (HEALTH_HTTP_SERVICE, HEALTH_HTTP_SOCKET, HEALTH_TIMER, HEALTH_UNIT,
                                        RESTART_COMMAND, SERVICE_UNIT, UNIT_DIR, layout, render_all, serving_files)
 
-from ._common import ROLLBACK_DIR, api_key, prune_dirs, remember_previous, restart_needed
 from qwen27b.plan.lifecycle import RECORD_NAME, Record, record_text, release_record_file
 
+from ._common import ROLLBACK_DIR, api_key, prune_dirs, remember_previous, restart_needed
 from .toolchain import release_dir
 from .weights import model_dir
 
@@ -54,8 +54,7 @@ def service(decision: Decision) -> None:
         ("qwen27b-health-http@.service.j2", f"{UNIT_DIR}/{HEALTH_HTTP_SERVICE}"),
     ]
     units = len(targets) - 1  # every target but the env file is a unit file
-    kept = serving_files(decision.stack.paths)  # env, unit, record: what a rollback restores
-    assert kept[:2] == [dest for _, dest in targets[:2]]
+    kept = serving_files(decision.stack.paths)  # env, unit (targets[:2]) and the record: what a rollback restores
     factcache.prefetch([read for _, dest in targets for read in factcache.put_reads(dest, create_remote_dir=False)]
                        + factcache.put_reads(release_record_file(decision.stack.paths), create_remote_dir=False)
                        + [(SymlinkTarget, {"path": decision.stack.paths["current_release"]}),

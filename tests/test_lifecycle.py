@@ -285,3 +285,28 @@ def test_uninstall_and_rollback_need_the_hosts_named(tmp_path, capsys):
 
     assert uninstall.main([str(tmp_path / "inv.py")]) == 2 and rollback.main([str(tmp_path / "inv.py")]) == 2
     assert "name the hosts with --limit HOST (or --all" in capsys.readouterr().err
+
+
+def test_the_roles_and_the_plan_name_the_same_files():
+    """The service role keeps (and the rollback restores) the files the renderer writes, in the dir
+    the plan module names; the record the service role writes parses back as one."""
+    from qwen27b.controller.render import SERVICE_UNIT, UNIT_DIR, serving_files
+    from qwen27b.plan.lifecycle import release_record_file, rollback_dir
+    from roles._common import ROLLBACK_DIR
+
+    assert serving_files(PATHS) == [f"{PATHS['config']}/qwen27b.env", f"{UNIT_DIR}/{SERVICE_UNIT}", release_record_file(PATHS)]
+    assert ROLLBACK_DIR == rollback_dir(PATHS)
+
+
+def test_the_record_a_v100_deploy_writes_names_release_model_and_draft():
+    from qwen27b.plan.gate import decide
+    from recordings import recorded_facts
+    from roles.service import release_record
+
+    decision = decide("gpu-a", recorded_facts("v100x4-converged"), load_stack(), settings_for("gpu-a", {"ssh_hostname": "10.0.0.5"}),
+                      bind_address="10.0.0.5")
+    record = release_record(decision)
+    assert set(record.links) == {REL, MODEL, f"{PATHS['models']}/draft"}
+    assert record.links[MODEL] == f"{PATHS['models']}/nvidia--Qwen3.8-27B-NVFP4@main"
+    assert (record.url, record.served_name, record.speculative) == ("http://10.0.0.5:8000", "qwen3.8-27b", True)
+    assert parse_record(json.loads(record_text(record))) == record
