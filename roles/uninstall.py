@@ -46,7 +46,7 @@ def uninstall() -> bool:
     options = UninstallOptions(weights=settings.uninstall_weights, driver=settings.uninstall_driver)
     removals, kept = uninstall_plan(have, paths, options, UNIT_DIR, TEXTFILE)
     lines = [f"== {host.name}: uninstall plan ({len(removals)} removal(s))"]
-    lines += [f"   remove {r.what}: {r.why}" for r in removals] or ["   nothing of qwen27b is left on this host"]
+    lines += [f"   remove {r.what}: {r.why}" for r in removals] or ["   nothing (more) to remove on this host"]
     lines += [f"   keep   {what}" for what in kept]
     if removals and take_lock():
         for removal in removals:

@@ -202,6 +202,19 @@ def test_uninstall_with_weights_and_driver():
     assert kept == [] and "cuda-keyring" not in str(removals)  # the CUDA toolkit is not the driver
 
 
+def test_after_an_uninstall_that_kept_the_weights_nothing_is_left_to_remove():
+    """What the first run leaves (the weights, root's) is not planned again; before it, the
+    service user's state dir and leftovers beside the weights are."""
+    left = Installed(paths={"/var/lib/qwen27b": "root:root", "/var/lib/qwen27b/models": "root:root"})
+    assert uninstall_plan(left, PATHS, UninstallOptions(), UNIT_DIR, TEXTFILE)[0] == []
+    for extra in ({"/var/lib/qwen27b": "998:998"}, {"/var/lib/qwen27b/models/current": "root:root"},
+                  {"/var/lib/qwen27b/cache": "998:998"}):
+        removals, _ = uninstall_plan(Installed(paths={**left.paths, **extra}), PATHS, UninstallOptions(), UNIT_DIR, TEXTFILE)
+        assert [r.what for r in removals] == ["/var/lib/qwen27b except /var/lib/qwen27b/models"], extra
+    assert removals[0].commands[-1] == ("chown root:root /var/lib/qwen27b /var/lib/qwen27b/models && "
+                                        "chmod 0755 /var/lib/qwen27b /var/lib/qwen27b/models")
+
+
 def test_a_second_uninstall_plans_nothing():
     removals, kept = uninstall_plan(Installed(units={u: "inactive" for u in ("qwen27b.service", "qwen27b-seed.service")}),
                                     PATHS, UninstallOptions(weights=True, driver=True), UNIT_DIR, TEXTFILE)

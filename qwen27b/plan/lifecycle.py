@@ -223,10 +223,17 @@ CUDA_PROFILE = "/etc/profile.d/qwen27b-cuda.sh"
 LOCK_DIR = "/run/qwen27b"
 
 
+def _beside_weights(paths: dict) -> list[str]:
+    """What the deploy leaves beside the weights in the state dir (with the weights kept, the
+    uninstall removes these; the toolchain role always makes the cache dir)."""
+    return [paths["cache"], f"{paths['state']}/health.json", f"{paths['state']}/health-restart.request",
+            paths["current_model"], f"{paths['models']}/draft"]
+
+
 def probe_paths(paths: dict, unit_dir: str, textfile: str) -> list[str]:
-    """Every path the uninstall looks for (the Installed fact's argument)."""
-    return ([paths["root"], paths["config"], paths["state"], paths["models"], CUDA_PROFILE, textfile,
-             textfile.rsplit("/", 1)[0], NOUVEAU_BLACKLIST, MOK_CONFIG]
+    """Every path the uninstall looks for (the DeployedState fact's argument)."""
+    return ([paths["root"], paths["config"], paths["state"], paths["models"], *_beside_weights(paths), CUDA_PROFILE,
+             textfile, textfile.rsplit("/", 1)[0], NOUVEAU_BLACKLIST, MOK_CONFIG]
             + [f"{unit_dir}/{name}" for name in UNIT_FILES])
 
 
@@ -264,12 +271,14 @@ def uninstall_plan(have: Installed, paths: dict, options: UninstallOptions, unit
             what = f"{state} with the model weights" if models in have.paths else state
             removals.append(Removal(what, "the health status, caches" + (" and every model revision" if models in have.paths else ""),
                                     (f"rm -rf {q(state)}",)))
-        else:
+        elif ([p for p in _beside_weights(paths) if p in have.paths]
+              or {have.paths[state], have.paths[models]} != {"root:root"}):
             removals.append(Removal(f"{state} except {models}", "the health status and caches; the weights stay "
                                     "(qwen27b_uninstall_weights=true removes them), owned by root from now on",
                                     (f"find {q(state)} -mindepth 1 -maxdepth 1 ! -path {q(models)} -exec rm -rf {{}} +",
                                      f"rm -f {q(models + '/current')} {q(models + '/draft')}",
-                                     f"chown root:root {q(models)} && chmod 0755 {q(models)}")))
+                                     f"chown root:root {q(state)} {q(models)} && chmod 0755 {q(state)} {q(models)}")))
+        if not options.weights and models in have.paths:
             kept.append(f"{models}: the model weights (set qwen27b_uninstall_weights=true to remove them; "
                         "a later deploy uses them again instead of fetching)")
     text_dir = textfile.rsplit("/", 1)[0]

@@ -222,11 +222,11 @@ def test_uninstall_lists_removes_then_changes_nothing_and_a_redeploy_plans(fleet
     assert b.run("test -e /opt/qwen27b || test -e /etc/qwen27b || getent passwd qwen27b || getent group qwen27b",
                  check=False).returncode != 0
     assert sorted(b.run(f"ls {MODELS}").stdout.split()) == sorted([GOOD, GOOD_B])  # the weights stay, by default
-    assert b.run(f"stat -c %U:%G {MODELS}").stdout.strip() == "root:root"
+    assert b.run(f"stat -c %U:%G /var/lib/qwen27b {MODELS}").stdout.split() == ["root:root", "root:root"]  # no dangling uid
     assert b.run(f"ss -Hltn '( sport = :{PORT} or sport = :9120 )'").stdout.strip() == ""
     rc, out = timed("qwen27b uninstall B again (nothing left)", fleet, argv=["uninstall", inventory, "--limit", b.name],
                     module=CLI)
-    assert rc == 0 and "nothing of qwen27b is left on this host" in out, out[-3000:]
+    assert rc == 0 and "nothing (more) to remove on this host" in out, out[-3000:]
     assert re.search(rf"== {re.escape(b.name)}: 0 operation\(s\) planned, 0 would change the host", out), out[-3000:]
     rc, out = timed("uninstall --weights --dry", fleet, argv=["uninstall", inventory, "--limit", b.name, "--weights", "--dry"],
                     module=CLI)
