@@ -271,7 +271,7 @@ def test_rollout_stops_at_the_first_failed_host_and_names_it(tmp_path):
     assert result.stopped_at == "c" and not result.ok
     assert [(r.batch, r.host, r.outcome) for r in result.rows] == [(1, "a", "ok"), (2, "b", "ok"), (2, "c", "rolled back"),
                                                                    (3, "d", "not started")]
-    assert hooks == [("drain", ["a"]), ("undrain", ["a"]), ("drain", ["b", "c"]), ("undrain", ["b"])]
+    assert hooks == [("drain", ["a"]), ("undrain", ["a"]), ("drain", ["b", "c"]), ("undrain", ["b", "c"])]  # c: rolled back, verified
     text = R.summary(result)
     assert text.startswith("--> rollout STOPPED at c (rolled back: c crash-looped)")
     assert "not started: d (still on their release)" in text

@@ -14,7 +14,8 @@ later batch's weights come from the hosts already upgraded (the fan-out seeds fr
 new release plan nothing and are not restarted.
 
 `Hooks` is the seam for a gateway: `drain(hosts)` before a batch is deployed, `undrain(hosts)`
-for the ones that verified after it. The default does nothing.
+for the ones that verified after it (a host rolled back serves its previous release, verified).
+The default does nothing.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ from qwen27b.controller.report import table
 from qwen27b.plan.lifecycle import rollout_batches
 
 
+SERVING = ("ok", "rolled back")  # verified after the batch: the new release, or the previous one again
+
+
 class Hooks:
     """Called around each batch's deploy (a gateway drains a host before its restart and sends it
     traffic again once it verified). Subclass and pass to `rollout`."""
@@ -41,7 +45,8 @@ class Hooks:
         """Before the batch's deploy: stop sending these hosts new requests."""
 
     def undrain(self, hosts: list[str]) -> None:
-        """After the batch's deploy: these hosts verified; send them traffic again."""
+        """After the batch's deploy: these hosts verified (on the new release, or rolled back to the
+        previous one); send them traffic again. A host that failed otherwise stays drained."""
 
 
 @dataclass
@@ -115,7 +120,7 @@ def rollout(inventory: str, batches: list[list[str]], extra: list[str], reports:
         rows = batch_rows(number, batch, new_report(reports, before), code)
         for row in rows:
             row.seconds = round(time.monotonic() - started, 1)
-        hooks.undrain([r.host for r in rows if r.outcome == "ok"])
+        hooks.undrain([r.host for r in rows if r.outcome in SERVING])
         result.rows += rows
         bad = [r for r in rows if r.outcome != "ok"]
         if bad or code != 0:
