@@ -196,6 +196,10 @@ def test_prune_keeps_n_and_never_the_current_nor_the_previous(fleet):
     rc, out = timed("prune (a no-op deploy of A)", fleet,
                     {**UPGRADE, "qwen27b_keep_releases": 2}, argv=[str(fleet["inventory"]), "deploy.py", "-y", "--limit", a.name])
     assert rc == 0, out[-4000:]
+    # nothing else changes: the release record is stable text, nothing is kept aside again, no restart
+    assert re.search(rf"== {re.escape(a.name)}: \d+ operation\(s\) planned, 2 would change the host", out), out[-4000:]
+    assert [line.split(None, 1)[1] for line in out.splitlines() if line.startswith("   CHANGE  ")] == [
+        "prune old model revisions", "prune old releases"]
     models = a.run(f"ls {MODELS}").stdout.split()
     assert GOOD in models and GOOD_B in models and not set(stale) & set(models), models
     left = a.run("ls /opt/qwen27b/releases").stdout.split()
