@@ -27,7 +27,7 @@ from pyinfra.facts.files import File
 from pyinfra.operations import files, python, server
 
 from qwen27b.plan import fanout
-from qwen27b.controller import factcache, runstate
+from qwen27b.controller import factcache, remote, runstate
 from qwen27b.controller.artifacts import cache_root, dir_manifest
 from qwen27b.plan.gate import Decision, RefusedHost
 from qwen27b.plan.hostdata import Settings, lab_address, redact_url
@@ -161,8 +161,6 @@ def _outside_seeds(others: list, needed: int, target: str, manifest: dict, every
     adding a host (or a rollout's later batch) does not pull the checkpoint over the WAN again.
     Read only when a host of the run needs a copy, all at once (FileHashes over each one's own
     connector); one that cannot be read seeds nobody, and the plan says why."""
-    from qwen27b.controller import remote  # noqa: PLC0415
-
     candidates = [h for h in others if _seed_address(dict(h.data.dict()), every[h.name])]
     if not needed or not candidates:
         return []
@@ -288,8 +286,6 @@ def _outside_seed_servers(plan: fanout.FanoutPlan, seeds: list, target: str, pat
     """Start (or stop) the seed servers on hosts outside --limit, from the controller over their own
     connectors, once per run whichever receiver gets here first. A seed that does not start is
     only a warning: its receivers fall back to the mirror (fetch_command)."""
-    from qwen27b.controller import remote  # noqa: PLC0415
-
     run, token = runstate.current(), _run_token()  # before taking _once: _run_token takes it too
     token_file, user = f"{paths['config']}/seed.token", paths["service_user"]
     with _once:
