@@ -4,7 +4,7 @@ swap (executed in a scratch dir, twice: back and forward again), what pruning ke
 list; and `qwen27b rollout`'s control flow over run reports.
 
 The planned commands of rollback.py and uninstall.py on recorded @fake hosts are in
-tests/test_lifecycle_plans.py; the real thing on two systemd test hosts in tests/e2e/test_lifecycle.py.
+tests/test_lifecycle_plans.py; the real thing on two systemd test hosts in tests/e2e/test_lifecycle_e2e.py.
 """
 
 from __future__ import annotations
@@ -233,7 +233,7 @@ def test_the_uninstall_keys_are_checked():
 
 class _Deploys:
     """Stands in for `pyinfra ... deploy.py -y --limit ...` in the rollout's control flow only (the
-    real runs are in tests/e2e/test_lifecycle.py): writes the run report the deploy would, with
+    real runs are in tests/e2e/test_lifecycle_e2e.py): writes the run report the deploy would, with
     the outcome given per host."""
 
     def __init__(self, reports: Path, outcomes: dict[str, str]):

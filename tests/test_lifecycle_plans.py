@@ -3,7 +3,7 @@
 (V100s and the NVIDIA driver cannot be had here, so the driver's unhold and purge are proven
 here only); the release records and the deployed state are the answers of the ReleaseRecords
 and DeployedState facts (their JSON cases in tests/host_facts/). The real runs on systemd test
-hosts: tests/e2e/test_lifecycle.py.
+hosts: tests/e2e/test_lifecycle_e2e.py.
 """
 
 from __future__ import annotations
