@@ -24,7 +24,7 @@ from qwen27b.controller.opsplan import planned_operations
 from qwen27b.controller.render import UNIT_DIR
 from qwen27b.controller.report import format_operations
 from qwen27b.onhost.contract import TEXTFILE_DIR, TEXTFILE_NAME
-from qwen27b.plan.lifecycle import (NFT_TABLE, SERVICE_UNITS, Installed, UninstallOptions, probe_paths,
+from qwen27b.plan.lifecycle import (GATEWAY_USER, NFT_TABLE, SERVICE_UNITS, Installed, UninstallOptions, probe_paths,
                                     uninstall_plan)
 from qwen27b.plan.stack import load_stack
 
@@ -39,7 +39,7 @@ def uninstall() -> bool:
     settings = inventory_settings()[host.name]  # bad inventory stops the run before any fact is read
     paths = load_stack()["paths"]
     probe = {"paths": probe_paths(paths, UNIT_DIR, TEXTFILE), "units": list(SERVICE_UNITS),
-             "account": paths["service_user"], "nft_table": NFT_TABLE}
+             "accounts": [paths["service_user"], GATEWAY_USER], "nft_table": NFT_TABLE}
     factcache.prefetch([(DeployedState, probe), (HeldPackages, {}), (NvidiaCudaPackages, {})])
     have = Installed(**host.get_fact(DeployedState, **probe), held=host.get_fact(HeldPackages) or [],
                      packages=host.get_fact(NvidiaCudaPackages) or {})

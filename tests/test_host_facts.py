@@ -162,7 +162,7 @@ def test_fake_match_matches_only_its_own_fact(fact, arg):
     from qwen27b.controller.facts import ALL_FACTS
 
     args = {ReleaseRecords: (arg, arg + "/rollback"),
-            DeployedState: ([arg], ["qwen27b.service"], "qwen27b", "inet qwen27b")}.get(fact, (arg,))
+            DeployedState: ([arg], ["qwen27b.service"], ["qwen27b"], "inet qwen27b")}.get(fact, (arg,))
     command = fact().command(*args)
     assert fact.fake_match.search(command)
     for other in ALL_HOST_FACTS + ALL_FACTS:

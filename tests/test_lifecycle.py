@@ -323,3 +323,49 @@ def test_the_record_a_v100_deploy_writes_names_release_model_and_draft():
     assert record.links[MODEL] == f"{PATHS['models']}/nvidia--Qwen3.8-27B-NVFP4@main"
     assert (record.url, record.served_name, record.speculative) == ("http://10.0.0.5:8000", "qwen3.8-27b", True)
     assert parse_record(json.loads(record_text(record))) == record
+
+
+def test_a_failed_drain_stops_the_rollout_before_the_batch_is_touched(tmp_path):
+    runs = _Deploys(tmp_path / "reports", {})
+
+    class Unreachable(R.Hooks):
+        def drain(self, hosts):
+            if "b" in hosts:
+                raise RuntimeError("drain b: gw-1: connection refused")
+
+    result = R.rollout("inv.py", [["a"], ["b"], ["c"]], [], tmp_path / "reports", Unreachable(), run=runs,
+                       say=lambda text: None)
+    assert len(runs.argvs) == 1 and result.stopped_at == "b"
+    assert [(r.host, r.outcome) for r in result.rows] == [("a", "ok"), ("b", "failed"), ("c", "not started")]
+    assert result.rows[1].detail == "not deployed: drain failed: drain b: gw-1: connection refused"
+
+
+def test_the_cli_drains_through_every_gateway_and_skips_the_gateways(tmp_path, monkeypatch):
+    """GatewayHooks over gateway_drain (its real gateways: tests/e2e/test_scaleout_gateway.py)."""
+    from qwen27b.controller import gateway_drain
+
+    calls = []
+    monkeypatch.setattr(gateway_drain, "drain", lambda inv, host: calls.append(("drain", inv, host)))
+    monkeypatch.setattr(gateway_drain, "undrain", lambda inv, host: calls.append(("undrain", inv, host)))
+    hooks = R.GatewayHooks("inv.py", {"gw-1"})
+    hooks.drain(["gw-1", "a", "b"])
+    hooks.undrain(["a"])
+    assert calls == [("drain", "inv.py", "a"), ("drain", "inv.py", "b"), ("undrain", "inv.py", "a")]
+
+
+def test_uninstall_of_a_ray_member_and_a_gateway_host():
+    """A serving group's Ray unit and a gateway host's own units, dirs and user go too; the names
+    are the ones the multinode and gateway roles render."""
+    from qwen27b.controller import gateway_render as G
+    from qwen27b.controller.render import RAY_UNIT
+    from qwen27b.plan.lifecycle import GATEWAY_DIRS, GATEWAY_USER, SERVICE_UNITS, UNIT_FILES
+
+    assert {RAY_UNIT, G.GATEWAY_UNIT, G.POOL_UNIT} <= set(SERVICE_UNITS) & set(UNIT_FILES)
+    assert G.USER == GATEWAY_USER and {G.CONFIG_DIR, G.STATE_DIR, G.LIB_DIR.rsplit("/", 1)[0]} == set(GATEWAY_DIRS)
+    gateway = Installed(paths={"/etc/qwen27b-gateway": "root:root", f"{UNIT_DIR}/qwen27b-gateway.service": "root:root"},
+                        units={"qwen27b-gateway.service": "active", "qwen27b-gateway-pool.service": "active"},
+                        users=[GATEWAY_USER], groups=[GATEWAY_USER])
+    removals, _ = uninstall_plan(gateway, PATHS, UninstallOptions(), UNIT_DIR, TEXTFILE)
+    assert [r.what for r in removals] == ["stop qwen27b-gateway.service, qwen27b-gateway-pool.service",
+                                          "unit files qwen27b-gateway.service", "/etc/qwen27b-gateway",
+                                          "gateway user qwen27b-gateway"]

@@ -378,18 +378,19 @@ class ReleaseRecords(FactBase):
 class DeployedState(FactBase):
     """What of a deploy is on the host, for the uninstall (one command): each path that exists with
     its owner ("user:group"), each unit's ActiveState, the service user and group, and whether the
-    firewall role's nftables table is loaded. {"paths", "units", "users", "groups", "nft"}."""
+    firewall role's nftables table is loaded. {"paths", "units", "users", "groups", "nft"}
+    ("users"/"groups": those of `accounts` that exist)."""
 
     fake_match = re.compile(r"^for p in .*; do if \[ -e \"\$p\" \]")
 
-    def command(self, paths: list[str], units: list[str], account: str, nft_table: str) -> str:
+    def command(self, paths: list[str], units: list[str], accounts: list[str], nft_table: str) -> str:
         q = shlex.quote
         return (f"for p in {' '.join(q(p) for p in paths)}; do if [ -e \"$p\" ] || [ -L \"$p\" ]; then "
                 "printf 'path %s %s\\n' \"$(stat -c %U:%G -- \"$p\")\" \"$p\"; fi; done; "
                 f"for u in {' '.join(q(u) for u in units)}; do "
                 "printf 'unit %s %s\\n' \"$u\" \"$(systemctl show -p ActiveState --value \"$u\" 2>/dev/null)\"; done; "
-                f"getent passwd {q(account)} >/dev/null && echo 'user {account}'; "
-                f"getent group {q(account)} >/dev/null && echo 'group {account}'; "
+                f"for a in {' '.join(q(a) for a in accounts)}; do getent passwd \"$a\" >/dev/null && echo \"user $a\"; "
+                "getent group \"$a\" >/dev/null && echo \"group $a\"; done; "
                 f"if command -v nft >/dev/null 2>&1 && nft list table {nft_table} >/dev/null 2>&1; then "
                 f"echo 'nft {nft_table}'; fi; true")
 

@@ -212,9 +212,14 @@ class Installed:
 
 
 SERVICE_UNITS = ("qwen27b-health.timer", "qwen27b-health-http.socket", "qwen27b.service", "qwen27b-health.service",
-                 "qwen27b-seed.service", "qwen27b-firewall.service")  # stopped in this order
+                 "qwen27b-ray.service", "qwen27b-seed.service", "qwen27b-gateway.service",
+                 "qwen27b-gateway-pool.service", "qwen27b-firewall.service")  # stopped in this order
 UNIT_FILES = ("qwen27b.service", "qwen27b-health.service", "qwen27b-health.timer", "qwen27b-health-http.socket",
-              "qwen27b-health-http@.service", "qwen27b-firewall.service", "qwen27b.service.d")
+              "qwen27b-health-http@.service", "qwen27b-ray.service", "qwen27b-gateway.service",
+              "qwen27b-gateway-pool.service", "qwen27b-firewall.service", "qwen27b.service.d")
+# a gateway host's own (roles/gateway.py; controller/gateway_render.py names them): its nginx package stays
+GATEWAY_DIRS = ("/opt/qwen27b-gateway", "/etc/qwen27b-gateway", "/var/lib/qwen27b-gateway")
+GATEWAY_USER = "qwen27b-gateway"
 NFT_TABLE = "inet qwen27b"
 DRIVER_PACKAGE = re.compile(r"^(?:nvidia-|libnvidia-|xserver-xorg-video-nvidia)")
 NOUVEAU_BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
@@ -233,7 +238,7 @@ def _beside_weights(paths: dict) -> list[str]:
 def probe_paths(paths: dict, unit_dir: str, textfile: str) -> list[str]:
     """Every path the uninstall looks for (the DeployedState fact's argument)."""
     return ([paths["root"], paths["config"], paths["state"], paths["models"], *_beside_weights(paths), CUDA_PROFILE,
-             textfile, textfile.rsplit("/", 1)[0], NOUVEAU_BLACKLIST, MOK_CONFIG]
+             textfile, textfile.rsplit("/", 1)[0], NOUVEAU_BLACKLIST, MOK_CONFIG, *GATEWAY_DIRS]
             + [f"{unit_dir}/{name}" for name in UNIT_FILES])
 
 
@@ -262,7 +267,8 @@ def uninstall_plan(have: Installed, paths: dict, options: UninstallOptions, unit
                                  "systemctl reset-failed 2>/dev/null || true")))
     for path, why in ((paths["root"], "release venvs (~3.5 GB each on the CPU profile), uv, Python, the pushed wheelhouse"),
                       (paths["config"], "env files, the API key, tokens, the release record and the rollback copies"),
-                      (CUDA_PROFILE, "the CUDA PATH file for login shells")):
+                      (CUDA_PROFILE, "the CUDA PATH file for login shells"),
+                      *((path, "the gateway's code, config and keys, state") for path in GATEWAY_DIRS)):
         if path in have.paths:
             removals.append(Removal(path, why, (f"rm -rf {q(path)}",)))
     state, models = paths["state"], paths["models"]
@@ -292,6 +298,10 @@ def uninstall_plan(have: Installed, paths: dict, options: UninstallOptions, unit
     if user in have.groups:
         removals.append(Removal(f"group {user}", "the service user's group",
                                 (f"getent group {q(user)} >/dev/null && groupdel {q(user)} || true",)))
+    if GATEWAY_USER in have.users:
+        removals.append(Removal(f"gateway user {GATEWAY_USER}", "nginx's workers on a gateway host (its group goes with it)",
+                                (f"userdel {q(GATEWAY_USER)}", f"getent group {q(GATEWAY_USER)} >/dev/null && "
+                                 f"groupdel {q(GATEWAY_USER)} || true")))
     removals += _driver(have, options)
     if not options.driver:
         driver = sorted(name for name in have.packages if DRIVER_PACKAGE.match(name))

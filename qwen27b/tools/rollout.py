@@ -15,7 +15,10 @@ new release plan nothing and are not restarted.
 
 `Hooks` is the seam for a gateway: `drain(hosts)` before a batch is deployed, `undrain(hosts)`
 for the ones that verified after it (a host rolled back serves its previous release, verified).
-The default does nothing.
+The CLI uses `GatewayHooks`: each backend of the batch is drained at every gateway of the
+inventory (qwen27b/controller/gateway_drain.py: out of the pool, its requests finished) before its
+restart and undrained (back in the pool, healthy) after; an inventory without a gateway drains
+nothing. A drain that fails stops the rollout before that batch is touched.
 """
 
 from __future__ import annotations
@@ -47,6 +50,28 @@ class Hooks:
     def undrain(self, hosts: list[str]) -> None:
         """After the batch's deploy: these hosts verified (on the new release, or rolled back to the
         previous one); send them traffic again. A host that failed otherwise stays drained."""
+
+
+class GatewayHooks(Hooks):
+    """The gateways of `inventory` (the qwen27b_gateway group) drain and take back each backend of
+    a batch, one at a time; the gateway hosts themselves are no backends and are skipped."""
+
+    def __init__(self, inventory: str, gateways: set[str] | frozenset[str] = frozenset()):
+        self.inventory, self.gateways = inventory, set(gateways)
+
+    def drain(self, hosts: list[str]) -> None:
+        from qwen27b.controller import gateway_drain  # noqa: PLC0415 (only a rollout that drains needs it)
+
+        for name in hosts:
+            if name not in self.gateways:
+                gateway_drain.drain(self.inventory, name)
+
+    def undrain(self, hosts: list[str]) -> None:
+        from qwen27b.controller import gateway_drain  # noqa: PLC0415
+
+        for name in hosts:
+            if name not in self.gateways:
+                gateway_drain.undrain(self.inventory, name)
 
 
 @dataclass
@@ -114,13 +139,23 @@ def rollout(inventory: str, batches: list[list[str]], extra: list[str], reports:
         label = "canary" if number == 1 and len(batches) > 1 else f"batch {number}/{len(batches)}"
         say(f"--> rollout {label}: {', '.join(batch)}")
         before = {p.name for p in reports.glob("deploy-*.json")} if reports.is_dir() else set()
-        hooks.drain(batch)
         started = time.monotonic()
-        code = run(pyinfra_argv(inventory, deploy_file, batch, extra)).returncode
-        rows = batch_rows(number, batch, new_report(reports, before), code)
+        try:
+            hooks.drain(batch)
+        except Exception as error:  # noqa: BLE001 (a gateway's failure: the batch is not touched)
+            rows = [HostRow(number, name, "failed", f"not deployed: drain failed: {error}") for name in batch]
+            code = 1
+        else:
+            code = run(pyinfra_argv(inventory, deploy_file, batch, extra)).returncode
+            rows = batch_rows(number, batch, new_report(reports, before), code)
+            try:
+                hooks.undrain([r.host for r in rows if r.outcome in SERVING])
+            except Exception as error:  # noqa: BLE001
+                for row in rows:
+                    row.outcome, row.detail = "failed", f"deployed ({row.outcome}), but undrain failed: {error}"
+                code = 1
         for row in rows:
             row.seconds = round(time.monotonic() - started, 1)
-        hooks.undrain([r.host for r in rows if r.outcome in SERVING])
         result.rows += rows
         bad = [r for r in rows if r.outcome != "ok"]
         if bad or code != 0:
@@ -183,20 +218,23 @@ def run_deploy_file(prog: str, deploy_file: str, about: str, argv: list[str], da
     return subprocess.run(command).returncode
 
 
-def selected_hosts(inventory: str, limit: list[str] | None) -> list[str]:
-    """The inventory's host names in order, as `pyinfra INVENTORY ... --limit` selects them (no host is contacted)."""
+def selected_hosts(inventory: str, limit: list[str] | None) -> tuple[list[str], set[str]]:
+    """The inventory's host names in order, as `pyinfra INVENTORY ... --limit` selects them, and the
+    gateway hosts among them (no host is contacted)."""
     from qwen27b.controller import remote
+    from qwen27b.plan.gateway import is_gateway
 
     _, hosts = remote.load_inventory(inventory, limit)
     if not hosts:
         raise ValueError("no host selected")
-    return [h.name for h in hosts]
+    return [h.name for h in hosts], {h.name for h in hosts if is_gateway(h.groups)}
 
 
 def main(argv: list[str] | None = None) -> int:
     args, extra = parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
-        batches = rollout_batches(selected_hosts(args.inventory, args.limit), args.canary, args.batch_size)
+        names, gateways = selected_hosts(args.inventory, args.limit)
+        batches = rollout_batches(names, args.canary, args.batch_size)
     except Exception as error:  # pyinfra raises many kinds for a bad inventory file
         print(f"rollout: {error}", file=sys.stderr)
         return 2
@@ -207,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         for batch in batches:
             print("    pyinfra " + shlex.join(pyinfra_argv(args.inventory, args.deploy_file, batch, extra)[3:]))
         return 0
-    result = rollout(args.inventory, batches, extra, args.reports, deploy_file=args.deploy_file)
+    result = rollout(args.inventory, batches, extra, args.reports, GatewayHooks(args.inventory, gateways),
+                     deploy_file=args.deploy_file)
     print("\n" + summary(result))
     return 0 if result.ok else 1
 
