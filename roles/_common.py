@@ -12,11 +12,12 @@ from pyinfra.operations import server
 
 from qwen27b.controller import runstate
 from qwen27b.plan.gate import Decision
-from qwen27b.controller.host_facts import Subdirectories
+from qwen27b.controller.host_facts import ReleaseRecords, Subdirectories
 from qwen27b.onhost.secretfile import load_secret
 from qwen27b.plan.hostdata import Settings, url_has_password
+from qwen27b.plan.lifecycle import parse_record, release_record_file, rollback_dir, stale_dirs
 
-ROLLBACK_DIR = "/etc/qwen27b/rollback"  # the running release's unit and env, kept while an upgrade is verified
+ROLLBACK_DIR = "/etc/qwen27b/rollback"  # the running release's unit, env and record (lifecycle.rollback_dir)
 
 
 def dry_run() -> bool:
@@ -123,19 +124,28 @@ def previous_links() -> list[tuple[str, str]]:
     return runstate.current().previous.pop(host.name, [])
 
 
-def stale_dirs(paths: list[str], current: str, previous: str | None, keep: int) -> list[str]:
-    """Of `paths` (oldest first), those to remove so that `keep` old ones stay besides `current`;
-    the one being replaced (`previous`, the rollback target) counts first and is never removed."""
-    replaced = previous not in (None, current)
-    spare = [path for path in paths if path not in (current, previous)]
-    quota = max(0, keep - (1 if replaced else 0))
-    return spare[: max(0, len(spare) - quota)]
+def kept_record_targets(paths: dict) -> set[str] | None:
+    """The link targets of the release kept for rollback on this host (its ReleaseRecords fact):
+    pruning never removes them. None when the record cannot be read: then nothing is pruned."""
+    answer = host.get_fact(ReleaseRecords, record=release_record_file(paths), kept_dir=rollback_dir(paths))
+    try:
+        previous = parse_record(answer.get("previous"))
+    except ValueError as error:
+        note(f"prune: skipped - the kept release record is unreadable ({error}); remove "
+             f"{rollback_dir(paths)} or re-deploy to record a new one")
+        return None
+    return set(previous.links.values()) if previous else set()
 
 
-def prune_dirs(name: str, directory: str, current: str, previous: str | None, keep: int, prefix: str = "") -> None:
-    """Remove the stale_dirs among `directory`'s subdirectories whose names start with `prefix`."""
+def prune_dirs(name: str, layout: dict, directory: str, current: str, previous: str | None, keep: int, prefix: str = "") -> None:
+    """Remove lifecycle.stale_dirs among `directory`'s subdirectories whose names start with `prefix`:
+    never `current`, `previous` (the one this deploy replaces) nor the kept record's targets."""
     paths = [f"{directory}/{entry}" for entry in host.get_fact(Subdirectories, path=directory) or []
              if entry.startswith(prefix)]  # oldest first
-    old = stale_dirs(paths, current, previous, keep)
+    replaced = {previous} & set(paths) if previous not in (None, current) else set()
+    old = stale_dirs(paths, current, replaced, keep)
+    if old and not replaced:  # nothing replaced now: the rollback target is the kept record's (read only when it matters)
+        kept = kept_record_targets(layout)
+        old = [] if kept is None else stale_dirs(paths, current, kept & set(paths), keep)
     if old:
         server.shell(name=name, commands=["rm -rf -- " + " ".join(shlex.quote(path) for path in old)])

@@ -182,7 +182,8 @@ def _finish_run(started: bool = True) -> None:
     finish_run(run, results, _run["argv"])
 
 
-def _refuse(refused: RefusedHost) -> None:
+def refuse(refused: RefusedHost) -> None:
+    """Print the refusal, count it for the run summary and fail the host (no operation for it)."""
     click.echo(format_refusal(refused), err=True)
     runstate.current().refused[host.name] = " ".join(f"{cause}. Fix: {fix}." for cause, fix in refused.problems)[:-1]
     state.fail_hosts({host})
@@ -194,7 +195,7 @@ def take_lock() -> bool:
     stale = None
     if held is not None:
         if not hostlock.is_stale(held, _OWNER.controller):
-            _refuse(RefusedHost(host.name, *hostlock.refusal(host.name, held)))
+            refuse(RefusedHost(host.name, *hostlock.refusal(host.name, held)))
             return False
         stale = held
         note(f"lock: the deploy that held this host ({held.describe()}) is gone (interrupted?): taking its lock over", always=True)
@@ -309,7 +310,7 @@ def preflight() -> Decision | None:
     oporder.register_deploy_file(state.current_deploy_filename)  # before this host's first operation
     decision = gate()
     if isinstance(decision, RefusedHost):
-        _refuse(decision)
+        refuse(decision)
         return None
     if not take_lock():
         return None

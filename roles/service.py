@@ -9,6 +9,7 @@ for readiness with progress instead of pyinfra hanging silently.
 from __future__ import annotations
 
 import hashlib
+import shlex
 from io import StringIO
 
 from pyinfra import host
@@ -21,12 +22,13 @@ from qwen27b.controller import factcache
 from qwen27b.controller.host_facts import SecretFileState, Subdirectories, SymlinkTarget
 from qwen27b.controller.operations import secret_file, symlink_switch
 from qwen27b.controller.render import (HEALTH_HTTP_SERVICE, HEALTH_HTTP_SOCKET, HEALTH_TIMER, HEALTH_UNIT,
-                                       RESTART_COMMAND, SERVICE_UNIT, layout, render_all)
+                                       RESTART_COMMAND, SERVICE_UNIT, UNIT_DIR, layout, render_all, serving_files)
+
+from qwen27b.plan.lifecycle import RECORD_NAME, Record, record_text, release_record_file
 
 from ._common import ROLLBACK_DIR, api_key, prune_dirs, remember_previous, restart_needed
 from .toolchain import release_dir
-
-UNIT_DIR = "/etc/systemd/system"
+from .weights import model_dir
 
 
 def _will_change(rendered: dict, targets) -> bool:
@@ -52,19 +54,19 @@ def service(decision: Decision) -> None:
         ("qwen27b-health-http@.service.j2", f"{UNIT_DIR}/{HEALTH_HTTP_SERVICE}"),
     ]
     units = len(targets) - 1  # every target but the env file is a unit file
-    serving_files = [dest for _, dest in targets[:2]]
+    kept = serving_files(decision.stack.paths)  # env, unit (targets[:2]) and the record: what a rollback restores
     factcache.prefetch([read for _, dest in targets for read in factcache.put_reads(dest, create_remote_dir=False)]
+                       + factcache.put_reads(release_record_file(decision.stack.paths), create_remote_dir=False)
                        + [(SymlinkTarget, {"path": decision.stack.paths["current_release"]}),
                           (Subdirectories, {"path": decision.stack.paths["releases"]})]
                        + ([(SecretFileState, {"path": where["secrets_file"]})] if decision.settings.api_key_file else [])
                        + factcache.service_reads(SERVICE_UNIT) + factcache.service_reads(HEALTH_TIMER)
                        + factcache.service_reads(HEALTH_HTTP_SOCKET))
-    if _will_change(rendered, targets[:2]):
-        # keep the running release's env and unit: the verify role restores them on rollback
-        server.shell(name="keep the running unit and env for rollback", commands=[
-            f"rm -rf {ROLLBACK_DIR} && mkdir -p {ROLLBACK_DIR} && "
-            f"for f in {' '.join(serving_files)}; do cp -a $f {ROLLBACK_DIR}/; done"])
-        remember_previous(ROLLBACK_DIR, ";".join(serving_files))
+    record, record_file = release_record(decision), release_record_file(decision.stack.paths)
+    running = {link: host.get_fact(SymlinkTarget, path=link) for link in record.links}
+    switching = any(now not in (None, record.links[link]) for link, now in running.items())
+    if (switching or _will_change(rendered, targets[:2])) and all(host.get_fact(Sha1File, path=dest) for dest in kept[:2]):
+        keep_running_release(kept, record_file, Record({link: now for link, now in running.items() if now}))
     # create_remote_dir=False: /etc/systemd/system is systemd's and the config dir the toolchain
     # role's; pyinfra's own check of the parent dir cost two remote commands per file per run
     written = [
@@ -72,6 +74,9 @@ def service(decision: Decision) -> None:
                   mode="0644", create_remote_dir=False)
         for template, dest in targets
     ]
+    files.put(name=f"render {record_file} (what runs here; the rollback deploy reads it)",
+              src=StringIO(record_text(record)), dest=record_file, user="root", group="root", mode="0644",
+              create_remote_dir=False)
     if decision.settings.api_key_file:
         # VLLM_API_KEY: every route but /health needs it (the route guard); in a root-only 0600 file,
         # never in the unit or on a command line. secret_file, not files.put: --diff would print the
@@ -83,7 +88,7 @@ def service(decision: Decision) -> None:
     if previous != release_dir(decision):
         remember_previous(current, previous)
     release = symlink_switch(name="activate the release (current symlink)", link=current, target=release_dir(decision))
-    prune_dirs("prune old releases", decision.stack.paths["releases"], release_dir(decision), previous,
+    prune_dirs("prune old releases", decision.stack.paths, decision.stack.paths["releases"], release_dir(decision), previous,
                decision.settings.keep_releases)
     if any(op.will_change for op in written[1:1 + units]):
         systemd.daemon_reload(name="systemd daemon-reload (a unit file changed)")
@@ -97,6 +102,34 @@ def service(decision: Decision) -> None:
         systemd.service(name=f"{SERVICE_UNIT} enabled and running", service=SERVICE_UNIT, running=True, enabled=True)
     systemd.service(name=f"{HEALTH_TIMER} enabled and running", service=HEALTH_TIMER, running=True, enabled=True)
     health_endpoint(dict(zip((template for template, _ in targets), written))["qwen27b-health-http.socket.j2"])
+
+
+def release_record(decision: Decision) -> Record:
+    """What this deploy makes the host run (qwen27b.plan.lifecycle): every symlink's target and how
+    verify reaches the service. Written to the host, so a later rollback knows it without this run."""
+    serve, model, paths = decision.serve, decision.stack.model, decision.stack.paths
+    links = {paths["current_release"]: release_dir(decision), decision.model_path: model_dir(decision, model)}
+    if decision.draft_path:
+        links[decision.draft_path] = model_dir(decision, decision.stack.draft)
+    return Record(links, model_ref=f"{model['id']}@{model['revision']}",
+                  url=f"http://{serve.value('--host')}:{serve.value('--port')}",
+                  served_name=serve.value("--served-model-name"), speculative=serve.has("--speculative-config"),
+                  start_timeout_s=decision.stack.profile["serve"]["start_timeout_s"])
+
+
+def keep_running_release(serving_files: list[str], record_file: str, links_now: Record) -> None:
+    """Before anything running is replaced: its unit, env and release record into the rollback dir
+    (a host deployed before records existed gets one made of its symlinks as they are now). The
+    verify role restores them if the new release fails; the rollback deploy, on demand."""
+    keep = ROLLBACK_DIR
+    q = shlex.quote
+    # the kept release before this one waits in .prev until the new one verifies: a deploy that is
+    # rolled back puts it back (roles/verify.py), so a failed upgrade never loses the rollback target
+    server.shell(name="keep the running release (unit, env, record) for rollback", commands=[
+        f"rm -rf {keep}.prev && {{ [ ! -d {keep} ] || mv -T {keep} {keep}.prev; }} && mkdir -p {keep} && "
+        f"cp -a {' '.join(serving_files[:-1])} {keep}/ && "
+        f"{{ cp -a {record_file} {keep}/ 2>/dev/null || printf '%s' {q(record_text(links_now))} > {keep}/{RECORD_NAME}; }}"])
+    remember_previous(ROLLBACK_DIR, ";".join(serving_files))
 
 
 def health_endpoint(socket_file) -> None:

@@ -57,6 +57,9 @@ def _rollback_commands(previous: list[tuple[str, str]]) -> list[str]:
         if link == ROLLBACK_DIR:
             for path in target.split(";"):
                 commands.append(f"cp -a {ROLLBACK_DIR}/{path.rsplit('/', 1)[-1]} {path}")
+            # what was kept before this deploy is the rollback target again (none: nothing is)
+            commands.append(f"if [ -d {ROLLBACK_DIR}.prev ]; then rm -rf {ROLLBACK_DIR} && mv -T {ROLLBACK_DIR}.prev "
+                            f"{ROLLBACK_DIR}; else rm -rf {ROLLBACK_DIR}; fi")
             commands.append("systemctl daemon-reload")
         else:
             commands.append(f"ln -sfn {shlex.quote(target)} {shlex.quote(link + '.new')} && "
@@ -81,17 +84,17 @@ def _load_tick(name: str):
     return tick
 
 
-def _serving(decision: Decision, result: V.HostResult, key: str | None, say, unit_state) -> None:
-    """Ready, the served name listed, one streamed completion: fills result, raises VerifyFailed."""
+def serving(result: V.HostResult, key: str | None, say, unit_state, start_timeout_s: int, speculative: bool) -> None:
+    """Ready at result.url, result.served_name listed, one streamed completion, with speculative
+    decoding the acceptance: fills result, raises VerifyFailed. (The rollback deploy verifies the
+    release it switched to with this too.)"""
     base = result.url
     try:
-        result.ready_s = V.wait_ready(base, decision.stack.profile["serve"]["start_timeout_s"], say, unit_state,
-                                      tick=_load_tick(host.name))
+        result.ready_s = V.wait_ready(base, start_timeout_s, say, unit_state, tick=_load_tick(host.name))
     finally:
         progress.done(host.name)  # loaded (or not): the checks that follow say their own lines
     V.wait_active(unit_state)
     V.check_models(base, result.served_name, key)
-    speculative = decision.serve.has("--speculative-config")
     before = V.spec_counters(V.scrape(base, key)) if speculative else None
     chat = V.chat_stream(base, result.served_name, key)
     result.ttft_s, result.decode_tok_s = chat["ttft_s"], chat["decode_tok_s"]
@@ -121,12 +124,12 @@ def _until_restart_loop_is_evident(say, timeout_s: float = 120) -> None:
         time.sleep(5)
 
 
-def _health_verdict(decision: Decision, result: V.HostResult) -> None:
+def _health_verdict(status_file: str, result: V.HostResult) -> None:
     """One health check run on the host, as its timer runs it; its restart-loop sentence (read from
     systemd's counters) becomes the report's reason, so the two say the same thing."""
     result.unit = _unit_properties()
     status = "\n".join(_remote(f"systemctl start {HEALTH_UNIT} >/dev/null 2>&1; "
-                               f"cat {layout(decision)['health_status']} 2>/dev/null"))
+                               f"cat {status_file} 2>/dev/null"))
     try:
         result.health = json.loads(status) if status else None
     except ValueError:
@@ -137,6 +140,24 @@ def _health_verdict(decision: Decision, result: V.HostResult) -> None:
         result.reason = loop[0]
 
 
+def failed(result: V.HostResult, failure: V.VerifyFailed, status_file: str) -> None:
+    """A failed verify's evidence into the report: systemd's crash loop once evident, the health
+    check's verdict and the unit's journal."""
+    result.status, result.reason = "failed", str(failure)
+    if failure.crashed:
+        _until_restart_loop_is_evident(say)
+    _health_verdict(status_file, result)
+    result.journal = _remote(f"journalctl -u {SERVICE_UNIT} -n 80 --no-pager")
+
+
+def say(message: str) -> None:
+    click.echo(f"    [{host.name}] {message}", err=True)
+
+
+def unit_state() -> str:
+    return " ".join(_remote(f"systemctl show -p ActiveState,SubState --value {SERVICE_UNIT} | paste -sd/"))
+
+
 def _check(decision: Decision, previous: list[tuple[str, str]]) -> None:
     serve, model = decision.serve, decision.stack.model
     base = f"http://{serve.value('--host')}:{serve.value('--port')}"
@@ -144,31 +165,24 @@ def _check(decision: Decision, previous: list[tuple[str, str]]) -> None:
                           served_name=serve.value("--served-model-name"), url=base)
     runstate.current().results.append(result)
     key = api_key(decision)
-
-    def say(message: str) -> None:
-        click.echo(f"    [{host.name}] {message}", err=True)
-
-    def unit_state() -> str:
-        return " ".join(_remote(f"systemctl show -p ActiveState,SubState --value {SERVICE_UNIT} | paste -sd/"))
+    timing = (decision.stack.profile["serve"]["start_timeout_s"], decision.serve.has("--speculative-config"))
 
     try:
-        _serving(decision, result, key, say, unit_state)
+        serving(result, key, say, unit_state, *timing)
         result.status = "ok"
         say(f"verified: TTFT {result.ttft_s * 1000:.0f} ms, {result.decode_tok_s or 0:.1f} tok/s")
+        if any(link == ROLLBACK_DIR for link, _ in previous):
+            _remote(f"rm -rf {ROLLBACK_DIR}.prev")  # the release this one replaced is the rollback target now
         return
     except V.VerifyFailed as failure:
-        result.status, result.reason = "failed", str(failure)
-        if failure.crashed:
-            _until_restart_loop_is_evident(say)
-        _health_verdict(decision, result)
-        result.journal = _remote(f"journalctl -u {SERVICE_UNIT} -n 80 --no-pager")
+        failed(result, failure, layout(decision)["health_status"])
     if not previous:
         raise OperationError(f"verify failed: {result.reason} (journal and health status in the run report)")
     say(f"verify failed ({result.reason}): rolling back to the previous release")
     for command in _rollback_commands(previous):
         _remote(command)
     try:
-        _serving(decision, result, key, say, unit_state)
+        serving(result, key, say, unit_state, *timing)
     except V.VerifyFailed as again:
         result.reason += f"; rollback did not recover: {again}"
         raise OperationError(f"verify failed and rollback did not recover: {again}") from None

@@ -24,13 +24,14 @@ import click
 from pyinfra import host, state
 from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.files import File
-from pyinfra.operations import files, server
+from pyinfra.operations import files, python, server
 
 from qwen27b.plan import fanout
-from qwen27b.controller import factcache, progress, runstate
-from qwen27b.controller.artifacts import cache_root, dir_manifest
-from qwen27b.plan.gate import Decision, RefusedHost
+from qwen27b.controller import factcache, progress, remote, runstate
 from qwen27b.controller.address import host_address
+from qwen27b.controller.artifacts import cache_root, dir_manifest
+from qwen27b.controller.facts import FactParseError
+from qwen27b.plan.gate import Decision, RefusedHost
 from qwen27b.plan.hostdata import Settings, redact_url
 from qwen27b.controller.host_facts import FileHashes, Subdirectories, SymlinkTarget
 from qwen27b.onhost.contract import lib_dir, module_argv, module_command
@@ -140,19 +141,50 @@ def _make_plan(settings: Settings, entry: dict, target: str, manifest: dict) -> 
     from .preflight import gate, inventory_settings  # noqa: PLC0415 (roles import each other lazily)
     every = inventory_settings()
     default = entry.get("default_source", "hub")
+
+    def same_group(other) -> bool:
+        theirs = every.get(other.name)
+        return (theirs is not None and theirs.weights_fanout == "tree" and theirs.model_mirror == settings.model_mirror
+                and (theirs.model_source or default) == "mirror")
+
     members = []
     for other in sorted(state.inventory.iter_activated_hosts(), key=lambda h: h.name):
-        theirs = every.get(other.name)
-        if (theirs is None or theirs.weights_fanout != "tree" or theirs.model_mirror != settings.model_mirror
-                or (theirs.model_source or default) != "mirror" or isinstance(gate(other), RefusedHost)):
+        if not same_group(other) or isinstance(gate(other), RefusedHost):
             continue
         have = other.get_fact(FileHashes, directory=target) or {}
-        members.append(fanout.Member(other.name, _seed_address(other, theirs),
+        members.append(fanout.Member(other.name, _seed_address(other, every[other.name]),
                                      _verified(have, manifest)))
+    lines = []
+    members += _outside_seeds([h for h in state.inventory if h not in state.activated_hosts and same_group(h)],
+                              sum(not m.has_copy for m in members), target, manifest, every, lines)
     plan = fanout.plan_waves(members)
     click.echo("\n".join([f"== weights fan-out of {safe_name(entry)} (qwen27b_weights_fanout: tree)"]
-                         + [f"   {line}" for line in plan.lines()]) + "\n", err=True)
+                         + [f"   {line}" for line in lines + plan.lines()]) + "\n", err=True)
     return plan
+
+
+def _outside_seeds(others: list, needed: int, target: str, manifest: dict, every: dict, lines: list) -> list:
+    """Hosts of the inventory outside this run's --limit that hold a verified copy: seeds, so that
+    adding a host (or a rollout's later batch) does not pull the checkpoint over the WAN again.
+    Read only when a host of the run needs a copy, all at once (FileHashes over each one's own
+    connector); one that cannot be read seeds nobody, and the plan says why."""
+    candidates = [h for h in others if _seed_address(h, every[h.name])]
+    if not needed or not candidates:
+        return []
+    fact = FileHashes()
+    seeds = []
+    for other, answer in zip(candidates, remote.run_everywhere(state, candidates, lambda h: fact.command(target), 900)):
+        try:
+            have = fact.process(answer.stdout.splitlines()) if answer.ok and not answer.error else None
+        except FactParseError:
+            have = None
+        if have is None:
+            why = answer.error or remote.no_sections_why(answer)
+            lines.append(f"{other.name} (outside --limit): copy not read ({why}): not a seed")
+        elif _verified(have, manifest):
+            seeds.append(fanout.Member(other.name, _seed_address(other, every[other.name]), True,
+                                       in_run=False))
+    return seeds
 
 
 def _fetch_setup(decision: Decision, entry: dict, manifest: dict) -> tuple[str, str]:
@@ -181,6 +213,7 @@ def _fan_out(decision: Decision, entry: dict, target: str, base: str, manifest: 
     gets no operation; one that only talks to the mirror gets no token."""
     name = host.name
     copy, start = plan.copy_for(name), plan.seed_start_wave(name)
+    outside = [m for m in plan.outside_seeds() if any(c.host == name for c in plan.seeds(m.name))]
     if copy is None:
         note(f"weights: {safe_name(entry)} verified on the host"
              + (f"; seeds {', '.join(c.host for c in plan.seeds(name))} (fan-out)" if start is not None else ""))
@@ -207,6 +240,10 @@ def _fan_out(decision: Decision, entry: dict, target: str, base: str, manifest: 
                                      token_file if from_seed else None)
     venv = release_venv(decision)
     total = sum(int(meta["size"]) for meta in manifest.values())
+    if outside:
+        python.call(name=f"weights fan-out of {safe_name(entry)}: start the seed server on "
+                         f"{', '.join(m.name for m in outside)} (outside --limit)",
+                    function=_outside_seed_servers, plan=plan, seeds=outside, target=target, paths=paths, total=total)
     for wave in host.loop(range(plan.waves)):
         commands = []
         if copy is not None and copy.wave == wave:
@@ -220,12 +257,57 @@ def _fan_out(decision: Decision, entry: dict, target: str, base: str, manifest: 
         if copy is not None and copy.wave == wave:
             needs_restart(op)
             progress.watch(op, host, "weights", [target], _manifest_bytes(manifest))
+    if outside:
+        python.call(name=f"weights fan-out of {safe_name(entry)}: stop the seed server on "
+                         f"{', '.join(m.name for m in outside)} (outside --limit)",
+                    function=_outside_seed_servers, plan=plan, seeds=outside, target=target, paths=paths, total=total,
+                    stop=True)
     if start is not None:
         server.shell(name=f"weights fan-out of {safe_name(entry)}: stop the seed server",
                      commands=[fanout.seed_stop_command(token_file)])
     elif from_seed:
         server.shell(name=f"weights fan-out of {safe_name(entry)}: remove the run's token",
                      commands=[f"rm -f {token_file}"])
+
+
+def outside_seed_commands(plan: fanout.FanoutPlan, seed: fanout.Member, target: str, paths: dict,
+                          total: int) -> list[str]:
+    """What starts `seed`'s server (a host outside --limit): as a seed in the run would, but from its
+    running release (`current`), with the run's token written first by `_outside_seed_servers`."""
+    venv = f"{paths['current_release']}/venv"
+    return fanout.seed_start_commands(module_argv(venv, "mirror"), target, seed.address, fanout.seed_peers(plan, seed.name),
+                                      f"{paths['config']}/seed.token", paths["service_user"],
+                                      fanout.seed_max_s(plan, seed.name, total), _hidden_from_seed(paths, target),
+                                      plan.port, lib_dir(venv))
+
+
+def _outside_seed_servers(plan: fanout.FanoutPlan, seeds: list, target: str, paths: dict, total: int,
+                          stop: bool = False) -> None:
+    """Start (or stop) the seed servers on hosts outside --limit, from the controller over their own
+    connectors, once per run whichever receiver gets here first. A seed that does not start is
+    only a warning: its receivers fall back to the mirror (fetch_command)."""
+    run, token = runstate.current(), _run_token()  # before taking _once: _run_token takes it too
+    token_file, user = f"{paths['config']}/seed.token", paths["service_user"]
+    with _once:
+        for seed in seeds:
+            if (seed.name, stop) in run.outside_seeds:
+                continue
+            run.outside_seeds.add((seed.name, stop))
+            other = state.inventory.get_host(seed.name)
+            if stop:
+                commands = [(fanout.seed_stop_command(token_file), None)]
+            else:
+                part = f"{paths['config']}/.seed.token.part"
+                commands = [(f"umask 077 && cat > {part} && chown {user}:{user} {part} && chmod 0600 {part} "
+                             f"&& mv -fT {part} {token_file}", token + "\n")]  # the token on stdin only
+                commands += [(command, None) for command in outside_seed_commands(plan, seed, target, paths, total)]
+            for command, stdin in commands:
+                answer = remote.run_command(state, other, command, timeout=60, stdin=stdin)
+                if answer.error or not answer.ok:
+                    click.echo(f"    [{host.name}] seed {seed.name}: {'stop' if stop else 'start'} failed "
+                               f"({answer.error or remote.no_sections_why(answer)}); its receivers fall back to the mirror",
+                               err=True)
+                    break
 
 
 def _hidden_from_seed(paths: dict, target: str) -> str:
@@ -283,7 +365,7 @@ def place(decision: Decision, entry: dict, link: str, local_dir: str | None) -> 
 def _prune(decision: Decision, entry: dict, target: str, previous: str | None) -> None:
     """Keep qwen27b_keep_model_revisions old revisions of this checkpoint besides the current one
     (the one being replaced counts first: it is the rollback target); remove the rest, oldest first."""
-    prune_dirs("prune old model revisions", decision.stack.paths["models"], target, previous,
+    prune_dirs("prune old model revisions", decision.stack.paths, decision.stack.paths["models"], target, previous,
                decision.settings.keep_model_revisions, prefix=entry["id"].replace("/", "--") + "@")
 
 

@@ -402,3 +402,54 @@ def test_the_seed_unit_verifies_and_scores_like_the_service(tmp_path):
                               capture_output=True, text=True, env=env)
     score = float(re.search(r"Overall exposure level for \S+: (\d+\.\d+)", security.stdout).group(1))
     assert score <= 2.5, security.stdout
+
+
+def test_fake_added_host_is_seeded_by_a_holder_outside_the_limit(tmp_path, mirror):
+    """`--limit @fake/fan-1` (adding a host): fan-3, outside the run, holds the verified revision.
+    pyinfra keeps it in the inventory but runs nothing there, so the plan takes it as a seed whose
+    server the run starts and stops from the controller (the commands: outside_seed_commands,
+    the same as an in-run seed's but from its running release), and fan-1's fetch goes to it,
+    not over the WAN. fan-2 and fan-4, outside too, hold nothing and play no part."""
+    root, url = mirror
+    import json
+    from qwen27b.plan.fanout import Member, plan_waves
+    from qwen27b.plan.stack import load_stack
+    from roles.weights import outside_seed_commands
+
+    files = json.loads((root / MODEL / "manifest.json").read_text())["files"]
+    out = dry_run(tmp_path, url, "tree", [f"{meta['sha256']}  ./{name}" for name, meta in files.items()],
+                  flags=("--limit", "@fake/fan-1"))
+    block = out.split(f"== weights fan-out of {MODEL} (qwen27b_weights_fanout: tree)\n", 1)[1].split("\n\n", 1)[0]
+    assert block.splitlines() == [
+        "   wave 1: @fake/fan-1 <- @fake/fan-3 (10.9.0.3:8801): @fake/fan-3 held a verified copy before this deploy; falls "
+        "back to the mirror if the seed fails (outside --limit: its seed server is started from the controller)",
+        "   1 host(s) (+1 seed(s) outside --limit), 2 wave(s), 0 copy(ies) over the WAN (ideal for 1: 1 wave(s), 1 WAN copy)"]
+    names = [line.split(None, 1)[1] for line in _ops(out, "fan-1", f"of {MODEL}") if not line.startswith("$")]
+    assert names == [f"weights fan-out of {MODEL}: start the seed server on @fake/fan-3 (outside --limit)",
+                     f"weights fan-out wave 0 of {MODEL}", f"weights fan-out wave 1 of {MODEL}",
+                     f"weights fan-out of {MODEL}: stop the seed server on @fake/fan-3 (outside --limit)",
+                     f"weights fan-out of {MODEL}: remove the run's token"]
+    fetch = _ops(out, "fan-1", f"fan-out wave 1 of {MODEL}")[1]
+    assert fetch.startswith(f"$ no_proxy='*' NO_PROXY='*' ") and f"--base http://10.9.0.3:8801/{MODEL} --token-file" in fetch
+    assert "@fake/fan-2" not in block and "@fake/fan-4" not in block and "[@fake/fan-3] Success" not in out
+    # what the controller runs on fan-3: the seed from its current release, admitting fan-1 only
+    plan = plan_waves([Member("@fake/fan-1", "10.9.0.1"), Member("@fake/fan-3", "10.9.0.3", True, in_run=False)])
+    paths = load_stack()["paths"]
+    commands = outside_seed_commands(plan, plan.members[1], f"/var/lib/qwen27b/models/{MODEL}", paths, 2 ** 30)
+    seed = shlex.split(commands[1])
+    assert seed[seed.index("/opt/qwen27b/current/venv/bin/python"):][:3] == [
+        "/opt/qwen27b/current/venv/bin/python", "-m", "qwen27b_onhost.mirror"]
+    assert "--property=Environment=PYTHONPATH=/opt/qwen27b/current/venv/lib" in seed
+    assert seed[seed.index("--allow"):] == ["--allow", "10.9.0.1"] and "--property=IPAddressAllow=10.9.0.3 10.9.0.1" in seed
+    assert "--token-file" in seed and seed[seed.index("--token-file") + 1] == "/etc/qwen27b/seed.token"
+
+
+def test_hosts_outside_the_run_only_seed():
+    """A holder outside --limit seeds like one in the run (from wave 1), is never a receiver, and
+    one outside the run without a copy is no member at all."""
+    plan = plan_waves([Member("new-1", "10.0.0.1"), Member("new-2", "10.0.0.2"),
+                       Member("old-1", "10.0.0.9", True, in_run=False)])
+    assert [(c.host, c.wave, c.source) for c in plan.copies] == [("new-1", 1, "old-1"), ("new-2", 2, "old-1")]
+    assert plan.mirror_copies == 0 and [m.name for m in plan.outside_seeds()] == ["old-1"]
+    with pytest.raises(ValueError, match="outside the run is a member only as a seed"):
+        plan_waves([Member("new-1", "10.0.0.1"), Member("old-1", "10.0.0.9", False, in_run=False)])

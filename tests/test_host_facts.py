@@ -22,6 +22,7 @@ from qwen27b.controller.facts import FactParseError
 from qwen27b.controller.host_facts import (
     ALL_HOST_FACTS,
     DeployLock,
+    DeployedState,
     DirectoryStates,
     HASH_CACHE,
     SecretFileState,
@@ -30,6 +31,7 @@ from qwen27b.controller.host_facts import (
     Subdirectories,
     SymlinkTarget,
     VenvPackages,
+    ReleaseRecords,
     normalize_distribution_name,
 )
 
@@ -64,6 +66,10 @@ GARBLED = [
     (DeployLock, ["controller=a pid=1", "controller=b pid=2"]),
     (SecretFileState, ["root root 600"]),  # stat answered, sha256sum did not
     (SecretFileState, ["root root 600", "VLLM_API_KEY=abc"]),  # never anything but a hash
+    (ReleaseRecords, ["{\"current\": null}"]),  # python3 answered, but not our script's shape
+    (ReleaseRecords, ["Traceback (most recent call last):"]),
+    (DeployedState, ["path /opt/qwen27b"]),  # no owner
+    (DeployedState, ["bash: nft: command not found"]),
 ]
 
 
@@ -91,6 +97,12 @@ def _valid_shape(fact, data) -> bool:
             isinstance(n, str) and n and "/" not in n and "\n" not in n and n not in (".", "..") for n in data)
     if not isinstance(data, dict):
         return False
+    if fact is ReleaseRecords:
+        return set(data) == {"current", "previous", "kept", "missing"} and isinstance(data["kept"], list)
+    if fact is DeployedState:
+        return (set(data) == {"paths", "units", "users", "groups", "nft"}
+                and all(p.startswith("/") and ":" in owner for p, owner in data["paths"].items())
+                and all(u and " " not in u for u in data["units"]))
     if fact is FileHashes:
         return all(
             name and "/" not in name and name not in (".", "..") and len(h) == 64 and set(h) <= set("0123456789abcdef")
@@ -149,7 +161,9 @@ def test_fake_match_matches_only_its_own_fact(fact, arg):
     """The @fake connector takes the first matching key: a recorded host must answer the right fact."""
     from qwen27b.controller.facts import ALL_FACTS
 
-    command = fact().command(arg)
+    args = {ReleaseRecords: (arg, arg + "/rollback"),
+            DeployedState: ([arg], ["qwen27b.service"], ["qwen27b"], "inet qwen27b")}.get(fact, (arg,))
+    command = fact().command(*args)
     assert fact.fake_match.search(command)
     for other in ALL_HOST_FACTS + ALL_FACTS:
         if other is not fact:

@@ -9,6 +9,7 @@ fails the host on a non-zero fact command), and returns the "absent" value for e
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 
@@ -321,5 +322,102 @@ class SecretFileState(FactBase):
         return {"user": owner[0], "group": owner[1], "mode": owner[2], "sha256": digest}
 
 
+# Run by the host's python3: both release records (qwen27b.plan.lifecycle), the rollback dir's file
+# names and which of the kept record's link targets are gone, as one JSON line. A record that is
+# not JSON comes back as {"unreadable": why}: the roles say so rather than fail the host.
+_RECORDS_SCRIPT = r"""
+import json, os, sys
+record, kept_dir = sys.argv[1], sys.argv[2]
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        return {"unreadable": str(error)[:200]}
+current, previous = load(record), load(os.path.join(kept_dir, os.path.basename(record)))
+try:
+    kept = sorted(os.listdir(kept_dir))
+except OSError:
+    kept = []
+links = previous.get("links") if isinstance(previous, dict) and isinstance(previous.get("links"), dict) else {}
+missing = sorted(t for t in links.values() if isinstance(t, str) and not os.path.exists(t))
+print(json.dumps({"current": current, "previous": previous, "kept": kept, "missing": missing}, sort_keys=True))
+"""
+
+
+class ReleaseRecords(FactBase):
+    """What the host runs and what a rollback would return to: {"current", "previous" (the release
+    records as written, or None), "kept" (file names in the rollback dir), "missing" (the previous
+    record's link targets that are gone)}. Read by the rollback deploy, and by pruning (never the
+    rollback target)."""
+
+    fake_match = re.compile(r"python3 -c .*kept_dir = sys\.argv", re.S)
+
+    def command(self, record: str, kept_dir: str) -> str:
+        return f"python3 -c {shlex.quote(_RECORDS_SCRIPT)} {shlex.quote(record)} {shlex.quote(kept_dir)}"
+
+    @staticmethod
+    def default() -> dict:
+        return {"current": None, "previous": None, "kept": [], "missing": []}
+
+    def process(self, output: list[str]) -> dict:
+        lines = [line for line in output if line.strip()]
+        try:
+            data = json.loads(lines[-1]) if len(lines) == 1 else None
+        except ValueError:
+            data = None
+        if not isinstance(data, dict) or set(data) != {"current", "previous", "kept", "missing"} \
+                or not isinstance(data["kept"], list) or not isinstance(data["missing"], list):
+            raise FactParseError("ReleaseRecords", len(lines), "one JSON line {current, previous, kept, missing}",
+                                 (lines or [""])[-1][:200])
+        return data
+
+
+class DeployedState(FactBase):
+    """What of a deploy is on the host, for the uninstall (one command): each path that exists with
+    its owner ("user:group"), each unit's ActiveState, the service user and group, and whether the
+    firewall role's nftables table is loaded. {"paths", "units", "users", "groups", "nft"}
+    ("users"/"groups": those of `accounts` that exist)."""
+
+    fake_match = re.compile(r"^for p in .*; do if \[ -e \"\$p\" \]")
+
+    def command(self, paths: list[str], units: list[str], accounts: list[str], nft_table: str) -> str:
+        q = shlex.quote
+        return (f"for p in {' '.join(q(p) for p in paths)}; do if [ -e \"$p\" ] || [ -L \"$p\" ]; then "
+                "printf 'path %s %s\\n' \"$(stat -c %U:%G -- \"$p\")\" \"$p\"; fi; done; "
+                f"for u in {' '.join(q(u) for u in units)}; do "
+                "printf 'unit %s %s\\n' \"$u\" \"$(systemctl show -p ActiveState --value \"$u\" 2>/dev/null)\"; done; "
+                f"for a in {' '.join(q(a) for a in accounts)}; do getent passwd \"$a\" >/dev/null && echo \"user $a\"; "
+                "getent group \"$a\" >/dev/null && echo \"group $a\"; done; "
+                f"if command -v nft >/dev/null 2>&1 && nft list table {nft_table} >/dev/null 2>&1; then "
+                f"echo 'nft {nft_table}'; fi; true")
+
+    @staticmethod
+    def default() -> dict:
+        return {"paths": {}, "units": {}, "users": [], "groups": [], "nft": []}
+
+    def process(self, output: list[str]) -> dict:
+        found = self.default()
+        for n, line in enumerate(output, 1):
+            if not line.strip():
+                continue
+            kind, _, rest = line.partition(" ")
+            if kind == "path" and re.match(r"^\S+:\S+ /", rest):
+                owner, _, path = rest.partition(" ")
+                found["paths"][path] = owner
+            elif kind == "unit" and rest.strip():
+                unit, _, active = rest.partition(" ")
+                found["units"][unit] = active.strip()
+            elif kind in ("user", "group") and rest.strip():
+                found[kind + "s"].append(rest.strip())
+            elif kind == "nft" and rest.strip():
+                found["nft"].append(rest.strip())
+            else:
+                raise FactParseError("DeployedState", n, "'path|unit|user|group|nft ...'", line)
+        return found
+
+
 ALL_HOST_FACTS: tuple[type[FactBase], ...] = (FileHashes, VenvPackages, SymlinkTarget, Subdirectories, ServiceUser,
-                                               DirectoryStates, DeployLock, SecretFileState)
+                                               DirectoryStates, DeployLock, SecretFileState, ReleaseRecords, DeployedState)

@@ -133,8 +133,9 @@ def _one_line(error: BaseException) -> str:
     return text[:300]
 
 
-def run_command(state, host, command: str, timeout: int = 60) -> Answer:
-    """Connect (if not yet) and run one shell command with the host's connector arguments."""
+def run_command(state, host, command: str, timeout: int = 60, stdin: str | None = None) -> Answer:
+    """Connect (if not yet) and run one shell command with the host's connector arguments
+    (`stdin`: written to the command's standard input, never on its command line)."""
     from pyinfra.api import StringCommand
     from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
     from pyinfra.api.exceptions import ConnectError
@@ -151,6 +152,8 @@ def run_command(state, host, command: str, timeout: int = 60) -> Answer:
         arguments, _ = pop_global_arguments(state, host, {})  # _sudo, _su_user ... from host data, as a fact
         executor = {k: v for k, v in arguments.items() if k in CONNECTOR_ARGUMENT_KEYS}
         executor["_timeout"] = timeout
+        if stdin is not None:
+            executor["_stdin"] = stdin
         try:
             ok, output = host.run_shell_command(StringCommand(command), **executor)
             answer.ok = ok

@@ -15,9 +15,11 @@ import jinja2
 from qwen27b.plan.gate import Decision
 from qwen27b.onhost.contract import MODEL_REF_ENV, QUIET_ENV, TEXTFILE_DIR, lib_dir, module_argv
 from qwen27b.plan.hostdata import NODE_EXPORTER_PORT
+from qwen27b.plan.lifecycle import release_record_file
 from qwen27b.plan.stack import api_key_env_file, health_status_file
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
+UNIT_DIR = "/etc/systemd/system"
 SERVICE_UNIT = "qwen27b.service"
 HEALTH_UNIT = "qwen27b-health.service"
 HEALTH_TIMER = "qwen27b-health.timer"
@@ -164,6 +166,12 @@ def layout(decision: Decision, prefix: str = "") -> dict:
         "health_status": prefix + health_status_file(paths),
         "restart_request": prefix + paths["state"] + "/health-restart.request",
     }
+
+
+def serving_files(paths: dict) -> list[str]:
+    """The files a release runs by besides its symlinks: the env file, the main unit and the release
+    record (qwen27b.plan.lifecycle). Kept aside before a deploy replaces them, restored on rollback."""
+    return [paths["config"] + "/qwen27b.env", f"{UNIT_DIR}/{SERVICE_UNIT}", release_record_file(paths)]
 
 
 def hardening(decision: Decision, where: dict, base=COMMON_HARDENING) -> list[tuple[str, str]]:

@@ -31,6 +31,7 @@ class RunState:
     fanout_plans: dict[tuple[str, str], object] = field(default_factory=dict)  # (base, target) -> FanoutPlan
     seed_token: str | None = None  # the fan-out seeds' bearer token, made once per run
     progress: dict = field(default_factory=dict)  # (host name, op hash) -> progress.Probe: drawn while it runs
+    outside_seeds: set = field(default_factory=set)  # (host, stopped?) of seeds outside --limit handled this run
     fact_cache: object | None = None  # factcache.FactCache: fact answers kept while nothing changes a host
 
 

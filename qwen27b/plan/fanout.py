@@ -40,11 +40,14 @@ MIRROR = "mirror"
 @dataclass(frozen=True)
 class Member:
     """One host of a fan-out group: its inventory name, its lab address (None: it can receive
-    but cannot seed) and whether it already holds a verified copy."""
+    but cannot seed) and whether it already holds a verified copy. `in_run=False`: a host of the
+    inventory outside this run's `--limit` that holds a verified copy: it seeds (its seed server is
+    started and stopped from the controller, since the run queues no operation for it), never receives."""
 
     name: str
     address: str | None = None
     has_copy: bool = False
+    in_run: bool = True
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,10 @@ class FanoutPlan:
         """The copies `name` serves."""
         return [c for c in self.copies if c.source == name]
 
+    def outside_seeds(self) -> list[Member]:
+        """The seeds outside this run's --limit that serve somebody."""
+        return [m for m in self.members if not m.in_run and self.seeds(m.name)]
+
     def seed_start_wave(self, name: str) -> int | None:
         """The wave operation in which `name` starts its seed server: the one in which its own copy
         arrives (it serves from the next wave on), or wave 0 for a host that held a copy already."""
@@ -95,14 +102,17 @@ class FanoutPlan:
     def lines(self) -> list[str]:
         """The plan as printed: one line per copy with its reason, then the totals."""
         out = []
+        outside = {m.name for m in self.outside_seeds()}
         for c in self.copies:
             source = "the mirror" if c.from_mirror else f"{c.source} ({c.source_address}:{self.port})"
-            out.append(f"wave {c.wave}: {c.host} <- {source}: {c.reason}")
+            out.append(f"wave {c.wave}: {c.host} <- {source}: {c.reason}"
+                       + (" (outside --limit: its seed server is started from the controller)" if c.source in outside else ""))
         for m in self.members:
-            if m.has_copy and not self.seeds(m.name):
+            if m.has_copy and not self.seeds(m.name) and m.in_run:
                 out.append(f"        {m.name}: holds a verified copy, nothing to do")
-        hosts = len(self.members)
-        out.append(f"{hosts} host(s), {self.waves} wave(s), {self.mirror_copies} copy(ies) over the WAN "
+        hosts = sum(m.in_run for m in self.members)
+        seeds = f" (+{len(self.members) - hosts} seed(s) outside --limit)" if hosts < len(self.members) else ""
+        out.append(f"{hosts} host(s){seeds}, {self.waves} wave(s), {self.mirror_copies} copy(ies) over the WAN "
                    f"(ideal for {hosts}: {ideal_waves(hosts)} wave(s), 1 WAN copy)")
         return out
 
@@ -116,6 +126,8 @@ def plan_waves(members: list[Member] | tuple[Member, ...], port: int = SEED_PORT
     members = tuple(sorted(members, key=lambda m: m.name))
     if len({m.name for m in members}) != len(members):
         raise ValueError("a fan-out group lists a host twice")
+    if any(not m.in_run and not m.has_copy for m in members):
+        raise ValueError("a host outside the run is a member only as a seed (with a verified copy)")
     need = [m for m in members if not m.has_copy]
     seeds = [m for m in members if m.has_copy and m.address]
     since: dict[str, str] = {m.name: "held a verified copy before this deploy" for m in seeds}

@@ -73,6 +73,9 @@ class Settings:
     node_address: str | None = None  # this host's address on the link between the members; default ssh_hostname
     node_interface: str | None = None  # the NIC of that link (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME)
     interconnect_gbps: float | None = None  # the link's speed in Gbit/s (10 for 10 GbE): the planner checks it
+    # uninstall.py only (pyinfra INVENTORY uninstall.py --data qwen27b_uninstall_weights=true): what else goes
+    uninstall_weights: bool = False  # the model revisions under /var/lib/qwen27b/models (20+ GiB) too
+    uninstall_driver: bool = False  # unhold and purge the NVIDIA driver packages, remove the nouveau blacklist
 
 
 _TYPES: dict[str, tuple[type, ...]] = {
@@ -115,6 +118,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "node_address": (str,),
     "node_interface": (str,),
     "interconnect_gbps": (int, float),
+    "uninstall_weights": (bool,),
+    "uninstall_driver": (bool,),
 }
 # Keys read on the gateway hosts only (the qwen27b_gateway group): their meaning and the checks
 # across hosts are in qwen27b/plan/gateway.py; typed here like every other key.

@@ -5,6 +5,9 @@
     qwen27b mirror ...    an air-gapped lab's mirror layout from fetched artifacts (qwen27b.tools.mirror_layout)
     qwen27b status ...    one line per host of the fleet, read in parallel (qwen27b.tools.status)
     qwen27b gateway ...   a backend in or out of every gateway's pool (qwen27b.tools.gateway)
+    qwen27b rollout ...   a rolling upgrade, canary first, batch by batch (qwen27b.tools.rollout)
+    qwen27b rollback ...  hosts back to their previous release, verified (rollback.py)
+    qwen27b uninstall ... remove what the deploy made, listed first (uninstall.py)
 
 Each subcommand lives in its own module with a `main(argv)`; this only dispatches.
 """
@@ -20,13 +23,16 @@ COMMANDS = {
     "mirror": ("qwen27b.tools.mirror_layout", "lay out a lab mirror (checkpoint, wheels, Python) from fetched files"),
     "status": ("qwen27b.tools.status", "service, health, release, model, GPUs, last verify of every host"),
     "gateway": ("qwen27b.tools.gateway", "drain / undrain a backend at every gateway, or show the pools"),
+    "rollout": ("qwen27b.tools.rollout", "a rolling upgrade: canary first, each batch verified before the next"),
+    "rollback": ("qwen27b.tools.rollback", "switch hosts back to their previous release and verify it"),
+    "uninstall": ("qwen27b.tools.uninstall", "remove what the deploy made, each removal listed first"),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        lines = [f"  {name:8} {about}" for name, (_, about) in COMMANDS.items()]
+        lines = [f"  {name:9} {about}" for name, (_, about) in COMMANDS.items()]
         print("usage: qwen27b COMMAND [args]\n\n" + "\n".join(lines), file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     module = importlib.import_module(COMMANDS[argv[0]][0])

@@ -132,6 +132,31 @@ def testhosts(request) -> E2EHosts:
                 signal.signal(signal.SIGTERM, old)
 
 
+@pytest.fixture(scope="module")
+def own_testhosts():
+    """Test hosts of a module's own, beside the session's (whose deployed host the other modules
+    keep using): `own_testhosts(n, link_peers=True)` -> E2EHosts, all torn down after the module."""
+    reason = _skip_reason()
+    if reason:
+        skip_or_fail_setup(reason)
+    made: list[NspawnHosts] = []
+
+    def make(n: int, link_peers: bool = False, name: str = "own") -> E2EHosts:
+        lab = NspawnHosts(profile=f"pytest-{os.getpid()}-{name}{len(made)}")
+        made.append(lab)
+        lab.up(n)
+        if link_peers:
+            lab.link_peers()
+        return E2EHosts(lab, [E2EHost(h["name"], h["address"], lab.ssh_config, lab.ssh_options(), lab)
+                              for h in lab.hosts])
+
+    try:
+        yield make
+    finally:
+        for lab in made:
+            lab.down()
+
+
 @pytest.fixture(scope="session")
 def testhost(testhosts) -> E2EHost:
     """The first test host."""

@@ -61,22 +61,21 @@ def mirror(artifacts, tmp_path_factory):
     server.shutdown()
 
 
-@pytest.fixture(scope="module")
-def lab(testhost, mirror, tmp_path_factory):
-    """An inventory for the test host: the CPU smoke profile, the mirror, an API key file (0600)."""
-    work = tmp_path_factory.mktemp("lab")
+def make_lab(testhost, hosts_inventory, mirror, work, data: dict | None = None) -> dict:
+    """An inventory of the test hosts in `hosts_inventory` (the first one is `lab["host"]`): the CPU
+    smoke profile, the mirror, an API key file (0600), plus `data` for every host."""
     key_file = work / "api.key"
     key_file.write_text(API_KEY + "\n")
     key_file.chmod(0o600)
     host_data = {"qwen27b_profile": "cpu-smoke", "qwen27b_model_source": "mirror",
                  "qwen27b_model_mirror": f"http://127.0.0.1:{mirror.server_address[1]}",
                  "qwen27b_http_proxy": "http://127.0.0.1:3128", "qwen27b_api_key_file": str(key_file),
-                 "qwen27b_port": PORT}
+                 "qwen27b_port": PORT, **(data or {})}
     inventory = work / "lab.py"
     # QWEN27B_E2E_EXTRA lets a test add host data for one run (an upgrade, say)
     inventory.write_text(
         "import json, os, runpy\n"
-        f"_hosts = runpy.run_path({str(testhost.lab.inventory)!r})['testhosts']\n"
+        f"_hosts = runpy.run_path({str(hosts_inventory)!r})['testhosts']\n"
         f"DATA = {host_data!r}\n"
         "EXTRA = json.loads(os.environ.get('QWEN27B_E2E_EXTRA', '{}'))\n"
         "lab = [(name, {**{k: v for k, v in data.items() if k != 'testhost_root'}, **DATA, **EXTRA})\n"
@@ -85,18 +84,24 @@ def lab(testhost, mirror, tmp_path_factory):
             "logs": []}
 
 
+@pytest.fixture(scope="module")
+def lab(testhost, mirror, tmp_path_factory):
+    """An inventory for the test host: the CPU smoke profile, the mirror, an API key file (0600)."""
+    return make_lab(testhost, testhost.lab.inventory, mirror, tmp_path_factory.mktemp("lab"))
+
+
 def deploy(lab, extra: dict | None = None, background: bool = False, argv: list[str] | None = None,
-           tty: bool = False):
-    """The README's real command: `pyinfra <inventory> deploy.py -y` (or `pyinfra ARGV...`), with a
-    clean environment; (exit code, output), or the Popen when in the background. `tty`: on a
-    pseudo-terminal, as a person runs it (the output is then the transcript as text; the log keeps
-    it as the terminal received it)."""
+           tty: bool = False, module: str = "pyinfra"):
+    """The README's real command: `pyinfra <inventory> deploy.py -y` (or `pyinfra ARGV...`, or
+    `python -m MODULE ARGV...`: the qwen27b CLI), with a clean environment; (exit code, output), or
+    the Popen when in the background. `tty`: on a pseudo-terminal, as a person runs it (the output
+    is then the transcript as text; the log keeps it as the terminal received it)."""
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "SSL_CERT_FILE")}
     env.update(PYTHONPATH=str(ROOT), QWEN27B_REPORTS=str(lab["work"] / "reports"), PYTHONUNBUFFERED="1",
                QWEN27B_E2E_EXTRA=json.dumps(extra or {}))
     log = lab["work"] / f"deploy-{len(lab['logs'])}.log"
     lab["logs"].append(log)
-    argv = [sys.executable, "-m", "pyinfra", *(argv or [str(lab["inventory"]), "deploy.py", "-y"])]
+    argv = [sys.executable, "-m", module, *(argv or [str(lab["inventory"]), "deploy.py", "-y"])]
     if tty:
         rc, transcript = run_on_a_terminal(argv, {**env, "TERM": "xterm"}, ROOT, log=log)
         return rc, plain(transcript)

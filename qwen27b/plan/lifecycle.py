@@ -1,0 +1,335 @@
+"""Day two, decided (pure: facts in, decisions out; no pyinfra, no host I/O).
+
+* `rollout_batches`: the order a rolling upgrade takes the fleet in (canary first).
+* the **release record** (`record_text`, `parse_record`): what a host runs, written by every deploy to
+  /etc/qwen27b/release.json; a deploy that switches anything keeps the running one's record, unit
+  and env in /etc/qwen27b/rollback/ first. So the previous release is known on the host itself,
+  not only in the memory of the deploy that replaced it.
+* `plan_rollback` / `swap_commands`: the on-demand rollback: the record, unit and env in the
+  rollback dir and the running ones change places, every symlink goes back to the kept record's
+  target. Run twice, it rolls forward again.
+* `stale_dirs`: what pruning removes (never the current release or the rollback target).
+* `uninstall_plan`: every removal, in order, each with its reason, and what stays and why.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+
+RECORD_NAME = "release.json"  # in paths.config (the running one) and in the rollback dir (the kept one)
+ROLLBACK_SUBDIR = "rollback"
+
+
+def release_record_file(paths: dict) -> str:
+    return f"{paths['config']}/{RECORD_NAME}"
+
+
+def rollback_dir(paths: dict) -> str:
+    """The running release's unit, env and record, kept while a deploy replaces them (the verify
+    role's automatic rollback and the on-demand one restore from here)."""
+    return f"{paths['config']}/{ROLLBACK_SUBDIR}"
+
+
+# ---------------------------------------------------------------------------------- rollout order
+
+def rollout_batches(hosts: list[str], canary: list[str] | None = None, batch_size: int = 1) -> list[list[str]]:
+    """The batches of a rolling upgrade, in inventory order: the canary hosts alone first (default:
+    the first host), then the others `batch_size` at a time. Each batch is deployed and verified
+    before the next starts. Raises ValueError for a canary not in `hosts` or a size below 1."""
+    if batch_size < 1:
+        raise ValueError(f"batch size must be 1 or more, got {batch_size}")
+    if len(set(hosts)) != len(hosts):
+        raise ValueError("a host is listed twice")
+    canary = list(dict.fromkeys(canary)) if canary else hosts[:1]
+    unknown = [name for name in canary if name not in hosts]
+    if unknown:
+        raise ValueError(f"canary {', '.join(unknown)} is not among the selected hosts ({', '.join(hosts)})")
+    rest = [name for name in hosts if name not in canary]
+    return ([canary] if canary else []) + [rest[i:i + batch_size] for i in range(0, len(rest), batch_size)]
+
+
+# ---------------------------------------------------------------------------------- release record
+
+@dataclass(frozen=True)
+class Record:
+    """What a host runs: each symlink's target (release, model, draft) and how verify reaches it."""
+
+    links: dict[str, str]
+    model_ref: str = ""
+    url: str = ""
+    served_name: str = ""
+    speculative: bool = False
+    start_timeout_s: int = 600
+
+    def as_json(self) -> dict:
+        return {"links": dict(sorted(self.links.items())), "model_ref": self.model_ref, "url": self.url,
+                "served_name": self.served_name, "speculative": self.speculative,
+                "start_timeout_s": self.start_timeout_s}
+
+    def short(self, paths: dict) -> str:
+        """'release <hash>, model <id@rev>' for plan lines."""
+        release = self.links.get(paths["current_release"], "?").rsplit("/", 1)[-1]
+        model = self.links.get(paths["current_model"], "?").rsplit("/", 1)[-1]
+        return f"release {release}, model {model}"
+
+
+def record_text(record: Record) -> str:
+    """The record file's text: stable (sorted keys, no time stamp), so a second run changes nothing."""
+    return json.dumps(record.as_json(), indent=2, sort_keys=True) + "\n"
+
+
+_LINK_TARGET = re.compile(r"^/[A-Za-z0-9._@+=/-]+$")
+
+
+def parse_record(data) -> Record | None:
+    """A record read from a host (JSON-decoded) -> Record; None when absent; ValueError when it is
+    not one we wrote (a link target outside plain absolute paths would reach a shell command)."""
+    if data is None:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("links"), dict) or not data["links"]:
+        raise ValueError("not a release record (no 'links')")
+    for link, target in data["links"].items():
+        if not (isinstance(link, str) and isinstance(target, str) and _LINK_TARGET.match(link)
+                and _LINK_TARGET.match(target) and ".." not in target.split("/")):
+            raise ValueError(f"release record link {link!r} -> {target!r} is not a plain absolute path")
+    timeout = data.get("start_timeout_s", 600)
+    return Record(links=dict(data["links"]), model_ref=str(data.get("model_ref") or ""),
+                  url=str(data.get("url") or ""), served_name=str(data.get("served_name") or ""),
+                  speculative=bool(data.get("speculative")),
+                  start_timeout_s=timeout if isinstance(timeout, int) and timeout > 0 else 600)
+
+
+# ---------------------------------------------------------------------------------- rollback
+
+class NoRollback(Exception):
+    """Nothing (safe) to roll back to; str() says why and what to do."""
+
+    def __init__(self, cause: str, fix: str):
+        self.cause, self.fix = cause, fix
+        super().__init__(f"{cause}. Fix: {fix}")
+
+
+@dataclass(frozen=True)
+class RollbackPlan:
+    switch: tuple[tuple[str, str, str], ...]  # (link, its target now, the kept record's target)
+    restore: tuple[str, ...]  # serving files swapped with their kept copies (unit, env, record)
+    target: Record  # what runs after the rollback: verify checks it
+    back: Record  # what runs now: restored if the target does not verify
+
+    def lines(self, paths: dict) -> list[str]:
+        out = [f"rollback: from {self.back.short(paths)}", f"          to   {self.target.short(paths)}"]
+        out += [f"   {link} -> {to} (now {now})" for link, now, to in self.switch]
+        out += [f"   {path} <- the kept copy (the running one is kept in its place)" for path in self.restore]
+        return out
+
+
+def plan_rollback(current: Record | None, previous: Record | None, kept: list[str], missing: list[str],
+                  serving_files: list[str]) -> RollbackPlan:
+    """The on-demand rollback for one host. `current` / `previous`: the running and kept records;
+    `kept`: the file names in the rollback dir; `missing`: the kept record's link targets that are
+    not on the host (pruned, deleted). Raises NoRollback naming the cause and the fix."""
+    if previous is None:
+        raise NoRollback("no previous release is recorded on this host (no deploy has replaced a running one "
+                         "since qwen27b started recording them)", "deploy the release you want with "
+                         "`pyinfra INVENTORY deploy.py -y --limit HOST` and the host data of that release")
+    if current is None:
+        raise NoRollback("the running release is not recorded (/etc/qwen27b/release.json is missing)",
+                         "re-run the deploy once (`pyinfra INVENTORY deploy.py -y --limit HOST`), then roll back")
+    if missing:
+        raise NoRollback(f"the previous release's {', '.join(missing)} is gone from the host (pruned or deleted)",
+                         "deploy the release you want instead (its files are fetched again)")
+    names = {path.rsplit("/", 1)[-1]: path for path in serving_files}
+    absent = [name for name in names if name not in kept]
+    if absent:
+        raise NoRollback(f"the rollback dir lacks the kept {', '.join(sorted(absent))}",
+                         "deploy the release you want instead")
+    switch = tuple((link, current.links.get(link, ""), target) for link, target in sorted(previous.links.items())
+                   if current.links.get(link) != target)
+    target = Record(previous.links, previous.model_ref or current.model_ref, previous.url or current.url,
+                    previous.served_name or current.served_name, previous.speculative,
+                    previous.start_timeout_s)
+    return RollbackPlan(switch, tuple(serving_files), target, current)
+
+
+def swap_commands(links: dict[str, str], serving_files: list[str], kept_dir: str, then: list[str]) -> list[str]:
+    """Exchange the serving files with their kept copies in `kept_dir`, point every link at its
+    target in `links`, then run `then` (systemd's reload and the service's restart). One shell
+    command per step; the running files are copied aside first, so an interruption leaves the
+    rollback dir whole."""
+    q = shlex.quote
+    staged = f"{kept_dir}.swap"
+    commands = [f"rm -rf {q(staged)} && mkdir {q(staged)} && cp -a {' '.join(q(p) for p in serving_files)} {q(staged)}/"]
+    for path in serving_files:
+        commands.append(f"cp -a {q(kept_dir + '/' + path.rsplit('/', 1)[-1])} {q(path)}")
+    for link, target in sorted(links.items()):
+        commands.append(f"ln -sfn {q(target)} {q(link + '.new')} && mv -Tf {q(link + '.new')} {q(link)}")
+    commands.append(f"rm -rf {q(kept_dir)} && mv -T {q(staged)} {q(kept_dir)}")
+    return commands + list(then)
+
+
+# ---------------------------------------------------------------------------------- prune
+
+def stale_dirs(paths: list[str], current: str, protected: set[str] | frozenset[str] | tuple = (), keep: int = 1) -> list[str]:
+    """Of `paths` (oldest first), those to remove so that `keep` old ones stay besides `current`.
+    `protected` (the rollback target: the one being replaced, or the kept record's) always stays
+    and counts first against `keep`; the newest others fill the rest."""
+    protected = {path for path in protected if path and path != current}
+    spare = [path for path in paths if path != current and path not in protected]
+    quota = max(0, keep - len([path for path in paths if path in protected]))
+    return spare[: max(0, len(spare) - quota)]
+
+
+# ---------------------------------------------------------------------------------- uninstall
+
+@dataclass(frozen=True)
+class UninstallOptions:
+    weights: bool = False  # qwen27b_uninstall_weights: the model revisions too (20+ GiB)
+    driver: bool = False  # qwen27b_uninstall_driver: unhold and purge the NVIDIA driver, the nouveau blacklist
+
+
+@dataclass(frozen=True)
+class Removal:
+    what: str
+    why: str
+    commands: tuple[str, ...]
+
+
+@dataclass
+class Installed:
+    """What the host holds of a deploy (the Installed fact): path -> "user:group", unit -> state,
+    the service user and group, the nftables tables; the driver packages held and installed."""
+
+    paths: dict[str, str] = field(default_factory=dict)
+    units: dict[str, str] = field(default_factory=dict)
+    users: list[str] = field(default_factory=list)
+    groups: list[str] = field(default_factory=list)
+    nft: list[str] = field(default_factory=list)
+    held: list[str] = field(default_factory=list)
+    packages: dict[str, str] = field(default_factory=dict)  # installed driver/CUDA package -> version
+
+
+SERVICE_UNITS = ("qwen27b-health.timer", "qwen27b-health-http.socket", "qwen27b.service", "qwen27b-health.service",
+                 "qwen27b-ray.service", "qwen27b-seed.service", "qwen27b-gateway.service",
+                 "qwen27b-gateway-pool.service", "qwen27b-firewall.service")  # stopped in this order
+UNIT_FILES = ("qwen27b.service", "qwen27b-health.service", "qwen27b-health.timer", "qwen27b-health-http.socket",
+              "qwen27b-health-http@.service", "qwen27b-ray.service", "qwen27b-gateway.service",
+              "qwen27b-gateway-pool.service", "qwen27b-firewall.service", "qwen27b.service.d")
+# a gateway host's own (roles/gateway.py; controller/gateway_render.py names them): its nginx package stays
+GATEWAY_DIRS = ("/opt/qwen27b-gateway", "/etc/qwen27b-gateway", "/var/lib/qwen27b-gateway")
+GATEWAY_USER = "qwen27b-gateway"
+NFT_TABLE = "inet qwen27b"
+DRIVER_PACKAGE = re.compile(r"^(?:nvidia-|libnvidia-|xserver-xorg-video-nvidia)")
+NOUVEAU_BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
+MOK_CONFIG = "/etc/dkms/framework.conf.d/qwen27b-mok.conf"
+CUDA_PROFILE = "/etc/profile.d/qwen27b-cuda.sh"
+LOCK_DIR = "/run/qwen27b"
+
+
+def _beside_weights(paths: dict) -> list[str]:
+    """What the deploy leaves beside the weights in the state dir (with the weights kept, the
+    uninstall removes these; the toolchain role always makes the cache dir)."""
+    return [paths["cache"], f"{paths['state']}/health.json", f"{paths['state']}/health-restart.request",
+            paths["current_model"], f"{paths['models']}/draft"]
+
+
+def probe_paths(paths: dict, unit_dir: str, textfile: str) -> list[str]:
+    """Every path the uninstall looks for (the DeployedState fact's argument)."""
+    return ([paths["root"], paths["config"], paths["state"], paths["models"], *_beside_weights(paths), CUDA_PROFILE,
+             textfile, textfile.rsplit("/", 1)[0], NOUVEAU_BLACKLIST, MOK_CONFIG, *GATEWAY_DIRS]
+            + [f"{unit_dir}/{name}" for name in UNIT_FILES])
+
+
+def uninstall_plan(have: Installed, paths: dict, options: UninstallOptions, unit_dir: str,
+                   textfile: str) -> tuple[list[Removal], list[str]]:
+    """(removals in order, what stays and why). Only what is there is removed: a second run plans
+    nothing. The lock dir is the caller's (it holds the lock while this runs)."""
+    q = shlex.quote
+    user = paths["service_user"]
+    removals: list[Removal] = []
+    kept: list[str] = []
+    running = [u for u in SERVICE_UNITS if have.units.get(u, "inactive") not in ("inactive", "")]
+    if running:
+        removals.append(Removal(f"stop {', '.join(running)}", "the service, its health check and endpoint, a seed "
+                                "server and the firewall unit, before their files go",
+                                (f"systemctl disable --now {' '.join(running)}",)))
+    if NFT_TABLE in have.nft:
+        removals.append(Removal(f"nftables table {NFT_TABLE}", "the firewall role's rule (its unit's stop removes it; "
+                                "this covers a table loaded by hand)", (f"nft delete table {NFT_TABLE}",)))
+    units = [f"{unit_dir}/{name}" for name in UNIT_FILES if f"{unit_dir}/{name}" in have.paths]
+    if units:
+        removals.append(Removal(f"unit files {', '.join(u.rsplit('/', 1)[-1] for u in units)}",
+                                "rendered by the service and firewall roles",
+                                (f"systemctl disable {' '.join(u.rsplit('/', 1)[-1] for u in units if u.endswith(('.service', '.timer', '.socket')) and '@' not in u)} 2>/dev/null || true",
+                                 "rm -rf " + " ".join(q(u) for u in units), "systemctl daemon-reload",
+                                 "systemctl reset-failed 2>/dev/null || true")))
+    for path, why in ((paths["root"], "release venvs (~3.5 GB each on the CPU profile), uv, Python, the pushed wheelhouse"),
+                      (paths["config"], "env files, the API key, tokens, the release record and the rollback copies"),
+                      (CUDA_PROFILE, "the CUDA PATH file for login shells"),
+                      *((path, "the gateway's code, config and keys, state") for path in GATEWAY_DIRS)):
+        if path in have.paths:
+            removals.append(Removal(path, why, (f"rm -rf {q(path)}",)))
+    state, models = paths["state"], paths["models"]
+    if state in have.paths:
+        if options.weights or models not in have.paths:
+            what = f"{state} with the model weights" if models in have.paths else state
+            removals.append(Removal(what, "the health status, caches" + (" and every model revision" if models in have.paths else ""),
+                                    (f"rm -rf {q(state)}",)))
+        elif ([p for p in _beside_weights(paths) if p in have.paths]
+              or {have.paths[state], have.paths[models]} != {"root:root"}):
+            removals.append(Removal(f"{state} except {models}", "the health status and caches; the weights stay "
+                                    "(qwen27b_uninstall_weights=true removes them), owned by root from now on",
+                                    (f"find {q(state)} -mindepth 1 -maxdepth 1 ! -path {q(models)} -exec rm -rf {{}} +",
+                                     f"rm -f {q(models + '/current')} {q(models + '/draft')}",
+                                     f"chown root:root {q(state)} {q(models)} && chmod 0755 {q(state)} {q(models)}")))
+        if not options.weights and models in have.paths:
+            kept.append(f"{models}: the model weights (set qwen27b_uninstall_weights=true to remove them; "
+                        "a later deploy uses them again instead of fetching)")
+    text_dir = textfile.rsplit("/", 1)[0]
+    if textfile in have.paths:
+        removals.append(Removal(textfile, "the health check's metrics for node_exporter", (f"rm -f {q(textfile)}",)))
+    if have.paths.get(text_dir, "").endswith(f":{user}"):
+        removals.append(Removal(f"{text_dir}: group {user}", "given to the health check for its metrics file",
+                                (f"chgrp root {q(text_dir)} && chmod 0755 {q(text_dir)}",)))
+    if user in have.users:
+        removals.append(Removal(f"service user {user}", "the system user the service ran as", (f"userdel {q(user)}",)))
+    if user in have.groups:
+        removals.append(Removal(f"group {user}", "the service user's group",
+                                (f"getent group {q(user)} >/dev/null && groupdel {q(user)} || true",)))
+    if GATEWAY_USER in have.users:
+        removals.append(Removal(f"gateway user {GATEWAY_USER}", "nginx's workers on a gateway host (its group goes with it)",
+                                (f"userdel {q(GATEWAY_USER)}", f"getent group {q(GATEWAY_USER)} >/dev/null && "
+                                 f"groupdel {q(GATEWAY_USER)} || true")))
+    removals += _driver(have, options)
+    if not options.driver:
+        driver = sorted(name for name in have.packages if DRIVER_PACKAGE.match(name))
+        if driver or NOUVEAU_BLACKLIST in have.paths:
+            held = [p for p in have.held if DRIVER_PACKAGE.match(p)]
+            kept.append("the NVIDIA driver" + (f" ({', '.join(held)} held)" if held else "")
+                        + (", the nouveau blacklist" if NOUVEAU_BLACKLIST in have.paths else "")
+                        + ": set qwen27b_uninstall_driver=true to unhold and purge them")
+    return removals, kept
+
+
+def _driver(have: Installed, options: UninstallOptions) -> list[Removal]:
+    if not options.driver:
+        return []
+    q = shlex.quote
+    out = []
+    held = sorted(p for p in have.held if DRIVER_PACKAGE.match(p) or p.startswith("linux-image-"))
+    if held:
+        out.append(Removal(f"apt hold on {', '.join(held)}", "the nvidia role held them against unattended upgrades",
+                           ("apt-mark unhold " + " ".join(q(p) for p in held),)))
+    installed = sorted(name for name in have.packages if DRIVER_PACKAGE.match(name))
+    if installed:
+        out.append(Removal(f"NVIDIA driver packages {', '.join(installed)}",
+                           "qwen27b_uninstall_driver; the module stays loaded until the next reboot",
+                           ("DEBIAN_FRONTEND=noninteractive apt-get -y purge " + " ".join(q(p) for p in installed),)))
+    for path, why in ((NOUVEAU_BLACKLIST, "written for the NVIDIA driver; nouveau may load again after a reboot"),
+                      (MOK_CONFIG, "DKMS's MOK signing config for secure boot")):
+        if path in have.paths:
+            commands = (f"rm -f {q(path)}",) + (("update-initramfs -u",) if path == NOUVEAU_BLACKLIST else ())
+            out.append(Removal(path, why, commands))
+    return out

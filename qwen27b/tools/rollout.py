@@ -1,0 +1,255 @@
+"""`qwen27b rollout`: a rolling upgrade, batch by batch, canary first, each batch verified before
+the next starts; the first host that fails stops the rollout, named, exit code 1.
+
+    qwen27b rollout INVENTORY [--limit HOST ...] [--canary HOST ...] [--batch-size N] [--dry]
+                    [--reports DIR] [-- PYINFRA_ARGS...]
+
+A thin layer over pyinfra's own `--limit`: each batch is the real `pyinfra INVENTORY deploy.py -y
+--limit HOST...` (arguments after `--`, e.g. `--data qwen27b_stack_overrides=...`, are passed to
+every run), whose verify role checks each host it restarted and rolls back a host whose new
+release fails (roles/verify.py). Its run report (reports/deploy-*.json: every host's outcome and
+verify figures) says how the batch went. The hosts outside a batch keep serving meanwhile; a
+later batch's weights come from the hosts already upgraded (the fan-out seeds from hosts outside
+`--limit`), not over the WAN again. Re-running a stopped rollout resumes it: hosts already on the
+new release plan nothing and are not restarted.
+
+`Hooks` is the seam for a gateway: `drain(hosts)` before a batch is deployed, `undrain(hosts)`
+for the ones that verified after it (a host rolled back serves its previous release, verified).
+The CLI uses `GatewayHooks`: each backend of the batch is drained at every gateway of the
+inventory (qwen27b/controller/gateway_drain.py: out of the pool, its requests finished) before its
+restart and undrained (back in the pool, healthy) after; an inventory without a gateway drains
+nothing. A drain that fails stops the rollout before that batch is touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from qwen27b.controller.report import table
+from qwen27b.plan.lifecycle import rollout_batches
+
+
+SERVING = ("ok", "rolled back")  # verified after the batch: the new release, or the previous one again
+
+
+class Hooks:
+    """Called around each batch's deploy (a gateway drains a host before its restart and sends it
+    traffic again once it verified). Subclass and pass to `rollout`."""
+
+    def drain(self, hosts: list[str]) -> None:
+        """Before the batch's deploy: stop sending these hosts new requests."""
+
+    def undrain(self, hosts: list[str]) -> None:
+        """After the batch's deploy: these hosts verified (on the new release, or rolled back to the
+        previous one); send them traffic again. A host that failed otherwise stays drained."""
+
+
+class GatewayHooks(Hooks):
+    """The gateways of `inventory` (the qwen27b_gateway group) drain and take back each backend of
+    a batch, one at a time; the gateway hosts themselves are no backends and are skipped."""
+
+    def __init__(self, inventory: str, gateways: set[str] | frozenset[str] = frozenset()):
+        self.inventory, self.gateways = inventory, set(gateways)
+
+    def drain(self, hosts: list[str]) -> None:
+        from qwen27b.controller import gateway_drain  # noqa: PLC0415 (only a rollout that drains needs it)
+
+        for name in hosts:
+            if name not in self.gateways:
+                gateway_drain.drain(self.inventory, name)
+
+    def undrain(self, hosts: list[str]) -> None:
+        from qwen27b.controller import gateway_drain  # noqa: PLC0415
+
+        for name in hosts:
+            if name not in self.gateways:
+                gateway_drain.undrain(self.inventory, name)
+
+
+@dataclass
+class HostRow:
+    batch: int
+    host: str
+    outcome: str = "not started"
+    detail: str = ""
+    ttft_ms: float | None = None
+    seconds: float | None = None  # the batch's deploy, wall clock
+
+
+@dataclass
+class Rollout:
+    batches: list[list[str]]
+    rows: list[HostRow] = field(default_factory=list)
+    stopped_at: str | None = None  # the first failed host
+
+    @property
+    def ok(self) -> bool:
+        return self.stopped_at is None and all(r.outcome == "ok" for r in self.rows)
+
+
+def pyinfra_argv(inventory: str, deploy_file: str, limit: list[str], extra: list[str], dry: bool = False) -> list[str]:
+    """The pyinfra command line of one run: `python -m pyinfra INVENTORY FILE -y|--dry --limit H...`."""
+    limits = [part for name in limit for part in ("--limit", name)]
+    return [sys.executable, "-m", "pyinfra", inventory, deploy_file, "--dry" if dry else "-y", *limits, *extra]
+
+
+def new_report(reports: Path, before: set[str]) -> dict | None:
+    """The run report the last run wrote (a deploy-*.json not in `before`), or None."""
+    fresh = sorted(p for p in reports.glob("deploy-*.json") if p.name not in before) if reports.is_dir() else []
+    for path in reversed(fresh):
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def batch_rows(number: int, batch: list[str], report: dict | None, code: int) -> list[HostRow]:
+    """Each host's row from its run's report: the run summary's outcome, verify's TTFT."""
+    outcomes = {o.get("host"): o for o in (report or {}).get("summary") or [] if isinstance(o, dict)}
+    verified = {h.get("host"): h for h in (report or {}).get("hosts") or [] if isinstance(h, dict)}
+    rows = []
+    for name in batch:
+        row = HostRow(number, name)
+        outcome = outcomes.get(name)
+        if outcome is None:
+            row.outcome, row.detail = "failed", f"no outcome in a run report (pyinfra exit {code}): see its output above"
+        else:
+            row.outcome, row.detail = str(outcome.get("status") or "failed"), str(outcome.get("detail") or "")
+        ttft = (verified.get(name) or {}).get("ttft_s")
+        row.ttft_ms = round(ttft * 1000) if isinstance(ttft, (int, float)) else None
+        rows.append(row)
+    return rows
+
+
+def rollout(inventory: str, batches: list[list[str]], extra: list[str], reports: Path, hooks: Hooks | None = None,
+            deploy_file: str = "deploy.py", run=subprocess.run, say=print) -> Rollout:
+    """Deploy batch after batch; stop after the first batch with a host that is not ok."""
+    hooks = hooks or Hooks()
+    result = Rollout(batches)
+    for number, batch in enumerate(batches, 1):
+        label = "canary" if number == 1 and len(batches) > 1 else f"batch {number}/{len(batches)}"
+        say(f"--> rollout {label}: {', '.join(batch)}")
+        before = {p.name for p in reports.glob("deploy-*.json")} if reports.is_dir() else set()
+        started = time.monotonic()
+        try:
+            hooks.drain(batch)
+        except Exception as error:  # noqa: BLE001 (a gateway's failure: the batch is not touched)
+            rows = [HostRow(number, name, "failed", f"not deployed: drain failed: {error}") for name in batch]
+            code = 1
+        else:
+            code = run(pyinfra_argv(inventory, deploy_file, batch, extra)).returncode
+            rows = batch_rows(number, batch, new_report(reports, before), code)
+            try:
+                hooks.undrain([r.host for r in rows if r.outcome in SERVING])
+            except Exception as error:  # noqa: BLE001
+                for row in rows:
+                    row.outcome, row.detail = "failed", f"deployed ({row.outcome}), but undrain failed: {error}"
+                code = 1
+        for row in rows:
+            row.seconds = round(time.monotonic() - started, 1)
+        result.rows += rows
+        bad = [r for r in rows if r.outcome != "ok"]
+        if bad or code != 0:
+            result.stopped_at = bad[0].host if bad else batch[0]
+            result.rows += [HostRow(n, name) for n, later in enumerate(batches[number:], number + 1) for name in later]
+            break
+    return result
+
+
+def summary(result: Rollout) -> str:
+    rows = [[str(r.batch), r.host, r.outcome, "-" if r.ttft_ms is None else f"{r.ttft_ms:.0f} ms",
+             "-" if r.seconds is None else f"{r.seconds:.0f} s", r.detail] for r in result.rows]
+    text = table(["batch", "host", "outcome", "TTFT", "batch time", "detail"], rows, [5, 28, 12, 8, 10, 70])
+    if result.ok:
+        return f"--> rollout done: {len(result.rows)} host(s) upgraded and verified, batch by batch\n{text}"
+    failed = next(r for r in result.rows if r.host == result.stopped_at)
+    left = [r.host for r in result.rows if r.outcome == "not started"]
+    why = failed.detail.removeprefix(f"{failed.outcome}: ") or "see the output above"
+    return (f"--> rollout STOPPED at {failed.host} ({failed.outcome}: {why})\n{text}\n"
+            + (f"not started: {', '.join(left)} (still on their release)\n" if left else "")
+            + "fix the cause, then run the same command again: upgraded hosts plan nothing and keep serving")
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    p = argparse.ArgumentParser(prog="qwen27b rollout", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("inventory", help="pyinfra inventory file (as for deploy.py)")
+    p.add_argument("--limit", nargs="+", action="extend", metavar="HOST", help="only these hosts or groups (globs)")
+    p.add_argument("--canary", nargs="+", action="extend", metavar="HOST",
+                   help="deployed and verified alone, first (default: the first selected host)")
+    p.add_argument("--batch-size", type=int, default=1, metavar="N", help="hosts per batch after the canary (default 1)")
+    p.add_argument("--dry", action="store_true", help="print the batches and the commands, run nothing")
+    p.add_argument("--deploy-file", default="deploy.py", help="the deploy file (default deploy.py)")
+    p.add_argument("--reports", type=Path, default=Path(os.environ.get("QWEN27B_REPORTS", "reports")),
+                   help="where the deploy writes its run reports (default $QWEN27B_REPORTS or ./reports)")
+    return p.parse_args(argv), extra
+
+
+def run_deploy_file(prog: str, deploy_file: str, about: str, argv: list[str], data: dict | None = None,
+                    extra_options=None) -> int:
+    """`qwen27b rollback|uninstall`: the real `pyinfra INVENTORY FILE -y|--dry --limit HOST...`,
+    refusing to run on every host unless --all says so. `extra_options(parser)` adds options,
+    whose values `data(args)` turns into pyinfra `--data key=value` arguments."""
+    p = argparse.ArgumentParser(prog=prog, description=about)
+    p.add_argument("inventory", help="pyinfra inventory file (as for deploy.py)")
+    p.add_argument("--limit", nargs="+", action="extend", metavar="HOST", help="these hosts or groups (globs)")
+    p.add_argument("--all", action="store_true", help="every host of the inventory (else --limit is required)")
+    p.add_argument("--dry", action="store_true", help="print each host's plan, change nothing")
+    if extra_options:
+        extra_options(p)
+    args = p.parse_args(argv)
+    if not args.limit and not args.all:
+        print(f"{prog}: name the hosts with --limit HOST (or --all for every host of the inventory)", file=sys.stderr)
+        return 2
+    extra = [part for key, value in (data(args) if data else {}).items() for part in ("--data", f"{key}={value}")]
+    command = pyinfra_argv(args.inventory, deploy_file, args.limit or [], extra, dry=args.dry)
+    print("--> pyinfra " + shlex.join(command[3:]), file=sys.stderr)
+    return subprocess.run(command).returncode
+
+
+def selected_hosts(inventory: str, limit: list[str] | None) -> tuple[list[str], set[str]]:
+    """The inventory's host names in order, as `pyinfra INVENTORY ... --limit` selects them, and the
+    gateway hosts among them (no host is contacted)."""
+    from qwen27b.controller import remote
+    from qwen27b.plan.gateway import is_gateway
+
+    _, hosts = remote.load_inventory(inventory, limit)
+    if not hosts:
+        raise ValueError("no host selected")
+    return [h.name for h in hosts], {h.name for h in hosts if is_gateway(h.groups)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, extra = parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        names, gateways = selected_hosts(args.inventory, args.limit)
+        batches = rollout_batches(names, args.canary, args.batch_size)
+    except Exception as error:  # pyinfra raises many kinds for a bad inventory file
+        print(f"rollout: {error}", file=sys.stderr)
+        return 2
+    hosts = [name for batch in batches for name in batch]
+    print(f"--> rollout of {len(hosts)} host(s) in {len(batches)} batch(es): "
+          + "; ".join(f"{n}) {', '.join(b)}" for n, b in enumerate(batches, 1)))
+    if args.dry:
+        for batch in batches:
+            print("    pyinfra " + shlex.join(pyinfra_argv(args.inventory, args.deploy_file, batch, extra)[3:]))
+        return 0
+    result = rollout(args.inventory, batches, extra, args.reports, GatewayHooks(args.inventory, gateways),
+                     deploy_file=args.deploy_file)
+    print("\n" + summary(result))
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

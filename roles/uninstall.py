@@ -1,0 +1,56 @@
+"""Uninstall: remove what the deploy made, each removal listed in the plan first.
+
+The service, its health check, endpoint and timer, a seed server, the firewall unit and its
+nftables table, the unit files, /opt/qwen27b (release venvs, uv, Python, wheelhouse),
+/etc/qwen27b (env files, keys, tokens, release records), /var/lib/qwen27b, node_exporter's
+qwen27b.prom, the service user and group. The weights (20+ GiB) stay unless
+qwen27b_uninstall_weights is set (a later deploy then uses them again instead of fetching); the
+NVIDIA driver, its apt hold and the nouveau blacklist stay unless qwen27b_uninstall_driver is set
+(node_exporter, a package of the OS, stays: others may scrape it). The DeployedState fact reads what is
+there; qwen27b.plan.lifecycle.uninstall_plan decides; only what is there is removed, so a second run
+plans nothing, and the host can be deployed again afterwards.
+"""
+
+from __future__ import annotations
+
+import click
+from pyinfra import host, state
+from pyinfra.operations import server
+
+from qwen27b.controller import factcache, oporder
+from qwen27b.controller.facts import HeldPackages, NvidiaCudaPackages
+from qwen27b.controller.host_facts import DeployedState
+from qwen27b.controller.opsplan import planned_operations
+from qwen27b.controller.render import UNIT_DIR
+from qwen27b.controller.report import format_operations
+from qwen27b.onhost.contract import TEXTFILE_DIR, TEXTFILE_NAME
+from qwen27b.plan.lifecycle import (GATEWAY_USER, NFT_TABLE, SERVICE_UNITS, Installed, UninstallOptions, probe_paths,
+                                    uninstall_plan)
+from qwen27b.plan.stack import load_stack
+
+from .preflight import inventory_settings, release_lock, take_lock
+
+TEXTFILE = f"{TEXTFILE_DIR}/{TEXTFILE_NAME}"
+
+
+def uninstall() -> bool:
+    """Print this host's uninstall plan and queue its removals. Returns whether anything is queued."""
+    oporder.register_deploy_file(state.current_deploy_filename)
+    settings = inventory_settings()[host.name]  # bad inventory stops the run before any fact is read
+    paths = load_stack()["paths"]
+    probe = {"paths": probe_paths(paths, UNIT_DIR, TEXTFILE), "units": list(SERVICE_UNITS),
+             "accounts": [paths["service_user"], GATEWAY_USER], "nft_table": NFT_TABLE}
+    factcache.prefetch([(DeployedState, probe), (HeldPackages, {}), (NvidiaCudaPackages, {})])
+    have = Installed(**host.get_fact(DeployedState, **probe), held=host.get_fact(HeldPackages) or [],
+                     packages=host.get_fact(NvidiaCudaPackages) or {})
+    options = UninstallOptions(weights=settings.uninstall_weights, driver=settings.uninstall_driver)
+    removals, kept = uninstall_plan(have, paths, options, UNIT_DIR, TEXTFILE)
+    lines = [f"== {host.name}: uninstall plan ({len(removals)} removal(s))"]
+    lines += [f"   remove {r.what}: {r.why}" for r in removals] or ["   nothing (more) to remove on this host"]
+    lines += [f"   keep   {what}" for what in kept]
+    if removals and take_lock():
+        for removal in removals:
+            server.shell(name=f"uninstall: {removal.what}", commands=list(removal.commands))
+        release_lock()
+    click.echo("\n".join(lines) + "\n\n" + format_operations(host.name, planned_operations(state, host)), err=True)
+    return bool(removals)

@@ -1,0 +1,248 @@
+"""Day two on TWO real systemd test hosts over SSH: add a host, fleet status, rolling upgrade,
+a failing rollout, rollback on demand, prune, uninstall (issue 12).
+
+Real parts only: two Debian 12 nspawn hosts of this module's own (linked as on a lab LAN, so one
+can seed the other), the real `pyinfra ... deploy.py|rollback.py|uninstall.py` and the real
+`qwen27b rollout|rollback|uninstall|status` CLI, the CPU smoke profile (test_deploy.py's fixtures:
+the loopback mirror with the good checkpoint under two revisions, GOOD and REV_B) with
+`qwen27b_weights_fanout: tree`. The tests run in file order and share the deployments:
+
+    deploy host A alone (--limit A)                       -> the one WAN copy of GOOD
+    add host B (--limit B)                                -> seeded by A, outside the limit: no WAN fetch
+    qwen27b status                                        -> both rows, running, same release and model
+    qwen27b rollout (REV_B)                               -> A (canary) verified, then B seeded by A
+    qwen27b rollout (REV_B + a bad flag)                  -> stops at A, A rolled back, B untouched
+    qwen27b rollback --limit B                            -> B back on GOOD, verified; REV_B kept
+    a no-op deploy of A with stale dirs planted           -> keeps N, never the current or previous
+    qwen27b uninstall --limit B (--dry, real, again)      -> listed, removed, then nothing; a
+                                                             re-deploy plans, reusing the weights
+
+The module's wall time is printed at the end (docs/lifecycle.md has the figures).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import httpx
+import pytest
+
+from test_deploy import (API_KEY, GOOD, GOOD_B, PORT, REV_B, artifacts, deploy, make_lab, mirror,  # noqa: F401
+                         show, wait_healthy)
+
+pytestmark = pytest.mark.e2e
+MODELS = "/var/lib/qwen27b/models"
+UPGRADE = {"qwen27b_stack_overrides": {"model_revision": REV_B}}
+WEIGHTS = "model.safetensors"
+TIMES: dict[str, float] = {}
+CLI = "qwen27b.tools.cli"
+
+
+@pytest.fixture(scope="module")
+def fleet(own_testhosts, mirror, tmp_path_factory):
+    """Two fresh test hosts of this module's own, reaching each other; an inventory of both."""
+    started = time.monotonic()
+    try:
+        hosts = own_testhosts(2, link_peers=True, name="lifecycle")
+        a, b = hosts
+        lab = make_lab(a, hosts.inventory, mirror, tmp_path_factory.mktemp("fleet"), {"qwen27b_weights_fanout": "tree"})
+        lab.update(a=a, b=b, base_b=f"http://{b.address}:{PORT}")
+        TIMES["two hosts up"] = time.monotonic() - started
+        yield lab
+    finally:
+        TIMES["module (hosts down at its end)"] = time.monotonic() - started
+        print("\n" + "\n".join(f"  {what:44} {secs:6.1f} s" for what, secs in TIMES.items()))
+
+
+def timed(label: str, lab, extra=None, argv=None, module="pyinfra"):
+    started = time.monotonic()
+    rc, out = deploy(lab, extra, argv=argv, module=module)
+    TIMES[label] = time.monotonic() - started
+    return rc, out
+
+
+def link(host, path: str = f"{MODELS}/current") -> str:
+    return host.run(f"readlink {path}").stdout.strip()
+
+
+def kept_record(host) -> dict:
+    return json.loads(host.run("cat /etc/qwen27b/rollback/release.json").stdout)
+
+
+def model_requests(mirror, revision_dir: str) -> list[str]:
+    """The mirror requests for that revision's files (the controller's manifest.json reads aside)."""
+    return [p for p, _ in mirror.handler.requests if f"/{revision_dir}/" in p and not p.endswith("/manifest.json")]
+
+
+def report(lab) -> dict:
+    """The latest run report: host -> its verify result, and the run summary's outcomes."""
+    data = json.loads((lab["work"] / "reports" / "latest.json").read_text())
+    return {"hosts": {h["host"]: h for h in data["hosts"]}, "summary": {o["host"]: o for o in data["summary"]}}
+
+
+def test_deploy_the_first_host_alone(fleet, mirror):
+    a, b = fleet["a"], fleet["b"]
+    mirror.handler.requests.clear()
+    rc, out = timed("deploy A alone (fresh)", fleet, argv=[str(fleet["inventory"]), "deploy.py", "-y", "--limit", a.name])
+    assert rc == 0, out[-4000:]
+    assert report(fleet)["hosts"][a.name]["status"] == "ok"
+    assert model_requests(mirror, GOOD), "A fetched its checkpoint from the mirror"
+    assert b.run("test -e /opt/qwen27b", check=False).returncode == 1
+
+
+def test_adding_a_host_is_seeded_by_the_first_not_the_wan(fleet, mirror):
+    """`--limit B`: A is outside the run but holds the verified revision: it seeds B (its seed
+    server started from the controller); the mirror's log shows no fetch of a model file."""
+    a, b = fleet["a"], fleet["b"]
+    mirror.handler.requests.clear()
+    rc, out = timed("add B (--limit B, fresh, seeded by A)", fleet,
+                    argv=[str(fleet["inventory"]), "deploy.py", "-y", "--limit", b.name])
+    assert rc == 0, out[-4000:]
+    assert re.search(rf"wave 1: {b.name} <- {a.name} \({re.escape(a.address)}:8801\): {a.name} held a verified copy "
+                     r"before this deploy; .*\(outside --limit", out), out[-4000:]
+    assert "0 copy(ies) over the WAN" in out
+    assert model_requests(mirror, GOOD) == []  # nothing of the checkpoint crossed the WAN again
+    assert report(fleet)["hosts"][b.name]["status"] == "ok"
+    assert link(b).endswith(GOOD)
+    assert a.run("systemctl is-active qwen27b-seed.service", check=False).stdout.strip() != "active"  # stopped again
+    assert a.run("test -e /etc/qwen27b/seed.token", check=False).returncode == 1
+
+
+def test_fleet_status_lists_both_hosts(fleet):
+    for host in (fleet["a"], fleet["b"]):
+        host.run("systemctl start qwen27b-health.service", check=False, timeout=120)
+    rc, out = timed("qwen27b status (2 hosts)", fleet, argv=["status", str(fleet["inventory"]), "--json"], module=CLI)
+    assert rc == 0, out[-3000:]
+    rows = {r["host"]: r for r in json.JSONDecoder().raw_decode(out[out.index('{\n  "hosts"'):])[0]["hosts"]}
+    assert set(rows) == {fleet["a"].name, fleet["b"].name}
+    for row in rows.values():
+        assert row["reach"] == "ok" and (row["active"], row["sub"]) == ("active", "running"), row
+        assert row["health"] in ("OK", "WARNING") and row["model_revision"] == GOOD.split("@")[1], row
+        assert row["last_verify"]["status"] == "ok", row
+    assert len({r["release"] for r in rows.values()}) == 1
+
+
+def test_rollout_upgrades_canary_first_each_verified_and_crosses_the_wan_once(fleet, mirror):
+    a, b = fleet["a"], fleet["b"]
+    mirror.handler.requests.clear()
+    rc, out = timed("qwen27b rollout REV_B (2 batches)", fleet, UPGRADE, argv=["rollout", str(fleet["inventory"])],
+                    module=CLI)
+    assert rc == 0, out[-5000:]
+    assert f"--> rollout canary: {a.name}" in out and f"--> rollout batch 2/2: {b.name}" in out
+    assert out.index(f"--> rollout canary: {a.name}") < out.index(f"[{a.name}] verified") \
+        < out.index(f"--> rollout batch 2/2: {b.name}") < out.index(f"[{b.name}] verified")
+    assert "--> rollout done: 2 host(s) upgraded and verified" in out
+    assert re.search(rf"^2\s+{re.escape(b.name)}\s+ok\s+\d+ ms", out, re.M), out[-2000:]
+    assert len([p for p in model_requests(mirror, GOOD_B) if p.endswith("/" + WEIGHTS)]) == 1  # the canary's, only
+    assert f"wave 1: {b.name} <- {a.name}" in out
+    for host in (a, b):
+        assert link(host).endswith(GOOD_B)
+        assert kept_record(host)["links"][f"{MODELS}/current"].endswith(GOOD)  # the rollback target, on the host
+
+
+def test_a_failing_rollout_stops_at_the_canary_rolls_it_back_and_leaves_the_rest(fleet):
+    """A bad serve flag: the canary's service crash-loops, verify names it and rolls it back; the
+    rollout stops there, names the host, exits 1; B is never touched."""
+    a, b = fleet["a"], fleet["b"]
+    pid_b = b.run("systemctl show -p MainPID --value qwen27b.service").stdout.strip()
+    rc, out = timed("qwen27b rollout with a bad flag (stops at A)", fleet,
+                    {**UPGRADE, "qwen27b_serve_flags": {"--dtype": "float7"}},
+                    argv=["rollout", str(fleet["inventory"])], module=CLI)
+    assert rc == 1, out[-5000:]
+    assert re.search(rf"--> rollout STOPPED at {re.escape(a.name)} \(rolled back: ", out), out[-3000:]
+    assert f"not started: {b.name} (still on their release)" in out
+    assert f"--limit {b.name}" not in out and f"[{b.name}]" not in out  # no run touched B
+    assert b.run("systemctl show -p MainPID --value qwen27b.service").stdout.strip() == pid_b
+    assert "float7" not in a.run("systemctl show -p ExecStart --value qwen27b.service").stdout
+    assert link(a).endswith(GOOD_B)
+    assert kept_record(a)["links"][f"{MODELS}/current"].endswith(GOOD)  # a failed deploy keeps the rollback target
+    wait_healthy(fleet["base"])
+
+
+def test_rollback_on_demand_switches_back_and_verifies(fleet):
+    a, b = fleet["a"], fleet["b"]
+    rc, out = timed("qwen27b rollback --dry", fleet, argv=["rollback", str(fleet["inventory"]), "--limit", b.name, "--dry"],
+                    module=CLI)
+    assert rc == 0, out[-3000:]
+    assert f"== {b.name}: rollback plan" in out and f"to   release" in out and GOOD in out
+    assert link(b).endswith(GOOD_B)  # --dry changed nothing
+    rc, out = timed("qwen27b rollback B (switch, restart, verify)", fleet,
+                    argv=["rollback", str(fleet["inventory"]), "--limit", b.name], module=CLI)
+    assert rc == 0, out[-4000:]
+    assert f"[{b.name}] rolled back and verified" in out
+    assert report(fleet)["hosts"][b.name]["status"] == "ok" and report(fleet)["hosts"][b.name]["revision"] == GOOD.split("@")[1]
+    assert link(b).endswith(GOOD)
+    assert kept_record(b)["links"][f"{MODELS}/current"].endswith(GOOD_B)  # a second rollback would roll forward
+    assert json.loads(b.run("cat /etc/qwen27b/release.json").stdout)["model_ref"].endswith(GOOD.split("@")[1])
+    assert f"@{GOOD.split('@')[1]}, profile" in b.run("systemctl show -p Description --value qwen27b").stdout  # the kept unit
+    assert httpx.get(f"{fleet['base_b']}/v1/models", headers={"Authorization": f"Bearer {API_KEY}"},
+                     timeout=10).status_code == 200
+    assert link(a).endswith(GOOD_B)  # only the named host
+
+
+def test_prune_keeps_n_and_never_the_current_nor_the_previous(fleet):
+    """On A (current REV_B, kept for rollback GOOD): two stale revisions NEWER than GOOD and three
+    stale release dirs are planted; a deploy with qwen27b_keep_model_revisions 1 and
+    qwen27b_keep_releases 2 removes both revisions (GOOD, the rollback target, fills the quota)
+    and the oldest release dir only."""
+    a = fleet["a"]
+    stale = [f"HuggingFaceTB--SmolLM2-135M-Instruct@stale-{n}" for n in (1, 2)]
+    releases = [f"/opt/qwen27b/releases/aaaa0000000{n}" for n in (1, 2, 3)]
+    a.run(" && ".join([f"mkdir -p {MODELS}/{name}" for name in stale]
+                      + [f"mkdir -p {r} && touch -d '2020-01-0{n} 00:00' {r}" for n, r in enumerate(releases, 1)]))
+    current_release = link(a, "/opt/qwen27b/current")
+    rc, out = timed("prune (a no-op deploy of A)", fleet,
+                    {**UPGRADE, "qwen27b_keep_releases": 2}, argv=[str(fleet["inventory"]), "deploy.py", "-y", "--limit", a.name])
+    assert rc == 0, out[-4000:]
+    # nothing else changes: the release record is stable text, nothing is kept aside again, no restart
+    assert re.search(rf"== {re.escape(a.name)}: \d+ operation\(s\) planned, 2 would change the host", out), out[-4000:]
+    assert [line.split(None, 1)[1] for line in out.splitlines() if line.startswith("   CHANGE  ")] == [
+        "prune old model revisions", "prune old releases"]
+    models = a.run(f"ls {MODELS}").stdout.split()
+    assert GOOD in models and GOOD_B in models and not set(stale) & set(models), models
+    left = a.run("ls /opt/qwen27b/releases").stdout.split()
+    assert sorted(left) == sorted(["aaaa00000002", "aaaa00000003", current_release.rsplit("/", 1)[-1]]), left
+    assert link(a).endswith(GOOD_B)
+
+
+def test_uninstall_lists_removes_then_changes_nothing_and_a_redeploy_plans(fleet):
+    b = fleet["b"]
+    inventory = str(fleet["inventory"])
+    rc, out = timed("qwen27b uninstall --dry", fleet, argv=["uninstall", inventory, "--limit", b.name, "--dry"], module=CLI)
+    assert rc == 0, out[-3000:]
+    plan = out[out.index(f"== {b.name}: uninstall plan"):]
+    for removal in ("remove stop qwen27b-health.timer, qwen27b-health-http.socket, qwen27b.service",
+                    "remove unit files qwen27b.service", "remove /opt/qwen27b:", "remove /etc/qwen27b:",
+                    f"remove /var/lib/qwen27b except {MODELS}:", "remove service user qwen27b",
+                    f"keep   {MODELS}: the model weights"):
+        assert removal in plan, plan[:3000]
+    assert b.run("systemctl is-active qwen27b.service").stdout.strip() == "active"  # --dry changed nothing
+    rc, out = timed("qwen27b uninstall B", fleet, argv=["uninstall", inventory, "--limit", b.name], module=CLI)
+    assert rc == 0, out[-4000:]
+    assert b.run("systemctl list-unit-files 'qwen27b*' --no-legend", check=False).stdout.strip() == ""
+    assert b.run("ls /etc/systemd/system | grep -c qwen27b", check=False).stdout.strip() == "0"
+    assert b.run("test -e /opt/qwen27b || test -e /etc/qwen27b || getent passwd qwen27b || getent group qwen27b",
+                 check=False).returncode != 0
+    assert sorted(b.run(f"ls {MODELS}").stdout.split()) == sorted([GOOD, GOOD_B])  # the weights stay, by default
+    assert b.run(f"stat -c %U:%G /var/lib/qwen27b {MODELS}").stdout.split() == ["root:root", "root:root"]  # no dangling uid
+    assert b.run(f"ss -Hltn '( sport = :{PORT} or sport = :9120 )'").stdout.strip() == ""
+    rc, out = timed("qwen27b uninstall B again (nothing left)", fleet, argv=["uninstall", inventory, "--limit", b.name],
+                    module=CLI)
+    assert rc == 0 and "nothing (more) to remove on this host" in out, out[-3000:]
+    assert re.search(rf"== {re.escape(b.name)}: 0 operation\(s\) planned, 0 would change the host", out), out[-3000:]
+    rc, out = timed("uninstall --weights --dry", fleet, argv=["uninstall", inventory, "--limit", b.name, "--weights", "--dry"],
+                    module=CLI)
+    assert rc == 0 and f"remove /var/lib/qwen27b with the model weights" in out, out[-3000:]
+    rc, out = timed("re-deploy B --dry after the uninstall", fleet,
+                    argv=[inventory, "deploy.py", "--dry", "-y", "--limit", b.name])
+    assert rc == 0, out[-4000:]
+    assert "service user qwen27b (system, no login)" in out and "release venv" in out
+    assert f"weights: {GOOD} verified on the host" in out  # the kept weights are used again, not fetched
+
+
+def test_api_key_never_leaked_in_any_of_these_runs(fleet):
+    """Every log and report of this module (deploys, rollouts, rollbacks, uninstalls): the key never."""
+    texts = [log.read_text() for log in fleet["logs"]] + [p.read_text() for p in (fleet["work"] / "reports").glob("*.json")]
+    assert texts and not [t for t in texts if API_KEY in t]
