@@ -126,7 +126,7 @@ def test_tiny_model_on_cpu():
     assert not plan.has("--tensor-parallel-size") and not plan.has("--speculative-config")
     assert plan.value("--dtype") == "bfloat16" and plan.has("--enforce-eager")
     assert plan.value("--max-model-len") == "2048" and not plan.has("--mamba-cache-mode")
-    assert plan.env == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert plan.env == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     assert plan.memory.kv_room == 1 * GiB  # the fixed CPU KV space
 
 

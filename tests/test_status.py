@@ -242,3 +242,25 @@ def test_host_connector_arguments_reach_the_connector_as_for_a_fact(tmp_path):
     assert "ARGS True qwen27b 7" in result.stderr, result.stderr[-2000:]
     # an @fake host answering nothing: the script did not run, the row says so, exit 1
     assert result.returncode == 1 and re.search(r"^@fake/s\s+error: the status script did", result.stdout, re.M)
+
+
+def test_a_gateway_host_shows_its_unit_and_its_pool():
+    """A gateway host has no qwen27b.service: its row is the gateway unit and the pool record its
+    watcher writes (keys as onhost/gateway_pool.py's run loop writes them); a backend host with no
+    gateway unit keeps its normal row."""
+    record = {"pool": ["gpu-a"], "failed_open": False, "drained": ["gpu-b"], "counts": {"gpu-a": 3, "gpu-b": -1},
+              "changed_at": 1796329000.0, "old_workers": []}
+    outputs = {"now": "1796329505\n", "unit": "LoadState=not-found\nActiveState=inactive\nSubState=dead\nNRestarts=0\n",
+               "gateway": "LoadState=loaded\nActiveState=active\nSubState=running\nNRestarts=0\n",
+               "pool": json.dumps(record) + "\n", "health": "head: cannot open: No such file or directory\n"}
+    codes = {"now": 0, "unit": 0, "gateway": 0, "pool": 0, "health": 1, "release": 1, "model": 1, "gpus": 0}
+    row = status.parse("gw", outputs, codes, PATHS)
+    assert row.gateway == {"active": "active", "sub": "running", "pool": ["gpu-a"], "drained": ["gpu-b"],
+                           "failed_open": False}
+    assert status.cells(row)[1:5] == ["gateway active/running", "pool: gpu-a; drained: gpu-b", "-", "(gateway)"]
+    empty = status.parse("gw", {**outputs, "pool": json.dumps({**record, "pool": [], "failed_open": True})}, codes, PATHS)
+    assert status.cells(empty)[2] == "pool: EMPTY (failed open); drained: gpu-b"
+    missing = status.parse("gw", {**outputs, "pool": "head: cannot open\n"}, {**codes, "pool": 1}, PATHS)
+    assert status.cells(missing)[2] == "pool unknown (no pool file)"
+    backend = recorded("v100x4-serving")
+    assert backend.gateway is None and status.cells(backend)[1] == "active/running, 0 restarts"

@@ -65,6 +65,7 @@ def layout(prefix: str = "") -> dict[str, str]:
         "pool_config": f"{CONFIG_DIR}/backends.json",
         "state_dir": STATE_DIR,
         "upstream_file": f"{STATE_DIR}/upstream.conf",
+        "pool_file": f"{STATE_DIR}/pool.json",  # the watcher's record: pool, drained (qwen27b status reads it)
         "pid_file": f"{STATE_DIR}/nginx.pid",
         "temp_dir": f"{STATE_DIR}/tmp",
         "drain_dir": f"{STATE_DIR}/drained",
@@ -87,6 +88,7 @@ def pool_config(plan: GatewayPlan, where: dict) -> str:
     return json.dumps({
         "state_dir": where["state_dir"],
         "upstream_file": where["upstream_file"],
+        "pool_file": where["pool_file"],
         "pid_file": where["pid_file"],
         "drain_dir": where["drain_dir"],
         "backends": [{"name": b.name, "address": b.address, "port": b.port, "health_port": b.health_port}

@@ -64,14 +64,20 @@ class GatewayHooks(Hooks):
 
         for name in hosts:
             if name not in self.gateways:
-                gateway_drain.drain(self.inventory, name)
+                answers = gateway_drain.drain(self.inventory, name)
+                if answers:
+                    print(f"--> rollout: drained {name} at {', '.join(a.gateway for a in answers)} "
+                          f"(in-flight requests done after {max(a.seconds for a in answers):.1f} s)", flush=True)
 
     def undrain(self, hosts: list[str]) -> None:
         from qwen27b.controller import gateway_drain  # noqa: PLC0415
 
         for name in hosts:
             if name not in self.gateways:
-                gateway_drain.undrain(self.inventory, name)
+                answers = gateway_drain.undrain(self.inventory, name)
+                if answers:
+                    print(f"--> rollout: back in the pool: {name} at {', '.join(a.gateway for a in answers)}",
+                          flush=True)
 
 
 @dataclass

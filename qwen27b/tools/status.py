@@ -7,7 +7,9 @@ the health check's last verdict and its age (its status file, /var/lib/qwen27b/h
 the current release (the `current` release symlink: the release hash), the model revision (the
 `models/current` symlink), the GPUs (nvidia-smi's name and memory; "none" without nvidia-smi)
 and the last verify (the newest deploy report under reports/ on this controller naming the host:
-the verify role writes no marker on the host). doctor stays the deep, one-host tool.
+the verify role writes no marker on the host). A gateway host (the qwen27b_gateway group) shows
+its gateway unit and its pool instead: the backends in it and those drained. doctor stays the
+deep, one-host tool.
 
 Hosts are reached through pyinfra's own connectors with the inventory read as the deploy reads
 it (qwen27b.controller.remote): ssh_port, ssh_user, ssh_key, ssh_password, _sudo, @local, @fake. One
@@ -35,6 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from qwen27b.controller import remote
+from qwen27b.controller.gateway_render import GATEWAY_UNIT, layout as gateway_layout
 from qwen27b.controller.report import table
 from qwen27b.plan.stack import health_status_file, load_stack
 
@@ -53,6 +56,9 @@ def commands(paths: dict) -> dict[str, str]:
         "release": f"readlink {q(paths['current_release'])}",
         "model": f"readlink {q(paths['current_model'])}",
         "gpus": remote.guard("nvidia-smi", "timeout 20 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader"),
+        # a gateway host (the qwen27b_gateway group) has these instead of the service and its health
+        "gateway": remote.guard("systemctl", f"systemctl show {GATEWAY_UNIT} -p {UNIT_PROPS}"),
+        "pool": f"head -c {HEALTH_MAX_BYTES} {q(gateway_layout()['pool_file'])}",
     }
 
 
@@ -80,6 +86,7 @@ class HostStatus:
     gpus: list[dict] = field(default_factory=list)  # {"name", "memory"}
     gpu_note: str = ""  # nvidia-smi failed: its first line
     last_verify: dict | None = None  # {"status", "run", "reason", "report"} from the controller's reports
+    gateway: dict | None = None  # a gateway host: {"active", "sub", "pool", "drained", "failed_open"}
     seconds: float | None = None  # how long this host took to answer
 
     @property
@@ -180,6 +187,22 @@ def _parse_gpus(row: HostStatus, text: str | None, code: int | None) -> None:
     row.gpus, row.gpu_count = parsed, len(parsed)
 
 
+def _parse_gateway(row: HostStatus, unit: str | None, pool: str | None, pool_code: int | None) -> None:
+    """A host whose gateway unit is loaded: its state and its pool file (the watcher's record)."""
+    props = remote.parse_show(unit or "") if unit and unit.strip() != remote.NOCMD else {}
+    if props.get("LoadState") != "loaded":
+        return
+    row.gateway = {"active": props.get("ActiveState", "unknown"), "sub": props.get("SubState", ""),
+                   "pool": None, "drained": [], "failed_open": False}
+    try:
+        record = json.loads(pool or "") if not pool_code else None
+    except ValueError:
+        record = None
+    if isinstance(record, dict) and isinstance(record.get("pool"), list):
+        row.gateway.update(pool=[str(p) for p in record["pool"]], drained=[str(d) for d in record.get("drained") or []],
+                           failed_open=bool(record.get("failed_open")))
+
+
 def parse(host: str, outputs: dict[str, str], codes: dict[str, int], paths: dict,
           controller_now: float | None = None) -> HostStatus:
     """The script's sections -> the host's row. Pure; a missing or garbled section is 'unknown'."""
@@ -193,6 +216,7 @@ def parse(host: str, outputs: dict[str, str], codes: dict[str, int], paths: dict
     _parse_release(row, outputs.get("release"), codes.get("release"), paths["releases"])
     _parse_model(row, outputs.get("model"), codes.get("model"))
     _parse_gpus(row, outputs.get("gpus"), codes.get("gpus"))
+    _parse_gateway(row, outputs.get("gateway"), outputs.get("pool"), codes.get("pool"))
     return row
 
 
@@ -258,6 +282,8 @@ def _short(text: str, n: int = 60) -> str:
 def cells(row: HostStatus) -> list[str]:
     if row.failed:
         return [row.host, f"{row.reach}: {_short(row.error, 120)}", "-", "-", "-", "-", _verify_cell(row)]
+    if row.gateway is not None and row.load_state != "loaded":
+        return [row.host, *_gateway_cells(row.gateway), _verify_cell(row)]
     if row.load_state == "not-found":
         service = "not installed"
     elif row.unit_note:
@@ -272,6 +298,17 @@ def cells(row: HostStatus) -> list[str]:
     gpus = (", ".join(f"{n}x {name} ({memory})" for (name, memory), n in groups.items()) if groups
             else _short(row.gpu_note) or "none")
     return [row.host, service, health, row.release, row.model, gpus, _verify_cell(row)]
+
+
+def _gateway_cells(g: dict) -> list[str]:
+    """service, health (the pool), release, model, gpus of a gateway host's row."""
+    service = "gateway " + "/".join(p for p in (g["active"], g["sub"]) if p)
+    if g["pool"] is None:
+        pool = "pool unknown (no pool file)"
+    else:
+        pool = f"pool: {', '.join(g['pool']) or 'EMPTY'}" + (" (failed open)" if g["failed_open"] else "")
+        pool += f"; drained: {', '.join(g['drained'])}" if g["drained"] else ""
+    return [service, _short(pool, 120), "-", "(gateway)", "-"]
 
 
 def _verify_cell(row: HostStatus) -> str:

@@ -33,7 +33,7 @@ import httpx
 import pytest
 
 from qwen27b.controller import postdeploy as V
-from tests.e2e.test_deploy import ROOT, artifacts, deploy, mirror  # noqa: F401 (module fixtures, shared helpers)
+from tests.e2e.test_deploy import REV_B, ROOT, artifacts, deploy, mirror  # noqa: F401 (module fixtures, shared helpers)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.parametrize("testhosts", [3], indirect=True)]
 BACKEND_KEY = "q27-backend-" + os.urandom(8).hex()
@@ -59,12 +59,15 @@ def gw(testhosts, mirror, tmp_path_factory):  # noqa: F811 (the mirror fixture i
                     "qwen27b_metrics_allow": [f"{gateway.address}/32"]}
     gateway_data = {"qwen27b_gateway_key_files": [str(files["team-a"]), str(files["team-b"])]}
     inventory = work / "lab.py"
+    # QWEN27B_E2E_EXTRA (tests/e2e/test_deploy.py's deploy(extra=...)) adds host data to the backends
+    # for one run: the rollout's upgrade
     inventory.write_text(
-        "import runpy\n"
+        "import json, os, runpy\n"
         f"_hosts = [(n, {{k: v for k, v in d.items() if k != 'testhost_root'}}) for n, d in "
         f"runpy.run_path({str(testhosts.lab.inventory)!r})['testhosts']]\n"
+        "EXTRA = json.loads(os.environ.get('QWEN27B_E2E_EXTRA', '{}'))\n"
         f"qwen27b_gateway = [(_hosts[0][0], {{**_hosts[0][1], **{gateway_data!r}}})]\n"
-        f"backends = [(n, {{**d, **{backend_data!r}}}) for n, d in _hosts[1:]]\n")
+        f"backends = [(n, {{**d, **{backend_data!r}, **EXTRA}}) for n, d in _hosts[1:]]\n")
     return {"inventory": inventory, "work": work, "logs": [], "host": gateway, "backends": backends,
             "base": f"http://{gateway.address}:8000", "figures": {}}
 
@@ -231,31 +234,48 @@ def gateway_cli(gw, *args: str) -> list[dict]:
     return [json.loads(line) for line in result.stdout.splitlines()]
 
 
-def test_rolling_restart_with_drain_under_steady_load_fails_no_request(gw):
-    """The rollout's seam (controller/gateway_drain.py): drain -> restart -> undrain, one backend at a
-    time; `undrain` returns once the backend is healthy and back in the pool."""
-    steps = []
-    # paced (one client, a request every 3 s): both vLLM CPU engines pin their OpenMP thread to core
-    # 0 of these 2 shared cores; with the one left in the pool kept busy (2 clients, then 1 a second)
-    # the other's start-up ran past its 300 s start timeout, twice
-    with Load(gw["base"], threads=1, limit_s=900, pause_s=3.0) as load:
+def test_a_rollout_drains_each_backend_first_and_fails_no_request_under_steady_load(gw):
+    """The day-two command itself: `qwen27b rollout INVENTORY --limit backends` upgrades the model
+    revision backend by backend (canary first); its GatewayHooks drain each one at the gateway
+    before its deploy restarts it and take it back once verified (controller/gateway_drain.py).
+    A paced client keeps sending through the gateway meanwhile: not one request may fail."""
+    before = {b.name: b.run("systemctl show -p MainPID --value qwen27b.service").stdout.strip() for b in gw["backends"]}
+    with Load(gw["base"], threads=1, limit_s=1200, pause_s=1.0) as load:
         time.sleep(3)
-        for backend in gw["backends"]:
-            began = time.monotonic()
-            [drained] = gateway_cli(gw, "drain", backend.name, "--wait", "120")
-            assert drained["drained"] and backend.name not in drained["pool"], drained
-            restarted = backend.run("systemctl restart qwen27b.service", check=False, timeout=400)  # once ready
-            assert restarted.returncode == 0, backend.run(
-                "systemctl status --no-pager qwen27b.service; journalctl --no-pager -u qwen27b -n 40", check=False).stdout
-            [back] = gateway_cli(gw, "undrain", backend.name, "--wait", "120")
-            assert backend.name in back["pool"], back
-            steps.append((backend.name, round(drained["waited_s"], 1), round(time.monotonic() - began)))
+        began = time.monotonic()
+        rc, out = deploy(gw, {"qwen27b_stack_overrides": {"model_revision": REV_B}},
+                         argv=["rollout", str(gw["inventory"]), "--limit", "backends"], module="qwen27b.tools.cli")
+        took = time.monotonic() - began
         time.sleep(3)
+    assert rc == 0, out[-5000:]
+    assert "--> rollout done: 2 host(s) upgraded and verified" in out, out[-3000:]
+    for backend in gw["backends"]:
+        drained = out.index(f"drained {backend.name}")
+        assert drained < out.index(f"[{backend.name}] verified") < out.index(f"back in the pool: {backend.name}"), \
+            out[-4000:]
+        assert backend.run("systemctl show -p MainPID --value qwen27b.service").stdout.strip() != before[backend.name]
+        assert backend.run("readlink /var/lib/qwen27b/models/current").stdout.strip().endswith(REV_B)
     assert load.failed == [], load.failed
-    assert load.ok > 5
-    gw["figures"]["rollout"] = {"requests_ok": load.ok, "failed": 0, "steps": steps}
-    print(f"\nrolling restart of {len(steps)} backends, drained first, under a paced client: {load.ok} requests ok, "
-          f"0 failed; (backend, drain wait s, step s): {steps}")
+    assert load.ok > 10
+    assert sorted(pool(gw)["pool"]) == sorted(b.name for b in gw["backends"])
+    gw["figures"]["rollout"] = {"requests_ok": load.ok, "failed": 0, "rollout_s": round(took)}
+    print(f"\nqwen27b rollout of 2 backends through the gateway's drain, under a paced client (1 request a "
+          f"second): {load.ok} requests ok, 0 failed, {took:.0f} s")
+
+
+def test_fleet_status_shows_the_gateway_and_its_pool(gw):
+    """`qwen27b status` over the gateway's inventory: the gateway host is its unit and its pool
+    (both backends, none drained after the rollout), the backends their service and health."""
+    rc, out = deploy(gw, argv=["status", str(gw["inventory"]), "--json"], module="qwen27b.tools.cli")
+    assert rc == 0, out[-3000:]
+    rows = {row["host"]: row for row in json.loads(out[out.index("{"):])["hosts"]}
+    g = rows[gw["host"].name]["gateway"]
+    assert (g["active"], g["sub"]) == ("active", "running"), g
+    assert sorted(g["pool"]) == sorted(b.name for b in gw["backends"]) and g["drained"] == [], g
+    for backend in gw["backends"]:
+        row = rows[backend.name]
+        assert row["gateway"] is None and (row["active"], row["sub"]) == ("active", "running"), row
+        assert row["health"] in ("OK", "WARNING"), row
 
 
 def test_no_key_anywhere_it_must_not_be(gw):
