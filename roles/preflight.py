@@ -32,7 +32,7 @@ from qwen27b.controller.host_facts import DeployLock
 from qwen27b.controller.address import host_address, unknown_address
 from qwen27b.plan.hostdata import BadHostData, Settings, lab_address, validate_inventory
 from qwen27b.controller.opsplan import planned_operations
-from qwen27b.controller.report import format_plan, format_refusal
+from qwen27b.controller.report import format_operation_lines, format_plan, format_refusal
 from qwen27b.plan.stack import load_stack
 from qwen27b.plan.groupdata import node_address
 from qwen27b.plan.multinode import Member, decide_group
@@ -69,6 +69,11 @@ _run: dict = {}
 DEPLOY_FILE = Path(__file__).resolve().parents[1] / "deploy.py"
 
 
+def _runs_deploy_py(argv: list[str]) -> bool:
+    """Is this pyinfra run one of deploy.py (not rollback.py, uninstall.py or another file)?"""
+    return any(arg.endswith(".py") and Path(arg).resolve() == DEPLOY_FILE for arg in argv[1:])
+
+
 def watch_connections() -> None:
     """From config.py, which pyinfra reads before it loads the inventory and connects. Each host's
     SSH error is kept for the run summary (`unreachable: <the error>`), and a run in which no host
@@ -76,7 +81,7 @@ def watch_connections() -> None:
     deploy file, and so preflight, ever runs. paramiko's own tracebacks of a failed handshake
     (printed by Python's last-resort log handler) are dropped: pyinfra's line per host and the
     summary say it; `--debug-all` still shows them. Only for runs of this project's deploy.py."""
-    if not any(arg.endswith(".py") and Path(arg).resolve() == DEPLOY_FILE for arg in sys.argv[1:]):
+    if not _runs_deploy_py(sys.argv):
         return
     logging.getLogger("paramiko").addHandler(logging.NullHandler())
     run_state = ctx_state.get()
@@ -175,7 +180,9 @@ def _finish_run(started: bool = True) -> None:
     try:
         results = runsummary.outcomes(_run["state"], run.refused, verified(run), interrupted=run.interrupted_at,
                                       raised=run.raised, unreachable=run.unreachable, started=started,
-                                      unverified=run.unverified)
+                                      unverified=run.unverified,
+                                      planned=run.planned if _runs_deploy_py(_run["argv"]) else None,
+                                      aborted=run.aborted)
     except Exception as error:  # noqa: BLE001 (the summary must never hide the run's own output)
         click.echo(f"qwen27b: no run summary ({type(error).__name__}: {error}); the output above has each host", err=True)
         results = []
@@ -331,14 +338,29 @@ def run_roles(decision: Decision, roles) -> bool:
         state.fail_hosts({host})
         return False
     except BaseException as error:
-        runstate.current().raised[host.name] = f"the deploy file raised {type(error).__name__}: {error}"
+        _raised(error)
         raise
     return True
+
+
+def _raised(error: BaseException) -> None:
+    """The deploy file raised on this host (a bug): pyinfra stops the whole run; kept for the summary."""
+    run = runstate.current()
+    run.raised[host.name] = f"the deploy file raised {type(error).__name__}: {error}"
+    run.aborted.add(host.name)
 
 
 def show_planned_operations() -> None:
     """Print this host's plan in one block (report.format_plan): what changes in a normal run, all of
     it with -v (pyinfra's verbosity flag, which also prints its own no-op reasons)."""
-    decision = runstate.current().decisions[host.name]
-    click.echo(format_plan(decision, take_notes(), planned_operations(state, host), verbose=state.print_noop_info),
-               err=True)
+    try:
+        decision = runstate.current().decisions.get(host.name)
+        operations = planned_operations(state, host)
+        if decision is None:  # a gateway host: gateway_preflight printed its plan
+            click.echo(format_operation_lines(host.name, operations, verbose=state.print_noop_info), err=True)
+        else:
+            click.echo(format_plan(decision, take_notes(), operations, verbose=state.print_noop_info), err=True)
+        runstate.current().planned.add(host.name)
+    except BaseException as error:  # a bug: the summary counts the host failed, never "ok"
+        _raised(error)
+        raise

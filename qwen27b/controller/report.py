@@ -104,9 +104,14 @@ def format_plan(d: Decision, notes: list[tuple[str, bool]], operations: list[tup
         head = format_decision(d)
     else:
         head = _head(d) + "\n" + "".join(f"WARNING: {w}\n" for w in d.warnings)
+    return (head + "".join(f"   {text}\n" for text in shown) + "\n"
+            + format_operation_lines(d.host, operations, verbose, hidden="" if changes else ", the decision tables and notes"))
+
+
+def format_operation_lines(host: str, operations: list[tuple[str, bool, list[str]]], verbose: bool,
+                           hidden: str = "") -> str:
+    """A host's operations: all of them with -v, else those that change and a count of the rest."""
     unchanged = sum(1 for op in operations if not op[1])
     tail = "" if verbose or not unchanged else (
-        f"   ({unchanged} operation(s) with nothing to change" + ("" if changes else ", the decision tables and notes")
-        + ": pyinfra -v shows the whole plan)\n")
-    return (head + "".join(f"   {text}\n" for text in shown) + "\n"
-            + format_operations(d.host, operations, every=verbose) + tail)
+        f"   ({unchanged} operation(s) with nothing to change{hidden}: pyinfra -v shows the whole plan)\n")
+    return format_operations(host, operations, every=verbose) + tail

@@ -32,6 +32,8 @@ class RunState:
     seed_token: str | None = None  # the fan-out seeds' bearer token, made once per run
     progress: dict = field(default_factory=dict)  # (host name, op hash) -> progress.Probe: drawn while it runs
     outside_seeds: set = field(default_factory=set)  # (host, stopped?) of seeds outside --limit handled this run
+    planned: set = field(default_factory=set)  # hosts whose deploy file ran to its end (its plan printed)
+    aborted: set = field(default_factory=set)  # hosts whose deploy file raised (a bug): pyinfra stops the run
     fact_cache: object | None = None  # factcache.FactCache: fact answers kept while nothing changes a host
 
 

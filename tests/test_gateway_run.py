@@ -1,0 +1,83 @@
+"""A whole `pyinfra INVENTORY deploy.py --dry` over a lab with a gateway: recorded @fake hosts
+(tests/fixtures/hosts: a real 22.04 box without GPU stands for the gateway, the real converged 4x
+V100 host for its backend), so the run's own code paths for a gateway host are planned end to
+end without a GPU. Its real run is tests/e2e/test_scaleout_gateway.py.
+
+Also: a run whose deploy file raises on one host never calls the others "ok" or "planned" (pyinfra
+stops the whole run; they are "not run")."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# the shim: pyinfra's CLI with one function of the deploy's made to raise for the gateway host only
+RAISING = """
+import sys
+import roles.preflight as p
+real = p.format_operation_lines
+def broken(host, *a, **k):
+    if host == "@fake/gw":
+        raise RuntimeError("a bug while printing the gateway's plan")
+    return real(host, *a, **k)
+p.format_operation_lines = broken
+sys.argv[0] = "pyinfra"
+from pyinfra_cli.main import main
+main()
+"""
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    work = tmp_path_factory.mktemp("gwlab")
+    key = work / "team.key"
+    key.write_text("q27-team-" + os.urandom(8).hex() + "\n")
+    key.chmod(0o600)
+    inventory = work / "lab.py"
+    inventory.write_text(
+        "from inventory.recorded import _fake\n"
+        f"qwen27b_gateway = [_fake('gw', 'nogpu-2204', qwen27b_gateway_key_files=[{str(key)!r}], "
+        "ssh_hostname='192.168.10.9')]\n"
+        "backends = [_fake('v100x4-converged', qwen27b_bind_address='192.168.10.21', ssh_hostname='192.168.10.21', "
+        "qwen27b_metrics_allow=['192.168.10.9/32'])]\n")
+    return {"inventory": inventory, "work": work, "key": key}
+
+
+def run(lab, argv_prefix: list[str], *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYINFRA", "QWEN27B"))}
+    env.update(PYTHONPATH=str(ROOT), QWEN27B_CACHE=str(lab["work"] / "cache"), QWEN27B_REPORTS=str(lab["work"] / "r"))
+    return subprocess.run([sys.executable, *argv_prefix, str(lab["inventory"]), "deploy.py", *args], cwd=ROOT,
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_a_lab_with_a_gateway_plans_both_hosts(lab):
+    result = run(lab, ["-m", "pyinfra"], "--dry", "-y")
+    out = result.stderr
+    assert result.returncode == 0, out[-4000:]
+    assert "Traceback" not in out, out[-4000:]
+    gateway = re.search(r"^== @fake/gw: (\d+) operation\(s\) planned, (\d+) would change the host$", out, re.M)
+    assert gateway and int(gateway.group(2)) >= 1, out[-4000:]  # a bare box: nginx, the units...
+    assert "CHANGE  nginx and python3 (the gateway)" in out
+    assert re.search(r"^== @fake/v100x4-converged: \d+ operation\(s\) planned", out, re.M)
+    assert re.search(r"^--> qwen27b run summary: 2 of 2 host\(s\) ok$", out, re.M), out[-2000:]
+    assert re.search(r"^@fake/gw\s+planned\s*$", out, re.M) and re.search(r"^@fake/v100x4-converged\s+planned\s*$",
+                                                                          out, re.M)
+    assert lab["key"].read_text().strip() not in out + result.stdout
+
+
+def test_a_deploy_file_that_raises_on_one_host_leaves_no_host_ok(lab):
+    result = run(lab, ["-c", RAISING], "--dry", "-y")
+    out = result.stderr
+    assert result.returncode != 0
+    assert "a bug while printing the gateway's plan" in out
+    assert re.search(r"^--> qwen27b run summary: 0 of 2 host\(s\) ok$", out, re.M), out[-3000:]
+    assert re.search(r"^@fake/gw\s+failed\s+while planning: the deploy file raised RuntimeError: a bug while printing",
+                     out, re.M), out[-2000:]
+    assert re.search(r"^@fake/v100x4-converged\s+not run\s+the deploy file raised on @fake/gw: no operation ran",
+                     out, re.M), out[-2000:]
