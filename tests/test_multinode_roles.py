@@ -100,6 +100,8 @@ def _converged(decision, role: str) -> dict:
     if role == "head":
         files += [(f"/etc/systemd/system/{template[:-3]}", rendered[template]) for template in rendered
                   if template != "qwen27b.env.j2"]
+        # the head's release record (roles/service.py): its URL is the head's, not the fixture's
+        files.append((rs.release_record_file(decision.stack.paths), rs.record_text(rs.release_record(decision))))
     for dest, text in files:
         for entry in rs.put(dest, text.encode()):
             responses[entry["match"]] = {"stdout": entry["stdout"], "success": True}
