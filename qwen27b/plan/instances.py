@@ -119,7 +119,15 @@ def decide_copies(host: str, facts, stack: dict, settings: Settings, decide, **k
                                         f"{sorted(present)}", f"list only GPUs the host has in copy '{instance.name}'"))
             continue
         try:
-            copies.append((instance, decide(host, facts, stack, copy_settings(settings, instance), **kwargs)))
+            copy = decide(host, facts, stack, copy_settings(settings, instance), **kwargs)
+            spaced = [f.name for f in copy.serve.flags if f.value is not None and any(c.isspace() for c in f.value)]
+            if spaced:
+                raise RefusedHost(host, f"{', '.join(spaced)} holds a space, but a copy's unit reads its flags from "
+                                  "$QWEN27B_SERVE_ARGS in its env file, split at spaces",
+                                  "write the value without spaces (JSON needs none)")
+            copy.serve.flags[:] = [replace(f, reason=f"qwen27b_instances '{instance.name}'") if f.name == "--port" else f
+                                   for f in copy.serve.flags]
+            copies.append((instance, copy))
         except RefusedHost as refused:
             named = [(f"copy '{instance.name}' ({len(instance.gpus)} GPU(s) {list(instance.gpus)}): {cause}", fix)
                      for cause, fix in refused.problems]
