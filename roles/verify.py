@@ -248,7 +248,7 @@ def verify(decision: Decision) -> None:
         return
     if decision.copies:
         previous_links()  # taken: copies are not rolled back automatically (_check_copies)
-        check = python.call(name=f"verify each copy ({', '.join(i.name for i, _ in decision.copies)}): readiness, "
+        check = python.call(name=f"verify: each copy ({', '.join(i.name for i, _ in decision.copies)}): readiness, "
                             "/v1/models, streamed completion, acceptance", function=_check_copies, decision=decision)
         progress.watch_self(check, host)
         return

@@ -23,7 +23,9 @@ HOSTS = ["v100x4-2204-fresh", "v100x1-2004", "v100x2-16gb", "v100x4-converged", 
          "nogpu-2204", "centos7", "v100x1-secureboot", "h200", "v100x1-open-loaded", "v100x2-open-unloaded",
          "v100x2-r470", "v100x4-pg500", "v100x4-noheaders", "v100x4-converged-8g",
          # a serving group: two 2x V100 16 GB workstations over 10 GbE (qwen27b/plan/multinode.py)
-         "v100x2-16gb-pair-head", "v100x2-16gb-pair-worker"]
+         "v100x2-16gb-pair-head", "v100x2-16gb-pair-worker",
+         # the 4x V100 box as two TP-2 copies (qwen27b_instances), fresh and converged (qwen27b/plan/instances.py)
+         "v100x4-copies", "v100x4-copies-converged"]
 
 
 EMPTY_CACHE = tempfile.mkdtemp(prefix="qwen27b-empty-cache-")
