@@ -121,10 +121,13 @@ def test_refusals_name_cause_and_fix(dry_run):
     assert "cause: no NVIDIA GPU found" in section(out, "nogpu-2204", "REFUSED")
 
 
-def test_converged_host_plans_no_change():
-    result = run_pyinfra("inventory/recorded.py", "deploy.py", "--dry", "-y", "--limit", "@fake/v100x4-converged")
+@pytest.mark.parametrize("host", ["v100x4-converged", "v100x4-copies-converged"])
+def test_converged_host_plans_no_change(host):
+    """v100x4-copies-converged: the same recorded box serving two copies (qwen27b_instances) plans
+    nothing either: the templated unit, both env files, both units running (recorded output)."""
+    result = run_pyinfra("inventory/recorded.py", "deploy.py", "--dry", "-y", "--limit", f"@fake/{host}")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert re.search(r"== @fake/v100x4-converged: [1-9][0-9]* operation\(s\) planned, 0 would change the host", result.stderr)
+    assert re.search(rf"== @fake/{host}: [1-9][0-9]* operation\(s\) planned, 0 would change the host", result.stderr)
 
 
 def test_bad_inventory_is_refused_before_any_host_is_touched(tmp_path):
