@@ -70,7 +70,7 @@ def format_decision(d: Decision) -> str:
                            [[f.name + (" (pinned)" if f.pinned else ""), f.value if f.value is not None else "(on)",
                              f.reason] for f in copy.serve.flags], [26, 44, 60]))
         parts += ["", table(["memory plan", "size"], [list(r) for r in copy.serve.memory.rows()], [34, 20])]
-        if instance is not None:
+        if instance is not None and instance != d.copies[-1][0]:
             parts.append("")
     reasons = [c.reason for c in d.choices] + [row[2] for row in group] + [f.reason for s in serves for f in s.flags] \
         + d.serve.notes
