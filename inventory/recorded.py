@@ -25,6 +25,9 @@ def _fake(name: str, recording: str | None = None, **data):
 PAIR = {"qwen27b_node_group": "pair-a", "qwen27b_node_interface": "enp65s0f0", "qwen27b_interconnect_gbps": 10,
         "qwen27b_serve_flags": {"--max-model-len": 65536}}
 
+# Two copies of the model on one 4x V100 box, each TP 2 on its own GPUs and port (qwen27b/plan/instances.py).
+COPIES = {"qwen27b_instances": [{"name": "a", "gpus": [0, 1], "port": 8000}, {"name": "b", "gpus": [2, 3], "port": 8001}]}
+
 
 recorded_hosts = [
     _fake("v100x4-2204-fresh"),
@@ -47,4 +50,8 @@ recorded_hosts = [
           qwen27b_bind_address="192.168.10.31", **PAIR),
     _fake("v100x2-16gb-pair-worker", "v100x2-16gb", qwen27b_node_role="worker", qwen27b_node_address="10.10.0.2",
           **PAIR),
+    # the 4x V100 box served as two TP-2 copies (qwen27b_instances: qwen27b@a, qwen27b@b), fresh and converged
+    _fake("v100x4-copies", "v100x4-2204-fresh", ssh_hostname="10.0.0.7", qwen27b_firewall_allow=["10.0.0.0/24"],
+          **COPIES),
+    _fake("v100x4-copies-converged", ssh_hostname="10.0.0.8", **COPIES),
 ]

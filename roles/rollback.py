@@ -80,6 +80,12 @@ def rollback() -> bool:
     """Queue this host's rollback (nothing when refused). Returns whether it was planned."""
     oporder.register_deploy_file(state.current_deploy_filename)
     settings = inventory_settings()[host.name]  # bad inventory stops the run before any fact is read
+    if settings.instances:
+        refuse(RefusedHost(host.name, "the rollback swaps qwen27b.service's unit and env; this host serves copies "
+                           "(qwen27b_instances), which it does not roll back",
+                           "deploy the release you want: pin it with qwen27b_stack_overrides and run "
+                           f"`pyinfra INVENTORY deploy.py -y --limit {host.name}`"))
+        return False
     paths = load_stack()["paths"]
     files = serving_files(paths)
     answer = host.get_fact(ReleaseRecords, record=release_record_file(paths), kept_dir=ROLLBACK_DIR)

@@ -21,8 +21,9 @@ from qwen27b.plan.gate import Decision
 from qwen27b.controller import factcache
 from qwen27b.controller.host_facts import SecretFileState, Subdirectories, SymlinkTarget
 from qwen27b.controller.operations import secret_file, symlink_switch
-from qwen27b.controller.render import (HEALTH_HTTP_SERVICE, HEALTH_HTTP_SOCKET, HEALTH_TIMER, HEALTH_UNIT,
-                                       RESTART_COMMAND, SERVICE_UNIT, UNIT_DIR, layout, render_all, serving_files)
+from qwen27b.controller.render import (HEALTH_HTTP_SERVICE, HEALTH_HTTP_SOCKET, HEALTH_TIMER, HEALTH_UNIT, INSTANCE_UNIT,
+                                       RESTART_COMMAND, SERVICE_UNIT, UNIT_DIR, instance_files, instance_unit, layout,
+                                       render_all, render_instances, serving_files)
 
 from qwen27b.plan.lifecycle import RECORD_NAME, Record, record_text, release_record_file
 
@@ -43,6 +44,8 @@ def _will_change(rendered: dict, targets) -> bool:
 def service(decision: Decision) -> None:
     if decision.group is not None and decision.group.role == "worker":
         return  # a serving group's worker runs no API: its Ray node is the multinode role's
+    if decision.copies:
+        return service_copies(decision)
     where = layout(decision)
     rendered = render_all(decision)
     targets = [
@@ -142,3 +145,61 @@ def health_endpoint(socket_file) -> None:
     else:
         systemd.service(name=f"{HEALTH_HTTP_SOCKET} enabled and listening", service=HEALTH_HTTP_SOCKET,
                         running=True, enabled=True)
+
+
+SINGLE_UNITS = (SERVICE_UNIT, HEALTH_TIMER, HEALTH_HTTP_SOCKET)  # what a one-copy deploy started
+
+
+def service_copies(decision: Decision) -> None:
+    """Several copies (qwen27b_instances): the templated unit qwen27b@.service once, each copy's env
+    file (its GPUs, flags and URL) and API key file, the `current` release switched, and each
+    qwen27b@NAME.service restarted only when its own files, the unit, the release or the weights
+    changed. A host that served one copy before gets qwen27b.service and its health units stopped
+    and removed first (the copies need its GPUs and port). The health timer and endpoint watch one
+    service: they are not installed for copies (docs/lifecycle.md)."""
+    paths = decision.stack.paths
+    rendered = render_instances(decision)
+    unit_file = f"{UNIT_DIR}/{INSTANCE_UNIT}"
+    targets = [(INSTANCE_UNIT, unit_file)] + [(f"{i.name}.env", instance_files(paths, i.name)["env_file"])
+                                             for i, _ in decision.copies]
+    keys = {i.name: instance_files(paths, i.name)["secrets_file"] for i, copy in decision.copies if copy.settings.api_key_file}
+    single = [f"{UNIT_DIR}/{unit}" for unit in SINGLE_UNITS + (HEALTH_UNIT, HEALTH_HTTP_SERVICE)]
+    factcache.prefetch([read for _, dest in targets for read in factcache.put_reads(dest, create_remote_dir=False)]
+                       + factcache.put_reads(release_record_file(paths), create_remote_dir=False)
+                       + [(SymlinkTarget, {"path": paths["current_release"]}), (Subdirectories, {"path": paths["releases"]})]
+                       + [(SecretFileState, {"path": dest}) for dest in keys.values()]
+                       + [(Sha1File, {"path": path}) for path in single]
+                       + [read for i, _ in decision.copies for read in factcache.service_reads(instance_unit(i.name))])
+    if host.get_fact(Sha1File, path=f"{UNIT_DIR}/{SERVICE_UNIT}"):
+        server.shell(name=f"stop and remove {SERVICE_UNIT} and its health units (the host now serves copies)",
+                     commands=[f"systemctl disable --now {' '.join(SINGLE_UNITS)}",
+                               "rm -f " + " ".join(path for path in single)])
+    written = {template: files.put(name=f"render {dest}", src=StringIO(rendered[template]), dest=dest, user="root",
+                                   group="root", mode="0644", create_remote_dir=False) for template, dest in targets}
+    files.put(name=f"render {release_record_file(paths)} (the release; the first copy's URL)",
+              src=StringIO(record_text(release_record(decision))), dest=release_record_file(paths), user="root",
+              group="root", mode="0644", create_remote_dir=False)
+    for (instance, copy) in decision.copies:
+        if instance.name in keys:
+            written[instance.name] = secret_file(name=f"API key env file of copy {instance.name} (0600)",
+                                                 dest=keys[instance.name],
+                                                 content=f"VLLM_API_KEY={api_key(copy)}\n")
+    current = paths["current_release"]
+    previous = host.get_fact(SymlinkTarget, path=current)
+    if previous != release_dir(decision):
+        remember_previous(current, previous)
+    release = symlink_switch(name="activate the release (current symlink)", link=current, target=release_dir(decision))
+    prune_dirs("prune old releases", paths, paths["releases"], release_dir(decision), previous,
+               decision.settings.keep_releases)
+    if written[INSTANCE_UNIT].will_change:
+        systemd.daemon_reload(name="systemd daemon-reload (a unit file changed)")
+    shared = written[INSTANCE_UNIT].will_change or release.will_change or restart_needed()
+    for instance, _ in decision.copies:
+        unit = instance_unit(instance.name)
+        own = [written[f"{instance.name}.env"]] + ([written[instance.name]] if instance.name in keys else [])
+        if shared or any(op.will_change for op in own):
+            systemd.service(name=f"enable {unit}", service=unit, running=None, enabled=True)
+            server.shell(name=f"restart {unit} (config, release or weights changed)", commands=[
+                f"systemctl stop {unit}; systemctl reset-failed {unit}; systemctl start --no-block {unit}"])
+        else:
+            systemd.service(name=f"{unit} enabled and running", service=unit, running=True, enabled=True)

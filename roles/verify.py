@@ -8,6 +8,7 @@ It runs on every deploy: it is a check, not a change (the plan counts it apart).
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 import os
@@ -24,7 +25,7 @@ from qwen27b.controller import progress, runstate, runsummary
 from qwen27b.controller import postdeploy as V
 from qwen27b.onhost.contract import RESTART_LOOP_FINDING, UNIT_PROPERTIES, crash_loop
 from qwen27b.plan.gate import Decision
-from qwen27b.controller.render import HEALTH_UNIT, RESTART_COMMAND, SERVICE_UNIT, layout
+from qwen27b.controller.render import HEALTH_UNIT, RESTART_COMMAND, SERVICE_UNIT, instance_unit, layout
 
 from ._common import ROLLBACK_DIR, api_key, note, previous_links
 
@@ -67,14 +68,14 @@ def _rollback_commands(previous: list[tuple[str, str]]) -> list[str]:
     return commands + [RESTART_COMMAND]
 
 
-def _load_tick(name: str):
+def _load_tick(name: str, unit: str = SERVICE_UNIT):
     """On a terminal: the host's line while vLLM loads (its shard count from this start's journal)."""
     if not progress.drawing():
         return None
-    invocation = f"$(systemctl show -p InvocationID --value {SERVICE_UNIT})"
+    invocation = f"$(systemctl show -p InvocationID --value {unit})"
 
     def tick(elapsed: float) -> str:
-        lines = _remote(f"systemctl show -p ActiveState,SubState --value {SERVICE_UNIT} | paste -sd/; "
+        lines = _remote(f"systemctl show -p ActiveState,SubState --value {unit} | paste -sd/; "
                         f"journalctl -o cat --no-pager _SYSTEMD_INVOCATION_ID={invocation} 2>/dev/null "
                         "| grep -a 'checkpoint shards' | tail -n1")
         unit = lines[0] if lines else ""
@@ -84,13 +85,14 @@ def _load_tick(name: str):
     return tick
 
 
-def serving(result: V.HostResult, key: str | None, say, unit_state, start_timeout_s: int, speculative: bool) -> None:
+def serving(result: V.HostResult, key: str | None, say, unit_state, start_timeout_s: int, speculative: bool,
+            unit: str = SERVICE_UNIT) -> None:
     """Ready at result.url, result.served_name listed, one streamed completion, with speculative
     decoding the acceptance: fills result, raises VerifyFailed. (The rollback deploy verifies the
     release it switched to with this too.)"""
     base = result.url
     try:
-        result.ready_s = V.wait_ready(base, start_timeout_s, say, unit_state, tick=_load_tick(host.name))
+        result.ready_s = V.wait_ready(base, start_timeout_s, say, unit_state, tick=_load_tick(host.name, unit))
     finally:
         progress.done(host.name)  # loaded (or not): the checks that follow say their own lines
     V.wait_active(unit_state)
@@ -154,8 +156,31 @@ def say(message: str) -> None:
     click.echo(f"    [{host.name}] {message}", err=True)
 
 
-def unit_state() -> str:
-    return " ".join(_remote(f"systemctl show -p ActiveState,SubState --value {SERVICE_UNIT} | paste -sd/"))
+def unit_state(unit: str = SERVICE_UNIT) -> str:
+    return " ".join(_remote(f"systemctl show -p ActiveState,SubState --value {unit} | paste -sd/"))
+
+
+def _check_copies(decision: Decision) -> None:
+    """Each copy (qwen27b_instances) at its own URL with its own key, one report row each. A copy that
+    fails stops the check with its journal; there is no automatic rollback of copies (the rollback
+    swaps qwen27b.service's files): deploy the release wanted."""
+    model = decision.stack.model
+    for instance, copy in decision.copies:
+        unit, serve = instance_unit(instance.name), copy.serve
+        base = f"http://{serve.value('--host')}:{serve.value('--port')}"
+        result = V.HostResult(host.name, model=model["id"], revision=model["revision"],
+                              served_name=serve.value("--served-model-name"), url=base)
+        runstate.current().results.append(result)
+        try:
+            serving(result, api_key(copy), say, functools.partial(unit_state, unit), copy.stack.profile["serve"]["start_timeout_s"],
+                    serve.has("--speculative-config"), unit=unit)
+        except V.VerifyFailed as failure:
+            result.status, result.reason = "failed", f"copy {instance.name} ({unit}): {failure}"
+            result.journal = _remote(f"journalctl -u {unit} -n 80 --no-pager")
+            raise OperationError(f"verify failed: {result.reason} (its journal in the run report)") from None
+        result.status = "ok"
+        say(f"copy {instance.name} verified at {base}: TTFT {result.ttft_s * 1000:.0f} ms, "
+            f"{result.decode_tok_s or 0:.1f} tok/s")
 
 
 def _check(decision: Decision, previous: list[tuple[str, str]]) -> None:
@@ -220,6 +245,12 @@ def verify(decision: Decision) -> None:
         runstate.current().unverified[host.name] = reason
         python.call(name="verify: readiness, /v1/models, streamed completion, acceptance", function=_unverified,
                     reason=reason)
+        return
+    if decision.copies:
+        previous_links()  # taken: copies are not rolled back automatically (_check_copies)
+        check = python.call(name=f"verify: each copy ({', '.join(i.name for i, _ in decision.copies)}): readiness, "
+                            "/v1/models, streamed completion, acceptance", function=_check_copies, decision=decision)
+        progress.watch_self(check, host)
         return
     check = python.call(name="verify: readiness, /v1/models, streamed completion, acceptance", function=_check,
                         decision=decision, previous=previous_links())

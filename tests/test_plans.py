@@ -23,7 +23,9 @@ HOSTS = ["v100x4-2204-fresh", "v100x1-2004", "v100x2-16gb", "v100x4-converged", 
          "nogpu-2204", "centos7", "v100x1-secureboot", "h200", "v100x1-open-loaded", "v100x2-open-unloaded",
          "v100x2-r470", "v100x4-pg500", "v100x4-noheaders", "v100x4-converged-8g",
          # a serving group: two 2x V100 16 GB workstations over 10 GbE (qwen27b/plan/multinode.py)
-         "v100x2-16gb-pair-head", "v100x2-16gb-pair-worker"]
+         "v100x2-16gb-pair-head", "v100x2-16gb-pair-worker",
+         # the 4x V100 box as two TP-2 copies (qwen27b_instances), fresh and converged (qwen27b/plan/instances.py)
+         "v100x4-copies", "v100x4-copies-converged"]
 
 
 EMPTY_CACHE = tempfile.mkdtemp(prefix="qwen27b-empty-cache-")
@@ -119,10 +121,13 @@ def test_refusals_name_cause_and_fix(dry_run):
     assert "cause: no NVIDIA GPU found" in section(out, "nogpu-2204", "REFUSED")
 
 
-def test_converged_host_plans_no_change():
-    result = run_pyinfra("inventory/recorded.py", "deploy.py", "--dry", "-y", "--limit", "@fake/v100x4-converged")
+@pytest.mark.parametrize("host", ["v100x4-converged", "v100x4-copies-converged"])
+def test_converged_host_plans_no_change(host):
+    """v100x4-copies-converged: the same recorded box serving two copies (qwen27b_instances) plans
+    nothing either: the templated unit, both env files, both units running (recorded output)."""
+    result = run_pyinfra("inventory/recorded.py", "deploy.py", "--dry", "-y", "--limit", f"@fake/{host}")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert re.search(r"== @fake/v100x4-converged: [1-9][0-9]* operation\(s\) planned, 0 would change the host", result.stderr)
+    assert re.search(rf"== @fake/{host}: [1-9][0-9]* operation\(s\) planned, 0 would change the host", result.stderr)
 
 
 def test_bad_inventory_is_refused_before_any_host_is_touched(tmp_path):

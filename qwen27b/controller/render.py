@@ -15,7 +15,7 @@ import jinja2
 from qwen27b.plan.gate import Decision
 from qwen27b.onhost.contract import MODEL_REF_ENV, QUIET_ENV, TEXTFILE_DIR, lib_dir, module_argv
 from qwen27b.plan.hostdata import NODE_EXPORTER_PORT
-from qwen27b.plan.lifecycle import release_record_file
+from qwen27b.plan.lifecycle import INSTANCE_TEMPLATE, release_record_file
 from qwen27b.plan.stack import api_key_env_file, health_status_file
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
@@ -347,9 +347,11 @@ def firewall_contexts(decision: Decision) -> dict[str, dict]:
     (loopback) always gets through."""
     s = decision.settings
     rules = []
+    serving = [(copy.serve.value("--port"), instance_unit(i.name)) for i, copy in decision.copies] \
+        or [(decision.serve.value("--port"), SERVICE_UNIT)]
     if s.firewall_allow:
-        rules.append({"port": decision.serve.value("--port"), "what": f"{SERVICE_UNIT} (vLLM's API)",
-                      "allowed": _nft_networks(s.firewall_allow)})
+        rules += [{"port": port, "what": f"{unit} (vLLM's API)", "allowed": _nft_networks(s.firewall_allow)}
+                  for port, unit in serving]
     if decision.group is not None:
         rules += group_rules(decision)
     if rules or s.node_exporter:
@@ -365,7 +367,7 @@ def firewall_contexts(decision: Decision) -> dict[str, dict]:
         "ports": ", ".join(str(rule["port"]) for rule in rules),
         # a socket unit cannot be ordered after it (sockets come before basic.target, which it is after):
         # the socket's own IPAddressAllow= guards the health port from the start
-        "before": [SERVICE_UNIT] + ([RAY_UNIT] if decision.group is not None else [])
+        "before": [unit for _, unit in serving] + ([RAY_UNIT] if decision.group is not None else [])
         + ([NODE_EXPORTER_UNIT] if s.node_exporter else []),
         # NCCL's ephemeral ports are closed to everyone but the members: replies to this host's own
         # connections (apt, pip, the hub) land on such ports too, so they pass first
@@ -470,3 +472,53 @@ def group_rules(decision: Decision) -> list[dict]:
 
 
 RAY_CLIENT_PORT = 10001  # `ray start --head` always listens here (Ray docs, ports configurations)
+
+
+# ------------------------------------------------------------------ copies on one machine (qwen27b_instances)
+INSTANCE_UNIT = INSTANCE_TEMPLATE  # one template; qwen27b@NAME.service per copy, %i its name
+SERVE_ARGS_ENV = "QWEN27B_SERVE_ARGS"  # the copy's vLLM flags, split at spaces by systemd ($VAR)
+URL_ENV = "QWEN27B_URL"  # where the copy answers: its readiness check
+INSTANCE_LEFT_OFF = [("RemoveIPC= is off", "it removes every IPC object of the user when one copy stops: the "
+                                           "other copies run as the same user")]
+
+
+def instance_unit(name: str) -> str:
+    return f"qwen27b@{name}.service"
+
+
+def instance_files(paths: dict, name: str) -> dict[str, str]:
+    """A copy's own files: its env file (GPUs, flags, URL) and its API key's 0600 env file."""
+    return {"env_file": f"{paths['config']}/qwen27b@{name}.env",
+            "secrets_file": f"{paths['config']}/qwen27b@{name}-api-key.env"}
+
+
+def instance_contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
+    """The templated unit (the same for every copy: rendered from the first) and each copy's env file,
+    keyed 'qwen27b@.service.j2' and 'NAME.env'. The unit is qwen27b.service.j2 with the copy's files
+    named by %i, its flags and URL from its env file, and RemoveIPC= off (INSTANCE_LEFT_OFF)."""
+    (_, first), paths = decision.copies[0], decision.stack.paths
+    unit = dict(contexts(first, prefix)["qwen27b.service.j2"])
+    unit.update({key: prefix + value for key, value in instance_files(paths, "%i").items()})
+    unit["served_name"] = f"copy %i of {unit['served_name']}"
+    unit["exec_start"] = [unit["exec_start"][0], f"${SERVE_ARGS_ENV}"]
+    unit["ready_check"] = (f"/bin/sh -c 'until curl -fs -o /dev/null ${{{URL_ENV}}}/health; "
+                           "do kill -0 $MAINPID || exit 1; sleep 2; done'")
+    unit["hardening"] = [line for line in unit["hardening"] if line[0] != "RemoveIPC"]
+    unit["left_off"] = unit["left_off"] + [f"{what}: {why}" for what, why in INSTANCE_LEFT_OFF]
+    out = {"qwen27b@.service.j2": unit}
+    for instance, copy in decision.copies:
+        where = {**layout(copy, prefix), **{k: prefix + v for k, v in instance_files(paths, instance.name).items()}}
+        serve = copy.serve
+        env = sorted(service_env(copy, where) + [
+            (SERVE_ARGS_ENV, env_value(" ".join(serve.argv()))),
+            (URL_ENV, env_value(f"http://{serve.value('--host')}:{serve.value('--port')}"))])
+        out[f"{instance.name}.env"] = {"env": env, "secrets_file": where["secrets_file"]}
+    return out
+
+
+def render_instances(decision: Decision, prefix: str = "") -> dict[str, str]:
+    """'qwen27b@.service' and 'NAME.env' -> rendered text (the unit from qwen27b.service.j2)."""
+    ctx = instance_contexts(decision, prefix)
+    out = {INSTANCE_UNIT: render("qwen27b.service.j2", ctx.pop("qwen27b@.service.j2"))}
+    out.update({name: render("qwen27b.env.j2", c) for name, c in ctx.items()})
+    return out

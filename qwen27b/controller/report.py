@@ -60,11 +60,20 @@ def format_decision(d: Decision) -> str:
     group = d.group.rows() if d.group is not None else []  # multinode.NodeGroup: one stage of a serving group
     if group:
         parts += [table(["serving group", "value", "why"], group, [14, 30, 76]), ""]
-    parts.append(table(["vllm serve flag", "value", "why"],
-                       [[f.name + (" (pinned)" if f.pinned else ""), f.value if f.value is not None else "(on)", f.reason]
-                        for f in d.serve.flags], [26, 44, 60]))
-    parts += ["", table(["memory plan", "size"], [list(r) for r in d.serve.memory.rows()], [34, 20])]
-    reasons = [c.reason for c in d.choices] + [row[2] for row in group] + [f.reason for f in d.serve.flags] + d.serve.notes
+    serves = [d.serve] if not d.copies else [c.serve for _, c in d.copies]
+    for instance, copy in d.copies or [(None, d)]:
+        if instance is not None:
+            parts += [f"-- copy '{instance.name}': qwen27b@{instance.name}.service, GPU(s) "
+                      f"{','.join(map(str, instance.gpus)) or 'none'} (CUDA_VISIBLE_DEVICES), port {instance.port}, "
+                      f"sized on its own GPUs (qwen27b_instances)", ""]
+        parts.append(table(["vllm serve flag", "value", "why"],
+                           [[f.name + (" (pinned)" if f.pinned else ""), f.value if f.value is not None else "(on)",
+                             f.reason] for f in copy.serve.flags], [26, 44, 60]))
+        parts += ["", table(["memory plan", "size"], [list(r) for r in copy.serve.memory.rows()], [34, 20])]
+        if instance is not None and instance != d.copies[-1][0]:
+            parts.append("")
+    reasons = [c.reason for c in d.choices] + [row[2] for row in group] + [f.reason for s in serves for f in s.flags] \
+        + d.serve.notes
     legend = _legend(d, reasons)
     if legend:
         parts += ["", "sources:"] + legend

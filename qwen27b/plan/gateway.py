@@ -16,7 +16,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from qwen27b.onhost.secretfile import load_secret
-from qwen27b.plan.hostdata import (PREFIX, SECRET_NAMES, BadHostData, Settings, _check_secret_file, lab_address)
+from qwen27b.plan.hostdata import (PREFIX, SECRET_NAMES, BadHostData, Settings, check_secret_file, lab_address)
 
 GROUP = "qwen27b_gateway"
 DEFAULT_PORT = 8000
@@ -119,7 +119,7 @@ def _client_keys(host: str, data: dict) -> tuple[str, ...]:
     for path in files:
         if not isinstance(path, str):
             raise BadHostData(host, key, f"{path!r} is not a file path", "list paths as strings")
-        _check_secret_file(host, key, path)
+        check_secret_file(host, key, path)
         value = load_secret(path, SECRET_NAMES["gateway_key_files"])
         if value in seen:
             raise BadHostData(host, key, f"{path} holds the same key as {seen[value]}", "give each client its own key")

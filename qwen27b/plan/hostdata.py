@@ -73,6 +73,8 @@ class Settings:
     node_address: str | None = None  # this host's address on the link between the members; default ssh_hostname
     node_interface: str | None = None  # the NIC of that link (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME)
     interconnect_gbps: float | None = None  # the link's speed in Gbit/s (10 for 10 GbE): the planner checks it
+    # several copies on one machine (qwen27b/plan/instances.py): [{name, gpus, port, api_key_file?}, ...]
+    instances: list | None = None
     # uninstall.py only (pyinfra INVENTORY uninstall.py --data qwen27b_uninstall_weights=true): what else goes
     uninstall_weights: bool = False  # the model revisions under /var/lib/qwen27b/models (20+ GiB) too
     uninstall_driver: bool = False  # unhold and purge the NVIDIA driver packages, remove the nouveau blacklist
@@ -118,6 +120,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "node_address": (str,),
     "node_interface": (str,),
     "interconnect_gbps": (int, float),
+    "instances": (list,),
     "uninstall_weights": (bool,),
     "uninstall_driver": (bool,),
 }
@@ -244,6 +247,8 @@ def settings_for(host: str, data: dict) -> Settings:
             raise BadHostData(host, key, "unknown key", hint)
     settings = Settings(**values)
     _check_values(host, settings)
+    from qwen27b.plan.instances import check_instance_keys  # its own module: it imports this one
+    check_instance_keys(host, settings, set(values))
     return settings
 
 
@@ -329,7 +334,7 @@ def _check_values(host: str, s: Settings) -> None:
                               f"e.g. {allowlist.WHEELHOUSE_NAME.example}")
     for name in ("api_key_file", "hf_token_file"):
         if getattr(s, name):
-            _check_secret_file(host, PREFIX + name, getattr(s, name))
+            check_secret_file(host, PREFIX + name, getattr(s, name))
 
 
 def check_ip(host: str, key: str, value: str, fix: str) -> None:
@@ -527,7 +532,7 @@ SECRET_NAMES = {"api_key_file": "VLLM_API_KEY", "hf_token_file": "HF_TOKEN",
                 "gateway_key_files": "OPENAI_API_KEY"}  # a client's key file may be its env line  # NAME=KEY accepted in each file
 
 
-def _check_secret_file(host: str, key: str, path: str) -> None:
+def check_secret_file(host: str, key: str, path: str, secret_name: str | None = None) -> None:
     """A key or token file the controller reads must be private to its owner and hold one key in
     the one format (qwen27b.onhost.secretfile); the message never holds the file's contents."""
     try:
@@ -541,7 +546,7 @@ def _check_secret_file(host: str, key: str, path: str) -> None:
     if mode & 0o077:
         raise BadHostData(host, key, f"{path} is mode {mode:o}, readable by others", f"chmod 600 {path}")
     try:
-        load_secret(path, SECRET_NAMES[key[len(PREFIX):]])
+        load_secret(path, secret_name or SECRET_NAMES[key[len(PREFIX):]])
     except SecretFileError as error:
         raise BadHostData(host, key, f"{path} {error.problem}", error.fix) from None
 

