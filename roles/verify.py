@@ -78,9 +78,9 @@ def _load_tick(name: str, unit: str = SERVICE_UNIT):
         lines = _remote(f"systemctl show -p ActiveState,SubState --value {unit} | paste -sd/; "
                         f"journalctl -o cat --no-pager _SYSTEMD_INVOCATION_ID={invocation} 2>/dev/null "
                         "| grep -a 'checkpoint shards' | tail -n1")
-        unit = lines[0] if lines else ""
-        progress.show(name, V.load_line(elapsed, V.shards(lines[-1] if len(lines) > 1 else ""), unit))
-        return unit
+        state_now = lines[0] if lines else ""
+        progress.show(name, V.load_line(elapsed, V.shards(lines[-1] if len(lines) > 1 else ""), state_now))
+        return state_now
 
     return tick
 
