@@ -30,18 +30,14 @@ from qwen27b.plan.stack import health_status_file, load_stack
 
 from ._common import ROLLBACK_DIR
 from .preflight import inventory_settings, refuse, release_lock, take_lock
-from .verify import failed, say, serving, unit_state
+from .verify import failed, run_in_order, say, serving, unit_state
 
 THEN = ["systemctl daemon-reload", RESTART_COMMAND]  # after the swap: the restored unit read, the service restarted
 
 
 def _switch(links: dict[str, str], files: list[str]) -> str | None:
     """Run the swap on the host now (from verify, after a failed check); the first failure, or None."""
-    for command in swap_commands(links, files, ROLLBACK_DIR, THEN):
-        ok, output = host.run_shell_command(command)
-        if not ok:
-            return f"`{command}` failed: {' '.join(output.stderr_lines)[-300:]}"
-    return None
+    return run_in_order(swap_commands(links, files, ROLLBACK_DIR, THEN))
 
 
 def _result(record: Record) -> V.HostResult:

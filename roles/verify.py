@@ -22,6 +22,7 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python
 
 from qwen27b.controller import progress, runstate, runsummary
+from qwen27b.controller.remote import on_host
 from qwen27b.controller import postdeploy as V
 from qwen27b.onhost.contract import RESTART_LOOP_FINDING, UNIT_PROPERTIES, crash_loop
 from qwen27b.plan.gate import Decision
@@ -47,8 +48,19 @@ def verified(run: runstate.RunState) -> dict[str, tuple[str, str]]:
 
 
 def _remote(command: str) -> list[str]:
-    ok, output = host.run_shell_command(command)
+    """A read on the host, with its sudo settings (remote.on_host); its stdout lines, [] on failure."""
+    ok, output = on_host(host, command)
     return list(output.stdout_lines) if ok else []
+
+
+def run_in_order(commands: list[str]) -> str | None:
+    """Run commands on the host, with its sudo settings, stopping at the first failure: that command
+    and its error, or None. (A restore that failed must say so, never pass silently.)"""
+    for command in commands:
+        ok, output = on_host(host, command)
+        if not ok:
+            return f"`{command}` failed: {' '.join(output.stderr_lines)[-300:] or 'no error output'}"
+    return None
 
 
 def _rollback_commands(previous: list[tuple[str, str]]) -> list[str]:
@@ -204,9 +216,10 @@ def _check(decision: Decision, previous: list[tuple[str, str]]) -> None:
     if not previous:
         raise OperationError(f"verify failed: {result.reason} (journal and health status in the run report)")
     say(f"verify failed ({result.reason}): rolling back to the previous release")
-    for command in _rollback_commands(previous):
-        _remote(command)
+    trouble = run_in_order(_rollback_commands(previous))
     try:
+        if trouble:
+            raise V.VerifyFailed(f"restoring the previous release: {trouble}")
         serving(result, key, say, unit_state, *timing)
     except V.VerifyFailed as again:
         result.reason += f"; rollback did not recover: {again}"

@@ -43,7 +43,7 @@ from pyinfra.api.state import BaseStateCallback, StateStage
 from pyinfra.context import ctx_config, ctx_host, ctx_state
 
 from . import runstate
-from .remote import NOCMD, guard, new_nonce, parse_script_output, script
+from .remote import NOCMD, guard, new_nonce, on_host, parse_script_output, script
 
 GLOBAL_KEYS = frozenset(name for name, _ in all_global_arguments())
 KEYED = tuple(CONNECTOR_ARGUMENT_KEYS) + ("_ignore_errors",)  # what changes a read's answer or its failure
@@ -221,8 +221,8 @@ def prefetch(reads: list[tuple[type, dict]], on=None) -> None:
         target.connect(reason="to load facts", raise_exceptions=True)
     executor = {k: v for k, v in connector.items() if k in CONNECTOR_ARGUMENT_KEYS}
     try:
-        ok, output = target.run_shell_command(StringCommand(text), print_output=state.print_fact_output,
-                                              print_input=state.print_fact_input, **executor)
+        ok, output = on_host(target, text, connector=executor, print_output=state.print_fact_output,
+                             print_input=state.print_fact_input)
     except (TimeoutError, OSError, SSHException) as error:
         logger.debug("prefetch on %s failed (%s): reading one by one", target.name, error)
         return

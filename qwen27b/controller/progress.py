@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 
 import gevent
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
-from pyinfra.api.command import StringCommand
 from pyinfra.api.state import BaseStateCallback
 
 from . import runstate
+from .remote import on_host
 
 SPINNER_SWITCH = "PYINFRA_PROGRESS"
 
@@ -321,8 +321,7 @@ def _poll(host, probe: Probe, connector: dict) -> None:
     meter = Meter(probe.total)
     while True:
         try:
-            _, output = host.run_shell_command(StringCommand(probe.command()), print_output=False,
-                                               print_input=False, **connector)
+            _, output = on_host(host, probe.command(), connector=connector, print_output=False, print_input=False)
             done = Probe.parse(output.stdout_lines)
         except Exception:  # noqa: BLE001 - a progress line must never fail the step it watches
             done = None

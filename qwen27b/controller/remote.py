@@ -133,11 +133,33 @@ def _one_line(error: BaseException) -> str:
     return text[:300]
 
 
+def host_arguments(state, host) -> dict:
+    """The host's connector arguments (`_sudo`, `_sudo_user`, `_use_sudo_password`, `_su_user`, `_env`...)
+    from its data and the run's config, exactly as pyinfra applies them to a fact or an operation."""
+    from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
+
+    arguments, _ = pop_global_arguments(state, host, {})
+    return {k: v for k, v in arguments.items() if k in CONNECTOR_ARGUMENT_KEYS}
+
+
+def on_host(host, command, *, state=None, connector: dict | None = None, **options):
+    """THE one way a command reaches a host outside pyinfra's operations and facts: with the host's
+    connector arguments, so a lab deploying as a non-root user with `_sudo = True` gets sudo here as
+    in every operation (issue 32: verify's rollback ran its restore without sudo and failed
+    silently). `connector`: the arguments already resolved (an operation's own, the fact cache's);
+    `options`: `_timeout`, `_stdin`, `print_output`... Returns pyinfra's (ok, CommandOutput).
+    tests/test_sudo_path.py fails on any other `run_shell_command` call in the project."""
+    from pyinfra.api import StringCommand
+
+    executor = dict(connector) if connector is not None else host_arguments(state or host.state, host)
+    executor.update(options)
+    return host.run_shell_command(command if isinstance(command, StringCommand) else StringCommand(command),
+                                  **executor)
+
+
 def run_command(state, host, command: str, timeout: int = 60, stdin: str | None = None) -> Answer:
     """Connect (if not yet) and run one shell command with the host's connector arguments
     (`stdin`: written to the command's standard input, never on its command line)."""
-    from pyinfra.api import StringCommand
-    from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
     from pyinfra.api.exceptions import ConnectError
 
     started = time.monotonic()
@@ -149,13 +171,9 @@ def run_command(state, host, command: str, timeout: int = 60, stdin: str | None 
     except Exception as error:  # a connector may raise anything for bad host data
         answer.error, answer.unreachable = f"{type(error).__name__}: {_one_line(error)}", True
     if answer.error is None:
-        arguments, _ = pop_global_arguments(state, host, {})  # _sudo, _su_user ... from host data, as a fact
-        executor = {k: v for k, v in arguments.items() if k in CONNECTOR_ARGUMENT_KEYS}
-        executor["_timeout"] = timeout
-        if stdin is not None:
-            executor["_stdin"] = stdin
+        options = {"_timeout": timeout, **({"_stdin": stdin} if stdin is not None else {})}
         try:
-            ok, output = host.run_shell_command(StringCommand(command), **executor)
+            ok, output = on_host(host, command, state=state, **options)
             answer.ok = ok
             answer.stdout = "\n".join(output.stdout_lines) + "\n"
             answer.stderr = "\n".join(output.stderr_lines)

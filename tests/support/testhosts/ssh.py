@@ -11,6 +11,8 @@ from pathlib import Path
 from .common import _locked, _run, _write
 from .state import ProfileState
 
+ADMIN_USER = "admin"  # a non-root SSH user with passwordless sudo on every test host
+
 
 class SshAccess(ProfileState):
     """SSH keys, argv and client files of a profile."""
@@ -56,6 +58,23 @@ class SshAccess(ProfileState):
         sshdir = root / "root/.ssh"
         sshdir.mkdir(mode=0o700, exist_ok=True)
         _write(sshdir / "authorized_keys", Path(str(self.key) + ".pub").read_text(), 0o600)
+        self._add_sudo_admin(root)
+
+    def _add_sudo_admin(self, root: Path) -> None:
+        """The account README tells labs to deploy with (issue 32): `admin`, a non-root user with our
+        key and passwordless sudo; the e2e lab deploys as it (`_sudo = True`), one module as root."""
+        passwd = (root / "etc/passwd").read_text()
+        if not any(line.startswith(f"{ADMIN_USER}:") for line in passwd.splitlines()):
+            _run(["useradd", "--root", str(root), "--create-home", "--shell", "/bin/bash", ADMIN_USER])
+            passwd = (root / "etc/passwd").read_text()
+        uid, gid = next(map(int, line.split(":")[2:4]) for line in passwd.splitlines()
+                        if line.startswith(f"{ADMIN_USER}:"))
+        _write(root / f"etc/sudoers.d/{ADMIN_USER}", f"{ADMIN_USER} ALL=(ALL:ALL) NOPASSWD: ALL\n", 0o440)
+        sshdir = root / "home" / ADMIN_USER / ".ssh"
+        sshdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _write(sshdir / "authorized_keys", Path(str(self.key) + ".pub").read_text(), 0o600)
+        for path in (sshdir.parent, sshdir, sshdir / "authorized_keys"):
+            os.chown(path, uid, gid)
 
     def _set_known_hosts(self, name: str, keys: list[str]) -> None:
         h = self.host(name)
