@@ -169,6 +169,10 @@ def test_fresh_host_deploys_and_verifies(lab, mirror):
     assert report["ttft_s"] > 0 and report["decode_tok_s"] > 0 and report["completion_tokens"] > 0
     assert lab["host"].run("systemctl is-active qwen27b.service").stdout.strip() == "active"
     assert httpx.get(f"{lab['base']}/health", timeout=10).status_code == 200
+    # deployed the README's way: pyinfra logged in as the non-root admin and used sudo (issue 32)
+    logins = lab["host"].run("journalctl -o cat --no-pager _COMM=sshd-session _COMM=sshd | grep 'Accepted publickey for'",
+                             check=False).stdout
+    assert f"Accepted publickey for {ADMIN_USER} " in logins, logins[-2000:]
 
 
 def test_second_run_changes_nothing_and_keeps_the_service(lab):

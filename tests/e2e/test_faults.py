@@ -40,6 +40,7 @@ pytestmark = pytest.mark.e2e
 MODELS = "/var/lib/qwen27b/models"
 UPGRADE = {"qwen27b_stack_overrides": {"model_revision": REV_B}}
 WEIGHTS = "model.safetensors"
+ROLLBACK_PREV = "/etc/qwen27b/rollback.prev"
 FETCH_OP = "fetch the checkpoint from the mirror"
 # bytes/s from the mirror during the interrupted fetches: ~180 s for the 269 MB file, so each of the
 # three interruptions finds the file still arriving on a loaded 2-core CI machine. The throttle
@@ -206,6 +207,9 @@ def test_after_freeing_space_the_rerun_resumes_verifies_and_switches(lab, mirror
                                                          for p, r in mirror.handler.requests if GOOD_B in p]
     assert latest_report(lab)["status"] == "ok"
     assert host.run(f"readlink {MODELS}/current").stdout.strip().endswith(GOOD_B)
+    # the upgrade verified: what it replaced is the rollback target, the one before is gone (issue 32:
+    # under sudo the removal ran without it and rollback.prev stayed)
+    assert host.run(f"test -e {ROLLBACK_PREV}", check=False).returncode != 0
     assert host.run(f"ls -A {MODELS}/{GOOD_B} | grep -c '\\.part$'", check=False).stdout.strip() == "0"
     assert host.run("test -e /run/qwen27b/deploy.lock", check=False).returncode == 1  # released at the end
     assert not re.search(PROGRESS["weights"].split(" of ")[0], out) and "ETA " not in out  # no terminal: no lines
@@ -231,7 +235,11 @@ def test_a_crash_loop_is_named_alike_by_systemd_health_and_report_and_rolled_bac
     assert int(report["unit"]["NRestarts"]) >= 2  # verify's own read, just before
     assert "crash loop" in sentences[0] or "start limit hit" in sentences[0]
     assert report["journal"] and report["ttft_s"] > 0  # the previous release answered after the rollback
+    # the evidence is there under sudo too (issue 32: read without it, the journal said "-- No entries --")
+    assert not any("No entries" in line for line in report["journal"]), report["journal"][-3:]
+    assert any("float7" in line for line in report["journal"]), "the journal shows the bad flag's error"
     host = lab["host"]
+    assert host.run(f"test -e {ROLLBACK_PREV}", check=False).returncode != 0, "kept after the rollback"
     assert "float7" not in host.run("systemctl show -p ExecStart --value qwen27b.service").stdout
     assert host.run(f"readlink {MODELS}/current").stdout.strip() == before
     wait_healthy(lab["base"])
