@@ -4,10 +4,13 @@ restart, and the symlink targets a rollback returns to (kept in the run's runsta
 
 from __future__ import annotations
 
+import functools
 import shlex
 import sys
 
-from pyinfra import host
+from pyinfra import host, logger
+from pyinfra.api.exceptions import OperationError
+from pyinfra.context import ctx_config, ctx_host
 from pyinfra.operations import server
 
 from qwen27b.controller import runstate
@@ -149,3 +152,21 @@ def prune_dirs(name: str, layout: dict, directory: str, current: str, previous: 
         old = [] if kept is None else stale_dirs(paths, current, kept & set(paths), keep)
     if old:
         server.shell(name=name, commands=["rm -rf -- " + " ".join(shlex.quote(path) for path in old)])
+
+
+def check(function):
+    """A `python.call` check whose failure is its one red line, not a traceback: pyinfra prints a
+    traceback for any exception a callback raises, and the run summary already says what failed and
+    the report holds the evidence (issue 32). The wrapped function raises OperationError to fail."""
+
+    @functools.wraps(function)
+    def run(state, host, *args, **kwargs):  # `state` and `host` named: pyinfra hands them in, no greenlet
+        with ctx_config.use(state.config.copy()), ctx_host.use(host):
+            try:
+                function(*args, **kwargs)
+            except OperationError as error:
+                host.log_styled(str(error), fg="red", log_func=logger.error)
+                return False
+        return True
+
+    return run

@@ -36,7 +36,7 @@ from qwen27b.controller import oporder
 from qwen27b.plan.gateway import GatewayPlan, is_gateway, plan_gateways
 from qwen27b.plan.hostdata import SECRET_NAMES
 
-from ._common import dry_run, note
+from ._common import check, dry_run, note
 from .toolchain import _service_user, apt_install
 from .vllm import ONHOST_SOURCE
 
@@ -120,6 +120,7 @@ def _started(unit: str, restart: bool, why: str) -> None:
         systemd.service(name=f"{unit} enabled and running", service=unit, running=True, enabled=True)
 
 
+@check
 def _check(plan: GatewayPlan) -> None:
     """From the controller, as a client: the gateway's own refusal, then one backend through it."""
     from pyinfra.api.exceptions import OperationError

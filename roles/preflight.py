@@ -32,6 +32,7 @@ from qwen27b.controller.host_facts import DeployLock
 from qwen27b.controller.address import host_address, unknown_address
 from qwen27b.plan.hostdata import BadHostData, Settings, lab_address, validate_inventory
 from qwen27b.controller.opsplan import planned_operations
+from qwen27b.controller.remote import SUDO_PASSWORD_NEEDED
 from qwen27b.controller.report import format_operation_lines, format_plan, format_refusal
 from qwen27b.plan.stack import load_stack
 from qwen27b.plan.groupdata import node_address
@@ -182,7 +183,7 @@ def _finish_run(started: bool = True) -> None:
                                       raised=run.raised, unreachable=run.unreachable, started=started,
                                       unverified=run.unverified,
                                       planned=run.planned if _runs_deploy_py(_run["argv"]) else None,
-                                      aborted=run.aborted)
+                                      aborted=run.aborted, dry="--dry" in _run["argv"][1:])
     except Exception as error:  # noqa: BLE001 (the summary must never hide the run's own output)
         click.echo(f"qwen27b: no run summary ({type(error).__name__}: {error}); the output above has each host", err=True)
         results = []
@@ -281,7 +282,10 @@ def gate(on=None) -> Decision | RefusedHost:
             refused = unknown_address(on, settings.bind_address)
             if refused is not None:
                 raise refused
-            facts = gather_facts(stack["paths"]["models"], on)
+            try:
+                facts = gather_facts(stack["paths"]["models"], on)
+            except EOFError:  # pyinfra asked for the sudo password with no terminal to read it from
+                raise RefusedHost(on.name, *SUDO_PASSWORD_NEEDED) from None
             address, why = host_address(on)
             decisions[on.name] = decide(on.name, facts, stack, settings, bind_address=address, address_reason=why)
         except RefusedHost as refused:

@@ -28,7 +28,7 @@ from qwen27b.plan.gate import RefusedHost
 from qwen27b.plan.lifecycle import NoRollback, Record, RollbackPlan, parse_record, plan_rollback, release_record_file, swap_commands
 from qwen27b.plan.stack import health_status_file, load_stack
 
-from ._common import ROLLBACK_DIR
+from ._common import ROLLBACK_DIR, check
 from .preflight import inventory_settings, refuse, release_lock, take_lock
 from .verify import failed, run_in_order, say, serving, unit_state
 
@@ -45,6 +45,7 @@ def _result(record: Record) -> V.HostResult:
     return V.HostResult(host.name, model=model, revision=revision, served_name=record.served_name, url=record.url)
 
 
+@check
 def _verify(plan: RollbackPlan, key_file: str | None, files: list[str], status_file: str) -> None:
     key = load_secret(key_file, "VLLM_API_KEY") if key_file else None  # read here: never an operation argument
     result = _result(plan.target)

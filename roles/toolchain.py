@@ -21,6 +21,7 @@ from pyinfra.operations import apt, files, server
 from qwen27b.controller import factcache
 from qwen27b.controller.artifacts import uv_binary, uv_path
 from qwen27b.plan.gate import Decision
+from qwen27b.plan.lifecycle import APT_PROXY_AUTH, APT_PROXY_CONF
 from qwen27b.controller.host_facts import DirectoryStates, ServiceUser
 from qwen27b.controller.operations import directories, secret_file
 
@@ -127,8 +128,6 @@ def _service_user(user: str, home: str) -> None:
                 home=home, shell=want["shell"], create_home=False)
 
 
-APT_PROXY_CONF = "/etc/apt/apt.conf.d/90qwen27b-proxy"
-APT_PROXY_AUTH = "/etc/apt/auth.conf.d/90qwen27b-proxy.conf"
 
 
 def apt_proxy_files(url: str) -> tuple[str, str | None]:

@@ -2,8 +2,8 @@
 
 The service, its health check, endpoint and timer, a seed server, the firewall unit and its
 nftables table, the unit files, /opt/qwen27b (release venvs, uv, Python, wheelhouse),
-/etc/qwen27b (env files, keys, tokens, release records), /var/lib/qwen27b, node_exporter's
-qwen27b.prom, the service user and group. The weights (20+ GiB) stay unless
+/etc/qwen27b (env files, keys, tokens, release records), /var/lib/qwen27b, apt's proxy setting and
+login, /run/qwen27b, node_exporter's qwen27b.prom, the service user and group. The weights (20+ GiB) stay unless
 qwen27b_uninstall_weights is set (a later deploy then uses them again instead of fetching); the
 NVIDIA driver, its apt hold and the nouveau blacklist stay unless qwen27b_uninstall_driver is set
 (node_exporter, a package of the OS, stays: others may scrape it). The DeployedState fact reads what is
@@ -24,7 +24,7 @@ from qwen27b.controller.opsplan import planned_operations
 from qwen27b.controller.render import UNIT_DIR
 from qwen27b.controller.report import format_operations
 from qwen27b.onhost.contract import TEXTFILE_DIR, TEXTFILE_NAME
-from qwen27b.plan.lifecycle import (GATEWAY_USER, NFT_TABLE, SERVICE_UNITS, Installed, UninstallOptions, probe_paths,
+from qwen27b.plan.lifecycle import (GATEWAY_USER, LOCK_DIR, NFT_TABLE, SERVICE_UNITS, Installed, UninstallOptions, probe_paths,
                                     uninstall_plan)
 from qwen27b.plan.stack import load_stack
 
@@ -52,5 +52,7 @@ def uninstall() -> bool:
         for removal in removals:
             server.shell(name=f"uninstall: {removal.what}", commands=list(removal.commands))
         release_lock()
+        # the lock's directory last, once the lock is released (nothing of the deploy stays in /run)
+        server.shell(name=f"uninstall: {LOCK_DIR}", commands=[f"rmdir {LOCK_DIR} 2>/dev/null || true"])
     click.echo("\n".join(lines) + "\n\n" + format_operations(host.name, planned_operations(state, host)), err=True)
     return bool(removals)

@@ -28,7 +28,7 @@ from qwen27b.onhost.contract import RESTART_LOOP_FINDING, UNIT_PROPERTIES, crash
 from qwen27b.plan.gate import Decision
 from qwen27b.controller.render import HEALTH_UNIT, RESTART_COMMAND, SERVICE_UNIT, instance_unit, layout
 
-from ._common import ROLLBACK_DIR, api_key, note, previous_links
+from ._common import ROLLBACK_DIR, api_key, check, note, previous_links
 
 REPORTS = Path(os.environ.get("QWEN27B_REPORTS", "reports"))
 RUN_ID = time.strftime("%Y%m%d-%H%M%S")
@@ -172,6 +172,7 @@ def unit_state(unit: str = SERVICE_UNIT) -> str:
     return " ".join(_remote(f"systemctl show -p ActiveState,SubState --value {unit} | paste -sd/"))
 
 
+@check
 def _check_copies(decision: Decision) -> None:
     """Each copy (qwen27b_instances) at its own URL with its own key, one report row each. A copy that
     fails stops the check with its journal; there is no automatic rollback of copies (the rollback
@@ -195,6 +196,7 @@ def _check_copies(decision: Decision) -> None:
             f"{result.decode_tok_s or 0:.1f} tok/s")
 
 
+@check
 def _check(decision: Decision, previous: list[tuple[str, str]]) -> None:
     serve, model = decision.serve, decision.stack.model
     base = f"http://{serve.value('--host')}:{serve.value('--port')}"

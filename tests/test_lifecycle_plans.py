@@ -121,8 +121,20 @@ def test_uninstall_of_the_driver_when_asked(tmp_path):
     assert "$ apt-mark unhold nvidia-driver-580-server" in commands
     purge = next(c for c in commands if "apt-get -y purge" in c)
     assert "nvidia-driver-580-server" in purge and "libnvidia-compute-580-server" in purge and "cuda" not in purge
-    assert commands[-2:] == ["$ rm -f /etc/modprobe.d/blacklist-nouveau.conf", "$ update-initramfs -u"]
+    assert commands[-3:] == ["$ rm -f /etc/modprobe.d/blacklist-nouveau.conf", "$ update-initramfs -u",
+                             "$ rmdir /run/qwen27b 2>/dev/null || true"]  # the lock's directory, once released
     assert "$ rm -rf /var/lib/qwen27b" in commands
+
+
+def test_uninstall_removes_apts_proxy_setting_and_its_login(tmp_path):
+    """Issue 32: the apt.conf line and the 0600 apt_auth file (the proxy's password) stayed after an uninstall."""
+    rc, out = plan(tmp_path, "uninstall.py", None, DEPLOYED + ["path root:root /etc/apt/apt.conf.d/90qwen27b-proxy",
+                                                               "path root:root /etc/apt/auth.conf.d/90qwen27b-proxy.conf"])
+    assert rc == 0, out[-3000:]
+    commands = [line for line in ops(out) if line.startswith("$")]
+    assert "$ rm -rf /etc/apt/apt.conf.d/90qwen27b-proxy" in commands
+    assert "$ rm -rf /etc/apt/auth.conf.d/90qwen27b-proxy.conf" in commands
+    assert "remove /etc/apt/auth.conf.d/90qwen27b-proxy.conf: apt's login to the proxy (its password)" in out
 
 
 def test_a_second_uninstall_changes_nothing(tmp_path):

@@ -21,7 +21,8 @@ import socket
 import time
 from dataclasses import dataclass
 
-LOCK_DIR = "/run/qwen27b"
+from qwen27b.plan.lifecycle import LOCK_DIR
+
 LOCK_FILE = f"{LOCK_DIR}/deploy.lock"
 _FIELD = re.compile(r"(\w+)=(\S+)")
 

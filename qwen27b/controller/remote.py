@@ -114,6 +114,13 @@ def load_inventory(path: str, limit: list[str] | None = None, cwd: str | None = 
     return state, hosts
 
 
+# pyinfra asks for a sudo password with getpass when sudo says it needs one; with no terminal that is
+# an EOFError deep in a fact read (issue 32). What it means, and what to do, instead:
+SUDO_PASSWORD_NEEDED = ("sudo on this host needs a password and this run has no terminal to ask for it",
+                        "give this SSH user passwordless sudo (a NOPASSWD line in /etc/sudoers.d), or run on a "
+                        "terminal with --use-sudo-password")
+
+
 @dataclass
 class Answer:
     """One host's answer: `error` set when it could not be reached (`unreachable`) or the command
@@ -177,6 +184,8 @@ def run_command(state, host, command: str, timeout: int = 60, stdin: str | None 
             answer.ok = ok
             answer.stdout = "\n".join(output.stdout_lines) + "\n"
             answer.stderr = "\n".join(output.stderr_lines)
+        except EOFError:  # pyinfra's sudo password prompt, with nothing to read it from
+            answer.error = "{}: {}".format(*SUDO_PASSWORD_NEEDED)
         except Exception as error:  # timeouts, a dropped connection, a sudo password asked
             answer.error = f"{type(error).__name__}: {_one_line(error)}"
     answer.seconds = time.monotonic() - started

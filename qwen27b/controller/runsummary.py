@@ -60,7 +60,7 @@ def outcomes(state, refused: dict[str, str], verified: dict[str, tuple[str, str]
              interrupted: dict[str, str] | None = None, raised: dict[str, str] | None = None,
              unreachable: dict[str, str] | None = None, started: bool = True,
              unverified: dict[str, str] | None = None, planned: set[str] | None = None,
-             aborted: set[str] | None = None) -> list[Outcome]:
+             aborted: set[str] | None = None, dry: bool = True) -> list[Outcome]:
     """Every host the run targeted. `refused`: host -> cause (preflight); `verified`: host ->
     (status, reason) from the verify role; `interrupted`: host -> the operation Ctrl-C stopped;
     `raised`: host -> the error its deploy file raised while planning (never "ok", even in --dry);
@@ -69,7 +69,8 @@ def outcomes(state, refused: dict[str, str], verified: dict[str, tuple[str, str]
     why verify could not reach its service (its verify operation failed the host on purpose);
     `planned`: the hosts whose deploy file ran to its end (None: not tracked); `aborted`: the hosts
     whose deploy file raised (pyinfra then stops the whole run): a host left unplanned, or planned
-    but never run because of them, is "not run", never "planned" or "ok"."""
+    but never run because of them, is "not run", never "planned" or "ok". `dry`: a --dry run; in a
+    real one a host with nothing queued (a second uninstall) is "ok: nothing to do", not "planned"."""
     unverified = unverified or {}
     out = []
     for host in state.inventory:
@@ -99,11 +100,15 @@ def outcomes(state, refused: dict[str, str], verified: dict[str, tuple[str, str]
             out.append(Outcome(name, "interrupted",
                                f"Ctrl-C during '{interrupted[name]}': re-run to finish (done work is kept)"))
         else:
-            ran = any(meta.is_complete() for _, meta in _operations(state, host))
+            queued = list(_operations(state, host))
+            ran = any(meta.is_complete() for _, meta in queued)
             if not ran and (aborted or (planned is not None and name not in planned)):  # pyinfra stopped the run
                 why = (f"the deploy file raised on {', '.join(sorted(aborted))}" if aborted
                        else "the deploy file stopped before this host's plan was complete (its error is above)")
                 out.append(Outcome(name, "not run", f"{why}: no operation ran"))
+                continue
+            if not ran and not queued and not dry:
+                out.append(Outcome(name, "ok", "nothing to do"))
                 continue
             out.append(Outcome(name, "ok" if ran else "planned", "" if ran else unverified.get(name, "")))
     return out

@@ -227,6 +227,9 @@ NOUVEAU_BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
 MOK_CONFIG = "/etc/dkms/framework.conf.d/qwen27b-mok.conf"
 CUDA_PROFILE = "/etc/profile.d/qwen27b-cuda.sh"
 LOCK_DIR = "/run/qwen27b"
+# the toolchain role's apt side of qwen27b_http_proxy: apt.conf lines, and the login (0600) for a proxy URL with one
+APT_PROXY_CONF = "/etc/apt/apt.conf.d/90qwen27b-proxy"
+APT_PROXY_AUTH = "/etc/apt/auth.conf.d/90qwen27b-proxy.conf"
 
 
 def _beside_weights(paths: dict) -> list[str]:
@@ -239,7 +242,8 @@ def _beside_weights(paths: dict) -> list[str]:
 def probe_paths(paths: dict, unit_dir: str, textfile: str) -> list[str]:
     """Every path the uninstall looks for (the DeployedState fact's argument)."""
     return ([paths["root"], paths["config"], paths["state"], paths["models"], *_beside_weights(paths), CUDA_PROFILE,
-             textfile, textfile.rsplit("/", 1)[0], NOUVEAU_BLACKLIST, MOK_CONFIG, *GATEWAY_DIRS]
+             textfile, textfile.rsplit("/", 1)[0], NOUVEAU_BLACKLIST, MOK_CONFIG, *GATEWAY_DIRS, APT_PROXY_CONF,
+             APT_PROXY_AUTH]
             + [f"{unit_dir}/{name}" for name in UNIT_FILES])
 
 
@@ -273,6 +277,8 @@ def uninstall_plan(have: Installed, paths: dict, options: UninstallOptions, unit
     for path, why in ((paths["root"], "release venvs (~3.5 GB each on the CPU profile), uv, Python, the pushed wheelhouse"),
                       (paths["config"], "env files, the API key, tokens, the release record and the rollback copies"),
                       (CUDA_PROFILE, "the CUDA PATH file for login shells"),
+                      (APT_PROXY_CONF, "apt's proxy setting (qwen27b_http_proxy)"),
+                      (APT_PROXY_AUTH, "apt's login to the proxy (its password)"),
                       *((path, "the gateway's code, config and keys, state") for path in GATEWAY_DIRS)):
         if path in have.paths:
             removals.append(Removal(path, why, (f"rm -rf {q(path)}",)))

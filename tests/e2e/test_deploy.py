@@ -30,7 +30,7 @@ from qwen27b.tools import cpu_smoke
 from qwen27b.controller.artifacts import cache_root
 from qwen27b.onhost.mirror import serve
 from tests.support.terminal import plain, run_on_a_terminal
-from tests.support.testhosts.ssh import ADMIN_USER
+from tests.support.testhosts.ssh import ADMIN_USER, PASSWORD_SUDO_USER
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,7 +110,8 @@ def deploy(lab, extra: dict | None = None, background: bool = False, argv: list[
         return rc, plain(transcript)
     if background:
         return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
-    result = subprocess.run(argv, cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, timeout=1500)
+    result = subprocess.run(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=open(log, "w"),
+                            stderr=subprocess.STDOUT, timeout=1500)
     return result.returncode, log.read_text()
 
 
@@ -173,6 +174,21 @@ def test_fresh_host_deploys_and_verifies(lab, mirror):
     logins = lab["host"].run("journalctl -o cat --no-pager _COMM=sshd-session _COMM=sshd | grep 'Accepted publickey for'",
                              check=False).stdout
     assert f"Accepted publickey for {ADMIN_USER} " in logins, logins[-2000:]
+
+
+def test_sudo_that_asks_for_a_password_is_named_with_its_fix_never_a_traceback(lab):
+    """A lab whose SSH user's sudo asks for a password, run with no terminal (CI, cron): pyinfra's
+    password prompt reads from nothing. The dry run, `status` and doctor say what it is and what to
+    do; before (issue 32) the dry run ended in an EOFError traceback and doctor's fix named ssh_user."""
+    as_pwadmin = {"ssh_user": PASSWORD_SUDO_USER}
+    runs = {"dry run": deploy(lab, as_pwadmin, argv=[str(lab["inventory"]), "deploy.py", "--dry", "-y"]),
+            "status": deploy(lab, as_pwadmin, argv=["status", str(lab["inventory"])], module="qwen27b.tools.cli"),
+            "doctor": deploy(lab, as_pwadmin, argv=["doctor", str(lab["inventory"])], module="qwen27b.tools.cli")}
+    for what, (rc, out) in runs.items():
+        assert rc != 0, (what, out[-2000:])
+        assert "sudo on this host needs a password" in out and "--use-sudo-password" in out, (what, out[-3000:])
+        assert "Traceback" not in out and "EOFError" not in out, (what, out[-3000:])
+    assert "ssh_user" not in runs["doctor"][1], runs["doctor"][1][-2000:]
 
 
 def test_second_run_changes_nothing_and_keeps_the_service(lab):

@@ -232,6 +232,10 @@ def test_uninstall_lists_removes_then_changes_nothing_and_a_redeploy_plans(fleet
                     module=CLI)
     assert rc == 0 and "nothing (more) to remove on this host" in out, out[-3000:]
     assert re.search(rf"== {re.escape(b.name)}: 0 operation\(s\) planned, 0 would change the host", out), out[-3000:]
+    assert re.search(rf"^{re.escape(b.name)} +ok +nothing to do$", out, re.M), out[-1500:]  # not "planned" (issue 32)
+    # nothing of the deploy is left: not the lock's directory, nor apt's proxy setting and its login
+    assert b.run("ls -d /run/qwen27b /etc/apt/apt.conf.d/90qwen27b-proxy /etc/apt/auth.conf.d/90qwen27b-proxy.conf",
+                 check=False).stdout.strip() == ""
     rc, out = timed("uninstall --weights --dry", fleet, argv=["uninstall", inventory, "--limit", b.name, "--weights", "--dry"],
                     module=CLI)
     assert rc == 0 and f"remove /var/lib/qwen27b with the model weights" in out, out[-3000:]

@@ -3,6 +3,8 @@ answer; judged on the current invocation, earlier failures are history."""
 
 from __future__ import annotations
 
+from qwen27b.controller.remote import SUDO_PASSWORD_NEEDED
+
 from .context import Ctx, run_failure
 from .model import FAIL, INFO, OK, SKIP, UNIT, WARN, Check
 
@@ -34,8 +36,10 @@ def step1(ctx: Ctx) -> list[Check]:
     view = ctx.view
     ctx.symptom = {"state": None, "summary": "", "phase": None, "cause": None, "cause_step": None}
     if ctx.snap.error:
+        sudo_cause, sudo_fix = SUDO_PASSWORD_NEEDED
         checks.append(Check(1, "host reachable", FAIL, ctx.snap.error,
-                            "check the inventory's ssh_hostname / ssh_user / ssh_key and that sshd runs"))
+                            sudo_fix if ctx.snap.error.startswith(sudo_cause)
+                            else "check the inventory's ssh_hostname / ssh_user / ssh_key and that sshd runs"))
         ctx.symptom.update(state="unreachable", summary=ctx.snap.error)
         return checks
     if not u or u.get("LoadState") in (None, "not-found"):

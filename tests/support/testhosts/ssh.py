@@ -12,6 +12,7 @@ from .common import _locked, _run, _write
 from .state import ProfileState
 
 ADMIN_USER = "admin"  # a non-root SSH user with passwordless sudo on every test host
+PASSWORD_SUDO_USER = "pwadmin"  # and one whose sudo asks for a password
 
 
 class SshAccess(ProfileState):
@@ -62,15 +63,19 @@ class SshAccess(ProfileState):
 
     def _add_sudo_admin(self, root: Path) -> None:
         """The account README tells labs to deploy with (issue 32): `admin`, a non-root user with our
-        key and passwordless sudo; the e2e lab deploys as it (`_sudo = True`), one module as root."""
-        passwd = (root / "etc/passwd").read_text()
-        if not any(line.startswith(f"{ADMIN_USER}:") for line in passwd.splitlines()):
-            _run(["useradd", "--root", str(root), "--create-home", "--shell", "/bin/bash", ADMIN_USER])
-            passwd = (root / "etc/passwd").read_text()
-        uid, gid = next(map(int, line.split(":")[2:4]) for line in passwd.splitlines()
-                        if line.startswith(f"{ADMIN_USER}:"))
-        _write(root / f"etc/sudoers.d/{ADMIN_USER}", f"{ADMIN_USER} ALL=(ALL:ALL) NOPASSWD: ALL\n", 0o440)
-        sshdir = root / "home" / ADMIN_USER / ".ssh"
+        key and passwordless sudo; the e2e lab deploys as it (`_sudo = True`), one module as root.
+        And `pwadmin`, whose sudo asks for a password it does not have ("a password is required")."""
+        for user, rule in ((ADMIN_USER, "NOPASSWD: ALL"), (PASSWORD_SUDO_USER, "ALL")):
+            if not any(line.startswith(f"{user}:") for line in (root / "etc/passwd").read_text().splitlines()):
+                _run(["useradd", "--root", str(root), "--create-home", "--shell", "/bin/bash", user])
+            uid, gid = next(map(int, line.split(":")[2:4]) for line in (root / "etc/passwd").read_text().splitlines()
+                            if line.startswith(f"{user}:"))
+            _write(root / f"etc/sudoers.d/{user}", f"{user} ALL=(ALL:ALL) {rule}\n", 0o440)
+            self._authorize(root, user, uid, gid)
+
+    def _authorize(self, root: Path, user: str, uid: int, gid: int) -> None:
+        """Our client key in the user's authorized_keys, owned by the user."""
+        sshdir = root / "home" / user / ".ssh"
         sshdir.mkdir(mode=0o700, parents=True, exist_ok=True)
         _write(sshdir / "authorized_keys", Path(str(self.key) + ".pub").read_text(), 0o600)
         for path in (sshdir.parent, sshdir, sshdir / "authorized_keys"):
