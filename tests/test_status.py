@@ -153,6 +153,9 @@ def test_last_verify_is_the_newest_report_naming_the_host(tmp_path):
     assert status.last_verifies(tmp_path / "absent", ["a"]) == {}
     row = status.HostStatus("a", last_verify=found["a"])
     assert status.cells(row)[6] == "rolled back (run 20261202-100000): rolled back: OOM"
+    # uninstalled since (issue 32: it still read "ok"): the verify is shown as history
+    gone = status.HostStatus("b", load_state="not-found", last_verify=found["b"])
+    assert status.cells(gone)[6] == "- (not installed; was ok)"
 
 
 # ------------------------------------------------------------------ the command, on @fake hosts
@@ -185,7 +188,8 @@ def _status(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 def test_fifty_recorded_hosts_one_table_and_the_wall_time(tmp_path):
     (tmp_path / "reports").mkdir()
-    _report(tmp_path / "reports", "20261203-190000", [{"host": "@fake/gpu-07", "status": "ok"}])
+    _report(tmp_path / "reports", "20261203-190000", [{"host": "@fake/gpu-07", "status": "ok"},
+                                                       {"host": "@fake/gpu-09", "status": "ok"}])
     result = _status(tmp_path, str(_inventory(tmp_path, 50)))
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
@@ -195,7 +199,9 @@ def test_fifty_recorded_hosts_one_table_and_the_wall_time(tmp_path):
     assert re.search(r"^read 50 host\(s\) in \d+\.\d\d s \(slowest @fake/gpu-\d\d: \d+\.\d\d s\)$", result.stdout, re.M)
     serving = next(line for line in rows if "OK 3m ago" in line)
     assert "4x Tesla V100-SXM2-32GB (32510" in serving and "9c1e5f0a7b23" in serving  # the cell wraps after
-    assert re.search(r"^@fake/gpu-07 .* ok \(run 20261203-190000\)$", result.stdout, re.M)
+    assert re.search(r"^@fake/gpu-09 .* ok \(run 20261203-190000\)$", result.stdout, re.M)  # serving
+    # gpu-07 replays the host with no service (uninstalled since its verify): history, never "ok"
+    assert re.search(r"^@fake/gpu-07 .* - \(not installed; was ok\)$", result.stdout, re.M)
 
     as_json = _status(tmp_path, str(_inventory(tmp_path, 50)), "--json")
     data = json.loads(as_json.stdout)

@@ -315,6 +315,8 @@ def _verify_cell(row: HostStatus) -> str:
     v = row.last_verify
     if not v:
         return "never (no report here)"
+    if row.load_state == "not-found" and row.gateway is None:  # uninstalled since: that verify is history
+        return f"- (not installed; was {v['status']})"
     return f"{v['status']} (run {v['run']})" + (f": {_short(v['reason'])}" if v["status"] != "ok" and v["reason"] else "")
 
 
