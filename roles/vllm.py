@@ -131,8 +131,10 @@ def _smoke(decision: Decision, python: str) -> str:
     if torch.get("required_arch"):
         check += (f"; archs = torch.cuda.get_arch_list(); assert '{torch['required_arch']}' in archs, "
                   f"'torch lacks {torch['required_arch']} kernels: ' + str(archs)")
-    # Run from / : the 1Cat README warns against running vllm from inside a source checkout.
-    return f"cd / && {python} -c {shlex.quote(check)}"
+    # Run from / : the 1Cat README warns against running vllm from inside a source checkout. TMPDIR: a
+    # throwaway dir for what torch makes at import (it left an empty /tmp/torchinductor_root behind)
+    return (f"cd / && tmp=$(mktemp -d) && TMPDIR=$tmp {python} -c {shlex.quote(check)}; "
+            'rc=$?; rm -rf "$tmp"; exit $rc')
 
 
 ONHOST_SOURCE = Path(onhost.__file__).parent
@@ -165,7 +167,10 @@ def vllm(decision: Decision) -> None:
         return
     source, commands, local = _install_commands(decision, venv, uv_on_host(decision))
     note(f"vllm: install {', '.join(missing)} with uv from {source}")
-    install = server.shell(name="install the vLLM build into the release venv", commands=commands)
+    # uv leaves its venv lock world-writable (0666) inside the root-owned release: not writable by others
+    lock = shlex.quote(f"{venv}/.lock")
+    install = server.shell(name="install the vLLM build into the release venv",
+                           commands=[*commands, f"[ ! -e {lock} ] || chmod 0644 {lock}"])
     if local is not None:
         progress.watch(install, host, "install", [install_cache(decision), venv], unpacked_bytes(local), every_s=2.0,
                        finishing="compiling bytecode")

@@ -269,6 +269,9 @@ def test_host_state(lab):
     model = t.file("/var/lib/qwen27b/models/current")
     assert model.is_symlink and model.linked_to.endswith(GOOD)
     assert t.file("/opt/qwen27b/current").is_symlink
+    # nothing left behind by the install as root (issue 32): no torch cache in /tmp, no world-writable lock
+    assert lab["host"].run("ls -d /tmp/torchinductor_* 2>/dev/null", check=False).stdout.strip() == ""
+    assert lab["host"].run("find -L /opt/qwen27b/current/ -maxdepth 2 -perm -o+w -type f").stdout.strip() == ""
 
 
 def test_api_key_guards_v1_and_never_leaks(lab):
