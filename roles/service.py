@@ -117,7 +117,8 @@ def release_record(decision: Decision) -> Record:
     return Record(links, model_ref=f"{model['id']}@{model['revision']}",
                   url=f"http://{serve.value('--host')}:{serve.value('--port')}",
                   served_name=serve.value("--served-model-name"), speculative=serve.has("--speculative-config"),
-                  start_timeout_s=decision.stack.profile["serve"]["start_timeout_s"])
+                  start_timeout_s=decision.stack.profile["serve"]["start_timeout_s"],
+                  flags=tuple(f"{flag.name} {flag.value}" if flag.value is not None else flag.name for flag in serve.flags))
 
 
 def keep_running_release(serving_files: list[str], record_file: str, links_now: Record) -> None:

@@ -91,6 +91,19 @@ def test_rollback_switches_every_link_that_differs_and_restores_the_files():
                                      "          to   release aaaa, model m@rev-a"]
 
 
+def test_a_flag_only_rollback_shows_the_flags_it_changes():
+    """Issue 32: the same release and model on both sides, and not the flag that differs."""
+    now = Record(dict(RUNNING.links), flags=("--dtype float16", "--max-num-seqs 4", "--enforce-eager"))
+    kept = Record(dict(RUNNING.links), flags=("--dtype float16", "--max-num-seqs 2"))
+    assert parse_record(json.loads(record_text(kept))) == kept  # the flags round-trip
+    lines = plan_rollback(now, kept, KEPT, [], FILES).lines(PATHS)
+    assert [line for line in lines if "serve flag" in line] == ["   serve flag --enforce-eager: set -> -",
+                                                                "   serve flag --max-num-seqs: 4 -> 2"]
+    # a kept record from before flags were recorded: nothing is claimed
+    assert not [line for line in plan_rollback(now, Record(dict(RUNNING.links)), KEPT, [], FILES).lines(PATHS)
+                if "serve flag" in line]
+
+
 def test_a_kept_record_made_from_links_only_is_verified_like_the_running_one():
     """A host deployed before records existed: the kept record holds the symlinks only."""
     plan = plan_rollback(RUNNING, Record(dict(KEPT_RECORD.links)), KEPT, [], FILES)

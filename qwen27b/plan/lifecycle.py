@@ -63,11 +63,12 @@ class Record:
     served_name: str = ""
     speculative: bool = False
     start_timeout_s: int = 600
+    flags: tuple[str, ...] = ()  # the vllm serve flags, one "--name value" each: a flag-only change shows
 
     def as_json(self) -> dict:
         return {"links": dict(sorted(self.links.items())), "model_ref": self.model_ref, "url": self.url,
                 "served_name": self.served_name, "speculative": self.speculative,
-                "start_timeout_s": self.start_timeout_s}
+                "start_timeout_s": self.start_timeout_s, **({"flags": list(self.flags)} if self.flags else {})}
 
     def short(self, paths: dict) -> str:
         """'release <hash>, model <id@rev>' for plan lines."""
@@ -96,10 +97,12 @@ def parse_record(data) -> Record | None:
                 and _LINK_TARGET.match(target) and ".." not in target.split("/")):
             raise ValueError(f"release record link {link!r} -> {target!r} is not a plain absolute path")
     timeout = data.get("start_timeout_s", 600)
+    flags = data.get("flags") if isinstance(data.get("flags"), list) else []  # older records have none
     return Record(links=dict(data["links"]), model_ref=str(data.get("model_ref") or ""),
                   url=str(data.get("url") or ""), served_name=str(data.get("served_name") or ""),
                   speculative=bool(data.get("speculative")),
-                  start_timeout_s=timeout if isinstance(timeout, int) and timeout > 0 else 600)
+                  start_timeout_s=timeout if isinstance(timeout, int) and timeout > 0 else 600,
+                  flags=tuple(str(flag) for flag in flags))
 
 
 # ---------------------------------------------------------------------------------- rollback
@@ -122,8 +125,19 @@ class RollbackPlan:
     def lines(self, paths: dict) -> list[str]:
         out = [f"rollback: from {self.back.short(paths)}", f"          to   {self.target.short(paths)}"]
         out += [f"   {link} -> {to} (now {now})" for link, now, to in self.switch]
+        if self.target.flags and self.back.flags and self.target.flags != self.back.flags:
+            out += [f"   serve flag {line}" for line in flag_changes(self.back.flags, self.target.flags)]
         out += [f"   {path} <- the kept copy (the running one is kept in its place)" for path in self.restore]
         return out
+
+
+def flag_changes(now: tuple[str, ...], to: tuple[str, ...]) -> list[str]:
+    """What a rollback changes in the serve flags: "--name: now -> then" (absent shown as "-")."""
+    def by_name(flags):
+        return {flag.split(" ", 1)[0]: (flag.split(" ", 1) + [""])[1] for flag in flags}
+    a, b = by_name(now), by_name(to)
+    return [f"{name}: {a.get(name, '-') or 'set'} -> {b.get(name, '-') or 'set'}"
+            for name in sorted(set(a) | set(b)) if a.get(name) != b.get(name)]
 
 
 def plan_rollback(current: Record | None, previous: Record | None, kept: list[str], missing: list[str],
@@ -150,7 +164,7 @@ def plan_rollback(current: Record | None, previous: Record | None, kept: list[st
                    if current.links.get(link) != target)
     target = Record(previous.links, previous.model_ref or current.model_ref, previous.url or current.url,
                     previous.served_name or current.served_name, previous.speculative,
-                    previous.start_timeout_s)
+                    previous.start_timeout_s, previous.flags)
     return RollbackPlan(switch, tuple(serving_files), target, current)
 
 
