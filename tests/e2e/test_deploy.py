@@ -274,6 +274,25 @@ def test_host_state(lab):
     assert lab["host"].run("find -L /opt/qwen27b/current/ -maxdepth 2 -perm -o+w -type f").stdout.strip() == ""
 
 
+def test_the_readmes_commands_on_a_host_work_for_the_sudo_user(lab):
+    """README's "Using it on your lab" lines run on the host as its `admin` (issue 32: the health
+    check line printed CRITICAL 401 with a key set, and `systemctl status` without sudo showed no log)."""
+    host = lab["host"]
+
+    def as_admin(command: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["ssh", "-F", str(host.ssh_config), "-l", ADMIN_USER, host.name, command],
+                              capture_output=True, text=True, timeout=180)
+
+    status = as_admin("sudo systemctl status qwen27b --no-pager --lines 5")
+    assert status.returncode == 0 and "active (running)" in status.stdout, status.stdout + status.stderr
+    assert len(status.stdout.split("\n\n", 1)[-1].strip().splitlines()) >= 1, status.stdout  # its log lines
+    health = as_admin(f"sudo /opt/qwen27b/current/venv/bin/qwen27b-health --url http://{host.address}:{PORT} "
+                      "--api-key-file /etc/qwen27b/api-key.env")
+    assert health.returncode == 0 and "OK" in health.stdout, health.stdout + health.stderr
+    unkeyed = as_admin(f"/opt/qwen27b/current/venv/bin/qwen27b-health --url http://{host.address}:{PORT}")
+    assert unkeyed.returncode != 0, unkeyed.stdout  # why README gives the key file (root's: hence sudo)
+
+
 def test_api_key_guards_v1_and_never_leaks(lab):
     base = lab["base"]
     assert httpx.get(f"{base}/v1/models", timeout=10).status_code == 401
