@@ -272,6 +272,10 @@ def test_host_state(lab):
     # nothing left behind by the install as root (issue 32): no torch cache in /tmp, no world-writable lock
     assert lab["host"].run("ls -d /tmp/torchinductor_* 2>/dev/null", check=False).stdout.strip() == ""
     assert lab["host"].run("find -L /opt/qwen27b/current/ -maxdepth 2 -perm -o+w -type f").stdout.strip() == ""
+    # the wheelhouse came through admin's staging dir (push_files under sudo): root's files, no stage left
+    wheels = lab["host"].run("find /opt/qwen27b/wheelhouse -mindepth 1 \\( ! -user root -o -name '.incoming' \\)")
+    assert wheels.stdout.strip() == "", wheels.stdout[:2000]
+    assert int(lab["host"].run("ls /opt/qwen27b/wheelhouse/*/*.whl | wc -l").stdout) > 100
 
 
 def test_the_readmes_commands_on_a_host_work_for_the_sudo_user(lab):
