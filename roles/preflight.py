@@ -246,7 +246,7 @@ def gather_facts(models_path: str, on=None) -> HostFacts:
     factcache.prefetch([(F.OsRelease, {}), (F.KernelRelease, {}), (F.NvidiaGpus, {}), (F.NvidiaPciDevices, {}),
                         (F.NvidiaKernelModule, {}), (F.NouveauLoaded, {}), (F.SecureBoot, {}), (F.DiskFree, at),
                         (F.MemoryInfo, {}), (F.PythonVersions, {}), (F.XidErrors, {}), (F.NvidiaCudaPackages, {}),
-                        (F.HeldPackages, {}), (F.KernelHeaders, {}), (F.ModelsOnDisk, at), (DeployLock, {}),
+                        (F.HeldPackages, {}), (F.KernelHeaders, {}), (F.ModelsOnDisk, at), (F.GpuTopology, {}), (DeployLock, {}),
                         (File, {"path": RAY_UNIT_FILE})], on=on)  # the multinode role's: in this batch, no round trip
     return HostFacts(
         os=read(F.OsRelease),
@@ -264,6 +264,7 @@ def gather_facts(models_path: str, on=None) -> HostFacts:
         held=read(F.HeldPackages) or [],
         kernel_headers=read(F.KernelHeaders),
         models_on_disk=read(F.ModelsOnDisk, **at) or {},
+        topology=read(F.GpuTopology),
     )
 
 

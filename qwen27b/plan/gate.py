@@ -77,6 +77,7 @@ class HostFacts:
     kernel_headers: dict | None = None  # KernelHeaders; None: not read
     models_on_disk: dict = field(default_factory=dict)  # ModelsOnDisk(models path)
     gpu_problems: list = field(default_factory=list)  # NvidiaGpus' "problem" entries, split off gpus
+    topology: dict | None = None  # GpuTopology; None: not read (no driver yet)
 
     def __post_init__(self):
         # NvidiaGpus lists nvidia-smi's failure lines beside the GPUs; keep `gpus` GPUs only.
@@ -566,7 +567,7 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
             served_name=settings.served_model_name or rs.model["served_name"],
             bind_address=bind, bind_reason=bind_reason, port=settings.port,
             speculative=settings.speculative, prefix_caching=settings.prefix_caching,
-            pins=pins, ram_bytes=ram, route_guard=bool(settings.api_key_file)))
+            pins=pins, ram_bytes=ram, route_guard=bool(settings.api_key_file), topology=facts.topology))
     except PlanRefused as refused:
         refusals.append(RefusedHost(host, refused.cause, refused.fix))
 
