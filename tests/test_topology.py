@@ -83,3 +83,49 @@ def test_nccl_p2p_off_only_where_topo_p2p_says_a_pair_cannot_read():
     assert plan_all_reduce(ONECAT, ok, [0, 1], cite).env == {}
     assert plan_all_reduce(ONECAT, DGX1, [0, 1], cite).env == {}  # not read: NCCL's own choice
     assert plan_all_reduce(ONECAT, gns, [0], cite).env == {}  # TP 1 talks to nobody
+
+
+# --- through the gate and the rendered env, on the recorded hosts --------------------------------
+
+import sys  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from recordings import recorded_facts  # noqa: E402
+
+from qwen27b.controller.render import layout, service_env  # noqa: E402
+from qwen27b.plan.gate import decide  # noqa: E402
+from qwen27b.plan.hostdata import settings_for  # noqa: E402
+
+
+def _decide(host: str, **data):
+    return decide(host, recorded_facts(host), load_stack(), settings_for(host, data))
+
+
+def test_pcie_box_gets_the_flag_and_nccl_p2p_off_in_its_env():
+    d = _decide("v100x4-pcie")
+    assert d.serve.has("--disable-custom-all-reduce") and "(stack rule volta-pcie)" in next(
+        f.reason for f in d.serve.flags if f.name == "--disable-custom-all-reduce")
+    env = dict(service_env(d, layout(d)))
+    assert env["NCCL_P2P_DISABLE"] == "1" and env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+    assert "--disable-custom-all-reduce" in d.serve.argv()
+
+
+def test_nvlink_quad_keeps_custom_all_reduce_and_says_why():
+    d = _decide("v100x4-converged")
+    assert not d.serve.has("--disable-custom-all-reduce")
+    assert any(n.startswith("custom all-reduce kept on") and "volta-nvlink" in n for n in d.serve.notes)
+    assert "NCCL_P2P_DISABLE" not in dict(service_env(d, layout(d)))
+
+
+def test_a_pin_wins_over_the_rule():
+    d = _decide("v100x4-converged", qwen27b_serve_flags={"--disable-custom-all-reduce": True})
+    flag = next(f for f in d.serve.flags if f.name == "--disable-custom-all-reduce")
+    assert flag.pinned and flag.value is None
+
+
+def test_a_pinned_tp_below_the_gpu_count_gets_only_its_gpus_and_a_note():
+    d = _decide("v100x4-pcie", qwen27b_tensor_parallel_size=2)
+    assert dict(service_env(d, layout(d)))["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert any(n.startswith("GPU(s) 2, 3 are left out of this unit") and "qwen27b_instances" in n for n in d.serve.notes)
+    # the TP group is GPUs 0-1 (NODE, P2P OK): the cross-socket CNS pairs are not its business
+    assert "NCCL_P2P_DISABLE" not in dict(service_env(d, layout(d)))

@@ -263,6 +263,11 @@ def _all_reduce(inp: ServeInputs, tp: int, add, notes: list[str]):
         notes.append(f"custom all-reduce kept on (vLLM's default): {decision.reason}")
     if decision.env_reason:
         notes.append(decision.env_reason)
+    idle = [g.index for g in inp.gpus[tp:]]
+    if idle:
+        notes.append(f"GPU(s) {', '.join(map(str, idle))} are left out of this unit (CUDA_VISIBLE_DEVICES lists the TP group "
+                     f"{', '.join(str(g.index) for g in inp.gpus[:tp])}): serve them with more copies of TP {tp} "
+                     "(qwen27b_instances), or raise the TP size")
     return decision
 
 
