@@ -40,6 +40,7 @@ def recorded_facts(host: str, **replace) -> HostFacts:
         kernel_headers=_read(host, F.KernelHeaders),
         models_on_disk=_read(host, F.ModelsOnDisk),
         topology=_read(host, F.GpuTopology),
+        glibc=_read(host, F.GlibcVersion),
     )
     values.update(replace)
     return HostFacts(**values)

@@ -114,6 +114,11 @@ GARBLED = [
     (H.parse_models_on_disk, ["du: cannot read directory 'x@main/': Permission denied"]),
     (H.parse_models_on_disk, ["21904347136 verified"]),  # cut before the name
     (H.parse_models_on_disk, ["12 verified a@main", "13 partial a@main"]),
+    # GlibcVersion
+    (H.parse_glibc_version, ["glibc 2"]),
+    (H.parse_glibc_version, ["getconf: Unrecognized variable `GNU_LIBC_VERSION'"]),
+    (H.parse_glibc_version, ["glibc 2.35", "glibc 2.36"]),
+    (H.parse_glibc_version, ["ldd (Ubuntu GLIBC 2.35-0ubuntu3.8)"]),  # cut before the version
     # GpuTopology
     (G.parse_gpu_topology, ["Segmentation fault"]),  # neither a matrix nor nvidia-smi's own failure
     (G.parse_gpu_topology, ["\tGPU0\tGPU1\tCPU Affinity", "GPU0\t X \tNV2\t0-15"]),  # cut before GPU1's row
@@ -219,6 +224,8 @@ def _check_shape(fact, value):
         assert value == sorted(value)
     elif fact is F.ModelsOnDisk:
         assert all(set(v) == {"bytes", "verified"} and isinstance(v["bytes"], int) for v in value.values())
+    elif fact is F.GlibcVersion:
+        assert value is None or (isinstance(value, str) and all(p.isdigit() for p in value.split(".")))
     elif fact is F.GpuTopology:
         if value is not None:
             n = len(value["gpus"])
@@ -263,7 +270,7 @@ TOKENS = st.sampled_from([
     "Unable to determine the device handle for GPU", "WARNING: infoROM is corrupted at gpu ", ": Unknown Error",
     'Field "compute_cap" is not a valid field to query.', "headers linux-headers-", "5.15.0-125-generic",
     "linux-headers-5.15.0-125-generic:", "  Installed: ", "  Candidate: ", "(none)", " verified ", " partial ",
-    "nvidia--Qwen3.8-27B-NVFP4@main", "GPU0", "GPU1", "\tGPU0\tGPU1", " X ", "\tNV2", "\tPIX", "\tOK", "##P2P-READ",
+    "nvidia--Qwen3.8-27B-NVFP4@main", "GPU0", "GPU1", "\tGPU0\tGPU1", " X ", "\tNV2", "\tPIX", "\tOK", "##P2P-READ", "glibc ", "2.35", "ldd (Ubuntu GLIBC 2.35-0ubuntu3.8) ",
 ])  # fmt: skip
 TOKEN_LINE = st.lists(TOKENS, max_size=14).map("".join)
 ANY_LINE = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=80)

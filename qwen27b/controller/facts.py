@@ -28,8 +28,8 @@ from qwen27b.plan import hostfacts_parse
 from qwen27b.plan.gpufacts_parse import (P2P_MARKER, kernel_module_not_loaded, parse_gpu_topology, parse_nouveau_loaded,
                                          parse_nvidia_gpus, parse_nvidia_kernel_module, parse_nvidia_pci_devices,
                                          parse_xid_errors)
-from qwen27b.plan.hostfacts_parse import (parse_disk_free, parse_held_packages, parse_kernel_headers,
-                                          parse_kernel_release, parse_memory_info, parse_models_on_disk,
+from qwen27b.plan.hostfacts_parse import (parse_disk_free, parse_glibc_version, parse_held_packages,
+                                          parse_kernel_headers, parse_kernel_release, parse_memory_info, parse_models_on_disk,
                                           parse_nvidia_cuda_packages, parse_os_release, parse_python_versions,
                                           parse_secure_boot)
 
@@ -86,6 +86,15 @@ class OsRelease(_ParsedFact):
     parser = staticmethod(parse_os_release)
 
     empty = {"id": None, "version_id": None, "pretty_name": None, "codename": None, "id_like": None}
+
+
+class GlibcVersion(_ParsedFact):
+    """The host's glibc: a wheel whose shared objects need a newer GLIBC_ symbol version fails at
+    import, mid-deploy; the gate compares (qwen27b/plan/gate.py binary_needs_check) before any change."""
+
+    recorded_as = "glibc-version.txt"
+    _command = "getconf GNU_LIBC_VERSION 2>/dev/null || ldd --version 2>&1 | head -n 1"
+    parser = staticmethod(parse_glibc_version)
 
 
 class KernelRelease(_ParsedFact):
@@ -326,4 +335,5 @@ ALL_FACTS: tuple[type[FactBase], ...] = (
     KernelHeaders,
     ModelsOnDisk,
     GpuTopology,
+    GlibcVersion,
 )

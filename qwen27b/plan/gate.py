@@ -78,6 +78,7 @@ class HostFacts:
     models_on_disk: dict = field(default_factory=dict)  # ModelsOnDisk(models path)
     gpu_problems: list = field(default_factory=list)  # NvidiaGpus' "problem" entries, split off gpus
     topology: dict | None = None  # GpuTopology; None: not read (no driver yet)
+    glibc: str | None = None  # GlibcVersion ("2.35"); None: not read
 
     def __post_init__(self):
         # NvidiaGpus lists nvidia-smi's failure lines beside the GPUs; keep `gpus` GPUs only.
@@ -418,6 +419,35 @@ def _warnings(facts: HostFacts, rs: ResolvedStack, settings: Settings, os_row: d
     return out
 
 
+GLIBC_FIX = ("reinstall the host with Ubuntu 22.04 (glibc 2.35) or 24.04 (2.39), or use a build of {wheel} made for "
+             "glibc <= {have}")
+
+
+def binary_needs_check(host: str, glibc: str | None, rs: ResolvedStack, needs: dict | None = None) -> str | None:
+    """The host's glibc against what the vLLM wheel needs: `needs` read from the wheel's shared objects
+    (elfneeds.wheel_needs) refuses a host below them; without the wheel, the build's glibc_floor in the
+    stack file refuses when verified, else returns a warning. None: fine, or nothing to compare."""
+    from qwen27b.plan.elfneeds import newer  # noqa: PLC0415
+
+    wheel = rs.profile["vllm"].get("filename") or f"{rs.profile['vllm']['dist']} {rs.profile['vllm']['version']}"
+    if not glibc:
+        return None
+    if needs and needs.get("GLIBC"):
+        if newer(needs["GLIBC"], glibc):
+            raise RefusedHost(host, f"{wheel} needs GLIBC_{needs['GLIBC']} (its {needs['by']['GLIBC']} asks for it), "
+                              f"the host has glibc {glibc}: it would fail at import, after the driver and CUDA are in",
+                              GLIBC_FIX.format(wheel=wheel, have=glibc))
+        return None
+    floor = rs.build.get("glibc_floor")
+    if not floor or not newer(floor["version"], glibc):
+        return None
+    said = (f"{wheel} is known to run on glibc >= {floor['version']}, the host has {glibc}; its own needs were not "
+            f"read (put the wheel in the controller wheelhouse) {rs.cite(floor.get('source'))}")
+    if floor.get("verified", True):
+        raise RefusedHost(host, said, GLIBC_FIX.format(wheel=wheel, have=glibc))
+    return said + " (verified: false): the import may fail mid-deploy; fix: " + GLIBC_FIX.format(wheel=wheel, have=glibc)
+
+
 def _choices(facts: HostFacts, rs: ResolvedStack, settings: Settings, driver: DriverPlan | None) -> list[Choice]:
     p, out = rs.profile, []
     if driver is not None:
@@ -571,6 +601,7 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
     except PlanRefused as refused:
         refusals.append(RefusedHost(host, refused.cause, refused.fix))
 
+    glibc_warning = check(binary_needs_check, host, facts.glibc, rs)
     disk_warning = None
     if facts.disk is not None and facts.disk.get("free_bytes") is not None:
         disk_warning = check(_check_disk, host, facts, rs, settings,
@@ -578,5 +609,6 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
     if refusals:
         raise RefusedHost.every(host, refusals)
     return Decision(host=host, stack=rs, settings=settings, gpus=gpus, serve=serve,
-                    choices=_choices(facts, rs, settings, driver), warnings=_warnings(facts, rs, settings, os_row, driver) + ([disk_warning] if disk_warning else []),
+                    choices=_choices(facts, rs, settings, driver),
+                    warnings=_warnings(facts, rs, settings, os_row, driver) + [w for w in (disk_warning, glibc_warning) if w],
                     model_path=model_path, draft_path=draft_path, facts=facts, os_row=os_row, driver=driver)

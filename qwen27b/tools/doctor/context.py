@@ -60,6 +60,7 @@ def host_facts(snap: HostSnapshot) -> HostFacts:
         packages=_fact(snap, F.NvidiaCudaPackages, {}) or {},
         held=_fact(snap, F.HeldPackages, []) or [],
         topology=_fact(snap, F.GpuTopology, None),
+        glibc=_fact(snap, F.GlibcVersion, None),
     )
 
 
