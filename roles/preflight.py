@@ -9,6 +9,7 @@ run exits non-zero) and gets no operations. The others go on.
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import re
@@ -290,13 +291,20 @@ def gate(on=None) -> Decision | RefusedHost:
             facts = gather_facts(stack["paths"]["models"], on)
             address, why = host_address(on)
             decisions[on.name] = decide(on.name, facts, stack, settings, bind_address=address, address_reason=why)
+        except RefusedHost as refused:
+            decisions[on.name] = refused
+    if isinstance(decisions[on.name], Decision):
+        try:
             check_wheel_binary(decisions[on.name])
         except RefusedHost as refused:
             decisions[on.name] = refused
     return decisions[on.name]
 
 
-_NEEDS: dict[tuple, dict] = {}  # (wheel path, size, mtime) -> its needs: read once per run, not per host
+@functools.lru_cache(maxsize=8)
+def _wheel_needs(path: str, size: int, mtime_ns: int) -> dict:
+    """elfneeds.wheel_needs, once per wheel file (size and mtime in the key): not once per host."""
+    return wheel_needs(Path(path))
 
 
 def check_wheel_binary(decision: Decision) -> None:
@@ -310,10 +318,8 @@ def check_wheel_binary(decision: Decision) -> None:
     if not wheels or not decision.facts.glibc:
         return
     stat = wheels[0].stat()
-    key = (str(wheels[0]), stat.st_size, stat.st_mtime_ns)
-    if key not in _NEEDS:
-        _NEEDS[key] = wheel_needs(wheels[0])
-    binary_needs_check(decision.host, decision.facts.glibc, decision.stack, _NEEDS[key])
+    needs = _wheel_needs(str(wheels[0]), stat.st_size, stat.st_mtime_ns)
+    binary_needs_check(decision.host, decision.facts.glibc, decision.stack, needs)
 
 
 def _group_gate(name: str) -> dict[str, Decision | RefusedHost]:

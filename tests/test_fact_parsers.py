@@ -230,7 +230,7 @@ def _check_shape(fact, value):
         if value is not None:
             n = len(value["gpus"])
             assert set(value) == {"gpus", "links", "p2p_read"} and all(isinstance(g, int) for g in value["gpus"])
-            for matrix in (value["links"], value["p2p_read"] or [["X"]] * n):
+            for matrix in [value["links"]] + ([value["p2p_read"]] if value["p2p_read"] is not None else []):
                 assert len(matrix) == n and all(len(row) == n and row[i] == "X" for i, row in enumerate(matrix))
     elif fact is F.KernelHeaders:
         assert set(value) == {"package", "installed", "candidate"} and value["package"].startswith("linux-headers-")

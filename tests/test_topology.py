@@ -129,3 +129,13 @@ def test_a_pinned_tp_below_the_gpu_count_gets_only_its_gpus_and_a_note():
     assert any(n.startswith("GPU(s) 2, 3 are left out of this unit") and "qwen27b_instances" in n for n in d.serve.notes)
     # the TP group is GPUs 0-1 (NODE, P2P OK): the cross-socket CNS pairs are not its business
     assert "NCCL_P2P_DISABLE" not in dict(service_env(d, layout(d)))
+
+
+def test_a_dgx1_is_two_all_nvlink_quads_and_the_plan_says_so():
+    from qwen27b.plan.topology import nvlink_split
+    assert nvlink_split(DGX1, list(range(8))) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert nvlink_split(PCIE4, [0, 1, 2, 3]) == [] and nvlink_split(None, list(range(8))) == []
+    assert nvlink_split(DGX1, [0, 1, 2, 3]) == []  # already one all-NVLink group: nothing to split
+    d = _decide("v100x8-sxm2-dgx1")
+    assert any(n.startswith("GPU(s) 0,1,2,3 and 4,5,6,7 are each all on NVLink: 2 copies of TP 4") for n in d.serve.notes)
+    assert not any("are each all on NVLink" in n for n in _decide("v100x4-pcie").serve.notes)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from qwen27b.onhost.contract import xid_meaning
 from qwen27b.plan.checkpoint import CheckpointError, ModelShape, load_shape
+from qwen27b.plan.elfneeds import newer
 from qwen27b.plan.hostdata import Settings
 from qwen27b.plan.planner import GiB, Gpu, PlanRefused, ServeInputs, ServePlan, _divides, plan_serve
 from qwen27b.plan.stack import (ResolvedStack, StackError, cc_tuple, checkpoint_metadata_dir, gpu_spec,
@@ -427,8 +428,6 @@ def binary_needs_check(host: str, glibc: str | None, rs: ResolvedStack, needs: d
     """The host's glibc against what the vLLM wheel needs: `needs` read from the wheel's shared objects
     (elfneeds.wheel_needs) refuses a host below them; without the wheel, the build's glibc_floor in the
     stack file refuses when verified, else returns a warning. None: fine, or nothing to compare."""
-    from qwen27b.plan.elfneeds import newer  # noqa: PLC0415
-
     wheel = rs.profile["vllm"].get("filename") or f"{rs.profile['vllm']['dist']} {rs.profile['vllm']['version']}"
     if not glibc:
         return None

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from qwen27b.plan.checkpoint import DTYPE_BYTES, ModelShape
 from qwen27b.onhost.contract import MIDDLEWARE
 from qwen27b.plan.stack import ResolvedStack
-from qwen27b.plan.topology import plan_all_reduce
+from qwen27b.plan.topology import nvlink_split, plan_all_reduce
 
 MiB = 2**20
 GiB = 2**30
@@ -259,6 +259,12 @@ def _all_reduce(inp: ServeInputs, tp: int, add, notes: list[str]):
     decision = plan_all_reduce(inp.stack.build, inp.topology, [g.index for g in inp.gpus[:tp]], inp.stack.cite)
     if decision.custom is False:
         add("--disable-custom-all-reduce", None, decision.reason)
+        keeps = [r for r in inp.stack.build.get("all_reduce") or [] if r["custom_all_reduce"]]
+        split = nvlink_split(inp.topology, [g.index for g in inp.gpus[:tp]], sorted({r.get("tp_min", 2) for r in keeps}))
+        if split:
+            notes.append(f"GPU(s) {' and '.join(','.join(map(str, s)) for s in split)} are each all on NVLink: "
+                         f"{len(split)} copies of TP {len(split[0])} (qwen27b_instances) would keep custom all-reduce on, "
+                         "if the model fits a copy")
     elif decision.custom:
         notes.append(f"custom all-reduce kept on (vLLM's default): {decision.reason}")
     if decision.env_reason:

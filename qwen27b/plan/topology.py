@@ -47,6 +47,18 @@ def p2p_failures(topology: dict | None, indices: list[int]) -> list[str]:
             if matrix[at[a]][at[b]] != "OK"]
 
 
+def nvlink_split(topology: dict | None, indices: list[int], sizes=(4,)) -> list[list[int]]:
+    """Consecutive equal groups of `indices`, of the largest of `sizes` that divides them, each all on
+    NVLink; [] when there is none (a DGX-1's 8 GPUs: two all-NVLink quads, while the eight are not)."""
+    for size in sorted(sizes, reverse=True):
+        if size >= len(indices) or len(indices) % size:
+            continue
+        groups = [indices[i:i + size] for i in range(0, len(indices), size)]
+        if all(group_link(topology, group)[0] == "nvlink" for group in groups):
+            return groups
+    return []
+
+
 def _matches(rule: dict, tp: int, link: str) -> bool:
     if "tp" in rule and tp not in rule["tp"]:
         return False
@@ -71,7 +83,6 @@ def plan_all_reduce(build: dict, topology: dict | None, indices: list[int], cite
     link, links = group_link(topology, indices)
     for rule in build["all_reduce"]:
         if _matches(rule, tp, link):
-            state = "on" if rule["custom_all_reduce"] else "off"
             reason = f"TP {tp}, {links}: {rule['why']} {cite(rule.get('source'))} (stack rule {rule['id']})"
             if rule.get("verified") is False:
                 reason += " (verified: false)"
