@@ -9,8 +9,10 @@ run exits non-zero) and gets no operations. The others go on.
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -27,7 +29,8 @@ from qwen27b.controller import facts as F
 from qwen27b.controller import factcache, hostlock, oporder, progress
 from qwen27b.controller import runstate, runsummary
 from qwen27b.controller.artifacts import ArtifactError
-from qwen27b.plan.gate import Decision, HostFacts, RefusedHost, decide
+from qwen27b.plan.elfneeds import wheel_needs
+from qwen27b.plan.gate import Decision, HostFacts, RefusedHost, binary_needs_check, decide
 from qwen27b.controller.host_facts import DeployLock
 from qwen27b.controller.address import host_address, unknown_address
 from qwen27b.plan.hostdata import BadHostData, Settings, lab_address, validate_inventory
@@ -39,6 +42,7 @@ from qwen27b.plan.groupdata import node_address
 from qwen27b.plan.multinode import Member, decide_group
 from pyinfra.facts.files import File
 from roles.multinode import UNIT_FILE as RAY_UNIT_FILE
+from roles.vllm import wheelhouse_dir
 
 from ._common import note, take_notes
 
@@ -247,7 +251,8 @@ def gather_facts(models_path: str, on=None) -> HostFacts:
     factcache.prefetch([(F.OsRelease, {}), (F.KernelRelease, {}), (F.NvidiaGpus, {}), (F.NvidiaPciDevices, {}),
                         (F.NvidiaKernelModule, {}), (F.NouveauLoaded, {}), (F.SecureBoot, {}), (F.DiskFree, at),
                         (F.MemoryInfo, {}), (F.PythonVersions, {}), (F.XidErrors, {}), (F.NvidiaCudaPackages, {}),
-                        (F.HeldPackages, {}), (F.KernelHeaders, {}), (F.ModelsOnDisk, at), (DeployLock, {}),
+                        (F.HeldPackages, {}), (F.KernelHeaders, {}), (F.ModelsOnDisk, at), (F.GpuTopology, {}), (F.GlibcVersion, {}),
+                        (DeployLock, {}),
                         (File, {"path": RAY_UNIT_FILE})], on=on)  # the multinode role's: in this batch, no round trip
     return HostFacts(
         os=read(F.OsRelease),
@@ -265,6 +270,8 @@ def gather_facts(models_path: str, on=None) -> HostFacts:
         held=read(F.HeldPackages) or [],
         kernel_headers=read(F.KernelHeaders),
         models_on_disk=read(F.ModelsOnDisk, **at) or {},
+        topology=read(F.GpuTopology),
+        glibc=read(F.GlibcVersion),
     )
 
 
@@ -290,7 +297,33 @@ def gate(on=None) -> Decision | RefusedHost:
             decisions[on.name] = decide(on.name, facts, stack, settings, bind_address=address, address_reason=why)
         except RefusedHost as refused:
             decisions[on.name] = refused
+    if isinstance(decisions[on.name], Decision):
+        try:
+            check_wheel_binary(decisions[on.name])
+        except RefusedHost as refused:
+            decisions[on.name] = refused
     return decisions[on.name]
+
+
+@functools.lru_cache(maxsize=8)
+def _wheel_needs(path: str, size: int, mtime_ns: int) -> dict:
+    """elfneeds.wheel_needs, once per wheel file (size and mtime in the key): not once per host."""
+    return wheel_needs(Path(path))
+
+
+def check_wheel_binary(decision: Decision) -> None:
+    """When the vLLM wheel is in the controller wheelhouse, the GLIBC_ versions its shared objects
+    need against the host's glibc (gate.binary_needs_check): refused here, before any host is touched,
+    rather than an import error after the driver and CUDA are in."""
+    vllm = decision.stack.profile["vllm"]
+    local = wheelhouse_dir(decision)
+    stem = re.sub(r"[-_.]+", "_", vllm["dist"])
+    wheels = sorted(local.glob(f"{stem}-{vllm['version']}-*.whl")) if local.is_dir() else []
+    if not wheels or not decision.facts.glibc:
+        return
+    stat = wheels[0].stat()
+    needs = _wheel_needs(str(wheels[0]), stat.st_size, stat.st_mtime_ns)
+    binary_needs_check(decision.host, decision.facts.glibc, decision.stack, needs)
 
 
 def _group_gate(name: str) -> dict[str, Decision | RefusedHost]:

@@ -22,6 +22,7 @@ from qwen27b.controller.artifacts import (ArtifactError, cache_root, constraints
 from qwen27b.plan.gate import Decision
 from qwen27b.controller.host_facts import FileHashes, VenvPackages
 from qwen27b.controller.operations import push_files
+from qwen27b.controller.render import jit_cache_env
 
 from qwen27b.plan.hostdata import redact_url
 
@@ -131,10 +132,11 @@ def _smoke(decision: Decision, python: str) -> str:
     if torch.get("required_arch"):
         check += (f"; archs = torch.cuda.get_arch_list(); assert '{torch['required_arch']}' in archs, "
                   f"'torch lacks {torch['required_arch']} kernels: ' + str(archs)")
-    # Run from / : the 1Cat README warns against running vllm from inside a source checkout. TMPDIR: a
-    # throwaway dir for what torch makes at import (it left an empty /tmp/torchinductor_root behind)
-    return (f"cd / && tmp=$(mktemp -d) && TMPDIR=$tmp {python} -c {shlex.quote(check)}; "
-            'rc=$?; rm -rf "$tmp"; exit $rc')
+    # Run from / : the 1Cat README warns against running vllm from inside a source checkout. Run as
+    # root, the import's JIT caches go to a throwaway dir (not /tmp/torchinductor_root, ~root/.triton).
+    caches = " ".join(f"{name}=\"$d{value[len('/c'):]}\"" for name, value in jit_cache_env("/c").items())
+    return (f"d=$(mktemp -d) && cd / && {caches} {python} -c {shlex.quote(check)}; "
+            'rc=$?; rm -rf -- "$d"; exit $rc')
 
 
 ONHOST_SOURCE = Path(onhost.__file__).parent

@@ -39,6 +39,8 @@ def recorded_facts(host: str, **replace) -> HostFacts:
         held=_read(host, F.HeldPackages),
         kernel_headers=_read(host, F.KernelHeaders),
         models_on_disk=_read(host, F.ModelsOnDisk),
+        topology=_read(host, F.GpuTopology),
+        glibc=_read(host, F.GlibcVersion),
     )
     values.update(replace)
     return HostFacts(**values)

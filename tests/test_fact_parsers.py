@@ -114,6 +114,20 @@ GARBLED = [
     (H.parse_models_on_disk, ["du: cannot read directory 'x@main/': Permission denied"]),
     (H.parse_models_on_disk, ["21904347136 verified"]),  # cut before the name
     (H.parse_models_on_disk, ["12 verified a@main", "13 partial a@main"]),
+    # GlibcVersion
+    (H.parse_glibc_version, ["glibc 2"]),
+    (H.parse_glibc_version, ["getconf: Unrecognized variable `GNU_LIBC_VERSION'"]),
+    (H.parse_glibc_version, ["glibc 2.35", "glibc 2.36"]),
+    (H.parse_glibc_version, ["ldd (Ubuntu GLIBC 2.35-0ubuntu3.8)"]),  # cut before the version
+    # GpuTopology
+    (G.parse_gpu_topology, ["Segmentation fault"]),  # neither a matrix nor nvidia-smi's own failure
+    (G.parse_gpu_topology, ["\tGPU0\tGPU1\tCPU Affinity", "GPU0\t X \tNV2\t0-15"]),  # cut before GPU1's row
+    (G.parse_gpu_topology, ["\tGPU0\tGPU1\tCPU Affinity", "GPU0\t X \tNV2\t0-15", "GPU1\tNVX\t X \t0-15"]),
+    (G.parse_gpu_topology, ["\tGPU0\tGPU1\tCPU Affinity", "GPU0\tPIX\t X \t0-15", "GPU1\tPIX\t X \t0-15"]),
+    (G.parse_gpu_topology, ["\tGPU0\tGPU1", "GPU0\t X \tPHB", "GPU1\tPHB\t X ", G.P2P_MARKER,
+                            " \tGPU0\tGPU1", " GPU0\tX\tOK", " GPU1\tMAYBE\tX"]),
+    (G.parse_gpu_topology, ["\tGPU0\tGPU1", "GPU0\t X \tPHB", "GPU1\tPHB\t X ", G.P2P_MARKER,
+                            " \tGPU0\tGPU2", " GPU0\tX\tOK", " GPU2\tOK\tX"]),  # another GPU set
 ]
 
 
@@ -210,6 +224,14 @@ def _check_shape(fact, value):
         assert value == sorted(value)
     elif fact is F.ModelsOnDisk:
         assert all(set(v) == {"bytes", "verified"} and isinstance(v["bytes"], int) for v in value.values())
+    elif fact is F.GlibcVersion:
+        assert value is None or (isinstance(value, str) and all(p.isdigit() for p in value.split(".")))
+    elif fact is F.GpuTopology:
+        if value is not None:
+            n = len(value["gpus"])
+            assert set(value) == {"gpus", "links", "p2p_read"} and all(isinstance(g, int) for g in value["gpus"])
+            for matrix in [value["links"]] + ([value["p2p_read"]] if value["p2p_read"] is not None else []):
+                assert len(matrix) == n and all(len(row) == n and row[i] == "X" for i, row in enumerate(matrix))
     elif fact is F.KernelHeaders:
         assert set(value) == {"package", "installed", "candidate"} and value["package"].startswith("linux-headers-")
         assert all(v is None or (isinstance(v, str) and v and v != "(none)") for v in (value["installed"], value["candidate"]))
@@ -248,7 +270,7 @@ TOKENS = st.sampled_from([
     "Unable to determine the device handle for GPU", "WARNING: infoROM is corrupted at gpu ", ": Unknown Error",
     'Field "compute_cap" is not a valid field to query.', "headers linux-headers-", "5.15.0-125-generic",
     "linux-headers-5.15.0-125-generic:", "  Installed: ", "  Candidate: ", "(none)", " verified ", " partial ",
-    "nvidia--Qwen3.8-27B-NVFP4@main",
+    "nvidia--Qwen3.8-27B-NVFP4@main", "GPU0", "GPU1", "\tGPU0\tGPU1", " X ", "\tNV2", "\tPIX", "\tOK", "##P2P-READ", "glibc ", "2.35", "ldd (Ubuntu GLIBC 2.35-0ubuntu3.8) ",
 ])  # fmt: skip
 TOKEN_LINE = st.lists(TOKENS, max_size=14).map("".join)
 ANY_LINE = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=80)
@@ -299,3 +321,42 @@ def test_mutated_recordings_are_parsed_or_refused(case):
 def test_unmutated_recordings_parse():
     for fact, lines in RECORDED:
         _check_shape(fact, fact.parser(lines))
+
+
+# --- GpuTopology on genuine texts (tests/fixtures/topology/README.md names each source) ----------
+
+TOPOLOGY = Path(__file__).parent / "fixtures" / "topology"
+
+
+def _topology(name: str) -> dict:
+    return G.parse_gpu_topology((TOPOLOGY / name).read_text(encoding="utf-8").splitlines())
+
+
+def test_dgx1_hybrid_cube_mesh_space_separated():
+    topo = _topology("dgx1-8x-v100-sxm2-16gb.txt")
+    assert topo["gpus"] == list(range(8)) and topo["p2p_read"] is None
+    assert topo["links"][0] == ["X", "NV1", "NV1", "NV2", "NV2", "SYS", "SYS", "SYS"]  # the NIC column is dropped
+    assert topo["links"][7] == ["SYS", "SYS", "SYS", "NV1", "NV2", "NV1", "NV2", "X"]
+    assert all(topo["links"][a][b] == topo["links"][b][a] for a in range(8) for b in range(8))
+
+
+def test_r580_columns_and_a_mixed_box():
+    topo = _topology("mixed-rtx3090-2x-v100-sxm2-nv6.txt")
+    assert topo == {"gpus": [0, 1, 2], "links": [["X", "NODE", "NODE"], ["NODE", "X", "NV6"], ["NODE", "NV6", "X"]],
+                    "p2p_read": None}
+
+
+def test_pcie_paths_and_the_p2p_matrix():
+    assert _topology("pcie-4x-pxb-pix-sys.txt")["links"][2] == ["SYS", "SYS", "X", "PIX"]
+    topo = _topology("pcie-2x-phb-p2p-gns.txt")
+    assert topo["links"] == [["X", "PHB"], ["PHB", "X"]] and topo["p2p_read"] == [["X", "GNS"], ["GNS", "X"]]
+
+
+def test_no_driver_is_not_read_and_an_old_driver_without_p2p_is_links_only():
+    assert G.parse_gpu_topology([]) is None
+    assert G.parse_gpu_topology(["NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+                                 "Make sure that the latest NVIDIA driver is installed and running.", G.P2P_MARKER,
+                                 "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."]) is None
+    old = ["\tGPU0\tGPU1\tCPU Affinity", "GPU0\t X \tSOC\t0-7", "GPU1\tSOC\t X \t0-7", G.P2P_MARKER,
+           "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help."]
+    assert G.parse_gpu_topology(old) == {"gpus": [0, 1], "links": [["X", "SOC"], ["SOC", "X"]], "p2p_read": None}

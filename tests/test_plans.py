@@ -25,7 +25,9 @@ HOSTS = ["v100x4-2204-fresh", "v100x1-2004", "v100x2-16gb", "v100x4-converged", 
          # a serving group: two 2x V100 16 GB workstations over 10 GbE (qwen27b/plan/multinode.py)
          "v100x2-16gb-pair-head", "v100x2-16gb-pair-worker",
          # the 4x V100 box as two TP-2 copies (qwen27b_instances), fresh and converged (qwen27b/plan/instances.py)
-         "v100x4-copies", "v100x4-copies-converged"]
+         "v100x4-copies", "v100x4-copies-converged",
+         # GPU topology: the all-reduce per TP group (qwen27b/plan/topology.py)
+         "v100x2-pcie", "v100x4-pcie", "v100x8-sxm2-dgx1", "mixed-3090-v100x2"]
 
 
 EMPTY_CACHE = tempfile.mkdtemp(prefix="qwen27b-empty-cache-")
@@ -91,10 +93,11 @@ def test_plan_matches_golden(dry_run, host):
 
 
 def test_fresh_v100_plan_shows_the_volta_stack(dry_run):
-    plan = host_plan(dry_run.stderr, "v100x4-2204-fresh")
-    for needle in ("nvidia-driver-580-server", "cuda-toolkit-12-8", "12.8", "python   install  3.12",
-                   "1cat_vllm==1.5.0", "--dtype                   float16", "FLASH_ATTN_V100",
-                   '{"method":"dflash"', "--tensor-parallel-size    4", "KV capacity", "left for KV cache"):
+    plan = re.sub(r" +", " ", host_plan(dry_run.stderr, "v100x4-2204-fresh"))  # column widths aside
+    for needle in ("nvidia-driver-580-server", "cuda-toolkit-12-8", "12.8", "python install 3.12",
+                   "1cat_vllm==1.5.0", "--dtype float16", "FLASH_ATTN_V100",
+                   '{"method":"dflash"', "--tensor-parallel-size 4", "KV capacity", "left for KV cache",
+                   "--disable-custom-all-reduce (on) TP 4, GPU links not read"):
         assert needle in plan, needle
 
 

@@ -71,7 +71,8 @@ def test_all_hosts_present():
         "v100x4-2204-fresh", "v100x1-2004", "v100x2-16gb", "v100x4-converged", "v100x4-degraded",
         "v100x1-secureboot", "t4x1-2204", "a100x2-2204", "nogpu-2204", "centos7", "debian12-cpu", "h200",
         "v100x1-open-loaded", "v100x2-open-unloaded", "v100x2-r470", "v100x4-pg500", "v100x4-noheaders",
-        "v100x4-converged-8g", "v100x4-copies-converged",
+        "v100x4-converged-8g", "v100x4-copies-converged", "v100x2-pcie", "v100x4-pcie", "v100x8-sxm2-dgx1",
+        "mixed-3090-v100x2",
     }  # fmt: skip
 
 
@@ -191,6 +192,13 @@ EXPECTED = {
     # v100x4-converged's facts (links to them), converged as two copies (qwen27b_instances)
     "v100x4-copies-converged": dict(os=("ubuntu", "22.04"), kernel="5.15.0-125-generic", pci=["1db5"] * 4, smi=4,
                                     module=("proprietary", "580.95.05"), nouveau=False, held=["nvidia-driver-580-server"]),
+    # v100x4-converged's software with other GPUs and links (qwen27b/plan/topology.py's golden hosts)
+    "v100x2-pcie": dict(os=("ubuntu", "22.04"), pci=["1db6"] * 2, smi=2, module=("proprietary", "580.95.05"),
+                        links=[["X", "NODE"], ["NODE", "X"]]),
+    "v100x4-pcie": dict(os=("ubuntu", "22.04"), pci=["1db6"] * 4, smi=4, module=("proprietary", "580.95.05")),
+    "v100x8-sxm2-dgx1": dict(os=("ubuntu", "22.04"), pci=["1db1"] * 8, smi=8, module=("proprietary", "580.95.05")),
+    "mixed-3090-v100x2": dict(os=("ubuntu", "22.04"), pci=["2204", "1db5", "1db5"], smi=3,
+                              links=[["X", "NODE", "NODE"], ["NODE", "X", "NV6"], ["NODE", "NV6", "X"]]),
 }
 
 
@@ -228,6 +236,8 @@ def test_host_is_what_its_readme_says(name):
     if "packages" in want:
         packages = host.get_fact(F.NvidiaCudaPackages)
         assert want["packages"] <= set(packages) and (want["packages"] or not packages)
+    if "links" in want:
+        assert host.get_fact(F.GpuTopology)["links"] == want["links"]
 
 
 def test_degraded_host_differs_from_converged_only_in_gpu2_link_and_xid():

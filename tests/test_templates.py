@@ -296,3 +296,39 @@ def test_the_root_exec_stop_post_restarts_only_on_request(tmp_path):
     assert not request.is_symlink() and target.read_text() == "keep"
     with pytest.raises(ValueError):
         restart_exec("/var/lib/x; reboot", "qwen27b.service")
+
+
+# --- the JIT has its tools (issue 23) --------------------------------------------------------------
+
+JIT_CACHES = ("XDG_CACHE_HOME", "TORCH_EXTENSIONS_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",
+              "FLASHINFER_WORKSPACE_BASE", "CUDA_CACHE_PATH", "VLLM_CACHE_ROOT")
+
+
+@pytest.mark.parametrize("host, data", [("v100x4-2204-fresh", {}), ("debian12-cpu", {"qwen27b_profile": "cpu-smoke"})])
+def test_the_jit_finds_ninja_and_writes_only_under_the_state_dir(host, data):
+    """The venv's bin (ninja from tools.host_packages) leads PATH, and every JIT cache is under the one
+    path ProtectSystem=strict leaves writable (ReadWritePaths=)."""
+    files = render_all(decision(host, data))
+    env = dict(line.split("=", 1) for line in files["qwen27b.env.j2"].splitlines() if line and not line.startswith("#"))
+    unit = files["qwen27b.service.j2"]
+    writable = re.search(r"^ReadWritePaths=(\S+)$", unit, re.M).group(1)
+    assert "ProtectSystem=strict" in unit and writable == STACK["paths"]["state"]
+    path = env["PATH"].split(":")
+    assert path[0] == STACK["paths"]["current_release"] + "/venv/bin" and "/usr/bin" in path
+    assert re.search(r"^ExecStart=" + re.escape(path[0]) + "/", unit, re.M)  # the same venv runs vLLM
+    for name in JIT_CACHES:
+        assert env[name].startswith(STACK["paths"]["cache"] + "/") or env[name] == STACK["paths"]["cache"], name
+    assert STACK["paths"]["cache"].startswith(writable + "/")
+    assert "ninja" in STACK["tools"]["host_packages"]
+
+
+def test_the_install_smoke_import_keeps_root_s_jit_caches_out_of_tmp():
+    from roles.vllm import _smoke
+    command = _smoke(decision(), "/opt/qwen27b/releases/x/venv/bin/python")
+    assert command.startswith("d=$(mktemp -d) && cd / && ") and command.endswith('rm -rf -- "$d"; exit $rc')
+    for name in JIT_CACHES[:-1]:
+        assert re.search(rf'\b{name}="\$d[^"]*" ', command), name
+    # the shell line runs (python replaced by `printenv`), sees the caches in its temp dir, removes it
+    out = subprocess.run(["sh", "-c", _smoke(decision(), "printenv TRITON_CACHE_DIR && :")], capture_output=True, text=True)
+    cache = out.stdout.strip()
+    assert out.returncode == 0 and cache.endswith("/triton") and not os.path.exists(os.path.dirname(cache))

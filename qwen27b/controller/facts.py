@@ -25,10 +25,11 @@ from pyinfra.api.exceptions import FactProcessError
 from pyinfra.api.facts import FactBase
 
 from qwen27b.plan import hostfacts_parse
-from qwen27b.plan.gpufacts_parse import (kernel_module_not_loaded, parse_nouveau_loaded, parse_nvidia_gpus,
-                                         parse_nvidia_kernel_module, parse_nvidia_pci_devices, parse_xid_errors)
-from qwen27b.plan.hostfacts_parse import (parse_disk_free, parse_held_packages, parse_kernel_headers,
-                                          parse_kernel_release, parse_memory_info, parse_models_on_disk,
+from qwen27b.plan.gpufacts_parse import (P2P_MARKER, kernel_module_not_loaded, parse_gpu_topology, parse_nouveau_loaded,
+                                         parse_nvidia_gpus, parse_nvidia_kernel_module, parse_nvidia_pci_devices,
+                                         parse_xid_errors)
+from qwen27b.plan.hostfacts_parse import (parse_disk_free, parse_glibc_version, parse_held_packages,
+                                          parse_kernel_headers, parse_kernel_release, parse_memory_info, parse_models_on_disk,
                                           parse_nvidia_cuda_packages, parse_os_release, parse_python_versions,
                                           parse_secure_boot)
 
@@ -87,6 +88,15 @@ class OsRelease(_ParsedFact):
     empty = {"id": None, "version_id": None, "pretty_name": None, "codename": None, "id_like": None}
 
 
+class GlibcVersion(_ParsedFact):
+    """The host's glibc: a wheel whose shared objects need a newer GLIBC_ symbol version fails at
+    import, mid-deploy; the gate compares (qwen27b/plan/gate.py binary_needs_check) before any change."""
+
+    recorded_as = "glibc-version.txt"
+    _command = "getconf GNU_LIBC_VERSION 2>/dev/null || ldd --version 2>&1 | head -n 1"
+    parser = staticmethod(parse_glibc_version)
+
+
 class KernelRelease(_ParsedFact):
     """DKMS builds the driver for the running kernel; its headers package is named after it."""
 
@@ -114,6 +124,21 @@ class NvidiaGpus(_ParsedFact):
     requires = "nvidia-smi"
 
     empty = []
+
+
+class GpuTopology(_ParsedFact):
+    """How the GPUs reach each other (NVLink, one PCIe switch, across sockets) and whether P2P reads
+    work: the planner decides the custom all-reduce and NCCL's P2P per TP group from it
+    (qwen27b/plan/topology.py). parse_gpu_topology gives the shape; None without a driver."""
+
+    recorded_as = "nvidia-smi-topo.txt"
+    # `topo -p2p r` (R450+) may be missing on an old driver: its usage text then parses as "not read".
+    _command = f"nvidia-smi topo -m 2>&1; echo '{P2P_MARKER}'; nvidia-smi topo -p2p r 2>&1; true"
+    parser = staticmethod(parse_gpu_topology)
+
+    requires = "nvidia-smi"
+
+    empty = None
 
 
 class NvidiaPciDevices(_ParsedFact):
@@ -309,4 +334,6 @@ ALL_FACTS: tuple[type[FactBase], ...] = (
     HeldPackages,
     KernelHeaders,
     ModelsOnDisk,
+    GpuTopology,
+    GlibcVersion,
 )

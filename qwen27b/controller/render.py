@@ -197,10 +197,41 @@ def restart_exec(request: str, unit: str) -> str:
     return f"/bin/sh -c 'if rm {request} 2>/dev/null; then systemctl restart --no-block {unit}; fi'"
 
 
+def serving_gpus(decision: Decision) -> list:
+    """The GPUs vLLM uses: the first TP (x PP on one host) of the selected ones. A pinned TP below the
+    GPU count would otherwise see them all and leave the rest idle without a word (the plan notes them)."""
+    if decision.group is not None or not decision.serve.has("--tensor-parallel-size"):
+        return decision.gpus
+    used = int(decision.serve.value("--tensor-parallel-size"))
+    if decision.serve.has("--pipeline-parallel-size"):
+        used *= int(decision.serve.value("--pipeline-parallel-size"))
+    return decision.gpus[:used]
+
+
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def jit_cache_env(cache_dir: str) -> dict[str, str]:
+    """Every cache the engine compiles into at first use, under the cache dir: ProtectSystem=strict
+    leaves only the state dir writable, and each tool's default (~/.cache, /tmp/torchinductor_<user>,
+    ~/.triton) would be lost with PrivateTmp or refused. vLLM's own (VLLM_CACHE_ROOT) is set beside."""
+    return {
+        "XDG_CACHE_HOME": cache_dir,
+        "TORCH_EXTENSIONS_DIR": cache_dir + "/torch_extensions",  # torch.utils.cpp_extension (ninja builds)
+        "TORCHINDUCTOR_CACHE_DIR": cache_dir + "/torchinductor",  # torch.compile's generated kernels
+        "TRITON_CACHE_DIR": cache_dir + "/triton",
+        "FLASHINFER_WORKSPACE_BASE": cache_dir,  # flashinfer's JIT: <base>/.cache/flashinfer
+        "CUDA_CACHE_PATH": cache_dir + "/nv-compute",  # the driver's PTX JIT cache (~/.nv/ComputeCache)
+    }
+
+
 def service_env(decision: Decision, where: dict) -> list[tuple[str, str]]:
     env = {
         "HOME": where["state_dir"],
-        "XDG_CACHE_HOME": where["cache_dir"],
+        # the venv's bin first: torch's JIT extension builds run `ninja` from PATH ("Ninja is required",
+        # v100-skinny#3); the rest is systemd's default PATH
+        "PATH": where["venv"] + "/bin:" + SYSTEM_PATH,
+        **jit_cache_env(where["cache_dir"]),
         "VLLM_CACHE_ROOT": where["cache_dir"] + "/vllm",
         "HF_HOME": where["cache_dir"] + "/huggingface",
         # weights are placed by the weights role; the service never reaches a hub
@@ -210,7 +241,7 @@ def service_env(decision: Decision, where: dict) -> list[tuple[str, str]]:
         "DO_NOT_TRACK": "1",
     }
     if decision.gpus:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g.index) for g in decision.gpus)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g.index) for g in serving_gpus(decision))
     if decision.serve.has("--middleware"):
         # the route guard is qwen27b_onhost.route_auth, shipped into <venv>/lib outside site-packages
         env["PYTHONPATH"] = lib_dir(where["venv"])

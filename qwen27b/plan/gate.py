@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from qwen27b.onhost.contract import xid_meaning
 from qwen27b.plan.checkpoint import CheckpointError, ModelShape, load_shape
+from qwen27b.plan.elfneeds import newer
 from qwen27b.plan.hostdata import Settings
 from qwen27b.plan.planner import GiB, Gpu, PlanRefused, ServeInputs, ServePlan, _divides, plan_serve
 from qwen27b.plan.stack import (ResolvedStack, StackError, cc_tuple, checkpoint_metadata_dir, gpu_spec,
@@ -77,6 +78,8 @@ class HostFacts:
     kernel_headers: dict | None = None  # KernelHeaders; None: not read
     models_on_disk: dict = field(default_factory=dict)  # ModelsOnDisk(models path)
     gpu_problems: list = field(default_factory=list)  # NvidiaGpus' "problem" entries, split off gpus
+    topology: dict | None = None  # GpuTopology; None: not read (no driver yet)
+    glibc: str | None = None  # GlibcVersion ("2.35"); None: not read
 
     def __post_init__(self):
         # NvidiaGpus lists nvidia-smi's failure lines beside the GPUs; keep `gpus` GPUs only.
@@ -417,6 +420,33 @@ def _warnings(facts: HostFacts, rs: ResolvedStack, settings: Settings, os_row: d
     return out
 
 
+GLIBC_FIX = ("reinstall the host with Ubuntu 22.04 (glibc 2.35) or 24.04 (2.39), or use a build of {wheel} made for "
+             "glibc <= {have}")
+
+
+def binary_needs_check(host: str, glibc: str | None, rs: ResolvedStack, needs: dict | None = None) -> str | None:
+    """The host's glibc against what the vLLM wheel needs: `needs` read from the wheel's shared objects
+    (elfneeds.wheel_needs) refuses a host below them; without the wheel, the build's glibc_floor in the
+    stack file refuses when verified, else returns a warning. None: fine, or nothing to compare."""
+    wheel = rs.profile["vllm"].get("filename") or f"{rs.profile['vllm']['dist']} {rs.profile['vllm']['version']}"
+    if not glibc:
+        return None
+    if needs and needs.get("GLIBC"):
+        if newer(needs["GLIBC"], glibc):
+            raise RefusedHost(host, f"{wheel} needs GLIBC_{needs['GLIBC']} (its {needs['by']['GLIBC']} asks for it), "
+                              f"the host has glibc {glibc}: it would fail at import, after the driver and CUDA are in",
+                              GLIBC_FIX.format(wheel=wheel, have=glibc))
+        return None
+    floor = rs.build.get("glibc_floor")
+    if not floor or not newer(floor["version"], glibc):
+        return None
+    said = (f"{wheel} is known to run on glibc >= {floor['version']}, the host has {glibc}; its own needs were not "
+            f"read (put the wheel in the controller wheelhouse) {rs.cite(floor.get('source'))}")
+    if floor.get("verified", True):
+        raise RefusedHost(host, said, GLIBC_FIX.format(wheel=wheel, have=glibc))
+    return said + " (verified: false): the import may fail mid-deploy; fix: " + GLIBC_FIX.format(wheel=wheel, have=glibc)
+
+
 def _choices(facts: HostFacts, rs: ResolvedStack, settings: Settings, driver: DriverPlan | None) -> list[Choice]:
     p, out = rs.profile, []
     if driver is not None:
@@ -566,10 +596,11 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
             served_name=settings.served_model_name or rs.model["served_name"],
             bind_address=bind, bind_reason=bind_reason, port=settings.port,
             speculative=settings.speculative, prefix_caching=settings.prefix_caching,
-            pins=pins, ram_bytes=ram, route_guard=bool(settings.api_key_file)))
+            pins=pins, ram_bytes=ram, route_guard=bool(settings.api_key_file), topology=facts.topology))
     except PlanRefused as refused:
         refusals.append(RefusedHost(host, refused.cause, refused.fix))
 
+    glibc_warning = check(binary_needs_check, host, facts.glibc, rs)
     disk_warning = None
     if facts.disk is not None and facts.disk.get("free_bytes") is not None:
         disk_warning = check(_check_disk, host, facts, rs, settings,
@@ -577,5 +608,6 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
     if refusals:
         raise RefusedHost.every(host, refusals)
     return Decision(host=host, stack=rs, settings=settings, gpus=gpus, serve=serve,
-                    choices=_choices(facts, rs, settings, driver), warnings=_warnings(facts, rs, settings, os_row, driver) + ([disk_warning] if disk_warning else []),
+                    choices=_choices(facts, rs, settings, driver),
+                    warnings=_warnings(facts, rs, settings, os_row, driver) + [w for w in (disk_warning, glibc_warning) if w],
                     model_path=model_path, draft_path=draft_path, facts=facts, os_row=os_row, driver=driver)

@@ -221,3 +221,79 @@ def parse_xid_errors(output: list[str]) -> list[dict]:
         text = re.sub(r"^name=[^,]*,\s*", "", text)
         events.append({"time": time, "pci": match["pci"], "xid": int(match["xid"]), "text": text})
     return events
+
+
+# --- nvidia-smi topo -m / topo -p2p r ------------------------------------------------------------
+
+P2P_MARKER = "##P2P-READ"  # the GpuTopology command prints it between its two nvidia-smi calls
+_GPU_LABEL = re.compile(r"^GPU([0-9]{1,3})$")
+# topo -m cells between GPUs: NV<n> (a bonded set of n NVLinks), or the PCIe path; SOC is the
+# pre-R384 name of SYS.
+_LINK = re.compile(r"^(?:NV[0-9]{1,2}|PIX|PXB|PHB|NODE|SYS|SOC)$")
+_P2P_STATUS = {"OK", "CNS", "GNS", "TNS", "NS", "DR", "U"}  # topo -p2p's legend
+_SMI_FAILED = (_NO_DRIVER, _NO_DEVICES, "Failed to initialize NVML")
+
+
+def _gpu_matrix(fact: str, lines: list[tuple[int, str]], cell: re.Pattern | set, what: str):
+    """(GPU indices, square matrix of cells) from nvidia-smi's `topo` table in `lines`: a header of
+    GPU<i> columns (NIC and affinity columns after them are ignored), then one row per GPU. Tabs
+    or spaces alike (text copied out of an issue loses its tabs). None when there is no header."""
+    header = None
+    for at, (n, line) in enumerate(lines):
+        tokens = line.split()
+        if tokens and tokens[0] == "GPU0" and (len(tokens) == 1 or tokens[1] != "X"):
+            header = at
+            break
+    if header is None:
+        return None
+    labels = []
+    for token in lines[header][1].split():
+        match = _GPU_LABEL.match(token)
+        if not match:
+            break
+        labels.append(int(match[1]))
+    if len(set(labels)) != len(labels):
+        raise FactParseError(fact, lines[header][0], f"{what}: each GPU column once", lines[header][1])
+    rows: dict[int, list[str]] = {}
+    for n, line in lines[header + 1:]:
+        tokens = line.split()
+        match = _GPU_LABEL.match(tokens[0]) if tokens else None
+        if not match:
+            if len(rows) == len(labels):
+                break  # the legend, the NIC rows
+            raise FactParseError(fact, n, f"{what}: a row for each of GPU{', GPU'.join(map(str, labels))}", line)
+        index, cells = int(match[1]), tokens[1:1 + len(labels)]
+        ok = len(cells) == len(labels) and index in labels and index not in rows and all(
+            (c == "X") == (labels[i] == index) and (c == "X" or (cell.match(c) if isinstance(cell, re.Pattern)
+                                                                 else c in cell)) for i, c in enumerate(cells))
+        if not ok:
+            raise FactParseError(fact, n, f"{what}: GPU<i> then {len(labels)} cells, X on the diagonal", line)
+        rows[index] = cells
+        if len(rows) == len(labels):
+            break
+    if len(rows) != len(labels):
+        n, line = lines[-1]
+        raise FactParseError(fact, n, f"{what}: a row for each of the {len(labels)} GPU(s)", line)
+    return labels, [rows[i] for i in labels]
+
+
+def parse_gpu_topology(output: list[str]) -> dict | None:
+    """`nvidia-smi topo -m`, then the P2P_MARKER line and `nvidia-smi topo -p2p r`:
+    {"gpus": [nvidia-smi indices], "links": matrix of "X"/"NV2"/"PIX"/.../"SYS" in that order,
+    "p2p_read": matrix of "X"/"OK"/"NS"/... or None where the driver printed none}.
+    None when nvidia-smi printed only its own failure (no driver: NvidiaGpus reports that)."""
+    fact = "GpuTopology"
+    lines = numbered_lines(output)
+    cut = next((i for i, (_, line) in enumerate(lines) if line.strip() == P2P_MARKER), len(lines))
+    topo, p2p = lines[:cut], lines[cut + 1:]
+    found = _gpu_matrix(fact, topo, _LINK, "topo -m")
+    if found is None:
+        if all(line.strip().startswith(_SMI_FAILED) for _, line in topo):
+            return None
+        n, line = topo[0] if topo else (None, None)
+        raise FactParseError(fact, n, "nvidia-smi topo -m's matrix: a GPU0 GPU1 ... header, one row per GPU", line)
+    labels, links = found
+    p2p_found = _gpu_matrix(fact, p2p, _P2P_STATUS, "topo -p2p r")
+    if p2p_found is not None and p2p_found[0] != labels:
+        raise FactParseError(fact, p2p[0][0], f"topo -p2p r over the same GPUs as topo -m ({labels})", p2p[0][1])
+    return {"gpus": labels, "links": links, "p2p_read": p2p_found[1] if p2p_found else None}

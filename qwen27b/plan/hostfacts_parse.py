@@ -264,3 +264,20 @@ def parse_held_packages(output: list[str]) -> list[str]:
             raise FactParseError("HeldPackages", n, "one package name per line", line)
         held.add(name)
     return sorted(held)
+
+
+_GETCONF_LIBC = re.compile(r"^glibc ([0-9]+\.[0-9]+)$")
+_LDD_VERSION = re.compile(r"^ldd \(.*\) ([0-9]+\.[0-9]+)$")
+
+
+def parse_glibc_version(output: list[str]) -> str | None:
+    """`getconf GNU_LIBC_VERSION` ("glibc 2.35"), or the first line of `ldd --version`
+    ("ldd (Ubuntu GLIBC 2.35-0ubuntu3.8) 2.35"): "2.35"; None for no output."""
+    lines = numbered_lines(output)
+    if not lines:
+        return None
+    n, line = lines[0]
+    match = _GETCONF_LIBC.match(line.strip()) or _LDD_VERSION.match(line.strip())
+    if len(lines) != 1 or not match:
+        raise FactParseError("GlibcVersion", n, "'glibc 2.35' (getconf) or 'ldd (...) 2.35'", lines[-1][1])
+    return match.group(1)

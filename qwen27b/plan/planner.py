@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from qwen27b.plan.checkpoint import DTYPE_BYTES, ModelShape
 from qwen27b.onhost.contract import MIDDLEWARE
 from qwen27b.plan.stack import ResolvedStack
+from qwen27b.plan.topology import nvlink_split, plan_all_reduce
 
 MiB = 2**20
 GiB = 2**30
@@ -141,6 +142,7 @@ class ServeInputs:
     pins: dict
     ram_bytes: int | None = None
     route_guard: bool = False  # an API key is set: every route but /health needs it (route_auth.py)
+    topology: dict | None = None  # GpuTopology: the links between the GPUs (None: not read)
 
 
 def _pin(pins: dict, name: str, cast):
@@ -251,6 +253,30 @@ def _check_headroom(budget: MemoryBudget, serve: dict, util: float, cite) -> Non
             f"lower --gpu-memory-utilization to at most {int((seen - floor) / seen * 100) / 100:.2f} (qwen27b_serve_flags)")
 
 
+def _all_reduce(inp: ServeInputs, tp: int, add, notes: list[str]):
+    """The TP group is the first `tp` GPUs (vLLM's ranks): its links decide the all-reduce
+    (qwen27b/plan/topology.py); the flag goes in the table, a kept default and NCCL env in notes."""
+    decision = plan_all_reduce(inp.stack.build, inp.topology, [g.index for g in inp.gpus[:tp]], inp.stack.cite)
+    if decision.custom is False:
+        add("--disable-custom-all-reduce", None, decision.reason)
+        keeps = [r for r in inp.stack.build.get("all_reduce") or [] if r["custom_all_reduce"]]
+        split = nvlink_split(inp.topology, [g.index for g in inp.gpus[:tp]], sorted({r.get("tp_min", 2) for r in keeps}))
+        if split:
+            notes.append(f"GPU(s) {' and '.join(','.join(map(str, s)) for s in split)} are each all on NVLink: "
+                         f"{len(split)} copies of TP {len(split[0])} (qwen27b_instances) would keep custom all-reduce on, "
+                         "if the model fits a copy")
+    elif decision.custom:
+        notes.append(f"custom all-reduce kept on (vLLM's default): {decision.reason}")
+    if decision.env_reason:
+        notes.append(decision.env_reason)
+    idle = [g.index for g in inp.gpus[tp:]]
+    if idle:
+        notes.append(f"GPU(s) {', '.join(map(str, idle))} are left out of this unit (CUDA_VISIBLE_DEVICES lists the TP group "
+                     f"{', '.join(str(g.index) for g in inp.gpus[:tp])}): serve them with more copies of TP {tp} "
+                     "(qwen27b_instances), or raise the TP size")
+    return decision
+
+
 def plan_serve(inp: ServeInputs) -> ServePlan:
     serve = inp.stack.profile["serve"]
     pins = dict(inp.pins or {})
@@ -320,6 +346,7 @@ def plan_serve(inp: ServeInputs) -> ServePlan:
         measured = "1cat-profile-27b" in (serve.get("source") or [])
         add("--gpu-memory-utilization", util, f"stack profile {inp.stack.profile_name}"
             + (f" {cite('1cat-profile-27b')}" if measured else ": vLLM's usual headroom for CUDA context and NCCL"))
+        all_reduce = _all_reduce(inp, tp, add, notes)
     add("--dtype", serve["dtype"], f"V100 has no bf16 {cite('v100-fp16')}" if serve["dtype"] == "float16"
         else f"stack profile {inp.stack.profile_name}")
     def sized(knob: str, detail: str) -> str:
@@ -369,5 +396,7 @@ def plan_serve(inp: ServeInputs) -> ServePlan:
         flags.append(Flag(name, None if value is True else str(value), "pinned in host data (qwen27b_serve_flags)", True))
 
     env = {str(k): str(v) for k, v in (serve.get("env") or {}).items()}
+    if inp.gpus:
+        env.update(all_reduce.env)
     notes.append("API key: VLLM_API_KEY from a 0600 env file, never a flag (flags show in ps and systemctl status)")
     return ServePlan(flags=flags, env=env, memory=budget, notes=notes)

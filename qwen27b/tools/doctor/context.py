@@ -59,6 +59,8 @@ def host_facts(snap: HostSnapshot) -> HostFacts:
         xids=_fact(snap, F.XidErrors, []) or [],
         packages=_fact(snap, F.NvidiaCudaPackages, {}) or {},
         held=_fact(snap, F.HeldPackages, []) or [],
+        topology=_fact(snap, F.GpuTopology, None),
+        glibc=_fact(snap, F.GlibcVersion, None),
     )
 
 
