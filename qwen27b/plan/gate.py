@@ -10,17 +10,12 @@ import re
 from dataclasses import dataclass, field, replace
 
 from qwen27b.onhost.contract import xid_meaning
+from qwen27b.plan.gpustate import BOARD_FIX, SEED_XID79_ADVICE, gpu_troubles
 from qwen27b.plan.checkpoint import CheckpointError, ModelShape, load_shape
 from qwen27b.plan.hostdata import Settings
 from qwen27b.plan.planner import GiB, Gpu, PlanRefused, ServeInputs, ServePlan, _divides, plan_serve
 from qwen27b.plan.stack import (ResolvedStack, StackError, cc_tuple, checkpoint_metadata_dir, gpu_spec,
                     os_support, profile_for_compute_capability, resolve_stack, revision_dir_name)
-
-SEED_XID79_ADVICE = (
-    "Xid 79 means a GPU fell off the PCIe bus. The seed's advice for V100s in workstation boards "
-    "(e.g. X99): enable Above 4G Decoding and set the PCIe link speed in the BIOS, check the slot "
-    "seating and that the board/PSU delivers enough PCIe power, and keep the driver matched to the kernel"
-)
 
 
 class RefusedHost(Exception):
@@ -155,30 +150,12 @@ def _os_check(host: str, facts: HostFacts, stack: dict, cpu: bool) -> dict:
     return row
 
 
-BOARD_FIX = ("check the board: reseat the card and its power cables, try another slot, update the BIOS; "
-             "if it persists, RMA the card")
-
-
 def _nvidia_smi_problems(host: str, facts: HostFacts) -> None:
-    """nvidia-smi failed: the GPU facts cannot be trusted, so nothing is planned on them."""
-    for p in facts.gpu_problems:
-        if p["problem"] == "driver-library-mismatch":
-            loaded = facts.kernel_module.get("version")
-            raise RefusedHost(host, f"nvidia-smi: {p['message']}: the NVIDIA driver was upgraded without a reboot"
-                              + (f" (kernel module {loaded} still loaded)" if loaded else "")
-                              + ", so no GPU can be used", "reboot to load the new driver, then re-run the deploy (a deploy "
-                              "with qwen27b_skip_reboot leaves the host like this until it is rebooted)")
-        if p["problem"] == "nvml-init":
-            raise RefusedHost(host, f"nvidia-smi: {p['message']}",
-                              "check `dmesg | grep -i nvrm` and that the loaded nvidia module matches the installed "
-                              "driver; reinstall the driver or reboot, then re-run the deploy")
-    lost = [p for p in facts.gpu_problems if p["problem"] == "device-handle"]
-    if lost:
-        xid79 = any(x["xid"] == 79 for x in facts.xids)
-        raise RefusedHost(host, f"nvidia-smi cannot reach {len(lost)} GPU(s): " + "; ".join(p["message"] for p in lost)
-                          + (" (Xid 79 in the kernel log: fallen off the bus)" if xid79 else ""),
-                          "a reboot may bring it back for a while; " + BOARD_FIX
-                          + (f". {SEED_XID79_ADVICE}" if xid79 else ""))
+    """nvidia-smi failed: the GPU facts cannot be trusted, so nothing is planned on them (gpustate's
+    reading, which doctor shares)."""
+    for trouble in gpu_troubles(facts):
+        if trouble.blocks:
+            raise RefusedHost(host, trouble.cause, trouble.fix)
 
 
 def host_gpus(host: str, facts: HostFacts, stack: dict) -> list[Gpu]:
