@@ -674,3 +674,61 @@ def diagnosis_module():
     import importlib
 
     return importlib.import_module("qwen27b.tools.doctor.diagnosis")
+
+
+PUBLIC_FILES = sorted(p.name for p in PUBLIC.iterdir() if p.name != "README.md")
+# where a host's output of each kind lands in a snapshot (collection.commands / the fact classes)
+GPU_KEYS = ("nvidia-smi.txt", "nvidia-smi-query-gpu.csv", "lspci-nvidia.txt", "proc-driver-nvidia-version.txt",
+            "xid-errors.txt")
+
+
+def unjudged_checks(rep) -> list:
+    return [c for c in rep.checks if "could not judge" in c.evidence]
+
+
+@pytest.mark.parametrize("key", GPU_KEYS)
+@pytest.mark.parametrize("name", PUBLIC_FILES)
+def test_doctor_judges_genuine_outputs_in_every_place(name, key):
+    """Every genuine output (tests/fixtures/public-v100/) in every GPU key of a healthy host: each
+    check gives its own verdict; none falls back to 'could not judge'."""
+    for base in ("v100x4-healthy", "v100x4-xid79"):
+        snap = HostSnapshot.load(JOURNALS / base)
+        snap.outputs[key] = (PUBLIC / name).read_text(encoding="utf-8")
+        rep = diagnose(snap, STACK)
+        assert not unjudged_checks(rep), unjudged_checks(rep)
+        json.dumps(rep.as_dict())
+
+
+def _mutate(data, text: str) -> str:
+    """A genuine output truncated, with lines dropped or duplicated, fields replaced by N/A or garbage."""
+    lines = text.splitlines()
+    lines = lines[: data.draw(st.integers(0, len(lines)))]
+    for _ in range(data.draw(st.integers(0, 3))):
+        if not lines:
+            break
+        i = data.draw(st.integers(0, len(lines) - 1))
+        action = data.draw(st.sampled_from(["drop", "duplicate", "cut", "field"]))
+        if action == "drop":
+            del lines[i]
+        elif action == "duplicate":
+            lines.insert(i, lines[i])
+        elif action == "cut":
+            lines[i] = lines[i][: data.draw(st.integers(0, len(lines[i])))]
+        else:
+            words = lines[i].split(" ")
+            j = data.draw(st.integers(0, len(words) - 1))
+            words[j] = data.draw(st.sampled_from(["N/A", "[N/A]", "ERR!", "Unknown Error", "-1", "1e309", "",
+                                                  "\x00", "∞", "0x", "7.", ".0"]))
+            lines[i] = " ".join(words)
+    return "\n".join(lines)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(PUBLIC_FILES), key=st.sampled_from(GPU_KEYS), data=st.data())
+def test_doctor_judges_mutated_genuine_outputs(name, key, data):
+    snap = HostSnapshot.load(JOURNALS / "v100x4-healthy")
+    snap.outputs[key] = _mutate(data, (PUBLIC / name).read_text(encoding="utf-8"))
+    rep = diagnose(snap, STACK)
+    assert not unjudged_checks(rep), unjudged_checks(rep)
+    assert all(c.verdict in (OK, WARN, FAIL, SKIP, INFO) for c in rep.checks)
+    doctor.table(rep)
