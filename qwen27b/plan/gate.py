@@ -438,6 +438,22 @@ def _choices(facts: HostFacts, rs: ResolvedStack, settings: Settings, driver: Dr
     return out
 
 
+def _larger_gpus_alone(inp: ServeInputs) -> str | None:
+    """Mixed cards (32 GB + 16 GB V100s): a TP group is sized by its smallest GPU, so the larger cards
+    alone may fit where all of them together do not. Then the fix names them as qwen27b_gpu_indices."""
+    sizes = {g.memory_mib for g in inp.gpus}
+    if len(sizes) < 2 or "--tensor-parallel-size" in (inp.pins or {}):
+        return None
+    larger = [g for g in inp.gpus if g.memory_mib == max(sizes)]
+    try:
+        plan = plan_serve(replace(inp, gpus=larger))
+    except PlanRefused:
+        return None
+    return (f"serve on the {len(larger)} GPU(s) with {max(sizes)} MiB alone (they fit: TP "
+            f"{plan.value('--tensor-parallel-size')}, --max-model-len {plan.value('--max-model-len')}): "
+            f"qwen27b_gpu_indices: {[g.index for g in larger]}")
+
+
 def _check_disk(host: str, facts: HostFacts, rs: ResolvedStack, settings: Settings, wanted: list) -> str | None:
     """Room for what is not on disk yet, plus headroom: a verified revision needs nothing, a partial
     download only its missing bytes (ModelsOnDisk), so a converged host is never refused for room
@@ -537,15 +553,17 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
         bind, bind_reason = bind_address, address_reason
     else:
         bind, bind_reason = "127.0.0.1", "no lab address in host data: loopback only; set qwen27b_bind_address to serve the lab"
+    serve_inputs = ServeInputs(
+        stack=rs, gpus=gpus, target=target, draft=draft, model_path=model_path, draft_path=draft_path,
+        served_name=settings.served_model_name or rs.model["served_name"],
+        bind_address=bind, bind_reason=bind_reason, port=settings.port,
+        speculative=settings.speculative, prefix_caching=settings.prefix_caching,
+        pins=pins, ram_bytes=ram, route_guard=bool(settings.api_key_file))
     try:
-        serve = (pipeline.plan if pipeline is not None else plan_serve)(ServeInputs(
-            stack=rs, gpus=gpus, target=target, draft=draft, model_path=model_path, draft_path=draft_path,
-            served_name=settings.served_model_name or rs.model["served_name"],
-            bind_address=bind, bind_reason=bind_reason, port=settings.port,
-            speculative=settings.speculative, prefix_caching=settings.prefix_caching,
-            pins=pins, ram_bytes=ram, route_guard=bool(settings.api_key_file)))
+        serve = (pipeline.plan if pipeline is not None else plan_serve)(serve_inputs)
     except PlanRefused as refused:
-        refusals.append(RefusedHost(host, refused.cause, refused.fix))
+        larger = None if pipeline is not None else _larger_gpus_alone(serve_inputs)
+        refusals.append(RefusedHost(host, refused.cause, f"{larger}; or {refused.fix}" if larger else refused.fix))
 
     disk_warning = None
     if facts.disk is not None and facts.disk.get("free_bytes") is not None:
