@@ -45,6 +45,7 @@ recorded_hosts = [
     _fake("v100x1-open-loaded"),
     _fake("v100x2-open-unloaded", qwen27b_skip_reboot=True),
     _fake("v100x2-r470"),
+    _fake("v100x2-r470-held"),  # the same with the old branch held: the replacement releases the hold
     _fake("v100x4-pg500"),
     _fake("v100x4-noheaders"),
     _fake("v100x4-converged-8g"),

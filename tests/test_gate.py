@@ -327,3 +327,13 @@ def test_mixed_32_and_16_gb_names_the_gpus_that_fit():
     assert [g.index for g in d.gpus] == [1] and d.serve.value("--tensor-parallel-size") == "1"
     # the same cards of one size: nothing to narrow to
     assert "qwen27b_gpu_indices" not in refused("v100x2-16gb").fix
+
+
+def test_a_held_old_driver_is_released_in_the_replacing_transaction():
+    """Issue 24: the operator held R470 (apt-mark hold); apt-get -y would stop at the hold. The plan
+    names the holds and the replacement passes --allow-change-held-packages; without holds, it does not."""
+    plan = run("v100x2-r470-held").driver
+    assert plan.action == "replace" and plan.release_holds == ("nvidia-dkms-470", "nvidia-driver-470")
+    assert "nvidia-dkms-470, nvidia-driver-470 held with apt-mark hold" in plan.reason
+    assert "--allow-change-held-packages" in plan.reason
+    assert run("v100x2-r470").driver.release_holds == ()

@@ -105,6 +105,7 @@ class DriverPlan:
     headers: str | None = None  # linux-headers-<kernel> to install, None when it need not or cannot be
 
     kept: str | None = None  # for "keep": what is kept, as the plan shows it
+    release_holds: tuple[str, ...] = ()  # held packages (apt-mark showhold) the replacement purges
 
     @property
     def reboot(self) -> bool:
@@ -322,8 +323,14 @@ def _driver_plan(host: str, facts: HostFacts, rs: ResolvedStack, settings: Setti
                f"R{branch}, open kernel module (NVIDIA's recommended one from Turing on; Blackwell has no other)")
     reboot = "reboot pending (qwen27b_skip_reboot)" if settings.skip_reboot else "then reboot once"
     steps = f"; purge {', '.join(sorted(remove))} and install it in one apt transaction" if remove else ""
+    # an operator's hold on the old branch would stop `apt-get -y` at the purge: released in the same
+    # transaction, and said so
+    held = tuple(sorted(set(facts.held) & set(remove)))
+    if held:
+        steps += (f" ({', '.join(held)} held with apt-mark hold: the hold is released in that transaction, "
+                  f"--allow-change-held-packages {rs.cite('apt-held')})")
     return DriverPlan("replace" if remove else "install", package, f"{why}{steps}; {reboot} {cite}",
-                      remove=tuple(sorted(remove)), hold=(package,))
+                      remove=tuple(sorted(remove)), hold=(package,), release_holds=held)
 
 
 def _with_headers(host: str, plan: DriverPlan | None, facts: HostFacts) -> DriverPlan | None:
