@@ -33,6 +33,8 @@ recorded_hosts = [
     _fake("v100x4-2204-fresh"),
     _fake("v100x1-2004"),
     _fake("v100x2-16gb"),
+    _fake("v100x2-mixed"),  # one 16 GB and one 32 GB V100: refused together, the fix names the 32 GB one
+    _fake("v100x2-mixed-32gb-only", "v100x2-mixed", qwen27b_gpu_indices=[1]),  # that fix applied
     _fake("v100x4-converged"),
     _fake("t4x1-2204"),
     _fake("a100x2-2204"),
@@ -43,6 +45,7 @@ recorded_hosts = [
     _fake("v100x1-open-loaded"),
     _fake("v100x2-open-unloaded", qwen27b_skip_reboot=True),
     _fake("v100x2-r470"),
+    _fake("v100x2-r470-held"),  # the same with the old branch held: the replacement releases the hold
     _fake("v100x4-pg500"),
     _fake("v100x4-noheaders"),
     _fake("v100x4-converged-8g"),

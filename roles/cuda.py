@@ -14,7 +14,7 @@ from pyinfra.operations import files, server
 from qwen27b.plan.gate import Decision
 
 from ._common import fetch_prefix, note
-from .toolchain import apt_install
+from .toolchain import apt_install, apt_lock_option
 
 REPO = "https://developer.download.nvidia.com/compute/cuda/repos/{repo}/x86_64"
 
@@ -39,7 +39,9 @@ def cuda(decision: Decision) -> None:
             f"{fetch_prefix(decision)}curl -fsSL {shlex.quote(repo + '/' + keyring)} -o {local}",
             *([f"echo {shlex.quote(digest + '  /tmp/' + keyring)} | sha256sum -c --quiet -"] if digest else [])])
         server.shell(name="install cuda-keyring (signed-by keyring for NVIDIA's repo)",
-                     commands=[f"dpkg -i {shlex.quote('/tmp/' + keyring)}"])
+                     # apt-get, not dpkg -i: dpkg fails at once on the lock unattended-upgrades holds
+                     commands=[f"DEBIAN_FRONTEND=noninteractive apt-get -y {apt_lock_option()} install "
+                               f"{shlex.quote('/tmp/' + keyring)}"])
     apt_install("CUDA toolkit", [cuda_entry["package"]])
     cuda_dir = shlex.quote(f"/usr/local/cuda-{cuda_entry['toolkit']}")  # allow-listed: digits and a dot
     files.put(name="CUDA on PATH for login shells", dest="/etc/profile.d/qwen27b-cuda.sh", mode="0644",

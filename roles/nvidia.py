@@ -16,7 +16,7 @@ from qwen27b.controller import factcache
 from qwen27b.controller.operations import apt_hold
 
 from ._common import note
-from .toolchain import apt_install
+from .toolchain import apt_install, apt_lock_option
 
 NOUVEAU_BLACKLIST = "# qwen27b: the NVIDIA driver needs nouveau out of the way\nblacklist nouveau\noptions nouveau modeset=0\n"
 APT = 'DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::="--force-confdef" -o Dpkg::Options::="--force-confold"'
@@ -28,10 +28,10 @@ def _mok_config(key_path: str) -> str:
     return f'mok_signing_key="{key_path}"\nmok_certificate="{cert}"\n'
 
 
-def replace_command(package: str, remove: tuple[str, ...]) -> str:
-    """One apt transaction: install `package`, purge `remove` (apt's `name-` suffix), so the host is
-    never left between two drivers and apt resolves the conflict the two would have."""
-    return f"{APT} --purge install {shlex.quote(package)} " + " ".join(shlex.quote(f"{p}-") for p in remove)
+def replace_command(package: str, remove: tuple[str, ...], release_holds: tuple[str, ...] = ()) -> str:
+    """One apt transaction: install `package`, purge `remove` (apt's `name-` suffix), waiting for the dpkg
+    lock; held packages in it are released in it (_apt), or apt-get -y would stop at the hold."""
+    return f"{_apt(release_holds)} --purge install {shlex.quote(package)} " + " ".join(shlex.quote(f"{p}-") for p in remove)
 
 
 def nvidia(decision: Decision) -> None:
@@ -52,7 +52,7 @@ def nvidia(decision: Decision) -> None:
                       dest="/etc/dkms/framework.conf.d/qwen27b-mok.conf", user="root", group="root", mode="0644")
         if plan.remove:
             server.shell(name="replace the NVIDIA driver (purge and install in one apt transaction)",
-                         commands=["apt-get update", replace_command(plan.package, plan.remove)])
+                         commands=["apt-get update", replace_command(plan.package, plan.remove, plan.release_holds)])
             changed = True
         else:
             changed = apt_install("NVIDIA driver", [plan.package]) or plan.package in facts.packages
@@ -78,3 +78,11 @@ def _reboot(decision: Decision) -> None:
         return
     server.reboot(name="reboot to load the new driver", delay=10, interval=5, reboot_timeout=900)
     server.shell(name="nvidia-smi answers after the driver change", commands=["nvidia-smi -L"])
+
+
+def _apt(release_holds: tuple[str, ...]) -> str:
+    """apt-get that waits for the dpkg lock [apt-lock-timeout]; with --allow-change-held-packages where the
+    plan's driver row releases holds [apt-held]. Kept below the operations: pyinfra keys an operation by
+    its line numbers alone, and lines added above moved "replace the NVIDIA driver" onto multinode.py's
+    line 58 (the recorded hosts' dry run failed with 'Cycle detected in operation ordering DAG')."""
+    return f"{APT} {apt_lock_option()}" + (" --allow-change-held-packages" if release_holds else "")

@@ -22,6 +22,7 @@ from qwen27b.controller import factcache
 from qwen27b.controller.artifacts import uv_binary, uv_path
 from qwen27b.plan.gate import Decision
 from qwen27b.plan.lifecycle import APT_PROXY_AUTH, APT_PROXY_CONF
+from qwen27b.plan.stack import load_stack
 from qwen27b.controller.host_facts import DirectoryStates, ServiceUser
 from qwen27b.controller.operations import directories, secret_file
 
@@ -44,6 +45,17 @@ def _packages(decision: Decision) -> list[str]:
     return packages
 
 
+def apt_lock_timeout() -> int:
+    """Seconds every apt-get install/purge waits for the dpkg lock (stack tools.apt.lock_timeout_s)."""
+    return int(load_stack()["tools"]["apt"]["lock_timeout_s"])
+
+
+def apt_lock_option() -> str:
+    """unattended-upgrades holds the dpkg lock on a first boot: apt waits for it, bounded, printing that it
+    waits, then fails naming the process that holds it [apt-lock-timeout]."""
+    return f"-o DPkg::Lock::Timeout={apt_lock_timeout()}"
+
+
 def apt_install(name: str, packages: list[str], no_recommends: bool = False) -> bool:
     """apt.packages (refreshing the index first) only when something is missing: a converged host
     is left alone, and pyinfra's op, which reads `dpkg -l` again twice, is not queued. Returns
@@ -54,7 +66,7 @@ def apt_install(name: str, packages: list[str], no_recommends: bool = False) -> 
         note(f"apt: {name} installed ({', '.join(packages)})")
         return False
     return apt.packages(name=name, packages=packages, update=True, cache_time=3600,
-                        no_recommends=no_recommends).will_change
+                        no_recommends=no_recommends, extra_install_args=apt_lock_option()).will_change
 
 
 def _directories(decision: Decision) -> list[tuple[str, str, str, str]]:
@@ -170,6 +182,9 @@ def toolchain(decision: Decision) -> None:
                        + (factcache.put_reads(APT_PROXY_CONF, create_remote_dir=False) if decision.settings.http_proxy
                           else [(File, {"path": APT_PROXY_CONF})]))  # one round trip for what this role reads
     _apt_proxy(decision)  # before the first apt command
+    note(f"apt: every install waits up to {apt_lock_timeout()} s for the dpkg lock (unattended-upgrades holds it on "
+         "a first boot; apt prints 'Waiting for cache lock'), then fails naming the process that holds it "
+         f"{decision.stack.cite('apt-lock-timeout')}")
     apt_install("base packages", _packages(decision))
     _service_user(user, paths["state"])
     directories(name="qwen27b directories (owner, group, mode)", specs=[list(d) for d in _directories(decision)])

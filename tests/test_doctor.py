@@ -21,6 +21,8 @@ from qwen27b.tools import cli
 
 from qwen27b.tools import doctor
 from qwen27b.tools.doctor import FAIL, INFO, OK, SKIP, WARN, HostSnapshot, collection, context, diagnose, journal, parse
+from qwen27b.plan import gate
+from qwen27b.plan.hostdata import settings_for
 from qwen27b.plan.stack import load_stack
 
 JOURNALS = Path(__file__).resolve().parent / "fixtures" / "journals"
@@ -596,4 +598,137 @@ def test_doctor_never_crashes_on_partial_or_garbled_snapshots(name, data):
     assert {c.step for c in rep.checks} >= {1}
     assert all(c.verdict in (OK, WARN, FAIL, SKIP, INFO) for c in rep.checks)
     json.dumps(rep.as_dict())
+    doctor.table(rep)
+
+
+# --- issue 24: doctor on the outputs of broken machines (genuine ones: tests/fixtures/public-v100/) ---
+
+PUBLIC = Path(__file__).resolve().parent / "fixtures" / "public-v100"
+
+
+def healthy_with(outputs: dict[str, str]) -> HostSnapshot:
+    snap = HostSnapshot.load(JOURNALS / "v100x4-healthy")
+    snap.outputs.update(outputs)
+    return snap
+
+
+def check(rep, name: str):
+    return next(c for c in rep.checks if c.check == name)
+
+
+def test_cuda_version_na_is_a_verdict_not_a_traceback():
+    """A real V100's nvidia-smi printing 'CUDA Version: N/A' (rapidsai/docker#405) crashed doctor with
+    a ValueError for the whole fleet; now it is step 3's finding: libcuda cannot load."""
+    rep = diagnose(healthy_with({"nvidia-smi.txt": (PUBLIC / "smi-450.36.06-cuda-na-v100-sxm2-16gb.txt").read_text()}), STACK)
+    cuda = check(rep, "CUDA")
+    assert cuda.verdict == FAIL and "CUDA Version: N/A" in cuda.evidence and "450.36.06" in cuda.evidence
+    assert "libnvidia-compute" in cuda.evidence and "re-run the deploy" in cuda.fix
+    assert not [c for c in rep.checks if "could not judge" in c.evidence]
+
+
+def test_old_driver_table_is_read_as_the_driver_cuda():
+    """R418's table (Colab's V100): the driver supports CUDA 10.1, the release venv's torch wants 12.8."""
+    rep = diagnose(healthy_with({"nvidia-smi.txt": (PUBLIC / "smi-418.67-colab-v100-sxm2-16gb.txt").read_text()}), STACK)
+    cuda = check(rep, "CUDA")
+    assert cuda.verdict == FAIL and "up to 10.1" in cuda.evidence
+
+
+def test_driver_library_mismatch_is_read_as_the_gate_reads_it():
+    """After a driver upgrade without a reboot (shine-cluster#30: unattended-upgrades) doctor said 'a GPU
+    is lost' with Xid-79 hardware advice; it now gives the gate's cause and fix: reboot."""
+    text = (PUBLIC / "nvml-mismatch-570.txt").read_text()
+    snap = healthy_with({"nvidia-smi.txt": text, "nvidia-smi-query-gpu.csv": text})
+    rep = diagnose(snap, STACK)
+    driver = check(rep, "driver")
+    assert driver.verdict == FAIL and "upgraded without a reboot" in driver.evidence
+    assert driver.fix.startswith("reboot")
+    assert all("Above 4G" not in c.fix and "GPUs visible" != c.check for c in rep.checks)
+    # the same words as the deploy's refusal: one reading
+    with pytest.raises(gate.RefusedHost) as refused:
+        gate.decide(snap.host, context.host_facts(snap), STACK, settings_for(snap.host, snap.data))
+    assert (refused.value.cause, refused.value.fix) == (driver.evidence, driver.fix)
+
+
+def test_a_check_that_meets_unforeseen_input_gives_a_verdict(monkeypatch):
+    """Each check is guarded: a bug in one gives that check a warning naming it, the rest still run,
+    and the fleet's report goes on."""
+    from qwen27b.tools.doctor import diagnose_environment
+
+    def broken(*_):
+        raise ValueError("invalid literal for int() with base 10: 'N/A'")
+
+    monkeypatch.setattr(diagnose_environment, "_cuda_check", broken)
+    rep = diagnose(HostSnapshot.load(JOURNALS / "v100x4-healthy"), STACK)
+    cuda = check(rep, "CUDA")
+    assert cuda.verdict == WARN and "could not judge" in cuda.evidence and "ValueError" in cuda.evidence
+    assert check(rep, "driver").verdict == OK and check(rep, "vLLM build").verdict == OK
+    # a whole step failing, or the snapshot itself: still a report
+    monkeypatch.setattr(diagnosis_module(), "step4", broken)
+    rep = diagnose(HostSnapshot.load(JOURNALS / "v100x4-healthy"), STACK)
+    assert [c.verdict for c in rep.checks if c.step == 4] == [WARN]
+    json.dumps(rep.as_dict())
+    doctor.table(rep)
+
+
+def diagnosis_module():
+    import importlib
+
+    return importlib.import_module("qwen27b.tools.doctor.diagnosis")
+
+
+PUBLIC_FILES = sorted(p.name for p in PUBLIC.iterdir() if p.name != "README.md")
+# where a host's output of each kind lands in a snapshot (collection.commands / the fact classes)
+GPU_KEYS = ("nvidia-smi.txt", "nvidia-smi-query-gpu.csv", "lspci-nvidia.txt", "proc-driver-nvidia-version.txt",
+            "xid-errors.txt")
+
+
+def unjudged_checks(rep) -> list:
+    return [c for c in rep.checks if "could not judge" in c.evidence]
+
+
+@pytest.mark.parametrize("key", GPU_KEYS)
+@pytest.mark.parametrize("name", PUBLIC_FILES)
+def test_doctor_judges_genuine_outputs_in_every_place(name, key):
+    """Every genuine output (tests/fixtures/public-v100/) in every GPU key of a healthy host: each
+    check gives its own verdict; none falls back to 'could not judge'."""
+    for base in ("v100x4-healthy", "v100x4-xid79"):
+        snap = HostSnapshot.load(JOURNALS / base)
+        snap.outputs[key] = (PUBLIC / name).read_text(encoding="utf-8")
+        rep = diagnose(snap, STACK)
+        assert not unjudged_checks(rep), unjudged_checks(rep)
+        json.dumps(rep.as_dict())
+
+
+def _mutate(data, text: str) -> str:
+    """A genuine output truncated, with lines dropped or duplicated, fields replaced by N/A or garbage."""
+    lines = text.splitlines()
+    lines = lines[: data.draw(st.integers(0, len(lines)))]
+    for _ in range(data.draw(st.integers(0, 3))):
+        if not lines:
+            break
+        i = data.draw(st.integers(0, len(lines) - 1))
+        action = data.draw(st.sampled_from(["drop", "duplicate", "cut", "field"]))
+        if action == "drop":
+            del lines[i]
+        elif action == "duplicate":
+            lines.insert(i, lines[i])
+        elif action == "cut":
+            lines[i] = lines[i][: data.draw(st.integers(0, len(lines[i])))]
+        else:
+            words = lines[i].split(" ")
+            j = data.draw(st.integers(0, len(words) - 1))
+            words[j] = data.draw(st.sampled_from(["N/A", "[N/A]", "ERR!", "Unknown Error", "-1", "1e309", "",
+                                                  "\x00", "∞", "0x", "7.", ".0"]))
+            lines[i] = " ".join(words)
+    return "\n".join(lines)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(PUBLIC_FILES), key=st.sampled_from(GPU_KEYS), data=st.data())
+def test_doctor_judges_mutated_genuine_outputs(name, key, data):
+    snap = HostSnapshot.load(JOURNALS / "v100x4-healthy")
+    snap.outputs[key] = _mutate(data, (PUBLIC / name).read_text(encoding="utf-8"))
+    rep = diagnose(snap, STACK)
+    assert not unjudged_checks(rep), unjudged_checks(rep)
+    assert all(c.verdict in (OK, WARN, FAIL, SKIP, INFO) for c in rep.checks)
     doctor.table(rep)

@@ -3,6 +3,7 @@ gpufacts_parse.py) as anything but FactParseError; the fact classes hand it to p
 
 import json
 import pickle
+import re
 import string
 from pathlib import Path
 
@@ -259,6 +260,13 @@ def _recorded_outputs():
 
 RECORDED = _recorded_outputs()
 
+# Genuine outputs of real machines from public issues (tests/fixtures/public-v100/README.md names each).
+PUBLIC = Path(__file__).parent / "fixtures" / "public-v100"
+PUBLIC_OUTPUTS = {p.name: p.read_text(encoding="utf-8").splitlines() for p in sorted(PUBLIC.iterdir())
+                  if p.name != "README.md"}
+# every parser gets every genuine output, not only its own command's: a wrong file is refused clearly
+FED = RECORDED + [(fact, lines) for fact in ALL_FACTS for lines in PUBLIC_OUTPUTS.values()]
+
 # Text that looks like the outputs: digits, separators, brackets, words the parsers look for.
 TOKENS = st.sampled_from([
     "0", "1", "7.0", "32768", " MiB", ", ", ",", "[N/A]", "N/A", "Enabled", "Disabled", "[0302]", "[0300]",
@@ -279,14 +287,15 @@ LINES = st.lists(st.one_of(TOKEN_LINE, ANY_LINE), max_size=8)
 
 @st.composite
 def mutated_recordings(draw):
-    """A real recorded output, truncated, with lines dropped, cut short or garbled."""
-    fact, lines = draw(st.sampled_from(RECORDED))
+    """A real recorded output (ours or a public issue's), truncated, with lines dropped, duplicated,
+    cut short, garbled or with a field replaced by N/A."""
+    fact, lines = draw(st.sampled_from(FED))
     lines = list(lines[: draw(st.integers(0, len(lines)))])
     for _ in range(draw(st.integers(0, 3))):
         if not lines:
             break
         i = draw(st.integers(0, len(lines) - 1))
-        action = draw(st.sampled_from(["cut", "drop", "replace", "insert", "swap-char"]))
+        action = draw(st.sampled_from(["cut", "drop", "replace", "insert", "swap-char", "duplicate", "na-field"]))
         if action == "cut":
             lines[i] = lines[i][: draw(st.integers(0, len(lines[i])))]
         elif action == "drop":
@@ -295,6 +304,13 @@ def mutated_recordings(draw):
             lines[i] = draw(st.one_of(TOKEN_LINE, ANY_LINE))
         elif action == "insert":
             lines.insert(i, draw(st.one_of(TOKEN_LINE, ANY_LINE)))
+        elif action == "duplicate":
+            lines.insert(i, lines[i])
+        elif action == "na-field":  # nvidia-smi's way of not knowing: a field becomes N/A, [N/A] or ERR!
+            words = re.split(r"(\s+|,\s*|:\s*)", lines[i])
+            j = draw(st.integers(0, len(words) - 1))
+            words[j] = draw(st.sampled_from(["N/A", "[N/A]", "ERR!", "[Not Supported]", "?", ""]))
+            lines[i] = "".join(words)
         elif lines[i]:
             j = draw(st.integers(0, len(lines[i]) - 1))
             lines[i] = lines[i][:j] + draw(st.sampled_from(string.printable)) + lines[i][j + 1 :]
@@ -360,3 +376,34 @@ def test_no_driver_is_not_read_and_an_old_driver_without_p2p_is_links_only():
     old = ["\tGPU0\tGPU1\tCPU Affinity", "GPU0\t X \tSOC\t0-7", "GPU1\tSOC\t X \t0-7", G.P2P_MARKER,
            "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help."]
     assert G.parse_gpu_topology(old) == {"gpus": [0, 1], "links": [["X", "SOC"], ["SOC", "X"]], "p2p_read": None}
+
+
+@pytest.mark.parametrize("fact", ALL_FACTS, ids=lambda fact: fact.__name__)
+@pytest.mark.parametrize("name", sorted(PUBLIC_OUTPUTS))
+def test_public_outputs_are_parsed_or_refused(fact, name):
+    _parse_or_error(fact, PUBLIC_OUTPUTS[name])
+
+
+def test_public_outputs_read_as_their_owners_saw_them():
+    """Where a genuine output is the fact's own command, the parser reads what its owner saw."""
+    assert G.parse_nvidia_gpus(PUBLIC_OUTPUTS["nvml-mismatch-570.txt"]) == [{
+        "problem": "driver-library-mismatch", "bus_id": None,
+        "message": "Failed to initialize NVML: Driver/library version mismatch"}]
+    assert G.parse_nvidia_gpus(PUBLIC_OUTPUTS["nvml-mismatch-460-unattended-upgrade.txt"])[0]["problem"] == \
+        "driver-library-mismatch"
+    assert G.parse_nvidia_kernel_module(PUBLIC_OUTPUTS["proc-version-open-525.60.11.txt"]) == {
+        "loaded": True, "flavor": "open", "version": "525.60.11"}
+    xids = G.parse_xid_errors(PUBLIC_OUTPUTS["xid-dmesg-ctime-r535.txt"])
+    assert [(x["xid"], x["pci"]) for x in xids] == [(43, "0000:00:05"), (43, "0000:00:05"), (31, "0000:00:07"),
+                                                    (94, "0000:00:08")]
+    assert xids[0]["time"] == "[Wed Jul 31 23:14:18 2024]" and xids[0]["text"] == "Ch 00000008"
+    assert xids[3]["text"].startswith("Contained: SM")
+    assert [x["xid"] for x in G.parse_xid_errors(PUBLIC_OUTPUTS["xid-syslog-48-dbe.txt"])] == [48, 64]
+    assert G.parse_xid_errors(PUBLIC_OUTPUTS["xid-79-fallen-off.txt"])[0]["text"] == "GPU has fallen off the bus"
+    # a query with other fields, lspci without -nn -D, an nvidia-smi table where CSV rows belong: refused
+    for parser, name in ((G.parse_nvidia_gpus, "query-gpu-3-fields-pg500-216.csv"),
+                         (G.parse_nvidia_pci_devices, "lspci-no-slot-pg500-216.txt"),
+                         (G.parse_nvidia_gpus, "smi-570.211.01-2x-v100-sxm2-16gb.txt"),
+                         (G.parse_nvidia_kernel_module, "smi-q-390.30-v100-sxm2-16gb.txt")):
+        with pytest.raises(FactParseError):
+            parser(PUBLIC_OUTPUTS[name])

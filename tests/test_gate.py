@@ -313,3 +313,27 @@ def test_an_other_branch_driver_installed_but_not_loaded_is_purged_too():
 def test_a_loaded_driver_that_lists_no_gpu_is_not_kept():
     d = run("v100x4-converged", gpus=[])  # R580 loaded, nvidia-smi lists no GPU ("No devices were found")
     assert d.driver.action == "install" and d.driver.reboot and "lists no GPU" in d.driver.reason
+
+
+def test_mixed_32_and_16_gb_names_the_gpus_that_fit():
+    """Issue 24: one 16 GB and one 32 GB V100 are planned as two 16 GB cards and refused; the fix names
+    the 32 GB card alone as qwen27b_gpu_indices (checked to fit), and the cause says the cards differ."""
+    error = refused("v100x2-mixed")
+    assert "1x Tesla V100-SXM2-16GB + 1x Tesla V100-SXM2-32GB (each sized as the smallest, 16160 MiB)" in error.cause
+    assert error.fix.startswith("serve on the 1 GPU(s) with 32510 MiB alone (they fit: TP 1") and \
+        "qwen27b_gpu_indices: [1]" in error.fix
+    assert "qwen27b_speculative=False" in error.fix  # the other way out stays
+    d = run("v100x2-mixed", {"qwen27b_gpu_indices": [1]})
+    assert [g.index for g in d.gpus] == [1] and d.serve.value("--tensor-parallel-size") == "1"
+    # the same cards of one size: nothing to narrow to
+    assert "qwen27b_gpu_indices" not in refused("v100x2-16gb").fix
+
+
+def test_a_held_old_driver_is_released_in_the_replacing_transaction():
+    """Issue 24: the operator held R470 (apt-mark hold); apt-get -y would stop at the hold. The plan
+    names the holds and the replacement passes --allow-change-held-packages; without holds, it does not."""
+    plan = run("v100x2-r470-held").driver
+    assert plan.action == "replace" and plan.release_holds == ("nvidia-dkms-470", "nvidia-driver-470")
+    assert "nvidia-dkms-470, nvidia-driver-470 held with apt-mark hold" in plan.reason
+    assert "--allow-change-held-packages" in plan.reason
+    assert run("v100x2-r470").driver.release_holds == ()

@@ -17,3 +17,18 @@ for _op in OPERATIONS:
     globals()[f"TestOperation_{_op}"] = make_operation_tests("qwen27b.controller", f"operations.{_op}", OPERATION_CASES / _op)
 
 del _op
+
+
+def test_apt_commands_wait_for_the_dpkg_lock_and_release_holds_when_told():
+    """Issue 24: unattended-upgrades holds the dpkg lock on a first boot; every apt-get the roles build
+    waits for it, bounded by the stack's tools.apt.lock_timeout_s."""
+    from qwen27b.plan.stack import load_stack
+    from roles.nvidia import replace_command
+    from roles.toolchain import apt_lock_option
+
+    seconds = load_stack()["tools"]["apt"]["lock_timeout_s"]
+    assert apt_lock_option() == f"-o DPkg::Lock::Timeout={seconds}" and isinstance(seconds, int) and seconds > 0
+    plain = replace_command("nvidia-driver-580-server", ("nvidia-driver-470",))
+    assert f"-o DPkg::Lock::Timeout={seconds}" in plain and "--allow-change-held-packages" not in plain
+    held = replace_command("nvidia-driver-580-server", ("nvidia-driver-470",), ("nvidia-driver-470",))
+    assert held.endswith("--allow-change-held-packages --purge install nvidia-driver-580-server nvidia-driver-470-")

@@ -133,3 +133,41 @@ def test_tiny_model_on_cpu():
 def test_tiny_model_refused_on_a_small_box():
     with pytest.raises(PlanRefused, match="too little memory on host RAM"):
         plan_serve(inputs(profile="cpu-smoke", gpus=[], ram=3 * GiB))
+
+
+def _plan_at(mib: int, n: int, speculative: bool):
+    try:
+        return plan_serve(inputs(gpus=[Gpu(i, "Tesla V100-SXM2-32GB", mib, "7.0") for i in range(n)],
+                                 speculative=speculative))
+    except PlanRefused:
+        return None
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+@pytest.mark.parametrize("speculative", [True, False])
+def test_more_memory_never_plans_worse(n, speculative):
+    """Issue 24: 32768 MiB planned 2 sequences on KV for 1.07 of them, 32510 MiB 1 on a larger KV.
+    Over every memory size (a 97 MiB sweep across 16 and 32 GB cards): once a plan fits, more memory
+    keeps fitting; sequences, context and prefill chunk never go down; the KV always holds every
+    planned sequence at --max-model-len."""
+    before = None
+    for mib in range(14_000, 34_500, 97):
+        plan = _plan_at(mib, n, speculative)
+        if plan is None:
+            assert before is None, f"{mib} MiB refused after {before[0]} MiB fitted"
+            continue
+        knobs = tuple(int(plan.value(f)) for f in ("--max-num-seqs", "--max-model-len", "--max-num-batched-tokens"))
+        assert plan.memory.kv_tokens >= knobs[0] * knobs[1], (mib, knobs, plan.memory.kv_tokens)
+        if before is not None:
+            assert all(now >= was for now, was in zip(knobs, before[1])), (before, (mib, knobs))
+        before = (mib, knobs)
+    assert before is not None and before[1][0] >= 1
+
+
+def test_the_issue_24_pair_plans_one_sequence_each_and_its_kv_holds_it():
+    small, large = _plan_at(32510, 1, True), _plan_at(32768, 1, True)
+    assert small.value("--max-num-seqs") == large.value("--max-num-seqs") == "1"
+    assert large.memory.kv_tokens >= int(large.value("--max-model-len"))
+    # a pinned count keeps vLLM's own rule (room for one sequence): the admin chose the concurrency
+    pinned = plan_serve(inputs(gpus=[Gpu(0, "Tesla V100-SXM2-32GB", 32768, "7.0")], pins={"--max-num-seqs": 2}))
+    assert pinned.value("--max-num-seqs") == "2" and pinned.value("--max-model-len") == "8192"

@@ -73,6 +73,7 @@ def test_all_hosts_present():
         "v100x1-open-loaded", "v100x2-open-unloaded", "v100x2-r470", "v100x4-pg500", "v100x4-noheaders",
         "v100x4-converged-8g", "v100x4-copies-converged", "v100x2-pcie", "v100x4-pcie", "v100x8-sxm2-dgx1",
         "mixed-3090-v100x2",
+        "v100x2-mixed", "v100x2-r470-held",
     }  # fmt: skip
 
 
@@ -186,6 +187,10 @@ EXPECTED = {
                                  packages={"nvidia-driver-580-open", "nvidia-kernel-source-580-open"}),
     "v100x2-r470": dict(os=("ubuntu", "20.04"), pci=["1db6"] * 2, smi=1, module=("proprietary", "470.256.02"),
                         packages={"nvidia-driver-470"}),
+    # issue 24: one 16 GB and one 32 GB card (v100x2-16gb's facts otherwise); R470 with its branch held
+    "v100x2-mixed": dict(os=("ubuntu", "22.04"), pci=["1db1", "1db5"], smi=0, module=None, nouveau=True),
+    "v100x2-r470-held": dict(os=("ubuntu", "20.04"), pci=["1db6"] * 2, smi=1, module=("proprietary", "470.256.02"),
+                             packages={"nvidia-driver-470"}, held=["nvidia-dkms-470", "nvidia-driver-470"]),
     "v100x4-pg500": dict(os=("ubuntu", "22.04"), pci=["1df0"] * 4, smi=0, module=None, nouveau=True),
     "v100x4-converged-8g": dict(os=("ubuntu", "22.04"), pci=["1db5"] * 4, smi=4, module=("proprietary", "580.95.05")),
     "v100x4-noheaders": dict(os=("ubuntu", "22.04"), kernel="5.15.0-60-generic", pci=["1db5"] * 4, smi=0),

@@ -79,7 +79,8 @@ def commands(plans, hosts=None) -> list[tuple[str, str, int, list[str]]]:
 
 def test_plans_are_there_to_check(plans):
     planned = {"v100x4-2204-fresh", "v100x1-2004", "v100x4-converged", "a100x2-2204", "h200", "v100x1-open-loaded",
-               "v100x2-open-unloaded", "v100x2-r470", "v100x4-pg500", "v100x4-converged-8g",
+               "v100x2-open-unloaded", "v100x2-r470", "v100x2-r470-held", "v100x2-mixed-32gb-only", "v100x4-pg500",
+               "v100x4-converged-8g",
                "cuda-repo", "pinned-wheel",
                "v100x2-16gb-pair-head", "v100x2-16gb-pair-worker", "v100x4-copies", "v100x4-copies-converged",
                "v100x2-pcie", "v100x4-pcie", "v100x8-sxm2-dgx1", "mixed-3090-v100x2"}  # the refused recorded hosts plan nothing
@@ -133,8 +134,11 @@ def test_third_party_apt_sources_use_signed_by(plans):
     # cuda-keyring package, whose own .list names its keyring with signed-by= (not visible in a plan).
     uploads = [(h, op, cmds[i]) for h, op, i, cmds in commands(plans) if re.search(r"-> /etc/apt/", cmds[i])]
     assert not uploads
-    keyring = [c for _, op, i, cmds in commands(plans, {"cuda-repo"}) for c in [cmds[i]] if "dpkg -i" in c]
-    assert keyring == ["dpkg -i /tmp/cuda-keyring_1.1-1_all.deb"]
+    keyring = [c for _, op, i, cmds in commands(plans, {"cuda-repo"}) for c in [cmds[i]]
+               if "cuda-keyring_" in c and " install " in c]
+    # apt-get, not dpkg -i: it waits for the dpkg lock unattended-upgrades holds on a first boot
+    assert keyring == ["DEBIAN_FRONTEND=noninteractive apt-get -y -o DPkg::Lock::Timeout=600 install "
+                       "/tmp/cuda-keyring_1.1-1_all.deb"]
 
 
 # --- every download verified by sha256 -------------------------------------------------------------

@@ -10,18 +10,13 @@ import re
 from dataclasses import dataclass, field, replace
 
 from qwen27b.onhost.contract import xid_meaning
+from qwen27b.plan.gpustate import BOARD_FIX, SEED_XID79_ADVICE, gpu_troubles
 from qwen27b.plan.checkpoint import CheckpointError, ModelShape, load_shape
 from qwen27b.plan.elfneeds import newer
 from qwen27b.plan.hostdata import Settings
 from qwen27b.plan.planner import GiB, Gpu, PlanRefused, ServeInputs, ServePlan, _divides, plan_serve
 from qwen27b.plan.stack import (ResolvedStack, StackError, cc_tuple, checkpoint_metadata_dir, gpu_spec,
                     os_support, profile_for_compute_capability, resolve_stack, revision_dir_name)
-
-SEED_XID79_ADVICE = (
-    "Xid 79 means a GPU fell off the PCIe bus. The seed's advice for V100s in workstation boards "
-    "(e.g. X99): enable Above 4G Decoding and set the PCIe link speed in the BIOS, check the slot "
-    "seating and that the board/PSU delivers enough PCIe power, and keep the driver matched to the kernel"
-)
 
 
 class RefusedHost(Exception):
@@ -113,6 +108,7 @@ class DriverPlan:
     headers: str | None = None  # linux-headers-<kernel> to install, None when it need not or cannot be
 
     kept: str | None = None  # for "keep": what is kept, as the plan shows it
+    release_holds: tuple[str, ...] = ()  # held packages (apt-mark showhold) the replacement purges
 
     @property
     def reboot(self) -> bool:
@@ -158,30 +154,12 @@ def _os_check(host: str, facts: HostFacts, stack: dict, cpu: bool) -> dict:
     return row
 
 
-BOARD_FIX = ("check the board: reseat the card and its power cables, try another slot, update the BIOS; "
-             "if it persists, RMA the card")
-
-
 def _nvidia_smi_problems(host: str, facts: HostFacts) -> None:
-    """nvidia-smi failed: the GPU facts cannot be trusted, so nothing is planned on them."""
-    for p in facts.gpu_problems:
-        if p["problem"] == "driver-library-mismatch":
-            loaded = facts.kernel_module.get("version")
-            raise RefusedHost(host, f"nvidia-smi: {p['message']}: the NVIDIA driver was upgraded without a reboot"
-                              + (f" (kernel module {loaded} still loaded)" if loaded else "")
-                              + ", so no GPU can be used", "reboot to load the new driver, then re-run the deploy (a deploy "
-                              "with qwen27b_skip_reboot leaves the host like this until it is rebooted)")
-        if p["problem"] == "nvml-init":
-            raise RefusedHost(host, f"nvidia-smi: {p['message']}",
-                              "check `dmesg | grep -i nvrm` and that the loaded nvidia module matches the installed "
-                              "driver; reinstall the driver or reboot, then re-run the deploy")
-    lost = [p for p in facts.gpu_problems if p["problem"] == "device-handle"]
-    if lost:
-        xid79 = any(x["xid"] == 79 for x in facts.xids)
-        raise RefusedHost(host, f"nvidia-smi cannot reach {len(lost)} GPU(s): " + "; ".join(p["message"] for p in lost)
-                          + (" (Xid 79 in the kernel log: fallen off the bus)" if xid79 else ""),
-                          "a reboot may bring it back for a while; " + BOARD_FIX
-                          + (f". {SEED_XID79_ADVICE}" if xid79 else ""))
+    """nvidia-smi failed: the GPU facts cannot be trusted, so nothing is planned on them (gpustate's
+    reading, which doctor shares)."""
+    for trouble in gpu_troubles(facts):
+        if trouble.blocks:
+            raise RefusedHost(host, trouble.cause, trouble.fix)
 
 
 def host_gpus(host: str, facts: HostFacts, stack: dict) -> list[Gpu]:
@@ -348,8 +326,14 @@ def _driver_plan(host: str, facts: HostFacts, rs: ResolvedStack, settings: Setti
                f"R{branch}, open kernel module (NVIDIA's recommended one from Turing on; Blackwell has no other)")
     reboot = "reboot pending (qwen27b_skip_reboot)" if settings.skip_reboot else "then reboot once"
     steps = f"; purge {', '.join(sorted(remove))} and install it in one apt transaction" if remove else ""
+    # an operator's hold on the old branch would stop `apt-get -y` at the purge: released in the same
+    # transaction, and said so
+    held = tuple(sorted(set(facts.held) & set(remove)))
+    if held:
+        steps += (f" ({', '.join(held)} held with apt-mark hold: the hold is released in that transaction, "
+                  f"--allow-change-held-packages {rs.cite('apt-held')})")
     return DriverPlan("replace" if remove else "install", package, f"{why}{steps}; {reboot} {cite}",
-                      remove=tuple(sorted(remove)), hold=(package,))
+                      remove=tuple(sorted(remove)), hold=(package,), release_holds=held)
 
 
 def _with_headers(host: str, plan: DriverPlan | None, facts: HostFacts) -> DriverPlan | None:
@@ -491,6 +475,22 @@ def _choices(facts: HostFacts, rs: ResolvedStack, settings: Settings, driver: Dr
     return out
 
 
+def _larger_gpus_alone(inp: ServeInputs) -> str | None:
+    """Mixed cards (32 GB + 16 GB V100s): a TP group is sized by its smallest GPU, so the larger cards
+    alone may fit where all of them together do not. Then the fix names them as qwen27b_gpu_indices."""
+    sizes = {g.memory_mib for g in inp.gpus}
+    if len(sizes) < 2 or "--tensor-parallel-size" in (inp.pins or {}):
+        return None
+    larger = [g for g in inp.gpus if g.memory_mib == max(sizes)]
+    try:
+        plan = plan_serve(replace(inp, gpus=larger))
+    except PlanRefused:
+        return None
+    return (f"serve on the {len(larger)} GPU(s) with {max(sizes)} MiB alone (they fit: TP "
+            f"{plan.value('--tensor-parallel-size')}, --max-model-len {plan.value('--max-model-len')}): "
+            f"qwen27b_gpu_indices: {[g.index for g in larger]}")
+
+
 def _check_disk(host: str, facts: HostFacts, rs: ResolvedStack, settings: Settings, wanted: list) -> str | None:
     """Room for what is not on disk yet, plus headroom: a verified revision needs nothing, a partial
     download only its missing bytes (ModelsOnDisk), so a converged host is never refused for room
@@ -590,15 +590,17 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
         bind, bind_reason = bind_address, address_reason
     else:
         bind, bind_reason = "127.0.0.1", "no lab address in host data: loopback only; set qwen27b_bind_address to serve the lab"
+    serve_inputs = ServeInputs(
+        stack=rs, gpus=gpus, target=target, draft=draft, model_path=model_path, draft_path=draft_path,
+        served_name=settings.served_model_name or rs.model["served_name"],
+        bind_address=bind, bind_reason=bind_reason, port=settings.port,
+        speculative=settings.speculative, prefix_caching=settings.prefix_caching,
+        pins=pins, ram_bytes=ram, route_guard=bool(settings.api_key_file), topology=facts.topology)
     try:
-        serve = (pipeline.plan if pipeline is not None else plan_serve)(ServeInputs(
-            stack=rs, gpus=gpus, target=target, draft=draft, model_path=model_path, draft_path=draft_path,
-            served_name=settings.served_model_name or rs.model["served_name"],
-            bind_address=bind, bind_reason=bind_reason, port=settings.port,
-            speculative=settings.speculative, prefix_caching=settings.prefix_caching,
-            pins=pins, ram_bytes=ram, route_guard=bool(settings.api_key_file), topology=facts.topology))
+        serve = (pipeline.plan if pipeline is not None else plan_serve)(serve_inputs)
     except PlanRefused as refused:
-        refusals.append(RefusedHost(host, refused.cause, refused.fix))
+        larger = None if pipeline is not None else _larger_gpus_alone(serve_inputs)
+        refusals.append(RefusedHost(host, refused.cause, f"{larger}; or {refused.fix}" if larger else refused.fix))
 
     glibc_warning = check(binary_needs_check, host, facts.glibc, rs)
     disk_warning = None

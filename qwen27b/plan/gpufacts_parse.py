@@ -26,8 +26,8 @@ _INFOROM = re.compile(
 )
 
 
-def _gpu_problem(line: str) -> dict | None:
-    """A failure line of nvidia-smi's as a "problem" entry; None for anything else."""
+def gpu_problem_line(line: str) -> dict | None:
+    """A failure line of nvidia-smi's (query or table) as a "problem" entry; None for anything else."""
     if _UNKNOWN_FIELD.match(line):
         return {"problem": "driver-too-old", "bus_id": None, "message": line}
     match = _NVML_INIT.match(line)
@@ -102,7 +102,7 @@ def parse_nvidia_gpus(output: list[str]) -> list[dict]:
         return []
     gpus = []
     for n, line in lines:
-        problem = _gpu_problem(line.strip())
+        problem = gpu_problem_line(line.strip())
         if problem is not None:
             if problem["problem"] in ("driver-library-mismatch", "nvml-init", "driver-too-old"):
                 return [problem]  # nothing else nvidia-smi printed is a GPU row

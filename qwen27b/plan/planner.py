@@ -240,6 +240,27 @@ def _shrink_steps(start: dict, pinned: set) -> list[dict]:
     return steps
 
 
+def gpus_text(gpus: list[Gpu]) -> str:
+    """'4x Tesla V100-SXM2-32GB'; mixed cards as '1x ...-32GB + 1x ...-16GB (each sized as the smallest,
+    16160 MiB)': a TP group gets the smallest card's memory on every GPU."""
+    counts: dict[str, int] = {}
+    for g in gpus:
+        counts[g.name] = counts.get(g.name, 0) + 1
+    text = " + ".join(f"{n}x {name}" for name, n in counts.items())
+    sizes = {g.memory_mib for g in gpus}
+    return text + (f" (each sized as the smallest, {min(sizes)} MiB)" if len(sizes) > 1 else "")
+
+
+def _kv_needed(config: dict, pinned: set) -> int:
+    """KV tokens a configuration must hold: every sequence it admits at --max-model-len. vLLM itself
+    starts with room for one; planning 2 sequences on KV for 1.07 (32768 MiB did, where 32510 MiB
+    planned 1 on a 65% larger KV) gave the larger GPU a worse plan: a second sequence that could only
+    run by preempting the first, paid for with the KV. The shrink steps are a chain, so with this rule
+    more memory never plans fewer sequences, a shorter context or a sequence count its KV cannot hold
+    (tests/test_planner.py). A pinned --max-num-seqs keeps vLLM's rule: the admin chose it."""
+    return config["max_len"] * (1 if "seqs" in pinned else config["seqs"])
+
+
 def _check_headroom(budget: MemoryBudget, serve: dict, util: float, cite) -> None:
     """The cap must leave the CUDA context and NCCL their stated minimum per GPU (stack key
     serve.min_headroom_mib): vLLM does not count them, and past the cap they run out of memory."""
@@ -317,13 +338,13 @@ def plan_serve(inp: ServeInputs) -> ServePlan:
     chosen = None
     for config in _shrink_steps(start, pinned):
         budget = _budget(inp, tp, util, config["max_len"], config["seqs"], config["batched"])
-        if budget.kv_room > 0 and budget.kv_tokens >= config["max_len"]:
+        if budget.kv_room > 0 and budget.kv_tokens >= _kv_needed(config, pinned):
             chosen = (config, budget)
             break
     if chosen is None:
         budget = _budget(inp, tp, util, start["max_len"], start["seqs"], start["batched"])
         needed = budget.weights + budget.draft + budget.overhead + budget.cuda_graphs
-        where = f"{len(inp.gpus)}x {inp.gpus[0].name} at TP {tp}" if inp.gpus else "host RAM"
+        where = f"{gpus_text(inp.gpus)} at TP {tp}" if inp.gpus else "host RAM"
         if pinned:
             cause = (f"the pinned {', '.join(sorted(f for f in pins if f.startswith('--max')))} do not fit on {where}: "
                      f"KV room holds {budget.kv_tokens:,} tokens")

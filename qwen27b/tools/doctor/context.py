@@ -187,6 +187,22 @@ class Ctx:
         return None, None
 
 
+def unjudged(step: int, name: str, error: Exception) -> Check:
+    """The verdict of a check that met input it was not written for: a warning naming it, so one odd
+    host never ends the report for the fleet."""
+    return Check(step, name, WARN, f"doctor could not judge this check: {type(error).__name__}: {error}"[:300],
+                 "read it on the host by hand; save the snapshot (--save DIR) and report it with the output")
+
+
+def guarded(step: int, name: str, check, *args) -> list[Check]:
+    """`check(*args)` (a Check or a list of them), or its unjudged verdict when it raises."""
+    try:
+        out = check(*args)
+    except Exception as error:  # any input a check did not foresee becomes its verdict
+        return [unjudged(step, name, error)]
+    return out if isinstance(out, list) else [out]
+
+
 def _oom_fix(ctx: Ctx, phase: str) -> str:
     util = ctx.flags.get("--gpu-memory-utilization")
     if phase == "load":
