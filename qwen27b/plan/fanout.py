@@ -234,5 +234,5 @@ def fetch_command(fetch: str, copy: Copy, mirror_base: str, safe_name: str, port
     peer = f"http://{host}:{port}/{safe_name}"
     token = f" --token-file {shlex.quote(token_file)}" if token_file else ""
     notice = shlex.quote(f"qwen27b: seed {copy.source} failed; the mirror completes the copy")
-    return (f"no_proxy='*' NO_PROXY='*' {fetch} --base {peer}{token} || "
+    return (f"no_proxy='*' NO_PROXY='*' {fetch} --base {shlex.quote(peer)}{token} || "
             f"{{ echo {notice} >&2; {from_mirror}; }}")

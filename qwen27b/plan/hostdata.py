@@ -170,6 +170,14 @@ URL_KEYS = {"python_mirror": ("http", "https", "file"), "wheel_mirror": ("http",
             "model_mirror": ("http", "https", "file"), "http_proxy": ("http", "https", "socks5", "socks5h")}
 URL_CHARS = re.compile(r"^[A-Za-z0-9._~:/?#\[\]@%+,=-]+$")
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# An IPv6 zone id (fe80::1%eth0) names an interface (IFNAMSIZ: 15 characters): Python's ipaddress
+# takes anything after the '%', shell and quotes included, and addresses reach unit lines, shell
+# commands, nft rules and nginx upstreams. Every address is re-printed from its parsed form.
+ZONE_ID = re.compile(r"[A-Za-z0-9_.-]{1,15}")
+ZONE_FIX = "write the zone as an interface name only (letters, digits and . _ -, at most 15), e.g. fe80::1%eth0"
+ADDRESS_KEYS = {"bind_address": "give the lab interface's address, e.g. 192.168.1.20",
+                "node_address": "give this host's address on the link between the members, e.g. 10.10.0.1"}
+NETWORK_KEYS = ("firewall_allow", "metrics_allow")
 
 
 def _check_type(host: str, key: str, name: str, value: Any) -> None:
@@ -239,12 +247,17 @@ def settings_for(host: str, data: dict) -> Settings:
                 continue  # the gateway's own settings (qwen27b/plan/gateway.py)
             if name == "serve_flags":
                 value = _normalise_serve_flags(host, value)
+            if name in ADDRESS_KEYS:
+                value = parse_address(host, key, value, ADDRESS_KEYS[name])
+            if name in NETWORK_KEYS:
+                value = [parse_network(host, key, network) for network in value]
             values[name] = value
             continue
         close = _near_misses(key)
         if key.startswith(PREFIX) or close:
             hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(KEYS)}"
             raise BadHostData(host, key, "unknown key", hint)
+    check_ssh_address(host, data)
     settings = Settings(**values)
     _check_values(host, settings)
     from qwen27b.plan.instances import check_instance_keys  # its own module: it imports this one
@@ -255,14 +268,37 @@ def settings_for(host: str, data: dict) -> Settings:
 def _check_networks(host: str, key: str, networks: list, empty: str) -> None:
     if not networks:
         raise BadHostData(host, key, empty, "list the lab networks, e.g. ['10.0.0.0/24'], or leave the key out")
-    for network in networks:
-        try:
-            if not isinstance(network, str):
-                raise TypeError(network)
-            ipaddress.ip_network(network, strict=False)
-        except (TypeError, ValueError):
-            raise BadHostData(host, key, f"{network!r} is not a network",
-                              "write networks as CIDR strings, e.g. '10.0.0.0/24' or '192.168.1.7/32'") from None
+
+
+def parse_address(host: str, key: str, value: Any, fix: str) -> str:
+    """The address as every file and command gets it: re-printed from the parsed address, its zone
+    id (if any) an interface name."""
+    try:
+        if not isinstance(value, str):
+            raise TypeError(value)
+        address = ipaddress.ip_address(value)
+    except (TypeError, ValueError):
+        raise BadHostData(host, key, f"{value!r} is not an IP address", fix) from None
+    zone = getattr(address, "scope_id", None)
+    if zone is not None and not ZONE_ID.fullmatch(zone):
+        raise BadHostData(host, key, f"{value!r} has the zone id {zone!r}, which is not an interface name", ZONE_FIX)
+    return str(address)
+
+
+def parse_network(host: str, key: str, value: Any) -> str:
+    """A network re-printed from its parsed form (host bits kept as written: every reader parses it
+    with strict=False). No zone id: nftables and systemd's IPAddressAllow= match addresses only."""
+    fix = "write networks as CIDR strings, e.g. '10.0.0.0/24' or '192.168.1.7/32'"
+    try:
+        if not isinstance(value, str):
+            raise TypeError(value)
+        network = ipaddress.ip_interface(value)
+    except (TypeError, ValueError):
+        raise BadHostData(host, key, f"{value!r} is not a network", fix) from None
+    if getattr(network, "scope_id", None) is not None:
+        raise BadHostData(host, key, f"{value!r} has a zone id: nftables and IPAddressAllow= take none",
+                          "write the network without its %zone, e.g. 'fe80::/64'")
+    return str(network)
 
 
 def _check_values(host: str, s: Settings) -> None:
@@ -294,8 +330,6 @@ def _check_values(host: str, s: Settings) -> None:
     for name, schemes in URL_KEYS.items():
         if getattr(s, name) is not None:
             _check_url(host, PREFIX + name, getattr(s, name), schemes)
-    if s.bind_address is not None:
-        check_ip(host, "qwen27b_bind_address", s.bind_address, "give the lab interface's address, e.g. 192.168.1.20")
     if s.model_source is not None and s.model_source not in MODEL_SOURCES:
         close = difflib.get_close_matches(s.model_source, MODEL_SOURCES, n=1)
         raise BadHostData(host, "qwen27b_model_source", f"{s.model_source!r} is not a model source",
@@ -335,13 +369,6 @@ def _check_values(host: str, s: Settings) -> None:
     for name in ("api_key_file", "hf_token_file"):
         if getattr(s, name):
             check_secret_file(host, PREFIX + name, getattr(s, name))
-
-
-def check_ip(host: str, key: str, value: str, fix: str) -> None:
-    try:
-        ipaddress.ip_address(value)
-    except ValueError:
-        raise BadHostData(host, key, f"{value!r} is not an IP address", fix) from None
 
 
 def _check_ports(host: str, s: Settings) -> None:
@@ -567,15 +594,23 @@ def url_has_password(url: str) -> bool:
 
 
 def lab_address(data: dict) -> str | None:
-    """The host's address on the lab network when the inventory states one as an IP."""
+    """The host's address on the lab network when the inventory states one as an IP (re-printed;
+    None for a name, or for an IP whose zone id is no interface name: validate_inventory refuses it)."""
     for key in ("ssh_hostname",):
         value = data.get(key)
         if isinstance(value, str):
             try:
-                return str(ipaddress.ip_address(value))
-            except ValueError:
+                return parse_address("", key, value, "")
+            except BadHostData:
                 return None
     return None
+
+
+def check_ssh_address(host: str, data: dict) -> None:
+    """An ssh_hostname written as a scoped IPv6 address must have an interface name as its zone."""
+    value = data.get("ssh_hostname")
+    if isinstance(value, str) and "%" in value:
+        parse_address(host, "ssh_hostname", value, ZONE_FIX)
 
 
 def validate_inventory(hosts: list[tuple[str, dict]], groups: dict[str, set] | None = None) -> dict[str, Settings]:
