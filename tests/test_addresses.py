@@ -1,5 +1,7 @@
 """Addresses from host data (issue 25): every address key is parsed into an `ipaddress` object and
-re-printed from it; an IPv6 zone id (`fe80::1%eth0`) must be an interface name. Python's
+re-printed from it. An IPv6 zone id (`fe80::1%eth0`) is refused in every qwen27b key (systemd's
+ListenStream=/IPAddressAllow=, nft and nginx take none) and, in ssh_hostname, must be an interface
+name and is never used as the host's lab address. Python's
 ipaddress takes anything after the '%' (`fe80::1%eth0;touch${IFS}x` parses), and before this the
 raw text reached the unit, the env file, nft rules, nginx upstreams and other hosts' root fan-out
 commands.
@@ -52,10 +54,10 @@ def addresses(zoned: list[str]):
 
 
 ADDRESS = addresses(["", "%", "%"])
-MOSTLY_PLAIN = addresses(["", "", "", "%"])  # so that plans get made
+MOSTLY_PLAIN = addresses(["", "", "", "", "", "%"])  # so that plans get made
 NETWORK = st.builds(lambda a, prefix: a + prefix, ADDRESS, st.sampled_from(["", "/24", "/64", "/128", "/x"]))
-# what a re-printed address or network may hold: hex digits, dots, colons, the prefix's /, a zone
-CLEAN = re.compile(r"[0-9a-f.:/]+(%[A-Za-z0-9_.-]{1,15})?")
+# what a re-printed address or network may hold: hex digits, dots, colons, the prefix's /
+CLEAN = re.compile(r"[0-9a-f.:/]+")
 ADDRESS_KEYS = ["qwen27b_bind_address", "qwen27b_node_address"]
 NETWORK_KEYS = ["qwen27b_firewall_allow", "qwen27b_metrics_allow"]
 HOST = "v100x4-2204-fresh"
@@ -72,12 +74,19 @@ def reprinted(value: str) -> str:
     return str(ipaddress.ip_address(value))
 
 
-@pytest.mark.parametrize("key", ADDRESS_KEYS)
+@pytest.mark.parametrize("key", ADDRESS_KEYS + ["ssh_hostname"])
 @pytest.mark.parametrize("zone", HOSTILE_ZONES)
 def test_a_zone_id_that_is_no_interface_name_is_refused_naming_host_key_and_fix(key, zone):
     with pytest.raises(BadHostData) as caught:
         settings_for("h", data_for(key, f"fe80::1%{zone}"))
     assert caught.value.key == key and "interface name" in caught.value.fix and str(caught.value).startswith("h: ")
+
+
+@pytest.mark.parametrize("key", ADDRESS_KEYS)
+def test_a_zone_id_is_refused_in_the_address_keys(key):
+    with pytest.raises(BadHostData) as caught:
+        settings_for("h", data_for(key, "fe80::1%eth0"))
+    assert caught.value.key == key and "zone id" in caught.value.problem
 
 
 @pytest.mark.parametrize("key", NETWORK_KEYS)
@@ -94,13 +103,14 @@ def test_a_hostile_ssh_hostname_is_refused_and_never_a_lab_address():
     with pytest.raises(BadHostData) as caught:
         validate_inventory([("h", data)])
     assert caught.value.key == "ssh_hostname"
-    assert lab_address({"ssh_hostname": "fe80::1%eth0"}) == "fe80::1%eth0"
+    assert lab_address({"ssh_hostname": "fe80::1%eth0"}) is None  # SSH may use it; no unit or rule can
+    settings_for("h", {"ssh_hostname": "fe80::1%eth0"})
 
 
 def test_addresses_are_reprinted_from_their_parsed_form():
-    s = settings_for("h", {"qwen27b_bind_address": "FD00:0::7", "qwen27b_node_address": "fe80::0:1%enp65s0f0",
+    s = settings_for("h", {"qwen27b_bind_address": "FD00:0::7", "qwen27b_node_address": "FE80::0:1",
                            "qwen27b_firewall_allow": ["FD00::/64", "10.0.0.7"], "qwen27b_metrics_allow": ["10.0.0.5/32"], **GROUP})
-    assert (s.bind_address, s.node_address) == ("fd00::7", "fe80::1%enp65s0f0")
+    assert (s.bind_address, s.node_address) == ("fd00::7", "fe80::1")
     assert s.firewall_allow == ["fd00::/64", "10.0.0.7/32"] and s.metrics_allow == ["10.0.0.5/32"]
 
 
@@ -118,7 +128,7 @@ def test_every_address_key_refuses_or_reprints(key, value):
     got = getattr(s, key[len("qwen27b_"):])[0] if key in NETWORK_KEYS else (
         lab_address(data) if key == "ssh_hostname" else getattr(s, key[len("qwen27b_"):]))
     if key == "ssh_hostname" and got is None:
-        return  # not an IP: a host name, which pyinfra resolves
+        return  # not an IP (a host name, which pyinfra resolves) or scoped: never a lab address
     assert CLEAN.fullmatch(got), got
     if key in NETWORK_KEYS:
         assert ipaddress.ip_network(got, strict=False) == ipaddress.ip_network(value, strict=False)
@@ -145,7 +155,8 @@ def _hostile_chars(text: str) -> set[str]:
 @pytest.mark.skipif(shutil.which("nft") is None, reason="nft not installed")
 @settings(max_examples=int(os.environ.get("QWEN27B_FUZZ_EXAMPLES", "40")), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(bind=MOSTLY_PLAIN, allow=NETWORK, scrape=st.builds(lambda a, p: a + p, MOSTLY_PLAIN, st.just("/24")))
+@given(bind=MOSTLY_PLAIN, allow=st.builds(lambda a, p: a + p, MOSTLY_PLAIN, st.sampled_from(["", "/24", "/64", "/x"])),
+       scrape=st.builds(lambda a, p: a + p, MOSTLY_PLAIN, st.just("/24")))
 def test_hostile_addresses_never_reach_a_unit_a_rule_or_a_command(planner, bind, allow, scrape):
     data = {"qwen27b_bind_address": bind, "qwen27b_firewall_allow": [allow], "qwen27b_metrics_allow": [scrape]}
     try:
@@ -230,3 +241,14 @@ def test_a_wildcard_or_zoned_gateway_address_is_refused(keys, where):
     with pytest.raises(BadHostData) as caught:
         plan_gateways(hosts, groups, validate_inventory(hosts, groups))
     assert caught.value.key in ("qwen27b_bind_address", "qwen27b_gateway_bind_address")
+
+
+def test_an_ipv6_bind_address_is_bracketed_in_every_url():
+    """http://fd00::7:8000 is no URL: the readiness check, the copies' URL and verify use [fd00::7]."""
+    from qwen27b.controller.render import render_all
+    from qwen27b.plan.hostdata import http_base
+
+    decision = decide(HOST, recorded_facts(HOST), STACK, settings_for(HOST, {"qwen27b_bind_address": "FD00::7"}))
+    unit = render_all(decision)["qwen27b.service.j2"]
+    assert "curl -fs -o /dev/null http://[fd00::7]:8000/health" in unit
+    assert http_base("10.0.0.1", 8000) == "http://10.0.0.1:8000"

@@ -32,7 +32,8 @@ from hypothesis import strategies as st
 from qwen27b.plan import allowlist
 from qwen27b.plan.gate import RefusedHost, decide
 from qwen27b.plan.hostdata import BadHostData, settings_for
-from qwen27b.controller.render import env_value, systemd_quote, unit_text
+from qwen27b.controller.render import (FIREWALL_UNIT, env_value, firewall_contexts, render, systemd_quote,
+                                       unit_text)
 from qwen27b.plan.stack import StackError, load_stack, resolve_stack
 from recordings import recorded_facts
 from test_templates import UNIT_NAMES, rendered
@@ -420,6 +421,10 @@ def check_units(decision, root: Path) -> None:
         text = files[template]
         assert "%" not in text.replace("%%", ""), f"a bare % (systemd specifier) in {name}:\n{text}"
         (units / name).write_text(text)
+    firewall = firewall_contexts(decision)  # the service then Requires= it: verify loads it too
+    if firewall:
+        (units / FIREWALL_UNIT).write_text(render("qwen27b-firewall.service.j2", firewall["qwen27b-firewall.service.j2"]))
+        names = {**names, "firewall": FIREWALL_UNIT}
     assert exec_start_argv(files["qwen27b.service.j2"])[3:] == decision.serve.argv()
     env_lines = [line for line in files["qwen27b.env.j2"].splitlines() if line and not line.startswith("#")]
     assert len(env_lines) == len({name for name, _ in decision.serve.env.items()} | {line.split("=", 1)[0]

@@ -72,12 +72,9 @@ def _int_setting(host: str, data: dict, name: str, default: int, low: int, high:
 
 
 def _address(host: str, key: str, value: str, fix: str) -> str:
-    """An address nginx listens on or proxies to: re-printed, no zone id (nginx's upstream and
-    listen refuse one), neither loopback nor the wildcard (nginx would send the backends' key to
-    whatever listens on its own host)."""
-    address = ipaddress.ip_address(parse_address(host, key, value, fix))
-    if getattr(address, "scope_id", None) is not None:
-        raise BadHostData(host, key, f"{value} has a zone id: nginx takes none", fix + ", without a %zone")
+    """An address nginx listens on or proxies to: re-printed, no zone id, neither loopback nor the
+    wildcard (nginx would send the backends' key to whatever listens on its own host)."""
+    address = ipaddress.ip_address(parse_address(host, key, value, fix))  # no zone id: nginx takes none
     if address in LOOPBACK or address.is_loopback:
         raise BadHostData(host, key, f"{value} is loopback: other hosts cannot reach it", fix)
     if address.is_unspecified:

@@ -270,19 +270,28 @@ def _check_networks(host: str, key: str, networks: list, empty: str) -> None:
         raise BadHostData(host, key, empty, "list the lab networks, e.g. ['10.0.0.0/24'], or leave the key out")
 
 
-def parse_address(host: str, key: str, value: Any, fix: str) -> str:
-    """The address as every file and command gets it: re-printed from the parsed address, its zone
-    id (if any) an interface name."""
+def parse_address(host: str, key: str, value: Any, fix: str, zone: bool = False) -> str:
+    """The address as every file and command gets it: re-printed from the parsed address. A zone id
+    (fe80::1%eth0) only where `zone` (ssh_hostname, for the SSH connection), and then an interface
+    name: systemd's ListenStream=/IPAddressAllow=, nft and nginx take none."""
     try:
         if not isinstance(value, str):
             raise TypeError(value)
         address = ipaddress.ip_address(value)
     except (TypeError, ValueError):
         raise BadHostData(host, key, f"{value!r} is not an IP address", fix) from None
-    zone = getattr(address, "scope_id", None)
-    if zone is not None and not ZONE_ID.fullmatch(zone):
-        raise BadHostData(host, key, f"{value!r} has the zone id {zone!r}, which is not an interface name", ZONE_FIX)
+    scope = getattr(address, "scope_id", None)
+    if scope is not None and not ZONE_ID.fullmatch(scope):
+        raise BadHostData(host, key, f"{value!r} has the zone id {scope!r}, which is not an interface name", ZONE_FIX)
+    if scope is not None and not zone:
+        raise BadHostData(host, key, f"{value!r} has a zone id: the units, nft rules and nginx take none",
+                          "use the interface's global or unique-local address (fd00::/8), without %zone")
     return str(address)
+
+
+def http_base(address: str, port: int) -> str:
+    """http://ADDRESS:PORT for a re-printed address: IPv6 in brackets, its zone id as %25 (RFC 6874)."""
+    return f"http://[{address.replace('%', '%25')}]:{port}" if ":" in address else f"http://{address}:{port}"
 
 
 def parse_network(host: str, key: str, value: Any) -> str:
@@ -595,7 +604,7 @@ def url_has_password(url: str) -> bool:
 
 def lab_address(data: dict) -> str | None:
     """The host's address on the lab network when the inventory states one as an IP (re-printed;
-    None for a name, or for an IP whose zone id is no interface name: validate_inventory refuses it)."""
+    None for a name, or a scoped link-local address: no unit, rule or peer can use its zone id)."""
     for key in ("ssh_hostname",):
         value = data.get(key)
         if isinstance(value, str):
@@ -610,7 +619,7 @@ def check_ssh_address(host: str, data: dict) -> None:
     """An ssh_hostname written as a scoped IPv6 address must have an interface name as its zone."""
     value = data.get("ssh_hostname")
     if isinstance(value, str) and "%" in value:
-        parse_address(host, "ssh_hostname", value, ZONE_FIX)
+        parse_address(host, "ssh_hostname", value, ZONE_FIX, zone=True)
 
 
 def validate_inventory(hosts: list[tuple[str, dict]], groups: dict[str, set] | None = None) -> dict[str, Settings]:
