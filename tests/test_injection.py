@@ -266,6 +266,8 @@ DRY_CASES = [
                  "qwen27b_stack_overrides.model_revision: given twice", id="revision-two-spellings"),
     pytest.param("qwen27b_stack_overrides={'cuda': {'needed_by_vllm': True, 'keyring_deb': 'k.deb;id'}}",
                  "qwen27b_stack_overrides.cuda.keyring_deb: 'k.deb;id' is not allowed here", id="keyring-deb"),
+    pytest.param("qwen27b_wheelhouse_dir='/nonexistent/whelhouse'",
+                 "qwen27b_wheelhouse_dir: /nonexistent/whelhouse is not a directory", id="wheelhouse-typo"),
 ]
 
 

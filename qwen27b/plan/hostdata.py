@@ -49,6 +49,7 @@ class Settings:
     health_failures_before_restart: int = 3
     python_mirror: str | None = None  # UV_PYTHON_INSTALL_MIRROR for air-gapped labs
     wheelhouse_dir: str | None = None  # controller dir with the vLLM build's wheels + manifest.json
+    require_hashes: bool = False  # refuse any artifact the stack does not pin by sha256 (the gate names each)
     wheel_mirror: str | None = None  # a lab mirror holding every wheel (uv --no-index --find-links) when no wheelhouse is pushed
     model_source: str | None = None  # hub | mirror | controller; None: the stack model's default_source
     model_mirror: str | None = None  # base URL of a lab mirror holding <id>@<revision>/ with manifest.json
@@ -100,6 +101,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "health_failures_before_restart": (int,),
     "python_mirror": (str,),
     "wheelhouse_dir": (str,),
+    "require_hashes": (bool,),
     "wheel_mirror": (str,),
     "model_source": (str,),
     "model_mirror": (str,),
@@ -375,6 +377,14 @@ def _check_values(host: str, s: Settings) -> None:
             raise BadHostData(host, "qwen27b_wheelhouse_dir", f"the folder name {name!r} is not allowed here "
                               f"({allowlist.WHEELHOUSE_NAME.why})", "rename the folder to letters, digits and . _ + - only, "
                               f"e.g. {allowlist.WHEELHOUSE_NAME.example}")
+        # without wheels there, the vllm role would install from the indexes instead, with no word
+        local = os.path.expanduser(s.wheelhouse_dir)
+        if not os.path.isdir(local) or not any(n.endswith(".whl") for n in os.listdir(local)):
+            raise BadHostData(host, "qwen27b_wheelhouse_dir", f"{s.wheelhouse_dir} is "
+                              + ("no directory with wheels (*.whl)" if os.path.isdir(local) else "not a directory")
+                              + " on this controller: the deploy would install from the internet instead",
+                              "fix the path, build one (`python3 -m qwen27b.tools.cpu_smoke wheelhouse`), or remove "
+                              "the key to install from the stack's indexes")
     for name in ("api_key_file", "hf_token_file"):
         if getattr(s, name):
             check_secret_file(host, PREFIX + name, getattr(s, name))
