@@ -46,7 +46,8 @@ esac
 """
 
 
-def planned_load_commands(decision) -> list[str]:
+def planned_load_commands(decision, monkeypatch) -> list[str]:
+    monkeypatch.setenv("QWEN27B_CACHE", "")  # InProcessPlan sets it: restored after the test
     with tempfile.TemporaryDirectory(prefix="qwen27b-fw-") as cache:
         ops = InProcessPlan(Path(cache))(HOST, DATA, decision)
     found = [commands for op, commands in ops if op == "load the firewall rule"]
@@ -55,12 +56,12 @@ def planned_load_commands(decision) -> list[str]:
 
 
 @needs_netns
-def test_a_rule_file_that_does_not_load_leaves_the_old_table(tmp_path):
+def test_a_rule_file_that_does_not_load_leaves_the_old_table(tmp_path, monkeypatch):
     decision = decide(HOST, recorded_facts(HOST), STACK, settings_for(HOST, DATA))
     context = firewall_contexts(decision)["qwen27b-firewall.nft.j2"]
     live = context["rules_file"]
     rules = tmp_path / "firewall.nft"
-    commands = [c.replace(live, str(rules)) for c in planned_load_commands(decision)]
+    commands = [c.replace(live, str(rules)) for c in planned_load_commands(decision, monkeypatch)]
     good = render("qwen27b-firewall.nft.j2", context)
     # what a bad value once rendered: the template's header (the swap), then a line nft cannot parse
     broken = good.replace("ip saddr 10.0.0.0/24", "ip6 saddr fe80::%eth0;touch/64")
