@@ -22,6 +22,16 @@ from .toolchain import apt_install
 UNIT_FILE = f"/etc/systemd/system/{FIREWALL_UNIT}"
 
 
+def load_commands(rules_file: str) -> list[str]:
+    """Check the new rule file, then swap it in. The file replaces the table in one transaction
+    (`nft -f` of `table; delete table; table {...}`): one that fails leaves the old table loaded. A
+    restart would run ExecStop's `delete table` first (no table while vLLM serves, if the new one
+    then failed) and, through Requires=, restart the services it guards: reload, or start when
+    not active."""
+    return [f"nft -c -f {rules_file}", f"systemctl enable {FIREWALL_UNIT}",
+            f"systemctl reload-or-restart {FIREWALL_UNIT}"]
+
+
 def firewall(decision: Decision) -> None:
     contexts = firewall_contexts(decision)
     if not contexts:
@@ -44,7 +54,6 @@ def firewall(decision: Decision) -> None:
     if unit.will_change:
         systemd.daemon_reload(name="systemd daemon-reload (firewall unit changed)")
     if rules.will_change or unit.will_change:
-        server.shell(name="load the firewall rule", commands=[f"systemctl enable {FIREWALL_UNIT}",
-                                                              f"systemctl restart {FIREWALL_UNIT}"])
+        server.shell(name="load the firewall rule", commands=load_commands(context["rules_file"]))
     else:
         systemd.service(name=f"{FIREWALL_UNIT} enabled and active", service=FIREWALL_UNIT, running=True, enabled=True)

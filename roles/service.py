@@ -18,6 +18,7 @@ from pyinfra.facts.files import Sha1File
 from pyinfra.operations import files, server, systemd
 
 from qwen27b.plan.gate import Decision
+from qwen27b.plan.hostdata import http_base
 from qwen27b.controller import factcache
 from qwen27b.controller.host_facts import SecretFileState, Subdirectories, SymlinkTarget
 from qwen27b.controller.operations import secret_file, symlink_switch
@@ -115,7 +116,7 @@ def release_record(decision: Decision) -> Record:
     if decision.draft_path:
         links[decision.draft_path] = model_dir(decision, decision.stack.draft)
     return Record(links, model_ref=f"{model['id']}@{model['revision']}",
-                  url=f"http://{serve.value('--host')}:{serve.value('--port')}",
+                  url=http_base(serve.value('--host'), serve.value('--port')),
                   served_name=serve.value("--served-model-name"), speculative=serve.has("--speculative-config"),
                   start_timeout_s=decision.stack.profile["serve"]["start_timeout_s"],
                   flags=tuple(f"{flag.name} {flag.value}" if flag.value is not None else flag.name for flag in serve.flags))

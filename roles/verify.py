@@ -26,6 +26,7 @@ from qwen27b.controller.remote import on_host
 from qwen27b.controller import postdeploy as V
 from qwen27b.onhost.contract import RESTART_LOOP_FINDING, UNIT_PROPERTIES, crash_loop
 from qwen27b.plan.gate import Decision
+from qwen27b.plan.hostdata import http_base
 from qwen27b.controller.render import HEALTH_UNIT, RESTART_COMMAND, SERVICE_UNIT, instance_unit, layout
 
 from ._common import ROLLBACK_DIR, api_key, check, note, previous_links
@@ -180,7 +181,7 @@ def _check_copies(decision: Decision) -> None:
     model = decision.stack.model
     for instance, copy in decision.copies:
         unit, serve = instance_unit(instance.name), copy.serve
-        base = f"http://{serve.value('--host')}:{serve.value('--port')}"
+        base = http_base(serve.value('--host'), serve.value('--port'))
         result = V.HostResult(host.name, model=model["id"], revision=model["revision"],
                               served_name=serve.value("--served-model-name"), url=base)
         runstate.current().results.append(result)
@@ -199,7 +200,7 @@ def _check_copies(decision: Decision) -> None:
 @check
 def _check(decision: Decision, previous: list[tuple[str, str]]) -> None:
     serve, model = decision.serve, decision.stack.model
-    base = f"http://{serve.value('--host')}:{serve.value('--port')}"
+    base = http_base(serve.value('--host'), serve.value('--port'))
     result = V.HostResult(host.name, model=model["id"], revision=model["revision"],
                           served_name=serve.value("--served-model-name"), url=base)
     runstate.current().results.append(result)

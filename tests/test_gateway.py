@@ -269,6 +269,7 @@ class Stub(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self):
+        self.server.got.append((self.path, self.headers.get("Authorization")))
         self._answer(503 if self.server.sick else 200, {})
 
     def do_POST(self):
@@ -280,7 +281,7 @@ class Stub(BaseHTTPRequestHandler):
 
 def stub(name: str) -> ThreadingHTTPServer:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Stub)
-    server.name, server.sick, server.seen, server.delay = name, False, [], 0.0
+    server.name, server.sick, server.seen, server.delay, server.got = name, False, [], 0.0, []
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
@@ -337,6 +338,59 @@ def test_nginx_swaps_the_client_key_for_the_backends_and_refuses_others(loopback
     assert set(served_by(ask(loopback))) == {"a", "b"}
     assert {s for stub_ in loopback["stubs"].values() for s in stub_.seen} == {"Bearer backend-key-0123"}
     assert [a.status_code for a in ask(loopback, 2, key=None) + ask(loopback, 2, key="backend-key-0123")] == [401] * 4
+
+
+def raw_get(lb, target: str, key: str | None = None) -> int:
+    """The status of `GET target` sent as written (httpx would normalise the path)."""
+    import http.client
+
+    conn = http.client.HTTPConnection(lb["base"].removeprefix("http://"), timeout=10)
+    try:
+        conn.putrequest("GET", target, skip_accept_encoding=True)
+        if key:
+            conn.putheader("Authorization", f"Bearer {key}")
+        conn.endheaders()
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def backend_paths(lb) -> list[tuple[str, str | None]]:
+    """What the backends got since the last forget() (the fixture's start probed them)."""
+    return [got for s in lb["stubs"].values() for got in s.got]
+
+
+def forget(lb) -> None:
+    for s in lb["stubs"].values():
+        s.got.clear()
+
+
+@pytest.mark.parametrize("target", ["/metrics/../health", "/metrics/%2e%2e/health", "/metrics%2f..%2fhealth",
+                                    "/metrics/./../health", "/v1/../health", "//metrics/../health", "/metrics%5c..%5chealth"])
+def test_the_keyless_health_route_forwards_nothing_but_health(loopback, target):
+    """nginx routes on the normalised path: whatever path the client sent, without a key the backends
+    get /health or nothing (issue 25: /metrics/../health returned every backend's metrics)."""
+    forget(loopback)
+    status = raw_get(loopback, target)
+    assert status in (400, 401, 200)
+    assert all(path == "/health" and auth is None for path, auth in backend_paths(loopback)), backend_paths(loopback)
+
+
+def test_metrics_through_the_gateway_needs_a_client_key(loopback):
+    forget(loopback)
+    assert raw_get(loopback, "/metrics") == 401 and backend_paths(loopback) == []
+    assert raw_get(loopback, "/health") == 200 and backend_paths(loopback) == [("/health", None)]
+    forget(loopback)
+    assert raw_get(loopback, "/metrics", key=loopback["key"]) == 200
+    assert backend_paths(loopback) == [("/metrics", "Bearer backend-key-0123")]
+
+
+def test_client_keys_match_exactly(loopback):
+    """nginx's map compares plain strings case-insensitively: the keys are exact regexes."""
+    key = loopback["key"]
+    assert [a.status_code for a in ask(loopback, 1, key=key)] == [200]
+    for other in (key.upper(), key.swapcase(), key.replace("-", "."), key + "x", "x" + key):
+        assert [a.status_code for a in ask(loopback, 1, key=other)] == [401], other
 
 
 def test_drain_takes_a_backend_out_by_a_graceful_reload_and_undrain_brings_it_back(loopback):

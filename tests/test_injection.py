@@ -32,7 +32,8 @@ from hypothesis import strategies as st
 from qwen27b.plan import allowlist
 from qwen27b.plan.gate import RefusedHost, decide
 from qwen27b.plan.hostdata import BadHostData, settings_for
-from qwen27b.controller.render import env_value, systemd_quote, unit_text
+from qwen27b.controller.render import (FIREWALL_UNIT, env_value, firewall_contexts, render, systemd_quote,
+                                       unit_text)
 from qwen27b.plan.stack import StackError, load_stack, resolve_stack
 from recordings import recorded_facts
 from test_templates import UNIT_NAMES, rendered
@@ -265,6 +266,8 @@ DRY_CASES = [
                  "qwen27b_stack_overrides.model_revision: given twice", id="revision-two-spellings"),
     pytest.param("qwen27b_stack_overrides={'cuda': {'needed_by_vllm': True, 'keyring_deb': 'k.deb;id'}}",
                  "qwen27b_stack_overrides.cuda.keyring_deb: 'k.deb;id' is not allowed here", id="keyring-deb"),
+    pytest.param("qwen27b_wheelhouse_dir='/nonexistent/whelhouse'",
+                 "qwen27b_wheelhouse_dir: /nonexistent/whelhouse is not a directory", id="wheelhouse-typo"),
 ]
 
 
@@ -420,6 +423,10 @@ def check_units(decision, root: Path) -> None:
         text = files[template]
         assert "%" not in text.replace("%%", ""), f"a bare % (systemd specifier) in {name}:\n{text}"
         (units / name).write_text(text)
+    firewall = firewall_contexts(decision)  # the service then Requires= it: verify loads it too
+    if firewall:
+        (units / FIREWALL_UNIT).write_text(render("qwen27b-firewall.service.j2", firewall["qwen27b-firewall.service.j2"]))
+        names = {**names, "firewall": FIREWALL_UNIT}
     assert exec_start_argv(files["qwen27b.service.j2"])[3:] == decision.serve.argv()
     env_lines = [line for line in files["qwen27b.env.j2"].splitlines() if line and not line.startswith("#")]
     assert len(env_lines) == len({name for name, _ in decision.serve.env.items()} | {line.split("=", 1)[0]

@@ -58,7 +58,8 @@ def test_fresh_host_gets_node_exporter_its_textfile_dir_and_the_scrapers_rule(pl
         f"mkdir -p {TEXTFILE_DIR}", f"chown root:qwen27b {TEXTFILE_DIR}", f"chmod 2775 {TEXTFILE_DIR}"]
     assert ops[f"{NODE_EXPORTER_UNIT} enabled and running"] == [f"systemctl start {NODE_EXPORTER_UNIT}",
                                                                f"systemctl enable {NODE_EXPORTER_UNIT}"]
-    assert ops["load the firewall rule"] == [f"systemctl enable {FIREWALL_UNIT}", f"systemctl restart {FIREWALL_UNIT}"]
+    assert ops["load the firewall rule"] == ["nft -c -f /etc/qwen27b/firewall.nft",
+                                             f"systemctl enable {FIREWALL_UNIT}", f"systemctl reload-or-restart {FIREWALL_UNIT}"]
     assert ops["(re)start qwen27b-health-http.socket (its unit changed)"]
     names = list(ops)  # the rule first: node_exporter never listens unguarded
     assert names.index("load the firewall rule") < names.index(install_name)
@@ -91,7 +92,9 @@ def test_a_converged_host_with_node_exporter_plans_no_change(planner):
     files = [(decision.stack.paths["config"] + "/firewall.nft", render("qwen27b-firewall.nft.j2", contexts["qwen27b-firewall.nft.j2"])),
              (f"/etc/systemd/system/{FIREWALL_UNIT}", render("qwen27b-firewall.service.j2",
                                                               contexts["qwen27b-firewall.service.j2"])),
-             ("/etc/systemd/system/qwen27b-health-http.socket", rendered["qwen27b-health-http.socket.j2"])]
+             ("/etc/systemd/system/qwen27b-health-http.socket", rendered["qwen27b-health-http.socket.j2"]),
+             # the service Requires= the firewall now there is one
+             ("/etc/systemd/system/qwen27b.service", rendered["qwen27b.service.j2"])]
     for dest, text in files:
         for entry in rs.put(dest, text.encode()):
             responses[entry["match"]] = {"stdout": entry["stdout"], "success": True}

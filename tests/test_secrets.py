@@ -152,7 +152,7 @@ def test_key_file_refused_without_showing_the_key(text, problem):
 
 
 def test_key_file_unreadable_kinds(tmp_path):
-    with pytest.raises(SecretFileError, match="Is a directory"):
+    with pytest.raises(SecretFileError, match="not a regular file"):
         load_secret(str(tmp_path))
     bad = tmp_path / "latin1.key"
     bad.write_bytes(b"secret\xe9XYZ\n")

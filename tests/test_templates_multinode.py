@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from qwen27b.controller.render import (COMMON_HARDENING, GPU_DEVICES, RAY_UNIT, firewall_contexts, ray_context, render,
+from qwen27b.controller.render import (COMMON_HARDENING, FIREWALL_UNIT, GPU_DEVICES, RAY_UNIT, firewall_contexts, ray_context, render,
                                        render_all)
 from qwen27b.plan.hostdata import validate_inventory
 from qwen27b.plan.multinode import Member, decide_group
@@ -100,6 +100,9 @@ def test_units_pass_systemd_analyze_verify(tmp_path, pair):
         units.mkdir()
         (units / RAY_UNIT).write_text(render("qwen27b-ray.service.j2", ray_context(pair[role], prefix=str(root))))
         names = [RAY_UNIT]
+        firewall = firewall_contexts(pair[role])  # a member always has one: its units Requires= it
+        (units / FIREWALL_UNIT).write_text(render("qwen27b-firewall.service.j2", firewall["qwen27b-firewall.service.j2"]))
+        names.append(FIREWALL_UNIT)
         if role == "head":
             (units / "qwen27b.service").write_text(render_all(pair[role], prefix=str(root))["qwen27b.service.j2"])
             names.append("qwen27b.service")

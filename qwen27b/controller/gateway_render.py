@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 
 from qwen27b.controller.render import SANDBOX, render
 from qwen27b.onhost.secretfile import load_secret
@@ -126,7 +127,9 @@ def nginx_context(plan: GatewayPlan, where: dict, run_as: list[str] | None = Non
 def keys_text(plan: GatewayPlan) -> str:
     """The secret include: client keys (secretfile's characters: safe in nginx's double quotes) and
     the backends' Authorization header ("" removes the client's header when the backends have no key)."""
-    client = [load_secret(path, SECRET_NAMES["gateway_key_files"]) for path in plan.key_files]
+    # each key an exact regex: . and + are its only regex characters (secretfile.SECRET_CHARS)
+    client = [re.sub(r"([.+])", r"\\\1", load_secret(path, SECRET_NAMES["gateway_key_files"]))
+              for path in plan.key_files]
     backend = f"Bearer {load_secret(plan.backend_key_file)}" if plan.backend_key_file else ""
     return render("qwen27b-gateway-keys.conf.j2", {"client_keys": client, "backend_authorization": [backend]})
 

@@ -14,7 +14,7 @@ import jinja2
 
 from qwen27b.plan.gate import Decision
 from qwen27b.onhost.contract import MODEL_REF_ENV, QUIET_ENV, TEXTFILE_DIR, lib_dir, module_argv
-from qwen27b.plan.hostdata import NODE_EXPORTER_PORT
+from qwen27b.plan.hostdata import NODE_EXPORTER_PORT, http_base
 from qwen27b.plan.lifecycle import INSTANCE_TEMPLATE, release_record_file
 from qwen27b.plan.stack import api_key_env_file, health_status_file
 
@@ -259,7 +259,7 @@ def contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
     serve = decision.serve
     address = serve.value("--host")
     port = serve.value("--port")
-    base_url = f"http://{address}:{port}"
+    base_url = http_base(address, port)
     exec_start = [f"{where['venv']}/bin/python -m vllm.entrypoints.openai.api_server"]
     for flag in serve.flags:
         exec_start.append(flag.name if flag.value is None else f"{flag.name} {systemd_quote(flag.value)}")
@@ -274,7 +274,7 @@ def contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
         "exec_start": exec_start,
         # `systemctl start` returns once /health answers, so start-up failures show in the unit state
         # and fails as soon as the main process dies ($MAINPID: systemd's), instead of at the timeout
-        "ready_check": (f"/bin/sh -c 'until curl -fs -o /dev/null {base_url}/health; "
+        "ready_check": (f"/bin/sh -c 'until curl -fs -o /dev/null {base_url.replace('%', '%%')}/health; "
                         "do kill -0 $MAINPID || exit 1; sleep 2; done'"),
         "start_timeout_s": decision.stack.profile["serve"]["start_timeout_s"],
         "start_limit_interval_s": 1800,
@@ -288,6 +288,8 @@ def contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
     }
     if decision.group is not None:
         service["after"] = service["after"] + [RAY_UNIT]
+    service["requires"] += firewall_requires(decision)
+    service["after"] += firewall_requires(decision)
     s = decision.settings
     # root's 0600 key file reaches the unprivileged check as a systemd credential: a copy readable
     # by the unit's user only, under /run/credentials/<unit>/, for the run's lifetime
@@ -369,6 +371,12 @@ RESTART_COMMAND = (f"systemctl stop {SERVICE_UNIT}; systemctl reset-failed {SERV
 def _nft_networks(networks: list | None) -> list[tuple[str, str]]:
     parsed = [ipaddress.ip_network(n, strict=False) for n in networks or []]
     return [("ip" if n.version == 4 else "ip6", str(n)) for n in parsed]
+
+
+def firewall_requires(decision: Decision) -> list[str]:
+    """The firewall unit, for the units it guards, when there is one: Requires= and After= make them
+    fail closed (a rule file that does not load at boot leaves them stopped, not open to all)."""
+    return [FIREWALL_UNIT] if firewall_contexts(decision) else []
 
 
 def firewall_contexts(decision: Decision) -> dict[str, dict]:
@@ -474,8 +482,10 @@ def ray_context(decision: Decision, prefix: str = "") -> dict:
         "role": g.role,
         "group": unit_text(g.name),
         "address": g.address,
-        "after": ["network-online.target"] + (["nvidia-persistenced.service"] if decision.gpus else []),
+        "after": ["network-online.target"] + (["nvidia-persistenced.service"] if decision.gpus else [])
+        + firewall_requires(decision),
         "part_of": [SERVICE_UNIT] if head else [],
+        "requires": firewall_requires(decision),
         "user": decision.stack.paths["service_user"],
         "exec_start": [systemd_quote(arg) for arg in argv],
         # a worker waits for its head (down, restarting, not deployed yet) as long as it takes
@@ -542,7 +552,7 @@ def instance_contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
         serve = copy.serve
         env = sorted(service_env(copy, where) + [
             (SERVE_ARGS_ENV, env_value(" ".join(serve.argv()))),
-            (URL_ENV, env_value(f"http://{serve.value('--host')}:{serve.value('--port')}"))])
+            (URL_ENV, env_value(http_base(serve.value('--host'), serve.value('--port'))))])
         out[f"{instance.name}.env"] = {"env": env, "secrets_file": where["secrets_file"]}
     return out
 

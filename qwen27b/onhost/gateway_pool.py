@@ -98,7 +98,8 @@ def upstream_text(config: dict, pool: list) -> str:
     lines = ["# Written by qwen27b-gateway-pool: the backends in the pool; `down` = out (unhealthy or drained)."]
     for backend in config["backends"]:
         down = "" if backend["name"] in pool else " down"
-        lines.append(f"server {backend['address']}:{backend['port']} max_fails={config['max_fails']} "
+        host = f"[{backend['address']}]" if ":" in backend["address"] else backend["address"]  # IPv6
+        lines.append(f"server {host}:{backend['port']} max_fails={config['max_fails']} "
                      f"fail_timeout={config['fail_timeout_s']}s{down};")
     return "\n".join(lines) + "\n"
 

@@ -109,6 +109,11 @@ ENV_RESERVED = {"HOME", "XDG_CACHE_HOME", "VLLM_CACHE_ROOT", "HF_HOME", "HF_HUB_
                 "VLLM_HOST_IP", "VLLM_PORT", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "RAY_ADDRESS",
                 "RAY_USAGE_STATS_ENABLED"}
 SECRET_NAME = re.compile(r"KEY|TOKEN|PASSWORD|SECRET|CREDENTIAL", re.I)
+# names whose value makes a process load or run code: vLLM's plugin entry points, a warning
+# category (PYTHONWARNINGS imports its module), the shell's start-up file, the breakpoint hook,
+# the dynamic loader's variables (LD_*)
+CODE_LOADERS = {"VLLM_PLUGINS", "PYTHONWARNINGS", "BASH_ENV", "ENV", "PYTHONBREAKPOINT", "PYTHONINSPECT",
+                "PYTHONEXECUTABLE", "PYTHONUSERBASE", "PYTHONPLATLIBDIR", "PERL5OPT", "NODE_OPTIONS"}
 
 # Host data paths that land in a host-side config file or command.
 MOK_KEY_PATH = Rule(r"/[A-Za-z0-9._+-]+(?:/[A-Za-z0-9._+-]+)*", "a double-quoted line of DKMS's framework.conf "
@@ -137,6 +142,8 @@ def problem(path: str, value) -> tuple[str, str] | None:
                 return f"{name!r} is not an environment variable name", f"use A-Z, 0-9 and _ only ({ENV_NAME.why})"
             if name in ENV_RESERVED:
                 return f"{name} is set by qwen27b itself (or hooks the loader)", "leave it out"
+            if name in CODE_LOADERS or name.startswith("LD_"):
+                return f"{name} makes the service load or run other code", "leave it out"
             if SECRET_NAME.search(name):
                 return (f"{name} looks like a secret: the env file is 0644",
                         "put the API key in qwen27b_api_key_file, the hub token in qwen27b_hf_token_file")

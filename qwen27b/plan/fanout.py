@@ -29,6 +29,8 @@ import math
 import shlex
 from dataclasses import dataclass
 
+from qwen27b.plan.hostdata import http_base
+
 MODES = ("none", "tree")
 SEED_PORT = 8801  # the seeds' HTTP port on their lab address, only while the fan-out runs
 SEED_UNIT = "qwen27b-seed.service"
@@ -230,9 +232,8 @@ def fetch_command(fetch: str, copy: Copy, mirror_base: str, safe_name: str, port
     from_mirror = f"{proxy_env}{fetch} --base {mirror_base}"
     if copy.from_mirror:
         return from_mirror
-    host = f"[{copy.source_address}]" if ":" in (copy.source_address or "") else copy.source_address
-    peer = f"http://{host}:{port}/{safe_name}"
+    peer = f"{http_base(copy.source_address, port)}/{safe_name}"
     token = f" --token-file {shlex.quote(token_file)}" if token_file else ""
     notice = shlex.quote(f"qwen27b: seed {copy.source} failed; the mirror completes the copy")
-    return (f"no_proxy='*' NO_PROXY='*' {fetch} --base {peer}{token} || "
+    return (f"no_proxy='*' NO_PROXY='*' {fetch} --base {shlex.quote(peer)}{token} || "
             f"{{ echo {notice} >&2; {from_mirror}; }}")

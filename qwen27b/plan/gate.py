@@ -431,6 +431,23 @@ def binary_needs_check(host: str, glibc: str | None, rs: ResolvedStack, needs: d
     return said + " (verified: false): the import may fail mid-deploy; fix: " + GLIBC_FIX.format(wheel=wheel, have=glibc)
 
 
+def unpinned(rs: ResolvedStack, os_row: dict, settings: Settings) -> list[tuple[str, str]]:
+    """(cause, fix) for each artifact the deploy would fetch without a sha256 to check it against:
+    what qwen27b_require_hashes refuses (without it, _warnings says the same as warnings)."""
+    out, vllm = [], rs.profile["vllm"]
+    if vllm.get("url") and not vllm.get("sha256"):
+        out.append((f"qwen27b_require_hashes: {vllm['filename']} has no sha256 in the stack file",
+                    "pin it with qwen27b_stack_overrides {'vllm': {'sha256': '<sha256 of the wheel>'}}"))
+    cuda = rs.profile.get("cuda") or {}
+    if cuda.get("needed_by_vllm") and not os_row.get("cuda_keyring_sha256"):
+        out.append((f"qwen27b_require_hashes: {cuda['keyring_deb']} for {os_row['cuda_repo']} has no sha256 in the "
+                    "stack file", "pin it (stack key os_support[].cuda_keyring_sha256)"))
+    if settings.dflash_cli:
+        out.append(("qwen27b_require_hashes: qwen27b_dflash_cli installs PyPI's dflash by name, without a hash",
+                    "set qwen27b_dflash_cli to false"))
+    return out
+
+
 def _choices(facts: HostFacts, rs: ResolvedStack, settings: Settings, driver: DriverPlan | None) -> list[Choice]:
     p, out = rs.profile, []
     if driver is not None:
@@ -555,6 +572,8 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
             return None
 
     check(_generation_rules, host, rs, gpus, facts)
+    if settings.require_hashes:
+        refusals.extend(RefusedHost(host, cause, fix) for cause, fix in unpinned(rs, os_row, settings))
     driver = check(lambda: _with_headers(host, _driver_plan(host, facts, rs, settings, gpus), facts))
     if facts.secure_boot == "enabled" and rs.profile.get("driver") and not settings.mok_key_path \
             and not (driver is not None and driver.action == "keep"):

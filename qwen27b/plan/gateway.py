@@ -16,7 +16,8 @@ import ipaddress
 from dataclasses import dataclass
 
 from qwen27b.onhost.secretfile import load_secret
-from qwen27b.plan.hostdata import (PREFIX, SECRET_NAMES, BadHostData, Settings, check_secret_file, lab_address)
+from qwen27b.plan.hostdata import (PREFIX, SECRET_NAMES, BadHostData, Settings, check_secret_file, lab_address,
+                                   parse_address)
 
 GROUP = "qwen27b_gateway"
 DEFAULT_PORT = 8000
@@ -71,12 +72,13 @@ def _int_setting(host: str, data: dict, name: str, default: int, low: int, high:
 
 
 def _address(host: str, key: str, value: str, fix: str) -> str:
-    try:
-        address = ipaddress.ip_address(value)
-    except ValueError:
-        raise BadHostData(host, key, f"{value!r} is not an IP address", fix) from None
-    if address in LOOPBACK:
+    """An address nginx listens on or proxies to: re-printed, no zone id, neither loopback nor the
+    wildcard (nginx would send the backends' key to whatever listens on its own host)."""
+    address = ipaddress.ip_address(parse_address(host, key, value, fix))  # no zone id: nginx takes none
+    if address in LOOPBACK or address.is_loopback:
         raise BadHostData(host, key, f"{value} is loopback: other hosts cannot reach it", fix)
+    if address.is_unspecified:
+        raise BadHostData(host, key, f"{value} is the wildcard address, not one host's address", fix)
     return str(address)
 
 

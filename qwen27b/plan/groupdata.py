@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from qwen27b.plan.hostdata import PREFIX, BadHostData, Settings, check_ip, lab_address
+from qwen27b.plan.hostdata import PREFIX, BadHostData, Settings, lab_address
 
 NODE_GROUP = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")  # a unit Description and the plan; no spaces
 NODE_ROLES = ("head", "worker")
@@ -45,9 +45,6 @@ def check_node_keys(host: str, s: Settings) -> None:
                           if s.interconnect_gbps is None else f"{s.interconnect_gbps!r} is not a speed",
                           "give the slowest hop between the members in Gbit/s, e.g. 10 for 10 GbE, 25 for 25 GbE: the "
                           "planner checks it carries the pipeline's traffic")
-    if s.node_address is not None:
-        check_ip(host, "qwen27b_node_address", s.node_address,
-                 "give this host's address on the link between the members, e.g. 10.10.0.1")
     for flag in GROUP_FLAGS:
         if flag in (s.serve_flags or {}):
             raise BadHostData(host, f"qwen27b_serve_flags.{flag}", f"{flag} is set by the serving group's plan",

@@ -49,6 +49,7 @@ class Settings:
     health_failures_before_restart: int = 3
     python_mirror: str | None = None  # UV_PYTHON_INSTALL_MIRROR for air-gapped labs
     wheelhouse_dir: str | None = None  # controller dir with the vLLM build's wheels + manifest.json
+    require_hashes: bool = False  # refuse any artifact the stack does not pin by sha256 (the gate names each)
     wheel_mirror: str | None = None  # a lab mirror holding every wheel (uv --no-index --find-links) when no wheelhouse is pushed
     model_source: str | None = None  # hub | mirror | controller; None: the stack model's default_source
     model_mirror: str | None = None  # base URL of a lab mirror holding <id>@<revision>/ with manifest.json
@@ -100,6 +101,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "health_failures_before_restart": (int,),
     "python_mirror": (str,),
     "wheelhouse_dir": (str,),
+    "require_hashes": (bool,),
     "wheel_mirror": (str,),
     "model_source": (str,),
     "model_mirror": (str,),
@@ -170,6 +172,14 @@ URL_KEYS = {"python_mirror": ("http", "https", "file"), "wheel_mirror": ("http",
             "model_mirror": ("http", "https", "file"), "http_proxy": ("http", "https", "socks5", "socks5h")}
 URL_CHARS = re.compile(r"^[A-Za-z0-9._~:/?#\[\]@%+,=-]+$")
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# An IPv6 zone id (fe80::1%eth0) names an interface (IFNAMSIZ: 15 characters): Python's ipaddress
+# takes anything after the '%', shell and quotes included, and addresses reach unit lines, shell
+# commands, nft rules and nginx upstreams. Every address is re-printed from its parsed form.
+ZONE_ID = re.compile(r"[A-Za-z0-9_.-]{1,15}")
+ZONE_FIX = "write the zone as an interface name only (letters, digits and . _ -, at most 15), e.g. fe80::1%eth0"
+ADDRESS_KEYS = {"bind_address": "give the lab interface's address, e.g. 192.168.1.20",
+                "node_address": "give this host's address on the link between the members, e.g. 10.10.0.1"}
+NETWORK_KEYS = ("firewall_allow", "metrics_allow")
 
 
 def _check_type(host: str, key: str, name: str, value: Any) -> None:
@@ -239,12 +249,17 @@ def settings_for(host: str, data: dict) -> Settings:
                 continue  # the gateway's own settings (qwen27b/plan/gateway.py)
             if name == "serve_flags":
                 value = _normalise_serve_flags(host, value)
+            if name in ADDRESS_KEYS:
+                value = parse_address(host, key, value, ADDRESS_KEYS[name])
+            if name in NETWORK_KEYS:
+                value = [parse_network(host, key, network) for network in value]
             values[name] = value
             continue
         close = _near_misses(key)
         if key.startswith(PREFIX) or close:
             hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(KEYS)}"
             raise BadHostData(host, key, "unknown key", hint)
+    check_ssh_address(host, data)
     settings = Settings(**values)
     _check_values(host, settings)
     from qwen27b.plan.instances import check_instance_keys  # its own module: it imports this one
@@ -255,14 +270,46 @@ def settings_for(host: str, data: dict) -> Settings:
 def _check_networks(host: str, key: str, networks: list, empty: str) -> None:
     if not networks:
         raise BadHostData(host, key, empty, "list the lab networks, e.g. ['10.0.0.0/24'], or leave the key out")
-    for network in networks:
-        try:
-            if not isinstance(network, str):
-                raise TypeError(network)
-            ipaddress.ip_network(network, strict=False)
-        except (TypeError, ValueError):
-            raise BadHostData(host, key, f"{network!r} is not a network",
-                              "write networks as CIDR strings, e.g. '10.0.0.0/24' or '192.168.1.7/32'") from None
+
+
+def parse_address(host: str, key: str, value: Any, fix: str, zone: bool = False) -> str:
+    """The address as every file and command gets it: re-printed from the parsed address. A zone id
+    (fe80::1%eth0) only where `zone` (ssh_hostname, for the SSH connection), and then an interface
+    name: systemd's ListenStream=/IPAddressAllow=, nft and nginx take none."""
+    try:
+        if not isinstance(value, str):
+            raise TypeError(value)
+        address = ipaddress.ip_address(value)
+    except (TypeError, ValueError):
+        raise BadHostData(host, key, f"{value!r} is not an IP address", fix) from None
+    scope = getattr(address, "scope_id", None)
+    if scope is not None and not ZONE_ID.fullmatch(scope):
+        raise BadHostData(host, key, f"{value!r} has the zone id {scope!r}, which is not an interface name", ZONE_FIX)
+    if scope is not None and not zone:
+        raise BadHostData(host, key, f"{value!r} has a zone id: the units, nft rules and nginx take none",
+                          "use the interface's global or unique-local address (fd00::/8), without %zone")
+    return str(address)
+
+
+def http_base(address: str, port: int) -> str:
+    """http://ADDRESS:PORT for a re-printed address: IPv6 in brackets, its zone id as %25 (RFC 6874)."""
+    return f"http://[{address.replace('%', '%25')}]:{port}" if ":" in address else f"http://{address}:{port}"
+
+
+def parse_network(host: str, key: str, value: Any) -> str:
+    """A network re-printed from its parsed form (host bits kept as written: every reader parses it
+    with strict=False). No zone id: nftables and systemd's IPAddressAllow= match addresses only."""
+    fix = "write networks as CIDR strings, e.g. '10.0.0.0/24' or '192.168.1.7/32'"
+    try:
+        if not isinstance(value, str):
+            raise TypeError(value)
+        network = ipaddress.ip_interface(value)
+    except (TypeError, ValueError):
+        raise BadHostData(host, key, f"{value!r} is not a network", fix) from None
+    if getattr(network, "scope_id", None) is not None:
+        raise BadHostData(host, key, f"{value!r} has a zone id: nftables and IPAddressAllow= take none",
+                          "write the network without its %zone, e.g. 'fe80::/64'")
+    return str(network)
 
 
 def _check_values(host: str, s: Settings) -> None:
@@ -294,8 +341,6 @@ def _check_values(host: str, s: Settings) -> None:
     for name, schemes in URL_KEYS.items():
         if getattr(s, name) is not None:
             _check_url(host, PREFIX + name, getattr(s, name), schemes)
-    if s.bind_address is not None:
-        check_ip(host, "qwen27b_bind_address", s.bind_address, "give the lab interface's address, e.g. 192.168.1.20")
     if s.model_source is not None and s.model_source not in MODEL_SOURCES:
         close = difflib.get_close_matches(s.model_source, MODEL_SOURCES, n=1)
         raise BadHostData(host, "qwen27b_model_source", f"{s.model_source!r} is not a model source",
@@ -332,16 +377,17 @@ def _check_values(host: str, s: Settings) -> None:
             raise BadHostData(host, "qwen27b_wheelhouse_dir", f"the folder name {name!r} is not allowed here "
                               f"({allowlist.WHEELHOUSE_NAME.why})", "rename the folder to letters, digits and . _ + - only, "
                               f"e.g. {allowlist.WHEELHOUSE_NAME.example}")
+        # without wheels there, the vllm role would install from the indexes instead, with no word
+        local = os.path.expanduser(s.wheelhouse_dir)
+        if not os.path.isdir(local) or not any(n.endswith(".whl") for n in os.listdir(local)):
+            raise BadHostData(host, "qwen27b_wheelhouse_dir", f"{s.wheelhouse_dir} is "
+                              + ("no directory with wheels (*.whl)" if os.path.isdir(local) else "not a directory")
+                              + " on this controller: the deploy would install from the internet instead",
+                              "fix the path, build one (`python3 -m qwen27b.tools.cpu_smoke wheelhouse`), or remove "
+                              "the key to install from the stack's indexes")
     for name in ("api_key_file", "hf_token_file"):
         if getattr(s, name):
             check_secret_file(host, PREFIX + name, getattr(s, name))
-
-
-def check_ip(host: str, key: str, value: str, fix: str) -> None:
-    try:
-        ipaddress.ip_address(value)
-    except ValueError:
-        raise BadHostData(host, key, f"{value!r} is not an IP address", fix) from None
 
 
 def _check_ports(host: str, s: Settings) -> None:
@@ -567,15 +613,23 @@ def url_has_password(url: str) -> bool:
 
 
 def lab_address(data: dict) -> str | None:
-    """The host's address on the lab network when the inventory states one as an IP."""
+    """The host's address on the lab network when the inventory states one as an IP (re-printed;
+    None for a name, or a scoped link-local address: no unit, rule or peer can use its zone id)."""
     for key in ("ssh_hostname",):
         value = data.get(key)
         if isinstance(value, str):
             try:
-                return str(ipaddress.ip_address(value))
-            except ValueError:
+                return parse_address("", key, value, "")
+            except BadHostData:
                 return None
     return None
+
+
+def check_ssh_address(host: str, data: dict) -> None:
+    """An ssh_hostname written as a scoped IPv6 address must have an interface name as its zone."""
+    value = data.get("ssh_hostname")
+    if isinstance(value, str) and "%" in value:
+        parse_address(host, "ssh_hostname", value, ZONE_FIX, zone=True)
 
 
 def validate_inventory(hosts: list[tuple[str, dict]], groups: dict[str, set] | None = None) -> dict[str, Settings]:
