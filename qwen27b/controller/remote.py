@@ -158,7 +158,7 @@ def on_host(host, command, *, state=None, connector: dict | None = None, **optio
     tests/test_sudo_path.py fails on any other `run_shell_command` call in the project."""
     from pyinfra.api import StringCommand
 
-    executor = dict(connector) if connector is not None else host_arguments(state or host.state, host)
+    executor = dict(connector) if connector is not None else host_arguments(host.state if state is None else state, host)
     executor.update(options)
     return host.run_shell_command(command if isinstance(command, StringCommand) else StringCommand(command),
                                   **executor)
