@@ -45,6 +45,9 @@ class ModelShape:
     # which kind (qwen27b/plan/multinode.py); empty when the config gives no layout
     layer_types: tuple = ()
     tied_embeddings: bool = False  # lm_head shares the embedding matrix (one copy in the checkpoint)
+    # the KV-cache quantization the checkpoint asks for (ModelOpt kv_cache_quant_algo / kv_cache_scheme),
+    # which vLLM's `--kv-cache-dtype auto` follows; None: none declared
+    kv_cache_quant: str | None = None
 
     @property
     def hybrid(self) -> bool:
@@ -89,6 +92,13 @@ def _lm_head_quantized(quant: dict) -> bool:
     return not any(name == "lm_head" or name.endswith(".lm_head") or name == "*lm_head*" for name in excluded)
 
 
+def _kv_cache_quant(quant: dict) -> str | None:
+    algo = quant.get("kv_cache_quant_algo") or quant.get("kv_cache_scheme")
+    if isinstance(algo, dict):
+        return f"{algo.get('type', '')}{algo.get('num_bits', '')}" or None
+    return str(algo) if algo else None
+
+
 def shape_from_config(config: dict, weight_bytes: int) -> ModelShape:
     """Pure: config.json (as a dict) + total weight bytes -> ModelShape."""
     text = config.get("text_config") or config
@@ -131,6 +141,7 @@ def shape_from_config(config: dict, weight_bytes: int) -> ModelShape:
             gdn_conv_kernel=int(text.get("linear_conv_kernel_dim", 0)),
             layer_types=kinds,
             tied_embeddings=bool(text.get("tie_word_embeddings", config.get("tie_word_embeddings", False))),
+            kv_cache_quant=_kv_cache_quant(quant),
         )
     except KeyError as missing:
         raise CheckpointError(f"config.json lacks {missing}, which the memory plan needs") from None

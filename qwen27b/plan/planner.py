@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from qwen27b.plan import engine
 from qwen27b.plan.checkpoint import DTYPE_BYTES, ModelShape
 from qwen27b.onhost.contract import MIDDLEWARE
 from qwen27b.plan.stack import ResolvedStack
@@ -336,9 +337,7 @@ def plan_serve(inp: ServeInputs) -> ServePlan:
     if serve.get("attention_backend"):
         add("--attention-backend", serve["attention_backend"],
             f"the sm_70 build's attention kernels (also non-causal, as the DFlash draft needs) {cite('1cat-vllm')}")
-    add("--kv-cache-dtype", serve.get("kv_cache_dtype", "auto"),
-        f"KV in the model dtype; fp8_e5m2 is experimental on V100 {cite('kv-fp8-v100')}"
-        if inp.gpus and serve["dtype"] == "float16" else "KV in the model dtype")
+    add("--kv-cache-dtype", *engine.kv_cache_dtype(inp.stack, inp.target, bool(inp.gpus)))
     if serve.get("enforce_eager"):
         add("--enforce-eager", None, f"start-up in under a minute instead of minutes of compiling {cite(serve.get('source'))}")
     if inp.draft is not None and inp.speculative:
