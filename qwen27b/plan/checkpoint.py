@@ -48,6 +48,7 @@ class ModelShape:
     # the KV-cache quantization the checkpoint asks for (ModelOpt kv_cache_quant_algo / kv_cache_scheme),
     # which vLLM's `--kv-cache-dtype auto` follows; None: none declared
     kv_cache_quant: str | None = None
+    mtp_layers: int = 0  # native MTP layers in the checkpoint (Qwen3.5/3.8 mtp_num_hidden_layers): method 'mtp'
 
     @property
     def hybrid(self) -> bool:
@@ -142,6 +143,7 @@ def shape_from_config(config: dict, weight_bytes: int) -> ModelShape:
             layer_types=kinds,
             tied_embeddings=bool(text.get("tie_word_embeddings", config.get("tie_word_embeddings", False))),
             kv_cache_quant=_kv_cache_quant(quant),
+            mtp_layers=int(text.get("mtp_num_hidden_layers") or config.get("mtp_num_hidden_layers") or 0),
         )
     except KeyError as missing:
         raise CheckpointError(f"config.json lacks {missing}, which the memory plan needs") from None
