@@ -19,7 +19,9 @@ from .weights import place
 
 def dflash(decision: Decision) -> None:
     if decision.draft_path is None:
-        why = "qwen27b_speculative is off" if decision.stack.draft else "this profile has no draft model"
+        spec = decision.serve.spec
+        why = (f"speculative method {spec.method} (the checkpoint's own MTP layer), no draft to fetch" if spec.on
+               else f"speculative decoding off: {spec.reason}" if decision.stack.draft else "this profile has no draft model")
         note(f"dflash: skipped - {why}")
         return
     place(decision, decision.stack.draft, decision.draft_path, decision.settings.draft_local_dir)

@@ -117,8 +117,9 @@ def serving(result: V.HostResult, key: str | None, say, unit_state, start_timeou
     if speculative:
         result.acceptance = V.acceptance(before, V.spec_counters(V.scrape(base, key)))
         if result.acceptance is not None and result.acceptance < 0.01:
-            raise V.VerifyFailed(f"speculative acceptance {result.acceptance:.1%}: the draft is rejected "
-                                 "(1Cat-vLLM issue 478: NVFP4 target on V100 TP4); check the draft and target")
+            raise V.VerifyFailed(f"speculative acceptance {result.acceptance:.1%}: the drafted tokens are rejected "
+                                 "(1Cat-vLLM issue 478: DFlash2 on an NVFP4 target at V100 TP4); check the draft and "
+                                 "target, or set qwen27b_speculative to another method (mtp) or off")
 
 
 def _unit_properties() -> dict:

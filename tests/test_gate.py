@@ -266,11 +266,10 @@ def test_installed_cuda_13_toolkit_on_volta_is_left_alone_and_said_so():
 def test_converged_host_with_little_disk_needs_only_what_is_missing():
     d = run("v100x4-converged-8g")  # 8 GiB free, both revisions verified: nothing to fetch
     assert any("only 8.0 GiB free on /: nothing to fetch" in w for w in d.warnings)
-    partial = {"nvidia--Qwen3.8-27B-NVFP4@main": {"bytes": 16 * 2**30, "verified": False},
-               "incoai--Qwen3.8-27B-DFlash2@main": {"bytes": 3670120448, "verified": True}}
-    r = refused("v100x4-converged-8g", models_on_disk=partial)  # a partial download: its missing ~4.4 GiB + headroom
-    assert "8.0 GiB free, 14.4 GiB needed (4.4 GiB of weights still to fetch + 10 GiB headroom" in r.cause
-    assert "nvidia/Qwen3.8-27B-NVFP4 16.0 GiB partial" in r.cause
+    partial = {"RadixArk--Qwen3.8-27B-NVFP4@main": {"bytes": 16 * 2**30, "verified": False}}
+    r = refused("v100x4-converged-8g", models_on_disk=partial)  # a partial download: its missing ~4.6 GiB + headroom
+    assert "8.0 GiB free, 14.6 GiB needed (4.6 GiB of weights still to fetch + 10 GiB headroom" in r.cause
+    assert "RadixArk/Qwen3.8-27B-NVFP4 16.0 GiB partial" in r.cause
     run("v100x4-converged-8g", {"qwen27b_min_free_disk_gib": 1}, models_on_disk=partial)  # 5.4 GiB fits in 8
 
 
@@ -337,3 +336,30 @@ def test_a_held_old_driver_is_released_in_the_replacing_transaction():
     assert "nvidia-dkms-470, nvidia-driver-470 held with apt-mark hold" in plan.reason
     assert "--allow-change-held-packages" in plan.reason
     assert run("v100x2-r470").driver.release_holds == ()
+
+
+def test_sm70_serves_the_owners_checkpoint_with_mtp_and_fp16_kv():
+    d = run("v100x4-2204-fresh")
+    assert d.stack.model["id"] == "RadixArk/Qwen3.8-27B-NVFP4" and d.draft_path is None
+    assert json.loads(d.serve.value("--speculative-config")) == {"method": "mtp", "num_speculative_tokens": 7}
+    assert d.serve.value("--kv-cache-dtype") == "float16" and d.serve.spec.method == "mtp"
+    assert "draft" not in {c.what for c in d.choices}
+
+
+def test_the_mixed_modelopt_checkpoint_on_sm70_is_refused_naming_the_key_and_the_fix():
+    r = refused("v100x4-2204-fresh", {"qwen27b_model": "qwen3.8-27b-nvfp4"})
+    assert r.host == "v100x4-2204-fresh"
+    assert "nvidia/Qwen3.8-27B-NVFP4 (qwen27b_model qwen3.8-27b-nvfp4) is a mixed NVFP4+FP8 checkpoint" in r.cause
+    assert "no Volta kernels for its FP8" in r.cause and "min capability 89" in r.cause
+    assert r.fix.startswith("remove qwen27b_model")
+    # a build known to have Volta FP8 kernels serves it
+    stack = load_stack()
+    stack["vllm_builds"]["1cat"]["volta_fp8_kernels"] = True
+    d = decide("v100x4-2204-fresh", recorded_facts("v100x4-2204-fresh"), stack,
+               settings_for("v100x4-2204-fresh", {"qwen27b_model": "qwen3.8-27b-nvfp4"}))
+    assert d.stack.model["id"] == "nvidia/Qwen3.8-27B-NVFP4"
+
+
+def test_a_named_speculative_method_that_cannot_run_is_refused():
+    r = refused("v100x4-2204-fresh", {"qwen27b_speculative": "dflash2"})
+    assert "qwen27b_speculative dflash2: RadixArk/Qwen3.8-27B-NVFP4 quantizes its lm_head" in r.cause

@@ -37,7 +37,10 @@ def group(recording="v100x2-16gb", worker_recording=None, **kw):
     return decide_group("pair-a", members, STACK)
 
 
-LONG = {"qwen27b_serve_flags": {"--max-model-len": 65536}}
+# The ModelOpt checkpoint's shape (dense lm_head, no MTP layer) under the sm70 default's name: the
+# scenarios below are about the DFlash2 draft, which auto picks for it at TP 2 (plan/engine.py)
+DENSE_HEAD = {"qwen27b_stack_overrides": {"model": {"metadata": "nvidia--Qwen3.8-27B-NVFP4"}}}
+LONG = {"qwen27b_serve_flags": {"--max-model-len": 65536}, **DENSE_HEAD}
 
 
 # ------------------------------------------------------------------ the pure pieces
@@ -87,11 +90,20 @@ def test_a_model_that_fits_one_member_is_served_by_each_alone():
 def test_when_only_the_draft_does_not_fit_each_member_serves_alone_without_it():
     """2x V100 16 GB alone: refused with DFlash2 (13.7 of 13.4 GiB before KV), fits without; a
     pipeline could not keep the draft either, and replicas give twice the throughput."""
-    out = group()
+    out = group(common=DENSE_HEAD)
     for decision in out.values():
         assert isinstance(decision, Decision) and decision.group is None
         assert not decision.serve.has("--speculative-config") and not decision.settings.speculative
         assert "without the DFlash2 draft" in decision.serve.notes[-1]
+
+
+def test_with_the_sm70_default_mtp_each_16gb_member_serves_alone():
+    """The owners' checkpoint with native MTP needs no draft: 2x V100 16 GB hold it alone."""
+    out = group()
+    for decision in out.values():
+        assert isinstance(decision, Decision) and decision.group is None
+        assert decision.serve.spec.method == "mtp" and decision.serve.has("--speculative-config")
+        assert "fits this host alone, so each member serves it alone" in decision.serve.notes[-1]
 
 
 def test_a_context_one_member_cannot_hold_is_a_pipeline_tp_within_pp_across():
@@ -184,7 +196,7 @@ def test_the_cpu_build_cannot_run_a_pipeline_across_hosts():
     (inventory(worker={"qwen27b_node_address": None}), "qwen27b_node_address", "no address on the link"),
     (inventory(worker={"qwen27b_stack_overrides": {"model_revision": "abc1234"}}), "qwen27b_stack_overrides",
      "the members run one model as one engine"),
-    (inventory(worker={"qwen27b_speculative": False}), "qwen27b_speculative", "differs from True"),
+    (inventory(worker={"qwen27b_speculative": False}), "qwen27b_speculative", "differs from 'auto'"),
     (inventory(common={"qwen27b_serve_flags": {"--pipeline-parallel-size": 2}}),
      "qwen27b_serve_flags.--pipeline-parallel-size", "set by the serving group's plan"),
     (inventory(head={"qwen27b_port": 6379}), "qwen27b_port", "in the serving group's Ray gcs ports"),

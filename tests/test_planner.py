@@ -17,8 +17,11 @@ def v100s(n, gb=32):
     return [Gpu(i, name, gpu_spec(STACK, name=name)["memory_mib"], "7.0") for i in range(n)]
 
 
-def inputs(profile="sm70", gpus=None, pins=None, speculative=True, prefix=True, overrides=None, ram=None):
-    rs = resolve_stack(STACK, profile, overrides)
+def inputs(profile="sm70", gpus=None, pins=None, speculative=True, prefix=True, overrides=None, ram=None,
+           model="qwen3.8-27b-nvfp4"):
+    """The memory tests plan the ModelOpt checkpoint with its DFlash2 draft (a ServeInputs without
+    `spec`); the sm70 default checkpoint and the method choice are tested in test_engine.py."""
+    rs = resolve_stack(STACK, profile, overrides, model=None if profile == "cpu-smoke" else model)
     target = load_shape(checkpoint_metadata_dir(rs.model))
     draft = load_shape(checkpoint_metadata_dir(rs.draft)) if rs.draft and speculative else None
     return ServeInputs(stack=rs, gpus=gpus if gpus is not None else v100s(4), target=target, draft=draft,

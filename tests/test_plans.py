@@ -96,7 +96,8 @@ def test_fresh_v100_plan_shows_the_volta_stack(dry_run):
     plan = re.sub(r" +", " ", host_plan(dry_run.stderr, "v100x4-2204-fresh"))  # column widths aside
     for needle in ("nvidia-driver-580-server", "cuda-toolkit-12-8", "12.8", "python install 3.12",
                    "1cat_vllm==1.5.0", "--dtype float16", "FLASH_ATTN_V100",
-                   '{"method":"dflash"', "--tensor-parallel-size 4", "KV capacity", "left for KV cache",
+                   '{"method":"mtp","num_speculative_tokens":7}', "--tensor-parallel-size 4",
+                   "--kv-cache-dtype float16", "KV capacity", "left for KV cache",
                    "--disable-custom-all-reduce (on) TP 4, GPU links not read"):
         assert needle in plan, needle
 
@@ -180,13 +181,13 @@ def converged_plan_with_dirs(tmp_path, directory: str, listing: list[str], recor
 def test_old_model_revisions_are_pruned_but_the_rollback_target_stays(tmp_path):
     """The converged host, recorded with three older revisions of its checkpoint on disk."""
     plan = converged_plan_with_dirs(tmp_path, "/var/lib/qwen27b/models", [
-        "1764000000 nvidia--Qwen3.8-27B-NVFP4@zzzoldest", "1764000100 nvidia--Qwen3.8-27B-NVFP4@aaaolder",
-        "1764000200 nvidia--Qwen3.8-27B-NVFP4@0000newer", "1764000300 nvidia--Qwen3.8-27B-NVFP4@main",
+        "1764000000 RadixArk--Qwen3.8-27B-NVFP4@zzzoldest", "1764000100 RadixArk--Qwen3.8-27B-NVFP4@aaaolder",
+        "1764000200 RadixArk--Qwen3.8-27B-NVFP4@0000newer", "1764000300 RadixArk--Qwen3.8-27B-NVFP4@main",
         "1764000400 incoai--Qwen3.8-27B-DFlash2@main", "1764000500 unrelated@x"])
     prune = [line for line in plan.splitlines() if "$ rm -rf" in line]
     # nothing is replaced on this run: one old revision (the newest, 0000newer) stays for rollback
-    assert prune == ["            $ rm -rf -- /var/lib/qwen27b/models/nvidia--Qwen3.8-27B-NVFP4@zzzoldest "
-                     "/var/lib/qwen27b/models/nvidia--Qwen3.8-27B-NVFP4@aaaolder"], plan[-2500:]
+    assert prune == ["            $ rm -rf -- /var/lib/qwen27b/models/RadixArk--Qwen3.8-27B-NVFP4@zzzoldest "
+                     "/var/lib/qwen27b/models/RadixArk--Qwen3.8-27B-NVFP4@aaaolder"], plan[-2500:]
 
 
 def test_old_releases_are_pruned_never_the_current_nor_the_previous(tmp_path):
@@ -292,7 +293,8 @@ def test_a_normal_run_prints_what_changes_and_v_the_whole_plan(dry_run):
     assert counted, converged
     every_op = re.findall(r"^   (?:CHANGE|ok    )  ", GOLDEN.joinpath("v100x4-converged.txt").read_text(), re.M)
     assert int(counted.group(1)) == len(every_op)  # the count is the -v plan's operations, none hidden
-    assert "WARNING: model nvidia/Qwen3.8-27B-NVFP4 follows the moving branch 'main'" in converged
+    assert "WARNING: model RadixArk/Qwen3.8-27B-NVFP4 follows the moving branch 'main'" in converged
+    assert "WARNING: draft" not in converged  # MTP: no draft in use, none to pin
     assert "verify: not verified: the service listens on 127.0.0.1 only" in converged  # a note for the reader
     fresh = host_plan(out, "v100x4-2204-fresh")
     assert "install  action" in fresh and "vllm serve flag" in fresh and "memory plan" in fresh

@@ -48,7 +48,7 @@ PLAIN = ("http_proxy=http://proxy.lab:3128 https_proxy=http://proxy.lab:3128 HTT
 @pytest.fixture(scope="module")
 def run():
     work = Path(tempfile.mkdtemp(prefix="qwen27b-proxy-"))
-    for name in ("nvidia--Qwen3.8-27B-NVFP4@main", "incoai--Qwen3.8-27B-DFlash2@main"):  # the mirror's manifests
+    for name in ("RadixArk--Qwen3.8-27B-NVFP4@main", "incoai--Qwen3.8-27B-DFlash2@main"):  # the mirror's manifests
         (work / "mirror" / name).mkdir(parents=True)
         (work / "mirror" / name / "model.safetensors").write_bytes(b"w" * 1000)
         dir_manifest(work / "mirror" / name)

@@ -73,6 +73,8 @@ STACK_RULES: dict[str, Rule] = {
     "serve.kv_cache_dtype": Rule(r"auto|float16|bfloat16|fp8|fp8_e5m2|fp8_e4m3", "--kv-cache-dtype in ExecStart, and "
                                  "the planner's KV bytes per token", "auto"),
     "serve.source": _SOURCE,
+    "serve.kv_cache_source": _SOURCE,
+    "speculative_auto": Rule(r"mtp|dflash2", "a speculative method the planner may pick (plan/engine.py)", "mtp"),
     "serve.headroom_source": _SOURCE,
     "serve.env": Rule(r"[A-Za-z0-9_.,:/@+=-]{0,200}", "an unquoted value in /etc/qwen27b/qwen27b.env "
                       "(systemd EnvironmentFile=): no quotes, spaces, $ or backslashes", "PCI_BUS_ID"),

@@ -45,6 +45,10 @@ class ModelShape:
     # which kind (qwen27b/plan/multinode.py); empty when the config gives no layout
     layer_types: tuple = ()
     tied_embeddings: bool = False  # lm_head shares the embedding matrix (one copy in the checkpoint)
+    # the KV-cache quantization the checkpoint asks for (ModelOpt kv_cache_quant_algo / kv_cache_scheme),
+    # which vLLM's `--kv-cache-dtype auto` follows; None: none declared
+    kv_cache_quant: str | None = None
+    mtp_layers: int = 0  # native MTP layers in the checkpoint (Qwen3.5/3.8 mtp_num_hidden_layers): method 'mtp'
 
     @property
     def hybrid(self) -> bool:
@@ -89,6 +93,13 @@ def _lm_head_quantized(quant: dict) -> bool:
     return not any(name == "lm_head" or name.endswith(".lm_head") or name == "*lm_head*" for name in excluded)
 
 
+def _kv_cache_quant(quant: dict) -> str | None:
+    algo = quant.get("kv_cache_quant_algo") or quant.get("kv_cache_scheme")
+    if isinstance(algo, dict):
+        return f"{algo.get('type', '')}{algo.get('num_bits', '')}" or None
+    return str(algo) if algo else None
+
+
 def shape_from_config(config: dict, weight_bytes: int) -> ModelShape:
     """Pure: config.json (as a dict) + total weight bytes -> ModelShape."""
     text = config.get("text_config") or config
@@ -131,6 +142,8 @@ def shape_from_config(config: dict, weight_bytes: int) -> ModelShape:
             gdn_conv_kernel=int(text.get("linear_conv_kernel_dim", 0)),
             layer_types=kinds,
             tied_embeddings=bool(text.get("tie_word_embeddings", config.get("tie_word_embeddings", False))),
+            kv_cache_quant=_kv_cache_quant(quant),
+            mtp_layers=int(text.get("mtp_num_hidden_layers") or config.get("mtp_num_hidden_layers") or 0),
         )
     except KeyError as missing:
         raise CheckpointError(f"config.json lacks {missing}, which the memory plan needs") from None

@@ -14,7 +14,8 @@ from qwen27b.plan.gpustate import BOARD_FIX, SEED_XID79_ADVICE, gpu_troubles
 from qwen27b.plan.checkpoint import CheckpointError, ModelShape, load_shape
 from qwen27b.plan.elfneeds import newer
 from qwen27b.plan.hostdata import Settings
-from qwen27b.plan.planner import GiB, Gpu, PlanRefused, ServeInputs, ServePlan, _divides, plan_serve
+from qwen27b.plan import engine
+from qwen27b.plan.planner import GiB, Gpu, PlanRefused, ServeInputs, ServePlan, _divides, choose_tp, plan_serve
 from qwen27b.plan.stack import (ResolvedStack, StackError, cc_tuple, checkpoint_metadata_dir, gpu_spec,
                     os_support, profile_for_compute_capability, resolve_stack, revision_dir_name)
 
@@ -262,6 +263,36 @@ def _generation_rules(host: str, rs: ResolvedStack, gpus: list[Gpu], facts: Host
                           "use the sm70 profile's 1Cat-vLLM build, which dequantizes NVFP4 on V100")
 
 
+def _mixed_fp8_rule(host: str, rs: ResolvedStack, gpus: list[Gpu], target: ModelShape, settings: Settings) -> None:
+    """A checkpoint with FP8 layers beside NVFP4 (ModelOpt mixed) on sm_70 needs a build with Volta FP8
+    kernels (vllm_builds[].volta_fp8_kernels): stock 1Cat gates those layers at capability 89."""
+    mixed = rs.model.get("mixed_fp8") or str(target.quant_algo or "").upper() == "MIXED_PRECISION"
+    if not (mixed and gpus and cc_tuple(gpus[0].compute_capability) < (7, 5)) or rs.build.get("volta_fp8_kernels"):
+        return
+    chosen = f"qwen27b_model {settings.model}" if settings.model else f"the {rs.profile_name} profile's model"
+    raise RefusedHost(host, f"{rs.model['id']} ({chosen}) is a mixed NVFP4+FP8 checkpoint and vLLM build "
+                      f"'{rs.profile['vllm']['build']}' {rs.profile['vllm']['version']} has no Volta kernels for its FP8 "
+                      f"layers ({gpus[0].name}, compute capability {gpus[0].compute_capability}): "
+                      f"{rs.source_text('1cat-modelopt-min89')}",
+                      "remove qwen27b_model (the sm70 default is the full-NVFP4 checkpoint V100 owners run), or set "
+                      "qwen27b_model to another checkpoint of the stack's models table")
+
+
+def _speculation(host: str, rs: ResolvedStack, gpus: list[Gpu], target: ModelShape, settings: Settings):
+    """The speculative method and depth (plan/engine.py) at the TP size and length the planner starts from."""
+    pins = settings.serve_flags or {}
+    try:
+        tp = choose_tp(gpus, target, settings.tensor_parallel_size or (int(pins["--tensor-parallel-size"])
+                       if "--tensor-parallel-size" in pins else None))[0] if gpus else 1
+    except PlanRefused:
+        tp = len(gpus)  # _check_tp names the problem
+    max_len = int(pins.get("--max-model-len") or rs.profile["serve"]["max_model_len"])
+    try:
+        return engine.choose_speculative(rs, target, settings.speculative_mode, tp, max_len)
+    except engine.SpecRefused as refused:
+        raise RefusedHost(host, refused.cause, refused.fix) from None
+
+
 _DRIVER_PACKAGE = re.compile(r"^(?:nvidia-driver-(?P<branch>[0-9]+)(?:-server)?(?:-open)?|cuda-drivers(?:-(?P<cuda_branch>[0-9]+))?)$")
 _BRANCH_PACKAGE = re.compile(r"^nvidia-(?:driver|dkms|kernel-source|kernel-common|utils|compute-utils)-(?P<branch>[0-9]+)(?:-server)?(?:-open)?$")
 _TOOLKIT_PACKAGE = re.compile(r"^cuda-toolkit-([0-9]+)-[0-9]+$")
@@ -355,7 +386,7 @@ def _with_headers(host: str, plan: DriverPlan | None, facts: HostFacts) -> Drive
 
 
 def _warnings(facts: HostFacts, rs: ResolvedStack, settings: Settings, os_row: dict,
-              driver: DriverPlan | None = None) -> list[str]:
+              driver: DriverPlan | None = None, draft_used: bool = True) -> list[str]:
     out = []
     if driver is not None and driver.action == "keep" and facts.kernel and driver.headers is None:
         out.append(f"linux-headers-{facts.kernel} is in no configured apt archive: the kept driver runs, but a DKMS "
@@ -389,7 +420,7 @@ def _warnings(facts: HostFacts, rs: ResolvedStack, settings: Settings, os_row: d
         out.append(line)
     if facts.nouveau_loaded and rs.profile.get("driver"):
         out.append("nouveau is loaded: the nvidia role blacklists it and rebuilds the initramfs (a reboot follows)")
-    for what, entry in (("model", rs.model), ("draft", rs.draft)):
+    for what, entry in (("model", rs.model), ("draft", rs.draft if draft_used else None)):
         if entry and entry.get("revision") == "main":
             out.append(f"{what} {entry['id']} follows the moving branch 'main': pin a commit once validated "
                        f"(qwen27b_stack_overrides {{'{what}_revision': '<commit>'}})")
@@ -448,7 +479,8 @@ def unpinned(rs: ResolvedStack, os_row: dict, settings: Settings) -> list[tuple[
     return out
 
 
-def _choices(facts: HostFacts, rs: ResolvedStack, settings: Settings, driver: DriverPlan | None) -> list[Choice]:
+def _choices(facts: HostFacts, rs: ResolvedStack, settings: Settings, driver: DriverPlan | None,
+             spec: "engine.SpecChoice | None" = None) -> list[Choice]:
     p, out = rs.profile, []
     if driver is not None:
         out.append(Choice("driver", driver.kept or driver.package, driver.reason, driver.action))
@@ -484,10 +516,11 @@ def _choices(facts: HostFacts, rs: ResolvedStack, settings: Settings, driver: Dr
         out.append(Choice("torch", torch.get("requirement") or "from index", f"{torch.get('index_url') or 'wheelhouse'}"
                           + (f", must list {torch['required_arch']}" if torch.get("required_arch") else "")
                           + f" {rs.cite(torch['source'])}", "install"))
-    out.append(Choice("model", f"{rs.model['id']}@{rs.model['revision']}", f"format {rs.model['format']}", "install"))
-    if rs.draft and settings.speculative:
+    model_why = f"format {rs.model['format']}" + (f" {rs.cite(rs.model['cite'])}" if rs.model.get("cite") else "")
+    out.append(Choice("model", f"{rs.model['id']}@{rs.model['revision']}", model_why, "install"))
+    if spec is not None and spec.method == "dflash2" and rs.draft:
         out.append(Choice("draft", f"{rs.draft['id']}@{rs.draft['revision']}",
-                          f"{rs.draft['speculative']['method']}, {rs.draft['speculative']['num_speculative_tokens']} "
+                          f"{rs.draft['speculative']['method']}, {spec.depth} "
                           f"speculative tokens, kept {rs.draft['format']} {rs.cite('dflash-dense-head')}", "install"))
     return out
 
@@ -558,7 +591,7 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
     _check_tp(host, gpus, settings)
     profile_name = _choose_profile(host, gpus, settings, stack)
     try:
-        rs = resolve_stack(stack, profile_name, settings.stack_overrides)
+        rs = resolve_stack(stack, profile_name, settings.stack_overrides, model=settings.model)
     except StackError as error:
         raise RefusedHost(host, f"qwen27b_stack_overrides: {error}", "use keys that exist in qwen27b/plan/stack.yaml") from None
     # From here each check is independent: collect every refusal, so one run names them all.
@@ -582,20 +615,21 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
 
     try:
         target = load_shape(checkpoint_metadata_dir(rs.model))
-        draft = load_shape(checkpoint_metadata_dir(rs.draft)) if rs.draft and settings.speculative else None
     except CheckpointError as error:
         raise RefusedHost.every(host, refusals + [RefusedHost(host, f"checkpoint metadata: {error}",
                                                               "restore the checkpoint's config.json / index")]) from None
+    check(_mixed_fp8_rule, host, rs, gpus, target, settings)
+    spec = check(_speculation, host, rs, gpus, target, settings)
+    try:
+        draft = load_shape(checkpoint_metadata_dir(rs.draft)) if spec is not None and spec.method == "dflash2" else None
+    except CheckpointError as error:
+        raise RefusedHost.every(host, refusals + [RefusedHost(host, f"draft checkpoint metadata: {error}",
+                                                              "restore the draft's config.json / index")]) from None
 
     check(_check_tp, host, gpus, settings, target)
     if draft is not None and draft.quant_method:
         refusals.append(RefusedHost(host, f"the DFlash2 draft {rs.draft['id']} is quantized ({draft.quant_method}): "
                                     f"{rs.source_text('dflash-dense-head')}", "use the fp16/bf16 draft checkpoint"))
-    if draft is not None and target.lm_head_quantized:
-        refusals.append(RefusedHost(host, f"{rs.model['id']} quantizes its lm_head, which the DFlash2 draft shares: "
-                                    f"{rs.source_text('dflash-dense-head')}",
-                                    "choose a checkpoint with a dense lm_head ('...NVFP4-BF16-LMHead' style), or set "
-                                    "qwen27b_speculative=False"))
     paths = rs.paths
     model_path = paths["current_model"]
     draft_path = f"{paths['models']}/draft" if draft else None
@@ -613,8 +647,9 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
         stack=rs, gpus=gpus, target=target, draft=draft, model_path=model_path, draft_path=draft_path,
         served_name=settings.served_model_name or rs.model["served_name"],
         bind_address=bind, bind_reason=bind_reason, port=settings.port,
-        speculative=settings.speculative, prefix_caching=settings.prefix_caching,
-        pins=pins, ram_bytes=ram, route_guard=bool(settings.api_key_file), topology=facts.topology)
+        speculative=spec is not None and spec.on, prefix_caching=settings.prefix_caching,
+        pins=pins, ram_bytes=ram, route_guard=bool(settings.api_key_file), topology=facts.topology,
+        spec=spec or engine.OFF)
     try:
         serve = (pipeline.plan if pipeline is not None else plan_serve)(serve_inputs)
     except PlanRefused as refused:
@@ -629,6 +664,6 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
     if refusals:
         raise RefusedHost.every(host, refusals)
     return Decision(host=host, stack=rs, settings=settings, gpus=gpus, serve=serve,
-                    choices=_choices(facts, rs, settings, driver),
-                    warnings=_warnings(facts, rs, settings, os_row, driver) + [w for w in (disk_warning, glibc_warning) if w],
+                    choices=_choices(facts, rs, settings, driver, serve.spec),
+                    warnings=_warnings(facts, rs, settings, os_row, driver, draft is not None) + [w for w in (disk_warning, glibc_warning) if w],
                     model_path=model_path, draft_path=draft_path, facts=facts, os_row=os_row, driver=driver)

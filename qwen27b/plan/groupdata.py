@@ -15,7 +15,7 @@ NODE_ROLES = ("head", "worker")
 NODE_INTERFACE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,14}$")
 NODE_KEYS = ("node_role", "node_address", "node_interface", "interconnect_gbps")
 # what every member must share: one model served by one engine over all of them ("matching stack")
-GROUP_SHARED = ("profile", "stack_overrides", "serve_flags", "tensor_parallel_size", "speculative", "prefix_caching",
+GROUP_SHARED = ("profile", "stack_overrides", "serve_flags", "tensor_parallel_size", "speculative", "model", "prefix_caching",
                 "wheelhouse_dir", "wheel_mirror", "node_interface")
 # flags the group plan sets itself (qwen27b/plan/multinode.py)
 GROUP_FLAGS = ("--pipeline-parallel-size", "--distributed-executor-backend", "--data-parallel-size")

@@ -39,7 +39,10 @@ class Settings:
     served_model_name: str | None = None  # None: the stack model's served_name
     api_key_file: str | None = None  # controller-side file holding the API key (mode 0600)
     serve_flags: dict | None = None  # pinned vllm serve flags, e.g. {"--max-model-len": 4096}
-    speculative: bool = True  # DFlash2 speculative decoding where the profile has a draft
+    # auto | mtp | dflash2 | off (True/False: auto/off, the older spelling): plan/engine.py picks
+    # the method and depth from the stack's evidence
+    speculative: bool | str = "auto"
+    model: str | None = None  # a key of the stack's models table to serve; None: the profile's own
     prefix_caching: bool = True
     skip_reboot: bool = False  # never reboot this host; the plan says a reboot is pending
     mok_key_path: str | None = None  # MOK signing key for secure boot hosts
@@ -80,6 +83,13 @@ class Settings:
     uninstall_weights: bool = False  # the model revisions under /var/lib/qwen27b/models (20+ GiB) too
     uninstall_driver: bool = False  # unhold and purge the NVIDIA driver packages, remove the nouveau blacklist
 
+    @property
+    def speculative_mode(self) -> str:
+        """qwen27b_speculative as one of SPECULATIVE_MODES (True/False are auto/off)."""
+        if isinstance(self.speculative, bool):
+            return "auto" if self.speculative else "off"
+        return self.speculative
+
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "profile": (str,),
@@ -91,7 +101,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "served_model_name": (str,),
     "api_key_file": (str,),
     "serve_flags": (dict,),
-    "speculative": (bool,),
+    "speculative": (str, bool),
+    "model": (str,),
     "prefix_caching": (bool,),
     "skip_reboot": (bool,),
     "mok_key_path": (str,),
@@ -141,6 +152,7 @@ KEYS = [PREFIX + f.name for f in fields(Settings)] + GATEWAY_KEYS
 _POSITIVE = {"tensor_parallel_size", "min_free_disk_gib", "health_interval_s", "health_failures_before_restart",
              "keep_model_revisions", "keep_releases"}
 MODEL_SOURCES = ("hub", "mirror", "controller")
+SPECULATIVE_MODES = ("auto", "mtp", "dflash2", "off")
 WEIGHTS_FANOUT = ("none", "tree")  # qwen27b.plan.fanout.MODES
 # The unit drops every capability (CapabilityBoundingSet=), so user qwen27b cannot bind below 1024.
 FIRST_UNPRIVILEGED_PORT = 1024
@@ -335,6 +347,19 @@ def _check_values(host: str, s: Settings) -> None:
             raise BadHostData(host, tp_key, f"{tp} does not divide the {len(s.gpu_indices)} GPUs in qwen27b_gpu_indices "
                               f"{s.gpu_indices} (vLLM would leave GPUs idle)",
                               f"use a TP size of {' or '.join(map(str, fits))}, or list a multiple of {tp} GPUs")
+    if s.speculative_mode not in SPECULATIVE_MODES:
+        close = difflib.get_close_matches(str(s.speculative), SPECULATIVE_MODES, n=1)
+        raise BadHostData(host, "qwen27b_speculative", f"{s.speculative!r} is not a speculative method",
+                          (f"did you mean '{close[0]}'? " if close else "") + f"use one of {', '.join(SPECULATIVE_MODES)} "
+                          "(auto: the planner picks from the stack's evidence)")
+    if s.model is not None:
+        from qwen27b.plan.stack import load_stack
+        targets = [k for k, v in load_stack()["models"].items() if not v.get("speculative")]
+        if s.model not in targets:
+            close = difflib.get_close_matches(s.model, targets, n=1)
+            raise BadHostData(host, "qwen27b_model", f"{s.model!r} is not a checkpoint of the stack's models table",
+                              (f"did you mean '{close[0]}'? " if close else "") + f"use one of {', '.join(targets)}, "
+                              "or leave it out (the profile's default)")
     if s.served_model_name is not None and not SERVED_NAME.match(s.served_model_name):
         raise BadHostData(host, "qwen27b_served_model_name", f"{s.served_model_name!r} is not a plain model name",
                           "use letters, digits and . _ - : / @ + only (no spaces or quotes), e.g. 'qwen3.8-27b'")

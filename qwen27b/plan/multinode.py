@@ -255,7 +255,7 @@ def decide_group(name: str, members: list[Member], stack: dict) -> dict[str, Dec
         return {host: _with_note(d, f"serving group '{name}': the model fits this host alone, so each member "
                                     "serves it alone (replicas double the throughput; a pipeline would not)")
                 for host, d in alone.items()}
-    if any(m.settings.speculative for m in members):
+    if any(m.settings.speculative_mode != "off" for m in members):
         alone = {m.name: _alone(m, stack, replace(m.settings, speculative=False)) for m in members}
         if all(isinstance(d, Decision) for d in alone.values()):
             return {host: _with_note(d, f"serving group '{name}': the model fits this host alone without the DFlash2 "
@@ -292,7 +292,7 @@ def plan_group(name: str, members: list[Member], stack: dict, why: str) -> dict[
     node_gpus = gpus[first.name]
     try:
         profile = _choose_profile(first.name, node_gpus, first.settings, stack)
-        rs = resolve_stack(stack, profile, first.settings.stack_overrides)
+        rs = resolve_stack(stack, profile, first.settings.stack_overrides, model=first.settings.model)
     except RefusedHost as refused:
         return _refuse_all(name, members, refused.cause, refused.fix)
     if not rs.build.get("ray_executor"):

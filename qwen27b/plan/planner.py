@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from qwen27b.plan import engine
 from qwen27b.plan.checkpoint import DTYPE_BYTES, ModelShape
 from qwen27b.onhost.contract import MIDDLEWARE
 from qwen27b.plan.stack import ResolvedStack
@@ -104,6 +105,7 @@ class ServePlan:
     env: dict[str, str]
     memory: MemoryBudget
     notes: list[str] = field(default_factory=list)
+    spec: engine.SpecChoice = engine.OFF  # the speculative method in the flags (plan/engine.py)
 
     def value(self, name: str) -> str | None:
         for flag in self.flags:
@@ -143,6 +145,16 @@ class ServeInputs:
     ram_bytes: int | None = None
     route_guard: bool = False  # an API key is set: every route but /health needs it (route_auth.py)
     topology: dict | None = None  # GpuTopology: the links between the GPUs (None: not read)
+    spec: engine.SpecChoice | None = None  # the speculative method (engine.choose_speculative); None: DFlash2 when `draft`
+
+    @property
+    def speculation(self) -> engine.SpecChoice:
+        if self.spec is not None:
+            return self.spec
+        if self.draft is not None and self.speculative:
+            tokens = self.stack.draft["speculative"]["num_speculative_tokens"]
+            return engine.SpecChoice("dflash2", tokens, engine.dflash2_reason(self.stack, tokens))
+        return engine.OFF
 
 
 def _pin(pins: dict, name: str, cast):
@@ -189,10 +201,13 @@ def _budget(inp: ServeInputs, tp: int, util: float, max_len: int, seqs: int, bat
     kv_dtype = serve.get("kv_cache_dtype", "auto")
     kvb = DTYPE_BYTES.get(kv_dtype, 2) if kv_dtype != "auto" else DTYPE_BYTES[_act_dtype(inp)]
     act_bytes = DTYPE_BYTES[_act_dtype(inp)]
-    use_draft = inp.draft is not None and inp.speculative
+    method = inp.speculation.method
+    use_draft = inp.draft is not None and method == "dflash2"
     kv_per_token = inp.target.kv_bytes_per_token(tp, kvb)
     if use_draft:
         kv_per_token += inp.draft.kv_bytes_per_token(tp, kvb)
+    if method == "mtp" and inp.target.full_attention_layers:  # each MTP layer keeps its own attention KV
+        kv_per_token += inp.target.mtp_layers * inp.target.kv_bytes_per_token(tp, kvb) // inp.target.full_attention_layers
     activations = int(batched * inp.target.intermediate_size * 2 * act_bytes / tp * serve.get("activation_factor", 2.0))
     reserved = 0
     if inp.gpus:
@@ -384,23 +399,17 @@ def plan_serve(inp: ServeInputs) -> ServePlan:
     if serve.get("attention_backend"):
         add("--attention-backend", serve["attention_backend"],
             f"the sm_70 build's attention kernels (also non-causal, as the DFlash draft needs) {cite('1cat-vllm')}")
-    add("--kv-cache-dtype", serve.get("kv_cache_dtype", "auto"),
-        f"KV in the model dtype; fp8_e5m2 is experimental on V100 {cite('kv-fp8-v100')}"
-        if inp.gpus and serve["dtype"] == "float16" else "KV in the model dtype")
+    add("--kv-cache-dtype", *engine.kv_cache_dtype(inp.stack, inp.target, bool(inp.gpus)))
     if serve.get("enforce_eager"):
         add("--enforce-eager", None, f"start-up in under a minute instead of minutes of compiling {cite(serve.get('source'))}")
-    if inp.draft is not None and inp.speculative:
-        spec = inp.stack.draft["speculative"]
-        config_json = {"method": spec["method"], "model": inp.draft_path,
-                       "num_speculative_tokens": spec["num_speculative_tokens"]}
-        for key in ("draft_sample_method", "kv_cache_dtype"):
-            if spec.get(key):
-                config_json[key] = spec[key]
-        add("--speculative-config", json.dumps(config_json, separators=(",", ":")),
-            f"DFlash2 draft {inp.stack.draft['id']}, block {spec['num_speculative_tokens'] + 1} "
-            f"-> {spec['num_speculative_tokens']} tokens per step {cite('dflash2')}")
-        if inp.target.lm_head_quantized:
+    spec = inp.speculation
+    if spec.on and (spec.method != "dflash2" or inp.draft is not None):
+        add("--speculative-config", json.dumps(engine.speculative_config(inp.stack, spec, inp.draft_path),
+                                               separators=(",", ":")), spec.reason)
+        if spec.method == "dflash2" and inp.target.lm_head_quantized:
             notes.append(f"target lm_head is quantized: DFlash2 acceptance will be ~0 {cite('dflash-dense-head')}")
+    elif inp.gpus or spec.skipped:
+        notes.append(f"speculative decoding off: {spec.reason}")
     if inp.target.multimodal:
         add("--limit-mm-per-prompt", json.dumps({"image": 0, "video": 0}, separators=(",", ":")),
             f"text-only serving: no vision encoder profiling {cite('mm-text-only')}")
@@ -420,4 +429,5 @@ def plan_serve(inp: ServeInputs) -> ServePlan:
     if inp.gpus:
         env.update(all_reduce.env)
     notes.append("API key: VLLM_API_KEY from a 0600 env file, never a flag (flags show in ps and systemctl status)")
-    return ServePlan(flags=flags, env=env, memory=budget, notes=notes)
+    return ServePlan(flags=flags, env=env, memory=budget, notes=notes,
+                     spec=spec if spec.on and (spec.method != "dflash2" or inp.draft is not None) else engine.OFF)

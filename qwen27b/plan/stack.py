@@ -10,7 +10,7 @@ import copy
 import difflib
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -125,6 +125,7 @@ class ResolvedStack:
     sources: dict
     build: dict  # the vllm_builds row for profile.vllm.build
     tools: dict  # controller-cached tools (uv) and the packages every release venv gets
+    speculative: dict = field(default_factory=dict)  # the stack's speculative section (plan/engine.py)
 
     @property
     def stack_hash(self) -> str:
@@ -154,13 +155,14 @@ class ResolvedStack:
         return "; ".join(self.sources.get(i, i) for i in self._ids(source_ids))
 
 
-def resolve_stack(stack: dict, profile_name: str, overrides: dict | None = None) -> ResolvedStack:
+def resolve_stack(stack: dict, profile_name: str, overrides: dict | None = None, model: str | None = None) -> ResolvedStack:
     """Apply a host's overrides to one profile (and to the model/draft entries it names).
 
     Override layout: profile keys at the top level ({"driver": {...}, "serve": {...}}), plus
     "model" / "draft" dicts merged into the model entries, and shortcuts "model_revision" /
     "draft_revision" for the most common pin (refused beside "model": {"revision": ...}: one key,
     one spelling). Every merged value is held to its allow-list (qwen27b/plan/allowlist.py).
+    `model`: a key of the models table to serve instead of the profile's (host data qwen27b_model).
     """
     overrides = dict(overrides or {})
     if profile_name not in stack["profiles"]:
@@ -179,6 +181,11 @@ def resolve_stack(stack: dict, profile_name: str, overrides: dict | None = None)
         draft_over = {**draft_over, "revision": overrides.pop("draft_revision")}
 
     profile = merge_overrides(stack["profiles"][profile_name], overrides)
+    if model is not None:
+        if model not in stack["models"] or stack["models"][model].get("speculative"):
+            targets = [k for k, v in stack["models"].items() if not v.get("speculative")]
+            raise StackError(f"unknown model '{model}'; known: {', '.join(targets)}")
+        profile["model"] = model
     model = merge_overrides(stack["models"][profile["model"]], model_over, "model")
     draft = None
     if profile.get("draft"):
@@ -193,7 +200,7 @@ def resolve_stack(stack: dict, profile_name: str, overrides: dict | None = None)
     if build_name not in stack["vllm_builds"]:
         raise StackError(f"unknown vllm build '{build_name}'; known: {', '.join(stack['vllm_builds'])}")
     return ResolvedStack(profile_name, profile, model, draft, stack["paths"], stack["sources"],
-                         stack["vllm_builds"][build_name], stack["tools"])
+                         stack["vllm_builds"][build_name], stack["tools"], stack.get("speculative") or {})
 
 
 def _check_allowed(tree: dict, prefix: str) -> None:

@@ -93,7 +93,7 @@ def step2(ctx: Ctx) -> list[Check]:
                                 f"serve the stack's {want} checkpoint (re-run the deploy), or set the model in "
                                 "qwen27b_stack_overrides to what you mean to serve so the planner sizes it"))
     # the DFlash2 draft
-    if "--speculative-config" in ctx.flags:
+    if "--speculative-config" in ctx.flags and '"model"' in str(ctx.flags["--speculative-config"]):  # MTP has none
         if ctx.draft_config is None:
             checks.append(Check(2, "draft", FAIL, f"--speculative-config is set but {paths['models']}/draft/config.json is missing",
                                 "re-run the deploy (dflash role) or set qwen27b_speculative=False"))
