@@ -33,7 +33,7 @@ recorded_hosts = [
     _fake("v100x4-2204-fresh"),
     _fake("v100x1-2004"),
     _fake("v100x2-16gb"),
-    _fake("v100x2-mixed"),  # one 16 GB and one 32 GB V100: refused together, the fix names the 32 GB one
+    _fake("v100x2-mixed"),  # one 16 GB and one 32 GB V100: sized as two 16 GB cards (a long pinned context is refused naming the 32 GB one)
     _fake("v100x2-mixed-32gb-only", "v100x2-mixed", qwen27b_gpu_indices=[1]),  # that fix applied
     _fake("v100x4-converged"),
     _fake("t4x1-2204"),
