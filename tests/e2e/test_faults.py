@@ -371,7 +371,11 @@ def test_firewall_rule_limits_the_port_to_the_lab_networks(lab, serving):
         assert f"firewall: port {PORT}/tcp only from {controller}/32 and the host itself" in out
         assert _curl_health(lab) == "200"
         assert _curl_health(lab, stranger) == "000"  # reset: curl gives no HTTP code
-        assert show(lab, "MainPID") == pid  # a firewall change does not restart vLLM
+        # the service's unit now requires the firewall unit (issue 25: no serving without the rule at
+        # boot), so adding the firewall changes that unit: one restart, verified above (rc 0). A drop-in
+        # owned by the firewall role would spare it (docs/security.md, open)
+        assert show(lab, "MainPID") != pid
+        assert "Requires=qwen27b-firewall.service" in host.run("systemctl cat qwen27b.service").stdout
         assert health_run(lab)["code"] == 0  # the host's own health check still gets through
         rc, out = deploy(lab, {**UPGRADE, "qwen27b_firewall_allow": [f"{controller}/32"]})
         assert rc == 0 and re.search(r"planned, 0 would change the host", out), out[-3000:]
