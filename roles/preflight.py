@@ -30,8 +30,8 @@ from qwen27b.controller import factcache, hostlock, oporder, progress
 from qwen27b.controller import runstate, runsummary
 from qwen27b.controller.artifacts import ArtifactError
 from qwen27b.plan.elfneeds import wheel_needs
-from qwen27b.plan.gate import Decision, HostFacts, RefusedHost, binary_needs_check, decide
-from qwen27b.controller.host_facts import DeployLock
+from qwen27b.plan.gate import Decision, HostFacts, RefusedHost, binary_needs_check, decide, mark_installed
+from qwen27b.controller.host_facts import DeployLock, VenvPackages
 from qwen27b.controller.address import host_address, unknown_address
 from qwen27b.plan.hostdata import BadHostData, Settings, lab_address, validate_inventory
 from qwen27b.controller.opsplan import planned_operations
@@ -42,6 +42,7 @@ from qwen27b.plan.groupdata import node_address
 from qwen27b.plan.multinode import Member, decide_group
 from pyinfra.facts.files import File
 from roles.multinode import UNIT_FILE as RAY_UNIT_FILE
+from roles.toolchain import release_venv
 from roles.vllm import wheelhouse_dir
 
 from ._common import note, take_notes
@@ -302,6 +303,9 @@ def gate(on=None) -> Decision | RefusedHost:
             check_wheel_binary(decisions[on.name])
         except RefusedHost as refused:
             decisions[on.name] = refused
+    if isinstance(decisions[on.name], Decision):  # idempotent; the read is kept per run (factcache)
+        decision = decisions[on.name]
+        decisions[on.name] = mark_installed(decision, on.get_fact(VenvPackages, venv=release_venv(decision)) or {})
     return decisions[on.name]
 
 

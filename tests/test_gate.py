@@ -366,3 +366,28 @@ def test_the_mixed_modelopt_checkpoint_on_sm70_is_refused_naming_the_key_and_the
 def test_a_named_speculative_method_that_cannot_run_is_refused():
     r = refused("v100x4-2204-fresh", {"qwen27b_speculative": "dflash2"})
     assert "qwen27b_speculative dflash2: RadixArk/Qwen3.8-27B-NVFP4 quantizes its lm_head" in r.cause
+
+
+def test_a_verified_model_on_disk_is_kept_and_a_partial_one_installed():
+    """The plan's model row says what the weights role will do: nothing for a verified revision."""
+    d = run("v100x4-converged")
+    assert d.choice("model").action == "keep" and "verified on disk (20.6 GiB)" in d.choice("model").reason
+    partial = {"RadixArk--Qwen3.8-27B-NVFP4@main": {"bytes": 16 * 2**30, "verified": False}}
+    assert run("v100x4-converged", models_on_disk=partial).choice("model").action == "install"
+    assert run("v100x4-2204-fresh").choice("model").action == "install"
+
+
+def test_vllm_and_torch_are_kept_only_when_the_release_venv_holds_the_planned_build():
+    """mark_installed reads VenvPackages of the release venv (names PEP 503-normalised, as the vllm
+    role compares them): the planned version keeps both rows, any other version installs."""
+    from qwen27b.plan.gate import mark_installed
+    d = run("v100x4-converged")
+    fresh = mark_installed(d, {})
+    assert fresh.choice("vllm").action == fresh.choice("torch").action == "install"
+    wrong = mark_installed(d, {"1cat-vllm": "1.4.0", "torch": "2.9.1"})
+    assert wrong.choice("vllm").action == "install"
+    kept = mark_installed(d, {"1Cat_vLLM": "1.5.0", "torch": "2.9.1+cu128"})
+    assert kept.choice("vllm").action == kept.choice("torch").action == "keep"
+    assert f"already in release {d.stack.stack_hash}" in kept.choice("vllm").reason
+    assert kept.choice("torch").reason.startswith("torch 2.9.1+cu128 already in release")
+    assert mark_installed(kept, {"1cat-vllm": "1.5.0"}).choices == kept.choices  # idempotent

@@ -517,12 +517,40 @@ def _choices(facts: HostFacts, rs: ResolvedStack, settings: Settings, driver: Dr
                           + (f", must list {torch['required_arch']}" if torch.get("required_arch") else "")
                           + f" {rs.cite(torch['source'])}", "install"))
     model_why = f"format {rs.model['format']}" + (f" {rs.cite(rs.model['cite'])}" if rs.model.get("cite") else "")
-    out.append(Choice("model", f"{rs.model['id']}@{rs.model['revision']}", model_why, "install"))
+    out.append(Choice("model", f"{rs.model['id']}@{rs.model['revision']}", *_on_disk(facts, rs.model, model_why)))
     if spec is not None and spec.method == "dflash2" and rs.draft:
-        out.append(Choice("draft", f"{rs.draft['id']}@{rs.draft['revision']}",
-                          f"{rs.draft['speculative']['method']}, {spec.depth} "
-                          f"speculative tokens, kept {rs.draft['format']} {rs.cite('dflash-dense-head')}", "install"))
+        out.append(Choice("draft", f"{rs.draft['id']}@{rs.draft['revision']}", *_on_disk(
+            facts, rs.draft, f"{rs.draft['speculative']['method']}, {spec.depth} "
+                             f"speculative tokens, kept {rs.draft['format']} {rs.cite('dflash-dense-head')}")))
     return out
+
+
+def _on_disk(facts: HostFacts, entry: dict, why: str) -> tuple[str, str]:
+    """(reason, action) for a model revision: 'keep' when ModelsOnDisk found it verified, so an
+    up-to-date host's plan says what the weights role will do (nothing), not 'install'."""
+    on_disk = facts.models_on_disk.get(revision_dir_name(entry))
+    if on_disk and on_disk["verified"]:
+        return f"{why}; verified on disk ({on_disk['bytes'] / GiB:.1f} GiB)", "keep"
+    return why, "install"
+
+
+def mark_installed(decision: Decision, venv_packages: dict) -> Decision:
+    """The plan's vllm and torch rows once the release venv's wheels are read (VenvPackages of
+    release_venv, known only after decide: the release is named by the stack hash). 'keep' when
+    the venv already holds the planned vLLM build, as the vllm role will find it; torch comes with
+    that install (the release is keyed by the stack's torch pin), so it is kept with it."""
+    vllm = decision.stack.profile["vllm"]
+    have = {re.sub(r"[-_.]+", "-", k).lower(): v for k, v in venv_packages.items()}
+    if have.get(re.sub(r"[-_.]+", "-", vllm["dist"]).lower()) != vllm["version"]:
+        return decision
+    rs, where = decision.stack, f"already in release {decision.stack.stack_hash}"
+    torch = rs.profile.get("torch") or {}
+    kept = {"vllm": f"build '{vllm['build']}' {where} {rs.cite(vllm['source'])}",
+            "torch": (f"torch {have['torch']}" if "torch" in have else "installed with the vLLM build")
+            + f" {where}" + (f" {rs.cite(torch['source'])}" if torch.get("source") else "")}
+    choices = [replace(c, action="keep", reason=kept[c.what]) if c.what in kept and c.action == "install"
+               else c for c in decision.choices]
+    return replace(decision, choices=choices)
 
 
 def _larger_gpus_alone(inp: ServeInputs) -> str | None:
