@@ -3,6 +3,11 @@
 its pristine root before every run, two checkouts alternating in one run (issue 12: pip -> uv).
 
     .venv/bin/python benchmarks/fresh_deploy.py --base DIR [--rounds 2]
+    .venv/bin/python benchmarks/fresh_deploy.py --accounts [--base DIR] [--rounds 1]
+
+`--accounts` (issue 32) compares the SSH accounts instead: root against README's `admin` with
+`_sudo = True` (this tree), plus the `--base` checkout as `admin` when given (sudo uploads staged
+in /tmp and copied, before `push_files` staged them beside their destination).
 
 DIR is the checkout to compare with, e.g. `mkdir DIR && git archive main | tar -x -C DIR` (pip
 installs the wheelhouse there). Each round deploys the fresh host once with each checkout, the
@@ -46,6 +51,7 @@ _hosts = runpy.run_path({state!r})['testhosts']
 DATA = {data!r}
 hosts = [(name, {{**{{k: v for k, v in d.items() if k != 'testhost_root'}}, **DATA}}) for name, d in _hosts]
 """
+SUDO = {"ssh_user": "admin", "_sudo": True}  # tests/support/testhosts/ssh.py ADMIN_USER: passwordless sudo
 
 
 def _shim(stats_path: str, pyinfra_args: list[str]) -> None:
@@ -114,10 +120,13 @@ def timed_deploy(tree: Path, inventory: Path, work: Path, tag: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--base", type=Path, required=True, metavar="DIR", help="the checkout to compare with")
+    parser.add_argument("--base", type=Path, metavar="DIR", help="the checkout to compare with")
+    parser.add_argument("--accounts", action="store_true", help="root against admin + _sudo (issue 32)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--work", type=Path, help="keep logs here (default: a temp dir)")
     args = parser.parse_args(argv)
+    if not args.base and not args.accounts:
+        parser.error("give --base DIR, --accounts, or both")
     if os.geteuid() != 0:
         raise SystemExit("needs root (network namespaces, systemd-nspawn)")
     sys.path.insert(0, str(ROOT))
@@ -141,21 +150,27 @@ def main(argv: list[str] | None = None) -> int:
     key.chmod(0o600)
     lab = NspawnHosts(profile=f"bench-fresh-{os.getpid()}")
     old = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    trees = [("before (--base)", args.base.resolve()), ("after (this tree)", ROOT)]
-    runs: dict[str, list[dict]] = {label: [] for label, _ in trees}
+    if args.accounts:  # (label, checkout, extra host data)
+        trees = [("root (this tree)", ROOT, {}), ("admin+sudo (this tree)", ROOT, SUDO)]
+        if args.base:
+            trees.append(("admin+sudo (--base)", args.base.resolve(), SUDO))
+    else:
+        trees = [("before (--base)", args.base.resolve(), {}), ("after (this tree)", ROOT, {})]
+    runs: dict[str, list[dict]] = {label: [] for label, _, _ in trees}
     try:
         lab.up(1)
         name = lab.hosts[0]["name"]
         data = {"qwen27b_profile": "cpu-smoke", "qwen27b_model_source": "mirror",
                 "qwen27b_model_mirror": f"http://127.0.0.1:{server.server_address[1]}",
                 "qwen27b_http_proxy": "http://127.0.0.1:3128", "qwen27b_api_key_file": str(key)}
-        inventory = work / "lab.py"
-        inventory.write_text(INVENTORY.format(state=str(lab.inventory), data=data))
         for round_ in range(args.rounds):
             order = trees if round_ % 2 == 0 else trees[::-1]
-            for label, tree in order:
+            for n, (label, tree, extra) in enumerate(order):
+                inventory = work / f"lab{n}.py"
+                inventory.write_text(INVENTORY.format(state=str(lab.inventory), data={**data, **extra}))
                 lab.reset(name)  # a pristine root: apt state, no venv, no weights, no unit
-                row = timed_deploy(tree, inventory, work, f"r{round_}-{label.split()[0]}")
+                tag = "".join(c if c.isalnum() else "-" for c in label)
+                row = timed_deploy(tree, inventory, work, f"r{round_}-{tag}")
                 runs[label].append(row)
                 print(f"  round {round_ + 1} {label}: {row['wall']:.0f} s (install {row['install']:.0f} s)", flush=True)
     finally:
@@ -172,8 +187,12 @@ def main(argv: list[str] | None = None) -> int:
         cells = [f"{statistics.median(r[c] for r in rows):.0f} ({', '.join(f'{r[c]:.0f}' for r in rows)})"
                  for c in columns]
         print(f"| {label} | " + " | ".join(cells) + " |")
-    before, after = (statistics.median(r["wall"] for r in runs[label]) for label, _ in trees)
-    print(f"\nafter / before: {after / before:.2f} (goal: <= 0.50); logs in {work}")
+    walls = [statistics.median(r["wall"] for r in runs[label]) for label, _, _ in trees]
+    if args.accounts:
+        print("\n" + "; ".join(f"{label} / root: {wall / walls[0]:.2f}" for (label, _, _), wall
+                                  in zip(trees[1:], walls[1:])) + f"; logs in {work}")
+    else:
+        print(f"\nafter / before: {walls[1] / walls[0]:.2f} (goal: <= 0.50); logs in {work}")
     return 0
 
 
