@@ -13,6 +13,23 @@ import pytest  # noqa: E402
 
 from setupcheck import skip_or_fail_setup  # noqa: E402
 
+# `./run tests fast` (-m fast): the pure tiers for the edit-run loop, in under a minute: golden plans,
+# fact parsers, the gate, the planner and the templates; no vLLM, no test host, no network.
+FAST_MODULES = {
+    "test_plans", "test_lifecycle_plans", "test_readme_memory_table", "test_recorded",  # plans
+    "test_fact_parsers", "test_facts", "test_gpustate", "test_topology", "test_pciids",  # parsers
+    "test_gate", "test_hostdata", "test_addresses", "test_stack", "test_engine",  # the gate
+    "test_planner", "test_checkpoint", "test_instances", "test_multinode",  # the planner
+    "test_templates", "test_templates_multinode",  # templates
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if Path(str(item.fspath)).stem in FAST_MODULES:
+            item.add_marker(pytest.mark.fast)
+
+
 VLLM_SERVED_NAME = "smollm2-135m"
 VLLM_API_KEY = "sk-qwen27b-test-9f8e7d6c5b4a"
 # The metrics scraper's address: a second loopback address, so tests can also ask from one that

@@ -39,6 +39,7 @@ from recordings import recorded_facts
 from test_gateway import GW, P_free_port, lab, nginx_binary
 from test_gateway import keys  # noqa: F401 (a fixture)
 from test_injection import STACK, InProcessPlan, check_units, needs_systemd
+from fuzz_budget import examples
 
 HOSTILE_ZONES = ["eth0;touch${IFS}x", "$(id)", "a b", "eth0|nc", "'q", '"q', "`id`", "eth0&&id", "x>y",
                  "0123456789abcdef"]  # 16: longer than an interface name
@@ -114,7 +115,7 @@ def test_addresses_are_reprinted_from_their_parsed_form():
     assert s.firewall_allow == ["fd00::/64", "10.0.0.7/32"] and s.metrics_allow == ["10.0.0.5/32"]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(key=st.sampled_from(ADDRESS_KEYS + NETWORK_KEYS + ["ssh_hostname"]), value=st.one_of(ADDRESS, NETWORK))
 def test_every_address_key_refuses_or_reprints(key, value):
     data = data_for(key, [value] if key in NETWORK_KEYS else value)
@@ -183,7 +184,7 @@ def test_hostile_addresses_never_reach_a_unit_a_rule_or_a_command(planner, bind,
                 assert any(address in word for word in argv), (op, command)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(address=ADDRESS)
 def test_fanout_commands_hold_an_accepted_seed_address_in_one_word(address):
     try:
@@ -203,7 +204,7 @@ def test_fanout_commands_hold_an_accepted_seed_address_in_one_word(address):
     assert f"--property=IPAddressAllow={address} 10.0.0.2" in run
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(backend=ADDRESS, gateway=ADDRESS)
 def test_gateway_addresses_are_refused_or_plain_and_pass_nginx_t(tmp_path_factory, keys, backend, gateway):
     """nginx takes no zone id and the wildcard would make it send the backends' key to its own host."""

@@ -24,6 +24,7 @@ from qwen27b.tools.doctor import FAIL, INFO, OK, SKIP, WARN, HostSnapshot, colle
 from qwen27b.plan import gate
 from qwen27b.plan.hostdata import settings_for
 from qwen27b.plan.stack import load_stack
+from fuzz_budget import examples
 
 JOURNALS = Path(__file__).resolve().parent / "fixtures" / "journals"
 STACK = load_stack()
@@ -584,7 +585,7 @@ _SNAPS = {name: HostSnapshot.load(JOURNALS / name)
           for name in ("cpu-healthy", "v100x4-healthy", "v100x4-xid79", "real-cpu-bad-flag")}
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=st.sampled_from(sorted(_SNAPS)), data=st.data())
 def test_doctor_never_crashes_on_partial_or_garbled_snapshots(name, data):
     snap = copy.deepcopy(_SNAPS[name])
@@ -723,7 +724,7 @@ def _mutate(data, text: str) -> str:
     return "\n".join(lines)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=st.sampled_from(PUBLIC_FILES), key=st.sampled_from(GPU_KEYS), data=st.data())
 def test_doctor_judges_mutated_genuine_outputs(name, key, data):
     snap = HostSnapshot.load(JOURNALS / "v100x4-healthy")

@@ -17,6 +17,7 @@ from qwen27b.controller.facts import ALL_FACTS
 from qwen27b.plan import gpufacts_parse as G
 from qwen27b.plan import hostfacts_parse as H
 from qwen27b.plan.hostfacts_parse import FactParseError
+from fuzz_budget import examples
 
 HOSTS = Path(__file__).parent / "fixtures" / "hosts"
 NOCMD = "##PYINFRA_NOCMD##"
@@ -317,7 +318,7 @@ def mutated_recordings(draw):
     return fact, lines
 
 
-FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @pytest.mark.parametrize("fact", ALL_FACTS, ids=lambda fact: fact.__name__)

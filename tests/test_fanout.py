@@ -19,6 +19,7 @@ from qwen27b.plan.fanout import (MIRROR, SEED_PORT, Member, fetch_command, ideal
                             seed_start_commands)
 from qwen27b.plan.hostdata import BadHostData, settings_for
 from qwen27b.onhost.mirror import serve
+from fuzz_budget import examples
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -116,7 +117,7 @@ def test_a_host_listed_twice_is_refused():
 
 
 @given(st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=40))
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 def test_plan_invariants(spec):
     members = [Member(f"h{i:02d}", f"10.1.0.{i}" if addressed else None, held) for i, (addressed, held) in enumerate(spec)]
     _check_invariants(members, plan_waves(members))

