@@ -6,12 +6,14 @@ the real CLI, `python -m qwen27b.tools.cli doctor INVENTORY --json`:
 
     healthy                                   -> no check warns or fails, exit 0 (failed runs that
                                                  earlier tests left in the journal: one info line)
-    models/current -> a missing dir           -> step 2 (inputs): model path
-    config.json truncated                     -> step 2 (inputs): config.json
+    models/current -> a missing dir           -> step 2 (inputs): model path          [recorded*]
+    config.json truncated                     -> step 2 (inputs): config.json         [recorded*]
     the vllm package gone from the release venv -> step 3 (environment): vLLM build
-    drop-in --max-model-len 999999            -> step 4 (parameters): running sizes fit
+    drop-in --max-model-len 999999            -> step 4 (parameters): running sizes fit [recorded*]
     drop-in --dtype bfloat17 (a bad flag)     -> step 4 (parameters): journal: bad flag
     restored                                  -> exit 0 again; the faults are history (info)
+
+    * judged in the unit tier on real snapshots this test recorded (LIVE below says why)
 
 Each fault (FAULTS, one parametrized test) is injected for real and the service restarted into
 it (`systemctl restart` returns once the start fails: the unit's readiness probe sees vLLM die);
@@ -117,6 +119,16 @@ FAULTS = [
           f"rm -f {DROPIN} && systemctl daemon-reload", 4, "journal: bad flag", "invalid choice: 'bfloat17'",
           "bad_flag"),
 ]
+# Live here: the two faults no real recording covers as well (issue 31: the e2e tier keeps what only a
+# live host shows). vllm-missing: step 3's probe of the release venv over SSH+sudo, recorded nowhere;
+# bad-flag: the journal and a drop-in's running flags read through sudo. The other three were
+# recorded from this very test on a real test host and are judged in the unit tier on those
+# snapshots (tests/test_doctor.py on tests/fixtures/journals/real-cpu-missing-model-path,
+# real-cpu-corrupt-config, real-cpu-max-model-len-999999). QWEN27B_DOCTOR_ALL_FAULTS=1 runs all five
+# (with $QWEN27B_DOCTOR_SAVE, to record them again).
+LIVE = {"vllm-missing", "bad-flag"}
+if not os.environ.get("QWEN27B_DOCTOR_ALL_FAULTS"):
+    FAULTS = [f for f in FAULTS if f.label in LIVE]
 
 
 def stop(host) -> None:
