@@ -3,6 +3,10 @@
 qwen27b_node_exporter, the same table lets only qwen27b_metrics_allow (and the host) reach the health
 endpoint's port and node_exporter's. Its own table and a oneshot unit ordered before the service, so
 it does not fight ufw or other rules. Unsetting both keys removes the table and the unit again.
+
+The guarded units need the firewall (fail closed at boot) through the firewall unit's own
+`RequiredBy=`/`Before=`: enabling it links it into each one's `.requires/`, so adding or removing
+the firewall never changes the service's unit file, and a serving vLLM keeps running.
 """
 
 from __future__ import annotations
@@ -26,20 +30,25 @@ def load_commands(rules_file: str) -> list[str]:
     """Check the new rule file, then swap it in. The file replaces the table in one transaction
     (`nft -f` of `table; delete table; table {...}`): one that fails leaves the old table loaded. A
     restart would run ExecStop's `delete table` first (no table while vLLM serves, if the new one
-    then failed) and, through Requires=, restart the services it guards: reload, or start when
-    not active."""
-    return [f"nft -c -f {rules_file}", f"systemctl enable {FIREWALL_UNIT}",
+    then failed) and, through the guarded units' Requires=, restart them: reload, or start when
+    not active. `reenable`: the `.requires/` links follow the unit's RequiredBy= (copies replacing
+    one service, node_exporter added), none left behind."""
+    return [f"nft -c -f {rules_file}", f"systemctl reenable {FIREWALL_UNIT}",
             f"systemctl reload-or-restart {FIREWALL_UNIT}"]
+
+
+# Unlinked from the guarded units first (disable, then daemon-reload drops the loaded Requires=), and
+# only then stopped: stopping a unit others require would stop them with it (a serving vLLM).
+REMOVE_COMMANDS = [f"systemctl disable {FIREWALL_UNIT}", "systemctl daemon-reload", f"systemctl stop {FIREWALL_UNIT}",
+                   f"rm -f {UNIT_FILE}", "systemctl daemon-reload"]
 
 
 def firewall(decision: Decision) -> None:
     contexts = firewall_contexts(decision)
     if not contexts:
         if host.get_fact(File, path=UNIT_FILE):
-            systemd.service(name=f"stop {FIREWALL_UNIT} (qwen27b_firewall_allow unset)", service=FIREWALL_UNIT,
-                            running=False, enabled=False)
-            files.file(name="remove the firewall unit", path=UNIT_FILE, present=False)
-            systemd.daemon_reload(name="systemd daemon-reload (firewall unit removed)")
+            server.shell(name=f"unlink, stop and remove {FIREWALL_UNIT} (qwen27b_firewall_allow unset)",
+                         commands=REMOVE_COMMANDS)
         return
     context = contexts["qwen27b-firewall.nft.j2"]
     for rule in context["rules"]:

@@ -35,7 +35,7 @@ SYSTEMCTL = r"""#!/bin/sh
 verb=$1; unit=$2; dir=$(dirname "$0")
 run() { sed -n "s|^$1=||p" "$dir/unit" | sh -e || exit 1; }
 case $verb in
-  enable|daemon-reload) exit 0 ;;
+  enable|reenable|disable|daemon-reload) exit 0 ;;
   start) run ExecStart && touch "$dir/active" ;;
   stop) run ExecStop; rm -f "$dir/active" ;;
   restart) [ -e "$dir/active" ] && run ExecStop; rm -f "$dir/active"; run ExecStart && touch "$dir/active" ;;
@@ -92,9 +92,25 @@ nft list table inet qwen27b > {tmp_path}/after.txt || exit 13
     assert (tmp_path / "after.txt").read_text() == before  # the old table, whole
 
 
-def test_the_units_the_firewall_guards_require_it():
-    guarded = render_all(decide(HOST, recorded_facts(HOST), STACK, settings_for(HOST, DATA)))["qwen27b.service.j2"]
-    assert f"Requires={FIREWALL_UNIT}" in guarded.splitlines()
-    assert FIREWALL_UNIT in next(line for line in guarded.splitlines() if line.startswith("After="))
-    open_host = render_all(decide(HOST, recorded_facts(HOST), STACK, settings_for(HOST, {})))["qwen27b.service.j2"]
-    assert FIREWALL_UNIT not in open_host
+def test_the_units_the_firewall_guards_require_it_through_its_own_unit():
+    """Fail closed at boot without touching the guarded units' files: the firewall unit's RequiredBy=
+    links it into each one's .requires/ when enabled, its Before= orders it first. The service's unit
+    file is the same with or without the firewall, so adding or removing it restarts no vLLM."""
+    guarded = decide(HOST, recorded_facts(HOST), STACK, settings_for(HOST, DATA))
+    unit = render("qwen27b-firewall.service.j2", firewall_contexts(guarded)["qwen27b-firewall.service.j2"]).splitlines()
+    assert "RequiredBy=qwen27b.service" in unit and "Before=qwen27b.service" in unit
+    open_host = decide(HOST, recorded_facts(HOST), STACK, settings_for(HOST, {}))
+    assert render_all(guarded)["qwen27b.service.j2"] == render_all(open_host)["qwen27b.service.j2"]
+    assert FIREWALL_UNIT not in render_all(guarded)["qwen27b.service.j2"]
+    node = decide(HOST, recorded_facts(HOST), STACK, settings_for(HOST, {**DATA, "qwen27b_node_exporter": True}))
+    assert "RequiredBy=qwen27b.service prometheus-node-exporter.service" in \
+        render("qwen27b-firewall.service.j2", firewall_contexts(node)["qwen27b-firewall.service.j2"]).splitlines()
+
+
+def test_removing_the_firewall_unlinks_it_before_stopping_it():
+    """Stopping a unit that others require stops them too: disable (drops the .requires/ links) and
+    daemon-reload come first, so removing the firewall leaves a serving vLLM running."""
+    from roles.firewall import REMOVE_COMMANDS
+    order = [c.split()[1] if c.startswith("systemctl") else c.split()[0] for c in REMOVE_COMMANDS]
+    assert order.index("disable") < order.index("daemon-reload") < order.index("stop")
+    assert order[-1] == "daemon-reload" and f"rm -f /etc/systemd/system/{FIREWALL_UNIT}" in REMOVE_COMMANDS

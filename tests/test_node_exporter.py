@@ -59,7 +59,7 @@ def test_fresh_host_gets_node_exporter_its_textfile_dir_and_the_scrapers_rule(pl
     assert ops[f"{NODE_EXPORTER_UNIT} enabled and running"] == [f"systemctl start {NODE_EXPORTER_UNIT}",
                                                                f"systemctl enable {NODE_EXPORTER_UNIT}"]
     assert ops["load the firewall rule"] == ["nft -c -f /etc/qwen27b/firewall.nft",
-                                             f"systemctl enable {FIREWALL_UNIT}", f"systemctl reload-or-restart {FIREWALL_UNIT}"]
+                                             f"systemctl reenable {FIREWALL_UNIT}", f"systemctl reload-or-restart {FIREWALL_UNIT}"]
     assert ops["(re)start qwen27b-health-http.socket (its unit changed)"]
     names = list(ops)  # the rule first: node_exporter never listens unguarded
     assert names.index("load the firewall rule") < names.index(install_name)

@@ -288,8 +288,6 @@ def contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
     }
     if decision.group is not None:
         service["after"] = service["after"] + [RAY_UNIT]
-    service["requires"] += firewall_requires(decision)
-    service["after"] += firewall_requires(decision)
     s = decision.settings
     # root's 0600 key file reaches the unprivileged check as a systemd credential: a copy readable
     # by the unit's user only, under /run/credentials/<unit>/, for the run's lifetime
@@ -373,12 +371,6 @@ def _nft_networks(networks: list | None) -> list[tuple[str, str]]:
     return [("ip" if n.version == 4 else "ip6", str(n)) for n in parsed]
 
 
-def firewall_requires(decision: Decision) -> list[str]:
-    """The firewall unit, for the units it guards, when there is one: Requires= and After= make them
-    fail closed (a rule file that does not load at boot leaves them stopped, not open to all)."""
-    return [FIREWALL_UNIT] if firewall_contexts(decision) else []
-
-
 def firewall_contexts(decision: Decision) -> dict[str, dict]:
     """The nftables rule and its unit ({} when there is nothing to guard): with qwen27b_firewall_allow,
     vLLM's port to those networks; with it or qwen27b_node_exporter, the health endpoint's port and
@@ -406,7 +398,10 @@ def firewall_contexts(decision: Decision) -> dict[str, dict]:
         "ports": ", ".join(str(rule["port"]) for rule in rules),
         # a socket unit cannot be ordered after it (sockets come before basic.target, which it is after):
         # the socket's own IPAddressAllow= guards the health port from the start
-        "before": [unit for _, unit in serving] + ([RAY_UNIT] if decision.group is not None else [])
+        # Before= and, once enabled, RequiredBy= (a .requires/ link beside each guarded unit): they fail
+        # closed (a rule file that does not load at boot leaves them stopped, not open to all), and
+        # adding or removing the firewall leaves their own unit files, so a running vLLM, alone
+        "guards": [unit for _, unit in serving] + ([RAY_UNIT] if decision.group is not None else [])
         + ([NODE_EXPORTER_UNIT] if s.node_exporter else []),
         # NCCL's ephemeral ports are closed to everyone but the members: replies to this host's own
         # connections (apt, pip, the hub) land on such ports too, so they pass first
@@ -482,10 +477,9 @@ def ray_context(decision: Decision, prefix: str = "") -> dict:
         "role": g.role,
         "group": unit_text(g.name),
         "address": g.address,
-        "after": ["network-online.target"] + (["nvidia-persistenced.service"] if decision.gpus else [])
-        + firewall_requires(decision),
+        "after": ["network-online.target"] + (["nvidia-persistenced.service"] if decision.gpus else []),
         "part_of": [SERVICE_UNIT] if head else [],
-        "requires": firewall_requires(decision),
+        "requires": [],
         "user": decision.stack.paths["service_user"],
         "exec_start": [systemd_quote(arg) for arg in argv],
         # a worker waits for its head (down, restarting, not deployed yet) as long as it takes

@@ -371,17 +371,19 @@ def test_firewall_rule_limits_the_port_to_the_lab_networks(lab, serving):
         assert f"firewall: port {PORT}/tcp only from {controller}/32 and the host itself" in out
         assert _curl_health(lab) == "200"
         assert _curl_health(lab, stranger) == "000"  # reset: curl gives no HTTP code
-        # the service's unit now requires the firewall unit (issue 25: no serving without the rule at
-        # boot), so adding the firewall changes that unit: one restart, verified above (rc 0). A drop-in
-        # owned by the firewall role would spare it (docs/security.md, open)
-        assert show(lab, "MainPID") != pid
-        assert "Requires=qwen27b-firewall.service" in host.run("systemctl cat qwen27b.service").stdout
+        # the service needs the firewall unit (issue 25: no serving without the rule at boot) through
+        # the firewall unit's own RequiredBy= (a .requires/ link): the service's unit file is unchanged,
+        # so adding the firewall restarts no vLLM
+        assert show(lab, "MainPID") == pid
+        assert "qwen27b-firewall.service" in show(lab, "Requires").split()
+        assert "qwen27b-firewall.service" not in host.run("systemctl cat qwen27b.service").stdout
         assert health_run(lab)["code"] == 0  # the host's own health check still gets through
         rc, out = deploy(lab, {**UPGRADE, "qwen27b_firewall_allow": [f"{controller}/32"]})
         assert rc == 0 and re.search(r"planned, 0 would change the host", out), out[-3000:]
-        rc, out = deploy(lab, UPGRADE)  # key removed: the rule goes
+        rc, out = deploy(lab, UPGRADE)  # key removed: the rule goes, unlinked before it stops
         assert rc == 0, out[-4000:]
         assert _curl_health(lab, stranger) == "200"
+        assert show(lab, "MainPID") == pid and "qwen27b-firewall.service" not in show(lab, "Requires").split()
         assert host.run("nft list table inet qwen27b", check=False).returncode != 0
     finally:
         subprocess.run(["ip", "addr", "del", f"{stranger}/24", "dev", link], check=False)
