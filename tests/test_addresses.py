@@ -38,7 +38,7 @@ from qwen27b.plan.hostdata import BadHostData, lab_address, settings_for, valida
 from recordings import recorded_facts
 from test_gateway import GW, P_free_port, lab, nginx_binary
 from test_gateway import keys  # noqa: F401 (a fixture)
-from test_injection import STACK, InProcessPlan, check_units, needs_systemd
+from test_injection import STACK, InProcessPlan, check_units, needs_systemd, planner  # noqa: F401 (planner: a fixture)
 from fuzz_budget import examples
 
 HOSTILE_ZONES = ["eth0;touch${IFS}x", "$(id)", "a b", "eth0|nc", "'q", '"q', "`id`", "eth0&&id", "x>y",
@@ -135,17 +135,6 @@ def test_every_address_key_refuses_or_reprints(key, value):
         assert ipaddress.ip_network(got, strict=False) == ipaddress.ip_network(value, strict=False)
     else:
         assert got == reprinted(value)
-
-
-@pytest.fixture(scope="module")
-def planner():
-    saved = os.environ.get("QWEN27B_CACHE")
-    with tempfile.TemporaryDirectory(prefix="qwen27b-addr-") as cache:
-        yield InProcessPlan(Path(cache))
-    if saved is None:
-        os.environ.pop("QWEN27B_CACHE", None)
-    else:
-        os.environ["QWEN27B_CACHE"] = saved
 
 
 def _hostile_chars(text: str) -> set[str]:
