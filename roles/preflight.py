@@ -252,6 +252,7 @@ def gather_facts(models_path: str, on=None) -> HostFacts:
                         (F.NvidiaKernelModule, {}), (F.NouveauLoaded, {}), (F.SecureBoot, {}), (F.DiskFree, at),
                         (F.MemoryInfo, {}), (F.PythonVersions, {}), (F.XidErrors, {}), (F.NvidiaCudaPackages, {}),
                         (F.HeldPackages, {}), (F.KernelHeaders, {}), (F.ModelsOnDisk, at), (F.GpuTopology, {}), (F.GlibcVersion, {}),
+                        (F.DriverBuild, {}), (F.InstalledKernels, {}),
                         (DeployLock, {}),
                         (File, {"path": RAY_UNIT_FILE})], on=on)  # the multinode role's: in this batch, no round trip
     return HostFacts(
@@ -272,6 +273,8 @@ def gather_facts(models_path: str, on=None) -> HostFacts:
         models_on_disk=read(F.ModelsOnDisk, **at) or {},
         topology=read(F.GpuTopology),
         glibc=read(F.GlibcVersion),
+        driver_build=read(F.DriverBuild),
+        kernels=read(F.InstalledKernels),
     )
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from qwen27b.onhost.contract import xid_meaning
 from qwen27b.plan.gpustate import BOARD_FIX, SEED_XID79_ADVICE, gpu_troubles
+from qwen27b.plan.driverbuild import boot_kernels, failed_build
 from qwen27b.plan.checkpoint import CheckpointError, ModelShape, load_shape
 from qwen27b.plan.elfneeds import newer
 from qwen27b.plan.hostdata import Settings
@@ -76,6 +77,8 @@ class HostFacts:
     gpu_problems: list = field(default_factory=list)  # NvidiaGpus' "problem" entries, split off gpus
     topology: dict | None = None  # GpuTopology; None: not read (no driver yet)
     glibc: str | None = None  # GlibcVersion ("2.35"); None: not read
+    driver_build: dict | None = None  # DriverBuild (plan/driverbuild.py); None: not read
+    kernels: dict | None = None  # InstalledKernels; None: not read
 
     def __post_init__(self):
         # NvidiaGpus lists nvidia-smi's failure lines beside the GPUs; keep `gpus` GPUs only.
@@ -110,6 +113,12 @@ class DriverPlan:
 
     kept: str | None = None  # for "keep": what is kept, as the plan shows it
     release_holds: tuple[str, ...] = ()  # held packages (apt-mark showhold) the replacement purges
+    boot_headers: tuple[str, ...] = ()  # linux-headers of the kernel the reboot boots (driverbuild.boot_kernels)
+
+    @property
+    def header_packages(self) -> tuple[str, ...]:
+        """Every linux-headers package installed before the driver: DKMS builds for each kernel with headers."""
+        return ((self.headers,) if self.headers else ()) + self.boot_headers
 
     @property
     def reboot(self) -> bool:
@@ -385,9 +394,32 @@ def _with_headers(host: str, plan: DriverPlan | None, facts: HostFacts) -> Drive
                       "linux-headers-generic`), reboot into it, then re-run the deploy")
 
 
+def _failed_build(host: str, facts: HostFacts, rs: ResolvedStack) -> None:
+    """A driver build left half-configured (dpkg iF/iU, dkms status): the same install would fail the
+    same way, so refuse naming the cause the build log gives and its fix (plan/driverbuild.py)."""
+    drv = rs.profile.get("driver")
+    failure = drv and failed_build(facts.driver_build, facts.kernel, int(drv["branch"]))
+    if failure:
+        raise RefusedHost(host, f"{failure.cause} [{failure.what}]", failure.fix)
+
+
+def _boot_headers(plan: DriverPlan | None, facts: HostFacts) -> DriverPlan | None:
+    """A newer kernel installed, not booted (unattended-upgrades): the driver's reboot boots it, and
+    DKMS builds only for kernels with headers, so its headers come with the driver; the plan says
+    which kernel the reboot boots."""
+    boot = boot_kernels(facts.kernels, facts.kernel)
+    if plan is None or boot is None or plan.action == "keep":
+        return plan
+    return replace(plan, boot_headers=boot.headers, reason=f"{plan.reason}; {boot.planned}")
+
+
 def _warnings(facts: HostFacts, rs: ResolvedStack, settings: Settings, os_row: dict,
               driver: DriverPlan | None = None, draft_used: bool = True) -> list[str]:
     out = []
+    boot = boot_kernels(facts.kernels, facts.kernel)
+    if driver is not None and driver.action == "keep" and boot is not None and boot.headers:
+        out.append(f"{boot.reason}, without {', '.join(boot.headers)}: DKMS cannot build the kept driver's module "
+                   f"for it, so the next reboot comes up without a driver; install {' '.join(boot.headers)} first")
     if driver is not None and driver.action == "keep" and facts.kernel and driver.headers is None:
         out.append(f"linux-headers-{facts.kernel} is in no configured apt archive: the kept driver runs, but a DKMS "
                    "rebuild (a new kernel, a driver update) would fail on this kernel")
@@ -607,7 +639,9 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
     check(_generation_rules, host, rs, gpus, facts)
     if settings.require_hashes:
         refusals.extend(RefusedHost(host, cause, fix) for cause, fix in unpinned(rs, os_row, settings))
-    driver = check(lambda: _with_headers(host, _driver_plan(host, facts, rs, settings, gpus), facts))
+    driver = check(lambda: _boot_headers(_with_headers(host, _driver_plan(host, facts, rs, settings, gpus), facts), facts))
+    if gpus:
+        check(_failed_build, host, facts, rs)
     if facts.secure_boot == "enabled" and rs.profile.get("driver") and not settings.mok_key_path \
             and not (driver is not None and driver.action == "keep"):
         refusals.append(RefusedHost(host, "Secure Boot is on: the NVIDIA kernel module DKMS builds must be signed "
