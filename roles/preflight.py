@@ -252,7 +252,7 @@ def gather_facts(models_path: str, on=None) -> HostFacts:
                         (F.NvidiaKernelModule, {}), (F.NouveauLoaded, {}), (F.SecureBoot, {}), (F.DiskFree, at),
                         (F.MemoryInfo, {}), (F.PythonVersions, {}), (F.XidErrors, {}), (F.NvidiaCudaPackages, {}),
                         (F.HeldPackages, {}), (F.KernelHeaders, {}), (F.ModelsOnDisk, at), (F.GpuTopology, {}), (F.GlibcVersion, {}),
-                        (F.DriverBuild, {}), (F.InstalledKernels, {}),
+                        (F.DriverBuild, {}), (F.InstalledKernels, {}), (F.Occupants, {}),
                         (DeployLock, {}),
                         (File, {"path": RAY_UNIT_FILE})], on=on)  # the multinode role's: in this batch, no round trip
     return HostFacts(
@@ -275,6 +275,7 @@ def gather_facts(models_path: str, on=None) -> HostFacts:
         glibc=read(F.GlibcVersion),
         driver_build=read(F.DriverBuild),
         kernels=read(F.InstalledKernels),
+        occupants=read(F.Occupants),
     )
 
 

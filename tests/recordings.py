@@ -43,6 +43,7 @@ def recorded_facts(host: str, **replace) -> HostFacts:
         glibc=_read(host, F.GlibcVersion),
         driver_build=_read(host, F.DriverBuild),
         kernels=_read(host, F.InstalledKernels),
+        occupants=_read(host, F.Occupants),
     )
     values.update(replace)
     return HostFacts(**values)

@@ -16,6 +16,7 @@ from qwen27b.controller import facts as F
 from qwen27b.controller.facts import ALL_FACTS
 from qwen27b.plan import driverbuild as D
 from qwen27b.plan import gpufacts_parse as G
+from qwen27b.plan import occupants as O
 from qwen27b.plan import hostfacts_parse as H
 from qwen27b.plan.hostfacts_parse import FactParseError
 
@@ -134,6 +135,11 @@ GARBLED = [
     (D.parse_driver_build, ["iF nvidia-dkms-580-server 580.95.05-0ubuntu0.22.04.1"]),  # no '== dpkg' first
     (D.parse_driver_build, ["== dpkg", "iF"]),  # cut before the package name
     (D.parse_driver_build, ["== dpkg", "Segmentation fault"]),
+    # Occupants
+    (O.parse_occupants, ["LISTEN 0 4096 0.0.0.0:8000 0.0.0.0:*"]),  # no '== listen' first
+    (O.parse_occupants, ["== listen", "LISTEN 0 4096 0.0.0.0"]),  # cut before the port
+    (O.parse_occupants, ["== gpu", "4242, python3"]),  # cut after the name
+    (O.parse_occupants, ["== units", "pid 4242"]),
     # InstalledKernels
     (D.parse_installed_kernels, ["ii  linux-image-"]),
     (D.parse_installed_kernels, ["linux-image-6.8.0-45-generic"]),  # no status
@@ -256,6 +262,12 @@ def _check_shape(fact, value):
         if value is not None:
             assert set(value) == {"images", "headers", "grub_default"}
             assert all(k and k[0].isdigit() for k in value["images"] + value["headers"])
+    elif fact is F.Occupants:
+        if value is not None:
+            assert set(value) == {"listen", "gpu", "units"}
+            assert all(set(e) == {"address", "port", "process", "pid"} and isinstance(e["port"], int) for e in value["listen"])
+            assert all(set(a) == {"pid", "process", "used_mib", "bus_id"} for a in value["gpu"])
+            assert all(isinstance(pid, int) and set(u) == {"unit", "comm"} for pid, u in value["units"].items())
     else:  # pragma: no cover - a new fact needs a shape here
         raise AssertionError(f"no shape check for {fact.__name__}")
 

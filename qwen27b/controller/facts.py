@@ -26,6 +26,7 @@ from pyinfra.api.facts import FactBase
 
 from qwen27b.plan import hostfacts_parse
 from qwen27b.plan.driverbuild import parse_driver_build, parse_installed_kernels
+from qwen27b.plan.occupants import parse_occupants
 from qwen27b.plan.gpufacts_parse import (P2P_MARKER, kernel_module_not_loaded, parse_gpu_topology, parse_nouveau_loaded,
                                          parse_nvidia_gpus, parse_nvidia_kernel_module, parse_nvidia_pci_devices,
                                          parse_xid_errors)
@@ -351,6 +352,28 @@ class InstalledKernels(_ParsedFact):
     empty = None
 
 
+
+class Occupants(_ParsedFact):
+    """Who already listens on TCP ports and holds GPU memory, with each process's systemd unit: an
+    old vLLM or Ollama (container) on the port or the GPUs is named before anything is installed
+    (plan/occupants.py; issue 24)."""
+
+    recorded_as = "occupants.txt"
+    _command = (
+        "echo '== listen'; ss -Hltnp 2>/dev/null || true; "
+        "echo '== gpu'; if command -v nvidia-smi >/dev/null 2>&1; then "
+        "nvidia-smi --query-compute-apps=pid,process_name,used_memory,gpu_bus_id --format=csv,noheader,nounits "
+        "2>/dev/null || true; fi; "
+        "echo '== units'; for p in $( { ss -Hltnp 2>/dev/null | grep -o 'pid=[0-9]*' | cut -d= -f2; "
+        "nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null; } | grep -E '^[0-9]+$' | sort -u); "
+        'do u=$(ps -o unit= -p "$p" 2>/dev/null | tr -d " "); c=$(ps -o comm= -p "$p" 2>/dev/null); '
+        'printf \'%s %s %s\\n\' "$p" "${u:--}" "$c"; done; true'
+    )
+    parser = staticmethod(parse_occupants)
+
+    empty = None
+
+
 ALL_FACTS: tuple[type[FactBase], ...] = (
     OsRelease,
     KernelRelease,
@@ -371,4 +394,5 @@ ALL_FACTS: tuple[type[FactBase], ...] = (
     GlibcVersion,
     DriverBuild,
     InstalledKernels,
+    Occupants,
 )

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from qwen27b.onhost.contract import xid_meaning
 from qwen27b.plan.gpustate import BOARD_FIX, SEED_XID79_ADVICE, gpu_troubles
 from qwen27b.plan.driverbuild import boot_kernels, failed_build
+from qwen27b.plan.occupants import occupied
 from qwen27b.plan.checkpoint import CheckpointError, ModelShape, load_shape
 from qwen27b.plan.elfneeds import newer
 from qwen27b.plan.hostdata import Settings
@@ -79,6 +80,7 @@ class HostFacts:
     glibc: str | None = None  # GlibcVersion ("2.35"); None: not read
     driver_build: dict | None = None  # DriverBuild (plan/driverbuild.py); None: not read
     kernels: dict | None = None  # InstalledKernels; None: not read
+    occupants: dict | None = None  # Occupants (plan/occupants.py): listeners, GPU processes; None: not read
 
     def __post_init__(self):
         # NvidiaGpus lists nvidia-smi's failure lines beside the GPUs; keep `gpus` GPUs only.
@@ -677,6 +679,8 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
         bind, bind_reason = bind_address, address_reason
     else:
         bind, bind_reason = "127.0.0.1", "no lab address in host data: loopback only; set qwen27b_bind_address to serve the lab"
+    refusals.extend(RefusedHost(host, cause, fix) for cause, fix in occupied(
+        facts.occupants, settings.port, bind, gpus, {g["index"]: g.get("bus_id") for g in facts.gpus}))
     serve_inputs = ServeInputs(
         stack=rs, gpus=gpus, target=target, draft=draft, model_path=model_path, draft_path=draft_path,
         served_name=settings.served_model_name or rs.model["served_name"],

@@ -63,6 +63,7 @@ def host_facts(snap: HostSnapshot) -> HostFacts:
         glibc=_fact(snap, F.GlibcVersion, None),
         driver_build=_fact(snap, F.DriverBuild, None),
         kernels=_fact(snap, F.InstalledKernels, None),
+        occupants=_fact(snap, F.Occupants, None),
     )
 
 
