@@ -365,11 +365,19 @@ def preflight() -> Decision | None:
     return decision
 
 
+DRIVER_FIRST_ROLES = ("toolchain", "nvidia")  # base packages and headers, then the driver and its reboot
+
+
 def run_roles(decision: Decision, roles) -> bool:
     """Queue each role's operations for this host. An ArtifactError (a controller-side artifact that
     could not be prepared: offline, PyPI unreachable) fails this host with its message and fix, not a
     traceback; anything else is a bug and propagates, but the run summary still counts the host
-    failed, never "ok". Returns whether every role was planned."""
+    failed, never "ok". Returns whether every role was planned. A driver-first decision (GPU memory
+    unknown until the driver answers) runs the roles up to the driver's reboot only."""
+    if getattr(decision, "driver_first", False):
+        roles = [role for role in roles if role.__name__ in DRIVER_FIRST_ROLES]
+        note("serving: not deployed this run (the GPU memory is read after the driver's reboot): re-run the deploy "
+             "then", always=True)
     try:
         for role in roles:
             role(decision)

@@ -143,6 +143,7 @@ class Decision:
     driver: DriverPlan | None = None  # None: the profile uses no GPU driver
     group: object | None = None  # multinode.NodeGroup: this host is one stage of a serving group
     copies: tuple = ()  # ((instances.Instance, Decision), ...): several copies on this machine (qwen27b_instances)
+    driver_first: bool = False  # GPU memory unknown until the driver answers: this run installs the driver only
 
     @property
     def profile(self) -> str:
@@ -575,6 +576,33 @@ def _larger_gpus_alone(inp: ServeInputs) -> str | None:
             f"qwen27b_gpu_indices: {[g.index for g in larger]}")
 
 
+def _unknown_memory(inp: ServeInputs, facts: HostFacts, stack: dict, driver: DriverPlan | None,
+                    refused: PlanRefused) -> tuple[ServePlan, str] | None:
+    """A Volta board whose PCI name says no memory size (Tesla PG500-216) is counted at the smallest
+    V100 until a driver answers: refused for memory there, the driver that would show its real size
+    is never installed. Then this run installs the driver only; the serving is shown at the largest
+    V100 size, provisional, and planned on nvidia-smi's memory by the next deploy."""
+    if facts.gpus or driver is None or driver.action == "keep" or not inp.gpus:
+        return None
+    specs = [gpu_spec(stack, pci_id=facts.pci_gpus[g.index]["device_id"]) for g in inp.gpus
+             if g.index < len(facts.pci_gpus)]
+    if len(specs) != len(inp.gpus) or any(s is None or s.get("memory_known", True) for s in specs):
+        return None
+    largest = max(stack["volta_pci"]["reported_memory_mib"].values())
+    try:
+        plan = plan_serve(replace(inp, gpus=[replace(g, memory_mib=largest) for g in inp.gpus]))
+    except PlanRefused:
+        return None
+    return plan, (f"the memory of {inp.gpus[0].name} is unknown until the driver answers (its PCI name says no size; "
+                  f"counted at {inp.gpus[0].memory_mib} MiB: {refused.cause}): this run installs the driver and "
+                  f"reboots only; the serving shown is provisional, at {largest} MiB per GPU; re-run the deploy "
+                  f"after the reboot to plan it on the memory nvidia-smi reports {_volta_cite(stack)}")
+
+
+def _volta_cite(stack: dict) -> str:
+    return "[" + ", ".join(stack["volta_pci"]["source"]) + "]"
+
+
 def _check_disk(host: str, facts: HostFacts, rs: ResolvedStack, settings: Settings, wanted: list) -> str | None:
     """Room for what is not on disk yet, plus headroom: a verified revision needs nothing, a partial
     download only its missing bytes (ModelsOnDisk), so a converged host is never refused for room
@@ -688,11 +716,16 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
         speculative=spec is not None and spec.on, prefix_caching=settings.prefix_caching,
         pins=pins, ram_bytes=ram, route_guard=bool(settings.api_key_file), topology=facts.topology,
         spec=spec or engine.OFF)
+    driver_first = None
     try:
         serve = (pipeline.plan if pipeline is not None else plan_serve)(serve_inputs)
     except PlanRefused as refused:
-        larger = None if pipeline is not None else _larger_gpus_alone(serve_inputs)
-        refusals.append(RefusedHost(host, refused.cause, f"{larger}; or {refused.fix}" if larger else refused.fix))
+        driver_first = None if pipeline is not None else _unknown_memory(serve_inputs, facts, stack, driver, refused)
+        if driver_first is not None:
+            serve = driver_first[0]
+        else:
+            larger = None if pipeline is not None else _larger_gpus_alone(serve_inputs)
+            refusals.append(RefusedHost(host, refused.cause, f"{larger}; or {refused.fix}" if larger else refused.fix))
 
     glibc_warning = check(binary_needs_check, host, facts.glibc, rs)
     disk_warning = None
@@ -703,5 +736,7 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
         raise RefusedHost.every(host, refusals)
     return Decision(host=host, stack=rs, settings=settings, gpus=gpus, serve=serve,
                     choices=_choices(facts, rs, settings, driver, serve.spec),
-                    warnings=_warnings(facts, rs, settings, os_row, driver, draft is not None) + [w for w in (disk_warning, glibc_warning) if w],
-                    model_path=model_path, draft_path=draft_path, facts=facts, os_row=os_row, driver=driver)
+                    warnings=([driver_first[1]] if driver_first else []) + _warnings(facts, rs, settings, os_row, driver, draft is not None)
+                    + [w for w in (disk_warning, glibc_warning) if w],
+                    model_path=model_path, draft_path=draft_path, facts=facts, os_row=os_row, driver=driver,
+                    driver_first=driver_first is not None)
