@@ -307,6 +307,11 @@ def _speculation(host: str, rs: ResolvedStack, gpus: list[Gpu], target: ModelSha
 
 _DRIVER_PACKAGE = re.compile(r"^(?:nvidia-driver-(?P<branch>[0-9]+)(?:-server)?(?:-open)?|cuda-drivers(?:-(?P<cuda_branch>[0-9]+))?)$")
 _BRANCH_PACKAGE = re.compile(r"^nvidia-(?:driver|dkms|kernel-source|kernel-common|utils|compute-utils)-(?P<branch>[0-9]+)(?:-server)?(?:-open)?$")
+# every package of one driver branch, libraries and X driver included: what apt removes with it
+_ANY_BRANCH_PACKAGE = re.compile(r"^(?:lib)?nvidia-[a-z0-9-]*?-(?P<branch>[0-9]{3})(?:-server)?(?:-open)?$"
+                                 r"|^xserver-xorg-video-nvidia-(?P<xbranch>[0-9]{3})(?:-server)?$")
+# NVIDIA's CUDA repository installs the driver through cuda-drivers; these metapackages depend on it
+_CUDA_DRIVERS_DEPENDENTS = re.compile(r"^cuda(?:-runtime)?(?:-[0-9]+-[0-9]+)?$")
 _TOOLKIT_PACKAGE = re.compile(r"^cuda-toolkit-([0-9]+)-[0-9]+$")
 _OPEN_PACKAGE = re.compile(r"^nvidia-[a-z-]+-[0-9]+(?:-server)?-open$")
 UNINSTALL_RUN_FIX = ("remove it with the .run installer's own uninstaller (`sudo nvidia-uninstall`, or `sudo sh "
@@ -357,6 +362,7 @@ def _driver_plan(host: str, facts: HostFacts, rs: ResolvedStack, settings: Setti
         why = (f"R{loaded_branch} ({loaded}) is loaded" + (", too old for nvidia-smi to report compute_cap" if too_old else "")
                + f": {age} than R{branch}, the stack's branch")
         remove = other_branch + [p for p in from_apt if p.startswith("cuda-drivers") and p not in other_branch]
+        remove += _removed_with(packages, remove, branch)
     elif not loaded and other_branch:
         why = f"{', '.join(other_branch)} installed, not loaded: not R{branch}, the stack's branch"
         remove = other_branch
@@ -372,11 +378,33 @@ def _driver_plan(host: str, facts: HostFacts, rs: ResolvedStack, settings: Setti
     # an operator's hold on the old branch would stop `apt-get -y` at the purge: released in the same
     # transaction, and said so
     held = tuple(sorted(set(facts.held) & set(remove)))
+    if remove and any(p.startswith("cuda-drivers") for p in remove):
+        steps += _source_change(packages, remove, package, rs)
     if held:
         steps += (f" ({', '.join(held)} held with apt-mark hold: the hold is released in that transaction, "
                   f"--allow-change-held-packages {rs.cite('apt-held')})")
     return DriverPlan("replace" if remove else "install", package, f"{why}{steps}; {reboot} {cite}",
                       remove=tuple(sorted(remove)), hold=(package,), release_holds=held)
+
+
+def _removed_with(packages: dict, remove: list[str], branch: int) -> list[str]:
+    """What apt removes beside `remove`, named so the plan lists all of it: with NVIDIA's cuda-drivers,
+    the rest of its branch (libraries, X driver) and the CUDA metapackages that depend on cuda-drivers."""
+    if not any(p.startswith("cuda-drivers") for p in remove):
+        return []
+    def other(p: str) -> bool:
+        m = _ANY_BRANCH_PACKAGE.match(p)
+        return bool(m) and int(m["branch"] or m["xbranch"]) != branch
+    return sorted(p for p in packages if p not in remove and (other(p) or _CUDA_DRIVERS_DEPENDENTS.match(p)))
+
+
+def _source_change(packages: dict, remove: tuple | list, package: str, rs: ResolvedStack) -> str:
+    """The driver moves from NVIDIA's CUDA repository (cuda-drivers) to the stack's archive package."""
+    drivers = ", ".join(f"{p} {packages[p]}" for p in sorted(remove) if p.startswith("cuda-drivers") and p in packages)
+    toolkits = sorted(p for p in packages if _TOOLKIT_PACKAGE.match(p))
+    kept = f"; {', '.join(toolkits)} stay{'s' if len(toolkits) == 1 else ''}" if toolkits else ""
+    return (f"; the driver source changes: NVIDIA's CUDA repository ({drivers}) to the OS archive's {package} "
+            f"(apt-mark hold keeps the CUDA repository's pin from moving it back){kept} {rs.cite('cuda-repo-driver')}")
 
 
 def _with_headers(host: str, plan: DriverPlan | None, facts: HostFacts) -> DriverPlan | None:
