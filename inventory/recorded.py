@@ -47,7 +47,12 @@ recorded_hosts = [
     _fake("v100x2-r470"),
     _fake("v100x2-r470-held"),  # the same with the old branch held: the replacement releases the hold
     _fake("v100x4-pg500"),
+    _fake("v100x1-pg500"),  # one PG500-216, no driver: too small at 16 GB, so the driver first, the serving after
     _fake("v100x4-noheaders"),
+    _fake("v100x4-dkms-failed"),  # a failed R580 build (gcc 11 for a gcc-12 kernel): refused with the fix
+    _fake("v100x4-newer-kernel"),
+    _fake("v100x2-old-vllm"),
+    _fake("v100x2-cuda-drivers"),  # R570 from NVIDIA's CUDA repository (cuda-drivers): the source change and every removal listed  # an old vLLM container on 0.0.0.0:8000 holding both GPUs: refused naming it  # a newer kernel installed, not booted: its headers come with the driver
     _fake("v100x4-converged-8g"),
     _fake("v100x2-16gb-pair-head", "v100x2-16gb", qwen27b_node_role="head", qwen27b_node_address="10.10.0.1",
           qwen27b_bind_address="192.168.10.31", **PAIR),

@@ -253,6 +253,7 @@ def gather_facts(models_path: str, on=None) -> HostFacts:
                         (F.NvidiaKernelModule, {}), (F.NouveauLoaded, {}), (F.SecureBoot, {}), (F.DiskFree, at),
                         (F.MemoryInfo, {}), (F.PythonVersions, {}), (F.XidErrors, {}), (F.NvidiaCudaPackages, {}),
                         (F.HeldPackages, {}), (F.KernelHeaders, {}), (F.ModelsOnDisk, at), (F.GpuTopology, {}), (F.GlibcVersion, {}),
+                        (F.DriverBuild, {}), (F.InstalledKernels, {}), (F.Occupants, {}),
                         (DeployLock, {}),
                         (File, {"path": RAY_UNIT_FILE})], on=on)  # the multinode role's: in this batch, no round trip
     return HostFacts(
@@ -273,6 +274,9 @@ def gather_facts(models_path: str, on=None) -> HostFacts:
         models_on_disk=read(F.ModelsOnDisk, **at) or {},
         topology=read(F.GpuTopology),
         glibc=read(F.GlibcVersion),
+        driver_build=read(F.DriverBuild),
+        kernels=read(F.InstalledKernels),
+        occupants=read(F.Occupants),
     )
 
 
@@ -365,11 +369,19 @@ def preflight() -> Decision | None:
     return decision
 
 
+DRIVER_FIRST_ROLES = ("toolchain", "nvidia")  # base packages and headers, then the driver and its reboot
+
+
 def run_roles(decision: Decision, roles) -> bool:
     """Queue each role's operations for this host. An ArtifactError (a controller-side artifact that
     could not be prepared: offline, PyPI unreachable) fails this host with its message and fix, not a
     traceback; anything else is a bug and propagates, but the run summary still counts the host
-    failed, never "ok". Returns whether every role was planned."""
+    failed, never "ok". Returns whether every role was planned. A driver-first decision (GPU memory
+    unknown until the driver answers) runs the roles up to the driver's reboot only."""
+    if getattr(decision, "driver_first", False):
+        roles = [role for role in roles if role.__name__ in DRIVER_FIRST_ROLES]
+        note("serving: not deployed this run (the GPU memory is read after the driver's reboot): re-run the deploy "
+             "then", always=True)
     try:
         for role in roles:
             role(decision)

@@ -25,7 +25,7 @@ from qwen27b.controller.render import RESTART_COMMAND, serving_files
 from qwen27b.controller.report import format_operations
 from qwen27b.onhost.secretfile import load_secret
 from qwen27b.plan.gate import RefusedHost
-from qwen27b.plan.lifecycle import NoRollback, Record, RollbackPlan, parse_record, plan_rollback, release_record_file, swap_commands
+from qwen27b.plan.lifecycle import NoRollback, Record, RollbackPlan, loopback_url, parse_record, plan_rollback, release_record_file, swap_commands
 from qwen27b.plan.stack import health_status_file, load_stack
 
 from ._common import ROLLBACK_DIR, check
@@ -100,7 +100,7 @@ def rollback() -> bool:
         return False
     server.shell(name="rollback: switch to the previous release (symlinks, unit, env, record) and restart",
                  commands=swap_commands(plan.target.links, files, ROLLBACK_DIR, THEN))
-    if plan.target.url.startswith("http://127."):
+    if loopback_url(plan.target.url):
         say("verify: skipped - the service binds to loopback only, the controller cannot reach it")
     else:
         python.call(name="verify: the release rolled back to (readiness, /v1/models, streamed completion)",

@@ -39,9 +39,9 @@ def release_venv(decision: Decision) -> str:
 
 def _packages(decision: Decision) -> list[str]:
     packages = list(decision.stack.profile["packages"])
-    if decision.driver is not None and decision.driver.headers:
+    if decision.driver is not None and decision.driver.header_packages:
         # DKMS builds the NVIDIA module against the running kernel's headers (the gate checked apt has them).
-        packages.append(decision.driver.headers)
+        packages.extend(decision.driver.header_packages)
     return packages
 
 

@@ -41,6 +41,9 @@ def recorded_facts(host: str, **replace) -> HostFacts:
         models_on_disk=_read(host, F.ModelsOnDisk),
         topology=_read(host, F.GpuTopology),
         glibc=_read(host, F.GlibcVersion),
+        driver_build=_read(host, F.DriverBuild),
+        kernels=_read(host, F.InstalledKernels),
+        occupants=_read(host, F.Occupants),
     )
     values.update(replace)
     return HostFacts(**values)

@@ -242,3 +242,15 @@ def test_an_ipv6_bind_address_is_bracketed_in_every_url():
     unit = render_all(decision)["qwen27b.service.j2"]
     assert "curl -fs -o /dev/null http://[fd00::7]:8000/health" in unit
     assert http_base("10.0.0.1", 8000) == "http://10.0.0.1:8000"
+
+
+@pytest.mark.parametrize("url, loopback", [
+    ("http://127.0.0.1:8000", True), ("http://127.1.2.3:8000", True), ("http://[::1]:8000", True),
+    ("http://[fd00::7]:8000", False), ("http://10.0.0.7:8000", False), ("", False), ("http://lab-host:8000", False),
+])
+def test_rollback_skips_verify_only_for_loopback_urls_ipv6_included(url, loopback):
+    """Issue 24 (IPv6-only labs): the rollback's loopback test read 'http://127.' only, so a service on
+    [::1] was verified from the controller, which cannot reach it."""
+    from qwen27b.plan.lifecycle import loopback_url
+
+    assert loopback_url(url) is loopback

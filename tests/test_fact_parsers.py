@@ -14,7 +14,9 @@ from pyinfra.api.exceptions import FactProcessError
 
 from qwen27b.controller import facts as F
 from qwen27b.controller.facts import ALL_FACTS
+from qwen27b.plan import driverbuild as D
 from qwen27b.plan import gpufacts_parse as G
+from qwen27b.plan import occupants as O
 from qwen27b.plan import hostfacts_parse as H
 from qwen27b.plan.hostfacts_parse import FactParseError
 from fuzz_budget import examples
@@ -130,6 +132,19 @@ GARBLED = [
                             " \tGPU0\tGPU1", " GPU0\tX\tOK", " GPU1\tMAYBE\tX"]),
     (G.parse_gpu_topology, ["\tGPU0\tGPU1", "GPU0\t X \tPHB", "GPU1\tPHB\t X ", G.P2P_MARKER,
                             " \tGPU0\tGPU2", " GPU0\tX\tOK", " GPU2\tOK\tX"]),  # another GPU set
+    # DriverBuild
+    (D.parse_driver_build, ["iF nvidia-dkms-580-server 580.95.05-0ubuntu0.22.04.1"]),  # no '== dpkg' first
+    (D.parse_driver_build, ["== dpkg", "iF"]),  # cut before the package name
+    (D.parse_driver_build, ["== dpkg", "Segmentation fault"]),
+    # Occupants
+    (O.parse_occupants, ["LISTEN 0 4096 0.0.0.0:8000 0.0.0.0:*"]),  # no '== listen' first
+    (O.parse_occupants, ["== listen", "LISTEN 0 4096 0.0.0.0"]),  # cut before the port
+    (O.parse_occupants, ["== gpu", "4242, python3"]),  # cut after the name
+    (O.parse_occupants, ["== units", "pid 4242"]),
+    # InstalledKernels
+    (D.parse_installed_kernels, ["ii  linux-image-"]),
+    (D.parse_installed_kernels, ["linux-image-6.8.0-45-generic"]),  # no status
+    (D.parse_installed_kernels, ["ii  linux-modules-6.8.0-45-generic 6.8.0-45.45~22.04.1"]),
 ]
 
 
@@ -237,6 +252,23 @@ def _check_shape(fact, value):
     elif fact is F.KernelHeaders:
         assert set(value) == {"package", "installed", "candidate"} and value["package"].startswith("linux-headers-")
         assert all(v is None or (isinstance(v, str) and v and v != "(none)") for v in (value["installed"], value["candidate"]))
+    elif fact is F.DriverBuild:
+        if value is not None:
+            assert set(value) == {"half", "dkms", "log"}
+            assert all(set(h) == {"package", "version", "state"} and h["state"] for h in value["half"])
+            assert all(set(d) == {"module", "version", "kernel", "status"} and d["module"].startswith("nvidia")
+                       for d in value["dkms"])
+            assert value["log"] is None or all(isinstance(line, str) for line in value["log"]["lines"])
+    elif fact is F.InstalledKernels:
+        if value is not None:
+            assert set(value) == {"images", "headers", "grub_default"}
+            assert all(k and k[0].isdigit() for k in value["images"] + value["headers"])
+    elif fact is F.Occupants:
+        if value is not None:
+            assert set(value) == {"listen", "gpu", "units"}
+            assert all(set(e) == {"address", "port", "process", "pid"} and isinstance(e["port"], int) for e in value["listen"])
+            assert all(set(a) == {"pid", "process", "used_mib", "bus_id"} for a in value["gpu"])
+            assert all(isinstance(pid, int) and set(u) == {"unit", "comm"} for pid, u in value["units"].items())
     else:  # pragma: no cover - a new fact needs a shape here
         raise AssertionError(f"no shape check for {fact.__name__}")
 

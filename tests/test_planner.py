@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from qwen27b.plan.checkpoint import load_shape
 from qwen27b.plan.planner import GiB, MiB, Gpu, PlanRefused, ServeInputs, plan_serve
@@ -174,3 +175,20 @@ def test_the_issue_24_pair_plans_one_sequence_each_and_its_kv_holds_it():
     # a pinned count keeps vLLM's own rule (room for one sequence): the admin chose the concurrency
     pinned = plan_serve(inputs(gpus=[Gpu(0, "Tesla V100-SXM2-32GB", 32768, "7.0")], pins={"--max-num-seqs": 2}))
     assert pinned.value("--max-num-seqs") == "2" and pinned.value("--max-model-len") == "8192"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.sampled_from([1, 2, 4, 8]), speculative=st.booleans(),
+       small=st.integers(8_000, 81_000), more=st.integers(1, 50_000))
+def test_property_more_memory_never_plans_fewer_seqs_or_shorter_context(n, speculative, small, more):
+    """Issue 24 as a property (hypothesis): for any two memory sizes, the larger never refuses where the
+    smaller fits, never plans fewer sequences, a shorter context or a smaller prefill chunk, and its KV
+    holds every planned sequence at --max-model-len."""
+    low, high = _plan_at(small, n, speculative), _plan_at(small + more, n, speculative)
+    if low is None:
+        return
+    assert high is not None, f"{small + more} MiB refused where {small} MiB fitted"
+    knobs = [tuple(int(p.value(f)) for f in ("--max-num-seqs", "--max-model-len", "--max-num-batched-tokens"))
+             for p in (low, high)]
+    assert all(h >= lo for h, lo in zip(knobs[1], knobs[0])), (small, knobs[0], small + more, knobs[1])
+    assert high.memory.kv_tokens >= knobs[1][0] * knobs[1][1]

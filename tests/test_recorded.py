@@ -73,7 +73,8 @@ def test_all_hosts_present():
         "v100x1-open-loaded", "v100x2-open-unloaded", "v100x2-r470", "v100x4-pg500", "v100x4-noheaders",
         "v100x4-converged-8g", "v100x4-copies-converged", "v100x2-pcie", "v100x4-pcie", "v100x8-sxm2-dgx1",
         "mixed-3090-v100x2",
-        "v100x2-mixed", "v100x2-r470-held",
+        "v100x2-mixed", "v100x2-r470-held", "v100x4-dkms-failed", "v100x4-newer-kernel",
+        "v100x2-old-vllm", "v100x1-pg500", "v100x2-cuda-drivers",
     }  # fmt: skip
 
 
@@ -194,6 +195,15 @@ EXPECTED = {
     "v100x4-pg500": dict(os=("ubuntu", "22.04"), pci=["1df0"] * 4, smi=0, module=None, nouveau=True),
     "v100x4-converged-8g": dict(os=("ubuntu", "22.04"), pci=["1db5"] * 4, smi=4, module=("proprietary", "580.95.05")),
     "v100x4-noheaders": dict(os=("ubuntu", "22.04"), kernel="5.15.0-60-generic", pci=["1db5"] * 4, smi=0),
+    # issue 24: a driver build that failed (half-configured R580, dkms 'added'); a newer kernel not booted
+    "v100x4-dkms-failed": dict(os=("ubuntu", "22.04"), kernel="6.8.0-45-generic", pci=["1db5"] * 4, smi=0, module=None,
+                               packages={"nvidia-utils-580-server"}),
+    "v100x2-old-vllm": dict(os=("ubuntu", "22.04"), pci=["1db6"] * 2, smi=2, module=("proprietary", "580.95.05")),
+    "v100x2-cuda-drivers": dict(os=("ubuntu", "22.04"), pci=["1db6"] * 2, smi=2, module=("proprietary", "570.195.03"),
+                                packages={"cuda-drivers", "nvidia-driver-570", "cuda-toolkit-12-8"}, held=[]),
+    "v100x1-pg500": dict(os=("ubuntu", "22.04"), pci=["1df0"], smi=0, module=None, nouveau=True),
+    "v100x4-newer-kernel": dict(os=("ubuntu", "22.04"), kernel="5.15.0-125-generic", pci=["1db5"] * 4, smi=0,
+                                module=None, packages=set()),
     # v100x4-converged's facts (links to them), converged as two copies (qwen27b_instances)
     "v100x4-copies-converged": dict(os=("ubuntu", "22.04"), kernel="5.15.0-125-generic", pci=["1db5"] * 4, smi=4,
                                     module=("proprietary", "580.95.05"), nouveau=False, held=["nvidia-driver-580-server"]),

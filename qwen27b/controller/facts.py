@@ -25,6 +25,8 @@ from pyinfra.api.exceptions import FactProcessError
 from pyinfra.api.facts import FactBase
 
 from qwen27b.plan import hostfacts_parse
+from qwen27b.plan.driverbuild import parse_driver_build, parse_installed_kernels
+from qwen27b.plan.occupants import parse_occupants
 from qwen27b.plan.gpufacts_parse import (P2P_MARKER, kernel_module_not_loaded, parse_gpu_topology, parse_nouveau_loaded,
                                          parse_nvidia_gpus, parse_nvidia_kernel_module, parse_nvidia_pci_devices,
                                          parse_xid_errors)
@@ -318,6 +320,60 @@ class HeldPackages(_ParsedFact):
     empty = []
 
 
+class DriverBuild(_ParsedFact):
+    """A driver build that failed (issue 24): the NVIDIA packages dpkg left half-configured, `dkms
+    status` and the newest nvidia make.log's last lines (plan/driverbuild.py reads them)."""
+
+    recorded_as = "driver-build.txt"
+    _command = (
+        "echo '== dpkg'; dpkg-query -W -f='${db:Status-Abbrev} ${Package} ${Version}\\n' 'nvidia-*' 'libnvidia-*' "
+        "'cuda-drivers*' 2>/dev/null | grep -v '^.[inc] ' || true; "
+        "echo '== dkms'; if command -v dkms >/dev/null 2>&1; then dkms status 2>/dev/null | grep '^nvidia' || true; fi; "
+        "l=$(ls -t /var/lib/dkms/nvidia*/*/build/make.log 2>/dev/null | head -n 1); "
+        'if [ -n "$l" ]; then echo "== log $l"; tail -n 25 "$l"; fi; true'
+    )
+    parser = staticmethod(parse_driver_build)
+
+    empty = None
+
+
+class InstalledKernels(_ParsedFact):
+    """Kernels installed beside the running one, their headers, and GRUB_DEFAULT: which kernel the
+    deploy's reboot boots, and whether DKMS can build the driver for it (issue 24)."""
+
+    recorded_as = "installed-kernels.txt"
+    _command = (
+        "dpkg-query -W -f='${db:Status-Abbrev} ${Package} ${Version}\\n' 'linux-image-[0-9]*' 'linux-headers-[0-9]*' "
+        "2>/dev/null | grep '^.i ' || true; grep -h '^GRUB_DEFAULT=' /etc/default/grub /etc/default/grub.d/*.cfg "
+        "2>/dev/null || true"
+    )
+    parser = staticmethod(parse_installed_kernels)
+
+    empty = None
+
+
+
+class Occupants(_ParsedFact):
+    """Who already listens on TCP ports and holds GPU memory, with each process's systemd unit: an
+    old vLLM or Ollama (container) on the port or the GPUs is named before anything is installed
+    (plan/occupants.py; issue 24)."""
+
+    recorded_as = "occupants.txt"
+    _command = (
+        "echo '== listen'; ss -Hltnp 2>/dev/null || true; "
+        "echo '== gpu'; if command -v nvidia-smi >/dev/null 2>&1; then "
+        "nvidia-smi --query-compute-apps=pid,process_name,used_memory,gpu_bus_id --format=csv,noheader,nounits "
+        "2>/dev/null || true; fi; "
+        "echo '== units'; for p in $( { ss -Hltnp 2>/dev/null | grep -o 'pid=[0-9]*' | cut -d= -f2; "
+        "nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null; } | grep -E '^[0-9]+$' | sort -u); "
+        'do u=$(ps -o unit= -p "$p" 2>/dev/null | tr -d " "); c=$(ps -o comm= -p "$p" 2>/dev/null); '
+        'printf \'%s %s %s\\n\' "$p" "${u:--}" "$c"; done; true'
+    )
+    parser = staticmethod(parse_occupants)
+
+    empty = None
+
+
 ALL_FACTS: tuple[type[FactBase], ...] = (
     OsRelease,
     KernelRelease,
@@ -336,4 +392,7 @@ ALL_FACTS: tuple[type[FactBase], ...] = (
     ModelsOnDisk,
     GpuTopology,
     GlibcVersion,
+    DriverBuild,
+    InstalledKernels,
+    Occupants,
 )

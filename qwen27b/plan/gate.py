@@ -11,6 +11,8 @@ from dataclasses import dataclass, field, replace
 
 from qwen27b.onhost.contract import xid_meaning
 from qwen27b.plan.gpustate import BOARD_FIX, SEED_XID79_ADVICE, gpu_troubles
+from qwen27b.plan.driverbuild import boot_kernels, failed_build
+from qwen27b.plan.occupants import occupied
 from qwen27b.plan.checkpoint import CheckpointError, ModelShape, load_shape
 from qwen27b.plan.elfneeds import newer
 from qwen27b.plan.hostdata import Settings
@@ -76,6 +78,9 @@ class HostFacts:
     gpu_problems: list = field(default_factory=list)  # NvidiaGpus' "problem" entries, split off gpus
     topology: dict | None = None  # GpuTopology; None: not read (no driver yet)
     glibc: str | None = None  # GlibcVersion ("2.35"); None: not read
+    driver_build: dict | None = None  # DriverBuild (plan/driverbuild.py); None: not read
+    kernels: dict | None = None  # InstalledKernels; None: not read
+    occupants: dict | None = None  # Occupants (plan/occupants.py): listeners, GPU processes; None: not read
 
     def __post_init__(self):
         # NvidiaGpus lists nvidia-smi's failure lines beside the GPUs; keep `gpus` GPUs only.
@@ -110,6 +115,12 @@ class DriverPlan:
 
     kept: str | None = None  # for "keep": what is kept, as the plan shows it
     release_holds: tuple[str, ...] = ()  # held packages (apt-mark showhold) the replacement purges
+    boot_headers: tuple[str, ...] = ()  # linux-headers of the kernel the reboot boots (driverbuild.boot_kernels)
+
+    @property
+    def header_packages(self) -> tuple[str, ...]:
+        """Every linux-headers package installed before the driver: DKMS builds for each kernel with headers."""
+        return ((self.headers,) if self.headers else ()) + self.boot_headers
 
     @property
     def reboot(self) -> bool:
@@ -132,6 +143,7 @@ class Decision:
     driver: DriverPlan | None = None  # None: the profile uses no GPU driver
     group: object | None = None  # multinode.NodeGroup: this host is one stage of a serving group
     copies: tuple = ()  # ((instances.Instance, Decision), ...): several copies on this machine (qwen27b_instances)
+    driver_first: bool = False  # GPU memory unknown until the driver answers: this run installs the driver only
 
     @property
     def profile(self) -> str:
@@ -295,6 +307,11 @@ def _speculation(host: str, rs: ResolvedStack, gpus: list[Gpu], target: ModelSha
 
 _DRIVER_PACKAGE = re.compile(r"^(?:nvidia-driver-(?P<branch>[0-9]+)(?:-server)?(?:-open)?|cuda-drivers(?:-(?P<cuda_branch>[0-9]+))?)$")
 _BRANCH_PACKAGE = re.compile(r"^nvidia-(?:driver|dkms|kernel-source|kernel-common|utils|compute-utils)-(?P<branch>[0-9]+)(?:-server)?(?:-open)?$")
+# every package of one driver branch, libraries and X driver included: what apt removes with it
+_ANY_BRANCH_PACKAGE = re.compile(r"^(?:lib)?nvidia-[a-z0-9-]*?-(?P<branch>[0-9]{3})(?:-server)?(?:-open)?$"
+                                 r"|^xserver-xorg-video-nvidia-(?P<xbranch>[0-9]{3})(?:-server)?$")
+# NVIDIA's CUDA repository installs the driver through cuda-drivers; these metapackages depend on it
+_CUDA_DRIVERS_DEPENDENTS = re.compile(r"^cuda(?:-runtime)?(?:-[0-9]+-[0-9]+)?$")
 _TOOLKIT_PACKAGE = re.compile(r"^cuda-toolkit-([0-9]+)-[0-9]+$")
 _OPEN_PACKAGE = re.compile(r"^nvidia-[a-z-]+-[0-9]+(?:-server)?-open$")
 UNINSTALL_RUN_FIX = ("remove it with the .run installer's own uninstaller (`sudo nvidia-uninstall`, or `sudo sh "
@@ -345,6 +362,7 @@ def _driver_plan(host: str, facts: HostFacts, rs: ResolvedStack, settings: Setti
         why = (f"R{loaded_branch} ({loaded}) is loaded" + (", too old for nvidia-smi to report compute_cap" if too_old else "")
                + f": {age} than R{branch}, the stack's branch")
         remove = other_branch + [p for p in from_apt if p.startswith("cuda-drivers") and p not in other_branch]
+        remove += _removed_with(packages, remove, branch)
     elif not loaded and other_branch:
         why = f"{', '.join(other_branch)} installed, not loaded: not R{branch}, the stack's branch"
         remove = other_branch
@@ -360,11 +378,33 @@ def _driver_plan(host: str, facts: HostFacts, rs: ResolvedStack, settings: Setti
     # an operator's hold on the old branch would stop `apt-get -y` at the purge: released in the same
     # transaction, and said so
     held = tuple(sorted(set(facts.held) & set(remove)))
+    if remove and any(p.startswith("cuda-drivers") for p in remove):
+        steps += _source_change(packages, remove, package, rs)
     if held:
         steps += (f" ({', '.join(held)} held with apt-mark hold: the hold is released in that transaction, "
                   f"--allow-change-held-packages {rs.cite('apt-held')})")
     return DriverPlan("replace" if remove else "install", package, f"{why}{steps}; {reboot} {cite}",
                       remove=tuple(sorted(remove)), hold=(package,), release_holds=held)
+
+
+def _removed_with(packages: dict, remove: list[str], branch: int) -> list[str]:
+    """What apt removes beside `remove`, named so the plan lists all of it: with NVIDIA's cuda-drivers,
+    the rest of its branch (libraries, X driver) and the CUDA metapackages that depend on cuda-drivers."""
+    if not any(p.startswith("cuda-drivers") for p in remove):
+        return []
+    def other(p: str) -> bool:
+        m = _ANY_BRANCH_PACKAGE.match(p)
+        return bool(m) and int(m["branch"] or m["xbranch"]) != branch
+    return sorted(p for p in packages if p not in remove and (other(p) or _CUDA_DRIVERS_DEPENDENTS.match(p)))
+
+
+def _source_change(packages: dict, remove: tuple | list, package: str, rs: ResolvedStack) -> str:
+    """The driver moves from NVIDIA's CUDA repository (cuda-drivers) to the stack's archive package."""
+    drivers = ", ".join(f"{p} {packages[p]}" for p in sorted(remove) if p.startswith("cuda-drivers") and p in packages)
+    toolkits = sorted(p for p in packages if _TOOLKIT_PACKAGE.match(p))
+    kept = f"; {', '.join(toolkits)} stay{'s' if len(toolkits) == 1 else ''}" if toolkits else ""
+    return (f"; the driver source changes: NVIDIA's CUDA repository ({drivers}) to the OS archive's {package} "
+            f"(apt-mark hold keeps the CUDA repository's pin from moving it back){kept} {rs.cite('cuda-repo-driver')}")
 
 
 def _with_headers(host: str, plan: DriverPlan | None, facts: HostFacts) -> DriverPlan | None:
@@ -385,9 +425,32 @@ def _with_headers(host: str, plan: DriverPlan | None, facts: HostFacts) -> Drive
                       "linux-headers-generic`), reboot into it, then re-run the deploy")
 
 
+def _failed_build(host: str, facts: HostFacts, rs: ResolvedStack) -> None:
+    """A driver build left half-configured (dpkg iF/iU, dkms status): the same install would fail the
+    same way, so refuse naming the cause the build log gives and its fix (plan/driverbuild.py)."""
+    drv = rs.profile.get("driver")
+    failure = drv and failed_build(facts.driver_build, facts.kernel, int(drv["branch"]))
+    if failure:
+        raise RefusedHost(host, f"{failure.cause} [{failure.what}]", failure.fix)
+
+
+def _boot_headers(plan: DriverPlan | None, facts: HostFacts) -> DriverPlan | None:
+    """A newer kernel installed, not booted (unattended-upgrades): the driver's reboot boots it, and
+    DKMS builds only for kernels with headers, so its headers come with the driver; the plan says
+    which kernel the reboot boots."""
+    boot = boot_kernels(facts.kernels, facts.kernel)
+    if plan is None or boot is None or plan.action == "keep":
+        return plan
+    return replace(plan, boot_headers=boot.headers, reason=f"{plan.reason}; {boot.planned}")
+
+
 def _warnings(facts: HostFacts, rs: ResolvedStack, settings: Settings, os_row: dict,
               driver: DriverPlan | None = None, draft_used: bool = True) -> list[str]:
     out = []
+    boot = boot_kernels(facts.kernels, facts.kernel)
+    if driver is not None and driver.action == "keep" and boot is not None and boot.headers:
+        out.append(f"{boot.reason}, without {', '.join(boot.headers)}: DKMS cannot build the kept driver's module "
+                   f"for it, so the next reboot comes up without a driver; install {' '.join(boot.headers)} first")
     if driver is not None and driver.action == "keep" and facts.kernel and driver.headers is None:
         out.append(f"linux-headers-{facts.kernel} is in no configured apt archive: the kept driver runs, but a DKMS "
                    "rebuild (a new kernel, a driver update) would fail on this kernel")
@@ -569,6 +632,33 @@ def _larger_gpus_alone(inp: ServeInputs) -> str | None:
             f"qwen27b_gpu_indices: {[g.index for g in larger]}")
 
 
+def _unknown_memory(inp: ServeInputs, facts: HostFacts, stack: dict, driver: DriverPlan | None,
+                    refused: PlanRefused) -> tuple[ServePlan, str] | None:
+    """A Volta board whose PCI name says no memory size (Tesla PG500-216) is counted at the smallest
+    V100 until a driver answers: refused for memory there, the driver that would show its real size
+    is never installed. Then this run installs the driver only; the serving is shown at the largest
+    V100 size, provisional, and planned on nvidia-smi's memory by the next deploy."""
+    if facts.gpus or driver is None or driver.action == "keep" or not inp.gpus:
+        return None
+    specs = [gpu_spec(stack, pci_id=facts.pci_gpus[g.index]["device_id"]) for g in inp.gpus
+             if g.index < len(facts.pci_gpus)]
+    if len(specs) != len(inp.gpus) or any(s is None or s.get("memory_known", True) for s in specs):
+        return None
+    largest = max(stack["volta_pci"]["reported_memory_mib"].values())
+    try:
+        plan = plan_serve(replace(inp, gpus=[replace(g, memory_mib=largest) for g in inp.gpus]))
+    except PlanRefused:
+        return None
+    return plan, (f"the memory of {inp.gpus[0].name} is unknown until the driver answers (its PCI name says no size; "
+                  f"counted at {inp.gpus[0].memory_mib} MiB: {refused.cause}): this run installs the driver and "
+                  f"reboots only; the serving shown is provisional, at {largest} MiB per GPU; re-run the deploy "
+                  f"after the reboot to plan it on the memory nvidia-smi reports {_volta_cite(stack)}")
+
+
+def _volta_cite(stack: dict) -> str:
+    return "[" + ", ".join(stack["volta_pci"]["source"]) + "]"
+
+
 def _check_disk(host: str, facts: HostFacts, rs: ResolvedStack, settings: Settings, wanted: list) -> str | None:
     """Room for what is not on disk yet, plus headroom: a verified revision needs nothing, a partial
     download only its missing bytes (ModelsOnDisk), so a converged host is never refused for room
@@ -635,7 +725,9 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
     check(_generation_rules, host, rs, gpus, facts)
     if settings.require_hashes:
         refusals.extend(RefusedHost(host, cause, fix) for cause, fix in unpinned(rs, os_row, settings))
-    driver = check(lambda: _with_headers(host, _driver_plan(host, facts, rs, settings, gpus), facts))
+    driver = check(lambda: _boot_headers(_with_headers(host, _driver_plan(host, facts, rs, settings, gpus), facts), facts))
+    if gpus:
+        check(_failed_build, host, facts, rs)
     if facts.secure_boot == "enabled" and rs.profile.get("driver") and not settings.mok_key_path \
             and not (driver is not None and driver.action == "keep"):
         refusals.append(RefusedHost(host, "Secure Boot is on: the NVIDIA kernel module DKMS builds must be signed "
@@ -671,6 +763,8 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
         bind, bind_reason = bind_address, address_reason
     else:
         bind, bind_reason = "127.0.0.1", "no lab address in host data: loopback only; set qwen27b_bind_address to serve the lab"
+    refusals.extend(RefusedHost(host, cause, fix) for cause, fix in occupied(
+        facts.occupants, settings.port, bind, gpus, {g["index"]: g.get("bus_id") for g in facts.gpus}))
     serve_inputs = ServeInputs(
         stack=rs, gpus=gpus, target=target, draft=draft, model_path=model_path, draft_path=draft_path,
         served_name=settings.served_model_name or rs.model["served_name"],
@@ -678,11 +772,16 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
         speculative=spec is not None and spec.on, prefix_caching=settings.prefix_caching,
         pins=pins, ram_bytes=ram, route_guard=bool(settings.api_key_file), topology=facts.topology,
         spec=spec or engine.OFF)
+    driver_first = None
     try:
         serve = (pipeline.plan if pipeline is not None else plan_serve)(serve_inputs)
     except PlanRefused as refused:
-        larger = None if pipeline is not None else _larger_gpus_alone(serve_inputs)
-        refusals.append(RefusedHost(host, refused.cause, f"{larger}; or {refused.fix}" if larger else refused.fix))
+        driver_first = None if pipeline is not None else _unknown_memory(serve_inputs, facts, stack, driver, refused)
+        if driver_first is not None:
+            serve = driver_first[0]
+        else:
+            larger = None if pipeline is not None else _larger_gpus_alone(serve_inputs)
+            refusals.append(RefusedHost(host, refused.cause, f"{larger}; or {refused.fix}" if larger else refused.fix))
 
     glibc_warning = check(binary_needs_check, host, facts.glibc, rs)
     disk_warning = None
@@ -693,5 +792,7 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
         raise RefusedHost.every(host, refusals)
     return Decision(host=host, stack=rs, settings=settings, gpus=gpus, serve=serve,
                     choices=_choices(facts, rs, settings, driver, serve.spec),
-                    warnings=_warnings(facts, rs, settings, os_row, driver, draft is not None) + [w for w in (disk_warning, glibc_warning) if w],
-                    model_path=model_path, draft_path=draft_path, facts=facts, os_row=os_row, driver=driver)
+                    warnings=([driver_first[1]] if driver_first else []) + _warnings(facts, rs, settings, os_row, driver, draft is not None)
+                    + [w for w in (disk_warning, glibc_warning) if w],
+                    model_path=model_path, draft_path=draft_path, facts=facts, os_row=os_row, driver=driver,
+                    driver_first=driver_first is not None)

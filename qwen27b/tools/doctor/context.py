@@ -61,6 +61,9 @@ def host_facts(snap: HostSnapshot) -> HostFacts:
         held=_fact(snap, F.HeldPackages, []) or [],
         topology=_fact(snap, F.GpuTopology, None),
         glibc=_fact(snap, F.GlibcVersion, None),
+        driver_build=_fact(snap, F.DriverBuild, None),
+        kernels=_fact(snap, F.InstalledKernels, None),
+        occupants=_fact(snap, F.Occupants, None),
     )
 
 
