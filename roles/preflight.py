@@ -30,15 +30,16 @@ from qwen27b.controller import factcache, hostlock, oporder, progress
 from qwen27b.controller import runstate, runsummary
 from qwen27b.controller.artifacts import ArtifactError
 from qwen27b.plan.elfneeds import wheel_needs
-from qwen27b.plan.gate import Decision, HostFacts, RefusedHost, binary_needs_check, decide
+from qwen27b.plan.gate import Decision, HostFacts, RefusedHost, binary_needs_check
 from qwen27b.controller.host_facts import DeployLock
 from qwen27b.controller.address import host_address, unknown_address
-from qwen27b.plan.hostdata import BadHostData, Settings, lab_address, validate_inventory
+from qwen27b.plan.hostdata import BadHostData, Settings, lab_address, node_address
+from qwen27b.plan.inventory import validate_inventory
 from qwen27b.controller.opsplan import planned_operations
 from qwen27b.controller.remote import SUDO_PASSWORD_NEEDED
 from qwen27b.controller.report import format_operation_lines, format_plan, format_refusal
 from qwen27b.plan.stack import load_stack
-from qwen27b.plan.groupdata import node_address
+from qwen27b.plan.serving import GROUP, decide, kind
 from qwen27b.plan.multinode import Member, decide_group
 from pyinfra.facts.files import File
 from roles.multinode import UNIT_FILE as RAY_UNIT_FILE
@@ -280,7 +281,7 @@ def gate(on=None) -> Decision | RefusedHost:
     it for the other hosts before their own turn, so a host that will be refused seeds nobody."""
     on = host if on is None else on
     decisions = runstate.current().decisions
-    if on.name not in decisions and inventory_settings()[on.name].node_group:
+    if on.name not in decisions and kind(inventory_settings()[on.name]) == GROUP:
         decisions.update(_group_gate(inventory_settings()[on.name].node_group))
     if on.name not in decisions:
         stack = load_stack()

@@ -501,7 +501,7 @@ def group_rules(decision: Decision) -> list[dict]:
     """The firewall's rules of a member: every port of the group open to the other members and the host
     itself, reset for everyone else (vLLM warns its traffic is unencrypted and can run code
     [vllm-multinode]); Ray's client server (the head's port 10001, code from anyone) to no one."""
-    from qwen27b.plan.groupdata import group_ports
+    from qwen27b.plan.inventory import group_ports
 
     g = decision.group
     peers = _nft_networks([f"{address}/{32 if ':' not in address else 128}" for address in g.peers])

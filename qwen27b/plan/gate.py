@@ -577,11 +577,8 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
     """The whole gate for one host. Raises RefusedHost; never touches the host. `bind_address`: where
     the controller reaches the host (`address_reason` says how it is known), the bind address unless
     qwen27b_bind_address is set. `pipeline` (multinode.Pipeline): the host is one stage of a serving
-    group, planned for its share of layers. With qwen27b_instances: one decision per copy (instances.py)."""
-    if settings.instances:
-        from qwen27b.plan.instances import decide_copies  # noqa: PLC0415 (it calls back into decide)
-        return decide_copies(host, facts, stack, settings, decide, bind_address=bind_address,
-                             address_reason=address_reason)
+    group, planned for its share of layers. One service: serving.decide sends a host with copies to
+    instances.py, which runs this once per copy."""
     cpu = settings.profile == "cpu-smoke"
     os_row = _os_check(host, facts, stack, cpu)
     if not cpu:

@@ -8,11 +8,12 @@ import re
 
 from qwen27b.controller import facts as F
 from qwen27b.controller.remote import parse_show
-from qwen27b.plan.gate import HostFacts, RefusedHost, decide
+from qwen27b.plan.gate import HostFacts, RefusedHost
 from qwen27b.controller.address import STATED as ADDRESS_REASON
 from qwen27b.plan.hostdata import BadHostData, Settings, lab_address, settings_for
 
 REACHED_REASON = "the address the controller's SSH connection reached the host at, not every interface"
+from qwen27b.plan.serving import decide
 from qwen27b.plan.stack import StackError, gpu_spec, profile_for_compute_capability, resolve_stack
 
 from .journal import Finding, JournalView, Run, journal_entries, journal_lines, split_invocations, split_runs
