@@ -32,6 +32,7 @@ from qwen27b.controller.artifacts import ArtifactError
 from qwen27b.plan.elfneeds import wheel_needs
 from qwen27b.plan.gate import Decision, HostFacts, RefusedHost, binary_needs_check
 from qwen27b.controller.host_facts import DeployLock
+from qwen27b.controller.gate_facts import GATE_FACTS, build_host_facts, fact_arguments
 from qwen27b.controller.address import host_address, unknown_address
 from qwen27b.plan.hostdata import BadHostData, Settings, lab_address, node_address
 from qwen27b.plan.inventory import validate_inventory
@@ -248,32 +249,11 @@ def gather_facts(models_path: str, on=None) -> HostFacts:
                                  "then re-run the deploy")
         return value
 
-    at = {"path": models_path}
-    factcache.prefetch([(F.OsRelease, {}), (F.KernelRelease, {}), (F.NvidiaGpus, {}), (F.NvidiaPciDevices, {}),
-                        (F.NvidiaKernelModule, {}), (F.NouveauLoaded, {}), (F.SecureBoot, {}), (F.DiskFree, at),
-                        (F.MemoryInfo, {}), (F.PythonVersions, {}), (F.XidErrors, {}), (F.NvidiaCudaPackages, {}),
-                        (F.HeldPackages, {}), (F.KernelHeaders, {}), (F.ModelsOnDisk, at), (F.GpuTopology, {}), (F.GlibcVersion, {}),
-                        (DeployLock, {}),
-                        (File, {"path": RAY_UNIT_FILE})], on=on)  # the multinode role's: in this batch, no round trip
-    return HostFacts(
-        os=read(F.OsRelease),
-        kernel=read(F.KernelRelease),
-        gpus=read(F.NvidiaGpus) or [],
-        pci_gpus=read(F.NvidiaPciDevices) or [],
-        kernel_module=read(F.NvidiaKernelModule) or {},
-        nouveau_loaded=bool(read(F.NouveauLoaded)),
-        secure_boot=read(F.SecureBoot) or "unsupported",
-        disk=read(F.DiskFree, **at),
-        memory=read(F.MemoryInfo),
-        pythons=read(F.PythonVersions) or {},
-        xids=read(F.XidErrors) or [],
-        packages=read(F.NvidiaCudaPackages) or {},
-        held=read(F.HeldPackages) or [],
-        kernel_headers=read(F.KernelHeaders),
-        models_on_disk=read(F.ModelsOnDisk, **at) or {},
-        topology=read(F.GpuTopology),
-        glibc=read(F.GlibcVersion),
-    )
+    paths = {"models": models_path}
+    factcache.prefetch([(cls, fact_arguments(cls, paths)) for _, cls in GATE_FACTS]
+                       + [(DeployLock, {}),
+                          (File, {"path": RAY_UNIT_FILE})], on=on)  # the multinode role's: in this batch, no round trip
+    return build_host_facts(lambda cls: read(cls, **fact_arguments(cls, paths)))
 
 
 def gate(on=None) -> Decision | RefusedHost:

@@ -25,6 +25,7 @@ from qwen27b.controller import progress, runstate, runsummary
 from qwen27b.controller.remote import on_host
 from qwen27b.controller import postdeploy as V
 from qwen27b.onhost.contract import RESTART_LOOP_FINDING, UNIT_PROPERTIES, crash_loop
+from qwen27b.onhost.unit import parse_show, show_command
 from qwen27b.plan.gate import Decision
 from qwen27b.plan.hostdata import http_base
 from qwen27b.controller.render import HEALTH_UNIT, RESTART_COMMAND, SERVICE_UNIT, instance_unit, layout
@@ -123,8 +124,7 @@ def serving(result: V.HostResult, key: str | None, say, unit_state, start_timeou
 
 
 def _unit_properties() -> dict:
-    return dict(line.split("=", 1) for line in _remote(f"systemctl show -p {','.join(UNIT_PROPERTIES)} {SERVICE_UNIT}")
-                if "=" in line)
+    return parse_show("\n".join(_remote(show_command(SERVICE_UNIT, UNIT_PROPERTIES))))
 
 
 def _until_restart_loop_is_evident(say, timeout_s: float = 120) -> None:
