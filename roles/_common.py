@@ -7,6 +7,7 @@ restarted), so no role imports another's."""
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 import shlex
 import sys
 
@@ -121,13 +122,36 @@ def restart_needed() -> bool:
     return any(op.will_change for op in runstate.current().restart_ops.pop(host.name, []))
 
 
+@dataclass(frozen=True)
+class SwitchedLink:
+    """A symlink this deploy switches, and where it pointed before: a rollback points it back."""
+
+    link: str
+    target: str
+
+
+@dataclass(frozen=True)
+class KeptFiles:
+    """The serving files (units, env) copied into ROLLBACK_DIR before this deploy replaces them: a
+    rollback copies them back to these paths."""
+
+    paths: tuple[str, ...]
+
+
 def remember_previous(link: str, target: str | None) -> None:
     """What a symlink pointed to before this deploy switched it: the rollback target."""
     if target:
-        runstate.current().previous.setdefault(host.name, []).append((link, target))
+        runstate.current().previous.setdefault(host.name, []).append(SwitchedLink(link, target))
 
 
-def previous_links() -> list[tuple[str, str]]:
+def remember_kept(paths: list[str]) -> None:
+    """The serving files kept in ROLLBACK_DIR (keep_running_release): a rollback restores them."""
+    if paths:
+        runstate.current().previous.setdefault(host.name, []).append(KeptFiles(tuple(paths)))
+
+
+def previous_links() -> list[SwitchedLink | KeptFiles]:
+    """What this host's rollback undoes, in the order the roles changed it (taken once)."""
     return runstate.current().previous.pop(host.name, [])
 
 

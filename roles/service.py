@@ -28,7 +28,7 @@ from qwen27b.controller.render import (HEALTH_HTTP_SERVICE, HEALTH_HTTP_SOCKET, 
 
 from qwen27b.plan.lifecycle import RECORD_NAME, Record, record_text, release_record_file
 
-from ._common import ROLLBACK_DIR, api_key, prune_dirs, remember_previous, restart_needed
+from ._common import ROLLBACK_DIR, api_key, prune_dirs, remember_kept, remember_previous, restart_needed
 from ._common import release_dir, started
 from .weights import model_dir
 
@@ -130,7 +130,7 @@ def keep_running_release(serving_files: list[str], record_file: str, links_now: 
         f"rm -rf {keep}.prev && {{ [ ! -d {keep} ] || mv -T {keep} {keep}.prev; }} && mkdir -p {keep} && "
         f"cp -a {' '.join(serving_files[:-1])} {keep}/ && "
         f"{{ cp -a {record_file} {keep}/ 2>/dev/null || printf '%s' {q(record_text(links_now))} > {keep}/{RECORD_NAME}; }}"])
-    remember_previous(ROLLBACK_DIR, ";".join(serving_files))
+    remember_kept(serving_files)
 
 
 def health_endpoint(socket_file) -> None:
