@@ -131,7 +131,7 @@ class Decision:
     os_row: dict  # the stack's os_support row (CUDA repo path, notes)
     driver: DriverPlan | None = None  # None: the profile uses no GPU driver
     group: object | None = None  # multinode.NodeGroup: this host is one stage of a serving group
-    copies: tuple = ()  # ((instances.Instance, Decision), ...): several copies on this machine (qwen27b_instances)
+    copies: tuple = ()  # ((hostdata.Instance, Decision), ...): several copies on this machine (qwen27b_instances)
 
     @property
     def profile(self) -> str:
