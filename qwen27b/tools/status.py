@@ -39,10 +39,11 @@ from pathlib import Path
 from qwen27b.controller import remote
 from qwen27b.controller.gateway_render import GATEWAY_UNIT, layout as gateway_layout
 from qwen27b.controller.report import table
+from qwen27b.onhost.contract import SERVICE_UNIT
 from qwen27b.onhost.unit import parse_show, show_command
 from qwen27b.plan.stack import health_status_file, load_stack
 
-UNIT = "qwen27b.service"
+UNIT = SERVICE_UNIT
 UNIT_PROPS = ("LoadState", "ActiveState", "SubState", "NRestarts")
 HEALTH_MAX_BYTES = 262144  # the status file is a few KiB (20 verdicts of history); bound what we read
 
