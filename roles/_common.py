@@ -1,24 +1,29 @@
 """What the roles share per host while a deploy is planned: notes printed as one block at the
 end of the host's plan (no interleaving between hosts), the operations whose change means a
-restart, and the symlink targets a rollback returns to (kept in the run's runstate)."""
+restart, and the symlink targets a rollback returns to (kept in the run's runstate); and the
+helpers more than one role queues operations with (apt, the service user, a unit started or
+restarted), so no role imports another's."""
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 import shlex
 import sys
 
 from pyinfra import host, logger
 from pyinfra.api.exceptions import OperationError
 from pyinfra.context import ctx_config, ctx_host
-from pyinfra.operations import server
+from pyinfra.facts.deb import DebPackages
+from pyinfra.operations import apt, server, systemd
 
 from qwen27b.controller import runstate
 from qwen27b.plan.gate import Decision
-from qwen27b.controller.host_facts import ReleaseRecords, Subdirectories
+from qwen27b.controller.host_facts import ReleaseRecords, ServiceUser, Subdirectories
 from qwen27b.onhost.secretfile import load_secret
 from qwen27b.plan.hostdata import Settings, url_has_password
 from qwen27b.plan.lifecycle import parse_record, release_record_file, rollback_dir, stale_dirs
+from qwen27b.plan.stack import load_stack
 
 ROLLBACK_DIR = "/etc/qwen27b/rollback"  # the running release's unit, env and record (lifecycle.rollback_dir)
 
@@ -117,13 +122,36 @@ def restart_needed() -> bool:
     return any(op.will_change for op in runstate.current().restart_ops.pop(host.name, []))
 
 
+@dataclass(frozen=True)
+class SwitchedLink:
+    """A symlink this deploy switches, and where it pointed before: a rollback points it back."""
+
+    link: str
+    target: str
+
+
+@dataclass(frozen=True)
+class KeptFiles:
+    """The serving files (units, env) copied into ROLLBACK_DIR before this deploy replaces them: a
+    rollback copies them back to these paths."""
+
+    paths: tuple[str, ...]
+
+
 def remember_previous(link: str, target: str | None) -> None:
     """What a symlink pointed to before this deploy switched it: the rollback target."""
     if target:
-        runstate.current().previous.setdefault(host.name, []).append((link, target))
+        runstate.current().previous.setdefault(host.name, []).append(SwitchedLink(link, target))
 
 
-def previous_links() -> list[tuple[str, str]]:
+def remember_kept(paths: list[str]) -> None:
+    """The serving files kept in ROLLBACK_DIR (keep_running_release): a rollback restores them."""
+    if paths:
+        runstate.current().previous.setdefault(host.name, []).append(KeptFiles(tuple(paths)))
+
+
+def previous_links() -> list[SwitchedLink | KeptFiles]:
+    """What this host's rollback undoes, in the order the roles changed it (taken once)."""
     return runstate.current().previous.pop(host.name, [])
 
 
@@ -170,3 +198,64 @@ def check(function):
         return True
 
     return run
+
+
+def release_dir(decision: Decision) -> str:
+    return f"{decision.stack.paths['releases']}/{decision.stack.stack_hash}"
+
+
+def release_venv(decision: Decision) -> str:
+    return f"{release_dir(decision)}/venv"
+
+
+def uv_on_host(decision: Decision) -> str:
+    """Where the uv binary is on the host (the vllm role installs with it; uv's Python route needs it)."""
+    return f"{decision.stack.paths['bin']}/uv"
+
+
+def apt_lock_timeout() -> int:
+    """Seconds every apt-get install/purge waits for the dpkg lock (stack tools.apt.lock_timeout_s)."""
+    return int(load_stack()["tools"]["apt"]["lock_timeout_s"])
+
+
+def apt_lock_option() -> str:
+    """unattended-upgrades holds the dpkg lock on a first boot: apt waits for it, bounded, printing that it
+    waits, then fails naming the process that holds it [apt-lock-timeout]."""
+    return f"-o DPkg::Lock::Timeout={apt_lock_timeout()}"
+
+
+def apt_install(name: str, packages: list[str], no_recommends: bool = False) -> bool:
+    """apt.packages (refreshing the index first) only when something is missing: a converged host
+    is left alone, and pyinfra's op, which reads `dpkg -l` again twice, is not queued. Returns
+    whether the host will change."""
+    installed = host.get_fact(DebPackages) or {}
+    missing = [p for p in packages if p not in installed]
+    if not missing:
+        note(f"apt: {name} installed ({', '.join(packages)})")
+        return False
+    return apt.packages(name=name, packages=packages, update=True, cache_time=3600,
+                        no_recommends=no_recommends, extra_install_args=apt_lock_option()).will_change
+
+
+def service_user(user: str, home: str) -> None:
+    """The system user the service runs as, with no login. pyinfra's server.user reads every
+    account (its `Users` fact: ~0.7 s a read, twice a run), so it runs only when one cheap
+    `getent` shows the user missing or different."""
+    want = {"home": home, "shell": "/usr/sbin/nologin", "group": user}
+    have = host.get_fact(ServiceUser, user=user)
+    if have and have["uid"] < 1000 and all(have[key] == value for key, value in want.items()):
+        note(f"toolchain: service user {user} exists (system uid {have['uid']}, no login, home {home})")
+        return
+    server.group(name=f"group {user}", group=user, system=True)
+    server.user(name=f"service user {user} (system, no login)", user=user, group=user, system=True,
+                home=home, shell=want["shell"], create_home=False)
+
+
+def started(unit: str, restart: bool, why: str, command: str | None = None) -> None:
+    """A unit enabled and running; with `restart` (what it runs changed) enabled and restarted by
+    `command` (default `systemctl restart UNIT`), the plan saying `why`."""
+    if restart:
+        systemd.service(name=f"enable {unit}", service=unit, running=None, enabled=True)
+        server.shell(name=f"restart {unit} ({why})", commands=[command or f"systemctl restart {unit}"])
+    else:
+        systemd.service(name=f"{unit} enabled and running", service=unit, running=True, enabled=True)

@@ -14,7 +14,7 @@ from pyinfra.operations import files, server
 from qwen27b.plan.gate import Decision
 
 from ._common import fetch_prefix, note
-from .toolchain import apt_install, apt_lock_option
+from ._common import apt_install, apt_lock_option
 
 REPO = "https://developer.download.nvidia.com/compute/cuda/repos/{repo}/x86_64"
 

@@ -13,7 +13,7 @@ from qwen27b.plan.gate import Decision
 from qwen27b.controller.host_facts import VenvPackages
 
 from ._common import fetch_prefix, note
-from .toolchain import release_venv
+from ._common import release_venv
 from .weights import place
 
 

@@ -21,7 +21,7 @@ from qwen27b.plan.gate import Decision
 from qwen27b.controller.render import FIREWALL_UNIT, firewall_contexts, render
 
 from ._common import note
-from .toolchain import apt_install
+from ._common import apt_install
 
 UNIT_FILE = f"/etc/systemd/system/{FIREWALL_UNIT}"
 

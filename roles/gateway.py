@@ -37,7 +37,7 @@ from qwen27b.plan.gateway import GatewayPlan, is_gateway, plan_gateways
 from qwen27b.plan.hostdata import SECRET_NAMES
 
 from ._common import check, dry_run, note
-from .toolchain import _service_user, apt_install
+from ._common import apt_install, service_user, started
 from .vllm import ONHOST_SOURCE
 
 READY_TIMEOUT_S = 900  # the backends of the same run load their weights first (minutes on V100)
@@ -77,7 +77,7 @@ def gateway(plan: GatewayPlan) -> None:
     apt_install("nginx and python3 (the gateway)", ["nginx", "python3"], no_recommends=True)
     systemd.service(name=f"the package's {G.DISTRO_UNIT} stopped and disabled (the gateway has its own unit)",
                     service=G.DISTRO_UNIT, running=False, enabled=False)
-    _service_user(G.USER, G.STATE_DIR)
+    service_user(G.USER, G.STATE_DIR)
     directories(name="gateway directories (owner, group, mode)", specs=_directories())
     code = push_files(name="on-host code (qwen27b-gateway-pool)", src_dir=str(ONHOST_SOURCE),
                       dest_dir=f"{G.LIB_DIR}/qwen27b_onhost", manifest=source_manifest(ONHOST_SOURCE), remove_extra=True)
@@ -90,16 +90,16 @@ def gateway(plan: GatewayPlan) -> None:
     if any(op.will_change for op in units):
         systemd.daemon_reload(name="systemd daemon-reload (a gateway unit changed)")
     pool_changed = code.will_change or written[where["pool_config"]].will_change or units[1].will_change
-    _started(G.POOL_UNIT, restart=pool_changed, why="its code, config or unit changed")
+    started(G.POOL_UNIT, restart=pool_changed, why="its code, config or unit changed")
     if units[0].will_change:
-        _started(G.GATEWAY_UNIT, restart=True, why="its unit changed")
+        started(G.GATEWAY_UNIT, restart=True, why="its unit changed")
     elif written[where["config"]].will_change or keys.will_change or pool_changed:
         # nginx's graceful reload (ExecReload: config test, then SIGHUP): requests in flight finish
         systemd.service(name=f"enable {G.GATEWAY_UNIT}", service=G.GATEWAY_UNIT, running=None, enabled=True)
         server.shell(name=f"reload {G.GATEWAY_UNIT} (config or keys changed; graceful)",
                      commands=[f"systemctl reload-or-restart {G.GATEWAY_UNIT}"])
     else:
-        _started(G.GATEWAY_UNIT, restart=False, why="")
+        started(G.GATEWAY_UNIT, restart=False, why="")
 
 
 def verify_gateway(plan: GatewayPlan) -> None:
@@ -110,14 +110,6 @@ def verify_gateway(plan: GatewayPlan) -> None:
     if not dry_run():
         python.call(name="verify: the gateway refuses no key, lists one model, streams a completion",
                     function=_check, plan=plan)
-
-
-def _started(unit: str, restart: bool, why: str) -> None:
-    if restart:
-        systemd.service(name=f"enable {unit}", service=unit, running=None, enabled=True)
-        server.shell(name=f"restart {unit} ({why})", commands=[f"systemctl restart {unit}"])
-    else:
-        systemd.service(name=f"{unit} enabled and running", service=unit, running=True, enabled=True)
 
 
 @check

@@ -20,8 +20,8 @@ from qwen27b.controller.host_facts import VenvPackages
 from qwen27b.controller.render import RAY_UNIT, layout, ray_context, render, render_all
 from qwen27b.plan.gate import Decision
 
-from ._common import needs_restart, note, restart_needed, url_word
-from .toolchain import release_venv
+from ._common import needs_restart, note, restart_needed, started, url_word
+from ._common import release_venv
 
 UNIT_FILE = f"/etc/systemd/system/{RAY_UNIT}"
 
@@ -63,9 +63,5 @@ def multinode(decision: Decision) -> None:
                     mode="0644", create_remote_dir=False)
     if unit.will_change:
         systemd.daemon_reload(name="systemd daemon-reload (Ray unit changed)")
-    if any(op.will_change for op in changed) or env.will_change or restart_needed():
-        systemd.service(name=f"enable {RAY_UNIT}", service=RAY_UNIT, running=None, enabled=True)
-        server.shell(name=f"restart {RAY_UNIT} (the Ray worker: config, release or weights changed)",
-                     commands=[f"systemctl restart --no-block {RAY_UNIT}"])
-    else:
-        systemd.service(name=f"{RAY_UNIT} enabled and running", service=RAY_UNIT, running=True, enabled=True)
+    started(RAY_UNIT, any(op.will_change for op in changed) or env.will_change or restart_needed(),
+            "the Ray worker: config, release or weights changed", f"systemctl restart --no-block {RAY_UNIT}")

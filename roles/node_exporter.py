@@ -18,7 +18,7 @@ from qwen27b.plan.gate import Decision
 from qwen27b.plan.hostdata import NODE_EXPORTER_PORT
 
 from ._common import note
-from .toolchain import apt_install
+from ._common import apt_install
 
 PACKAGE = "prometheus-node-exporter"
 

@@ -16,7 +16,7 @@ from qwen27b.controller import factcache
 from qwen27b.controller.operations import apt_hold
 
 from ._common import note
-from .toolchain import apt_install, apt_lock_option
+from ._common import apt_install, apt_lock_option
 
 NOUVEAU_BLACKLIST = "# qwen27b: the NVIDIA driver needs nouveau out of the way\nblacklist nouveau\noptions nouveau modeset=0\n"
 APT = 'DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::="--force-confdef" -o Dpkg::Options::="--force-confold"'

@@ -30,22 +30,23 @@ from qwen27b.controller import factcache, hostlock, oporder, progress
 from qwen27b.controller import runstate, runsummary
 from qwen27b.controller.artifacts import ArtifactError
 from qwen27b.plan.elfneeds import wheel_needs
-from qwen27b.plan.gate import Decision, HostFacts, RefusedHost, binary_needs_check, decide, mark_installed
+from qwen27b.plan.gate import Decision, HostFacts, RefusedHost, binary_needs_check, mark_installed
 from qwen27b.controller.host_facts import DeployLock, VenvPackages
+from qwen27b.controller.gate_facts import GATE_FACTS, build_host_facts, fact_arguments
 from qwen27b.controller.address import host_address, unknown_address
-from qwen27b.plan.hostdata import BadHostData, Settings, lab_address, validate_inventory
+from qwen27b.plan.hostdata import BadHostData, Settings, lab_address, node_address
+from qwen27b.plan.inventory import validate_inventory
 from qwen27b.controller.opsplan import planned_operations
 from qwen27b.controller.remote import SUDO_PASSWORD_NEEDED
 from qwen27b.controller.report import format_operation_lines, format_plan, format_refusal
 from qwen27b.plan.stack import load_stack
-from qwen27b.plan.groupdata import node_address
+from qwen27b.plan.serving import GROUP, decide, kind
 from qwen27b.plan.multinode import Member, decide_group
 from pyinfra.facts.files import File
 from roles.multinode import UNIT_FILE as RAY_UNIT_FILE
-from roles.toolchain import release_venv
 from roles.vllm import wheelhouse_dir
 
-from ._common import note, take_notes
+from ._common import note, release_venv, take_notes
 
 _OWNER = hostlock.me()  # this deploy, as the host locks name it
 
@@ -248,36 +249,11 @@ def gather_facts(models_path: str, on=None) -> HostFacts:
                                  "then re-run the deploy")
         return value
 
-    at = {"path": models_path}
-    factcache.prefetch([(F.OsRelease, {}), (F.KernelRelease, {}), (F.NvidiaGpus, {}), (F.NvidiaPciDevices, {}),
-                        (F.NvidiaKernelModule, {}), (F.NouveauLoaded, {}), (F.SecureBoot, {}), (F.DiskFree, at),
-                        (F.MemoryInfo, {}), (F.PythonVersions, {}), (F.XidErrors, {}), (F.NvidiaCudaPackages, {}),
-                        (F.HeldPackages, {}), (F.KernelHeaders, {}), (F.ModelsOnDisk, at), (F.GpuTopology, {}), (F.GlibcVersion, {}),
-                        (F.DriverBuild, {}), (F.InstalledKernels, {}), (F.Occupants, {}),
-                        (DeployLock, {}),
-                        (File, {"path": RAY_UNIT_FILE})], on=on)  # the multinode role's: in this batch, no round trip
-    return HostFacts(
-        os=read(F.OsRelease),
-        kernel=read(F.KernelRelease),
-        gpus=read(F.NvidiaGpus) or [],
-        pci_gpus=read(F.NvidiaPciDevices) or [],
-        kernel_module=read(F.NvidiaKernelModule) or {},
-        nouveau_loaded=bool(read(F.NouveauLoaded)),
-        secure_boot=read(F.SecureBoot) or "unsupported",
-        disk=read(F.DiskFree, **at),
-        memory=read(F.MemoryInfo),
-        pythons=read(F.PythonVersions) or {},
-        xids=read(F.XidErrors) or [],
-        packages=read(F.NvidiaCudaPackages) or {},
-        held=read(F.HeldPackages) or [],
-        kernel_headers=read(F.KernelHeaders),
-        models_on_disk=read(F.ModelsOnDisk, **at) or {},
-        topology=read(F.GpuTopology),
-        glibc=read(F.GlibcVersion),
-        driver_build=read(F.DriverBuild),
-        kernels=read(F.InstalledKernels),
-        occupants=read(F.Occupants),
-    )
+    paths = {"models": models_path}
+    factcache.prefetch([(cls, fact_arguments(cls, paths)) for _, cls in GATE_FACTS]
+                       + [(DeployLock, {}),
+                          (File, {"path": RAY_UNIT_FILE})], on=on)  # the multinode role's: in this batch, no round trip
+    return build_host_facts(lambda cls: read(cls, **fact_arguments(cls, paths)))
 
 
 def gate(on=None) -> Decision | RefusedHost:
@@ -285,7 +261,7 @@ def gate(on=None) -> Decision | RefusedHost:
     it for the other hosts before their own turn, so a host that will be refused seeds nobody."""
     on = host if on is None else on
     decisions = runstate.current().decisions
-    if on.name not in decisions and inventory_settings()[on.name].node_group:
+    if on.name not in decisions and kind(inventory_settings()[on.name]) == GROUP:
         decisions.update(_group_gate(inventory_settings()[on.name].node_group))
     if on.name not in decisions:
         stack = load_stack()

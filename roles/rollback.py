@@ -25,6 +25,7 @@ from qwen27b.controller.render import RESTART_COMMAND, serving_files
 from qwen27b.controller.report import format_operations
 from qwen27b.onhost.secretfile import load_secret
 from qwen27b.plan.gate import RefusedHost
+from qwen27b.plan.serving import COPIES, kind
 from qwen27b.plan.lifecycle import NoRollback, Record, RollbackPlan, loopback_url, parse_record, plan_rollback, release_record_file, swap_commands
 from qwen27b.plan.stack import health_status_file, load_stack
 
@@ -77,7 +78,7 @@ def rollback() -> bool:
     """Queue this host's rollback (nothing when refused). Returns whether it was planned."""
     oporder.register_deploy_file(state.current_deploy_filename)
     settings = inventory_settings()[host.name]  # bad inventory stops the run before any fact is read
-    if settings.instances:
+    if kind(settings) == COPIES:
         refuse(RefusedHost(host.name, "the rollback swaps qwen27b.service's unit and env; this host serves copies "
                            "(qwen27b_instances), which it does not roll back",
                            "deploy the release you want: pin it with qwen27b_stack_overrides and run "

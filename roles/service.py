@@ -28,8 +28,8 @@ from qwen27b.controller.render import (HEALTH_HTTP_SERVICE, HEALTH_HTTP_SOCKET, 
 
 from qwen27b.plan.lifecycle import RECORD_NAME, Record, record_text, release_record_file
 
-from ._common import ROLLBACK_DIR, api_key, prune_dirs, remember_previous, restart_needed
-from .toolchain import release_dir
+from ._common import ROLLBACK_DIR, api_key, prune_dirs, remember_kept, remember_previous, restart_needed
+from ._common import release_dir, started
 from .weights import model_dir
 
 
@@ -98,12 +98,8 @@ def service(decision: Decision) -> None:
         systemd.daemon_reload(name="systemd daemon-reload (a unit file changed)")
     # env, main unit, API key: the health units never restart vLLM
     serving = [written[0], written[1]] + written[1 + units:]
-    if any(op.will_change for op in serving) or release.will_change or restart_needed():
-        systemd.service(name=f"enable {SERVICE_UNIT}", service=SERVICE_UNIT, running=None, enabled=True)
-        server.shell(name=f"restart {SERVICE_UNIT} (config, release or weights changed)",
-                     commands=[RESTART_COMMAND])
-    else:
-        systemd.service(name=f"{SERVICE_UNIT} enabled and running", service=SERVICE_UNIT, running=True, enabled=True)
+    started(SERVICE_UNIT, any(op.will_change for op in serving) or release.will_change or restart_needed(),
+            "config, release or weights changed", RESTART_COMMAND)
     systemd.service(name=f"{HEALTH_TIMER} enabled and running", service=HEALTH_TIMER, running=True, enabled=True)
     health_endpoint(dict(zip((template for template, _ in targets), written))["qwen27b-health-http.socket.j2"])
 
@@ -134,7 +130,7 @@ def keep_running_release(serving_files: list[str], record_file: str, links_now: 
         f"rm -rf {keep}.prev && {{ [ ! -d {keep} ] || mv -T {keep} {keep}.prev; }} && mkdir -p {keep} && "
         f"cp -a {' '.join(serving_files[:-1])} {keep}/ && "
         f"{{ cp -a {record_file} {keep}/ 2>/dev/null || printf '%s' {q(record_text(links_now))} > {keep}/{RECORD_NAME}; }}"])
-    remember_previous(ROLLBACK_DIR, ";".join(serving_files))
+    remember_kept(serving_files)
 
 
 def health_endpoint(socket_file) -> None:
@@ -199,9 +195,5 @@ def service_copies(decision: Decision) -> None:
     for instance, _ in decision.copies:
         unit = instance_unit(instance.name)
         own = [written[f"{instance.name}.env"]] + ([written[instance.name]] if instance.name in keys else [])
-        if shared or any(op.will_change for op in own):
-            systemd.service(name=f"enable {unit}", service=unit, running=None, enabled=True)
-            server.shell(name=f"restart {unit} (config, release or weights changed)", commands=[
-                f"systemctl stop {unit}; systemctl reset-failed {unit}; systemctl start --no-block {unit}"])
-        else:
-            systemd.service(name=f"{unit} enabled and running", service=unit, running=True, enabled=True)
+        started(unit, shared or any(op.will_change for op in own), "config, release or weights changed",
+                f"systemctl stop {unit}; systemctl reset-failed {unit}; systemctl start --no-block {unit}")

@@ -16,25 +16,17 @@ from io import StringIO
 from pyinfra import host
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File
-from pyinfra.operations import apt, files, server
+from pyinfra.operations import files, server
 
 from qwen27b.controller import factcache
 from qwen27b.controller.artifacts import uv_binary, uv_path
 from qwen27b.plan.gate import Decision
 from qwen27b.plan.lifecycle import APT_PROXY_AUTH, APT_PROXY_CONF
-from qwen27b.plan.stack import load_stack
 from qwen27b.controller.host_facts import DirectoryStates, ServiceUser
 from qwen27b.controller.operations import directories, secret_file
 
-from ._common import dry_run, fetch_prefix, note, shell_word, url_env_file, url_env_text
-
-
-def release_dir(decision: Decision) -> str:
-    return f"{decision.stack.paths['releases']}/{decision.stack.stack_hash}"
-
-
-def release_venv(decision: Decision) -> str:
-    return f"{release_dir(decision)}/venv"
+from ._common import (apt_install, apt_lock_timeout, dry_run, fetch_prefix, note, release_dir, release_venv,
+                      service_user, shell_word, url_env_file, url_env_text, uv_on_host)
 
 
 def _packages(decision: Decision) -> list[str]:
@@ -43,30 +35,6 @@ def _packages(decision: Decision) -> list[str]:
         # DKMS builds the NVIDIA module against the running kernel's headers (the gate checked apt has them).
         packages.extend(decision.driver.header_packages)
     return packages
-
-
-def apt_lock_timeout() -> int:
-    """Seconds every apt-get install/purge waits for the dpkg lock (stack tools.apt.lock_timeout_s)."""
-    return int(load_stack()["tools"]["apt"]["lock_timeout_s"])
-
-
-def apt_lock_option() -> str:
-    """unattended-upgrades holds the dpkg lock on a first boot: apt waits for it, bounded, printing that it
-    waits, then fails naming the process that holds it [apt-lock-timeout]."""
-    return f"-o DPkg::Lock::Timeout={apt_lock_timeout()}"
-
-
-def apt_install(name: str, packages: list[str], no_recommends: bool = False) -> bool:
-    """apt.packages (refreshing the index first) only when something is missing: a converged host
-    is left alone, and pyinfra's op, which reads `dpkg -l` again twice, is not queued. Returns
-    whether the host will change."""
-    installed = host.get_fact(DebPackages) or {}
-    missing = [p for p in packages if p not in installed]
-    if not missing:
-        note(f"apt: {name} installed ({', '.join(packages)})")
-        return False
-    return apt.packages(name=name, packages=packages, update=True, cache_time=3600,
-                        no_recommends=no_recommends, extra_install_args=apt_lock_option()).will_change
 
 
 def _directories(decision: Decision) -> list[tuple[str, str, str, str]]:
@@ -81,11 +49,6 @@ def _directories(decision: Decision) -> list[tuple[str, str, str, str]]:
         (p["cache"], user, user, "0750"),  # vLLM / torch / triton caches
         (p["config"], "root", "root", "0755"),
     ]
-
-
-def uv_on_host(decision: Decision) -> str:
-    """Where the uv binary is on the host (the vllm role installs with it; uv's Python route needs it)."""
-    return f"{decision.stack.paths['bin']}/uv"
 
 
 def _push_uv(decision: Decision) -> None:
@@ -124,22 +87,6 @@ def _venv_python(decision: Decision, env: str, uv: str) -> tuple[str, str]:
     if not have:
         server.shell(name="python (uv managed)", commands=[f"{env} {uv} python install --managed-python {shlex.quote(version)}"])
     return "--managed-python", version
-
-
-def _service_user(user: str, home: str) -> None:
-    """The system user the service runs as, with no login. pyinfra's server.user reads every
-    account (its `Users` fact: ~0.7 s a read, twice a run), so it runs only when one cheap
-    `getent` shows the user missing or different."""
-    want = {"home": home, "shell": "/usr/sbin/nologin", "group": user}
-    have = host.get_fact(ServiceUser, user=user)
-    if have and have["uid"] < 1000 and all(have[key] == value for key, value in want.items()):
-        note(f"toolchain: service user {user} exists (system uid {have['uid']}, no login, home {home})")
-        return
-    server.group(name=f"group {user}", group=user, system=True)
-    server.user(name=f"service user {user} (system, no login)", user=user, group=user, system=True,
-                home=home, shell=want["shell"], create_home=False)
-
-
 
 
 def apt_proxy_files(url: str) -> tuple[str, str | None]:
@@ -186,7 +133,7 @@ def toolchain(decision: Decision) -> None:
          "a first boot; apt prints 'Waiting for cache lock'), then fails naming the process that holds it "
          f"{decision.stack.cite('apt-lock-timeout')}")
     apt_install("base packages", _packages(decision))
-    _service_user(user, paths["state"])
+    service_user(user, paths["state"])
     directories(name="qwen27b directories (owner, group, mode)", specs=[list(d) for d in _directories(decision)])
     if url_env_text(decision.settings):  # before the first command that sources it
         secret_file(name="mirror/proxy URLs with credentials (0600, never on a command line)",

@@ -25,11 +25,12 @@ from qwen27b.controller import progress, runstate, runsummary
 from qwen27b.controller.remote import on_host
 from qwen27b.controller import postdeploy as V
 from qwen27b.onhost.contract import RESTART_LOOP_FINDING, UNIT_PROPERTIES, crash_loop
+from qwen27b.onhost.unit import parse_show, show_command
 from qwen27b.plan.gate import Decision
 from qwen27b.plan.hostdata import http_base
 from qwen27b.controller.render import HEALTH_UNIT, RESTART_COMMAND, SERVICE_UNIT, instance_unit, layout
 
-from ._common import ROLLBACK_DIR, api_key, check, note, previous_links
+from ._common import ROLLBACK_DIR, KeptFiles, SwitchedLink, api_key, check, note, previous_links
 
 REPORTS = Path(os.environ.get("QWEN27B_REPORTS", "reports"))
 RUN_ID = time.strftime("%Y%m%d-%H%M%S")
@@ -64,20 +65,20 @@ def run_in_order(commands: list[str]) -> str | None:
     return None
 
 
-def _rollback_commands(previous: list[tuple[str, str]]) -> list[str]:
+def _rollback_commands(previous: list[SwitchedLink | KeptFiles]) -> list[str]:
     """Point every switched symlink back, restore the kept unit and env, restart."""
     commands = []
-    for link, target in previous:
-        if link == ROLLBACK_DIR:
-            for path in target.split(";"):
+    for undo in previous:
+        if isinstance(undo, KeptFiles):
+            for path in undo.paths:
                 commands.append(f"cp -a {ROLLBACK_DIR}/{path.rsplit('/', 1)[-1]} {path}")
             # what was kept before this deploy is the rollback target again (none: nothing is)
             commands.append(f"if [ -d {ROLLBACK_DIR}.prev ]; then rm -rf {ROLLBACK_DIR} && mv -T {ROLLBACK_DIR}.prev "
                             f"{ROLLBACK_DIR}; else rm -rf {ROLLBACK_DIR}; fi")
             commands.append("systemctl daemon-reload")
         else:
-            commands.append(f"ln -sfn {shlex.quote(target)} {shlex.quote(link + '.new')} && "
-                            f"mv -Tf {shlex.quote(link + '.new')} {shlex.quote(link)}")
+            commands.append(f"ln -sfn {shlex.quote(undo.target)} {shlex.quote(undo.link + '.new')} && "
+                            f"mv -Tf {shlex.quote(undo.link + '.new')} {shlex.quote(undo.link)}")
     return commands + [RESTART_COMMAND]
 
 
@@ -123,8 +124,7 @@ def serving(result: V.HostResult, key: str | None, say, unit_state, start_timeou
 
 
 def _unit_properties() -> dict:
-    return dict(line.split("=", 1) for line in _remote(f"systemctl show -p {','.join(UNIT_PROPERTIES)} {SERVICE_UNIT}")
-                if "=" in line)
+    return parse_show("\n".join(_remote(show_command(SERVICE_UNIT, UNIT_PROPERTIES))))
 
 
 def _until_restart_loop_is_evident(say, timeout_s: float = 120) -> None:
@@ -199,7 +199,7 @@ def _check_copies(decision: Decision) -> None:
 
 
 @check
-def _check(decision: Decision, previous: list[tuple[str, str]]) -> None:
+def _check(decision: Decision, previous: list[SwitchedLink | KeptFiles]) -> None:
     serve, model = decision.serve, decision.stack.model
     base = http_base(serve.value('--host'), serve.value('--port'))
     result = V.HostResult(host.name, model=model["id"], revision=model["revision"],
@@ -212,7 +212,7 @@ def _check(decision: Decision, previous: list[tuple[str, str]]) -> None:
         serving(result, key, say, unit_state, *timing)
         result.status = "ok"
         say(f"verified: TTFT {result.ttft_s * 1000:.0f} ms, {result.decode_tok_s or 0:.1f} tok/s")
-        if any(link == ROLLBACK_DIR for link, _ in previous):
+        if any(isinstance(undo, KeptFiles) for undo in previous):
             _remote(f"rm -rf {ROLLBACK_DIR}.prev")  # the release this one replaced is the rollback target now
         return
     except V.VerifyFailed as failure:

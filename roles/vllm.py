@@ -27,7 +27,7 @@ from qwen27b.controller.render import jit_cache_env
 from qwen27b.plan.hostdata import redact_url
 
 from ._common import fetch_prefix, needs_restart, note, url_word
-from .toolchain import release_dir, release_venv, uv_on_host
+from ._common import release_dir, release_venv, uv_on_host
 
 
 def wheelhouse_dir(decision: Decision) -> Path:

@@ -40,7 +40,7 @@ from qwen27b.controller.operations import push_files, secret_file, symlink_switc
 from qwen27b.plan.checkpoint import load_shape
 from qwen27b.plan.stack import checkpoint_metadata_dir, revision_dir_name
 
-from .toolchain import release_venv
+from ._common import release_venv
 from ._common import fetch_prefix, needs_restart, note, prune_dirs, remember_previous, url_word
 
 HUB_MANIFEST = "qwen27b-manifest.sha256"  # written after a hub download: what later runs verify

@@ -34,7 +34,8 @@ import qwen27b.onhost.gateway_pool as P
 from qwen27b.plan import fanout
 from qwen27b.plan.gateway import plan_gateways
 from qwen27b.plan.gate import RefusedHost, decide
-from qwen27b.plan.hostdata import BadHostData, lab_address, settings_for, validate_inventory
+from qwen27b.plan.hostdata import BadHostData, lab_address, settings_for
+from qwen27b.plan.inventory import validate_inventory
 from recordings import recorded_facts
 from test_gateway import GW, P_free_port, lab, nginx_binary
 from test_gateway import keys  # noqa: F401 (a fixture)

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from qwen27b.controller import facts as F
 from qwen27b.controller import remote
+from qwen27b.onhost.unit import parse_show
 from qwen27b.tools import cli
 
 from qwen27b.tools import doctor
@@ -275,7 +276,7 @@ def test_exec_start_parsing():
     show = ("ExecStart={ path=/opt/v/bin/python ; argv[]=/opt/v/bin/python -m vllm.entrypoints.openai.api_server "
             "--model /m --max-model-len 2048 --enforce-eager --limit-mm-per-prompt {\"image\":0,\"video\":0} "
             "--port=8000 ; ignore_errors=no ; start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }")
-    flags = parse.running_flags(remote.parse_show(show)["ExecStart"])
+    flags = parse.running_flags(parse_show(show)["ExecStart"])
     assert flags == {"--model": "/m", "--max-model-len": "2048", "--enforce-eager": None,
                      "--limit-mm-per-prompt": '{"image":0,"video":0}', "--port": "8000"}
     assert parse.running_flags("") == {}

@@ -24,7 +24,8 @@ from qwen27b.controller import gateway_render as G
 from qwen27b.controller.gateway_drain import pool_command
 from qwen27b.onhost import gateway_pool as P
 from qwen27b.plan.gateway import Backend, GatewayPlan, plan_gateways
-from qwen27b.plan.hostdata import BadHostData, validate_inventory
+from qwen27b.plan.hostdata import BadHostData
+from qwen27b.plan.inventory import validate_inventory
 from setupcheck import skip_or_fail_setup
 from tests.support.gateway_lab import render_scratch
 

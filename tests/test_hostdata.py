@@ -4,7 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qwen27b.plan.hostdata import KEYS, BadHostData, settings_for, validate_inventory
+from qwen27b.plan.hostdata import KEYS, BadHostData, settings_for
+from qwen27b.plan.inventory import validate_inventory
 from fuzz_budget import examples
 
 

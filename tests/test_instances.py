@@ -15,7 +15,8 @@ import subprocess
 import pytest
 
 from qwen27b.controller.render import (INSTANCE_UNIT, SERVE_ARGS_ENV, firewall_contexts, render, render_instances)
-from qwen27b.plan.gate import RefusedHost, decide
+from qwen27b.plan.gate import RefusedHost
+from qwen27b.plan.serving import decide
 from qwen27b.plan.hostdata import BadHostData, settings_for
 from qwen27b.plan.lifecycle import Installed, UninstallOptions, uninstall_plan
 from qwen27b.plan.stack import load_stack

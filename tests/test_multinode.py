@@ -10,7 +10,8 @@ import pytest
 
 from qwen27b.plan.checkpoint import load_shape
 from qwen27b.plan.gate import Decision, RefusedHost
-from qwen27b.plan.hostdata import BadHostData, validate_inventory
+from qwen27b.plan.hostdata import BadHostData
+from qwen27b.plan.inventory import validate_inventory
 from qwen27b.plan.multinode import Member, decide_group, link_check, plan_group, pp_partition, stages
 from qwen27b.plan.stack import load_stack
 from recordings import recorded_facts

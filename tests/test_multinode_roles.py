@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from qwen27b.controller.render import FIREWALL_UNIT, RAY_UNIT, firewall_contexts, ray_context, render, render_all
-from qwen27b.plan.hostdata import validate_inventory
+from qwen27b.plan.inventory import validate_inventory
 from qwen27b.plan.multinode import Member, plan_group
 from qwen27b.plan.stack import load_stack
 from recordings import recorded_facts

@@ -24,7 +24,7 @@ def test_apt_commands_wait_for_the_dpkg_lock_and_release_holds_when_told():
     waits for it, bounded by the stack's tools.apt.lock_timeout_s."""
     from qwen27b.plan.stack import load_stack
     from roles.nvidia import replace_command
-    from roles.toolchain import apt_lock_option
+    from roles._common import apt_lock_option
 
     seconds = load_stack()["tools"]["apt"]["lock_timeout_s"]
     assert apt_lock_option() == f"-o DPkg::Lock::Timeout={seconds}" and isinstance(seconds, int) and seconds > 0

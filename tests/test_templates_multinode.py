@@ -13,7 +13,7 @@ import pytest
 
 from qwen27b.controller.render import (COMMON_HARDENING, FIREWALL_UNIT, GPU_DEVICES, RAY_UNIT, firewall_contexts, ray_context, render,
                                        render_all)
-from qwen27b.plan.hostdata import validate_inventory
+from qwen27b.plan.inventory import validate_inventory
 from qwen27b.plan.multinode import Member, decide_group
 from qwen27b.plan.stack import load_stack
 from recordings import recorded_facts

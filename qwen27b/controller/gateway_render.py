@@ -9,6 +9,7 @@ import json
 import re
 
 from qwen27b.controller.render import SANDBOX, render
+from qwen27b.onhost.contract import GATEWAY_UNIT, POOL_UNIT
 from qwen27b.onhost.secretfile import load_secret
 from qwen27b.plan.gateway import GatewayPlan
 from qwen27b.plan.hostdata import SECRET_NAMES
@@ -17,8 +18,6 @@ CONFIG_DIR = "/etc/qwen27b-gateway"
 STATE_DIR = "/var/lib/qwen27b-gateway"
 LIB_DIR = "/opt/qwen27b-gateway/lib"
 UNIT_DIR = "/etc/systemd/system"
-GATEWAY_UNIT = "qwen27b-gateway.service"
-POOL_UNIT = "qwen27b-gateway-pool.service"
 USER = "qwen27b-gateway"  # nginx's workers; the master stays root to bind and read the keys
 NGINX = "/usr/sbin/nginx"
 PYTHON = "/usr/bin/python3"

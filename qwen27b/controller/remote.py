@@ -62,16 +62,6 @@ def parse_script_output(text: str, nonce: str, strip: bool = True) -> tuple[dict
     return outputs, codes
 
 
-def parse_show(text: str) -> dict[str, str]:
-    """`systemctl show -p ...` output -> {property: value}; the first of a repeated key wins."""
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key and key not in out:
-            out[key] = value
-    return out
-
-
 def render_output(outputs: dict[str, str], nonce: str, codes: dict[str, int] | None = None) -> str:
     """What `script` prints for these outputs: recorded hosts (@fake) replay it."""
     codes = codes or {}

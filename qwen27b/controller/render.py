@@ -13,18 +13,16 @@ from pathlib import Path
 import jinja2
 
 from qwen27b.plan.gate import Decision
-from qwen27b.onhost.contract import MODEL_REF_ENV, QUIET_ENV, TEXTFILE_DIR, lib_dir, module_argv
+from qwen27b.onhost.contract import (FIREWALL_UNIT, HEALTH_HTTP_SOCKET, HEALTH_HTTP_TEMPLATE, HEALTH_TIMER, HEALTH_UNIT,
+                                     INSTANCE_TEMPLATE, MODEL_REF_ENV, QUIET_ENV, RAY_UNIT, SERVICE_UNIT, TEXTFILE_DIR,
+                                     lib_dir, module_argv)
 from qwen27b.plan.hostdata import NODE_EXPORTER_PORT, http_base
-from qwen27b.plan.lifecycle import INSTANCE_TEMPLATE, release_record_file
+from qwen27b.plan.lifecycle import release_record_file
 from qwen27b.plan.stack import api_key_env_file, health_status_file
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
 UNIT_DIR = "/etc/systemd/system"
-SERVICE_UNIT = "qwen27b.service"
-HEALTH_UNIT = "qwen27b-health.service"
-HEALTH_TIMER = "qwen27b-health.timer"
-HEALTH_HTTP_SOCKET = "qwen27b-health-http.socket"  # the health endpoint: systemd listens, one process a request
-HEALTH_HTTP_SERVICE = "qwen27b-health-http@.service"
+HEALTH_HTTP_SERVICE = HEALTH_HTTP_TEMPLATE
 NODE_EXPORTER_UNIT = "prometheus-node-exporter.service"  # Debian's and Ubuntu's name for it
 _SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 
@@ -358,7 +356,6 @@ def endpoint_context(decision: Decision, where: dict, address: str) -> dict:
     }
 
 
-FIREWALL_UNIT = "qwen27b-firewall.service"
 # Stop first (blocking, TimeoutStopSec bounds it): a unit caught in a crash loop would otherwise
 # still show its old auto-restart state to the readiness wait; then start without waiting for the
 # weights to load (the verify role waits, with progress).
@@ -426,7 +423,6 @@ def render_all(decision: Decision, prefix: str = "") -> dict[str, str]:
 
 
 # ------------------------------------------------------------------ serving groups (multi-node)
-RAY_UNIT = "qwen27b-ray.service"
 
 
 def ray_address(decision: Decision) -> str:
@@ -495,7 +491,7 @@ def group_rules(decision: Decision) -> list[dict]:
     """The firewall's rules of a member: every port of the group open to the other members and the host
     itself, reset for everyone else (vLLM warns its traffic is unencrypted and can run code
     [vllm-multinode]); Ray's client server (the head's port 10001, code from anyone) to no one."""
-    from qwen27b.plan.groupdata import group_ports
+    from qwen27b.plan.inventory import group_ports
 
     g = decision.group
     peers = _nft_networks([f"{address}/{32 if ':' not in address else 128}" for address in g.peers])

@@ -25,7 +25,7 @@ class RunState:
     interrupted_at: dict[str, str] = field(default_factory=dict)  # host name -> the operation Ctrl-C stopped
     notes: dict[str, list[str]] = field(default_factory=dict)  # host name -> plan notes, printed as one block
     restart_ops: dict[str, list] = field(default_factory=dict)  # host name -> operations whose change restarts
-    previous: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # host name -> (link, old target)
+    previous: dict[str, list] = field(default_factory=dict)  # host name -> what its rollback undoes (roles/_common)
     results: list = field(default_factory=list)  # postdeploy.HostResult of each verified host
     manifests: dict[str, dict] = field(default_factory=dict)  # mirror base URL -> its manifest
     fanout_plans: dict[tuple[str, str], object] = field(default_factory=dict)  # (base, target) -> FanoutPlan

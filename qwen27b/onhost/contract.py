@@ -41,6 +41,20 @@ def xid_meaning(xid: int) -> str:
     return advice.split(":", 1)[0] if advice else "see NVIDIA's Xid catalog"
 
 
+# The systemd units qwen27b installs, named once: the controller renders, starts, reads and removes
+# them by these names (controller/render.py, gateway_render.py, plan/lifecycle.py, the tools).
+SERVICE_UNIT = "qwen27b.service"
+INSTANCE_TEMPLATE = "qwen27b@.service"  # the copies of qwen27b_instances: qwen27b@NAME.service
+HEALTH_UNIT = "qwen27b-health.service"
+HEALTH_TIMER = "qwen27b-health.timer"
+HEALTH_HTTP_SOCKET = "qwen27b-health-http.socket"  # the health endpoint: systemd listens, one process a request
+HEALTH_HTTP_TEMPLATE = "qwen27b-health-http@.service"
+RAY_UNIT = "qwen27b-ray.service"
+SEED_UNIT = "qwen27b-seed.service"
+FIREWALL_UNIT = "qwen27b-firewall.service"
+GATEWAY_UNIT = "qwen27b-gateway.service"
+POOL_UNIT = "qwen27b-gateway-pool.service"
+
 UNIT_PROPERTIES = ("ActiveState", "SubState", "Result", "NRestarts", "StartLimitBurst")
 
 

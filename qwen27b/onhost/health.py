@@ -22,7 +22,7 @@ import time
 import httpx
 
 from .contract import (CRITICAL, INFO, LEVELS, MODEL_REF_ENV, OK, QUIET_ENV, RESTART_LOOP_FINDING,
-                       RESTART_REQUEST_ENV, TEXTFILE_DIR, TEXTFILE_DIR_ENV, TEXTFILE_NAME, UNKNOWN, WARNING,
+                       RESTART_REQUEST_ENV, SERVICE_UNIT, TEXTFILE_DIR, TEXTFILE_DIR_ENV, TEXTFILE_NAME, UNKNOWN, WARNING,
                        XID_ADVICE, XID_FATAL, restart_loop)
 from .gpu import THROTTLE_BAD, read_gpus, read_xids
 from .metrics import accumulate_xids, export_metrics
@@ -313,7 +313,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="qwen27b-health", description=__doc__.split("\n\n")[0],
                                 epilog="exit codes: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN (the check failed)")
     p.add_argument("--url", required=True, help="base URL of the server, e.g. http://127.0.0.1:8000")
-    p.add_argument("--unit", default="qwen27b.service", help="systemd unit the watchdog restarts")
+    p.add_argument("--unit", default=SERVICE_UNIT, help="systemd unit the watchdog restarts")
     p.add_argument("--status-file", help="JSON status, also the memory between runs (counter, history)")
     p.add_argument("--restart-after", type=int, default=3, help="restart after K consecutive CRITICAL runs")
     p.add_argument("--restart-min-interval-s", type=float, default=600.0, help="at most one restart per S s")

@@ -3,19 +3,41 @@ queued directly or requested from the health unit's privileged ExecStopPost."""
 
 from __future__ import annotations
 
+import shlex
 import subprocess
+from collections.abc import Iterable
 
 from .contract import UNIT_PROPERTIES
 from .statusfile import write_text_atomic
 
+def show_argv(unit: str, properties: Iterable[str]) -> list[str]:
+    """`systemctl show -p A,B UNIT`: the one way a unit's properties are asked for (the health check
+    here; verify, doctor and status from the controller), read back by parse_show."""
+    return ["systemctl", "show", "-p", ",".join(properties), unit]
+
+
+def show_command(unit: str, properties: Iterable[str]) -> str:
+    """show_argv as a shell command (a unit name holds no character the shell treats specially)."""
+    return shlex.join(show_argv(unit, properties))
+
+
+def parse_show(text: str) -> dict[str, str]:
+    """`systemctl show -p ...` output -> {property: value}; the first of a repeated key wins."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key and key not in out:
+            out[key] = value
+    return out
+
+
 def unit_properties(unit: str) -> dict:
     """systemd's view of the unit (Key=Value from `systemctl show`); {} when unknown."""
     try:
-        p = subprocess.run(["systemctl", "show", *[a for k in UNIT_PROPERTIES for a in ("-p", k)], unit],
-                           capture_output=True, text=True, timeout=20)
+        p = subprocess.run(show_argv(unit, UNIT_PROPERTIES), capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.SubprocessError):
         return {}
-    return dict(line.split("=", 1) for line in p.stdout.splitlines() if "=" in line) if p.returncode == 0 else {}
+    return parse_show(p.stdout) if p.returncode == 0 else {}
 
 
 def restart_unit(unit: str) -> tuple[bool, str]:

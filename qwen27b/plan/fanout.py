@@ -29,11 +29,11 @@ import math
 import shlex
 from dataclasses import dataclass
 
+from qwen27b.onhost.contract import SEED_UNIT
 from qwen27b.plan.hostdata import http_base
 
 MODES = ("none", "tree")
 SEED_PORT = 8801  # the seeds' HTTP port on their lab address, only while the fan-out runs
-SEED_UNIT = "qwen27b-seed.service"
 SEED_MIN_RATE = 25e6  # bytes/s a LAN copy is budgeted at (200 Mbit/s); slower, the mirror completes it
 SEED_WAVE_SLACK_S = 120  # per wave: the fetch's own start, hashing, pyinfra's round trips
 MIRROR = "mirror"

@@ -142,7 +142,7 @@ class Decision:
     os_row: dict  # the stack's os_support row (CUDA repo path, notes)
     driver: DriverPlan | None = None  # None: the profile uses no GPU driver
     group: object | None = None  # multinode.NodeGroup: this host is one stage of a serving group
-    copies: tuple = ()  # ((instances.Instance, Decision), ...): several copies on this machine (qwen27b_instances)
+    copies: tuple = ()  # ((hostdata.Instance, Decision), ...): several copies on this machine (qwen27b_instances)
     driver_first: bool = False  # GPU memory unknown until the driver answers: this run installs the driver only
 
     @property
@@ -695,11 +695,8 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
     """The whole gate for one host. Raises RefusedHost; never touches the host. `bind_address`: where
     the controller reaches the host (`address_reason` says how it is known), the bind address unless
     qwen27b_bind_address is set. `pipeline` (multinode.Pipeline): the host is one stage of a serving
-    group, planned for its share of layers. With qwen27b_instances: one decision per copy (instances.py)."""
-    if settings.instances:
-        from qwen27b.plan.instances import decide_copies  # noqa: PLC0415 (it calls back into decide)
-        return decide_copies(host, facts, stack, settings, decide, bind_address=bind_address,
-                             address_reason=address_reason)
+    group, planned for its share of layers. One service: serving.decide sends a host with copies to
+    instances.py, which runs this once per copy."""
     cpu = settings.profile == "cpu-smoke"
     os_row = _os_check(host, facts, stack, cpu)
     if not cpu:

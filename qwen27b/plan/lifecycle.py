@@ -21,6 +21,9 @@ import shlex
 import urllib.parse
 from dataclasses import dataclass, field
 
+from qwen27b.onhost.contract import (FIREWALL_UNIT, GATEWAY_UNIT, HEALTH_HTTP_SOCKET, HEALTH_HTTP_TEMPLATE, HEALTH_TIMER,
+                                     HEALTH_UNIT, INSTANCE_TEMPLATE, POOL_UNIT, RAY_UNIT, SEED_UNIT, SERVICE_UNIT)
+
 RECORD_NAME = "release.json"  # in paths.config (the running one) and in the rollback dir (the kept one)
 ROLLBACK_SUBDIR = "rollback"
 
@@ -227,13 +230,10 @@ class Installed:
     packages: dict[str, str] = field(default_factory=dict)  # installed driver/CUDA package -> version
 
 
-INSTANCE_TEMPLATE = "qwen27b@.service"  # the copies of qwen27b_instances (controller/render.py)
-SERVICE_UNITS = ("qwen27b-health.timer", "qwen27b-health-http.socket", "qwen27b.service", "qwen27b-health.service",
-                 "qwen27b-ray.service", "qwen27b-seed.service", "qwen27b-gateway.service",
-                 "qwen27b-gateway-pool.service", "qwen27b-firewall.service")  # stopped in this order
-UNIT_FILES = ("qwen27b.service", "qwen27b-health.service", "qwen27b-health.timer", "qwen27b-health-http.socket",
-              "qwen27b-health-http@.service", "qwen27b-ray.service", "qwen27b-gateway.service",
-              "qwen27b-gateway-pool.service", "qwen27b-firewall.service", "qwen27b.service.d", INSTANCE_TEMPLATE)
+SERVICE_UNITS = (HEALTH_TIMER, HEALTH_HTTP_SOCKET, SERVICE_UNIT, HEALTH_UNIT, RAY_UNIT, SEED_UNIT, GATEWAY_UNIT, POOL_UNIT,
+                 FIREWALL_UNIT)  # stopped in this order
+UNIT_FILES = (SERVICE_UNIT, HEALTH_UNIT, HEALTH_TIMER, HEALTH_HTTP_SOCKET, HEALTH_HTTP_TEMPLATE, RAY_UNIT, GATEWAY_UNIT,
+              POOL_UNIT, FIREWALL_UNIT, f"{SERVICE_UNIT}.d", INSTANCE_TEMPLATE)
 # a gateway host's own (roles/gateway.py; controller/gateway_render.py names them): its nginx package stays
 GATEWAY_DIRS = ("/opt/qwen27b-gateway", "/etc/qwen27b-gateway", "/var/lib/qwen27b-gateway")
 GATEWAY_USER = "qwen27b-gateway"

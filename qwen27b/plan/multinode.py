@@ -248,7 +248,7 @@ def _with_note(decision: Decision, note: str) -> Decision:
 
 def decide_group(name: str, members: list[Member], stack: dict) -> dict[str, Decision | RefusedHost]:
     """Every member's Decision, or every member refused (the group serves nothing without all of them).
-    hostdata (groupdata.py) already checked one head, distinct addresses and shared settings."""
+    inventory.check_groups already checked one head, distinct addresses and shared settings."""
     members = sorted(members, key=lambda m: m.settings.node_role != "head")  # the head first
     alone = {m.name: _alone(m, stack, m.settings) for m in members}
     if all(isinstance(d, Decision) for d in alone.values()):

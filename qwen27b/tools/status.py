@@ -39,10 +39,12 @@ from pathlib import Path
 from qwen27b.controller import remote
 from qwen27b.controller.gateway_render import GATEWAY_UNIT, layout as gateway_layout
 from qwen27b.controller.report import table
+from qwen27b.onhost.contract import SERVICE_UNIT
+from qwen27b.onhost.unit import parse_show, show_command
 from qwen27b.plan.stack import health_status_file, load_stack
 
-UNIT = "qwen27b.service"
-UNIT_PROPS = "LoadState,ActiveState,SubState,NRestarts"
+UNIT = SERVICE_UNIT
+UNIT_PROPS = ("LoadState", "ActiveState", "SubState", "NRestarts")
 HEALTH_MAX_BYTES = 262144  # the status file is a few KiB (20 verdicts of history); bound what we read
 
 
@@ -51,13 +53,13 @@ def commands(paths: dict) -> dict[str, str]:
     q = shlex.quote
     return {
         "now": "date +%s",
-        "unit": remote.guard("systemctl", f"systemctl show {UNIT} -p {UNIT_PROPS}"),
+        "unit": remote.guard("systemctl", show_command(UNIT, UNIT_PROPS)),
         "health": f"head -c {HEALTH_MAX_BYTES} {q(health_status_file(paths))}",
         "release": f"readlink {q(paths['current_release'])}",
         "model": f"readlink {q(paths['current_model'])}",
         "gpus": remote.guard("nvidia-smi", "timeout 20 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader"),
         # a gateway host (the qwen27b_gateway group) has these instead of the service and its health
-        "gateway": remote.guard("systemctl", f"systemctl show {GATEWAY_UNIT} -p {UNIT_PROPS}"),
+        "gateway": remote.guard("systemctl", show_command(GATEWAY_UNIT, UNIT_PROPS)),
         "pool": f"head -c {HEALTH_MAX_BYTES} {q(gateway_layout()['pool_file'])}",
     }
 
@@ -110,7 +112,7 @@ def _parse_unit(row: HostStatus, text: str | None, code: int | None) -> None:
     if text.strip() == remote.NOCMD:
         row.unit_note = "no systemctl"
         return
-    props = remote.parse_show(text)
+    props = parse_show(text)
     if code or "ActiveState" not in props:
         row.unit_note = f"systemctl: {(text.strip().splitlines() or [f'exit {code}'])[0][:120]}"
         return
@@ -189,7 +191,7 @@ def _parse_gpus(row: HostStatus, text: str | None, code: int | None) -> None:
 
 def _parse_gateway(row: HostStatus, unit: str | None, pool: str | None, pool_code: int | None) -> None:
     """A host whose gateway unit is loaded: its state and its pool file (the watcher's record)."""
-    props = remote.parse_show(unit or "") if unit and unit.strip() != remote.NOCMD else {}
+    props = parse_show(unit or "") if unit and unit.strip() != remote.NOCMD else {}
     if props.get("LoadState") != "loaded":
         return
     row.gateway = {"active": props.get("ActiveState", "unknown"), "sub": props.get("SubState", ""),

@@ -9,6 +9,7 @@ import shlex
 
 from qwen27b.controller import facts as F
 from qwen27b.controller import remote
+from qwen27b.onhost.unit import parse_show, show_command
 from qwen27b.plan.stack import api_key_env_file
 
 from qwen27b.controller.address import host_address
@@ -16,8 +17,8 @@ from qwen27b.controller.address import host_address
 from .model import UNIT, HostSnapshot
 from .parse import running_flags
 
-SHOW_PROPS = ("LoadState,ActiveState,SubState,Result,NRestarts,ExecMainStatus,ExecMainCode,MainPID,"
-              "FragmentPath,DropInPaths,ActiveEnterTimestamp,StateChangeTimestamp,InvocationID,ExecStart")
+SHOW_PROPS = ("LoadState", "ActiveState", "SubState", "Result", "NRestarts", "ExecMainStatus", "ExecMainCode", "MainPID",
+              "FragmentPath", "DropInPaths", "ActiveEnterTimestamp", "StateChangeTimestamp", "InvocationID", "ExecStart")
 # the journal again with each entry's invocation id (systemd's own lines carry INVOCATION_ID, the
 # service's output _SYSTEMD_INVOCATION_ID): which run a line belongs to, without guessing
 JOURNAL_FIELDS = ("MESSAGE,SYSLOG_IDENTIFIER,_COMM,_PID,_HOSTNAME,_SYSTEMD_INVOCATION_ID,INVOCATION_ID,"
@@ -70,7 +71,7 @@ def commands(stack: dict) -> dict[str, str]:
     models, current = paths["models"], paths["current_model"]
     venv_python = f"{paths['current_release']}/venv/bin/python"
     out = {
-        "systemctl-show.txt": f"systemctl show {UNIT} -p {SHOW_PROPS}",
+        "systemctl-show.txt": show_command(UNIT, SHOW_PROPS),
         "journal.txt": f"journalctl -u {UNIT} -n 400 --no-pager -a -q",
         "journal.json": f"journalctl -u {UNIT} -n 400 --no-pager -a -q -o json --output-fields={JOURNAL_FIELDS}",
         "model.txt": (
@@ -154,7 +155,7 @@ def read_host(state, host, stack: dict, timeout: int = 300) -> HostSnapshot:
     snap.outputs, snap.codes, snap.error = run_phase(state, host, commands(stack), timeout)
     if snap.error:
         return snap
-    flags = running_flags(remote.parse_show(snap.text("systemctl-show.txt") or "").get("ExecStart", ""))
+    flags = running_flags(parse_show(snap.text("systemctl-show.txt") or "").get("ExecStart", ""))
     if flags.get("--port"):
         more, more_codes, _ = run_phase(state, host, http_commands(flags.get("--host") or "127.0.0.1", flags["--port"],
                                                                    api_key_env_file(stack["paths"])), 60)

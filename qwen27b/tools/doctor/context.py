@@ -7,12 +7,14 @@ import json
 import re
 
 from qwen27b.controller import facts as F
-from qwen27b.controller.remote import parse_show
-from qwen27b.plan.gate import HostFacts, RefusedHost, decide
+from qwen27b.controller.gate_facts import build_host_facts
+from qwen27b.onhost.unit import parse_show
+from qwen27b.plan.gate import HostFacts, RefusedHost
 from qwen27b.controller.address import STATED as ADDRESS_REASON
 from qwen27b.plan.hostdata import BadHostData, Settings, lab_address, settings_for
 
 REACHED_REASON = "the address the controller's SSH connection reached the host at, not every interface"
+from qwen27b.plan.serving import decide
 from qwen27b.plan.stack import StackError, gpu_spec, profile_for_compute_capability, resolve_stack
 
 from .journal import Finding, JournalView, Run, journal_entries, journal_lines, split_invocations, split_runs
@@ -30,41 +32,23 @@ def _json(text: str | None) -> tuple[dict | None, str | None]:
     return (value, None) if isinstance(value, dict) else (None, "not a JSON object")
 
 
-def _fact(snap: HostSnapshot, cls, default):
+def _fact(snap: HostSnapshot, cls):
+    """The fact's answer in the snapshot; its default when not read, not installed or unparsable."""
     text = snap.text(cls.recorded_as)
     if text is None:
-        return default
+        return cls.default()
     lines = text.splitlines()
     if [line.strip() for line in lines if line.strip()] == ["##PYINFRA_NOCMD##"]:
-        return default
+        return cls.default()
     try:
         return cls().process(lines)
     except F.FactParseError:
-        return default
+        return cls.default()
 
 
 def host_facts(snap: HostSnapshot) -> HostFacts:
     """The gate's HostFacts from the snapshot, parsed by the same fact classes the preflight uses."""
-    return HostFacts(
-        os=_fact(snap, F.OsRelease, F.OsRelease.default()),
-        kernel=_fact(snap, F.KernelRelease, None),
-        gpus=_fact(snap, F.NvidiaGpus, []) or [],
-        pci_gpus=_fact(snap, F.NvidiaPciDevices, []) or [],
-        kernel_module=_fact(snap, F.NvidiaKernelModule, {}) or {},
-        nouveau_loaded=bool(_fact(snap, F.NouveauLoaded, False)),
-        secure_boot=_fact(snap, F.SecureBoot, "unsupported") or "unsupported",
-        disk=_fact(snap, F.DiskFree, None),
-        memory=_fact(snap, F.MemoryInfo, None),
-        pythons=_fact(snap, F.PythonVersions, {}) or {},
-        xids=_fact(snap, F.XidErrors, []) or [],
-        packages=_fact(snap, F.NvidiaCudaPackages, {}) or {},
-        held=_fact(snap, F.HeldPackages, []) or [],
-        topology=_fact(snap, F.GpuTopology, None),
-        glibc=_fact(snap, F.GlibcVersion, None),
-        driver_build=_fact(snap, F.DriverBuild, None),
-        kernels=_fact(snap, F.InstalledKernels, None),
-        occupants=_fact(snap, F.Occupants, None),
-    )
+    return build_host_facts(lambda cls: _fact(snap, cls))
 
 
 class Ctx:

@@ -7,12 +7,13 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from qwen27b.onhost.contract import SERVICE_UNIT
 from qwen27b.plan.hostdata import URL_KEYS, redact_url
 
 from .journal import compact_journal_json
 from .parse import METRIC_FAMILIES
 
-UNIT = "qwen27b.service"
+UNIT = SERVICE_UNIT
 OK, WARN, FAIL, SKIP, INFO = "ok", "warn", "fail", "skip", "info"
 RANK = {SKIP: 0, INFO: 1, OK: 2, WARN: 3, FAIL: 4}  # info: history, not a judgement (counts as ok)
 STEPS = {1: "symptom", 2: "inputs", 3: "environment", 4: "parameters", 5: "tool limits"}

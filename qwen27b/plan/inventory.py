@@ -1,54 +1,45 @@
-"""Inventory data of serving groups (multi-node): the `qwen27b_node_*` keys of one member, and what
-the members of a group must share, checked with the rest of the host data before any host is touched.
-The planner's side (GPUs, memory, the link) is qwen27b/plan/multinode.py.
+"""The checks across hosts, run once over the whole inventory before any host is touched: ports and
+paths that entries on one machine would share, the gateways' backends (gateway.plan_gateways), and
+what the members of a serving group must share. One host's own data is hostdata.py's.
 """
 
 from __future__ import annotations
 
-import re
+from qwen27b.plan.gateway import plan_gateways
+from qwen27b.plan.hostdata import PREFIX, BadHostData, Settings, node_address, settings_for
+from qwen27b.plan.stack import load_stack
 
-from qwen27b.plan.hostdata import PREFIX, BadHostData, Settings, lab_address
-
-NODE_GROUP = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")  # a unit Description and the plan; no spaces
-NODE_ROLES = ("head", "worker")
-# a Linux interface name (IFNAMSIZ 16 with the NUL): NCCL_SOCKET_IFNAME= and GLOO_SOCKET_IFNAME= in the env file
-NODE_INTERFACE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,14}$")
-NODE_KEYS = ("node_role", "node_address", "node_interface", "interconnect_gbps")
 # what every member must share: one model served by one engine over all of them ("matching stack")
 GROUP_SHARED = ("profile", "stack_overrides", "serve_flags", "tensor_parallel_size", "speculative", "model", "prefix_caching",
                 "wheelhouse_dir", "wheel_mirror", "node_interface")
-# flags the group plan sets itself (qwen27b/plan/multinode.py)
-GROUP_FLAGS = ("--pipeline-parallel-size", "--distributed-executor-backend", "--data-parallel-size")
 
 
-def check_node_keys(host: str, s: Settings) -> None:
-    """One member's own node keys: named only with a group, each of its form."""
-    if s.node_group is None:
-        given = [PREFIX + k for k in NODE_KEYS if getattr(s, k) is not None]
-        if given:
-            raise BadHostData(host, given[0], "is only read for a member of a serving group",
-                              "set qwen27b_node_group (the same name on every member), or remove it")
-        return
-    if not NODE_GROUP.match(s.node_group):
-        raise BadHostData(host, "qwen27b_node_group", f"{s.node_group!r} is not a group name",
-                          "use lower-case letters, digits and - (up to 32), e.g. 'pair-a'")
-    if s.node_role not in NODE_ROLES:
-        raise BadHostData(host, "qwen27b_node_role", f"{s.node_role!r} is not a node role" if s.node_role else
-                          "a member of a serving group needs a role", "set 'head' on one member (it runs the API and "
-                          "the Ray head) and 'worker' on the others")
-    if s.node_interface is None or not NODE_INTERFACE.match(s.node_interface):
-        raise BadHostData(host, "qwen27b_node_interface", f"{s.node_interface!r} is not an interface name"
-                          if s.node_interface else "a member of a serving group needs the interface of the link",
-                          "name the NIC that links the members (`ip -br addr`), e.g. 'enp65s0f0'")
-    if s.interconnect_gbps is None or isinstance(s.interconnect_gbps, bool) or not s.interconnect_gbps > 0:
-        raise BadHostData(host, "qwen27b_interconnect_gbps", "a member of a serving group needs the link's speed"
-                          if s.interconnect_gbps is None else f"{s.interconnect_gbps!r} is not a speed",
-                          "give the slowest hop between the members in Gbit/s, e.g. 10 for 10 GbE, 25 for 25 GbE: the "
-                          "planner checks it carries the pipeline's traffic")
-    for flag in GROUP_FLAGS:
-        if flag in (s.serve_flags or {}):
-            raise BadHostData(host, f"qwen27b_serve_flags.{flag}", f"{flag} is set by the serving group's plan",
-                              "remove it: the planner sets PP to the number of members and the Ray backend")
+def validate_inventory(hosts: list[tuple[str, dict]], groups: dict[str, set] | None = None) -> dict[str, Settings]:
+    """Check every host's data and what hosts share (ports on one machine, the gateways' backends)
+    before any is touched. `groups`: host name -> its inventory groups (the gateway group)."""
+    settings = {name: settings_for(name, data) for name, data in hosts}
+    plan_gateways(hosts, groups or {}, settings)
+    seen: dict[tuple[str, int], str] = {}
+    machines: dict[tuple[str, object], str] = {}
+    for name, data in hosts:
+        machine = str(data.get("ssh_hostname") or name).lower()
+        key = (machine, settings[name].port)
+        if key in seen:
+            raise BadHostData(name, "qwen27b_port",
+                              f"port {key[1]} is already used by host entry '{seen[key]}' on the same machine {machine}",
+                              "give each entry on one machine its own port")
+        # one qwen27b.service, /opt/qwen27b and /etc/qwen27b per machine: a second entry reaching the same
+        # sshd would overwrite the first one's unit, env file and symlinks
+        sshd = (machine, data.get("ssh_port") or 22)
+        other = machines.get(sshd)
+        if other is not None:
+            raise BadHostData(name, "ssh_hostname", f"host entry '{other}' already deploys qwen27b to the same machine "
+                              f"{machine} (one service, one set of paths per machine)",
+                              "keep one entry per machine (list its GPUs with qwen27b_gpu_indices)")
+        seen[key] = name
+        machines[sshd] = name
+    check_groups(hosts, settings)
+    return settings
 
 
 def group_ports(stack: dict) -> list[tuple[str, int, int]]:
@@ -62,16 +53,9 @@ def group_ports(stack: dict) -> list[tuple[str, int, int]]:
     return ports
 
 
-def node_address(settings: Settings, data: dict) -> str | None:
-    """A member's address on the link: qwen27b_node_address, else its ssh_hostname when an IP."""
-    return settings.node_address or lab_address(data)
-
-
 def check_groups(hosts: list[tuple[str, dict]], settings: dict[str, Settings]) -> None:
     """What members share: one head, two or more members, distinct addresses, the same stack, serving
     settings and interface name (vLLM copies the head's NCCL_* to every Ray worker), ports clear of Ray's."""
-    from qwen27b.plan.stack import load_stack
-
     groups: dict[str, list[str]] = {}
     for name, _ in hosts:
         if settings[name].node_group:
