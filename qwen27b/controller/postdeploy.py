@@ -216,3 +216,53 @@ def write_report(results: list[HostResult], directory: Path, run_id: str, summar
     latest.unlink(missing_ok=True)
     latest.symlink_to(path.name)
     return path
+
+
+# --- The agent check: what --reasoning-parser / --tool-call-parser should leave in a response ------
+
+THINK_TAGS = ("<think>", "</think>")
+TOOL_XML = ("<tool_call>", "<function=")  # Qwen3's XML tool-call markup, which the tool parser consumes
+
+
+@dataclass(frozen=True)
+class AgentShape:
+    """One /v1/chat/completions response judged: reasoning kept out of `content` (False when it leaked
+    there), a tool call returned as a `tool_calls` entry (its name; None: none), and each problem."""
+
+    reasoning_separate: bool
+    tool_call: str | None
+    problems: tuple = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def agent_shape(body: dict, expect_tool: str | None = None) -> AgentShape:
+    """Pure: judge a chat-completions JSON response (vLLM's `reasoning`, or `reasoning_content` before
+    0.11). With `expect_tool`, a response without that call in `tool_calls` is a problem."""
+    choice = (body.get("choices") or [{}])[0]
+    message = choice.get("message") or {}
+    content = message.get("content") or ""
+    reasoning = message.get("reasoning") or message.get("reasoning_content") or ""
+    problems = []
+    leaked = any(tag in content for tag in THINK_TAGS)
+    if leaked:
+        problems.append("reasoning leaked into content (<think> tags in it): is --reasoning-parser set?")
+    calls = [c for c in message.get("tool_calls") or [] if (c.get("function") or {}).get("name")]
+    for call in calls:
+        try:
+            json.loads(call["function"].get("arguments") or "{}")
+        except ValueError:
+            problems.append(f"tool call {call['function']['name']}: arguments are not JSON")
+    if any(tag in content for tag in TOOL_XML):
+        problems.append("a tool call came back as XML text in content, not in tool_calls (vLLM issue 42021)")
+    if not calls and any(tag in reasoning for tag in TOOL_XML):
+        problems.append("a tool call stayed inside the reasoning, tool_calls is empty (vLLM issue 39056)")
+    if not content.strip() and not calls and reasoning and choice.get("finish_reason") == "stop":
+        problems.append("the whole answer is in reasoning and content is empty: the model never closed </think> "
+                        "(a reasoning parser on a model that does not think?)")
+    names = [c["function"]["name"] for c in calls]
+    if expect_tool and expect_tool not in names:
+        problems.append(f"no {expect_tool} call in tool_calls" + (f" (got {', '.join(names)})" if names else ""))
+    return AgentShape(not leaked, names[0] if names else None, tuple(problems))

@@ -177,7 +177,10 @@ def agent_parsers(stack: ResolvedStack, setting: bool | None) -> AgentParsers:
     why_not = None
     if entry is None:
         why_not = (f"{stack.model['id']} has no agent_parsers entry in the stack (not a Qwen3-family chat model: "
-                   "it speaks neither <think> reasoning nor Qwen3's XML tool calls, a parser would prove nothing)")
+                   "it speaks neither <think> reasoning nor Qwen3's XML tool calls, a parser would prove nothing)"
+                   + (f"; recorded with the qwen3 parser: its answer went to `reasoning`, `content` null "
+                      f"{stack.cite(stack.model['agent_parsers_off'])}"
+                      if stack.model.get("agent_parsers_off") else ""))
     elif build not in (entry.get("builds") or []):
         why_not = (f"vLLM build '{build}' is not known to register the {family} parsers (the stack lists "
                    f"{', '.join(entry.get('builds') or {}) or 'no build'})")
