@@ -164,13 +164,16 @@ def test_spec_counters_read_the_real_ngram_recording_and_nothing_from_a_server_w
 def test_judge_keeps_a_method_above_the_floor_and_drops_one_below_it_from_real_counters():
     rs, _ = resolved()
     start, greedy, hot = (_text(f"metrics-cpu-0.32.0-ngram-{n}.txt") for n in ("0-start", "1-after-greedy", "2-after-hot"))
-    floor = engine.floors(rs, "mtp")["min_acceptance"]
-    for before, after in ((start, greedy), (greedy, hot)):
-        (d0, a0), (d1, a1) = _counters(before), _counters(after)
-        rate = (a1 - a0) / (d1 - d0)
-        verdict = engine.judge_acceptance(rs, "mtp", before, after)
-        assert verdict.acceptance == rate and verdict.keep == (rate >= floor)
-        assert f"{a1 - a0:.0f} of {d1 - d0:.0f} drafted" in verdict.reason
+    floor = engine.floors(rs, "mtp")
+    (d0, a0), (d1, a1) = _counters(start), _counters(greedy)
+    rate = (a1 - a0) / (d1 - d0)
+    verdict = engine.judge_acceptance(rs, "mtp", start, greedy)
+    assert d1 - d0 >= floor["min_draft_tokens"]
+    assert verdict.acceptance == rate and verdict.keep == (rate >= floor["min_acceptance"])
+    assert f"{a1 - a0:.0f} of {d1 - d0:.0f} drafted" in verdict.reason
+    # the sampled requests matched no n-gram: nothing drafted, no verdict
+    assert _counters(hot)[0] - _counters(greedy)[0] < floor["min_draft_tokens"]
+    assert engine.judge_acceptance(rs, "mtp", greedy, hot).keep is None
     # the same counters against a floor above what was measured: dropped
     (d0, a0), (d1, a1) = _counters(start), _counters(greedy)
     high = dataclasses.replace(rs, speculative={**rs.speculative, "mtp": {**rs.speculative["mtp"],
@@ -186,7 +189,8 @@ def test_no_verdict_without_enough_drafted_tokens_or_without_counters():
 
 
 def test_fallback_walks_the_profile_order_then_off():
-    rs, target = resolved()
+    rs, radixark = resolved()
+    target = dataclasses.replace(radixark, lm_head_quantized=False)  # a dense head: DFlash2 can run
     zero = _text("../journals/v100x4-spec-acceptance-zero/metrics.txt")
     mtp = engine.choose_speculative(rs, target, "auto", 2, 8192)
     nxt, verdict = engine.fallback(rs, target, mtp, [], 2, 8192, "", zero)
@@ -199,6 +203,9 @@ def test_fallback_walks_the_profile_order_then_off():
     dflash = engine.choose_speculative(rs, target, "dflash2", 2, 8192)
     nxt, _ = engine.fallback(rs, target, dflash, ["mtp"], 2, 8192, "", zero)
     assert nxt.method == "off"
+    # the default checkpoint quantizes its lm_head: DFlash2 cannot run at all, off it is
+    nxt, _ = engine.fallback(rs, radixark, engine.choose_speculative(rs, radixark, "auto", 2, 8192), [], 2, 8192, "", zero)
+    assert nxt.method == "off" and "quantizes its lm_head" in nxt.reason
     healthy = _text("../journals/v100x4-healthy/metrics.txt")
     keep, verdict = engine.fallback(rs, target, mtp, [], 2, 8192, "", healthy)
     assert keep is None and verdict.keep is True

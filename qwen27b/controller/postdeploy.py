@@ -140,7 +140,8 @@ def check_models(base: str, served_name: str, api_key: str | None) -> list[str]:
 
 
 def chat_stream(base: str, served_name: str, api_key: str | None, max_tokens: int = 64, timeout: float = 600) -> dict:
-    """One streamed chat completion: TTFT, decode tokens/s, token counts."""
+    """One streamed chat completion: TTFT, decode tokens/s, token counts; `text` is the content only
+    (the reasoning a parser split off is timed, not returned)."""
     body = {"model": served_name, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens,
             "stream": True, "stream_options": {"include_usage": True}}
     started = time.monotonic()
@@ -155,12 +156,16 @@ def chat_stream(base: str, served_name: str, api_key: str | None, max_tokens: in
                 chunk = json.loads(line[6:])
                 usage = chunk.get("usage") or usage
                 for choice in chunk.get("choices", []):
-                    piece = (choice.get("delta") or {}).get("content")
+                    delta = choice.get("delta") or {}
+                    # with --reasoning-parser a thinking model's first tokens stream as `reasoning`
+                    # (`reasoning_content` before vLLM 0.11): tokens all the same, for TTFT and tok/s
+                    piece = delta.get("content") or delta.get("reasoning") or delta.get("reasoning_content")
                     if piece:
                         now = time.monotonic()
                         first = first or now
                         last = now
-                        text.append(piece)
+                        if delta.get("content"):
+                            text.append(piece)
     except urllib.error.HTTPError as error:
         raise VerifyFailed(f"chat completion answered {error.code}: {error.read()[:200]!r}") from None
     except (OSError, ValueError) as error:
