@@ -45,6 +45,7 @@ class HostResult:
     decode_tok_s: float | None = None
     completion_tokens: int | None = None
     acceptance: float | None = None
+    speculation: str = ""  # the method's acceptance against the stack's floors, and the next method if below
     reason: str = ""
     journal: list[str] = field(default_factory=list)
     health: dict | None = None
@@ -177,10 +178,10 @@ def chat_stream(base: str, served_name: str, api_key: str | None, max_tokens: in
     return {"ttft_s": first - started, "decode_tok_s": decode, "completion_tokens": tokens, "text": "".join(text)}
 
 
-def spec_counters(metrics_text: str) -> tuple[float, float]:
+def spec_counters(metrics_text: str | None) -> tuple[float, float]:
     """(draft tokens, accepted tokens) summed over label sets, from a /metrics scrape."""
-    return (sum(float(v) for v in SPEC_DRAFT.findall(metrics_text)),
-            sum(float(v) for v in SPEC_ACCEPTED.findall(metrics_text)))
+    return (sum(float(v) for v in SPEC_DRAFT.findall(metrics_text or "")),
+            sum(float(v) for v in SPEC_ACCEPTED.findall(metrics_text or "")))
 
 
 def acceptance(before: tuple[float, float], after: tuple[float, float]) -> float | None:
