@@ -100,10 +100,11 @@ def _load_tick(name: str, unit: str = SERVICE_UNIT):
 
 
 def serving(result: V.HostResult, key: str | None, say, unit_state, start_timeout_s: int, speculative: bool,
-            unit: str = SERVICE_UNIT) -> None:
+            unit: str = SERVICE_UNIT, judge=None) -> None:
     """Ready at result.url, result.served_name listed, one streamed completion, with speculative
     decoding the acceptance: fills result, raises VerifyFailed. (The rollback deploy verifies the
-    release it switched to with this too.)"""
+    release it switched to with this too.) `judge(before, after)` (the /metrics texts around the
+    completion) -> (the next SpecChoice or None, engine.Verdict): the stack's floors, reported."""
     base = result.url
     try:
         result.ready_s = V.wait_ready(base, start_timeout_s, say, unit_state, tick=_load_tick(host.name, unit))
@@ -111,16 +112,40 @@ def serving(result: V.HostResult, key: str | None, say, unit_state, start_timeou
         progress.done(host.name)  # loaded (or not): the checks that follow say their own lines
     V.wait_active(unit_state)
     V.check_models(base, result.served_name, key)
-    before = V.spec_counters(V.scrape(base, key)) if speculative else None
+    before = V.scrape(base, key) if speculative else None
     chat = V.chat_stream(base, result.served_name, key)
     result.ttft_s, result.decode_tok_s = chat["ttft_s"], chat["decode_tok_s"]
     result.completion_tokens = chat["completion_tokens"]
     if speculative:
-        result.acceptance = V.acceptance(before, V.spec_counters(V.scrape(base, key)))
+        after = V.scrape(base, key)
+        result.acceptance = V.acceptance(V.spec_counters(before), V.spec_counters(after))
+        switch = "set qwen27b_speculative to another method (mtp) or off"
+        if judge is not None:
+            nxt, verdict = judge(before, after)
+            result.speculation = verdict.reason
+            if nxt is not None:
+                switch = f"set qwen27b_speculative to {nxt.method} and re-deploy ({nxt.reason})"
+                result.speculation += f"; next: {nxt.method}"
+                say(f"speculation below the stack's floor: {switch}")
         if result.acceptance is not None and result.acceptance < 0.01:
             raise V.VerifyFailed(f"speculative acceptance {result.acceptance:.1%}: the drafted tokens are rejected "
                                  "(1Cat-vLLM issue 478: DFlash2 on an NVFP4 target at V100 TP4); check the draft and "
-                                 "target, or set qwen27b_speculative to another method (mtp) or off")
+                                 f"target, or {switch}")
+
+
+def spec_judge(decision: Decision):
+    """The fallback decision (plan/engine.py fallback) for this host's method, as verify's judge."""
+    spec = decision.serve.spec
+    if not spec.on:
+        return None
+    from qwen27b.plan import engine
+    from qwen27b.plan.checkpoint import load_shape
+    from qwen27b.plan.stack import checkpoint_metadata_dir
+    target = load_shape(checkpoint_metadata_dir(decision.stack.model))
+    serve = decision.serve
+    tp = int(serve.value("--tensor-parallel-size")) if serve.has("--tensor-parallel-size") else 1
+    max_len = int(serve.value("--max-model-len"))
+    return functools.partial(engine.fallback, decision.stack, target, spec, [], tp, max_len)
 
 
 def _unit_properties() -> dict:
@@ -209,7 +234,7 @@ def _check(decision: Decision, previous: list[SwitchedLink | KeptFiles]) -> None
     timing = (decision.stack.profile["serve"]["start_timeout_s"], decision.serve.has("--speculative-config"))
 
     try:
-        serving(result, key, say, unit_state, *timing)
+        serving(result, key, say, unit_state, *timing, judge=spec_judge(decision))
         result.status = "ok"
         say(f"verified: TTFT {result.ttft_s * 1000:.0f} ms, {result.decode_tok_s or 0:.1f} tok/s")
         if any(isinstance(undo, KeptFiles) for undo in previous):

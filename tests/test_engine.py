@@ -98,3 +98,114 @@ def test_the_cpu_profile_has_nothing_to_speculate_with_and_says_so():
     rs, target = resolved("cpu-smoke")
     choice = engine.choose_speculative(rs, target, "auto", 1, 2048)
     assert choice.method == "off" and "no MTP layers" in choice.reason and "no DFlash2 draft" in choice.reason
+
+
+# --- agent parsers -------------------------------------------------------------------------------
+
+def test_v100_profiles_turn_the_qwen3_parsers_on_with_the_names_the_build_registers():
+    for profile, source in (("sm70", "[1cat-parsers]"), ("sm75plus", "[vllm-parsers]")):
+        rs, _ = resolved(profile)
+        agent = engine.agent_parsers(rs, None)
+        assert (agent.reasoning, agent.tool_call) == ("qwen3", "qwen3_coder") and agent.on
+        assert "on by default" in agent.reason and source in agent.reason
+    assert "'qwen3_coder'" in STACK["sources"]["1cat-parsers"] and "'qwen3'" in STACK["sources"]["1cat-parsers"]
+
+
+def test_agent_parsers_false_turns_them_off_and_true_is_refused_where_they_cannot_work():
+    rs, _ = resolved()
+    off = engine.agent_parsers(rs, False)
+    assert not off.on and "qwen27b_agent_parsers is false" in off.reason
+    assert "qwen27b_agent_parsers true" in engine.agent_parsers(rs, True).reason
+    cpu = resolve_stack(STACK, "cpu-smoke")
+    agent = engine.agent_parsers(cpu, None)
+    assert not agent.on and "SmolLM2" in agent.reason and "[cpu-parsers-recorded]" in agent.reason
+    try:
+        engine.agent_parsers(cpu, True)
+        raise AssertionError("not refused")
+    except engine.AgentRefused as refused:
+        assert "qwen27b_agent_parsers" in refused.fix
+
+
+def test_a_build_the_stack_does_not_list_gets_no_parsers():
+    rs, _ = resolved()
+    other = dataclasses.replace(rs, profile={**rs.profile, "vllm": {**rs.profile["vllm"], "build": "elsewhere"}})
+    agent = engine.agent_parsers(other, None)
+    assert not agent.on and "'elsewhere' is not known to register the qwen3 parsers" in agent.reason
+
+
+# --- the measured fallback, on real /metrics texts ---------------------------------------------------
+
+METRICS = "tests/fixtures/vllm"
+
+
+def _text(name):
+    with open(f"{METRICS}/{name}") as fh:
+        return fh.read()
+
+
+def _counters(text):
+    """Independent of engine's regex: the two counters summed over label sets, line by line."""
+    drafted = accepted = 0.0
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name.startswith("vllm:spec_decode_num_draft_tokens_total"):
+            drafted += float(value)
+        elif name.startswith("vllm:spec_decode_num_accepted_tokens_total"):
+            accepted += float(value)
+    return drafted, accepted
+
+
+def test_spec_counters_read_the_real_ngram_recording_and_nothing_from_a_server_without_speculation():
+    after = _text("metrics-cpu-0.32.0-ngram-2-after-hot.txt")
+    assert engine.spec_counters(after) == _counters(after)
+    assert engine.spec_counters(_text("metrics-cpu-0.32.0.txt")) is None
+
+
+def test_judge_keeps_a_method_above_the_floor_and_drops_one_below_it_from_real_counters():
+    rs, _ = resolved()
+    start, greedy, hot = (_text(f"metrics-cpu-0.32.0-ngram-{n}.txt") for n in ("0-start", "1-after-greedy", "2-after-hot"))
+    floor = engine.floors(rs, "mtp")
+    (d0, a0), (d1, a1) = _counters(start), _counters(greedy)
+    rate = (a1 - a0) / (d1 - d0)
+    verdict = engine.judge_acceptance(rs, "mtp", start, greedy)
+    assert d1 - d0 >= floor["min_draft_tokens"]
+    assert verdict.acceptance == rate and verdict.keep == (rate >= floor["min_acceptance"])
+    assert f"{a1 - a0:.0f} of {d1 - d0:.0f} drafted" in verdict.reason
+    # the sampled requests matched no n-gram: nothing drafted, no verdict
+    assert _counters(hot)[0] - _counters(greedy)[0] < floor["min_draft_tokens"]
+    assert engine.judge_acceptance(rs, "mtp", greedy, hot).keep is None
+    # the same counters against a floor above what was measured: dropped
+    (d0, a0), (d1, a1) = _counters(start), _counters(greedy)
+    high = dataclasses.replace(rs, speculative={**rs.speculative, "mtp": {**rs.speculative["mtp"],
+                                                                          "min_acceptance": (a1 - a0) / (d1 - d0) + 0.01}})
+    assert engine.judge_acceptance(high, "mtp", start, greedy).keep is False
+
+
+def test_no_verdict_without_enough_drafted_tokens_or_without_counters():
+    rs, _ = resolved()
+    start = _text("metrics-cpu-0.32.0-ngram-0-start.txt")
+    assert engine.judge_acceptance(rs, "mtp", start, start).keep is None
+    assert engine.judge_acceptance(rs, "mtp", "", _text("metrics-cpu-0.32.0.txt")).keep is None
+
+
+def test_fallback_walks_the_profile_order_then_off():
+    rs, radixark = resolved()
+    target = dataclasses.replace(radixark, lm_head_quantized=False)  # a dense head: DFlash2 can run
+    zero = _text("../journals/v100x4-spec-acceptance-zero/metrics.txt")
+    mtp = engine.choose_speculative(rs, target, "auto", 2, 8192)
+    nxt, verdict = engine.fallback(rs, target, mtp, [], 2, 8192, "", zero)
+    assert verdict.keep is False and verdict.acceptance == 0.0
+    assert nxt.method == "dflash2" and "below the floor" in nxt.reason
+    # at TP 4 on 1Cat 1.5.0 DFlash2 is ruled out (#478): straight to off, saying why
+    nxt, _ = engine.fallback(rs, target, engine.choose_speculative(rs, target, "auto", 4, 8192), [], 4, 8192, "", zero)
+    assert nxt.method == "off" and "not dflash2" in nxt.reason and "1cat-478" in nxt.reason
+    # DFlash2 failing after MTP was dropped: off
+    dflash = engine.choose_speculative(rs, target, "dflash2", 2, 8192)
+    nxt, _ = engine.fallback(rs, target, dflash, ["mtp"], 2, 8192, "", zero)
+    assert nxt.method == "off"
+    # the default checkpoint quantizes its lm_head: DFlash2 cannot run at all, off it is
+    nxt, _ = engine.fallback(rs, radixark, engine.choose_speculative(rs, radixark, "auto", 2, 8192), [], 2, 8192, "", zero)
+    assert nxt.method == "off" and "quantizes its lm_head" in nxt.reason
+    healthy = _text("../journals/v100x4-healthy/metrics.txt")
+    keep, verdict = engine.fallback(rs, target, mtp, [], 2, 8192, "", healthy)
+    assert keep is None and verdict.keep is True

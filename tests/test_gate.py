@@ -391,3 +391,26 @@ def test_vllm_and_torch_are_kept_only_when_the_release_venv_holds_the_planned_bu
     assert f"already in release {d.stack.stack_hash}" in kept.choice("vllm").reason
     assert kept.choice("torch").reason.startswith("torch 2.9.1+cu128 already in release")
     assert mark_installed(kept, {"1cat-vllm": "1.5.0"}).choices == kept.choices  # idempotent
+
+
+# --- agent parsers and the speculative fallback on real decisions ---------------------------------------
+
+def test_agent_parsers_on_a_v100_host_by_default_off_on_request_refused_where_they_cannot_work():
+    serve = run("v100x4-2204-fresh").serve
+    assert serve.value("--reasoning-parser") == "qwen3" and serve.value("--tool-call-parser") == "qwen3_coder"
+    assert serve.has("--enable-auto-tool-choice")
+    off = run("v100x4-2204-fresh", {"qwen27b_agent_parsers": False}).serve
+    assert not off.has("--reasoning-parser") and any("qwen27b_agent_parsers is false" in n for n in off.notes)
+    cpu = {"qwen27b_profile": "cpu-smoke"}
+    assert not run("debian12-cpu", cpu).serve.has("--reasoning-parser")
+    r = refused("debian12-cpu", {**cpu, "qwen27b_agent_parsers": True})
+    assert "qwen27b_agent_parsers true" in r.cause and "SmolLM2" in r.cause and "qwen27b_agent_parsers" in r.fix
+
+
+def test_verify_judges_the_hosts_own_method_with_the_fallback():
+    from roles.verify import spec_judge
+    zero = (Path(__file__).parent / "fixtures/journals/v100x4-spec-acceptance-zero/metrics.txt").read_text()
+    judge = spec_judge(run("v100x4-2204-fresh"))  # MTP at TP 4; DFlash2 ruled out there (#478)
+    nxt, verdict = judge("", zero)
+    assert verdict.keep is False and nxt.method == "off" and "mtp accepted 0 of" in nxt.reason
+    assert spec_judge(run("v100x4-2204-fresh", {"qwen27b_speculative": "off"})) is None

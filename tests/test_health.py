@@ -423,7 +423,7 @@ def test_cli_writes_the_textfile_and_counts_xids_across_runs(cli, tmp_path):
     statusfile.write_status(str(cli.status), {"time": "2026-12-02T14:32:00+00:00", "consecutive_failures": 0})
     args = ("--url", closed_url(), "--no-restart", "--timeout", "2", "--model-ref", "org/m@abc")
     for _ in range(2):  # the second run finds no new Xid lines: the counter stays, never resets
-        rc, out, err, s = cli(*args, env={"FAKE_KERNEL": str(kernel)})
+        rc, out, err, s = cli(*args, env={"FAKE_KERNEL": str(kernel), "QWEN27B_SPECULATIVE": "mtp:7"})
         assert rc == 2 and err == ""
         prom = cli.textfile / "qwen27b.prom"
         assert [p.name for p in cli.textfile.iterdir()] == ["qwen27b.prom"] and prom.stat().st_mode & 0o777 == 0o644
@@ -432,7 +432,7 @@ def test_cli_writes_the_textfile_and_counts_xids_across_runs(cli, tmp_path):
         assert samples[("qwen27b_health_verdict", ())] == 2 and samples[("qwen27b_service_up", ())] == 0
         assert samples[("qwen27b_xid_total", (("fatal", "true"), ("xid", "48")))] == 1
         assert samples[("qwen27b_build_info", (("model", "org/m@abc"), ("release", cli.venv.parent.name),
-                                               ("unit", "qwen27b.service")))] == 1
+                                               ("speculative", "mtp:7"), ("unit", "qwen27b.service")))] == 1
         kernel.write_text("")
     assert s["xid_counts"]["48"] == 1
 

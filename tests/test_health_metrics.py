@@ -35,7 +35,7 @@ def exposition(s: dict, **kw) -> dict:
     """-> {sample name: {frozenset(labels): value}} (counters keep their _total sample name)."""
     text = prometheus_client.generate_latest(
         metrics.metrics_registry(s, release=kw.get("release", "r-20261203"), model_ref="Qwen/x@abc",
-                            systemd=kw.get("systemd"))).decode()
+                            systemd=kw.get("systemd"), speculative=kw.get("speculative"))).decode()
     out: dict = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -68,7 +68,11 @@ def test_verdict_and_state_one_hot():
     m = exposition(status())
     assert one(m, "qwen27b_service_up") == 1 and one(m, "qwen27b_health_latency_seconds") == 0.0125
     assert one(m, "qwen27b_health_last_run_timestamp_seconds") == statusfile.epoch("2026-12-03T20:00:00+00:00")
-    assert one(m, "qwen27b_build_info", release="r-20261203", model="Qwen/x@abc", unit="qwen27b.service") == 1
+    assert one(m, "qwen27b_build_info", release="r-20261203", model="Qwen/x@abc", unit="qwen27b.service",
+               speculative="") == 1
+    m = exposition(status(), speculative="mtp:7")  # the method in use, for the alert rules' join
+    assert one(m, "qwen27b_build_info", release="r-20261203", model="Qwen/x@abc", unit="qwen27b.service",
+               speculative="mtp:7") == 1
     assert "qwen27b_gpu_up" not in m  # a CPU-only host has no GPU series at all, not zeros
 
 

@@ -48,6 +48,7 @@ BAD_INPUTS = [
     pytest.param({"qwen27b_speculative": "mpt"}, "qwen27b_speculative", "did you mean 'mtp'? use one of auto, mtp, dflash2, off",
                  id="speculative-misspelt"),
     pytest.param({"qwen27b_speculative": 7}, "qwen27b_speculative", "expected str or bool, got int", id="speculative-int"),
+    pytest.param({"qwen27b_agent_parsers": "yes"}, "qwen27b_agent_parsers", "expected bool, got str", id="agent-parsers-str"),
     pytest.param({"qwen27b_model": "qwen3.8-27b-dflash2"}, "qwen27b_model", "is not a checkpoint of the stack's models table",
                  id="model-is-a-draft"),
     pytest.param({"qwen27b_model": "qwen3.8-27b-nvfp5"}, "qwen27b_model", "did you mean 'qwen3.8-27b-nvfp4'?", id="model-misspelt"),

@@ -193,15 +193,15 @@ def test_fifty_recorded_hosts_one_table_and_the_wall_time(tmp_path):
     result = _status(tmp_path, str(_inventory(tmp_path, 50)))
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ["host", "service", "health", "release", "model", "gpus", "last", "verify"]
+    assert lines[0].split() == ["host", "service", "health", "release", "model", "gpus", "last", "verify", "speculative"]
     rows = [line for line in lines if line.startswith("@fake/gpu-")]
     assert sorted(line.split()[0] for line in rows) == [f"@fake/gpu-{n:02d}" for n in range(50)]
     assert re.search(r"^read 50 host\(s\) in \d+\.\d\d s \(slowest @fake/gpu-\d\d: \d+\.\d\d s\)$", result.stdout, re.M)
     serving = next(line for line in rows if "OK 3m ago" in line)
     assert "4x Tesla V100-SXM2-32GB (32510" in serving and "9c1e5f0a7b23" in serving  # the cell wraps after
-    assert re.search(r"^@fake/gpu-09 .* ok \(run 20261203-190000\)$", result.stdout, re.M)  # serving
+    assert re.search(r"^@fake/gpu-09 .* ok \(run 20261203-190000\) +mtp k=7, parsers on$", result.stdout, re.M)  # serving
     # gpu-07 replays the host with no service (uninstalled since its verify): history, never "ok"
-    assert re.search(r"^@fake/gpu-07 .* - \(not installed; was ok\)$", result.stdout, re.M)
+    assert re.search(r"^@fake/gpu-07 .* - \(not installed; was ok\) +unknown$", result.stdout, re.M)
 
     as_json = _status(tmp_path, str(_inventory(tmp_path, 50)), "--json")
     data = json.loads(as_json.stdout)
@@ -270,3 +270,18 @@ def test_a_gateway_host_shows_its_unit_and_its_pool():
     assert status.cells(missing)[2] == "pool unknown (no pool file)"
     backend = recorded("v100x4-serving")
     assert backend.gateway is None and status.cells(backend)[1] == "active/running, 0 restarts"
+
+
+def test_the_speculative_method_and_parsers_come_from_the_rendered_unit():
+    serving = recorded("v100x4-serving")
+    assert (serving.speculative, serving.agent_parsers) == ("mtp k=7", True)
+    assert status.cells(serving)[7] == "mtp k=7, parsers on"
+    cpu = recorded("cpu-corrupt-health")  # a unit with neither flag: grep exits 1
+    assert (cpu.speculative, cpu.agent_parsers) == ("off", False) and status.cells(cpu)[7] == "off, parsers off"
+    fresh = recorded("v100x1-not-deployed")  # no unit file: grep exits 2
+    assert fresh.speculative == "unknown" and fresh.agent_parsers is None
+    assert recorded("v100x4-crash-loop").speculative == "unknown"  # recorded before the section existed
+    row = status.HostStatus("h")
+    status._parse_engine(row, "    --speculative-config '{\"method\":\"dflash\",\"model\":\"/m/draft\","
+                              "\"num_speculative_tokens\":7}' \\\n", 0)
+    assert row.speculative == "dflash2 k=7" and row.agent_parsers is False

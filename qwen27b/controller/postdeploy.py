@@ -45,6 +45,7 @@ class HostResult:
     decode_tok_s: float | None = None
     completion_tokens: int | None = None
     acceptance: float | None = None
+    speculation: str = ""  # the method's acceptance against the stack's floors, and the next method if below
     reason: str = ""
     journal: list[str] = field(default_factory=list)
     health: dict | None = None
@@ -140,7 +141,8 @@ def check_models(base: str, served_name: str, api_key: str | None) -> list[str]:
 
 
 def chat_stream(base: str, served_name: str, api_key: str | None, max_tokens: int = 64, timeout: float = 600) -> dict:
-    """One streamed chat completion: TTFT, decode tokens/s, token counts."""
+    """One streamed chat completion: TTFT, decode tokens/s, token counts; `text` is the content only
+    (the reasoning a parser split off is timed, not returned)."""
     body = {"model": served_name, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens,
             "stream": True, "stream_options": {"include_usage": True}}
     started = time.monotonic()
@@ -155,12 +157,16 @@ def chat_stream(base: str, served_name: str, api_key: str | None, max_tokens: in
                 chunk = json.loads(line[6:])
                 usage = chunk.get("usage") or usage
                 for choice in chunk.get("choices", []):
-                    piece = (choice.get("delta") or {}).get("content")
+                    delta = choice.get("delta") or {}
+                    # with --reasoning-parser a thinking model's first tokens stream as `reasoning`
+                    # (`reasoning_content` before vLLM 0.11): tokens all the same, for TTFT and tok/s
+                    piece = delta.get("content") or delta.get("reasoning") or delta.get("reasoning_content")
                     if piece:
                         now = time.monotonic()
                         first = first or now
                         last = now
-                        text.append(piece)
+                        if delta.get("content"):
+                            text.append(piece)
     except urllib.error.HTTPError as error:
         raise VerifyFailed(f"chat completion answered {error.code}: {error.read()[:200]!r}") from None
     except (OSError, ValueError) as error:
@@ -172,10 +178,10 @@ def chat_stream(base: str, served_name: str, api_key: str | None, max_tokens: in
     return {"ttft_s": first - started, "decode_tok_s": decode, "completion_tokens": tokens, "text": "".join(text)}
 
 
-def spec_counters(metrics_text: str) -> tuple[float, float]:
+def spec_counters(metrics_text: str | None) -> tuple[float, float]:
     """(draft tokens, accepted tokens) summed over label sets, from a /metrics scrape."""
-    return (sum(float(v) for v in SPEC_DRAFT.findall(metrics_text)),
-            sum(float(v) for v in SPEC_ACCEPTED.findall(metrics_text)))
+    return (sum(float(v) for v in SPEC_DRAFT.findall(metrics_text or "")),
+            sum(float(v) for v in SPEC_ACCEPTED.findall(metrics_text or "")))
 
 
 def acceptance(before: tuple[float, float], after: tuple[float, float]) -> float | None:
@@ -216,3 +222,53 @@ def write_report(results: list[HostResult], directory: Path, run_id: str, summar
     latest.unlink(missing_ok=True)
     latest.symlink_to(path.name)
     return path
+
+
+# --- The agent check: what --reasoning-parser / --tool-call-parser should leave in a response ------
+
+THINK_TAGS = ("<think>", "</think>")
+TOOL_XML = ("<tool_call>", "<function=")  # Qwen3's XML tool-call markup, which the tool parser consumes
+
+
+@dataclass(frozen=True)
+class AgentShape:
+    """One /v1/chat/completions response judged: reasoning kept out of `content` (False when it leaked
+    there), a tool call returned as a `tool_calls` entry (its name; None: none), and each problem."""
+
+    reasoning_separate: bool
+    tool_call: str | None
+    problems: tuple = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def agent_shape(body: dict, expect_tool: str | None = None) -> AgentShape:
+    """Pure: judge a chat-completions JSON response (vLLM's `reasoning`, or `reasoning_content` before
+    0.11). With `expect_tool`, a response without that call in `tool_calls` is a problem."""
+    choice = (body.get("choices") or [{}])[0]
+    message = choice.get("message") or {}
+    content = message.get("content") or ""
+    reasoning = message.get("reasoning") or message.get("reasoning_content") or ""
+    problems = []
+    leaked = any(tag in content for tag in THINK_TAGS)
+    if leaked:
+        problems.append("reasoning leaked into content (<think> tags in it): is --reasoning-parser set?")
+    calls = [c for c in message.get("tool_calls") or [] if (c.get("function") or {}).get("name")]
+    for call in calls:
+        try:
+            json.loads(call["function"].get("arguments") or "{}")
+        except ValueError:
+            problems.append(f"tool call {call['function']['name']}: arguments are not JSON")
+    if any(tag in content for tag in TOOL_XML):
+        problems.append("a tool call came back as XML text in content, not in tool_calls (vLLM issue 42021)")
+    if not calls and any(tag in reasoning for tag in TOOL_XML):
+        problems.append("a tool call stayed inside the reasoning, tool_calls is empty (vLLM issue 39056)")
+    if not content.strip() and not calls and reasoning and choice.get("finish_reason") == "stop":
+        problems.append("the whole answer is in reasoning and content is empty: the model never closed </think> "
+                        "(a reasoning parser on a model that does not think?)")
+    names = [c["function"]["name"] for c in calls]
+    if expect_tool and expect_tool not in names:
+        problems.append(f"no {expect_tool} call in tool_calls" + (f" (got {', '.join(names)})" if names else ""))
+    return AgentShape(not leaked, names[0] if names else None, tuple(problems))

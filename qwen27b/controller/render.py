@@ -14,7 +14,7 @@ import jinja2
 
 from qwen27b.plan.gate import Decision
 from qwen27b.onhost.contract import (FIREWALL_UNIT, HEALTH_HTTP_SOCKET, HEALTH_HTTP_TEMPLATE, HEALTH_TIMER, HEALTH_UNIT,
-                                     INSTANCE_TEMPLATE, MODEL_REF_ENV, QUIET_ENV, RAY_UNIT, SERVICE_UNIT, TEXTFILE_DIR,
+                                     INSTANCE_TEMPLATE, MODEL_REF_ENV, QUIET_ENV, SPECULATIVE_ENV, RAY_UNIT, SERVICE_UNIT, TEXTFILE_DIR,
                                      lib_dir, module_argv)
 from qwen27b.plan.hostdata import NODE_EXPORTER_PORT, http_base
 from qwen27b.plan.lifecycle import release_record_file
@@ -306,7 +306,8 @@ def contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
         + (["--api-key-file", credential] if s.api_key_file else []),
         # environment, not flags: a rollback to an older qwen27b-health must still run. Quiet: the
         # journal gets one line a check, the table when the verdict changes
-        "health_env": [(QUIET_ENV, "1"), (MODEL_REF_ENV, service["model_ref"])],
+        "health_env": [(QUIET_ENV, "1"), (MODEL_REF_ENV, service["model_ref"]),
+                       (SPECULATIVE_ENV, f"{serve.spec.method}:{serve.spec.depth}" if serve.spec.on else "off")],
         # the check must get CPU when the service takes it all (a CPU build under load starved it
         # for tens of seconds, close to timeout_s): CPUWeight where systemd runs the cpu controller
         # (default 100), Nice where both share one cpu cgroup (cgroup v1 without it, containers);

@@ -127,6 +127,7 @@ TEXTFILE_NAME = "qwen27b.prom"
 
 
 QUIET_ENV, TEXTFILE_DIR_ENV, MODEL_REF_ENV = "QWEN27B_HEALTH_QUIET", "QWEN27B_HEALTH_TEXTFILE_DIR", "QWEN27B_MODEL_REF"
+SPECULATIVE_ENV = "QWEN27B_SPECULATIVE"  # the speculative method in use, "mtp:7" / "dflash2:7" / "off" (qwen27b_build_info)
 
 
 # How the package is installed on a host: once per release venv, under this name, outside

@@ -21,7 +21,7 @@ import time
 
 import httpx
 
-from .contract import (CRITICAL, INFO, LEVELS, MODEL_REF_ENV, OK, QUIET_ENV, RESTART_LOOP_FINDING,
+from .contract import (CRITICAL, INFO, LEVELS, MODEL_REF_ENV, SPECULATIVE_ENV, OK, QUIET_ENV, RESTART_LOOP_FINDING,
                        RESTART_REQUEST_ENV, SERVICE_UNIT, TEXTFILE_DIR, TEXTFILE_DIR_ENV, TEXTFILE_NAME, UNKNOWN, WARNING,
                        XID_ADVICE, XID_FATAL, restart_loop)
 from .gpu import THROTTLE_BAD, read_gpus, read_xids
@@ -337,6 +337,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         f"default ${TEXTFILE_DIR_ENV} or {TEXTFILE_DIR})")
     p.add_argument("--model-ref", default=os.environ.get(MODEL_REF_ENV) or None,
                    help=f"model id@revision, for the qwen27b_build_info metric (default ${MODEL_REF_ENV})")
+    p.add_argument("--speculative", default=os.environ.get(SPECULATIVE_ENV) or None,
+                   help=f"the speculative method in use (mtp:7, dflash2:7, off), for qwen27b_build_info "
+                        f"(default ${SPECULATIVE_ENV})")
     args = p.parse_args(argv)
     if args.restart_after < 1:
         p.error("--restart-after must be >= 1")

@@ -34,7 +34,8 @@ class _Fixed:
         return iter(self.families)
 
 
-def metrics_registry(s: dict, *, release: str | None, model_ref: str | None, systemd: dict | None = None):
+def metrics_registry(s: dict, *, release: str | None, model_ref: str | None, systemd: dict | None = None,
+                     speculative: str | None = None):
     """A status dict (what :func:`check` returns, plus ``xid_counts``) -> a prometheus_client
     CollectorRegistry of ``qwen27b_*`` gauges.  Readings NVML calls Not Supported are left out
     rather than written as 0: an absent series is "unknown", a 0 would claim a healthy reading."""
@@ -113,7 +114,8 @@ def metrics_registry(s: dict, *, release: str | None, model_ref: str | None, sys
     reg.register(_Fixed(xid_total))
 
     Info("qwen27b_build", "The release venv and the model the host serves", registry=reg).info(
-        {"release": release or "", "model": model_ref or "", "unit": s.get("unit") or ""})
+        {"release": release or "", "model": model_ref or "", "unit": s.get("unit") or "",
+         "speculative": speculative or ""})
     return reg
 
 
@@ -149,7 +151,8 @@ def export_metrics(args: argparse.Namespace, status: dict) -> str | None:
     try:
         systemd = status.get("systemd") or unit_properties(args.unit)
         write_metrics(args.textfile_dir, metrics_registry(status, release=current_release(),
-                                                          model_ref=args.model_ref, systemd=systemd))
+                                                          model_ref=args.model_ref, systemd=systemd,
+                                                          speculative=getattr(args, "speculative", None)))
     except ImportError:
         return "prometheus_client is not in this venv: metrics not written (redeploy to install it)"
     except OSError as e:

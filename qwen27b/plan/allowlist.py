@@ -94,6 +94,11 @@ STACK_RULES: dict[str, Rule] = {
     "model.default_source": Rule(r"hub|mirror|controller", "one of the model sources", "hub"),
     "model.local_dir": Rule(r"[A-Za-z0-9_./~+-]{1,255}", "a controller path under the cache", "models/x"),
     "model.source": _TEXT,
+    # the checkpoint's parser family: a key of the stack's agent_parsers table (plan/engine.py), whose
+    # names reach the unit's ExecStart (checked there too)
+    "model.agent_parsers": Rule(r"[a-z0-9_]{1,40}", "a key of the stack's agent_parsers table", "qwen3"),
+    "model.agent_parsers_off": Rule(r"[a-z0-9][a-z0-9-]{0,63}", "a source id (the recorded reason the parsers stay off)",
+                                    "cpu-parsers-recorded"),
     "model.speculative.method": _WORD,
     "model.speculative.draft_sample_method": _WORD,
     "model.speculative.kv_cache_dtype": _WORD,

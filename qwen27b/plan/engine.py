@@ -6,6 +6,7 @@ Kept apart from planner.py (memory and sizing) so each decision reads on its own
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from qwen27b.plan.checkpoint import ModelShape
@@ -138,3 +139,148 @@ def speculative_config(stack: ResolvedStack, choice: SpecChoice, draft_path: str
         if spec.get(key):
             config[key] = spec[key]
     return config
+
+
+# --- Agent-ready API: reasoning and tool-call parsers ---------------------------------------------
+
+PARSER_NAME = re.compile(r"^[a-z0-9_]{1,40}$")  # a registered parser name; it reaches the unit's argv
+
+
+@dataclass(frozen=True)
+class AgentParsers:
+    """--reasoning-parser / --tool-call-parser for one host (None: off), with why."""
+
+    reasoning: str | None
+    tool_call: str | None
+    reason: str
+
+    @property
+    def on(self) -> bool:
+        return self.reasoning is not None
+
+
+class AgentRefused(ValueError):
+    """qwen27b_agent_parsers true where the checkpoint or build has no parsers; `cause`, `fix`."""
+
+    def __init__(self, cause: str, fix: str):
+        self.cause, self.fix = cause, fix
+        super().__init__(f"{cause}. Fix: {fix}")
+
+
+def agent_parsers(stack: ResolvedStack, setting: bool | None) -> AgentParsers:
+    """The parsers for qwen27b_agent_parsers `setting` (None: on where the stack knows them). On when
+    the checkpoint's family (models[].agent_parsers) has an entry whose `builds` list the profile's
+    build; a `true` the host cannot honour is refused (AgentRefused), never silently dropped."""
+    family = stack.model.get("agent_parsers")
+    entry = stack.agent_parsers.get(family) if family else None
+    build = stack.profile["vllm"]["build"]
+    why_not = None
+    if entry is None:
+        why_not = (f"{stack.model['id']} has no agent_parsers entry in the stack (not a Qwen3-family chat model: "
+                   "it speaks neither <think> reasoning nor Qwen3's XML tool calls, a parser would prove nothing)"
+                   + (f"; recorded with the qwen3 parser: its answer went to `reasoning`, `content` null "
+                      f"{stack.cite(stack.model['agent_parsers_off'])}"
+                      if stack.model.get("agent_parsers_off") else ""))
+    elif build not in (entry.get("builds") or []):
+        why_not = (f"vLLM build '{build}' is not known to register the {family} parsers (the stack lists "
+                   f"{', '.join(entry.get('builds') or {}) or 'no build'})")
+    if why_not:
+        if setting:
+            raise AgentRefused(f"qwen27b_agent_parsers true: {why_not}",
+                               "remove qwen27b_agent_parsers (the planner turns them on where they fit) or set it false")
+        return AgentParsers(None, None, f"agent parsers off: {why_not}")
+    if setting is False:
+        return AgentParsers(None, None, "agent parsers off: qwen27b_agent_parsers is false (reasoning stays in "
+                                        "`content`, tool_choice auto is refused by vLLM)")
+    names = (entry["reasoning_parser"], entry["tool_call_parser"])
+    for name in names:
+        if not PARSER_NAME.match(str(name)):
+            raise ValueError(f"stack agent_parsers.{family}: {name!r} is not a parser name (a-z, 0-9, _)")
+    how = "qwen27b_agent_parsers true" if setting else "on by default"
+    return AgentParsers(*names, f"{how}: {stack.model['id']} is a {family}-family model, the parsers its build "
+                                f"registers {stack.cite(entry['builds'][build])}")
+
+
+# --- The measured fallback --------------------------------------------------------------------------
+
+_COUNTER = r"^{name}_total(?:\{{[^}}]*\}})?\s+([0-9.eE+-]+)\s*$"
+SPEC_DRAFT_TOKENS = re.compile(_COUNTER.format(name="vllm:spec_decode_num_draft_tokens"), re.M)
+SPEC_ACCEPTED_TOKENS = re.compile(_COUNTER.format(name="vllm:spec_decode_num_accepted_tokens"), re.M)
+
+
+def spec_counters(metrics_text: str) -> tuple[float, float] | None:
+    """(drafted, accepted) tokens from a /metrics text, summed over label sets (engines); None when
+    the text has no spec-decode counters (speculation off, or not vLLM's /metrics)."""
+    drafted = SPEC_DRAFT_TOKENS.findall(metrics_text or "")
+    if not drafted:
+        return None
+    return sum(map(float, drafted)), sum(map(float, SPEC_ACCEPTED_TOKENS.findall(metrics_text)))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the counters say about the method in use: keep (True), drop (False) or not enough
+    evidence (None); the acceptance measured and the figures behind it."""
+
+    keep: bool | None
+    acceptance: float | None
+    reason: str
+
+
+def floors(stack: ResolvedStack, method: str) -> dict:
+    """The floors for `method`: the method's own min_acceptance over speculative.floors."""
+    base = dict(stack.speculative.get("floors") or {})
+    own = (stack.speculative.get(method) or {}).get("min_acceptance")
+    if own is not None:
+        base["min_acceptance"] = own
+    return base
+
+
+def judge_acceptance(stack: ResolvedStack, method: str, before: str, after: str) -> Verdict:
+    """The method's acceptance between two /metrics scrapes (counters are cumulative), against the
+    stack's floors. No verdict below min_draft_tokens drafted: too little to judge a method by."""
+    floor = floors(stack, method)
+    cite = stack.cite(floor.get("source"))
+    start, end = spec_counters(before), spec_counters(after)
+    if end is None:
+        return Verdict(None, None, f"{method}: /metrics has no vllm:spec_decode_* counters: is speculation on?")
+    drafted, accepted = end[0] - (start or (0, 0))[0], end[1] - (start or (0, 0))[1]
+    if drafted < floor["min_draft_tokens"]:
+        return Verdict(None, None, f"{method}: {drafted:.0f} tokens drafted, fewer than the {floor['min_draft_tokens']} "
+                                   f"a verdict needs {cite}")
+    rate = accepted / drafted
+    measured = f"{method} accepted {accepted:.0f} of {drafted:.0f} drafted tokens ({rate:.1%})"
+    if rate < floor["min_acceptance"]:
+        return Verdict(False, rate, f"{measured}, below the floor {floor['min_acceptance']:.0%} {cite}")
+    return Verdict(True, rate, f"{measured}, at or above the floor {floor['min_acceptance']:.0%} {cite}")
+
+
+def next_method(stack: ResolvedStack, target: ModelShape, tried: list[str], tp: int, max_model_len: int,
+                why: str) -> SpecChoice:
+    """The method to try after `tried` (in order; the last one just failed `why`): the next one of the
+    profile's speculative_auto list this host can run that no evidence rules out, else off."""
+    skipped = []
+    for method in stack.profile.get("speculative_auto") or []:
+        if method in tried:
+            continue
+        reason = cannot_run(method, stack, target) or no_accept(method, stack, tp)
+        if reason:
+            skipped.append((method, reason))
+            continue
+        depth, how = _depth(method, stack, max_model_len)
+        passed = "".join(f"; not {m}: {w}" for m, w in skipped)
+        return SpecChoice(method, depth, f"fallback: {why}; next {method}, {how}{passed}", tuple(skipped))
+    passed = "".join(f"; not {m}: {w}" for m, w in skipped)
+    return SpecChoice("off", 0, f"fallback: {why}; no other method fits, speculation off{passed}", tuple(skipped))
+
+
+def fallback(stack: ResolvedStack, target: ModelShape, choice: SpecChoice, tried: list[str], tp: int,
+             max_model_len: int, before: str, after: str) -> tuple[SpecChoice | None, Verdict]:
+    """Keep the method in use (None) or the one to re-render the flags with, from the /metrics
+    scrapes around verify's request. `tried` lists the methods already dropped this deploy."""
+    if not choice.on:
+        return None, Verdict(None, None, "speculation off: nothing to judge")
+    verdict = judge_acceptance(stack, choice.method, before, after)
+    if verdict.keep is not False:
+        return None, verdict
+    return next_method(stack, target, list(tried) + [choice.method], tp, max_model_len, verdict.reason), verdict

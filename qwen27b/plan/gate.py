@@ -305,6 +305,14 @@ def _speculation(host: str, rs: ResolvedStack, gpus: list[Gpu], target: ModelSha
         raise RefusedHost(host, refused.cause, refused.fix) from None
 
 
+def _agent_parsers(host: str, rs: ResolvedStack, settings: Settings) -> engine.AgentParsers:
+    """Reasoning and tool-call parsers (plan/engine.py) for qwen27b_agent_parsers."""
+    try:
+        return engine.agent_parsers(rs, settings.agent_parsers)
+    except engine.AgentRefused as refused:
+        raise RefusedHost(host, refused.cause, refused.fix) from None
+
+
 _DRIVER_PACKAGE = re.compile(r"^(?:nvidia-driver-(?P<branch>[0-9]+)(?:-server)?(?:-open)?|cuda-drivers(?:-(?P<cuda_branch>[0-9]+))?)$")
 _BRANCH_PACKAGE = re.compile(r"^nvidia-(?:driver|dkms|kernel-source|kernel-common|utils|compute-utils)-(?P<branch>[0-9]+)(?:-server)?(?:-open)?$")
 # every package of one driver branch, libraries and X driver included: what apt removes with it
@@ -737,6 +745,7 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
                                                               "restore the checkpoint's config.json / index")]) from None
     check(_mixed_fp8_rule, host, rs, gpus, target, settings)
     spec = check(_speculation, host, rs, gpus, target, settings)
+    agent = check(_agent_parsers, host, rs, settings)
     try:
         draft = load_shape(checkpoint_metadata_dir(rs.draft)) if spec is not None and spec.method == "dflash2" else None
     except CheckpointError as error:
@@ -768,7 +777,7 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
         bind_address=bind, bind_reason=bind_reason, port=settings.port,
         speculative=spec is not None and spec.on, prefix_caching=settings.prefix_caching,
         pins=pins, ram_bytes=ram, route_guard=bool(settings.api_key_file), topology=facts.topology,
-        spec=spec or engine.OFF)
+        spec=spec or engine.OFF, agent=agent)
     driver_first = None
     try:
         serve = (pipeline.plan if pipeline is not None else plan_serve)(serve_inputs)

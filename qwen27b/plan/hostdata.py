@@ -43,6 +43,9 @@ class Settings:
     # the method and depth from the stack's evidence
     speculative: bool | str = "auto"
     model: str | None = None  # a key of the stack's models table to serve; None: the profile's own
+    # --reasoning-parser / --enable-auto-tool-choice --tool-call-parser (plan/engine.py agent_parsers):
+    # None: on where the checkpoint's family and the build have them; False: off; True: on or refused
+    agent_parsers: bool | None = None
     prefix_caching: bool = True
     skip_reboot: bool = False  # never reboot this host; the plan says a reboot is pending
     mok_key_path: str | None = None  # MOK signing key for secure boot hosts
@@ -103,6 +106,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "serve_flags": (dict,),
     "speculative": (str, bool),
     "model": (str,),
+    "agent_parsers": (bool,),
     "prefix_caching": (bool,),
     "skip_reboot": (bool,),
     "mok_key_path": (str,),

@@ -146,6 +146,7 @@ class ServeInputs:
     route_guard: bool = False  # an API key is set: every route but /health needs it (route_auth.py)
     topology: dict | None = None  # GpuTopology: the links between the GPUs (None: not read)
     spec: engine.SpecChoice | None = None  # the speculative method (engine.choose_speculative); None: DFlash2 when `draft`
+    agent: engine.AgentParsers | None = None  # reasoning / tool-call parsers (engine.agent_parsers); None: off, unsaid
 
     @property
     def speculation(self) -> engine.SpecChoice:
@@ -410,6 +411,14 @@ def plan_serve(inp: ServeInputs) -> ServePlan:
             notes.append(f"target lm_head is quantized: DFlash2 acceptance will be ~0 {cite('dflash-dense-head')}")
     elif inp.gpus or spec.skipped:
         notes.append(f"speculative decoding off: {spec.reason}")
+    if inp.agent is not None and inp.agent.on:
+        add("--reasoning-parser", inp.agent.reasoning, f"<think>...</think> into the message's `reasoning` field, "
+            f"never `content`; {inp.agent.reason}")
+        add("--enable-auto-tool-choice", None, "tool_choice 'auto' (what agent clients send); vLLM refuses it without "
+            "this switch")
+        add("--tool-call-parser", inp.agent.tool_call, "Qwen3's XML <tool_call> blocks into `tool_calls` entries")
+    elif inp.agent is not None:
+        notes.append(inp.agent.reason)
     if inp.target.multimodal:
         add("--limit-mm-per-prompt", json.dumps({"image": 0, "video": 0}, separators=(",", ":")),
             f"text-only serving: no vision encoder profiling {cite('mm-text-only')}")

@@ -126,6 +126,7 @@ class ResolvedStack:
     build: dict  # the vllm_builds row for profile.vllm.build
     tools: dict  # controller-cached tools (uv) and the packages every release venv gets
     speculative: dict = field(default_factory=dict)  # the stack's speculative section (plan/engine.py)
+    agent_parsers: dict = field(default_factory=dict)  # the stack's agent_parsers table (plan/engine.py)
 
     @property
     def stack_hash(self) -> str:
@@ -200,7 +201,8 @@ def resolve_stack(stack: dict, profile_name: str, overrides: dict | None = None,
     if build_name not in stack["vllm_builds"]:
         raise StackError(f"unknown vllm build '{build_name}'; known: {', '.join(stack['vllm_builds'])}")
     return ResolvedStack(profile_name, profile, model, draft, stack["paths"], stack["sources"],
-                         stack["vllm_builds"][build_name], stack["tools"], stack.get("speculative") or {})
+                         stack["vllm_builds"][build_name], stack["tools"], stack.get("speculative") or {},
+                         stack.get("agent_parsers") or {})
 
 
 def _check_allowed(tree: dict, prefix: str) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import sys
 import time
@@ -44,6 +45,8 @@ from qwen27b.onhost.unit import parse_show, show_command
 from qwen27b.plan.stack import health_status_file, load_stack
 
 UNIT = SERVICE_UNIT
+SERVICE_UNIT_FILE = f"/etc/systemd/system/{UNIT}"
+SPEC_FLAG = re.compile(r"--speculative-config\s+'?(\{[^']*\})")
 UNIT_PROPS = ("LoadState", "ActiveState", "SubState", "NRestarts")
 HEALTH_MAX_BYTES = 262144  # the status file is a few KiB (20 verdicts of history); bound what we read
 
@@ -57,6 +60,8 @@ def commands(paths: dict) -> dict[str, str]:
         "health": f"head -c {HEALTH_MAX_BYTES} {q(health_status_file(paths))}",
         "release": f"readlink {q(paths['current_release'])}",
         "model": f"readlink {q(paths['current_model'])}",
+        # the engine flags the unit was rendered with: the speculative method in use and the agent parsers
+        "engine": f"grep -h -e --speculative-config -e --reasoning-parser {q(SERVICE_UNIT_FILE)}",
         "gpus": remote.guard("nvidia-smi", "timeout 20 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader"),
         # a gateway host (the qwen27b_gateway group) has these instead of the service and its health
         "gateway": remote.guard("systemctl", show_command(GATEWAY_UNIT, UNIT_PROPS)),
@@ -80,6 +85,8 @@ class HostStatus:
     health_time: str | None = None
     health_age_s: float | None = None
     health_note: str = ""  # why the verdict is unknown
+    speculative: str = "unknown"  # from the unit's --speculative-config: "mtp k=7", "dflash2 k=7", "off"
+    agent_parsers: bool | None = None  # the unit has --reasoning-parser
     release: str = "none"
     release_path: str = ""
     model: str = "none"  # org/name@revision
@@ -172,6 +179,24 @@ def _parse_model(row: HostStatus, text: str | None, code: int | None) -> None:
         row.model = name
 
 
+def _parse_engine(row: HostStatus, text: str | None, code: int | None) -> None:
+    """grep's lines of the unit: no --speculative-config (exit 1, or no such line) is "off"; no
+    unit file (exit 2) or no section leaves "unknown"."""
+    if text is None or code not in (0, 1):
+        return
+    row.agent_parsers = "--reasoning-parser" in text
+    found = SPEC_FLAG.search(text)
+    if not found:
+        row.speculative = "off"
+        return
+    try:
+        config = json.loads(found.group(1))
+    except ValueError:
+        return
+    method = {"dflash": "dflash2"}.get(config.get("method"), str(config.get("method")))
+    row.speculative = f"{method} k={config.get('num_speculative_tokens')}"
+
+
 def _parse_gpus(row: HostStatus, text: str | None, code: int | None) -> None:
     if text is None or text.strip() == remote.NOCMD:
         return
@@ -218,6 +243,7 @@ def parse(host: str, outputs: dict[str, str], codes: dict[str, int], paths: dict
     _parse_release(row, outputs.get("release"), codes.get("release"), paths["releases"])
     _parse_model(row, outputs.get("model"), codes.get("model"))
     _parse_gpus(row, outputs.get("gpus"), codes.get("gpus"))
+    _parse_engine(row, outputs.get("engine"), codes.get("engine"))
     _parse_gateway(row, outputs.get("gateway"), outputs.get("pool"), codes.get("pool"))
     return row
 
@@ -283,9 +309,9 @@ def _short(text: str, n: int = 60) -> str:
 
 def cells(row: HostStatus) -> list[str]:
     if row.failed:
-        return [row.host, f"{row.reach}: {_short(row.error, 120)}", "-", "-", "-", "-", _verify_cell(row)]
+        return [row.host, f"{row.reach}: {_short(row.error, 120)}", "-", "-", "-", "-", _verify_cell(row), "-"]
     if row.gateway is not None and row.load_state != "loaded":
-        return [row.host, *_gateway_cells(row.gateway), _verify_cell(row)]
+        return [row.host, *_gateway_cells(row.gateway), _verify_cell(row), "-"]
     if row.load_state == "not-found":
         service = "not installed"
     elif row.unit_note:
@@ -299,7 +325,9 @@ def cells(row: HostStatus) -> list[str]:
     groups = Counter((g["name"], g["memory"]) for g in row.gpus)
     gpus = (", ".join(f"{n}x {name} ({memory})" for (name, memory), n in groups.items()) if groups
             else _short(row.gpu_note) or "none")
-    return [row.host, service, health, row.release, row.model, gpus, _verify_cell(row)]
+    engine = row.speculative + ("" if row.agent_parsers is None else
+                                ", parsers on" if row.agent_parsers else ", parsers off")
+    return [row.host, service, health, row.release, row.model, gpus, _verify_cell(row), engine]
 
 
 def _gateway_cells(g: dict) -> list[str]:
@@ -322,8 +350,8 @@ def _verify_cell(row: HostStatus) -> str:
     return f"{v['status']} (run {v['run']})" + (f": {_short(v['reason'])}" if v["status"] != "ok" and v["reason"] else "")
 
 
-HEADERS = ["host", "service", "health", "release", "model", "gpus", "last verify"]
-WIDTHS = [28, 30, 24, 12, 40, 36, 34]  # wrap points; a column is as wide as its longest line
+HEADERS = ["host", "service", "health", "release", "model", "gpus", "last verify", "speculative"]
+WIDTHS = [28, 30, 24, 12, 40, 36, 34, 26]  # wrap points; a column is as wide as its longest line
 
 
 def status_table(rows: list[HostStatus]) -> str:
