@@ -9,8 +9,8 @@ on, each leaving the state the next one needs (docs/testhosts.md, "One lab"):
     test_testhosts          the harness itself, first: a broken harness fails in a minute
     test_deploy ..          host 0: the fresh deploy as admin+sudo, then doctor, faults, Prometheus
     test_lifecycle_e2e      hosts 1 (A) and 2 (B): day two, B uninstalled at its end
-    test_scaleout_gateway   host 2 the gateway, hosts 0 and 1 its backends (already installed), as root
-    test_instances_e2e      host 0 last: from one service (a gateway backend) to two copies
+    test_instances_e2e      host 0: from one service to two copies
+    test_scaleout_gateway   last, on three fresh hosts of its own (the lab's services stopped first)
 
 Every module still runs alone: its first deploy is then a fresh one. The controller's artifacts
 (wheelhouse, tiny model) and the loopback mirror are built once per run (session fixtures here).
@@ -37,8 +37,8 @@ from revisions import GOOD, GOOD_B
 
 E2E_DIR = Path(__file__).resolve().parent
 LAB_ORDER = ["test_testhosts", "test_deploy", "test_doctor_e2e", "test_faults", "test_prometheus_e2e",
-             "test_lifecycle_e2e", "test_scaleout_gateway", "test_instances_e2e"]
-LAB_HOSTS = 3  # host 0 the deployed one; 1 and 2 the lifecycle's pair, then the gateway and a backend
+             "test_lifecycle_e2e", "test_instances_e2e", "test_scaleout_gateway"]
+LAB_HOSTS = 3  # host 0 the deployed one; 1 and 2 the lifecycle's pair
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -187,6 +187,31 @@ def mirror(artifacts, tmp_path_factory):
     server, _ = serve(str(root))
     yield server
     server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def own_testhosts():
+    """Test hosts of a module's own, beside the lab's: `own_testhosts(n, link_peers=True)` ->
+    E2EHosts, all torn down after the module (the gateway's three: see LAB_ORDER)."""
+    reason = _skip_reason()
+    if reason:
+        skip_or_fail_setup(reason)
+    made: list[NspawnHosts] = []
+
+    def make(n: int, link_peers: bool = False, name: str = "own") -> E2EHosts:
+        lab = NspawnHosts(profile=f"pytest-{os.getpid()}-{name}{len(made)}")
+        made.append(lab)
+        lab.up(n)
+        if link_peers:
+            lab.link_peers()
+        return E2EHosts(lab, [E2EHost(h["name"], h["address"], lab.ssh_config, lab.ssh_options(), lab)
+                              for h in lab.hosts])
+
+    try:
+        yield make
+    finally:
+        for lab in made:
+            lab.down()
 
 
 @pytest.fixture(scope="session")

@@ -3,10 +3,11 @@ qwen27b_gateway), the CPU smoke profile on the other two (real vLLM, SmolLM2-135
 `pyinfra <inventory> deploy.py -y`, as a lab would run it, as root (the other modules deploy as
 admin+sudo: both ways proven).
 
-The tier's one lab (tests/e2e/conftest.py): the gateway goes on host 2 (the lifecycle's B, which that
-module leaves uninstalled), the backends are hosts 0 and 1, both already serving (the session's deployed
-host and the lifecycle's A): the first deploy re-keys and re-renders them rather than installing again.
-Run alone, the module installs both backends fresh.
+Three fresh hosts of the module's own, last in the tier (tests/e2e/conftest.py LAB_ORDER), the
+lab's services stopped first (memory). The backends are installed fresh here: re-keying the lab's
+already-serving hosts as backends in the same run that starts the gateway once ended with each
+backend's first restart dying and verify rolling it back (the stop-34 clean-clone run; its journal
+was flooded by the pool's /health probes): kept apart until that is understood (closing note).
 
 Three hosts rather than the gateway beside a backend: the inventory keeps one qwen27b deployment
 per machine, and the gateway is cheap (nginx ~10 MB, the watcher ~15 MB: docs/scale-out.md); the
@@ -45,15 +46,18 @@ POOL_FILE = "/var/lib/qwen27b-gateway/pool.json"
 
 
 @pytest.fixture(scope="module")
-def gw(testhosts, mirror, tmp_path_factory):  # noqa: F811 (the mirror fixture imported above)
-    """An inventory: host 2 in the qwen27b_gateway group, hosts 0 and 1 its backends; key files 0600."""
+def gw(own_testhosts, testhosts, mirror, tmp_path_factory):
+    """An inventory: host 0 in the qwen27b_gateway group, hosts 1 and 2 its backends; key files 0600."""
+    for host in testhosts:  # the lab's modules are done: their vLLM servers leave the memory to these
+        host.run("systemctl stop 'qwen27b*.service' 'qwen27b@*.service' 2>/dev/null; true", check=False, timeout=120)
+    hosts = own_testhosts(3, link_peers=True, name="gateway")
     work = tmp_path_factory.mktemp("gateway")
     files = {}
     for name, key in [("backend", BACKEND_KEY), ("team-a", CLIENT_KEYS[0]), ("team-b", f"OPENAI_API_KEY={CLIENT_KEYS[1]}")]:
         files[name] = work / f"{name}.key"
         files[name].write_text(key + "\n")
         files[name].chmod(0o600)
-    gateway, backends = testhosts[2], [testhosts[0], testhosts[1]]
+    gateway, backends = hosts[0], [hosts[1], hosts[2]]
     backend_data = {"qwen27b_profile": "cpu-smoke", "qwen27b_model_source": "mirror",
                     "qwen27b_model_mirror": f"http://127.0.0.1:{mirror.server_address[1]}",
                     "qwen27b_http_proxy": "http://127.0.0.1:3128", "qwen27b_api_key_file": str(files["backend"]),
@@ -65,7 +69,7 @@ def gw(testhosts, mirror, tmp_path_factory):  # noqa: F811 (the mirror fixture i
     inventory.write_text(
         "import json, os, runpy\n"
         f"_hosts = {{n: {{k: v for k, v in d.items() if k != 'testhost_root'}} for n, d in "
-        f"runpy.run_path({str(testhosts.lab.inventory)!r})['testhosts']}}\n"
+        f"runpy.run_path({str(hosts.lab.inventory)!r})['testhosts']}}\n"
         "EXTRA = json.loads(os.environ.get('QWEN27B_E2E_EXTRA', '{}'))\n"
         f"qwen27b_gateway = [({gateway.name!r}, {{**_hosts[{gateway.name!r}], **{gateway_data!r}}})]\n"
         f"backends = [(n, {{**_hosts[n], **{backend_data!r}, **EXTRA}}) for n in {[b.name for b in backends]!r}]\n")
