@@ -116,13 +116,8 @@ def choose_speculative(stack: ResolvedStack, target: ModelShape, setting: str, t
         evidence = no_accept(setting, stack, tp)
         return SpecChoice(setting, depth, f"qwen27b_speculative {setting}; {how}"
                           + (f"; WARNING, asked for despite: {evidence}" if evidence else ""))
-    skipped = []
-    for method in stack.profile.get("speculative_auto") or []:
-        why = cannot_run(method, stack, target) or no_accept(method, stack, tp)
-        if why:
-            skipped.append((method, why))
-            continue
-        depth, how = _depth(method, stack, max_model_len)
+    method, depth, how, skipped = _first_fit(stack, target, tp, max_model_len)
+    if method is not None:
         passed = "".join(f"; not {m}: {w}" for m, w in skipped)
         return SpecChoice(method, depth, f"auto: {method}, {how}{passed}", tuple(skipped))
     passed = "; ".join(f"not {m}: {w}" for m, w in skipped)
@@ -255,10 +250,10 @@ def judge_acceptance(stack: ResolvedStack, method: str, before: str, after: str)
     return Verdict(True, rate, f"{measured}, at or above the floor {floor['min_acceptance']:.0%} {cite}")
 
 
-def next_method(stack: ResolvedStack, target: ModelShape, tried: list[str], tp: int, max_model_len: int,
-                why: str) -> SpecChoice:
-    """The method to try after `tried` (in order; the last one just failed `why`): the next one of the
-    profile's speculative_auto list this host can run that no evidence rules out, else off."""
+def _first_fit(stack: ResolvedStack, target: ModelShape, tp: int, max_model_len: int,
+               tried: list[str] | tuple = ()) -> tuple[str | None, int, str, list]:
+    """The first method of the profile's speculative_auto list, not in `tried`, that this host can
+    run and no evidence rules out: (method, depth, how, skipped); method None when none fits."""
     skipped = []
     for method in stack.profile.get("speculative_auto") or []:
         if method in tried:
@@ -268,9 +263,18 @@ def next_method(stack: ResolvedStack, target: ModelShape, tried: list[str], tp: 
             skipped.append((method, reason))
             continue
         depth, how = _depth(method, stack, max_model_len)
-        passed = "".join(f"; not {m}: {w}" for m, w in skipped)
-        return SpecChoice(method, depth, f"fallback: {why}; next {method}, {how}{passed}", tuple(skipped))
+        return method, depth, how, skipped
+    return None, 0, "", skipped
+
+
+def next_method(stack: ResolvedStack, target: ModelShape, tried: list[str], tp: int, max_model_len: int,
+                why: str) -> SpecChoice:
+    """The method to try after `tried` (in order; the last one just failed `why`): the next one of the
+    profile's speculative_auto list this host can run that no evidence rules out, else off."""
+    method, depth, how, skipped = _first_fit(stack, target, tp, max_model_len, tried)
     passed = "".join(f"; not {m}: {w}" for m, w in skipped)
+    if method is not None:
+        return SpecChoice(method, depth, f"fallback: {why}; next {method}, {how}{passed}", tuple(skipped))
     return SpecChoice("off", 0, f"fallback: {why}; no other method fits, speculation off{passed}", tuple(skipped))
 
 
