@@ -260,7 +260,8 @@ def gate(on=None) -> Decision | RefusedHost:
     """The gate's answer for a host (this one by default), once per run: the weights fan-out asks
     it for the other hosts before their own turn, so a host that will be refused seeds nobody."""
     on = host if on is None else on
-    decisions = runstate.current().decisions
+    run = runstate.current()
+    decisions = run.decisions
     if on.name not in decisions and kind(inventory_settings()[on.name]) == GROUP:
         decisions.update(_group_gate(inventory_settings()[on.name].node_group))
     if on.name not in decisions:
@@ -283,7 +284,10 @@ def gate(on=None) -> Decision | RefusedHost:
             check_wheel_binary(decisions[on.name])
         except RefusedHost as refused:
             decisions[on.name] = refused
-    if isinstance(decisions[on.name], Decision):  # idempotent; the read is kept per run (factcache)
+    if isinstance(decisions[on.name], Decision) and on.name not in run.venv_read:
+        # once, when planned: while executing, factcache drops the answer after each command, so a
+        # later gate() call would read the venv over SSH again (and see what this run installed)
+        run.venv_read.add(on.name)
         decision = decisions[on.name]
         decisions[on.name] = mark_installed(decision, on.get_fact(VenvPackages, venv=release_venv(decision)) or {})
     return decisions[on.name]

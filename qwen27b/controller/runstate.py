@@ -18,6 +18,7 @@ ATTRIBUTE = "_qwen27b_run"
 class RunState:
     settings: dict | None = None  # host name -> hostdata.Settings, validated once for the whole inventory
     decisions: dict = field(default_factory=dict)  # host name -> gate.Decision | gate.RefusedHost
+    venv_read: set = field(default_factory=set)  # hosts whose plan rows took their release venv's wheels (once)
     refused: dict[str, str] = field(default_factory=dict)  # host name -> cause, for the run summary
     unreachable: dict[str, str] = field(default_factory=dict)  # host name -> its SSH error, one line
     raised: dict[str, str] = field(default_factory=dict)  # host name -> what planning raised
