@@ -156,7 +156,7 @@ def testhosts(request) -> E2EHosts:
     try:
         lab.up(n)
         if n > 1:
-            lab.link_peers()  # as on a lab LAN: a host seeds another, the gateway reaches its backends
+            lab.link_peers()  # as on a lab LAN: the lifecycle's A seeds its B
         hosts = [E2EHost(h["name"], h["address"], lab.ssh_config, lab.ssh_options(), lab)
                  for h in lab.hosts]
         yield E2EHosts(lab, hosts)
