@@ -17,8 +17,9 @@ from pyinfra.operations import files, server
 from qwen27b import onhost
 from qwen27b.onhost.contract import PACKAGE, lib_dir, wrapper_script
 from qwen27b.controller import cpu_build, factcache, progress
-from qwen27b.controller.artifacts import (ArtifactError, cache_root, constraints_text, dir_manifest, normalize,
+from qwen27b.controller.artifacts import (ArtifactError, cache_root, constraints_text, dir_manifest,
                                           source_manifest, unpacked_bytes, wheel_pins)
+from qwen27b.plan.distname import normalize
 from qwen27b.plan.gate import Decision
 from qwen27b.controller.host_facts import FileHashes, VenvPackages
 from qwen27b.controller.operations import push_files

@@ -32,8 +32,8 @@ from qwen27b.controller.host_facts import (
     SymlinkTarget,
     VenvPackages,
     ReleaseRecords,
-    normalize_distribution_name,
 )
+from qwen27b.plan.distname import normalize as normalize_distribution_name
 from fuzz_budget import examples
 
 FACT_CASES = Path(__file__).parent / "host_facts"

@@ -10,13 +10,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
 import zipfile
 from functools import lru_cache
 from pathlib import Path
+
+from qwen27b.plan.distname import normalize
 
 MANIFEST = "manifest.json"
 SIDECARS = {MANIFEST, "SHA256SUMS"}  # describe a dir's files; never pushed as artifacts
@@ -97,11 +98,6 @@ def uv_binary(version: str) -> Path:
             partial.chmod(0o755)
             partial.replace(target)
     return target
-
-
-def normalize(name: str) -> str:
-    """A distribution name as PEP 503 compares them (Foo_Bar, foo.bar and foo-bar are one)."""
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def wheel_pins(manifest: dict[str, str]) -> dict[str, tuple[str, str]]:

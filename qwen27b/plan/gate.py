@@ -14,6 +14,7 @@ from qwen27b.plan.gpustate import BOARD_FIX, SEED_XID79_ADVICE, gpu_troubles
 from qwen27b.plan.driverbuild import boot_kernels, failed_build
 from qwen27b.plan.occupants import occupied
 from qwen27b.plan.checkpoint import CheckpointError, ModelShape, load_shape
+from qwen27b.plan.distname import normalize
 from qwen27b.plan.elfneeds import newer
 from qwen27b.plan.hostdata import Settings
 from qwen27b.plan import engine
@@ -611,8 +612,8 @@ def mark_installed(decision: Decision, venv_packages: dict) -> Decision:
     the venv already holds the planned vLLM build, as the vllm role will find it; torch comes with
     that install (the release is keyed by the stack's torch pin), so it is kept with it."""
     vllm = decision.stack.profile["vllm"]
-    have = {re.sub(r"[-_.]+", "-", k).lower(): v for k, v in venv_packages.items()}
-    if have.get(re.sub(r"[-_.]+", "-", vllm["dist"]).lower()) != vllm["version"]:
+    have = {normalize(k): v for k, v in venv_packages.items()}
+    if have.get(normalize(vllm["dist"])) != vllm["version"]:
         return decision
     rs, where = decision.stack, f"already in release {decision.stack.stack_hash}"
     torch = rs.profile.get("torch") or {}
