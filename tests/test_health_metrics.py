@@ -161,7 +161,9 @@ def full_status_families() -> dict[str, tuple[str, frozenset]]:
     """Every sample name the exporter can write (a status with every part present) -> its
     family's type and the label names its samples carry."""
     gpus = v100_gpus("v100x4-converged")
-    s = status(gpu=gpus, last_restart={"time": "2026-12-03T19:00:00+00:00"}, xids=[])
+    s = status(gpu=gpus, last_restart={"time": "2026-12-03T19:00:00+00:00"}, xids=[], stalled=False,
+               liveness={"running": 1.0, "waiting": 0.0, "tokens": 24.0, "busy_since": None,
+                         "last_probe": {"time": 1.0, "ok": True, "latency_ms": 80.0}})
     text = prometheus_client.generate_latest(metrics.metrics_registry(
         s, release="r", model_ref="m", systemd={"NRestarts": "0", "Result": "success"})).decode()
     out: dict = {}
@@ -207,8 +209,10 @@ def test_node_exporter_reads_the_file(tmp_path):
     gpus = v100_gpus("v100x4-degraded")
     gpus[2] = {"index": 2, "error": "GPU is lost"}
     looping = {"Result": "exit-code", "SubState": "auto-restart", "NRestarts": "3"}
-    metrics.write_metrics(str(tmp_path), metrics.metrics_registry(status(code=2, gpu=gpus), release="r", model_ref="m@1",
-                                                        systemd=looping))
+    stalled = {"running": 2.0, "waiting": 1.0, "tokens": 4096.0, "busy_since": 1.0,
+               "last_probe": {"time": 1.0, "ok": True, "latency_ms": 80.0}}
+    metrics.write_metrics(str(tmp_path), metrics.metrics_registry(
+        status(code=2, gpu=gpus, liveness=stalled, stalled=True), release="r", model_ref="m@1", systemd=looping))
     with node_exporter(tmp_path) as address:
         text = httpx.get(f"http://{address}/metrics", timeout=5, trust_env=False).text
     samples = {(x.name, tuple(sorted(x.labels.items()))): x.value
@@ -216,5 +220,7 @@ def test_node_exporter_reads_the_file(tmp_path):
     assert samples[("node_textfile_scrape_error", ())] == 0
     assert samples[("qwen27b_service_crash_loop", ())] == 1
     assert samples[("qwen27b_gpu_up", (("gpu", "2"),))] == 0
+    assert samples[("qwen27b_engine_stalled", ())] == 1
+    assert samples[("qwen27b_engine_requests", (("state", "waiting"),))] == 1
     exported = {name for name, _ in samples if name.startswith("qwen27b_")}
     assert exported == full_status_names() - {"qwen27b_health_last_restart_timestamp_seconds"}

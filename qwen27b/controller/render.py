@@ -14,7 +14,8 @@ import jinja2
 
 from qwen27b.plan.gate import Decision
 from qwen27b.onhost.contract import (FIREWALL_UNIT, HEALTH_HTTP_SOCKET, HEALTH_HTTP_TEMPLATE, HEALTH_TIMER, HEALTH_UNIT,
-                                     INSTANCE_TEMPLATE, MODEL_REF_ENV, QUIET_ENV, SPECULATIVE_ENV, RAY_UNIT, SERVICE_UNIT, TEXTFILE_DIR,
+                                     IDLE_PROBE_DEADLINE_ENV, IDLE_PROBE_EVERY_ENV, INSTANCE_TEMPLATE, MODEL_REF_ENV,
+                                     QUIET_ENV, SPECULATIVE_ENV, RAY_UNIT, SERVICE_UNIT, STALL_AFTER_ENV, TEXTFILE_DIR,
                                      lib_dir, module_argv)
 from qwen27b.plan.hostdata import NODE_EXPORTER_PORT, http_base
 from qwen27b.plan.lifecycle import release_record_file
@@ -307,7 +308,8 @@ def contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
         # environment, not flags: a rollback to an older qwen27b-health must still run. Quiet: the
         # journal gets one line a check, the table when the verdict changes
         "health_env": [(QUIET_ENV, "1"), (MODEL_REF_ENV, service["model_ref"]),
-                       (SPECULATIVE_ENV, f"{serve.spec.method}:{serve.spec.depth}" if serve.spec.on else "off")],
+                       (SPECULATIVE_ENV, f"{serve.spec.method}:{serve.spec.depth}" if serve.spec.on else "off")]
+        + liveness_env(decision.stack.profile["serve"].get("liveness") or {}),
         # the check must get CPU when the service takes it all (a CPU build under load starved it
         # for tens of seconds, close to timeout_s): CPUWeight where systemd runs the cpu controller
         # (default 100), Nice where both share one cpu cgroup (cgroup v1 without it, containers);
@@ -328,6 +330,13 @@ def contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
         "qwen27b-health-http.socket.j2": endpoint,
         "qwen27b-health-http@.service.j2": endpoint,
     }
+
+
+def liveness_env(liveness: dict) -> list[tuple[str, str]]:
+    """The stack's engine-progress bounds for the health check (whole seconds: allow-listed digits)."""
+    names = {"stall_after_s": STALL_AFTER_ENV, "idle_probe_every_s": IDLE_PROBE_EVERY_ENV,
+             "idle_probe_deadline_s": IDLE_PROBE_DEADLINE_ENV}
+    return [(env, str(int(liveness[key]))) for key, env in names.items() if key in liveness]
 
 
 def endpoint_context(decision: Decision, where: dict, address: str) -> dict:

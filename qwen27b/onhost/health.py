@@ -1,6 +1,8 @@
 """qwen27b-health: one health check of the vLLM service, run by a systemd timer on each host.
 
-One run: probe ``/health`` and ``/v1/models``, read the GPUs (gpu.py), turn the readings into a
+One run: probe ``/health`` and ``/v1/models``, watch the engine's forward progress (``/metrics``'
+token counter while requests wait; a 1-token completion when idle, rate-limited: the API process can
+answer /health while its engine core is hung), read the GPUs (gpu.py), turn the readings into a
 nagios verdict (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN when the check itself broke), persist it to
 the status file (statusfile.py) and, after K consecutive CRITICAL runs, restart the unit,
 rate-limited (unit.py). Every finding is one sentence saying what to do. The same readings go to
@@ -21,8 +23,9 @@ import time
 
 import httpx
 
-from .contract import (CRITICAL, INFO, LEVELS, MODEL_REF_ENV, SPECULATIVE_ENV, OK, QUIET_ENV, RESTART_LOOP_FINDING,
-                       RESTART_REQUEST_ENV, SERVICE_UNIT, TEXTFILE_DIR, TEXTFILE_DIR_ENV, TEXTFILE_NAME, UNKNOWN, WARNING,
+from .contract import (CRITICAL, ENGINE_STALLED_FINDING, IDLE_PROBE_DEADLINE_ENV, IDLE_PROBE_EVERY_ENV, INFO, LEVELS,
+                       MODEL_REF_ENV, SPECULATIVE_ENV, OK, QUIET_ENV, RESTART_LOOP_FINDING, RESTART_REQUEST_ENV,
+                       SERVICE_UNIT, STALL_AFTER_ENV, TEXTFILE_DIR, TEXTFILE_DIR_ENV, TEXTFILE_NAME, UNKNOWN, WARNING,
                        XID_ADVICE, XID_FATAL, restart_loop)
 from .gpu import THROTTLE_BAD, read_gpus, read_xids
 from .metrics import accumulate_xids, export_metrics
@@ -48,7 +51,7 @@ def verdict(r: dict, slow_ms: float = 1000.0, hot_c: int = HOT_C) -> tuple[int, 
     url, unit, served_name, key_error, health {status, latency_ms, error},
     models {status, ids, error}, gpu (list or None), xids (list or None).
     """
-    f: list[tuple[int, str]] = []
+    f: list[tuple] = []  # (level, text) or (level, text, kind)
     url, unit = r.get("url", "the server"), r.get("unit", "the unit")
     h = r.get("health") or {}
     if h.get("error"):
@@ -83,6 +86,19 @@ def verdict(r: dict, slow_ms: float = 1000.0, hot_c: int = HOT_C) -> tuple[int, 
                             f"(it lists {', '.join(m.get('ids') or []) or 'nothing'}): clients asking for it "
                             f"get 404; fix --served-model-name in {unit} or --served-name here."))
 
+    stall, idle = r.get("stall"), r.get("idle_probe")
+    if stall:
+        f.append((CRITICAL, f"engine stalled: {stall['running']:.0f} running and {stall['waiting']:.0f} waiting "
+                            f"request(s), but vllm:generation_tokens_total has stayed at {stall['tokens']:.0f} for "
+                            f"{stall['for_s']:.0f} s while /health answers: the engine core is hung (vLLM #39863; "
+                            f"NCCL or shared memory at TP 2/4 on V100 is the usual cause); the watchdog restarts "
+                            f"{unit}, read `journalctl -u {unit}`.", ENGINE_STALLED_FINDING))
+    elif idle and not idle.get("ok"):
+        f.append((CRITICAL, f"the engine generates nothing: a 1-token completion got no answer within "
+                            f"{idle['deadline_s']:.0f} s ({idle['error']}) while /health answers and no request "
+                            f"runs: the engine core is hung or dead (vLLM #39863); the watchdog restarts {unit}, "
+                            f"read `journalctl -u {unit}`.", ENGINE_STALLED_FINDING))
+
     for g in r.get("gpu") or []:
         i = g.get("index")
         if g.get("error"):
@@ -108,8 +124,56 @@ def verdict(r: dict, slow_ms: float = 1000.0, hot_c: int = HOT_C) -> tuple[int, 
         advice = XID_ADVICE.get(x["xid"], "look it up in NVIDIA's Xid catalog and read the kernel log")
         f.append((level, f"Xid {x['xid']} on {x['pci']} at {x['time'] or 'unknown time'}: {advice}."))
 
-    code = max([lvl for lvl, _ in f], default=OK)
-    return code, [finding(lvl, text) for lvl, text in f]
+    code = max([entry[0] for entry in f], default=OK)
+    return code, [finding(*entry) for entry in f]
+
+
+PROGRESS_SERIES = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
+                   "vllm:generation_tokens_total": "tokens"}
+
+
+def progress_reading(metrics_text: str) -> dict | None:
+    """vLLM's /metrics text -> {running, waiting, tokens}, each summed over its label sets (one per
+    engine); None when one is missing (not vLLM, or a vLLM that names them otherwise). Three exact
+    names need no Prometheus parser: a sample line is `NAME{labels} VALUE [timestamp]`."""
+    out: dict = {}
+    for line in metrics_text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name not in PROGRESS_SERIES:
+            continue
+        rest = line.rsplit("}", 1)[1] if "{" in line else line[len(name):]
+        try:
+            value = float(rest.split()[0])
+        except (ValueError, IndexError):
+            continue
+        out[PROGRESS_SERIES[name]] = out.get(PROGRESS_SERIES[name], 0.0) + value
+    return out if len(out) == len(PROGRESS_SERIES) else None
+
+
+def liveness(prev: dict | None, reading: dict | None, now: float, stall_after_s: float) -> tuple[dict | None, dict | None]:
+    """-> (the stall's readings, or None; the memory for the next run). Stalled: requests running or
+    waiting while vllm:generation_tokens_total has not moved for `stall_after_s`, counted from the
+    first run that saw requests on an unmoved counter (a counter that went down is a restart: moved).
+    No reading: no judgement, the memory is kept."""
+    if reading is None:
+        return None, prev
+    prev = prev or {}
+    busy = reading["running"] + reading["waiting"] > 0
+    moved = reading["tokens"] != prev.get("tokens")
+    since = None if not busy else (now if moved or prev.get("busy_since") is None else prev["busy_since"])
+    memory = {**reading, "busy_since": since, "last_probe": prev.get("last_probe")}
+    if since is not None and now - since >= stall_after_s:
+        return {**reading, "for_s": round(now - since, 1)}, memory
+    return None, memory
+
+
+def idle_probe_due(memory: dict | None, now: float, every_s: float) -> bool:
+    """The 1-token probe runs when nothing else proves progress: no request running or waiting, and
+    the last probe failed or is `every_s` old (0: never). Rate-limited: it is a real completion."""
+    if every_s <= 0 or memory is None or memory["running"] + memory["waiting"] > 0:
+        return False
+    last = memory.get("last_probe")
+    return last is None or not last.get("ok") or now - last["time"] >= every_s
 
 
 def next_failures(previous: int, code: int) -> int:
@@ -170,6 +234,35 @@ def probe(url: str, key: str | None, timeout: float) -> tuple[dict, dict]:
     return health, models
 
 
+def read_progress(url: str, key: str | None, timeout: float) -> tuple[dict | None, str | None]:
+    """GET /metrics (with the key: the route guard lets it through) -> (progress_reading, why not)."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        with httpx.Client(timeout=httpx.Timeout(timeout), trust_env=False) as client:
+            resp = client.get(f"{url.rstrip('/')}/metrics", headers=headers)
+    except httpx.HTTPError as e:
+        return None, f"/metrics: {type(e).__name__}: {e}"
+    if resp.status_code != 200:
+        return None, f"/metrics returned {resp.status_code}"
+    reading = progress_reading(resp.text)
+    return reading, None if reading else "/metrics has no vllm:num_requests_*/generation_tokens_total"
+
+
+def generate_one(url: str, key: str | None, served_name: str, deadline_s: float) -> dict:
+    """One 1-token completion with a deadline: the proof an idle engine still generates."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    body = {"model": served_name, "prompt": "ping", "max_tokens": 1, "temperature": 0}
+    t0 = time.monotonic()
+    out = {"ok": False, "latency_ms": None, "error": None, "deadline_s": deadline_s}
+    try:
+        with httpx.Client(timeout=httpx.Timeout(deadline_s), trust_env=False) as client:
+            resp = client.post(f"{url.rstrip('/')}/v1/completions", json=body, headers=headers)
+        out["latency_ms"] = round((time.monotonic() - t0) * 1000, 1)
+        out["ok"] = resp.status_code == 200 and bool(resp.json().get("choices"))
+        out["error"] = None if out["ok"] else f"HTTP {resp.status_code}"
+    except (httpx.HTTPError, ValueError, AttributeError) as e:
+        out["error"] = f"{type(e).__name__}: {e}"
+    return out
 
 
 # ------------------------------------------------------------------------------- one run
@@ -187,13 +280,23 @@ def check(args: argparse.Namespace, now: float | None = None) -> dict:
             key_error = f"{args.api_key_file}: {e}"
 
     health, models = probe(args.url, key, args.timeout)
+    stall, idle, live, progress_note = None, None, prev.get("liveness"), None
+    if health["status"] == 200 and models["status"] == 200:  # else the findings above say why
+        reading, progress_note = read_progress(args.url, key, args.timeout)
+        stall, live = liveness(live, reading, now, args.stall_after_s)
+        if reading is not None and args.served_name and idle_probe_due(live, now, args.idle_probe_every_s):
+            idle = generate_one(args.url, key, args.served_name, args.idle_probe_deadline_s)
+            live = {**live, "last_probe": {"time": now, "ok": idle["ok"], "latency_ms": idle["latency_ms"]}}
     gpus, gpu_note = read_gpus()
     since = epoch(prev.get("time")) or now - XID_FIRST_LOOKBACK_S
     xids, xid_source = read_xids(since)
 
     readings = {"url": args.url, "unit": args.unit, "served_name": args.served_name,
-                "key_error": key_error, "health": health, "models": models, "gpu": gpus, "xids": xids}
+                "key_error": key_error, "health": health, "models": models, "gpu": gpus, "xids": xids,
+                "stall": stall, "idle_probe": idle}
     code, findings = verdict(readings, slow_ms=args.slow_ms)
+    if progress_note:
+        findings.append(finding(INFO, f"engine progress not watched this run ({progress_note})."))
     if bad_status:
         note = (f"the previous status {args.status_file} {bad_status}: starting fresh (failure counter 0, "
                 "no history); this run's status replaces it.")
@@ -245,6 +348,10 @@ def check(args: argparse.Namespace, now: float | None = None) -> dict:
         "xids": xids,
         "xid_source": xid_source,
         "unit_state": unit_state,
+        # the memory of the engine's progress (tokens, busy_since, last_probe) and this run's judgement
+        "liveness": live,
+        "stalled": bool(stall) or bool(idle and not idle["ok"]),
+        "idle_probe": idle,
         "systemd": systemd or None,  # what the restart-loop sentence was read from
         "consecutive_failures": failures,
         "restart_after": args.restart_after,
@@ -298,6 +405,14 @@ def table(s: dict) -> str:
         rows.append((f"gpu {g['index']}", f"{g['name']}  {g['memory_used_mib']}/{g['memory_total_mib']} MiB  "
                                           f"{g['temperature_c']} C  ecc {g['ecc_uncorrected']}  "
                                           f"pending {g['retired_pages_pending']}  clocks {thr}"))
+    live = s.get("liveness")
+    if live:
+        probe_text = ""
+        if s.get("idle_probe"):
+            p = s["idle_probe"]
+            probe_text = f"; idle probe {'ok in %s ms' % p['latency_ms'] if p['ok'] else 'FAILED: ' + str(p['error'])}"
+        rows.append(("engine", f"{live['running']:.0f} running, {live['waiting']:.0f} waiting, "
+                               f"{live['tokens']:.0f} tokens generated{probe_text}"))
     rows.append(("xid", "unknown (no kernel log)" if s["xids"] is None
                  else f"{len(s['xids'])} new ({s['xid_source']})"))
     last = s["last_restart"]
@@ -340,6 +455,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--speculative", default=os.environ.get(SPECULATIVE_ENV) or None,
                    help=f"the speculative method in use (mtp:7, dflash2:7, off), for qwen27b_build_info "
                         f"(default ${SPECULATIVE_ENV})")
+    p.add_argument("--stall-after-s", type=float, default=float(os.environ.get(STALL_AFTER_ENV) or 120),
+                   help="requests waiting on an unmoved token counter this long is CRITICAL 'engine stalled' "
+                        f"(default ${STALL_AFTER_ENV} or 120)")
+    p.add_argument("--idle-probe-every-s", type=float, default=float(os.environ.get(IDLE_PROBE_EVERY_ENV) or 300),
+                   help="when idle, a 1-token completion at most this often (0: never; "
+                        f"default ${IDLE_PROBE_EVERY_ENV} or 300)")
+    p.add_argument("--idle-probe-deadline-s", type=float,
+                   default=float(os.environ.get(IDLE_PROBE_DEADLINE_ENV) or 20),
+                   help=f"the idle probe's deadline (default ${IDLE_PROBE_DEADLINE_ENV} or 20)")
     args = p.parse_args(argv)
     if args.restart_after < 1:
         p.error("--restart-after must be >= 1")

@@ -73,6 +73,20 @@ def metrics_registry(s: dict, *, release: str | None, model_ref: str | None, sys
         gauge("qwen27b_service_crash_loop", "1 when systemd keeps restarting the unit (crash loop or start "
               "limit hit)").set(1 if crash_loop(systemd) else 0)
 
+    live = s.get("liveness")
+    if live:
+        gauge("qwen27b_engine_stalled", "1 when vLLM answers /health but its engine makes no progress (requests "
+              "waiting on an unmoved token counter, or an idle 1-token completion that got no answer)").set(
+            1 if s.get("stalled") else 0)
+        requests = gauge("qwen27b_engine_requests", "vLLM's requests running and waiting, as the health check "
+                         "read them", ["state"])
+        for state_name in ("running", "waiting"):
+            requests.labels(state_name).set(live[state_name])
+        probe = live.get("last_probe")
+        if probe and probe.get("ok") and probe.get("latency_ms") is not None:
+            gauge("qwen27b_engine_idle_probe_seconds", "How long the last idle 1-token completion took").set(
+                probe["latency_ms"] / 1000)
+
     if s.get("gpu") is not None:
         info = gauge("qwen27b_gpu_info", "A GPU the health check read through NVML (always 1)", ["gpu", "pci", "name"])
         up = gauge("qwen27b_gpu_up", "1 when NVML could read the GPU", ["gpu"])

@@ -47,7 +47,23 @@ def _valid_status(data) -> str | None:
             isinstance(h, dict) and h.get("code") in LEVELS and not isinstance(h.get("code"), bool)
             for h in history)):
         return "history is not a list of {time, code, verdict}"
+    live = data.get("liveness")
+    if live is not None and not _valid_liveness(live):
+        return "liveness is not {tokens, busy_since, last_probe}"
     return None
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _valid_liveness(live) -> bool:
+    """The engine-progress memory (health.liveness): a counter reading and two times."""
+    if not isinstance(live, dict) or not _number(live.get("tokens")):
+        return False
+    probe = live.get("last_probe")
+    return ((live.get("busy_since") is None or _number(live["busy_since"]))
+            and (probe is None or (isinstance(probe, dict) and _number(probe.get("time")))))
 
 
 def read_previous(path: str | None) -> tuple[dict, str | None]:

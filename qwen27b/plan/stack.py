@@ -109,8 +109,22 @@ def merge_overrides(base: dict, overrides: dict, where: str = "") -> dict:
         if isinstance(merged[key], dict) and isinstance(value, dict):
             merged[key] = merge_overrides(merged[key], value, path)
         else:
+            _check_number(path, merged[key], value)
             merged[key] = value
     return merged
+
+
+def _check_number(path: str, base, value) -> None:
+    """A number or a switch of the stack stays one: "120" or True for a timeout would reach a unit
+    or a planner's arithmetic; a negative count or time is never meant."""
+    if isinstance(base, bool):
+        if not isinstance(value, bool):
+            raise StackError(f"stack key '{path}' takes true or false, not {value!r}")
+    elif isinstance(base, (int, float)):
+        whole = isinstance(base, int)
+        if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)) or value < 0:
+            raise StackError(f"stack key '{path}' takes a {'whole ' if whole else ''}number >= 0 "
+                             f"(the stack's is {base}), not {value!r}")
 
 
 @dataclass(frozen=True)
