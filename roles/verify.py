@@ -301,6 +301,8 @@ def _starts(result: V.HostResult, key: str | None, decision: Decision) -> tuple[
             if slow is not None and slow.kind == retry.STALLED:
                 say(f"{slow.evidence}: stopping the service before it holds the GPUs any longer")
                 _remote(f"systemctl stop {SERVICE_UNIT}")
+        if slow is not None and decision.group is not None:  # a serving group's stages share their flags
+            slow = None
         nxt, why = retry.plan_retry(current.stack, current.serve, current.draft_path, slow, len(attempts) + 1) \
             if slow is not None else (None, "")
         attempts.append(retry.Attempt(len(attempts) + 1, retry.flags_tried(current.serve),
@@ -401,6 +403,9 @@ def verify(decision: Decision) -> None:
                             "/v1/models, streamed completion, acceptance", function=_check_copies, decision=decision)
         progress.watch_self(check, host)
         return
+    if decision.group is None:
+        for line in retry.plan_notes(decision.stack, decision.serve):
+            note(line)
     check = python.call(name="verify: readiness, /v1/models, streamed completion, acceptance", function=_check,
                         decision=decision, previous=previous_links())
     progress.watch_self(check, host)

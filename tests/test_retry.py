@@ -214,3 +214,29 @@ def test_a_failure_no_flag_fixes_is_returned_as_it_was_with_one_start(host_reads
     _, failure = verify._starts(result, None, run("v100x4-2204-fresh"))
     assert str(failure) == "the service exits during start-up" and failure.crashed
     assert seen["restarts"] == [] and result.attempts == []
+
+
+def test_the_plan_says_what_verify_will_retry():
+    nvlink = run("v100x4-converged")
+    lines = retry.plan_notes(nvlink.stack, nvlink.serve)
+    assert lines[0].startswith("retry: mtp measured below its acceptance floor") and "[retry-ours]" in lines[0]
+    assert "--disable-custom-all-reduce (on at TP 4 here)" in lines[1] and "1cat-652" in lines[1]
+    pcie = run("v100x4-pcie")
+    assert "no flag to retry with" in retry.plan_notes(pcie.stack, pcie.serve)[-1]
+    cpu = run("debian12-cpu", {"qwen27b_profile": "cpu-smoke"})
+    assert retry.plan_notes(cpu.stack, cpu.serve) == [
+        f"start-up watchdog: its bound {WATCHDOG['no_progress_s']} s is not below this profile's start_timeout_s "
+        f"{cpu.stack.profile['serve']['start_timeout_s']} s: the start's timeout alone applies"]
+
+
+def test_a_verifiable_hosts_plan_prints_the_retry_lines(tmp_path):
+    """The real `pyinfra --dry -v` run: where verify runs, its plan says what it will retry."""
+    from test_plans import host_plan, run_pyinfra
+    inventory = tmp_path / "bound.py"
+    inventory.write_text("from inventory.recorded import _fake\n"
+                         "hosts = [_fake('v100x4-converged', qwen27b_bind_address='192.168.10.21', "
+                         "ssh_hostname='192.168.10.21')]\n")
+    plan = host_plan(run_pyinfra(str(inventory), "deploy.py", "--dry", "-y", "-v").stderr, "v100x4-converged")
+    nvlink = run("v100x4-converged")
+    lines = retry.plan_notes(nvlink.stack, nvlink.serve)
+    assert len(lines) == 2 and all(line in plan for line in lines)

@@ -102,6 +102,26 @@ def plan_retry(stack: ResolvedStack, serve: ServePlan, draft_path: str | None, f
     return None, f"no engine flag fixes a {failure.kind} failure"
 
 
+def plan_notes(stack: ResolvedStack, serve: ServePlan) -> list[str]:
+    """The plan's lines for what verify will retry on this host, with their sources."""
+    rule, most = (stack.retry or {}).get("start_watchdog"), int((stack.retry or {}).get("max_attempts", 1))
+    lines = []
+    if serve.spec.on and most > 1:
+        lines.append(f"retry: {serve.spec.method} measured below its acceptance floor restarts on the next method, the "
+                     f"last of at most {most} starts with speculation off {stack.cite(stack.retry.get('source'))}")
+    timeout = stack.profile["serve"].get("start_timeout_s", 0)
+    if rule and float(rule["no_progress_s"]) >= timeout:
+        lines.append(f"start-up watchdog: its bound {rule['no_progress_s']} s is not below this profile's start_timeout_s "
+                     f"{timeout} s: the start's timeout alone applies")
+    elif rule:
+        tp = int(serve.value("--tensor-parallel-size")) if serve.has("--tensor-parallel-size") else 1
+        then = ("restarted once with --disable-custom-all-reduce (on at TP " f"{tp} here)" if tp > 1 and not
+                serve.has(ALL_REDUCE_OFF) and most > 1 else "the host failed with the evidence (no flag to retry with)")
+        lines.append(f"start-up watchdog: a start whose journal says nothing new for {rule['no_progress_s']} s while "
+                     f"/health is silent is stopped and {then} {stack.cite(rule.get('source'))}")
+    return lines
+
+
 # --- the start-up watchdog ------------------------------------------------------------------------
 
 _UNIX = re.compile(r"^(\d{9,11}(?:\.\d+)?) ")  # journalctl -o short-unix
