@@ -19,7 +19,7 @@ from pyinfra.operations import files, server, systemd
 
 from qwen27b.plan.gate import Decision
 from qwen27b.plan.hostdata import http_base
-from qwen27b.controller import factcache
+from qwen27b.controller import factcache, runstate
 from qwen27b.controller.host_facts import SecretFileState, Subdirectories, SymlinkTarget
 from qwen27b.controller.operations import secret_file, symlink_switch
 from qwen27b.controller.render import (HEALTH_HTTP_SERVICE, HEALTH_HTTP_SOCKET, HEALTH_TIMER, HEALTH_UNIT, INSTANCE_UNIT,
@@ -115,7 +115,8 @@ def release_record(decision: Decision) -> Record:
                   url=http_base(serve.value('--host'), serve.value('--port')),
                   served_name=serve.value("--served-model-name"), speculative=serve.has("--speculative-config"),
                   start_timeout_s=decision.stack.profile["serve"]["start_timeout_s"],
-                  flags=tuple(f"{flag.name} {flag.value}" if flag.value is not None else flag.name for flag in serve.flags))
+                  flags=tuple(f"{flag.name} {flag.value}" if flag.value is not None else flag.name for flag in serve.flags),
+                  attempts=runstate.current().carried.get(host.name, ()))
 
 
 def keep_running_release(serving_files: list[str], record_file: str, links_now: Record) -> None:

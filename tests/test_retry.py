@@ -240,3 +240,68 @@ def test_a_verifiable_hosts_plan_prints_the_retry_lines(tmp_path):
     nvlink = run("v100x4-converged")
     lines = retry.plan_notes(nvlink.stack, nvlink.serve)
     assert len(lines) == 2 and all(line in plan for line in lines)
+
+
+# --- the next deploy starts from what verified ---------------------------------------------------------
+
+def _retried_record(decision, failure, draft_path=None):
+    """The release record verify writes after a retry that verified (flags and attempts as _starts has them)."""
+    serve, why = retry.plan_retry(decision.stack, decision.serve, draft_path or decision.draft_path, failure, 1)
+    attempts = (retry.Attempt(1, retry.flags_tried(decision.serve), "failed", {}, why).as_json(),
+                retry.Attempt(2, retry.flags_tried(serve), "verified", {}, "verified").as_json())
+    return serve, retry._flag_lines(serve), attempts
+
+
+def test_a_redeploy_of_the_same_plan_starts_on_the_flags_that_verified():
+    decision = run("v100x4-2204-fresh")
+    failure, _ = _failure(decision)
+    retried, flags, attempts = _retried_record(decision, failure)
+    serve, why = retry.carry_over(decision.stack, decision.serve, decision.draft_path, tuple(flags), attempts)
+    assert retry._flag_lines(serve) == flags and serve.spec.method == "off"
+    assert why.startswith("retry: starting on speculative off") and "mtp accepted 0 of 4200" in why
+    stalled = retry.Failure(retry.STALLED, "start-up made no progress for 600 s")
+    nvlink = run("v100x4-converged")
+    _, flags, attempts = _retried_record(nvlink, stalled)
+    serve, why = retry.carry_over(nvlink.stack, nvlink.serve, None, tuple(flags), attempts)
+    assert serve.has("--disable-custom-all-reduce") and serve.spec == nvlink.serve.spec and "no progress" in why
+
+
+def test_nothing_is_carried_when_the_plan_changed_or_nothing_was_retried():
+    decision = run("v100x4-2204-fresh")
+    failure, _ = _failure(decision)
+    _, flags, attempts = _retried_record(decision, failure)
+    other = tuple(f.replace("--max-num-seqs ", "--max-num-seqs 9") for f in flags)
+    assert retry.carry_over(decision.stack, decision.serve, decision.draft_path, other, attempts) == (decision.serve, None)
+    assert retry.carry_over(decision.stack, decision.serve, decision.draft_path, tuple(flags), attempts[1:]) == (decision.serve, None)
+    off = run("v100x4-2204-fresh", {"qwen27b_speculative": "off"})  # the plan starts elsewhere now
+    assert retry.carry_over(off.stack, off.serve, None, tuple(flags), attempts) == (off.serve, None)
+    # a recorded --speculative-config this planner would not write is never put in the unit
+    dflash = engine.SpecChoice("dflash2", 7, "next")
+    _, flags, attempts = _retried_record(decision, retry.Failure(retry.ACCEPTANCE, "low", dflash), "/d")
+    serve, _ = retry.carry_over(decision.stack, decision.serve, "/d", tuple(flags), attempts)
+    assert serve.spec.method == "dflash2"
+    forged = tuple(f[:-1] + ',"model":"/etc/shadow"}' if f.startswith("--speculative-config") else f for f in flags)
+    assert retry.carry_over(decision.stack, decision.serve, "/d", forged, attempts) == (decision.serve, None)
+
+
+def test_the_dry_plan_of_a_host_whose_record_says_it_retried_shows_the_carried_flags(tmp_path):
+    from test_plans import host_plan, run_pyinfra
+    from qwen27b.controller.host_facts import ReleaseRecords
+    from qwen27b.plan.lifecycle import Record
+    from roles._common import release_dir
+    decision = run("v100x4-converged")
+    failure, _ = _failure(decision)
+    _, flags, attempts = _retried_record(decision, failure)
+    model = decision.stack.model
+    record = Record({decision.stack.paths["current_release"]: release_dir(decision)}, f"{model['id']}@{model['revision']}",
+                    flags=tuple(flags), attempts=attempts).as_json()
+    answer = json.dumps({"current": record, "previous": None, "kept": [], "missing": []})
+    inventory = tmp_path / "carried.py"
+    inventory.write_text("from inventory.recorded import _fake\n"
+                         "from qwen27b.controller.host_facts import ReleaseRecords\n"
+                         "name, data = _fake('v100x4-converged')\n"
+                         f"data['fake_responses'] = {{ReleaseRecords.fake_match: [{answer!r}], **data['fake_responses']}}\n"
+                         "hosts = [(name, data)]\n")
+    assert ReleaseRecords.fake_match
+    plan = host_plan(run_pyinfra(str(inventory), "deploy.py", "--dry", "-y", "-v").stderr, "v100x4-converged")
+    assert "retry: starting on speculative off" in plan and "--speculative-config" not in plan

@@ -102,6 +102,60 @@ def plan_retry(stack: ResolvedStack, serve: ServePlan, draft_path: str | None, f
     return None, f"no engine flag fixes a {failure.kind} failure"
 
 
+def _flag_lines(serve: ServePlan) -> list[str]:
+    return [f"{f.name} {f.value}" if f.value is not None else f.name for f in serve.flags]
+
+
+def _method_of(stack: ResolvedStack, config: dict) -> str | None:
+    """Our method name for a --speculative-config the planner wrote (its `method`), or None."""
+    if config.get("method") == (stack.speculative.get("mtp") or {}).get("method"):
+        return "mtp"
+    if stack.draft and config.get("method") == stack.draft["speculative"]["method"]:
+        return "dflash2"
+    return None
+
+
+def carry_over(stack: ResolvedStack, serve: ServePlan, draft_path: str | None, recorded: tuple,
+               attempts: tuple) -> tuple[ServePlan, str | None]:
+    """Where the host's release record says the last deploy of this very plan (same flags but the two a
+    retry changes; the caller checks release and model) verified only after a retry: the flags that
+    verified, and why; else (serve, None). Without it every deploy would restart a serving host on the
+    flags that failed, measure again and fall back again."""
+    if len(attempts) < 2 or attempts[-1].get("outcome") != "verified" or attempts[0].get("flags") != flags_tried(serve):
+        return serve, None
+    if any(flag.pinned and flag.name in (SPEC_FLAG, ALL_REDUCE_OFF) for flag in serve.flags):
+        return serve, None
+
+    def others(lines) -> list[str]:
+        return sorted(line for line in lines if not line.startswith((SPEC_FLAG, ALL_REDUCE_OFF)))
+
+    if others(_flag_lines(serve)) != others(recorded):
+        return serve, None
+    why = (f"carried from the last deploy of these flags, verified on start {len(attempts)} after "
+           f"{attempts[-2].get('why', '')[:300]}")
+    spec = [line[len(SPEC_FLAG) + 1:] for line in recorded if line.startswith(SPEC_FLAG + " ")]
+    if spec and serve.has(SPEC_FLAG) and spec[0] == serve.value(SPEC_FLAG):
+        pass  # the method the plan picks is the one that verified
+    elif spec:
+        if not serve.has(SPEC_FLAG):
+            return serve, None  # the plan turned speculation off since: nothing to carry
+        try:
+            config = json.loads(spec[0])
+            method = _method_of(stack, config)
+            choice = engine.SpecChoice(method, int(config.get("num_speculative_tokens") or 0), why)
+        except (ValueError, TypeError, AttributeError):
+            return serve, None
+        # only a value this planner writes reaches the unit (the record is the host's file)
+        if method is None or _with_spec(stack, serve, choice, draft_path).value(SPEC_FLAG) != spec[0]:
+            return serve, None
+        serve = _with_spec(stack, serve, choice, draft_path)
+    elif serve.spec.on:
+        serve = _with_spec(stack, serve, engine.SpecChoice("off", 0, why), None)
+    if ALL_REDUCE_OFF in recorded and not serve.has(ALL_REDUCE_OFF):
+        serve = dataclasses.replace(serve, flags=list(serve.flags) + [Flag(ALL_REDUCE_OFF, None, why)])
+    return serve, f"retry: starting on {flags_tried(serve)}, {why}"
+
+
 def plan_notes(stack: ResolvedStack, serve: ServePlan) -> list[str]:
     """The plan's lines for what verify will retry on this host, with their sources."""
     rule, most = (stack.retry or {}).get("start_watchdog"), int((stack.retry or {}).get("max_attempts", 1))
