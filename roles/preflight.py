@@ -15,6 +15,7 @@ import os
 import re
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -31,7 +32,9 @@ from qwen27b.controller import runstate, runsummary
 from qwen27b.controller.artifacts import ArtifactError
 from qwen27b.plan.elfneeds import wheel_needs
 from qwen27b.plan.gate import Decision, HostFacts, RefusedHost, binary_needs_check, mark_installed
-from qwen27b.controller.host_facts import DeployLock, VenvPackages
+from qwen27b.controller.host_facts import DeployLock, ReleaseRecords, VenvPackages
+from qwen27b.plan import retry
+from qwen27b.plan.lifecycle import parse_record, release_record_file, rollback_dir
 from qwen27b.controller.gate_facts import GATE_FACTS, build_host_facts, fact_arguments
 from qwen27b.controller.address import host_address, unknown_address
 from qwen27b.plan.hostdata import BadHostData, Settings, lab_address, node_address
@@ -46,7 +49,7 @@ from pyinfra.facts.files import File
 from roles.multinode import UNIT_FILE as RAY_UNIT_FILE
 from roles.vllm import wheelhouse_dir
 
-from ._common import note, release_venv, take_notes
+from ._common import note, release_dir, release_venv, take_notes
 
 _OWNER = hostlock.me()  # this deploy, as the host locks name it
 
@@ -346,6 +349,32 @@ def preflight() -> Decision | None:
         return None
     if not take_lock():
         return None
+    return carried(decision)
+
+
+def carried(decision: Decision) -> Decision:
+    """The flags the last deploy of this plan verified on after a retry (plan/retry.py carry_over),
+    read from the host's release record: a re-deploy changes nothing instead of restarting on the
+    flags that failed. One service only: copies and serving groups are not retried."""
+    if decision.copies or decision.group is not None:
+        return decision
+    paths, model = decision.stack.paths, decision.stack.model
+    answer = host.get_fact(ReleaseRecords, record=release_record_file(paths), kept_dir=rollback_dir(paths))
+    try:
+        record = parse_record(answer.get("current"))
+    except ValueError:
+        return decision  # pruning and the rollback name an unreadable record
+    if record is None or record.model_ref != f"{model['id']}@{model['revision']}" \
+            or record.links.get(paths["current_release"]) != release_dir(decision):
+        return decision
+    serve, why = retry.carry_over(decision.stack, decision.serve, decision.draft_path, record.flags,
+                                  record.attempts)
+    if why is None:
+        return decision
+    note(why, always=True)
+    runstate.current().carried[host.name] = record.attempts  # the record this deploy writes keeps them
+    decision = replace(decision, serve=serve)
+    runstate.current().decisions[host.name] = decision
     return decision
 
 

@@ -19,7 +19,7 @@ from pyinfra.operations import files, server, systemd
 
 from qwen27b.plan.gate import Decision
 from qwen27b.plan.hostdata import http_base
-from qwen27b.controller import factcache
+from qwen27b.controller import factcache, runstate
 from qwen27b.controller.host_facts import SecretFileState, Subdirectories, SymlinkTarget
 from qwen27b.controller.operations import secret_file, symlink_switch
 from qwen27b.controller.render import (HEALTH_HTTP_SERVICE, HEALTH_HTTP_SOCKET, HEALTH_TIMER, HEALTH_UNIT, INSTANCE_UNIT,
@@ -66,7 +66,9 @@ def service(decision: Decision) -> None:
                        + ([(SecretFileState, {"path": where["secrets_file"]})] if decision.settings.api_key_file else [])
                        + factcache.service_reads(SERVICE_UNIT) + factcache.service_reads(HEALTH_TIMER)
                        + factcache.service_reads(HEALTH_HTTP_SOCKET))
-    record, record_file = release_record(decision), release_record_file(decision.stack.paths)
+    # the starts its flags were carried from (roles/preflight.py carried): the next deploy carries them again
+    record = release_record(decision, runstate.current().carried.get(host.name, ()))
+    record_file = release_record_file(decision.stack.paths)
     running = {link: host.get_fact(SymlinkTarget, path=link) for link in record.links}
     switching = any(now not in (None, record.links[link]) for link, now in running.items())
     if (switching or _will_change(rendered, targets[:2])) and all(host.get_fact(Sha1File, path=dest) for dest in kept[:2]):
@@ -104,7 +106,7 @@ def service(decision: Decision) -> None:
     health_endpoint(dict(zip((template for template, _ in targets), written))["qwen27b-health-http.socket.j2"])
 
 
-def release_record(decision: Decision) -> Record:
+def release_record(decision: Decision, attempts: tuple = ()) -> Record:
     """What this deploy makes the host run (qwen27b.plan.lifecycle): every symlink's target and how
     verify reaches the service. Written to the host, so a later rollback knows it without this run."""
     serve, model, paths = decision.serve, decision.stack.model, decision.stack.paths
@@ -115,7 +117,8 @@ def release_record(decision: Decision) -> Record:
                   url=http_base(serve.value('--host'), serve.value('--port')),
                   served_name=serve.value("--served-model-name"), speculative=serve.has("--speculative-config"),
                   start_timeout_s=decision.stack.profile["serve"]["start_timeout_s"],
-                  flags=tuple(f"{flag.name} {flag.value}" if flag.value is not None else flag.name for flag in serve.flags))
+                  flags=tuple(f"{flag.name} {flag.value}" if flag.value is not None else flag.name for flag in serve.flags),
+                  attempts=attempts)
 
 
 def keep_running_release(serving_files: list[str], record_file: str, links_now: Record) -> None:

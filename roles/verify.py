@@ -8,6 +8,7 @@ It runs on every deploy: it is a check, not a change (the plan counts it apart).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import ipaddress
 import json
@@ -28,7 +29,10 @@ from qwen27b.onhost.contract import RESTART_LOOP_FINDING, UNIT_PROPERTIES, crash
 from qwen27b.onhost.unit import parse_show, show_command
 from qwen27b.plan.gate import Decision
 from qwen27b.plan.hostdata import http_base
-from qwen27b.controller.render import HEALTH_UNIT, RESTART_COMMAND, SERVICE_UNIT, instance_unit, layout
+from qwen27b.controller.render import (HEALTH_UNIT, RESTART_COMMAND, SERVICE_UNIT, UNIT_DIR, instance_unit, layout,
+                                       render_all)
+from qwen27b.plan import retry
+from qwen27b.plan.lifecycle import parse_record, record_text, release_record_file
 
 from ._common import ROLLBACK_DIR, KeptFiles, SwitchedLink, api_key, check, note, previous_links
 
@@ -100,14 +104,17 @@ def _load_tick(name: str, unit: str = SERVICE_UNIT):
 
 
 def serving(result: V.HostResult, key: str | None, say, unit_state, start_timeout_s: int, speculative: bool,
-            unit: str = SERVICE_UNIT, judge=None) -> None:
+            unit: str = SERVICE_UNIT, judge=None, watch=None) -> retry.Failure | None:
     """Ready at result.url, result.served_name listed, one streamed completion, with speculative
     decoding the acceptance: fills result, raises VerifyFailed. (The rollback deploy verifies the
     release it switched to with this too.) `judge(before, after)` (the /metrics texts around the
-    completion) -> (the next SpecChoice or None, engine.Verdict): the stack's floors, reported."""
+    completion) -> (the next SpecChoice or None, engine.Verdict): the stack's floors, reported; a
+    method below its floor is returned as the retry.Failure a restart on the next method fixes.
+    `watch`: the start-up watchdog (wait_ready)."""
     base = result.url
     try:
-        result.ready_s = V.wait_ready(base, start_timeout_s, say, unit_state, tick=_load_tick(host.name, unit))
+        result.ready_s = V.wait_ready(base, start_timeout_s, say, unit_state, tick=_load_tick(host.name, unit),
+                                      watch=watch)
     finally:
         progress.done(host.name)  # loaded (or not): the checks that follow say their own lines
     V.wait_active(unit_state)
@@ -116,25 +123,30 @@ def serving(result: V.HostResult, key: str | None, say, unit_state, start_timeou
     chat = V.chat_stream(base, result.served_name, key)
     result.ttft_s, result.decode_tok_s = chat["ttft_s"], chat["decode_tok_s"]
     result.completion_tokens = chat["completion_tokens"]
-    if speculative:
-        after = V.scrape(base, key)
-        result.acceptance = V.acceptance(V.spec_counters(before), V.spec_counters(after))
-        switch = "set qwen27b_speculative to another method (mtp) or off"
-        if judge is not None:
-            nxt, verdict = judge(before, after)
-            result.speculation = verdict.reason
-            if nxt is not None:
-                switch = f"set qwen27b_speculative to {nxt.method} and re-deploy ({nxt.reason})"
-                result.speculation += f"; next: {nxt.method}"
-                say(f"speculation below the stack's floor: {switch}")
-        if result.acceptance is not None and result.acceptance < 0.01:
-            raise V.VerifyFailed(f"speculative acceptance {result.acceptance:.1%}: the drafted tokens are rejected "
-                                 "(1Cat-vLLM issue 478: DFlash2 on an NVFP4 target at V100 TP4); check the draft and "
-                                 f"target, or {switch}")
+    if not speculative:
+        return None
+    after = V.scrape(base, key)
+    result.acceptance = V.acceptance(V.spec_counters(before), V.spec_counters(after))
+    switch, slow = "set qwen27b_speculative to another method (mtp) or off", None
+    if judge is not None:
+        nxt, verdict = judge(before, after)
+        result.speculation = verdict.reason
+        if nxt is not None:
+            switch = f"set qwen27b_speculative to {nxt.method} and re-deploy ({nxt.reason})"
+            result.speculation += f"; next: {nxt.method}"
+            slow = retry.Failure(retry.ACCEPTANCE, verdict.reason, nxt)
+    if result.acceptance is not None and result.acceptance < 0.01:
+        raise V.VerifyFailed(f"speculative acceptance {result.acceptance:.1%}: the drafted tokens are rejected "
+                             "(1Cat-vLLM issue 478: DFlash2 on an NVFP4 target at V100 TP4); check the draft and "
+                             f"target, or {switch}", retry=slow)
+    if slow is not None:
+        say(f"speculation below the stack's floor: {switch}")
+    return slow
 
 
-def spec_judge(decision: Decision):
-    """The fallback decision (plan/engine.py fallback) for this host's method, as verify's judge."""
+def spec_judge(decision: Decision, tried: list[str] | tuple = ()):
+    """The fallback decision (plan/engine.py fallback) for this host's method, as verify's judge.
+    `tried`: the methods this deploy already dropped."""
     spec = decision.serve.spec
     if not spec.on:
         return None
@@ -145,7 +157,7 @@ def spec_judge(decision: Decision):
     serve = decision.serve
     tp = int(serve.value("--tensor-parallel-size")) if serve.has("--tensor-parallel-size") else 1
     max_len = int(serve.value("--max-model-len"))
-    return functools.partial(engine.fallback, decision.stack, target, spec, [], tp, max_len)
+    return functools.partial(engine.fallback, decision.stack, target, spec, list(tried), tp, max_len)
 
 
 def _unit_properties() -> dict:
@@ -223,6 +235,102 @@ def _check_copies(decision: Decision) -> None:
             f"{result.decode_tok_s or 0:.1f} tok/s")
 
 
+def watchdog(decision: Decision, unit: str = SERVICE_UNIT):
+    """The start-up watchdog (plan/retry.py start_stalled) on this host's clock and journal: the
+    host's time, the unit's state and the last lines of this start, in one read."""
+    rule = (decision.stack.retry or {}).get("start_watchdog")
+    if not rule:
+        return None
+
+    def watch(_elapsed: float) -> str | None:
+        lines = _remote(f"date +%s.%N; systemctl show -p ActiveState,SubState --value {unit} | paste -sd/; "
+                        f"journalctl -o short-unix --no-pager -n 200 "
+                        f"_SYSTEMD_INVOCATION_ID=$(systemctl show -p InvocationID --value {unit}) 2>/dev/null")
+        try:
+            now = float(lines[0])
+        except (IndexError, ValueError):
+            return None  # no reading: no verdict (the start's own timeout still applies)
+        return retry.start_stalled("\n".join(lines[2:]), now, lines[1] if len(lines) > 1 else "", rule)
+
+    return watch
+
+
+def _measured(result: V.HostResult) -> dict:
+    return {"ready_s": result.ready_s, "decode_tok_s": result.decode_tok_s, "acceptance": result.acceptance}
+
+
+def restart_with(decision: Decision) -> str | None:
+    """The unit re-rendered with this decision's flags, written, reloaded, restarted; the first
+    failure, or None. (Only the unit holds the flags; its ExecStartPost and the rest are as planned.)"""
+    unit_file = f"{UNIT_DIR}/{SERVICE_UNIT}"
+    ok, output = on_host(host, f"cat > {unit_file}.retry && mv -f {unit_file}.retry {unit_file}",
+                         _stdin=render_all(decision)["qwen27b.service.j2"])
+    if not ok:
+        return f"writing {unit_file} failed: {' '.join(output.stderr_lines)[-300:] or 'no error output'}"
+    return run_in_order(["systemctl daemon-reload", RESTART_COMMAND])
+
+
+def record_attempts(decision: Decision, attempts: list[retry.Attempt]) -> None:
+    """The release record (what runs here) says the flags the last start ran with and every start."""
+    path = release_record_file(decision.stack.paths)
+    try:
+        record = parse_record(json.loads("\n".join(_remote(f"cat {path}"))))
+    except ValueError:
+        record = None
+    if record is None:
+        return
+    flags = tuple(f"{f.name} {f.value}" if f.value is not None else f.name for f in decision.serve.flags)
+    record = dataclasses.replace(record, flags=flags, speculative=decision.serve.has("--speculative-config"),
+                                 attempts=tuple(a.as_json() for a in attempts))
+    on_host(host, f"cat > {path}.retry && mv -f {path}.retry {path}", _stdin=record_text(record))
+
+
+def _starts(result: V.HostResult, key: str | None, decision: Decision) -> tuple[Decision, V.VerifyFailed | None]:
+    """Verify, and after a failure a changed flag fixes (plan/retry.py), restart with it and verify
+    again, at most the stack's retry.max_attempts starts. Every start goes into result.attempts.
+    Returns the decision the host runs now and the last start's failure (None: verified)."""
+    attempts, tried, current = [], [], decision
+    while True:
+        failure = None
+        try:
+            slow = serving(result, key, say, unit_state, current.stack.profile["serve"]["start_timeout_s"],
+                           current.serve.has("--speculative-config"), judge=spec_judge(current, tried),
+                           watch=watchdog(current))
+        except V.VerifyFailed as error:
+            failure, slow = error, error.retry
+            if slow is not None and slow.kind == retry.STALLED:
+                say(f"{slow.evidence}: stopping the service before it holds the GPUs any longer")
+                _remote(f"systemctl stop {SERVICE_UNIT}")
+        if slow is not None and decision.group is not None:  # a serving group's stages share their flags
+            slow = None
+        nxt, why = retry.plan_retry(current.stack, current.serve, current.draft_path, slow, len(attempts) + 1) \
+            if slow is not None else (None, "")
+        attempts.append(retry.Attempt(len(attempts) + 1, retry.flags_tried(current.serve),
+                                      "failed" if failure or nxt else "verified", _measured(result),
+                                      why or (str(failure) if failure else "verified")))
+        if nxt is None:
+            break
+        say(f"start {len(attempts)}: {why}")
+        if slow.kind == retry.ACCEPTANCE:
+            tried.append(current.serve.spec.method)
+        current = dataclasses.replace(current, serve=nxt)
+        trouble = restart_with(current)
+        if trouble:
+            failure = V.VerifyFailed(f"restarting with the retry's flags: {trouble}")
+            attempts[-1] = dataclasses.replace(attempts[-1], why=f"{why}; {failure}")
+            break
+        for name in ("ready_s", "ttft_s", "decode_tok_s", "completion_tokens", "acceptance"):
+            setattr(result, name, None)
+        result.speculation = ""
+    if len(attempts) > 1:
+        result.attempts = [a.as_json() for a in attempts]
+        if failure is None:
+            result.reason = (f"verified on start {len(attempts)} of {len(attempts)} ({attempts[-1].flags}); "
+                             + "; ".join(f"start {a.number} ({a.flags}): {a.why}" for a in attempts[:-1]))
+            record_attempts(current, attempts)
+    return current, failure
+
+
 @check
 def _check(decision: Decision, previous: list[SwitchedLink | KeptFiles]) -> None:
     serve, model = decision.serve, decision.stack.model
@@ -233,15 +341,16 @@ def _check(decision: Decision, previous: list[SwitchedLink | KeptFiles]) -> None
     key = api_key(decision)
     timing = (decision.stack.profile["serve"]["start_timeout_s"], decision.serve.has("--speculative-config"))
 
-    try:
-        serving(result, key, say, unit_state, *timing, judge=spec_judge(decision))
+    failure = _starts(result, key, decision)[1]
+    if failure is None:
         result.status = "ok"
         say(f"verified: TTFT {result.ttft_s * 1000:.0f} ms, {result.decode_tok_s or 0:.1f} tok/s")
         if any(isinstance(undo, KeptFiles) for undo in previous):
             _remote(f"rm -rf {ROLLBACK_DIR}.prev")  # the release this one replaced is the rollback target now
         return
-    except V.VerifyFailed as failure:
-        failed(result, failure, layout(decision)["health_status"])
+    failed(result, failure, layout(decision)["health_status"])
+    if len(result.attempts) > 1:
+        result.reason += f" (after {len(result.attempts)} starts: see attempts in the run report)"
     if not previous:
         raise OperationError(f"verify failed: {result.reason} (journal and health status in the run report)")
     say(f"verify failed ({result.reason}): rolling back to the previous release")
@@ -294,6 +403,9 @@ def verify(decision: Decision) -> None:
                             "/v1/models, streamed completion, acceptance", function=_check_copies, decision=decision)
         progress.watch_self(check, host)
         return
+    if decision.group is None:
+        for line in retry.plan_notes(decision.stack, decision.serve):
+            note(line)
     check = python.call(name="verify: readiness, /v1/models, streamed completion, acceptance", function=_check,
                         decision=decision, previous=previous_links())
     progress.watch_self(check, host)

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from qwen27b.controller.report import write_private
+from qwen27b.plan.retry import STALLED, Failure
 
 PROMPT = "你好"  # the seed article's first request
 SPEC_DRAFT = re.compile(r"^vllm:spec_decode_num_draft_tokens_total(?:\{[^}]*\})?\s+([0-9.eE+-]+)$", re.M)
@@ -25,11 +26,12 @@ CRASHED = ("auto-restart", "failed")  # systemd sub-states of a unit whose proce
 
 
 class VerifyFailed(Exception):
-    """Verification failed; str() says which step and why. `crashed`: the unit's process died."""
+    """Verification failed; str() says which step and why. `crashed`: the unit's process died.
+    `retry`: the failure as plan/retry.py reads it, where a changed flag may fix it (else None)."""
 
-    def __init__(self, message: str, crashed: bool = False):
+    def __init__(self, message: str, crashed: bool = False, retry=None):
         super().__init__(message)
-        self.crashed = crashed
+        self.crashed, self.retry = crashed, retry
 
 
 @dataclass
@@ -46,6 +48,7 @@ class HostResult:
     completion_tokens: int | None = None
     acceptance: float | None = None
     speculation: str = ""  # the method's acceptance against the stack's floors, and the next method if below
+    attempts: list[dict] = field(default_factory=list)  # each start this deploy (plan/retry.py Attempt), when retried
     reason: str = ""
     journal: list[str] = field(default_factory=list)
     health: dict | None = None
@@ -66,12 +69,13 @@ def _fail_if_crashed(unit: str | None) -> None:
         raise VerifyFailed(f"the service exits during start-up (unit {unit}): see its journal", crashed=True)
 
 
-def wait_ready(base: str, deadline_s: float, say=print, state=lambda: None, tick=None) -> float:
+def wait_ready(base: str, deadline_s: float, say=print, state=lambda: None, tick=None, watch=None) -> float:
     """Poll /health with backoff until 200 or the deadline; say progress every ~10 s. With `tick`
     (a terminal draws the host's progress line): every ~2 s `tick(elapsed)` draws it and returns the
-    unit's state, instead of the lines said."""
+    unit's state, instead of the lines said. With `watch` (the start-up watchdog): every ~10 s
+    `watch(elapsed)` returns the evidence that the start makes no progress (plan/retry.py), or None."""
     started = time.monotonic()
-    delay, last_said = 1.0, 0.0
+    delay, last_said, last_watched = 1.0, 0.0, 0.0
     while True:
         elapsed = time.monotonic() - started
         try:
@@ -82,6 +86,11 @@ def wait_ready(base: str, deadline_s: float, say=print, state=lambda: None, tick
             pass
         if elapsed > deadline_s:
             raise VerifyFailed(f"not ready after {deadline_s:.0f} s (GET {base}/health)")
+        if watch is not None and elapsed - last_watched >= 10:
+            last_watched = elapsed
+            stalled = watch(elapsed)
+            if stalled:
+                raise VerifyFailed(stalled, retry=Failure(STALLED, stalled))
         if tick is not None:
             _fail_if_crashed(tick(elapsed))
         elif elapsed - last_said >= 10 or elapsed > 5 and not last_said:

@@ -28,6 +28,7 @@ class RunState:
     restart_ops: dict[str, list] = field(default_factory=dict)  # host name -> operations whose change restarts
     previous: dict[str, list] = field(default_factory=dict)  # host name -> what its rollback undoes (roles/_common)
     results: list = field(default_factory=list)  # postdeploy.HostResult of each verified host
+    carried: dict[str, tuple] = field(default_factory=dict)  # host name -> the release record's attempts its flags came from (plan/retry.py carry_over)
     manifests: dict[str, dict] = field(default_factory=dict)  # mirror base URL -> its manifest
     fanout_plans: dict[tuple[str, str], object] = field(default_factory=dict)  # (base, target) -> FanoutPlan
     seed_token: str | None = None  # the fan-out seeds' bearer token, made once per run

@@ -69,11 +69,13 @@ class Record:
     speculative: bool = False
     start_timeout_s: int = 600
     flags: tuple[str, ...] = ()  # the vllm serve flags, one "--name value" each: a flag-only change shows
+    attempts: tuple = ()  # each start of the deploy that wrote it, when it retried (plan/retry.py Attempt.as_json)
 
     def as_json(self) -> dict:
         return {"links": dict(sorted(self.links.items())), "model_ref": self.model_ref, "url": self.url,
                 "served_name": self.served_name, "speculative": self.speculative,
-                "start_timeout_s": self.start_timeout_s, **({"flags": list(self.flags)} if self.flags else {})}
+                "start_timeout_s": self.start_timeout_s, **({"flags": list(self.flags)} if self.flags else {}),
+                **({"attempts": list(self.attempts)} if self.attempts else {})}
 
     def short(self, paths: dict) -> str:
         """'release <hash>, model <id@rev>' for plan lines."""
@@ -103,11 +105,13 @@ def parse_record(data) -> Record | None:
             raise ValueError(f"release record link {link!r} -> {target!r} is not a plain absolute path")
     timeout = data.get("start_timeout_s", 600)
     flags = data.get("flags") if isinstance(data.get("flags"), list) else []  # older records have none
+    attempts = data.get("attempts") if isinstance(data.get("attempts"), list) else []
     return Record(links=dict(data["links"]), model_ref=str(data.get("model_ref") or ""),
                   url=str(data.get("url") or ""), served_name=str(data.get("served_name") or ""),
                   speculative=bool(data.get("speculative")),
                   start_timeout_s=timeout if isinstance(timeout, int) and timeout > 0 else 600,
-                  flags=tuple(str(flag) for flag in flags))
+                  flags=tuple(str(flag) for flag in flags),
+                  attempts=tuple(a for a in attempts if isinstance(a, dict)))
 
 
 # ---------------------------------------------------------------------------------- rollback

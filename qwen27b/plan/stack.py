@@ -141,6 +141,7 @@ class ResolvedStack:
     tools: dict  # controller-cached tools (uv) and the packages every release venv gets
     speculative: dict = field(default_factory=dict)  # the stack's speculative section (plan/engine.py)
     agent_parsers: dict = field(default_factory=dict)  # the stack's agent_parsers table (plan/engine.py)
+    retry: dict = field(default_factory=dict)  # the stack's retry section (plan/retry.py)
 
     @property
     def stack_hash(self) -> str:
@@ -216,7 +217,7 @@ def resolve_stack(stack: dict, profile_name: str, overrides: dict | None = None,
         raise StackError(f"unknown vllm build '{build_name}'; known: {', '.join(stack['vllm_builds'])}")
     return ResolvedStack(profile_name, profile, model, draft, stack["paths"], stack["sources"],
                          stack["vllm_builds"][build_name], stack["tools"], stack.get("speculative") or {},
-                         stack.get("agent_parsers") or {})
+                         stack.get("agent_parsers") or {}, stack.get("retry") or {})
 
 
 def _check_allowed(tree: dict, prefix: str) -> None:
