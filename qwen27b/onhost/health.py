@@ -200,11 +200,18 @@ def check(args: argparse.Namespace, now: float | None = None) -> dict:
         findings.append(finding(INFO, note))
         print(f"qwen27b-health: {note}", file=sys.stderr)
 
+    systemd = unit_properties(args.unit)  # {}: no systemd or no such unit
+    unit_state = systemd.get("ActiveState") or None  # unknown is never "activating"
+    if unit_state == "activating" and code != CRITICAL:
+        # vLLM answers while the unit's start-up warm-up (ExecStartPost) runs its first, compiling
+        # request: not in service yet, so the health endpoint says 503 and the gateway's pool waits
+        code = CRITICAL
+        findings.append(finding(CRITICAL, f"{args.unit} is warming up (activating, start-post): vLLM answers but "
+                                          f"its first request is still compiling; in service once systemd calls "
+                                          f"it active (`systemctl status {args.unit}`)."))
     failures = next_failures(int(prev.get("consecutive_failures") or 0), code)
     last_restart = prev.get("last_restart")
-    systemd = unit_properties(args.unit) if code == CRITICAL else {}  # {}: no systemd or no such unit
-    unit_state = systemd.get("ActiveState") or None  # unknown is never "activating"
-    loop = restart_loop(systemd, args.unit) if systemd else None
+    loop = restart_loop(systemd, args.unit) if systemd and code == CRITICAL else None
     if loop:
         findings.append(finding(CRITICAL, loop, RESTART_LOOP_FINDING))
     if unit_state == "activating":

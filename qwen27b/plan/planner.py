@@ -438,5 +438,9 @@ def plan_serve(inp: ServeInputs) -> ServePlan:
     if inp.gpus:
         env.update(all_reduce.env)
     notes.append("API key: VLLM_API_KEY from a 0600 env file, never a flag (flags show in ps and systemctl status)")
+    warm = serve["warmup"]
+    notes.append(f"start-up: once /health answers, one {warm['max_tokens']}-token completion (deadline {warm['timeout_s']} s, "
+                 f"within the {serve['start_timeout_s']} s start) before systemd counts the unit as started, so no "
+                 f"client meets the first request's compile {cite(warm['source'])}")
     return ServePlan(flags=flags, env=env, memory=budget, notes=notes,
                      spec=spec if spec.on and (spec.method != "dflash2" or inp.draft is not None) else engine.OFF)
