@@ -196,13 +196,16 @@ def restart_exec(request: str, unit: str) -> str:
 
 
 def serving_gpus(decision: Decision) -> list:
-    """The GPUs vLLM uses: the first TP (x PP on one host) of the selected ones. A pinned TP below the
-    GPU count would otherwise see them all and leave the rest idle without a word (the plan notes them)."""
+    """The GPUs vLLM uses: the planner's TP group (the best linked, qwen27b/plan/topology.py), or the
+    first TP x PP of the selected ones. A TP below the GPU count would otherwise see them all and
+    leave the rest idle without a word (the plan notes them)."""
     if decision.group is not None or not decision.serve.has("--tensor-parallel-size"):
         return decision.gpus
     used = int(decision.serve.value("--tensor-parallel-size"))
     if decision.serve.has("--pipeline-parallel-size"):
         used *= int(decision.serve.value("--pipeline-parallel-size"))
+    elif len(decision.serve.tp_group) == used:
+        return [g for g in decision.gpus if g.index in decision.serve.tp_group]
     return decision.gpus[:used]
 
 
