@@ -68,4 +68,8 @@ recorded_hosts = [
     _fake("v100x4-pcie"),
     _fake("v100x8-sxm2-dgx1"),
     _fake("mixed-3090-v100x2", qwen27b_gpu_indices=[1, 2]),
+    # the TP group and the copies picked by their links: TP 2 of DGX-1 GPUs 0,5,6,7 (0 reaches the
+    # others over SYS: 5,6 on NVLink), and one copy of 2 GPUs on the 3090 + V100 pair box (the NV6 pair)
+    _fake("v100x8-dgx1-tp2-of-4", "v100x8-sxm2-dgx1", qwen27b_gpu_indices=[0, 5, 6, 7], qwen27b_tensor_parallel_size=2),
+    _fake("mixed-3090-v100x2-copy", "mixed-3090-v100x2", qwen27b_instances=[{"name": "a", "gpus": 2, "port": 8000}]),
 ]

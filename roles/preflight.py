@@ -303,18 +303,18 @@ def _wheel_needs(path: str, size: int, mtime_ns: int) -> dict:
 
 
 def check_wheel_binary(decision: Decision) -> None:
-    """When the vLLM wheel is in the controller wheelhouse, the GLIBC_ versions its shared objects
-    need against the host's glibc (gate.binary_needs_check): refused here, before any host is touched,
-    rather than an import error after the driver and CUDA are in."""
+    """When the vLLM wheel is in the controller wheelhouse, the GLIBC_ and GLIBCXX_ versions its shared
+    objects need against the host's glibc and libstdc++ (gate.binary_needs_check): refused here, before
+    any host is touched, rather than an import error after the driver and CUDA are in."""
     vllm = decision.stack.profile["vllm"]
     local = wheelhouse_dir(decision)
     stem = re.sub(r"[-_.]+", "_", vllm["dist"])
     wheels = sorted(local.glob(f"{stem}-{vllm['version']}-*.whl")) if local.is_dir() else []
-    if not wheels or not decision.facts.glibc:
+    if not wheels or not (decision.facts.glibc or decision.facts.libstdcxx):
         return
     stat = wheels[0].stat()
     needs = _wheel_needs(str(wheels[0]), stat.st_size, stat.st_mtime_ns)
-    binary_needs_check(decision.host, decision.facts.glibc, decision.stack, needs)
+    binary_needs_check(decision.host, decision.facts.glibc, decision.stack, needs, decision.facts.libstdcxx)
 
 
 def _group_gate(name: str) -> dict[str, Decision | RefusedHost]:

@@ -117,7 +117,8 @@ def serving(result: V.HostResult, key: str | None, say, unit_state, start_timeou
                                       watch=watch)
     finally:
         progress.done(host.name)  # loaded (or not): the checks that follow say their own lines
-    V.wait_active(unit_state)
+    # the rest of the start budget: the unit's warm-up completion (ExecStartPost) runs after /health answers
+    V.wait_active(unit_state, deadline_s=max(60.0, start_timeout_s - result.ready_s))
     V.check_models(base, result.served_name, key)
     before = V.scrape(base, key) if speculative else None
     chat = V.chat_stream(base, result.served_name, key)

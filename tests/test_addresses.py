@@ -241,7 +241,7 @@ def test_an_ipv6_bind_address_is_bracketed_in_every_url():
 
     decision = decide(HOST, recorded_facts(HOST), STACK, settings_for(HOST, {"qwen27b_bind_address": "FD00::7"}))
     unit = render_all(decision)["qwen27b.service.j2"]
-    assert "curl -fs -o /dev/null http://[fd00::7]:8000/health" in unit
+    assert "qwen27b_onhost.warmup --url 'http://[fd00::7]:8000' " in unit  # the start-up warm-up's URL
     assert http_base("10.0.0.1", 8000) == "http://10.0.0.1:8000"
 
 

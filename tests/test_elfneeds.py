@@ -116,3 +116,28 @@ def test_the_gate_warns_on_20_04_and_preflight_refuses_with_the_wheel_in_the_whe
     assert refused.value.host == "v100x1-2004" and "GLIBC_2.34" in refused.value.cause
     fresh = decide("h", recorded_facts("v100x4-2204-fresh"), STACK, settings_for("h", {"qwen27b_wheelhouse_dir": str(house)}))
     check_wheel_binary(fresh)  # glibc 2.35 >= 2.34: no refusal
+
+
+def test_the_wheel_s_glibcxx_need_refuses_an_older_libstdcxx_before_any_host_is_touched(tmp_path):
+    needs = {"GLIBC": "2.17", "GLIBCXX": "3.4.30", "CXXABI": None, "by": {"GLIBC": "vllm/_C.abi3.so",
+                                                                         "GLIBCXX": "vllm/_moe_C.abi3.so"}}
+    with pytest.raises(RefusedHost) as refused:
+        binary_needs_check("h", "2.35", SM70, needs, libstdcxx="3.4.28")  # 20.04's gcc-10 libstdc++
+    assert "needs GLIBCXX_3.4.30 (its vllm/_moe_C.abi3.so asks for it), the host's libstdc++ has GLIBCXX_3.4.28" \
+        in refused.value.cause
+    assert "libstdc++6" in refused.value.fix and "GLIBCXX <= 3.4.28" in refused.value.fix
+    assert binary_needs_check("h", "2.35", SM70, needs, libstdcxx="3.4.30") is None
+    assert binary_needs_check("h", "2.35", SM70, needs, libstdcxx=None) is None  # not read: nothing to compare
+    assert binary_needs_check("h", None, SM70, needs, libstdcxx="3.4.33") is None
+    # preflight: the wheel in the wheelhouse against the host's recorded libstdc++
+    from roles.preflight import check_wheel_binary
+    house = tmp_path / "house"
+    house.mkdir()
+    wanted = wheel_needs(fake_wheel(house))["GLIBCXX"]
+    older = "3.4.1" if newer(wanted, "3.4.1") else None
+    assert older, f"the fake wheel needs GLIBCXX_{wanted}: too old to test against"
+    data = {"qwen27b_wheelhouse_dir": str(house)}
+    d = decide("h", recorded_facts("v100x4-2204-fresh", libstdcxx=older), STACK, settings_for("h", data))
+    with pytest.raises(RefusedHost, match=f"needs GLIBCXX_{wanted}"):
+        check_wheel_binary(d)
+    check_wheel_binary(decide("h", recorded_facts("v100x4-2204-fresh", libstdcxx=wanted), STACK, settings_for("h", data)))

@@ -123,6 +123,9 @@ GARBLED = [
     (H.parse_glibc_version, ["getconf: Unrecognized variable `GNU_LIBC_VERSION'"]),
     (H.parse_glibc_version, ["glibc 2.35", "glibc 2.36"]),
     (H.parse_glibc_version, ["ldd (Ubuntu GLIBC 2.35-0ubuntu3.8)"]),  # cut before the version
+    # LibstdcxxVersion
+    (H.parse_libstdcxx_version, ["GLIBCXX_3.4.30", "grep: /usr/lib/libstdc++.so.6: binary file matches"]),
+    (H.parse_libstdcxx_version, ["GLIBCXX_3."]),  # cut inside a name
     # GpuTopology
     (G.parse_gpu_topology, ["Segmentation fault"]),  # neither a matrix nor nvidia-smi's own failure
     (G.parse_gpu_topology, ["\tGPU0\tGPU1\tCPU Affinity", "GPU0\t X \tNV2\t0-15"]),  # cut before GPU1's row
@@ -243,6 +246,8 @@ def _check_shape(fact, value):
         assert all(set(v) == {"bytes", "verified"} and isinstance(v["bytes"], int) for v in value.values())
     elif fact is F.GlibcVersion:
         assert value is None or (isinstance(value, str) and all(p.isdigit() for p in value.split(".")))
+    elif fact is F.LibstdcxxVersion:
+        assert value is None or (isinstance(value, str) and all(p.isdigit() for p in value.split(".")))
     elif fact is F.GpuTopology:
         if value is not None:
             n = len(value["gpus"])
@@ -312,6 +317,7 @@ TOKENS = st.sampled_from([
     'Field "compute_cap" is not a valid field to query.', "headers linux-headers-", "5.15.0-125-generic",
     "linux-headers-5.15.0-125-generic:", "  Installed: ", "  Candidate: ", "(none)", " verified ", " partial ",
     "nvidia--Qwen3.8-27B-NVFP4@main", "GPU0", "GPU1", "\tGPU0\tGPU1", " X ", "\tNV2", "\tPIX", "\tOK", "##P2P-READ", "glibc ", "2.35", "ldd (Ubuntu GLIBC 2.35-0ubuntu3.8) ",
+    "GLIBCXX_", "3.4.30",
 ])  # fmt: skip
 TOKEN_LINE = st.lists(TOKENS, max_size=14).map("".join)
 ANY_LINE = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=80)

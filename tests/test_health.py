@@ -518,6 +518,16 @@ def test_real_server_wrong_served_name(cli, vllm_server, key_file):
     assert "'qwen3.8-27b' is not listed" in out
 
 
+def test_real_server_still_warming_up_is_not_in_service(cli, vllm_server, key_file):
+    """vLLM answers while the unit's start-up warm-up runs (activating, start-post): CRITICAL, so the
+    health endpoint says 503 and the gateway's pool keeps it out; no restart of a starting unit."""
+    rc, out, err, s = cli("--url", vllm_server["url"], "--served-name", vllm_server["name"], "--restart-after", "1",
+                          "--api-key-file", str(key_file), "--unit", "fake-qwen27b.service", env={"FAKE_STATE": "activating"})
+    assert rc == 2 and s["health_status"] == 200 and s["models"] == [vllm_server["name"]]
+    assert "is warming up" in out and s["restart"]["action"] == "skip"
+    assert "restart --no-block" not in cli.calls.read_text()
+
+
 @pytest.mark.parametrize("key", ["sk-wrong", None])
 def test_real_server_wrong_or_missing_key(cli, vllm_server, tmp_path, key):
     args = ["--url", vllm_server["url"], "--served-name", vllm_server["name"], "--no-restart"]

@@ -29,7 +29,9 @@ HOSTS = ["v100x4-2204-fresh", "v100x1-2004", "v100x2-16gb", "v100x2-mixed", "v10
          # the 4x V100 box as two TP-2 copies (qwen27b_instances), fresh and converged (qwen27b/plan/instances.py)
          "v100x4-copies", "v100x4-copies-converged",
          # GPU topology: the all-reduce per TP group (qwen27b/plan/topology.py)
-         "v100x2-pcie", "v100x4-pcie", "v100x8-sxm2-dgx1", "mixed-3090-v100x2"]
+         "v100x2-pcie", "v100x4-pcie", "v100x8-sxm2-dgx1", "mixed-3090-v100x2",
+         # the TP group and a copy's GPUs picked by their links (topology.pick_group)
+         "v100x8-dgx1-tp2-of-4", "mixed-3090-v100x2-copy"]
 
 
 EMPTY_CACHE = tempfile.mkdtemp(prefix="qwen27b-empty-cache-")

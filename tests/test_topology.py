@@ -139,3 +139,52 @@ def test_a_dgx1_is_two_all_nvlink_quads_and_the_plan_says_so():
     d = _decide("v100x8-sxm2-dgx1")
     assert any(n.startswith("GPU(s) 0,1,2,3 and 4,5,6,7 are each all on NVLink: 2 copies of TP 4") for n in d.serve.notes)
     assert not any("are each all on NVLink" in n for n in _decide("v100x4-pcie").serve.notes)
+
+
+# ------------------------------------------------------------------ which GPUs, among more than needed
+
+
+@pytest.mark.parametrize("topology, gpus, size, picked", [
+    (DGX1, [0, 5, 6, 7], 2, [5, 6]),  # 0 reaches 5-7 over SYS only; 5-6 and 6-7 are NVLink: the lowest
+    (DGX1, list(range(8)), 4, [0, 1, 2, 3]),  # a quad on NVLink, not a SYS-spanning set
+    (MIXED, [0, 1, 2], 2, [1, 2]),  # the V100 NV6 pair, not the 3090 + V100 NODE pair
+    (PCIE4, [0, 1, 2, 3], 2, [2, 3]),  # one PCIe switch (PIX) before several bridges (PXB)
+    (PCIE4, [0, 2], 2, [0, 2]),  # no choice: as many as needed
+    (None, [0, 1, 2, 3], 2, [0, 1]),  # links not read: the first ones, as vLLM numbers them
+    (DGX1, [0, 1, 2, 3], 1, [0]),
+])  # fmt: skip
+def test_pick_group_prefers_nvlink_then_one_switch(topology, gpus, size, picked):
+    from qwen27b.plan.topology import pick_group
+    group, reason = pick_group(topology, gpus, size)
+    assert group == picked
+    assert bool(reason) == (topology is not None and 2 <= size < len(gpus))
+
+
+def test_pick_groups_gives_each_copy_its_own_gpus_in_order():
+    from qwen27b.plan.topology import pick_groups
+    assert [g for g, _ in pick_groups(DGX1, list(range(8)), [4, 4])] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert [g for g, _ in pick_groups(PCIE4, [0, 1, 2, 3], [2, 2])] == [[2, 3], [0, 1]]
+
+
+def test_the_tp_group_among_more_gpus_is_the_best_linked_and_the_unit_gets_it():
+    d = _decide("v100x8-sxm2-dgx1", qwen27b_gpu_indices=[0, 5, 6, 7], qwen27b_tensor_parallel_size=2)
+    assert d.serve.tp_group == (5, 6)
+    assert dict(service_env(d, layout(d)))["CUDA_VISIBLE_DEVICES"] == "5,6"
+    assert any(n.startswith("TP group GPU(s) 5,6: the best linked 2 of 0,5,6,7") for n in d.serve.notes)
+    assert any(n.startswith("GPU(s) 0, 7 are left out of this unit") for n in d.serve.notes)
+    # the all-reduce is decided on that group's links (TP 2: off on any link, volta-tp2)
+    assert "5-6 NV" in next(f.reason for f in d.serve.flags if f.name == "--disable-custom-all-reduce")
+
+
+def test_copies_given_a_count_get_the_best_linked_free_gpus():
+    from qwen27b.plan.serving import decide as decide_host
+    from qwen27b.plan.gate import RefusedHost
+    facts = recorded_facts("v100x8-sxm2-dgx1")
+    data = {"qwen27b_instances": [{"name": "a", "gpus": [4, 5, 6, 7], "port": 8000}, {"name": "b", "gpus": 2, "port": 8001}]}
+    d = decide_host("h", facts, load_stack(), settings_for("h", data))
+    (a, _), (b, copy_b) = d.copies
+    assert a.gpus == (4, 5, 6, 7) and b.gpus == (0, 1)  # from the free 0-3, all NVLink: the lowest pair
+    assert any(n.startswith("copy 'b': GPU(s) 0,1: the best linked 2 of 0,1,2,3") for n in copy_b.serve.notes)
+    too_many = {"qwen27b_instances": [{"name": "a", "gpus": 6, "port": 8000}, {"name": "b", "gpus": 4, "port": 8001}]}
+    with pytest.raises(RefusedHost, match="asks for 10 GPU"):
+        decide_host("h", facts, load_stack(), settings_for("h", too_many))

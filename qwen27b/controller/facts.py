@@ -30,7 +30,7 @@ from qwen27b.plan.occupants import parse_occupants
 from qwen27b.plan.gpufacts_parse import (P2P_MARKER, kernel_module_not_loaded, parse_gpu_topology, parse_nouveau_loaded,
                                          parse_nvidia_gpus, parse_nvidia_kernel_module, parse_nvidia_pci_devices,
                                          parse_xid_errors)
-from qwen27b.plan.hostfacts_parse import (parse_disk_free, parse_glibc_version, parse_held_packages,
+from qwen27b.plan.hostfacts_parse import (parse_disk_free, parse_glibc_version, parse_libstdcxx_version, parse_held_packages,
                                           parse_kernel_headers, parse_kernel_release, parse_memory_info, parse_models_on_disk,
                                           parse_nvidia_cuda_packages, parse_os_release, parse_python_versions,
                                           parse_secure_boot)
@@ -97,6 +97,18 @@ class GlibcVersion(_ParsedFact):
     recorded_as = "glibc-version.txt"
     _command = "getconf GNU_LIBC_VERSION 2>/dev/null || ldd --version 2>&1 | head -n 1"
     parser = staticmethod(parse_glibc_version)
+
+
+class LibstdcxxVersion(_ParsedFact):
+    """The highest GLIBCXX_ version the host's libstdc++ defines: a wheel needing a newer one fails at
+    import like a glibc one (gate.binary_needs_check). Its version names read from the library itself
+    with grep, since binutils (strings, readelf) may not be installed yet; the first library found
+    (Debian/Ubuntu's multiarch dir, then the others); none: no output."""
+
+    recorded_as = "libstdcxx-versions.txt"
+    _command = ("for f in /usr/lib/x86_64-linux-gnu/libstdc++.so.6 /usr/lib64/libstdc++.so.6 /usr/lib/libstdc++.so.6; "
+                "do if [ -e \"$f\" ]; then grep -ao 'GLIBCXX_[0-9][0-9.]*[0-9]' \"$f\" | sort -u; break; fi; done")
+    parser = staticmethod(parse_libstdcxx_version)
 
 
 class KernelRelease(_ParsedFact):
@@ -392,6 +404,7 @@ ALL_FACTS: tuple[type[FactBase], ...] = (
     ModelsOnDisk,
     GpuTopology,
     GlibcVersion,
+    LibstdcxxVersion,
     DriverBuild,
     InstalledKernels,
     Occupants,

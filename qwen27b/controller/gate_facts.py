@@ -29,6 +29,7 @@ GATE_FACTS: tuple[tuple[str, type], ...] = (
     ("models_on_disk", F.ModelsOnDisk),
     ("topology", F.GpuTopology),
     ("glibc", F.GlibcVersion),
+    ("libstdcxx", F.LibstdcxxVersion),
     ("driver_build", F.DriverBuild),
     ("kernels", F.InstalledKernels),
     ("occupants", F.Occupants),

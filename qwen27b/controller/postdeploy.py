@@ -122,8 +122,8 @@ def load_line(elapsed: float, loaded: tuple[int, int] | None, unit: str | None) 
 
 def wait_active(state, deadline_s: float = 60, poll_s: float = 0.5, clock=time.monotonic, sleep=time.sleep) -> None:
     """After /health answers: wait (bounded) for systemd to call the unit active too. Its start-up
-    check (ExecStartPost) polls /health every 2 s, so a deploy that reported ok at once could leave
-    `systemctl status` saying "activating" for a moment, longer on a loaded host."""
+    check (ExecStartPost, qwen27b_onhost.warmup) sends one completion first, which compiles on V100
+    (minutes): verify's own timed request must not be the one that waits for it."""
     deadline = clock() + deadline_s
     while True:
         unit = state()
@@ -132,7 +132,7 @@ def wait_active(state, deadline_s: float = 60, poll_s: float = 0.5, clock=time.m
         _fail_if_crashed(unit)
         if clock() > deadline:
             raise VerifyFailed(f"/health answers but systemd still has the unit {unit} after {deadline_s:.0f} s "
-                               "(its start-up check, ExecStartPost, did not finish): see its journal")
+                               "(its start-up warm-up, ExecStartPost, did not finish): see its journal")
         sleep(poll_s)
 
 

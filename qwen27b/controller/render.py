@@ -197,13 +197,16 @@ def restart_exec(request: str, unit: str) -> str:
 
 
 def serving_gpus(decision: Decision) -> list:
-    """The GPUs vLLM uses: the first TP (x PP on one host) of the selected ones. A pinned TP below the
-    GPU count would otherwise see them all and leave the rest idle without a word (the plan notes them)."""
+    """The GPUs vLLM uses: the planner's TP group (the best linked, qwen27b/plan/topology.py), or the
+    first TP x PP of the selected ones. A TP below the GPU count would otherwise see them all and
+    leave the rest idle without a word (the plan notes them)."""
     if decision.group is not None or not decision.serve.has("--tensor-parallel-size"):
         return decision.gpus
     used = int(decision.serve.value("--tensor-parallel-size"))
     if decision.serve.has("--pipeline-parallel-size"):
         used *= int(decision.serve.value("--pipeline-parallel-size"))
+    elif len(decision.serve.tp_group) == used:
+        return [g for g in decision.gpus if g.index in decision.serve.tp_group]
     return decision.gpus[:used]
 
 
@@ -252,6 +255,16 @@ def service_env(decision: Decision, where: dict) -> list[tuple[str, str]]:
     return sorted((name, env_value(value)) for name, value in env.items())
 
 
+def warmup_argv(decision: Decision, where: dict, url: str, served_name: str | None) -> list[str]:
+    """The unit's ExecStartPost: qwen27b_onhost.warmup waits for /health, then sends one short
+    completion (the first request compiles: profile serve.warmup). The key reaches it through the
+    unit's EnvironmentFile=, never argv; PYTHONPATH through env(1), for this command only."""
+    warm = decision.stack.profile["serve"]["warmup"]
+    return (["/usr/bin/env", f"PYTHONPATH={lib_dir(where['venv'])}"] + module_argv(where["venv"], "warmup")
+            + ["--url", url] + (["--served-name", served_name] if served_name else [])
+            + ["--timeout-s", str(warm["timeout_s"]), "--max-tokens", str(warm["max_tokens"])])
+
+
 def contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
     """Template name -> context, for every file the service role writes."""
     where = layout(decision, prefix)
@@ -271,10 +284,10 @@ def contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
         "after": ["network-online.target"] + (["nvidia-persistenced.service"] if decision.gpus else []),
         "user": decision.stack.paths["service_user"],
         "exec_start": exec_start,
-        # `systemctl start` returns once /health answers, so start-up failures show in the unit state
-        # and fails as soon as the main process dies ($MAINPID: systemd's), instead of at the timeout
-        "ready_check": (f"/bin/sh -c 'until curl -fs -o /dev/null {base_url.replace('%', '%%')}/health; "
-                        "do kill -0 $MAINPID || exit 1; sleep 2; done'"),
+        # `systemctl start` returns once /health answers and a warm-up completion came back, so start-up
+        # failures show in the unit state, and fails as soon as the main process dies, not at the timeout
+        "ready_check": " ".join(systemd_quote(arg) for arg in warmup_argv(decision, where, base_url,
+                                                                            serve.value("--served-model-name"))),
         "start_timeout_s": decision.stack.profile["serve"]["start_timeout_s"],
         "start_limit_interval_s": 1800,
         "start_limit_burst": 5,
@@ -542,8 +555,10 @@ def instance_contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
     unit.update({key: prefix + value for key, value in instance_files(paths, "%i").items()})
     unit["served_name"] = f"copy %i of {unit['served_name']}"
     unit["exec_start"] = [unit["exec_start"][0], f"${SERVE_ARGS_ENV}"]
-    unit["ready_check"] = (f"/bin/sh -c 'until curl -fs -o /dev/null ${{{URL_ENV}}}/health; "
-                           "do kill -0 $MAINPID || exit 1; sleep 2; done'")
+    # the URL from the copy's env file (systemd expands ${VAR} as one word); the model from /v1/models
+    url = f"${{{URL_ENV}}}"
+    unit["ready_check"] = " ".join(arg if arg == url else systemd_quote(arg)
+                                   for arg in warmup_argv(first, layout(first, prefix), url, None))
     unit["hardening"] = [line for line in unit["hardening"] if line[0] != "RemoveIPC"]
     unit["left_off"] = unit["left_off"] + [f"{what}: {why}" for what, why in INSTANCE_LEFT_OFF]
     out = {"qwen27b@.service.j2": unit}

@@ -280,8 +280,12 @@ def check(args: argparse.Namespace, now: float | None = None) -> dict:
             key_error = f"{args.api_key_file}: {e}"
 
     health, models = probe(args.url, key, args.timeout)
+    systemd = unit_properties(args.unit)  # {}: no systemd or no such unit
+    unit_state = systemd.get("ActiveState") or None  # unknown is never "activating"
     stall, idle, live, progress_note = None, None, prev.get("liveness"), None
-    if health["status"] == 200 and models["status"] == 200:  # else the findings above say why
+    # progress is judged once the unit is in service (a warming-up engine compiles; the probe would
+    # race its warm-up), and where vLLM answers (else the /health and /v1/models findings say why)
+    if health["status"] == 200 and models["status"] == 200 and unit_state != "activating":
         reading, progress_note = read_progress(args.url, key, args.timeout)
         stall, live = liveness(live, reading, now, args.stall_after_s)
         if reading is not None and args.served_name and idle_probe_due(live, now, args.idle_probe_every_s):
@@ -303,11 +307,16 @@ def check(args: argparse.Namespace, now: float | None = None) -> dict:
         findings.append(finding(INFO, note))
         print(f"qwen27b-health: {note}", file=sys.stderr)
 
+    if unit_state == "activating" and code != CRITICAL:
+        # vLLM answers while the unit's start-up warm-up (ExecStartPost) runs its first, compiling
+        # request: not in service yet, so the health endpoint says 503 and the gateway's pool waits
+        code = CRITICAL
+        findings.append(finding(CRITICAL, f"{args.unit} is warming up (activating, start-post): vLLM answers but "
+                                          f"its first request is still compiling; in service once systemd calls "
+                                          f"it active (`systemctl status {args.unit}`)."))
     failures = next_failures(int(prev.get("consecutive_failures") or 0), code)
     last_restart = prev.get("last_restart")
-    systemd = unit_properties(args.unit) if code == CRITICAL else {}  # {}: no systemd or no such unit
-    unit_state = systemd.get("ActiveState") or None  # unknown is never "activating"
-    loop = restart_loop(systemd, args.unit) if systemd else None
+    loop = restart_loop(systemd, args.unit) if systemd and code == CRITICAL else None
     if loop:
         findings.append(finding(CRITICAL, loop, RESTART_LOOP_FINDING))
     if unit_state == "activating":

@@ -79,6 +79,7 @@ class HostFacts:
     gpu_problems: list = field(default_factory=list)  # NvidiaGpus' "problem" entries, split off gpus
     topology: dict | None = None  # GpuTopology; None: not read (no driver yet)
     glibc: str | None = None  # GlibcVersion ("2.35"); None: not read
+    libstdcxx: str | None = None  # LibstdcxxVersion, the highest GLIBCXX_ ("3.4.30"); None: not read
     driver_build: dict | None = None  # DriverBuild (plan/driverbuild.py); None: not read
     kernels: dict | None = None  # InstalledKernels; None: not read
     occupants: dict | None = None  # Occupants (plan/occupants.py): listeners, GPU processes; None: not read
@@ -511,11 +512,21 @@ GLIBC_FIX = ("reinstall the host with Ubuntu 22.04 (glibc 2.35) or 24.04 (2.39),
              "glibc <= {have}")
 
 
-def binary_needs_check(host: str, glibc: str | None, rs: ResolvedStack, needs: dict | None = None) -> str | None:
-    """The host's glibc against what the vLLM wheel needs: `needs` read from the wheel's shared objects
-    (elfneeds.wheel_needs) refuses a host below them; without the wheel, the build's glibc_floor in the
-    stack file refuses when verified, else returns a warning. None: fine, or nothing to compare."""
+GLIBCXX_FIX = ("install a newer libstdc++6 (Ubuntu 20.04's has GLIBCXX_3.4.28, 22.04's 3.4.30, 24.04's 3.4.33), "
+               "reinstall the host with a newer Ubuntu, or use a build of {wheel} made for GLIBCXX <= {have}")
+
+
+def binary_needs_check(host: str, glibc: str | None, rs: ResolvedStack, needs: dict | None = None,
+                       libstdcxx: str | None = None) -> str | None:
+    """The host's glibc and libstdc++ against what the vLLM wheel needs: `needs` read from the wheel's
+    shared objects (elfneeds.wheel_needs) refuses a host below them; without the wheel, the build's
+    glibc_floor in the stack file refuses when verified, else returns a warning. None: fine, or
+    nothing to compare."""
     wheel = rs.profile["vllm"].get("filename") or f"{rs.profile['vllm']['dist']} {rs.profile['vllm']['version']}"
+    if needs and needs.get("GLIBCXX") and libstdcxx and newer(needs["GLIBCXX"], libstdcxx):
+        raise RefusedHost(host, f"{wheel} needs GLIBCXX_{needs['GLIBCXX']} (its {needs['by']['GLIBCXX']} asks for it), "
+                          f"the host's libstdc++ has GLIBCXX_{libstdcxx}: it would fail at import, after the driver "
+                          "and CUDA are in", GLIBCXX_FIX.format(wheel=wheel, have=libstdcxx))
     if not glibc:
         return None
     if needs and needs.get("GLIBC"):

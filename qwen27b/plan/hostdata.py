@@ -676,6 +676,7 @@ class Instance:
     gpus: tuple[int, ...]  # host GPU indices (CUDA_VISIBLE_DEVICES); () on the CPU smoke profile
     port: int
     api_key_file: str | None = None  # None: the host's qwen27b_api_key_file, if any
+    count: int = 0  # `gpus: N`: N GPUs the planner picks by their links (instances.py); gpus () until then
 
 
 def check_instance_keys(host: str, s: Settings, given: set[str]) -> tuple[Instance, ...]:
@@ -684,7 +685,7 @@ def check_instance_keys(host: str, s: Settings, given: set[str]) -> tuple[Instan
     if s.instances is None:
         return ()
     fix_list = ("e.g. qwen27b_instances = [{'name': 'a', 'gpus': [0, 1, 2, 3], 'port': 8000}, "
-                "{'name': 'b', 'gpus': [4, 5, 6, 7], 'port': 8001}]")
+                "{'name': 'b', 'gpus': [4, 5, 6, 7], 'port': 8001}] (or 'gpus': 4: the planner picks them by their links)")
     if not s.instances:
         raise BadHostData(host, INSTANCES_KEY, "an empty list serves nothing", f"list the copies, {fix_list}, or leave the key out")
     for name in PER_COPY:
@@ -715,9 +716,13 @@ def check_instance_keys(host: str, s: Settings, given: set[str]) -> tuple[Instan
         where = f"{INSTANCES_KEY}['{name}']"
         if any(i.name == name for i in out):
             raise BadHostData(host, f"{where}.name", f"'{name}' names two copies", "give each copy its own name")
-        if not isinstance(gpus, list) or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus):
-            raise BadHostData(host, f"{where}.gpus", f"{gpus!r} is not a list of GPU indices", "e.g. [0, 1]")
-        if cpu != (not gpus):
+        count = gpus if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0 and not cpu else 0
+        if count:
+            gpus = []  # how many: the planner picks which by their links
+        elif not isinstance(gpus, list) or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus):
+            raise BadHostData(host, f"{where}.gpus", f"{gpus!r} is not a list of GPU indices or a GPU count",
+                              "e.g. [0, 1], or 2 (the planner picks the best linked GPUs)")
+        if cpu != (not gpus and not count):
             raise BadHostData(host, f"{where}.gpus", "the CPU smoke profile uses no GPU" if cpu else "a copy needs GPUs",
                               "give [] on the CPU smoke profile" if cpu else "list the copy's GPU indices, e.g. [0, 1]")
         for g in gpus:
@@ -736,13 +741,14 @@ def check_instance_keys(host: str, s: Settings, given: set[str]) -> tuple[Instan
                 raise BadHostData(host, f"{where}.api_key_file", f"expected str, got {type(key_file).__name__}",
                                   "the path of a 0600 key file on the controller")
             check_secret_file(host, f"{where}.api_key_file", key_file, "VLLM_API_KEY")
-        out.append(Instance(name, tuple(gpus), port, key_file))
+        out.append(Instance(name, tuple(gpus), port, key_file, count))
     return tuple(out)
 
 
 def instances_of(s: Settings) -> tuple[Instance, ...]:
     """The copies of validated settings (settings_for ran check_instance_keys on them)."""
-    return tuple(Instance(i["name"], tuple(i["gpus"]), i["port"], i.get("api_key_file")) for i in s.instances or ())
+    return tuple(Instance(i["name"], (), i["port"], i.get("api_key_file"), i["gpus"]) if isinstance(i["gpus"], int)
+                 else Instance(i["name"], tuple(i["gpus"]), i["port"], i.get("api_key_file")) for i in s.instances or ())
 
 
 NODE_GROUP = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")  # a unit Description and the plan; no spaces

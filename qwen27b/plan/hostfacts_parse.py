@@ -270,6 +270,21 @@ _GETCONF_LIBC = re.compile(r"^glibc ([0-9]+\.[0-9]+)$")
 _LDD_VERSION = re.compile(r"^ldd \(.*\) ([0-9]+\.[0-9]+)$")
 
 
+_GLIBCXX = re.compile(r"^GLIBCXX_([0-9]+(?:\.[0-9]+)*)$")
+
+
+def parse_libstdcxx_version(output: list[str]) -> str | None:
+    """The GLIBCXX_ version names the host's libstdc++.so.6 holds, one a line ("GLIBCXX_3.4.30"):
+    the highest, "3.4.30"; None for no output (no libstdc++ found)."""
+    versions = []
+    for n, line in numbered_lines(output):
+        match = _GLIBCXX.match(line.strip())
+        if not match:
+            raise FactParseError("LibstdcxxVersion", n, "one GLIBCXX_<version> a line", line)
+        versions.append(tuple(int(part) for part in match.group(1).split(".")))
+    return ".".join(map(str, max(versions))) if versions else None
+
+
 def parse_glibc_version(output: list[str]) -> str | None:
     """`getconf GNU_LIBC_VERSION` ("glibc 2.35"), or the first line of `ldd --version`
     ("ldd (Ubuntu GLIBC 2.35-0ubuntu3.8) 2.35"): "2.35"; None for no output."""

@@ -13,12 +13,34 @@ from dataclasses import replace
 
 from qwen27b.plan.gate import RefusedHost, host_gpus
 from qwen27b.plan.hostdata import INSTANCES_KEY, Instance, Settings, instances_of
+from qwen27b.plan.topology import pick_groups
 
 
 def copy_settings(s: Settings, instance: Instance) -> Settings:
     """The host's settings as one copy sees them: its GPUs, its port, its key (the planner picks TP)."""
     return replace(s, instances=None, gpu_indices=list(instance.gpus) or None, port=instance.port,
                    tensor_parallel_size=None, api_key_file=instance.api_key_file or s.api_key_file)
+
+
+def pick_copy_gpus(host: str, instances: tuple[Instance, ...], present: list[int],
+                   topology: dict | None) -> tuple[list[Instance], dict[str, str]]:
+    """Copies given a GPU count (`gpus: N`) get their GPUs here, in inventory order, from those no
+    copy lists: the best linked N (topology.pick_group). -> (the copies with GPUs, name -> reason)."""
+    counted = [i for i in instances if i.count]
+    if not counted:
+        return list(instances), {}
+    listed = {g for i in instances for g in i.gpus}
+    free = [g for g in present if g not in listed]
+    wanted = sum(i.count for i in counted)
+    if wanted > len(free):
+        raise RefusedHost(host, f"{INSTANCES_KEY} asks for {wanted} GPU(s) by count but {len(free)} are free "
+                          f"({','.join(map(str, free)) or 'none'}; the others are listed by copies)",
+                          "lower the counts, or list each copy's GPUs")
+    groups = dict(zip((i.name for i in counted), pick_groups(topology, free, [i.count for i in counted])))
+    out = [replace(i, gpus=tuple(groups[i.name][0])) if i.count else i for i in instances]
+    reasons = {name: reason or f"GPU(s) {','.join(map(str, group))}: {len(group)} of the free "
+               f"{','.join(map(str, free))} (links not read, or no choice left)" for name, (group, reason) in groups.items()}
+    return out, reasons
 
 
 def decide_copies(host: str, facts, stack: dict, settings: Settings, decide, **kwargs):
@@ -29,6 +51,7 @@ def decide_copies(host: str, facts, stack: dict, settings: Settings, decide, **k
     copies, refusals = [], []
     instances = instances_of(settings)
     present = [] if settings.profile == "cpu-smoke" else [g.index for g in host_gpus(host, facts, stack)]
+    instances, picked = pick_copy_gpus(host, instances, present, facts.topology)
     for instance in instances:
         missing = [g for g in instance.gpus if g not in present]
         if missing:
@@ -44,6 +67,8 @@ def decide_copies(host: str, facts, stack: dict, settings: Settings, decide, **k
                                   "write the value without spaces (JSON needs none)")
             copy.serve.flags[:] = [replace(f, reason=f"qwen27b_instances '{instance.name}'") if f.name == "--port" else f
                                    for f in copy.serve.flags]
+            if picked.get(instance.name):
+                copy.serve.notes.append(f"copy '{instance.name}': {picked[instance.name]}")
             copies.append((instance, copy))
         except RefusedHost as refused:
             named = [(f"copy '{instance.name}' ({len(instance.gpus)} GPU(s) {list(instance.gpus)}): {cause}", fix)

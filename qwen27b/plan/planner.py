@@ -13,7 +13,7 @@ from qwen27b.plan import engine
 from qwen27b.plan.checkpoint import DTYPE_BYTES, ModelShape
 from qwen27b.onhost.contract import MIDDLEWARE
 from qwen27b.plan.stack import ResolvedStack
-from qwen27b.plan.topology import nvlink_split, plan_all_reduce
+from qwen27b.plan.topology import nvlink_split, pick_group, plan_all_reduce
 
 MiB = 2**20
 GiB = 2**30
@@ -106,6 +106,7 @@ class ServePlan:
     memory: MemoryBudget
     notes: list[str] = field(default_factory=list)
     spec: engine.SpecChoice = engine.OFF  # the speculative method in the flags (plan/engine.py)
+    tp_group: tuple[int, ...] = ()  # the GPUs of the TP group (nvidia-smi indices); () on the CPU profile
 
     def value(self, name: str) -> str | None:
         for flag in self.flags:
@@ -290,14 +291,15 @@ def _check_headroom(budget: MemoryBudget, serve: dict, util: float, cite) -> Non
             f"lower --gpu-memory-utilization to at most {int((seen - floor) / seen * 100) / 100:.2f} (qwen27b_serve_flags)")
 
 
-def _all_reduce(inp: ServeInputs, tp: int, add, notes: list[str]):
-    """The TP group is the first `tp` GPUs (vLLM's ranks): its links decide the all-reduce
+def _all_reduce(inp: ServeInputs, group: list[int], add, notes: list[str]):
+    """The TP group (vLLM's ranks: CUDA_VISIBLE_DEVICES lists it): its links decide the all-reduce
     (qwen27b/plan/topology.py); the flag goes in the table, a kept default and NCCL env in notes."""
-    decision = plan_all_reduce(inp.stack.build, inp.topology, [g.index for g in inp.gpus[:tp]], inp.stack.cite)
+    tp = len(group)
+    decision = plan_all_reduce(inp.stack.build, inp.topology, group, inp.stack.cite)
     if decision.custom is False:
         add("--disable-custom-all-reduce", None, decision.reason)
         keeps = [r for r in inp.stack.build.get("all_reduce") or [] if r["custom_all_reduce"]]
-        split = nvlink_split(inp.topology, [g.index for g in inp.gpus[:tp]], sorted({r.get("tp_min", 2) for r in keeps}))
+        split = nvlink_split(inp.topology, group, sorted({r.get("tp_min", 2) for r in keeps}))
         if split:
             notes.append(f"GPU(s) {' and '.join(','.join(map(str, s)) for s in split)} are each all on NVLink: "
                          f"{len(split)} copies of TP {len(split[0])} (qwen27b_instances) would keep custom all-reduce on, "
@@ -306,10 +308,10 @@ def _all_reduce(inp: ServeInputs, tp: int, add, notes: list[str]):
         notes.append(f"custom all-reduce kept on (vLLM's default): {decision.reason}")
     if decision.env_reason:
         notes.append(decision.env_reason)
-    idle = [g.index for g in inp.gpus[tp:]]
+    idle = [g.index for g in inp.gpus if g.index not in group]
     if idle:
         notes.append(f"GPU(s) {', '.join(map(str, idle))} are left out of this unit (CUDA_VISIBLE_DEVICES lists the TP group "
-                     f"{', '.join(str(g.index) for g in inp.gpus[:tp])}): serve them with more copies of TP {tp} "
+                     f"{', '.join(map(str, group))}): serve them with more copies of TP {tp} "
                      "(qwen27b_instances), or raise the TP size")
     return decision
 
@@ -334,6 +336,10 @@ def plan_serve(inp: ServeInputs) -> ServePlan:
         tp, tp_reason = choose_tp(inp.gpus, inp.target, _pin(pins, "--tensor-parallel-size", int))
     else:
         tp, tp_reason = 1, "CPU profile"
+    # among more GPUs than the group needs, the best linked ones (qwen27b/plan/topology.py)
+    tp_group, group_reason = pick_group(inp.topology, [g.index for g in inp.gpus], tp)
+    if group_reason:
+        notes.append(f"TP group {group_reason}")
     util = _pin(pins, "--gpu-memory-utilization", float) or serve.get("gpu_memory_utilization", 1.0)
     start = {
         "max_len": _pin(pins, "--max-model-len", int) or serve["max_model_len"],
@@ -383,7 +389,7 @@ def plan_serve(inp: ServeInputs) -> ServePlan:
         measured = "1cat-profile-27b" in (serve.get("source") or [])
         add("--gpu-memory-utilization", util, f"stack profile {inp.stack.profile_name}"
             + (f" {cite('1cat-profile-27b')}" if measured else ": vLLM's usual headroom for CUDA context and NCCL"))
-        all_reduce = _all_reduce(inp, tp, add, notes)
+        all_reduce = _all_reduce(inp, tp_group, add, notes)
     add("--dtype", serve["dtype"], f"V100 has no bf16 {cite('v100-fp16')}" if serve["dtype"] == "float16"
         else f"stack profile {inp.stack.profile_name}")
     def sized(knob: str, detail: str) -> str:
@@ -438,5 +444,9 @@ def plan_serve(inp: ServeInputs) -> ServePlan:
     if inp.gpus:
         env.update(all_reduce.env)
     notes.append("API key: VLLM_API_KEY from a 0600 env file, never a flag (flags show in ps and systemctl status)")
-    return ServePlan(flags=flags, env=env, memory=budget, notes=notes,
+    warm = serve["warmup"]
+    notes.append(f"start-up: once /health answers, one {warm['max_tokens']}-token completion (deadline {warm['timeout_s']} s, "
+                 f"within the {serve['start_timeout_s']} s start) before systemd counts the unit as started, so no "
+                 f"client meets the first request's compile {cite(warm['source'])}")
+    return ServePlan(flags=flags, env=env, memory=budget, notes=notes, tp_group=tuple(tp_group),
                      spec=spec if spec.on and (spec.method != "dflash2" or inp.draft is not None) else engine.OFF)

@@ -10,6 +10,7 @@ release can flip, and the plan prints which rule decided and why.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 @dataclass(frozen=True)
@@ -57,6 +58,46 @@ def nvlink_split(topology: dict | None, indices: list[int], sizes=(4,)) -> list[
         if all(group_link(topology, group)[0] == "nvlink" for group in groups):
             return groups
     return []
+
+
+# How far a pair's traffic travels, best first (nvidia-smi topo -m's legend); NV<n> is 0.
+LINK_RANK = {"PIX": 1, "PXB": 2, "PHB": 3, "NODE": 4, "SYS": 5}
+RANK_WORDS = ["every pair on NVLink", "every pair behind one PCIe switch (PIX)", "every pair behind PCIe switches (PXB)",
+              "pairs through a CPU's host bridge (PHB)", "pairs across host bridges of one CPU (NODE)",
+              "pairs across CPU sockets (SYS)", "links unknown"]
+
+
+def group_rank(topology: dict, group) -> int:
+    """The worst link among the pairs of `group` (0 NVLink .. 5 SYS, 6 unknown); 0 for one GPU."""
+    at = {g: n for n, g in enumerate(topology["gpus"])}
+    ranks = [0 if link.startswith("NV") else LINK_RANK.get(link, 6)
+             for link in (topology["links"][at[a]][at[b]] for n, a in enumerate(group) for b in group[n + 1:])]
+    return max(ranks, default=0)
+
+
+def pick_group(topology: dict | None, indices: list[int], size: int) -> tuple[list[int], str]:
+    """The `size` GPUs of `indices` best linked: all on NVLink, else behind one PCIe switch (PIX, then
+    PXB), then through the CPU (PHB, NODE, SYS); ties go to the lowest indices. Without a choice (as
+    many GPUs as needed, one GPU) or without links read: the first `size`, and no reason."""
+    if size < 2 or size >= len(indices) or not topology or any(i not in topology["gpus"] for i in indices):
+        return list(indices[:size]), ""
+    best = min(itertools.combinations(indices, size), key=lambda g: (group_rank(topology, g), g))
+    first = group_rank(topology, indices[:size])
+    reason = (f"GPU(s) {','.join(map(str, best))}: the best linked {size} of {','.join(map(str, indices))}, "
+              f"{RANK_WORDS[group_rank(topology, best)]}")
+    if list(best) != list(indices[:size]):
+        reason += f" (the first {size} have {RANK_WORDS[first]})"
+    return list(best), reason + "; NVLink first, then one PCIe switch, then the CPU's links"
+
+
+def pick_groups(topology: dict | None, indices: list[int], sizes: list[int]) -> list[tuple[list[int], str]]:
+    """pick_group for each size in turn, from the GPUs the earlier ones left (the copies' order)."""
+    left, out = list(indices), []
+    for size in sizes:
+        group, reason = pick_group(topology, left, size)
+        out.append((group, reason))
+        left = [g for g in left if g not in group]
+    return out
 
 
 def _matches(rule: dict, tp: int, link: str) -> bool:

@@ -256,6 +256,31 @@ def test_host_state(lab):
     assert int(lab["host"].run("ls /opt/qwen27b/wheelhouse/*/*.whl | wc -l").stdout) > 100
 
 
+def test_the_running_engine_has_its_tools_and_met_no_client_cold(lab):
+    """Issue 23 on a real unit: the engine's environment (read as root from /proc/MAINPID/environ) has
+    the venv's bin first on PATH and every JIT cache under the state dir, the journal has no
+    "Read-only file system", and the unit's warm-up sent its completion before systemd called it active."""
+    from qwen27b.controller.render import jit_cache_env
+    host = lab["host"]
+    pid = show(lab, "MainPID")
+    environ = dict(line.split("=", 1) for line in host.run(f"tr '\\0' '\\n' < /proc/{pid}/environ").stdout.splitlines()
+                   if "=" in line)
+    assert environ["PATH"].startswith("/opt/qwen27b/current/venv/bin:"), environ["PATH"]
+    caches = {name: environ.get(name) for name in [*jit_cache_env("/x"), "VLLM_CACHE_ROOT", "HF_HOME"]}
+    assert all(value and value.startswith("/var/lib/qwen27b/") for value in caches.values()), caches
+    journal = host.run("journalctl --no-pager -o cat -u qwen27b.service", timeout=60).stdout
+    assert "Read-only file system" not in journal, [l for l in journal.splitlines() if "Read-only" in l][:5]
+    # this start's lines (its invocation), with the kernel's monotonic clock systemd's timestamps use
+    invocation = show(lab, "InvocationID")
+    lines = [json.loads(line) for line in host.run(f"journalctl --no-pager -o json _SYSTEMD_INVOCATION_ID={invocation}",
+                                                   timeout=60).stdout.splitlines() if line.strip()]
+    active_at = int(show(lab, "ActiveEnterTimestampMonotonic"))
+    done = [m for m in lines if "qwen27b-warmup: warm-up completion done" in str(m.get("MESSAGE"))]
+    posts = [m for m in lines if re.search(r'"POST /v1/(?:chat/)?completions HTTP/1\.1" 200', str(m.get("MESSAGE")))]
+    assert done and posts, [m.get("MESSAGE") for m in lines][-40:]
+    assert int(posts[0]["__MONOTONIC_TIMESTAMP"]) < active_at and int(done[0]["__MONOTONIC_TIMESTAMP"]) <= active_at
+
+
 def test_the_readmes_commands_on_a_host_work_for_the_sudo_user(lab):
     """README's "Using it on your lab" lines run on the host as its `admin` (issue 32: the health
     check line printed CRITICAL 401 with a key set, and `systemctl status` without sudo showed no log)."""
