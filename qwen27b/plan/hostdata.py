@@ -635,6 +635,35 @@ def redact_url(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=f"{shown}@{hostport}"))
 
 
+# pyinfra's own flags that take a password, and `--data` keys that hold one (ssh_password,
+# _sudo_password, ssh_key_password): a key naming a file (`*_file`) holds a path, shown as it is
+PASSWORD_FLAGS = ("--password", "--ssh-password", "--key-password", "--ssh-key-password")
+SECRET_DATA_KEY = re.compile(r"(?i)(password|passwd|secret|token)(?!.*_files?$)")
+URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/\s'\"]*)@")
+
+
+def shown_argv(argv: list[str]) -> list[str]:
+    """A command line as it may be printed (the run summary's re-run line, `qwen27b rollout`): a
+    password given to pyinfra's flags or as `--data KEY=VALUE` becomes ***, as do the passwords of
+    URLs anywhere in it (redact_url's rule, as the plans show them)."""
+    out, after = [], None
+    for arg in argv:
+        if after in PASSWORD_FLAGS:
+            arg = "***"
+        elif any(arg.startswith(flag + "=") for flag in PASSWORD_FLAGS):
+            arg = arg.split("=", 1)[0] + "=***"
+        else:
+            data = arg.removeprefix("--data=") if arg.startswith("--data=") else arg if after == "--data" else None
+            key = data.split("=", 1)[0] if data is not None and "=" in data else ""
+            if key and SECRET_DATA_KEY.search(key):
+                arg = arg[:len(arg) - len(data)] + key + "=***"
+            arg = URL_USERINFO.sub(lambda m: m[1] + (m[2].split(":", 1)[0] + ":***" if ":" in m[2] else "***") + "@",
+                                   arg)
+        out.append(arg)
+        after = arg if arg.startswith("--") and "=" not in arg else None
+    return out
+
+
 def url_has_password(url: str) -> bool:
     return "@" in urllib.parse.urlsplit(url).netloc
 
