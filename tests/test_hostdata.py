@@ -68,6 +68,21 @@ BAD_INPUTS = [
                  id="keep-revisions-negative"),
     pytest.param({"qwen27b_gpu_indices": [-1]}, "qwen27b_gpu_indices", "is not a list of GPU indices",
                  id="gpu-index-negative"),
+    # issue 25: no upper bound (10**18 s made the health timer ignore its interval), a key in another
+    # case ignored by pyinfra without a word, a network with host bits widened without one
+    pytest.param({"qwen27b_health_interval_s": 10**18}, "qwen27b_health_interval_s", "is more than 86400",
+                 id="health-interval-huge"),
+    pytest.param({"qwen27b_keep_releases": 10**9}, "qwen27b_keep_releases", "is more than 100", id="keep-releases-huge"),
+    pytest.param({"qwen27b_health_failures_before_restart": 10**6}, "qwen27b_health_failures_before_restart",
+                 "is more than 1000", id="health-failures-huge"),
+    pytest.param({"QWEN27B_PORT": 8001}, "QWEN27B_PORT", "write it 'qwen27b_port'", id="key-upper-case"),
+    pytest.param({"Qwen27b_Api_Key_File": "x"}, "Qwen27b_Api_Key_File", "write it 'qwen27b_api_key_file'",
+                 id="key-mixed-case"),
+    pytest.param({"qwen27b_firewall_allow": ["10.0.0.7/8"]}, "qwen27b_firewall_allow",
+                 "would allow all of 10.0.0.0/8. Fix: write '10.0.0.0/8' for the whole network, or '10.0.0.7/32'",
+                 id="firewall-network-host-bits"),
+    pytest.param({"qwen27b_metrics_allow": ["fd00::7/64"]}, "qwen27b_metrics_allow", "'fd00::7/128' for the one host",
+                 id="metrics-network-host-bits-v6"),
     pytest.param({"qwen27b_gpu_indices": []}, "qwen27b_gpu_indices", "is not a list of GPU indices", id="gpu-indices-empty"),
     pytest.param({"qwen27b_serve_flags": {"--max-model-len": -1}}, "qwen27b_serve_flags.--max-model-len",
                  "must be a positive whole number", id="pinned-max-model-len-negative"),
@@ -196,6 +211,17 @@ def test_monitoring_keys_default_and_scrapers_need_no_api_key():
                            "qwen27b_metrics_allow": ["10.0.0.5/32"]})
     assert (s.node_exporter, s.health_port, s.metrics_allow, s.api_key_file) == (True, 9200, ["10.0.0.5/32"], None)
     assert settings_for("h", {"qwen27b_health_port": 9100}).health_port == 9100  # no node_exporter: free
+
+
+def test_an_allow_list_open_to_every_address_is_accepted_with_a_warning():
+    """Issue 25: 0.0.0.0/0 and ::/0 passed without a word; the firewall role notes each warning."""
+    from qwen27b.plan.hostdata import open_to_all
+
+    wide = settings_for("h", {"qwen27b_firewall_allow": ["0.0.0.0/0", "10.0.0.0/8"], "qwen27b_metrics_allow": ["::/0"]})
+    warnings = open_to_all(wide)
+    assert len(warnings) == 2 and "qwen27b_firewall_allow lists 0.0.0.0/0" in warnings[0]
+    assert "qwen27b_metrics_allow lists ::/0" in warnings[1] and "without the key" in warnings[1]
+    assert open_to_all(settings_for("h", {"qwen27b_firewall_allow": ["10.0.0.0/8", "10.0.0.7/32"]})) == []
 
 
 def test_other_data_keys_pass():

@@ -153,8 +153,10 @@ GATEWAY_TYPES: dict[str, tuple[type, ...]] = {
 PREFIX = "qwen27b_"
 GATEWAY_KEYS = [PREFIX + name for name in GATEWAY_TYPES]
 KEYS = [PREFIX + f.name for f in fields(Settings)] + GATEWAY_KEYS
-_POSITIVE = {"tensor_parallel_size", "min_free_disk_gib", "health_interval_s", "health_failures_before_restart",
-             "keep_model_revisions", "keep_releases"}
+# Whole-number keys: (least, most). The tops are far past any real use; without them a health
+# interval of 10**18 s passed and the timer ignored it (systemd takes spans up to ~584 years).
+_RANGES = {"tensor_parallel_size": (1, 64), "min_free_disk_gib": (1, 100_000), "health_interval_s": (1, 86_400),
+           "health_failures_before_restart": (1, 1000), "keep_model_revisions": (1, 100), "keep_releases": (1, 100)}
 MODEL_SOURCES = ("hub", "mirror", "controller")
 SPECULATIVE_MODES = ("auto", "mtp", "dflash2", "off")
 WEIGHTS_FANOUT = ("none", "tree")  # qwen27b.plan.fanout.MODES
@@ -271,6 +273,9 @@ def settings_for(host: str, data: dict) -> Settings:
                 value = [parse_network(host, key, network) for network in value]
             values[name] = value
             continue
+        if isinstance(key, str) and key.lower() in KEYS:  # pyinfra's data keys are case-sensitive: it would be ignored
+            raise BadHostData(host, key, "host data keys are lower case: this one would be ignored",
+                              f"write it '{key.lower()}'")
         close = _near_misses(key)
         if key.startswith(PREFIX) or close:
             hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(KEYS)}"
@@ -324,14 +329,35 @@ def parse_network(host: str, key: str, value: Any) -> str:
     if getattr(network, "scope_id", None) is not None:
         raise BadHostData(host, key, f"{value!r} has a zone id: nftables and IPAddressAllow= take none",
                           "write the network without its %zone, e.g. 'fe80::/64'")
+    if network.ip != network.network.network_address:
+        # every reader (nft, IPAddressAllow=, the route guard) takes the whole network: 10.0.0.7/8 is 10.0.0.0/8
+        raise BadHostData(host, key, f"{value!r} has host bits set: it would allow all of {network.network}",
+                          f"write '{network.network}' for the whole network, or "
+                          f"'{network.ip}/{network.max_prefixlen}' for the one host")
     return str(network)
 
 
+def open_to_all(s: Settings) -> list[str]:
+    """A warning per allow-list that lets every address in (0.0.0.0/0, ::/0): allowed, as the lab's
+    explicit choice, but never without a word in the plan."""
+    what = {"firewall_allow": "vLLM's port is reachable from every address (the firewall rule filters nothing)",
+            "metrics_allow": "/metrics, the health endpoint and node_exporter answer every address without the key"}
+    out = []
+    for name, meaning in what.items():
+        wide = [n for n in getattr(s, name) or [] if ipaddress.ip_network(n).prefixlen == 0]
+        if wide:
+            out.append(f"WARNING: {PREFIX}{name} lists {', '.join(wide)}: {meaning}")
+    return out
+
+
 def _check_values(host: str, s: Settings) -> None:
-    for name in _POSITIVE:
+    for name, (least, most) in _RANGES.items():
         value = getattr(s, name)
         if value is not None and value <= 0:
             raise BadHostData(host, PREFIX + name, f"must be a positive number, got {value}", "use a value of 1 or more")
+        if value is not None and value > most:
+            raise BadHostData(host, PREFIX + name, f"{value} is more than {most}",
+                              f"use {least}-{most} (default {getattr(Settings, name)})")
     _check_ports(host, s)
     if s.serve_flags:
         _check_serve_flags(host, s)
