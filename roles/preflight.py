@@ -35,7 +35,7 @@ from qwen27b.controller.host_facts import DeployLock, VenvPackages
 from qwen27b.controller.gate_facts import GATE_FACTS, build_host_facts, fact_arguments
 from qwen27b.controller.address import host_address, unknown_address
 from qwen27b.plan.hostdata import BadHostData, Settings, lab_address, node_address
-from qwen27b.plan.inventory import validate_inventory
+from qwen27b.plan.inventory import check_listed_once, validate_inventory
 from qwen27b.controller.opsplan import planned_operations
 from qwen27b.controller.remote import SUDO_PASSWORD_NEEDED
 from qwen27b.controller.report import format_operation_lines, format_plan, format_refusal
@@ -91,6 +91,7 @@ def watch_connections() -> None:
     if not _runs_deploy_py(sys.argv):
         return
     logging.getLogger("paramiko").addHandler(logging.NullHandler())
+    check_inventory_file()
     run_state = ctx_state.get()
     init = run_state.init  # callbacks can be added only once pyinfra has initialised the State
 
@@ -101,6 +102,25 @@ def watch_connections() -> None:
     run_state.init = init_and_watch  # this State only (an instance attribute), as factcache hooks get_fact
     _run.update(state=run_state, argv=list(sys.argv), main=gevent.getcurrent())
     atexit.register(_finish_unstarted_run)
+
+
+def check_inventory_file() -> None:
+    """The inventory file's groups as written, before pyinfra merges entries of one name (and before
+    it runs nothing, for an inventory of no host): inventory.check_listed_once. pyinfra's CLI reads
+    the file through this one function; the wrapper lives in this process only."""
+    from pyinfra_cli import inventory as cli_inventory
+
+    read = cli_inventory._get_groups_from_filename
+
+    def read_and_check(filename):
+        groups = read(filename)
+        try:
+            check_listed_once(groups)
+        except BadHostData as error:
+            raise BadInventory(f"bad inventory, no host was touched: {error}") from None
+        return groups
+
+    cli_inventory._get_groups_from_filename = read_and_check
 
 
 class _ConnectErrors(BaseStateCallback):

@@ -336,3 +336,51 @@ def test_pyinfra_dry_run_with_a_bad_key_stops_before_any_host_clearly(tmp_path):
     assert ("bad inventory data, no host was touched: @fake/v100x1-2004: qwen27b_tensor_paralel_size: unknown key. "
             "Fix: did you mean 'qwen27b_tensor_parallel_size'?") in out, out[-2000:]
     assert "Traceback" not in out and "Loaded fact" not in out and "operation(s) planned" not in out, out[-2000:]
+
+
+@pytest.mark.parametrize("groups, host, key, text", [
+    ({"lab": [("gpu-1", {}), ("gpu-2", {}), ("gpu-1", {"qwen27b_port": 8001})]}, "gpu-1", "inventory",
+     "listed twice in group 'lab'"),
+    ({"lab": (["gpu-1", "gpu-1"], {})}, "gpu-1", "inventory", "listed twice in group 'lab'"),
+    ({"a": [("gpu-1", {"qwen27b_port": 8000})], "b": [("gpu-1", {"qwen27b_port": 8001})]}, "gpu-1", "qwen27b_port",
+     "8001 in group 'b' but 8000 in group 'a'"),
+    ({"lab": []}, "(inventory)", "hosts", "the inventory lists no host"),
+    ({}, "(inventory)", "hosts", "the inventory lists no host"),
+])
+def test_inventory_entries_pyinfra_would_merge_or_an_empty_inventory_are_refused(groups, host, key, text):
+    """Issue 25: pyinfra keeps one host per name (merging the entries' data) and runs nothing for an
+    empty inventory, exiting 0 without a word."""
+    from qwen27b.plan.inventory import check_listed_once
+
+    with pytest.raises(BadHostData) as caught:
+        check_listed_once(groups)
+    assert (caught.value.host, caught.value.key) == (host, key) and text in str(caught.value) and caught.value.fix
+
+
+def test_a_host_in_two_groups_with_agreeing_data_passes():
+    from qwen27b.plan.inventory import check_listed_once
+
+    check_listed_once({"lab": [("gpu-1", {"qwen27b_port": 8000}), "gpu-2"], "qwen27b_gateway": ["gpu-1"],
+                       "pair": [("gpu-1", {"qwen27b_port": 8000})]})
+
+
+@pytest.mark.parametrize("text, message", [
+    ("lab = []\n", "the inventory lists no host"),
+    ("lab = [('@local', {}), ('@local', {'qwen27b_port': 8001})]\n", "@local: inventory: listed twice in group 'lab'")])
+def test_pyinfra_dry_run_of_an_empty_or_duplicated_inventory_fails_clearly(tmp_path, text, message):
+    """The real `pyinfra inventory deploy.py --dry`: before, both exited 0 (the duplicate deployed one entry)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    inventory = tmp_path / "inv.py"
+    inventory.write_text(text)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYINFRA", "QWEN27B"))}
+    env["PYTHONPATH"] = str(root)
+    result = subprocess.run([sys.executable, "-m", "pyinfra", str(inventory), "deploy.py", "--dry", "-y"], cwd=root,
+                            capture_output=True, text=True, env=env, timeout=300)
+    out = result.stdout + result.stderr
+    assert result.returncode != 0 and "bad inventory, no host was touched: " in out and message in out, out[-2000:]
+    assert "Traceback" not in out and "Loaded fact" not in out, out[-2000:]
