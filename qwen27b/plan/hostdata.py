@@ -37,7 +37,9 @@ class Settings:
     port: int = 8000
     bind_address: str | None = None  # None: the host's lab address when known, else 127.0.0.1
     served_model_name: str | None = None  # None: the stack model's served_name
-    api_key_file: str | None = None  # controller-side file holding the API key (mode 0600)
+    # controller-side file holding the API key (mode 0600); left out: the lab key the controller makes
+    # (controller/apikey.py); "none": an open API, by choice
+    api_key_file: str | None = None
     serve_flags: dict | None = None  # pinned vllm serve flags, e.g. {"--max-model-len": 4096}
     # auto | mtp | dflash2 | off (True/False: auto/off, the older spelling): plan/engine.py picks
     # the method and depth from the stack's evidence
@@ -151,6 +153,7 @@ GATEWAY_TYPES: dict[str, tuple[type, ...]] = {
     "gateway_request_timeout_s": (int,),  # longest request; also bounds a drain's wait
 }
 PREFIX = "qwen27b_"
+OPEN_API = "none"  # qwen27b_api_key_file: none, the explicit choice of an API without a key
 GATEWAY_KEYS = [PREFIX + name for name in GATEWAY_TYPES]
 KEYS = [PREFIX + f.name for f in fields(Settings)] + GATEWAY_KEYS
 # Whole-number keys: (least, most). The tops are far past any real use; without them a health
@@ -259,7 +262,7 @@ def settings_for(host: str, data: dict) -> Settings:
     for key, value in data.items():
         if key in KEYS:
             name = key[len(PREFIX):]
-            if value is None:
+            if value is None or (name == "api_key_file" and value == OPEN_API):
                 continue
             _check_type(host, key, name, value)
             _check_no_control_chars(host, key, value)
@@ -648,6 +651,11 @@ def check_secret_file(host: str, key: str, path: str, secret_name: str | None = 
         load_secret(path, secret_name or SECRET_NAMES[key[len(PREFIX):]])
     except SecretFileError as error:
         raise BadHostData(host, key, f"{path} {error.problem}", error.fix) from None
+
+
+def with_lab_key(data: dict, key_file: str) -> dict:
+    """The host's data with the lab key's file (controller/apikey.py) where it names no key file."""
+    return data if PREFIX + "api_key_file" in data else {**data, PREFIX + "api_key_file": key_file}
 
 
 def redact_url(url: str) -> str:
