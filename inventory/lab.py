@@ -25,5 +25,6 @@ v100_hosts = [
         "qwen27b_port": 8001,
         "qwen27b_serve_flags": {"--max-model-len": 4096},  # a pin: the planner checks it fits
         "qwen27b_skip_reboot": True,  # reboot by hand after the driver install
+        # no qwen27b_api_key_file: the controller makes the lab key (.qwen27b/api.key beside this file)
     }),
 ]

@@ -15,9 +15,11 @@ RECORDINGS = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "ho
 
 
 def _fake(name: str, recording: str | None = None, **data):
-    """A recorded host; `recording` lets one recording stand for several machines of one kind."""
+    """A recorded host; `recording` lets one recording stand for several machines of one kind. Each
+    serves without a key unless it names one (`qwen27b_api_key_file: none`): the lab key the controller
+    makes otherwise is random, and the converged recordings would have to hold its sha256."""
     return (f"@fake/{name}", {"fake_responses": fake_responses(RECORDINGS / (recording or name)), "fake_delay": 0,
-                              "fake_delay_jitter": 0, **data})
+                              "fake_delay_jitter": 0, "qwen27b_api_key_file": "none", **data})
 
 
 # Two workstations with 2x V100 16 GB each, linked by 10 GbE, pooled for a 64k-token context that one

@@ -18,6 +18,7 @@ from pyinfra.facts.files import File
 from pyinfra.operations import files, server, systemd
 
 from qwen27b.plan.gate import Decision
+from qwen27b.plan.hostdata import open_to_all
 from qwen27b.controller.render import FIREWALL_UNIT, firewall_contexts, render
 
 from ._common import note
@@ -44,6 +45,8 @@ REMOVE_COMMANDS = [f"systemctl disable {FIREWALL_UNIT}", "systemctl daemon-reloa
 
 
 def firewall(decision: Decision) -> None:
+    for warning in open_to_all(decision.settings):
+        note(warning, always=True)
     contexts = firewall_contexts(decision)
     if not contexts:
         if host.get_fact(File, path=UNIT_FILE):

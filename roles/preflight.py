@@ -27,7 +27,7 @@ from pyinfra.context import ctx_state
 from pyinfra.operations import server
 
 from qwen27b.controller import facts as F
-from qwen27b.controller import factcache, hostlock, oporder, progress
+from qwen27b.controller import apikey, factcache, hostlock, oporder, progress
 from qwen27b.controller import runstate, runsummary
 from qwen27b.controller.artifacts import ArtifactError
 from qwen27b.plan.elfneeds import wheel_needs
@@ -37,8 +37,8 @@ from qwen27b.plan import retry
 from qwen27b.plan.lifecycle import parse_record, release_record_file, rollback_dir
 from qwen27b.controller.gate_facts import GATE_FACTS, build_host_facts, fact_arguments
 from qwen27b.controller.address import host_address, unknown_address
-from qwen27b.plan.hostdata import BadHostData, Settings, lab_address, node_address
-from qwen27b.plan.inventory import validate_inventory
+from qwen27b.plan.hostdata import PREFIX, BadHostData, Settings, lab_address, node_address, with_lab_key
+from qwen27b.plan.inventory import check_listed_once, validate_inventory
 from qwen27b.controller.opsplan import planned_operations
 from qwen27b.controller.remote import SUDO_PASSWORD_NEEDED
 from qwen27b.controller.report import format_operation_lines, format_plan, format_refusal
@@ -63,6 +63,17 @@ def inventory_settings() -> dict[str, Settings]:
     run = runstate.current()
     if run.settings is None:
         hosts = [(h.name, dict(h.data.dict())) for h in state.inventory]
+        if any(PREFIX + "api_key_file" not in data for _, data in hosts):
+            path = apikey.key_file(_run.get("inventory_file"))
+            try:
+                made = apikey.ensure(path)
+            except OSError as error:
+                raise BadInventory(f"bad inventory data, no host was touched: a host names no qwen27b_api_key_file and "
+                                   f"the lab key cannot be made at {path}: {error.strerror}. Fix: set "
+                                   f"{apikey.STATE_ENV} to a writable directory, qwen27b_api_key_file to a 0600 key "
+                                   "file, or qwen27b_api_key_file: none for an open API") from None
+            run.lab_key = (str(path), apikey.how_to_use(path, made))
+            hosts = [(name, with_lab_key(data, str(path))) for name, data in hosts]
         try:
             run.settings = validate_inventory(hosts, {h.name: set(h.groups) for h in state.inventory})
         except BadHostData as error:
@@ -91,6 +102,7 @@ def watch_connections() -> None:
     deploy file, and so preflight, ever runs. paramiko's own tracebacks of a failed handshake
     (printed by Python's last-resort log handler) are dropped: pyinfra's line per host and the
     summary say it; `--debug-all` still shows them. Only for runs of this project's deploy.py."""
+    check_inventory_file()
     if not _runs_deploy_py(sys.argv):
         return
     logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -104,6 +116,27 @@ def watch_connections() -> None:
     run_state.init = init_and_watch  # this State only (an instance attribute), as factcache hooks get_fact
     _run.update(state=run_state, argv=list(sys.argv), main=gevent.getcurrent())
     atexit.register(_finish_unstarted_run)
+
+
+def check_inventory_file() -> None:
+    """The inventory file's groups as written, before pyinfra merges entries of one name (and before
+    it runs nothing, for an inventory of no host): inventory.check_listed_once; and the file's name,
+    beside which the lab key lives. pyinfra's CLI reads the file through this one function; the
+    wrapper lives in this process only. Every run (deploy, rollback, uninstall): each reads the key."""
+    from pyinfra_cli import inventory as cli_inventory
+
+    read = cli_inventory._get_groups_from_filename
+
+    def read_and_check(filename):
+        _run["inventory_file"] = filename  # where the lab key lives (controller/apikey.py)
+        groups = read(filename)
+        try:
+            check_listed_once(groups)
+        except BadHostData as error:
+            raise BadInventory(f"bad inventory, no host was touched: {error}") from None
+        return groups
+
+    cli_inventory._get_groups_from_filename = read_and_check
 
 
 class _ConnectErrors(BaseStateCallback):

@@ -28,7 +28,7 @@ from qwen27b.controller.render import (HEALTH_HTTP_SERVICE, HEALTH_HTTP_SOCKET, 
 
 from qwen27b.plan.lifecycle import RECORD_NAME, Record, record_text, release_record_file
 
-from ._common import ROLLBACK_DIR, api_key, prune_dirs, remember_kept, remember_previous, restart_needed
+from ._common import ROLLBACK_DIR, api_key, note, prune_dirs, remember_kept, remember_previous, restart_needed
 from ._common import release_dir, started
 from .weights import model_dir
 
@@ -40,6 +40,13 @@ def _will_change(rendered: dict, targets) -> bool:
         if remote is not None and remote != hashlib.sha1(rendered[template].encode()).hexdigest():
             return True
     return False
+
+
+def note_lab_key(decision: Decision) -> None:
+    """Where the key the controller made is and how clients use it (never the key itself)."""
+    lab_key = runstate.current().lab_key
+    if lab_key and decision.settings.api_key_file == lab_key[0]:
+        note(lab_key[1], always=True)
 
 
 def service(decision: Decision) -> None:
@@ -83,6 +90,7 @@ def service(decision: Decision) -> None:
     files.put(name=f"render {record_file} (what runs here; the rollback deploy reads it)",
               src=StringIO(record_text(record)), dest=record_file, user="root", group="root", mode="0644",
               create_remote_dir=False)
+    note_lab_key(decision)
     if decision.settings.api_key_file:
         # VLLM_API_KEY: every route but /health needs it (the route guard); in a root-only 0600 file,
         # never in the unit or on a command line. secret_file, not files.put: --diff would print the
@@ -159,6 +167,7 @@ def service_copies(decision: Decision) -> None:
     and removed first (the copies need its GPUs and port). The health timer and endpoint watch one
     service: they are not installed for copies (docs/lifecycle.md)."""
     paths = decision.stack.paths
+    note_lab_key(decision)
     rendered = render_instances(decision)
     unit_file = f"{UNIT_DIR}/{INSTANCE_UNIT}"
     targets = [(INSTANCE_UNIT, unit_file)] + [(f"{i.name}.env", instance_files(paths, i.name)["env_file"])

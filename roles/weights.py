@@ -54,6 +54,18 @@ def model_dir(decision: Decision, entry: dict) -> str:
     return f"{decision.stack.paths['models']}/{safe_name(entry)}"
 
 
+def hub_download_command(prefix: str, venv: str, entry: dict, target: str, token_path: str | None = None) -> str:
+    """`hf download` of the pinned revision. With a token, the 0600 file is read into the download's
+    environment and removed before it starts, whether the download then succeeds or not: the hub
+    token is on the host's disk only between its upload and this command (docs/security.md); a run
+    that downloads again puts it back."""
+    download = (f"{prefix}HF_HUB_DISABLE_TELEMETRY=1 {venv}/bin/hf download {shlex.quote(entry['id'])} "
+                f"--revision {shlex.quote(entry['revision'])} --local-dir {shlex.quote(target)}")
+    if token_path is None:
+        return download
+    return f'HF_TOKEN="$(cat {token_path})" && rm -f {token_path} && export HF_TOKEN && {download}'
+
+
 def _hub(decision: Decision, entry: dict, target: str):
     """Download on the host with huggingface_hub (in the release venv: vLLM depends on it), which
     resumes partial files; then record a manifest of what arrived, so later runs verify against it."""
@@ -61,17 +73,15 @@ def _hub(decision: Decision, entry: dict, target: str):
     if host.get_fact(File, path=f"{target}/{HUB_MANIFEST}"):
         note(f"weights: {safe_name(entry)} present (recorded in {HUB_MANIFEST})")
         return None
-    token_env = ""
+    token_path = None
     if decision.settings.hf_token_file:
         # hostdata already refused a token file readable by others, before any host was touched
         token_path = f"{decision.stack.paths['config']}/hf-token"
-        secret_file(name="Hugging Face token (0600, never on a command line)", dest=token_path,
+        secret_file(name="Hugging Face token (0600, removed as the download starts)", dest=token_path,
                     content=load_secret(decision.settings.hf_token_file, "HF_TOKEN") + "\n")
-        token_env = f'HF_TOKEN="$(cat {token_path})" '
     venv = release_venv(decision)
     return server.shell(name="download from the hub", commands=[
-        f"{fetch_prefix(decision)}{token_env}HF_HUB_DISABLE_TELEMETRY=1 {venv}/bin/hf download {shlex.quote(entry['id'])} "
-        f"--revision {shlex.quote(entry['revision'])} --local-dir {shlex.quote(target)}",
+        hub_download_command(fetch_prefix(decision), venv, entry, target, token_path),
         f"cd {shlex.quote(target)} && find . -maxdepth 1 -type f ! -name '.*' ! -name {HUB_MANIFEST} -printf '%f\\n' | sort | "
         f"xargs -r -d '\\n' sha256sum > {HUB_MANIFEST}.part && mv -f {HUB_MANIFEST}.part {HUB_MANIFEST}",
     ])

@@ -13,6 +13,14 @@ import pytest  # noqa: E402
 
 from setupcheck import skip_or_fail_setup  # noqa: E402
 
+# A run whose hosts name no API key file makes the lab key beside the inventory (controller/apikey.py):
+# a test run makes it in a throwaway directory instead (subprocess runs that strip QWEN27B_* use
+# inventory/recorded.py, whose hosts serve open by choice)
+if "QWEN27B_STATE_DIR" not in os.environ:
+    import tempfile  # noqa: E402
+
+    os.environ["QWEN27B_STATE_DIR"] = tempfile.mkdtemp(prefix="qwen27b-state-")
+
 # `./run tests fast` (-m fast): the pure tiers for the edit-run loop, in under a minute: golden plans,
 # fact parsers, the gate, the planner and the templates; no vLLM, no test host, no network.
 FAST_MODULES = {

@@ -207,6 +207,35 @@ def test_one_socket_as_stdin_and_stdout_as_systemd_hands_it(shipped, tmp_path):
     assert head.startswith(b"HTTP/1.1 503 ") and json.loads(body)["verdict"] == "UNKNOWN"
 
 
+@pytest.mark.parametrize("trickle", [b"", b"GET /health HTTP/1.1\r\n"])
+def test_a_slow_client_is_answered_408_and_let_go_within_the_request_timeout(shipped, tmp_path, trickle):
+    """Issue 25: a client that sends nothing, or a byte now and then, held its slot (one of the
+    socket's MaxConnections=16) for the unit's RuntimeMaxSec= (10 s); now REQUEST_TIMEOUT_S."""
+    argv, lib = shipped
+    client, server = socket.socketpair()
+    with client, server:
+        started = time.monotonic()
+        proc = subprocess.Popen([*argv, "--status-file", str(tmp_path / "health.json")], stdin=server, stdout=server,
+                                stderr=subprocess.PIPE, env={"PYTHONPATH": lib})
+        server.close()
+        client.settimeout(0.3)
+        data = b""
+        for byte in trickle + b"X" * 40:  # one byte each 0.3 s: no single read waits long
+            try:
+                client.sendall(bytes([byte]))
+                data += client.recv(65536)
+            except (TimeoutError, BrokenPipeError, ConnectionResetError):
+                pass
+            if proc.poll() is not None:
+                break
+        assert proc.wait(timeout=15) == 0 and proc.stderr.read() == b""
+        elapsed = time.monotonic() - started
+        client.settimeout(5)
+        while chunk := client.recv(65536):
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 408 ") and elapsed < endpoint.REQUEST_TIMEOUT_S + 3, (elapsed, data[:100])
+
+
 @pytest.mark.skipif(shutil.which("systemd-socket-activate") is None, reason="systemd-socket-activate not installed")
 def test_over_a_real_socket_as_systemd_accepts_it(shipped, tmp_path):
     """systemd's own socket activator in the socket unit's mode (Accept=yes, the connection as stdin

@@ -68,6 +68,21 @@ BAD_INPUTS = [
                  id="keep-revisions-negative"),
     pytest.param({"qwen27b_gpu_indices": [-1]}, "qwen27b_gpu_indices", "is not a list of GPU indices",
                  id="gpu-index-negative"),
+    # issue 25: no upper bound (10**18 s made the health timer ignore its interval), a key in another
+    # case ignored by pyinfra without a word, a network with host bits widened without one
+    pytest.param({"qwen27b_health_interval_s": 10**18}, "qwen27b_health_interval_s", "is more than 86400",
+                 id="health-interval-huge"),
+    pytest.param({"qwen27b_keep_releases": 10**9}, "qwen27b_keep_releases", "is more than 100", id="keep-releases-huge"),
+    pytest.param({"qwen27b_health_failures_before_restart": 10**6}, "qwen27b_health_failures_before_restart",
+                 "is more than 1000", id="health-failures-huge"),
+    pytest.param({"QWEN27B_PORT": 8001}, "QWEN27B_PORT", "write it 'qwen27b_port'", id="key-upper-case"),
+    pytest.param({"Qwen27b_Api_Key_File": "x"}, "Qwen27b_Api_Key_File", "write it 'qwen27b_api_key_file'",
+                 id="key-mixed-case"),
+    pytest.param({"qwen27b_firewall_allow": ["10.0.0.7/8"]}, "qwen27b_firewall_allow",
+                 "would allow all of 10.0.0.0/8. Fix: write '10.0.0.0/8' for the whole network, or '10.0.0.7/32'",
+                 id="firewall-network-host-bits"),
+    pytest.param({"qwen27b_metrics_allow": ["fd00::7/64"]}, "qwen27b_metrics_allow", "'fd00::7/128' for the one host",
+                 id="metrics-network-host-bits-v6"),
     pytest.param({"qwen27b_gpu_indices": []}, "qwen27b_gpu_indices", "is not a list of GPU indices", id="gpu-indices-empty"),
     pytest.param({"qwen27b_serve_flags": {"--max-model-len": -1}}, "qwen27b_serve_flags.--max-model-len",
                  "must be a positive whole number", id="pinned-max-model-len-negative"),
@@ -198,6 +213,17 @@ def test_monitoring_keys_default_and_scrapers_need_no_api_key():
     assert settings_for("h", {"qwen27b_health_port": 9100}).health_port == 9100  # no node_exporter: free
 
 
+def test_an_allow_list_open_to_every_address_is_accepted_with_a_warning():
+    """Issue 25: 0.0.0.0/0 and ::/0 passed without a word; the firewall role notes each warning."""
+    from qwen27b.plan.hostdata import open_to_all
+
+    wide = settings_for("h", {"qwen27b_firewall_allow": ["0.0.0.0/0", "10.0.0.0/8"], "qwen27b_metrics_allow": ["::/0"]})
+    warnings = open_to_all(wide)
+    assert len(warnings) == 2 and "qwen27b_firewall_allow lists 0.0.0.0/0" in warnings[0]
+    assert "qwen27b_metrics_allow lists ::/0" in warnings[1] and "without the key" in warnings[1]
+    assert open_to_all(settings_for("h", {"qwen27b_firewall_allow": ["10.0.0.0/8", "10.0.0.7/32"]})) == []
+
+
 def test_other_data_keys_pass():
     assert settings_for("h", {"ssh_user": "admin", "_sudo": True, "my_lab_rack": 3}).port == 8000
 
@@ -310,3 +336,51 @@ def test_pyinfra_dry_run_with_a_bad_key_stops_before_any_host_clearly(tmp_path):
     assert ("bad inventory data, no host was touched: @fake/v100x1-2004: qwen27b_tensor_paralel_size: unknown key. "
             "Fix: did you mean 'qwen27b_tensor_parallel_size'?") in out, out[-2000:]
     assert "Traceback" not in out and "Loaded fact" not in out and "operation(s) planned" not in out, out[-2000:]
+
+
+@pytest.mark.parametrize("groups, host, key, text", [
+    ({"lab": [("gpu-1", {}), ("gpu-2", {}), ("gpu-1", {"qwen27b_port": 8001})]}, "gpu-1", "inventory",
+     "listed twice in group 'lab'"),
+    ({"lab": (["gpu-1", "gpu-1"], {})}, "gpu-1", "inventory", "listed twice in group 'lab'"),
+    ({"a": [("gpu-1", {"qwen27b_port": 8000})], "b": [("gpu-1", {"qwen27b_port": 8001})]}, "gpu-1", "qwen27b_port",
+     "8001 in group 'b' but 8000 in group 'a'"),
+    ({"lab": []}, "(inventory)", "hosts", "the inventory lists no host"),
+    ({}, "(inventory)", "hosts", "the inventory lists no host"),
+])
+def test_inventory_entries_pyinfra_would_merge_or_an_empty_inventory_are_refused(groups, host, key, text):
+    """Issue 25: pyinfra keeps one host per name (merging the entries' data) and runs nothing for an
+    empty inventory, exiting 0 without a word."""
+    from qwen27b.plan.inventory import check_listed_once
+
+    with pytest.raises(BadHostData) as caught:
+        check_listed_once(groups)
+    assert (caught.value.host, caught.value.key) == (host, key) and text in str(caught.value) and caught.value.fix
+
+
+def test_a_host_in_two_groups_with_agreeing_data_passes():
+    from qwen27b.plan.inventory import check_listed_once
+
+    check_listed_once({"lab": [("gpu-1", {"qwen27b_port": 8000}), "gpu-2"], "qwen27b_gateway": ["gpu-1"],
+                       "pair": [("gpu-1", {"qwen27b_port": 8000})]})
+
+
+@pytest.mark.parametrize("text, message", [
+    ("lab = []\n", "the inventory lists no host"),
+    ("lab = [('@local', {}), ('@local', {'qwen27b_port': 8001})]\n", "@local: inventory: listed twice in group 'lab'")])
+def test_pyinfra_dry_run_of_an_empty_or_duplicated_inventory_fails_clearly(tmp_path, text, message):
+    """The real `pyinfra inventory deploy.py --dry`: before, both exited 0 (the duplicate deployed one entry)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    inventory = tmp_path / "inv.py"
+    inventory.write_text(text)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYINFRA", "QWEN27B"))}
+    env["PYTHONPATH"] = str(root)
+    result = subprocess.run([sys.executable, "-m", "pyinfra", str(inventory), "deploy.py", "--dry", "-y"], cwd=root,
+                            capture_output=True, text=True, env=env, timeout=300)
+    out = result.stdout + result.stderr
+    assert result.returncode != 0 and "bad inventory, no host was touched: " in out and message in out, out[-2000:]
+    assert "Traceback" not in out and "Loaded fact" not in out, out[-2000:]

@@ -306,6 +306,17 @@ def test_rollout_dry_prints_the_batches_and_commands(tmp_path, capsys):
                        f"    pyinfra {inventory} deploy.py -y --limit @fake/a --limit @fake/c --data k=v"]
 
 
+def test_rollout_command_lines_mask_passwords(tmp_path, capsys):
+    """Issue 25: a password given with `--data` (or a URL's) was printed in the batch commands."""
+    inventory = tmp_path / "inv.py"
+    inventory.write_text("lab = [('@fake/a', {})]\n")
+    assert R.main([str(inventory), "--dry", "--", "--data", "ssh_password=hunter2",
+                   "--data", "qwen27b_hf_endpoint=https://u:pw9@mirror.lab"]) == 0
+    out = capsys.readouterr().out
+    assert "hunter2" not in out and "pw9" not in out
+    assert "--data 'ssh_password=***' --data 'qwen27b_hf_endpoint=https://u:***@mirror.lab'" in out
+
+
 def test_uninstall_and_rollback_need_the_hosts_named(tmp_path, capsys):
     from qwen27b.tools import rollback, uninstall
 

@@ -95,6 +95,17 @@ def test_metrics_for_allowed_addresses_only():
     assert not _call({"path": "/metrics", "client": None}, allow=allow)[0]
 
 
+def test_metrics_address_exemption_ignores_proxied_requests():
+    """Issue 25: uvicorn rewrites the scope's client from X-Forwarded-For sent from loopback; a
+    request with a proxy header never gets the address exemption (the key still passes)."""
+    allow = "10.0.0.5/32"
+    for header in (b"x-forwarded-for", b"X-Forwarded-For", b"forwarded"):
+        assert not _call({"path": "/metrics", "client": ("10.0.0.5", 0), "headers": [(header, b"10.0.0.5")]},
+                         allow=allow)[0], header
+        assert _call({"path": "/metrics", "client": ("10.0.0.5", 0),
+                      "headers": [(header, b"10.0.0.5"), *_bearer(KEY)]}, allow=allow)[0]
+
+
 def test_websocket_closed_before_accept():
     reached, sent = _call({"type": "websocket", "path": "/v1/realtime"})
     assert not reached and sent == [{"type": "websocket.close", "code": 1008}]
@@ -235,6 +246,10 @@ def test_metrics_for_the_scraper_address_or_the_key(vllm_server):
     with _client() as other:
         assert other.get(base + "/metrics").status_code == 401
         assert other.get(base + "/metrics", headers=_key(vllm_server)).status_code == 200
+        # issue 25: uvicorn believes X-Forwarded-For from 127.0.0.1; claiming the scraper's address
+        # opened /metrics to any loopback user
+        spoof = {"X-Forwarded-For": vllm_server["metrics_scraper"]}
+        assert other.get(base + "/metrics", headers=spoof).status_code == 401
 
 
 def test_verify_and_bench_read_metrics_with_the_key(vllm_server):

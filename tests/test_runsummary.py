@@ -19,3 +19,17 @@ def test_summary_counts_and_lists_each_host_and_only_failed_ones_get_a_rerun():
     assert "gpu-b  unreachable  could not connect over SSH" in text
     assert text.rstrip().endswith("pyinfra lab.py deploy.py --limit gpu-b --limit gpu-c")
     assert "re-run" not in summary_text([Outcome("gpu-a", "ok")], ["pyinfra", "lab.py", "deploy.py"])
+
+
+def test_rerun_line_masks_passwords_as_the_plans_do():
+    """Issue 25: `--data ssh_password=...`, pyinfra's password flags and a URL's password were
+    echoed in the re-run line; each is *** there, as redact_url shows URLs in the plans."""
+    argv = ["pyinfra", "lab.py", "deploy.py", "--data", "ssh_password=hunter2", "--data=_sudo_password=s3cret",
+            "--password", "pw1", "--key-password=pw2", "--data", "qwen27b_apt_proxy=http://bob:pw3@proxy:3128",
+            "--data", "qwen27b_hf_token_file=secrets/hf.token", "--data", "qwen27b_port=8001"]
+    line = rerun_command(argv, ["gpu-a"])
+    for secret in ("hunter2", "s3cret", "pw1", "pw2", "pw3"):
+        assert secret not in line
+    assert line == ("pyinfra lab.py deploy.py --data 'ssh_password=***' '--data=_sudo_password=***' --password '***' "
+                    "'--key-password=***' --data 'qwen27b_apt_proxy=http://bob:***@proxy:3128' "
+                    "--data qwen27b_hf_token_file=secrets/hf.token --data qwen27b_port=8001 --limit gpu-a")

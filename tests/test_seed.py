@@ -108,6 +108,21 @@ def test_range_works_with_the_token(seed):
     assert status == 200 and body == b"" and response.getheader("Content-Length") == str(len(payload))
 
 
+def test_suffix_and_bad_ranges(seed):
+    """Issue 25: `bytes=-N` is the last N bytes (it was answered with the first N+1); a Range that
+    is unreadable or backwards is 416, never a traceback or a negative Content-Length."""
+    payload, path, token = seed["payload"], f"/{NAME}/model.safetensors", seed["token"]
+    status, body, response = get(seed, path, token=token, headers={"Range": "bytes=-100"})
+    assert (status, body) == (206, payload[-100:])
+    assert response.getheader("Content-Range") == f"bytes {len(payload) - 100}-{len(payload) - 1}/{len(payload)}"
+    assert get(seed, path, token=token, headers={"Range": f"bytes=-{len(payload) * 2}"})[:2] == (206, payload)
+    for bad in ("bytes=5-2", "bytes=abc-", "bytes=-0", "bytes=-", "bytes= +5-9"):
+        status, body, response = get(seed, path, token=token, headers={"Range": bad})
+        assert (status, body) == (416, b""), bad
+    assert get(seed, path, token=token, headers={"Range": "bytes=0-1,5-9"})[:2] == (200, payload)  # the whole file
+    assert seed["proc"].poll() is None
+
+
 def test_qwen27b_fetch_takes_the_copy_with_its_token_file(seed, tmp_path):
     """The receiver's side as planned: qwen27b-fetch --token-file, resuming a part file."""
     src = tmp_path / "manifest-src"

@@ -42,8 +42,30 @@ def test_require_hashes_refuses_the_unpinned_engine_wheel_which_is_otherwise_a_w
     assert any("qwen27b_require_hashes" in c and ".whl has no sha256" in c for c in causes), causes
 
 
-def test_require_hashes_passes_once_the_wheel_is_pinned_and_refuses_pypi_by_name():
-    pinned = {"qwen27b_require_hashes": True, "qwen27b_stack_overrides": {"vllm": {"sha256": "a" * 64}}}
+def _wheelhouse(tmp_path) -> str:
+    (tmp_path / "wheels").mkdir(exist_ok=True)
+    (tmp_path / "wheels" / "vllm-1.0-py3-none-any.whl").write_text("")
+    return str(tmp_path / "wheels")
+
+
+@pytest.mark.parametrize("extra, source", [
+    ({}, "from the package indexes (torch from https://download.pytorch.org/"),
+    ({"qwen27b_wheel_mirror": "http://u:pw@10.0.0.1:8080/wheels/"}, "from the lab mirror http://u:***@10.0.0.1:8080/")])
+def test_require_hashes_refuses_installing_by_name_without_a_wheelhouse(tmp_path, extra, source):
+    """Issue 25: with the engine wheel pinned, torch (cu128 index) and the engine's dependencies still
+    installed by name without hashes when no wheelhouse was pushed: refused before any host is touched."""
+    pinned = {"qwen27b_require_hashes": True, "qwen27b_stack_overrides": {"vllm": {"sha256": "a" * 64}}, **extra}
+    with pytest.raises(RefusedHost) as caught:
+        _decide(pinned)
+    (cause, fix), = caught.value.problems
+    assert cause.startswith("qwen27b_require_hashes: without qwen27b_wheelhouse_dir, ") and source in cause, cause
+    assert "pw" not in cause and "qwen27b_wheelhouse_dir" in fix
+    _decide({**pinned, "qwen27b_wheelhouse_dir": _wheelhouse(tmp_path)})
+
+
+def test_require_hashes_passes_once_the_wheel_is_pinned_and_refuses_pypi_by_name(tmp_path):
+    pinned = {"qwen27b_require_hashes": True, "qwen27b_stack_overrides": {"vllm": {"sha256": "a" * 64}},
+              "qwen27b_wheelhouse_dir": _wheelhouse(tmp_path)}
     decision = _decide(pinned)
     assert not any("has no sha256" in w for w in decision.warnings)
     with pytest.raises(RefusedHost) as caught:

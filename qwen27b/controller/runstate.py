@@ -17,6 +17,7 @@ ATTRIBUTE = "_qwen27b_run"
 @dataclass
 class RunState:
     settings: dict | None = None  # host name -> hostdata.Settings, validated once for the whole inventory
+    lab_key: tuple | None = None  # (file, how to use it) of the key made for hosts that name none (apikey.py)
     decisions: dict = field(default_factory=dict)  # host name -> gate.Decision | gate.RefusedHost
     venv_read: set = field(default_factory=set)  # hosts whose plan rows took their release venv's wheels (once)
     refused: dict[str, str] = field(default_factory=dict)  # host name -> cause, for the run summary

@@ -11,6 +11,8 @@ from __future__ import annotations
 import shlex
 from dataclasses import asdict, dataclass
 
+from qwen27b.plan.hostdata import shown_argv
+
 OK_STATUSES = ("ok", "planned")  # planned: a --dry run, nothing executed
 
 
@@ -116,7 +118,7 @@ def outcomes(state, refused: dict[str, str], verified: dict[str, tuple[str, str]
 
 def rerun_command(argv: list[str], failed: list[str]) -> str:
     """The same pyinfra command line (argv[0] is pyinfra's, whichever way it was started), limited
-    to the failed hosts (an earlier --limit dropped)."""
+    to the failed hosts (an earlier --limit dropped), its passwords shown as *** (hostdata.shown_argv)."""
     kept, skip = [], False
     for arg in argv:
         if skip:
@@ -129,7 +131,7 @@ def rerun_command(argv: list[str], failed: list[str]) -> str:
             continue
         kept.append(arg)
     limits = [part for host in failed for part in ("--limit", host)]
-    return " ".join(shlex.quote(a) for a in ["pyinfra", *kept[1:], *limits])
+    return " ".join(shlex.quote(a) for a in shown_argv(["pyinfra", *kept[1:], *limits]))
 
 
 def summary_table(results: list[Outcome]) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 import urllib.parse
@@ -29,7 +30,11 @@ PATHS = ("/", "/health")
 METHODS = ("GET", "HEAD")
 MAX_LINE = 8192  # a request or header line longer than this is refused (no unbounded read)
 MAX_HEADERS = 100
-REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+# The whole request must arrive within this: a load balancer or scraper sends it in one packet, and
+# each connection holds one of the socket's few slots (MaxConnections=): a client trickling its
+# request used to hold one for the unit's RuntimeMaxSec= (10 s).
+REQUEST_TIMEOUT_S = 2.0
+REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
            431: "Request Header Fields Too Large", 503: "Service Unavailable"}
 TIMER_HINT = "`systemctl status qwen27b-health.timer` and `journalctl -u qwen27b-health.service`"
 
@@ -121,6 +126,23 @@ def read_request(stream) -> tuple[str, str] | int:
     return 431
 
 
+def read_request_within(stream, seconds: float = REQUEST_TIMEOUT_S) -> tuple[str, str] | int:
+    """read_request with a deadline for the whole request (a timer signal: a client that sends a
+    byte now and then never lets one read time out); 408 when it passes."""
+    def expired(signum, frame):
+        raise TimeoutError
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        return read_request(stream)
+    except TimeoutError:
+        return 408
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def handle(request: tuple[str, str] | int, status_file: str, interval_s: float, now: float) -> bytes:
     if isinstance(request, int):
         return response(request, _error(request, "send one HTTP request, e.g. GET /health HTTP/1.1"))
@@ -145,7 +167,7 @@ def main(argv=None, stdin=None, stdout=None) -> int:
     args = parse_args(argv)
     rfile = stdin or sys.stdin.buffer
     wfile = stdout or sys.stdout.buffer
-    wfile.write(handle(read_request(rfile), args.status_file, args.interval_s, time.time()))
+    wfile.write(handle(read_request_within(rfile), args.status_file, args.interval_s, time.time()))
     wfile.flush()
     return 0
 

@@ -24,12 +24,78 @@ from functools import partial
 from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 
+# A client that sends nothing (or reads nothing) for this long is dropped: each connection holds a
+# thread, and a peer that stalls mid-transfer must not hold one for ever.
+IDLE_TIMEOUT_S = 60
+MAX_CONNECTIONS = 32  # at once: more are closed on accept (a fan-out wave has a few peers per seed)
+
+
+class BadRange(ValueError):
+    """A Range header that names no part of the file: answered 416."""
+
+
+def parse_range(header: str, size: int) -> tuple[int, int] | None:
+    """(first, last byte) that `Range: bytes=...` asks for (RFC 9110 14.1.2), or None for the whole
+    file (no Range, another unit, several ranges: a server may answer those with all of it).
+    `bytes=5-2`, `bytes=abc-`, a start past the end or an empty suffix raise BadRange."""
+    if not header.startswith("bytes="):
+        return None
+    spec = header[6:].strip()
+    if "," in spec:
+        return None
+    first, dash, last = spec.partition("-")
+    digits = lambda text: text.isascii() and text.isdigit()  # noqa: E731 (int() takes ' 5', '+5', '٥')
+    if not dash or not (digits(first) or first == "") or not (digits(last) or last == "") or first == last == "":
+        raise BadRange(f"unreadable Range {header[:40]!r}")
+    if first == "":  # a suffix: the last N bytes
+        if int(last) == 0 or size == 0:
+            raise BadRange("an empty suffix range")
+        return max(0, size - int(last)), size - 1
+    start, end = int(first), (min(int(last), size - 1) if last else size - 1)
+    if start >= size or start > end:
+        raise BadRange(f"Range {header[:40]!r} is outside the file ({size} bytes)")
+    return start, end
+
+
+class BoundedServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer with at most `max_connections` connections (one thread each) at once:
+    a connection over the cap is closed on accept. The handlers' `timeout` bounds each one's idle time."""
+
+    max_connections = MAX_CONNECTIONS
+
+    def __init__(self, *args, **kwargs):
+        self._slots = threading.BoundedSemaphore(self.max_connections)
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request, client_address):
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request, client_address):
+        """One line, not a traceback: a peer that stalled past the timeout or went away mid-transfer."""
+        error = sys.exc_info()[1]
+        print(f"{type(self).__name__}: {client_address[0]}: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+
+
 class RangeHandler(SimpleHTTPRequestHandler):
     """Serves files with Range support; records (path, Range header) of each GET in `requests`
     and can throttle to `rate` bytes/s (tests use both: resume proof, a slow transfer to interrupt)."""
 
     requests: list = []
     rate: float | None = None
+    timeout = IDLE_TIMEOUT_S
 
     def send_head(self):
         self.requests.append((self.path, self.headers.get("Range")))
@@ -37,13 +103,15 @@ class RangeHandler(SimpleHTTPRequestHandler):
         header = self.headers.get("Range", "")
         if not header.startswith("bytes=") or not os.path.isfile(path):
             return super().send_head()
-        start_text, _, end_text = header[6:].partition("-")
         size = os.path.getsize(path)
-        start = int(start_text or 0)
-        end = min(int(end_text), size - 1) if end_text else size - 1
-        if start >= size:
-            self.send_error(416, "Requested Range Not Satisfiable")
+        try:
+            wanted = parse_range(header, size)
+        except BadRange as error:
+            self.send_error(416, "Requested Range Not Satisfiable", str(error))
             return None
+        if wanted is None:
+            return super().send_head()
+        start, end = wanted
         handle = open(path, "rb")
         handle.seek(start)
         self.send_response(206)
@@ -94,6 +162,7 @@ class SeedHandler(BaseHTTPRequestHandler):
     token: str = ""
     allowed: frozenset = frozenset()
     rate: float | None = None
+    timeout = IDLE_TIMEOUT_S
     server_version = "qwen27b-seed"
     sys_version = ""
 
@@ -143,20 +212,14 @@ class SeedHandler(BaseHTTPRequestHandler):
             return self._refuse(404, "not a plain file of the revision")
         handle, size = opened
         with handle:
-            start, end = 0, size - 1
-            header = self.headers.get("Range", "")
-            if header.startswith("bytes="):
-                first, _, last = header[6:].partition("-")
-                try:
-                    start = int(first or 0)
-                    end = min(int(last), size - 1) if last else size - 1
-                except ValueError:
-                    return self._refuse(416, "unreadable Range")
-                if start >= size or start > end:
-                    return self._refuse(416, "Range outside the file")
-            self.send_response(206 if header.startswith("bytes=") else 200)
+            try:
+                wanted = parse_range(self.headers.get("Range", ""), size)
+            except BadRange as error:
+                return self._refuse(416, str(error))
+            start, end = wanted or (0, size - 1)
+            self.send_response(206 if wanted else 200)
             self.send_header("Content-Type", "application/octet-stream")
-            if header.startswith("bytes="):
+            if wanted:
                 self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
             self.send_header("Content-Length", str(end - start + 1))
             self.end_headers()
@@ -177,11 +240,13 @@ def seed_handler(directory: str, token: str, allowed) -> type:
                                          "token": token, "allowed": frozenset(_address(a) for a in allowed)})
 
 
-def serve(directory: str, host: str = "127.0.0.1", port: int = 0) -> tuple[ThreadingHTTPServer, threading.Thread]:
+def serve(directory: str, host: str = "127.0.0.1", port: int = 0, timeout: float = IDLE_TIMEOUT_S,
+          max_connections: int = MAX_CONNECTIONS) -> tuple[BoundedServer, threading.Thread]:
     """Start serving directory in a thread; returns the server (server.server_address has the port,
     server.handler the handler class: its `requests` log and `rate` throttle)."""
-    handler = type("MirrorHandler", (RangeHandler,), {"requests": [], "rate": None})
-    server = ThreadingHTTPServer((host, port), partial(handler, directory=directory))
+    handler = type("MirrorHandler", (RangeHandler,), {"requests": [], "rate": None, "timeout": timeout})
+    server_class = type("Mirror", (BoundedServer,), {"max_connections": max_connections})
+    server = server_class((host, port), partial(handler, directory=directory))
     server.handler = handler
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -207,9 +272,9 @@ def main(argv=None) -> None:
     else:
         handler = partial(RangeHandler, directory=args.directory)
         what = f"serving {args.directory} (Range requests honoured)"
-    server_class = ThreadingHTTPServer
+    server_class = BoundedServer
     if ":" in args.host:
-        server_class = type("Server6", (ThreadingHTTPServer,), {"address_family": socket.AF_INET6})
+        server_class = type("Server6", (BoundedServer,), {"address_family": socket.AF_INET6})
     server = server_class((args.host, args.port), handler)
     print(f"{what} on http://{args.host}:{args.port}/", flush=True)
     server.serve_forever()

@@ -11,7 +11,11 @@ or not a route exists. Two exceptions:
   carries no secret; it says only "up" or "engine dead".
 - ``/metrics`` (vLLM mounts the Prometheus app at every path starting with /metrics): also open to
   clients whose address is in ``QWEN27B_METRICS_ALLOW`` (comma-separated networks, e.g.
-  ``10.0.0.5/32``), so a Prometheus scraper needs no API key.
+  ``10.0.0.5/32``), so a Prometheus scraper needs no API key. Only a request without proxy
+  headers (``X-Forwarded-For``, ``Forwarded``) gets this: uvicorn trusts ``X-Forwarded-For`` from
+  127.0.0.1 and ::1 (its ``FORWARDED_ALLOW_IPS`` default) and puts the claimed address into the
+  scope's client before this guard sees it, so any loopback user could claim the scraper's
+  address. A scraper talks to vLLM directly; a proxy in front (the gateway) sends the key.
 
 Why a middleware and not nginx in front with vLLM on loopback: one process and no extra package on
 the host; the route table stays vLLM's own, so a route a future vLLM adds is covered by the default
@@ -36,6 +40,7 @@ import os
 
 OPEN_PATHS = ("/health",)
 METRICS_PREFIX = "/metrics"
+PROXY_HEADERS = (b"x-forwarded-for", b"forwarded")
 DENIED_ERROR = "Unauthorized"  # the 401 body's "error": doctor tells a guarded /metrics by it
 _DENIED = json.dumps({"error": DENIED_ERROR, "detail": "send Authorization: Bearer <API key>"}).encode()
 
@@ -80,6 +85,8 @@ class RequireKey:
         client = scope.get("client")
         if not (client and self.metrics_allow):
             return False
+        if any(name.lower() in PROXY_HEADERS for name, _ in scope.get("headers") or []):
+            return False  # the client may be what the header claims (uvicorn's proxy headers)
         try:
             address = ipaddress.ip_address(client[0])
         except ValueError:

@@ -16,7 +16,7 @@ from qwen27b.plan.occupants import occupied
 from qwen27b.plan.checkpoint import CheckpointError, ModelShape, load_shape
 from qwen27b.plan.distname import normalize
 from qwen27b.plan.elfneeds import newer
-from qwen27b.plan.hostdata import Settings
+from qwen27b.plan.hostdata import Settings, redact_url
 from qwen27b.plan import engine
 from qwen27b.plan.planner import GiB, Gpu, PlanRefused, ServeInputs, ServePlan, _divides, choose_tp, plan_serve
 from qwen27b.plan.stack import (ResolvedStack, StackError, cc_tuple, checkpoint_metadata_dir, gpu_spec,
@@ -559,6 +559,16 @@ def unpinned(rs: ResolvedStack, os_row: dict, settings: Settings) -> list[tuple[
     if settings.dflash_cli:
         out.append(("qwen27b_require_hashes: qwen27b_dflash_cli installs PyPI's dflash by name, without a hash",
                     "set qwen27b_dflash_cli to false"))
+    if not settings.wheelhouse_dir:
+        # only a pushed wheelhouse installs with uv --require-hashes (roles/vllm.py): from a mirror or
+        # the indexes, the engine's dependencies (torch among them) come by name
+        torch = rs.profile.get("torch") or {}
+        source = (f"the lab mirror {redact_url(settings.wheel_mirror)}" if settings.wheel_mirror else
+                  "the package indexes" + (f" (torch from {torch['index_url']})" if torch.get("index_url") else ""))
+        out.append((f"qwen27b_require_hashes: without qwen27b_wheelhouse_dir, {vllm['dist']}=={vllm['version']} and "
+                    f"its dependencies install by name from {source}, without hashes",
+                    "build a wheelhouse on the controller (`python3 -m qwen27b.tools.cpu_smoke wheelhouse`: each wheel "
+                    "with its sha256, checked on the host by uv --require-hashes) and set qwen27b_wheelhouse_dir to it"))
     return out
 
 

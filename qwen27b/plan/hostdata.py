@@ -37,7 +37,9 @@ class Settings:
     port: int = 8000
     bind_address: str | None = None  # None: the host's lab address when known, else 127.0.0.1
     served_model_name: str | None = None  # None: the stack model's served_name
-    api_key_file: str | None = None  # controller-side file holding the API key (mode 0600)
+    # controller-side file holding the API key (mode 0600); left out: the lab key the controller makes
+    # (controller/apikey.py); "none": an open API, by choice
+    api_key_file: str | None = None
     serve_flags: dict | None = None  # pinned vllm serve flags, e.g. {"--max-model-len": 4096}
     # auto | mtp | dflash2 | off (True/False: auto/off, the older spelling): plan/engine.py picks
     # the method and depth from the stack's evidence
@@ -151,10 +153,13 @@ GATEWAY_TYPES: dict[str, tuple[type, ...]] = {
     "gateway_request_timeout_s": (int,),  # longest request; also bounds a drain's wait
 }
 PREFIX = "qwen27b_"
+OPEN_API = "none"  # qwen27b_api_key_file: none, the explicit choice of an API without a key
 GATEWAY_KEYS = [PREFIX + name for name in GATEWAY_TYPES]
 KEYS = [PREFIX + f.name for f in fields(Settings)] + GATEWAY_KEYS
-_POSITIVE = {"tensor_parallel_size", "min_free_disk_gib", "health_interval_s", "health_failures_before_restart",
-             "keep_model_revisions", "keep_releases"}
+# Whole-number keys: (least, most). The tops are far past any real use; without them a health
+# interval of 10**18 s passed and the timer ignored it (systemd takes spans up to ~584 years).
+_RANGES = {"tensor_parallel_size": (1, 64), "min_free_disk_gib": (1, 100_000), "health_interval_s": (1, 86_400),
+           "health_failures_before_restart": (1, 1000), "keep_model_revisions": (1, 100), "keep_releases": (1, 100)}
 MODEL_SOURCES = ("hub", "mirror", "controller")
 SPECULATIVE_MODES = ("auto", "mtp", "dflash2", "off")
 WEIGHTS_FANOUT = ("none", "tree")  # qwen27b.plan.fanout.MODES
@@ -257,7 +262,7 @@ def settings_for(host: str, data: dict) -> Settings:
     for key, value in data.items():
         if key in KEYS:
             name = key[len(PREFIX):]
-            if value is None:
+            if value is None or (name == "api_key_file" and value == OPEN_API):
                 continue
             _check_type(host, key, name, value)
             _check_no_control_chars(host, key, value)
@@ -271,6 +276,9 @@ def settings_for(host: str, data: dict) -> Settings:
                 value = [parse_network(host, key, network) for network in value]
             values[name] = value
             continue
+        if isinstance(key, str) and key.lower() in KEYS:  # pyinfra's data keys are case-sensitive: it would be ignored
+            raise BadHostData(host, key, "host data keys are lower case: this one would be ignored",
+                              f"write it '{key.lower()}'")
         close = _near_misses(key)
         if key.startswith(PREFIX) or close:
             hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(KEYS)}"
@@ -324,14 +332,35 @@ def parse_network(host: str, key: str, value: Any) -> str:
     if getattr(network, "scope_id", None) is not None:
         raise BadHostData(host, key, f"{value!r} has a zone id: nftables and IPAddressAllow= take none",
                           "write the network without its %zone, e.g. 'fe80::/64'")
+    if network.ip != network.network.network_address:
+        # every reader (nft, IPAddressAllow=, the route guard) takes the whole network: 10.0.0.7/8 is 10.0.0.0/8
+        raise BadHostData(host, key, f"{value!r} has host bits set: it would allow all of {network.network}",
+                          f"write '{network.network}' for the whole network, or "
+                          f"'{network.ip}/{network.max_prefixlen}' for the one host")
     return str(network)
 
 
+def open_to_all(s: Settings) -> list[str]:
+    """A warning per allow-list that lets every address in (0.0.0.0/0, ::/0): allowed, as the lab's
+    explicit choice, but never without a word in the plan."""
+    what = {"firewall_allow": "vLLM's port is reachable from every address (the firewall rule filters nothing)",
+            "metrics_allow": "/metrics, the health endpoint and node_exporter answer every address without the key"}
+    out = []
+    for name, meaning in what.items():
+        wide = [n for n in getattr(s, name) or [] if ipaddress.ip_network(n).prefixlen == 0]
+        if wide:
+            out.append(f"WARNING: {PREFIX}{name} lists {', '.join(wide)}: {meaning}")
+    return out
+
+
 def _check_values(host: str, s: Settings) -> None:
-    for name in _POSITIVE:
+    for name, (least, most) in _RANGES.items():
         value = getattr(s, name)
         if value is not None and value <= 0:
             raise BadHostData(host, PREFIX + name, f"must be a positive number, got {value}", "use a value of 1 or more")
+        if value is not None and value > most:
+            raise BadHostData(host, PREFIX + name, f"{value} is more than {most}",
+                              f"use {least}-{most} (default {getattr(Settings, name)})")
     _check_ports(host, s)
     if s.serve_flags:
         _check_serve_flags(host, s)
@@ -624,6 +653,11 @@ def check_secret_file(host: str, key: str, path: str, secret_name: str | None = 
         raise BadHostData(host, key, f"{path} {error.problem}", error.fix) from None
 
 
+def with_lab_key(data: dict, key_file: str) -> dict:
+    """The host's data with the lab key's file (controller/apikey.py) where it names no key file."""
+    return data if PREFIX + "api_key_file" in data else {**data, PREFIX + "api_key_file": key_file}
+
+
 def redact_url(url: str) -> str:
     """The URL as it may be shown (plans, reports, errors): http://user:***@host. Userinfo without
     a ':' is a token used as the user name: all of it becomes ***."""
@@ -633,6 +667,35 @@ def redact_url(url: str) -> str:
     userinfo, _, hostport = parts.netloc.rpartition("@")
     shown = f"{userinfo.split(':', 1)[0]}:***" if ":" in userinfo else "***"
     return urllib.parse.urlunsplit(parts._replace(netloc=f"{shown}@{hostport}"))
+
+
+# pyinfra's own flags that take a password, and `--data` keys that hold one (ssh_password,
+# _sudo_password, ssh_key_password): a key naming a file (`*_file`) holds a path, shown as it is
+PASSWORD_FLAGS = ("--password", "--ssh-password", "--key-password", "--ssh-key-password")
+SECRET_DATA_KEY = re.compile(r"(?i)(password|passwd|secret|token)(?!.*_files?$)")
+URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/\s'\"]*)@")
+
+
+def shown_argv(argv: list[str]) -> list[str]:
+    """A command line as it may be printed (the run summary's re-run line, `qwen27b rollout`): a
+    password given to pyinfra's flags or as `--data KEY=VALUE` becomes ***, as do the passwords of
+    URLs anywhere in it (redact_url's rule, as the plans show them)."""
+    out, after = [], None
+    for arg in argv:
+        if after in PASSWORD_FLAGS:
+            arg = "***"
+        elif any(arg.startswith(flag + "=") for flag in PASSWORD_FLAGS):
+            arg = arg.split("=", 1)[0] + "=***"
+        else:
+            data = arg.removeprefix("--data=") if arg.startswith("--data=") else arg if after == "--data" else None
+            key = data.split("=", 1)[0] if data is not None and "=" in data else ""
+            if key and SECRET_DATA_KEY.search(key):
+                arg = arg[:len(arg) - len(data)] + key + "=***"
+            arg = URL_USERINFO.sub(lambda m: m[1] + (m[2].split(":", 1)[0] + ":***" if ":" in m[2] else "***") + "@",
+                                   arg)
+        out.append(arg)
+        after = arg if arg.startswith("--") and "=" not in arg else None
+    return out
 
 
 def url_has_password(url: str) -> bool:

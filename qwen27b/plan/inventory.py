@@ -42,6 +42,35 @@ def validate_inventory(hosts: list[tuple[str, dict]], groups: dict[str, set] | N
     return settings
 
 
+def check_listed_once(groups: dict) -> None:
+    """The inventory file's groups as written (name -> hosts or (hosts, data); a host is a name or
+    (name, data)): pyinfra keeps one host per name and merges the data of every entry under it, the
+    later winning, so a name listed twice in a group, or in two groups with different values of one
+    key, lost an entry's data without a word. An inventory that lists no host is refused too (the
+    deploy printed nothing and exited 0)."""
+    values: dict[str, dict] = {}  # host -> key -> (group, value)
+    listed = False
+    for group, members in groups.items():
+        members = members[0] if isinstance(members, tuple) else members
+        seen = set()
+        for entry in members or []:
+            name, data = entry if isinstance(entry, tuple) else (entry, {})
+            listed = True
+            if name in seen:
+                raise BadHostData(name, "inventory", f"listed twice in group '{group}': pyinfra keeps one entry and "
+                                  "merges their data (the later wins)", "list each machine once (one entry per machine)")
+            seen.add(name)
+            for key, value in (data or {}).items():
+                first = values.setdefault(name, {}).setdefault(key, (group, value))
+                if first[1] != value:
+                    raise BadHostData(name, key, f"{value!r} in group '{group}' but {first[1]!r} in group '{first[0]}': "
+                                      "pyinfra keeps one of them without a word",
+                                      "give the key once (in one group, or in group data)")
+    if not listed:
+        raise BadHostData("(inventory)", "hosts", "the inventory lists no host: nothing would be deployed",
+                          "list the hosts, e.g. lab = [('gpu-1', {'ssh_hostname': '10.0.0.7'})]")
+
+
 def group_ports(stack: dict) -> list[tuple[str, int, int]]:
     """(what, first, last) of every port a member opens to the other members (stack: multinode)."""
     m = stack["multinode"]

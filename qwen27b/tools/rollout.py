@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qwen27b.controller.report import table
+from qwen27b.plan.hostdata import shown_argv
 from qwen27b.plan.lifecycle import rollout_batches
 
 
@@ -220,7 +221,7 @@ def run_deploy_file(prog: str, deploy_file: str, about: str, argv: list[str], da
         return 2
     extra = [part for key, value in (data(args) if data else {}).items() for part in ("--data", f"{key}={value}")]
     command = pyinfra_argv(args.inventory, deploy_file, args.limit or [], extra, dry=args.dry)
-    print("--> pyinfra " + shlex.join(command[3:]), file=sys.stderr)
+    print("--> pyinfra " + shlex.join(shown_argv(command[3:])), file=sys.stderr)
     return subprocess.run(command).returncode
 
 
@@ -249,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
           + "; ".join(f"{n}) {', '.join(b)}" for n, b in enumerate(batches, 1)))
     if args.dry:
         for batch in batches:
-            print("    pyinfra " + shlex.join(pyinfra_argv(args.inventory, args.deploy_file, batch, extra)[3:]))
+            print("    pyinfra " + shlex.join(shown_argv(pyinfra_argv(args.inventory, args.deploy_file, batch, extra)[3:])))
         return 0
     result = rollout(args.inventory, batches, extra, args.reports, GatewayHooks(args.inventory, gateways),
                      deploy_file=args.deploy_file)

@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from qwen27b.controller import remote
+from qwen27b.controller import apikey, remote
 from qwen27b.plan.stack import load_stack
 
 from .collection import collect
@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"doctor: cannot load inventory {args.inventory}: {error}", file=sys.stderr)
             return 2
         snapshots = collect(state, hosts, stack, args.timeout)
+        for snap in snapshots:  # the plan doctor compares the unit with has the deploy's key (apikey.py)
+            snap.data = apikey.lab_data(snap.data or {}, args.inventory)
         for snap in snapshots if args.save else []:
             snap.save(Path(args.save) / snap.host)
     if not snapshots:

@@ -1,0 +1,66 @@
+"""The lab's API key when the inventory names none (issue 25: secure by default).
+
+A host whose data has no `qwen27b_api_key_file` is deployed with the route guard and this key: one
+key per inventory, made on the controller the first time (random, 0600 in a 0700 directory) and
+reused on every later run, so clients keep working across deploys. It lives beside the inventory,
+in `.qwen27b/api.key` (`QWEN27B_STATE_DIR` moves it: tests, a shared controller). Every backend of a
+gateway then shares it, as the gateway requires. `qwen27b_api_key_file: none` is the explicit way
+to serve an open API. The key is never printed: the plan names its file.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+from qwen27b.plan.hostdata import with_lab_key
+
+STATE_ENV = "QWEN27B_STATE_DIR"
+KEY_NAME = "api.key"
+
+
+def key_file(inventory_file: str | None) -> Path:
+    """Where the lab key is: $QWEN27B_STATE_DIR, else `.qwen27b/` beside the inventory file (the
+    working directory when the inventory is no file: `pyinfra host1,host2 ...`)."""
+    base = os.environ.get(STATE_ENV)
+    if not base:
+        inventory = Path(inventory_file) if inventory_file else None
+        base = (inventory.resolve().parent if inventory and inventory.is_file() else Path.cwd()) / ".qwen27b"
+    return Path(base) / KEY_NAME
+
+
+def ensure(path: Path) -> bool:
+    """Make the key file once (True), or leave the one there (False). O_EXCL: two runs at once make
+    one key; O_NOFOLLOW: a symlink put there is not written through."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w", encoding="ascii") as fh:
+        fh.write(f"VLLM_API_KEY=sk-qwen27b-{secrets.token_urlsafe(32)}\n")
+    return True
+
+
+def lab_data(data: dict, inventory_file: str | None) -> dict:
+    """A host's data as a deploy reads it: with the lab key's file when it names none and the key
+    exists (the operator tools read it, never make it)."""
+    path = key_file(inventory_file)
+    return with_lab_key(data, str(path)) if path.is_file() else data
+
+
+def shown(path: Path) -> str:
+    """The path as the plan prints it: relative to the working directory when inside it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def how_to_use(path: Path, made: bool) -> str:
+    where = shown(path)
+    return (f"API key: no qwen27b_api_key_file in the inventory, so the route guard uses the lab key in {where} "
+            f"({'made now' if made else 'kept from an earlier run'}, 0600, reused on every run). Clients send "
+            f"'Authorization: Bearer <key>' (e.g. curl -H \"Authorization: Bearer $(sed 's/^VLLM_API_KEY=//' {where})\"; "
+            f"qwen27b bench --api-key-file {where}); set qwen27b_api_key_file: none to serve an open API")
