@@ -68,6 +68,12 @@ class E2EHost:
     ssh_config: Path
     ssh_options: list[str] = field(repr=False)
     lab: NspawnHosts = field(repr=False)
+    address6: str | None = None  # its IPv6 unique-local address (fd00:231:N::2), also in known_hosts
+
+
+def _e2e_hosts(lab: NspawnHosts) -> list[E2EHost]:
+    return [E2EHost(h["name"], h["address"], lab.ssh_config, lab.ssh_options(), lab, h.get("address6"))
+            for h in lab.hosts]
 
     def run(self, command: str, check: bool = True, timeout: float = 120):
         """Run a shell command on the host over SSH (CompletedProcess, text)."""
@@ -157,9 +163,7 @@ def testhosts(request) -> E2EHosts:
         lab.up(n)
         if n > 1:
             lab.link_peers()  # as on a lab LAN: the lifecycle's A seeds its B
-        hosts = [E2EHost(h["name"], h["address"], lab.ssh_config, lab.ssh_options(), lab)
-                 for h in lab.hosts]
-        yield E2EHosts(lab, hosts)
+        yield E2EHosts(lab, _e2e_hosts(lab))
     finally:
         try:
             lab.down()
@@ -204,8 +208,7 @@ def own_testhosts():
         lab.up(n)
         if link_peers:
             lab.link_peers()
-        return E2EHosts(lab, [E2EHost(h["name"], h["address"], lab.ssh_config, lab.ssh_options(), lab)
-                              for h in lab.hosts])
+        return E2EHosts(lab, _e2e_hosts(lab))
 
     try:
         yield make
