@@ -71,11 +71,6 @@ class E2EHost:
     lab: NspawnHosts = field(repr=False)
     address6: str | None = None  # its IPv6 unique-local address (fd00:231:N::2), also in known_hosts
 
-
-def _e2e_hosts(lab: NspawnHosts) -> list[E2EHost]:
-    return [E2EHost(h["name"], h["address"], lab.ssh_config, lab.ssh_options(), lab, h.get("address6"))
-            for h in lab.hosts]
-
     def run(self, command: str, check: bool = True, timeout: float = 120):
         """Run a shell command on the host over SSH (CompletedProcess, text)."""
         return self.lab.ssh(self.name, command, check=check, timeout=timeout)
@@ -101,6 +96,11 @@ def _e2e_hosts(lab: NspawnHosts) -> list[E2EHost]:
                            look_for_keys=False, allow_agent=False, timeout=10)
             host.backend.client = client
         return host
+
+
+def _e2e_hosts(lab: NspawnHosts) -> list[E2EHost]:
+    return [E2EHost(h["name"], h["address"], lab.ssh_config, lab.ssh_options(), lab, h.get("address6"))
+            for h in lab.hosts]
 
 
 @dataclass
