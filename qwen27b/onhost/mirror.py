@@ -23,6 +23,8 @@ import urllib.parse
 from functools import partial
 from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 
+from .contract import http_base
+
 
 class RangeHandler(SimpleHTTPRequestHandler):
     """Serves files with Range support; records (path, Range header) of each GET in `requests`
@@ -211,7 +213,7 @@ def main(argv=None) -> None:
     if ":" in args.host:
         server_class = type("Server6", (ThreadingHTTPServer,), {"address_family": socket.AF_INET6})
     server = server_class((args.host, args.port), handler)
-    print(f"{what} on http://{args.host}:{args.port}/", flush=True)
+    print(f"{what} on {http_base(args.host, args.port)}/", flush=True)
     server.serve_forever()
 
 
