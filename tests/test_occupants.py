@@ -68,8 +68,9 @@ def test_neighbours():
     assert occupied(None, 8000, "0.0.0.0", GPUS, BUS) == []
 
 
-# systemctl list-sockets --no-legend --full, as systemd 252 prints it (the socket activated per
-# connection shows no unit it activates); paths and netlink sockets have no port
+# systemctl list-sockets --no-legend --full as systemd 252 printed it on a deployed e2e test host (the
+# socket activated per connection shows no unit it activates; the netlink line is the udev socket's
+# shape); paths and netlink sockets bind no port
 SOCKETS = ["/run/dbus/system_bus_socket  dbus.socket                     dbus.service",
            "kobject-uevent 1             systemd-udevd-kernel.socket     systemd-udevd.service",
            "10.0.0.7:9120                qwen27b-health-http.socket      -"]
