@@ -225,7 +225,8 @@ def _finish_run(started: bool = True) -> None:
                                       raised=run.raised, unreachable=run.unreachable, started=started,
                                       unverified=run.unverified,
                                       planned=run.planned if _runs_deploy_py(_run["argv"]) else None,
-                                      aborted=run.aborted, dry="--dry" in _run["argv"][1:])
+                                      aborted=run.aborted, dry="--dry" in _run["argv"][1:],
+                                      driver_first=run.driver_first)
     except Exception as error:  # noqa: BLE001 (the summary must never hide the run's own output)
         click.echo(f"qwen27b: no run summary ({type(error).__name__}: {error}); the output above has each host", err=True)
         results = []
@@ -422,6 +423,7 @@ def run_roles(decision: Decision, roles) -> bool:
     unknown until the driver answers) runs the roles up to the driver's reboot only."""
     if getattr(decision, "driver_first", False):
         roles = [role for role in roles if role.__name__ in DRIVER_FIRST_ROLES]
+        runstate.current().driver_first.add(host.name)  # the run summary says to run again
         note("serving: not deployed this run (the GPU memory is read after the driver's reboot): re-run the deploy "
              "then", always=True)
     try:

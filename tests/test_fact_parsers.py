@@ -144,6 +144,7 @@ GARBLED = [
     (O.parse_occupants, ["== listen", "LISTEN 0 4096 0.0.0.0"]),  # cut before the port
     (O.parse_occupants, ["== gpu", "4242, python3"]),  # cut after the name
     (O.parse_occupants, ["== units", "pid 4242"]),
+    (O.parse_occupants, ["== listen", "== sockets", "/run/dbus/system_bus_socket"]),  # no unit
     # InstalledKernels
     (D.parse_installed_kernels, ["ii  linux-image-"]),
     (D.parse_installed_kernels, ["linux-image-6.8.0-45-generic"]),  # no status
@@ -270,7 +271,9 @@ def _check_shape(fact, value):
             assert all(k and k[0].isdigit() for k in value["images"] + value["headers"])
     elif fact is F.Occupants:
         if value is not None:
-            assert set(value) == {"listen", "gpu", "units"}
+            assert set(value) == {"listen", "gpu", "units", "sockets"}
+            assert all(isinstance(port, int) and units and all(u.endswith(".socket") for u in units)
+                       for port, units in value["sockets"].items())
             assert all(set(e) == {"address", "port", "process", "pid"} and isinstance(e["port"], int) for e in value["listen"])
             assert all(set(a) == {"pid", "process", "used_mib", "bus_id"} for a in value["gpu"])
             assert all(isinstance(pid, int) and set(u) == {"unit", "comm"} for pid, u in value["units"].items())

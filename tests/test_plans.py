@@ -121,6 +121,10 @@ def test_run_summary_lists_every_host_and_reruns_only_the_failed(dry_run):
     rerun = summary.split("re-run only the failed host(s), after fixing the cause:\n", 1)[1].splitlines()[0].split()
     assert rerun[:3] == ["pyinfra", "inventory/recorded.py", "deploy.py"]
     assert sorted(rerun[i + 1] for i, a in enumerate(rerun) if a == "--limit") == sorted(f"@fake/{h}" for h in refused)
+    # the PG500 without a driver installs the driver only: planned, said so, and its own re-run line
+    assert re.search(r"^@fake/v100x1-pg500\s+planned\s+the driver only .*re-run the deploy after its reboot", summary, re.M)
+    again = summary.split("to serve on the host(s) whose driver came first:\n", 1)[1].splitlines()[0].split()
+    assert again == ["pyinfra", "inventory/recorded.py", "deploy.py", "--dry", "-y", "-v", "--limit", "@fake/v100x1-pg500"]
 
 
 def test_refusals_name_cause_and_fix(dry_run):

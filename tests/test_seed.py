@@ -20,6 +20,7 @@ from qwen27b.tools.cpu_smoke import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "x--ckpt@1"
+MIRROR = [sys.executable, "-m", "qwen27b.onhost.mirror"]  # as the unit runs it: python -m qwen27b_onhost.mirror
 
 
 @pytest.fixture
@@ -42,9 +43,9 @@ def seed(tmp_path):
     token_file.write_text(token + "\n")
     token_file.chmod(0o600)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, str(ROOT / "qwen27b" / "onhost" / "mirror.py"), str(rev), "--host", "127.0.0.1",
+    proc = subprocess.Popen([*MIRROR, str(rev), "--host", "127.0.0.1",
                              "--port", str(port), "--token-file", str(token_file), "--allow", "127.0.0.1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         deadline = time.monotonic() + 15
         while True:
@@ -158,6 +159,19 @@ def test_refusals_are_logged_without_the_token(seed):
 def test_seed_mode_needs_a_token_and_peers(tmp_path):
     (tmp_path / "seed.token").write_text("t\n")
     for args in (["--allow", "127.0.0.1"], ["--token-file", str(tmp_path / "seed.token")]):
-        result = subprocess.run([sys.executable, str(ROOT / "qwen27b" / "onhost" / "mirror.py"), str(tmp_path), *args],
-                                capture_output=True, text=True, timeout=30)
+        result = subprocess.run([*MIRROR, str(tmp_path), *args], capture_output=True, text=True, timeout=30, cwd=ROOT)
         assert result.returncode == 2 and "needs both" in result.stderr
+
+
+def test_the_start_up_line_brackets_an_ipv6_address(tmp_path):
+    """The server's one line in the journal is a URL a person can paste: http://[::1]:PORT/, not
+    http://::1:PORT/ (issue 24: the one URL builder, onhost/contract.http_base)."""
+    port = free_port()
+    proc = subprocess.Popen([*MIRROR, str(tmp_path), "--host", "::1", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        line = proc.stdout.readline()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert line.rstrip().endswith(f" on http://[::1]:{port}/"), (line, proc.stderr.read())

@@ -366,7 +366,8 @@ class InstalledKernels(_ParsedFact):
 
 
 class Occupants(_ParsedFact):
-    """Who already listens on TCP ports and holds GPU memory, with each process's systemd unit: an
+    """Who already listens on TCP ports and holds GPU memory, with each process's systemd unit (and
+    each socket unit's port, for systemd's own listeners): an
     old vLLM or Ollama (container) on the port or the GPUs is named before anything is installed
     (plan/occupants.py; issue 24)."""
 
@@ -379,7 +380,9 @@ class Occupants(_ParsedFact):
         "echo '== units'; for p in $( { ss -Hltnp 2>/dev/null | grep -o 'pid=[0-9]*' | cut -d= -f2; "
         "nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null; } | grep -E '^[0-9]+$' | sort -u); "
         'do u=$(ps -o unit= -p "$p" 2>/dev/null | tr -d " "); c=$(ps -o comm= -p "$p" 2>/dev/null); '
-        'printf \'%s %s %s\\n\' "$p" "${u:--}" "$c"; done; true'
+        'printf \'%s %s %s\\n\' "$p" "${u:--}" "$c"; done; '
+        # a socket unit's listener is systemd's (pid 1) in ss: which unit it is
+        "echo '== sockets'; systemctl list-sockets --no-legend --full 2>/dev/null || true; true"
     )
     parser = staticmethod(parse_occupants)
 

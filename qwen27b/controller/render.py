@@ -17,14 +17,13 @@ from qwen27b.onhost.contract import (FIREWALL_UNIT, HEALTH_HTTP_SOCKET, HEALTH_H
                                      IDLE_PROBE_DEADLINE_ENV, IDLE_PROBE_EVERY_ENV, INSTANCE_TEMPLATE, MODEL_REF_ENV,
                                      QUIET_ENV, SPECULATIVE_ENV, RAY_UNIT, SERVICE_UNIT, STALL_AFTER_ENV, TEXTFILE_DIR,
                                      lib_dir, module_argv)
-from qwen27b.plan.hostdata import NODE_EXPORTER_PORT, http_base
+from qwen27b.plan.hostdata import NODE_EXPORTER_PORT, NODE_EXPORTER_UNIT, http_base
 from qwen27b.plan.lifecycle import release_record_file
 from qwen27b.plan.stack import api_key_env_file, health_status_file
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
 UNIT_DIR = "/etc/systemd/system"
 HEALTH_HTTP_SERVICE = HEALTH_HTTP_TEMPLATE
-NODE_EXPORTER_UNIT = "prometheus-node-exporter.service"  # Debian's and Ubuntu's name for it
 _SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 
 # The sandbox both units share: every line removes a privilege neither vLLM nor the health check

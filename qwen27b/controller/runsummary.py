@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass
 from qwen27b.plan.hostdata import shown_argv
 
 OK_STATUSES = ("ok", "planned")  # planned: a --dry run, nothing executed
+DRIVER_FIRST = ("the driver only (the GPU memory is read once it answers): re-run the deploy after its reboot "
+                "to serve")
 
 
 @dataclass
@@ -21,6 +23,7 @@ class Outcome:
     host: str
     status: str  # ok | planned | unverified | rolled back | failed | refused | unreachable | interrupted | not run
     detail: str = ""
+    again: bool = False  # done as planned, but the plan was the driver only: the deploy must run once more
 
     @property
     def failed(self) -> bool:
@@ -62,7 +65,8 @@ def outcomes(state, refused: dict[str, str], verified: dict[str, tuple[str, str]
              interrupted: dict[str, str] | None = None, raised: dict[str, str] | None = None,
              unreachable: dict[str, str] | None = None, started: bool = True,
              unverified: dict[str, str] | None = None, planned: set[str] | None = None,
-             aborted: set[str] | None = None, dry: bool = True) -> list[Outcome]:
+             aborted: set[str] | None = None, dry: bool = True,
+             driver_first: set[str] | None = None) -> list[Outcome]:
     """Every host the run targeted. `refused`: host -> cause (preflight); `verified`: host ->
     (status, reason) from the verify role; `interrupted`: host -> the operation Ctrl-C stopped;
     `raised`: host -> the error its deploy file raised while planning (never "ok", even in --dry);
@@ -72,7 +76,9 @@ def outcomes(state, refused: dict[str, str], verified: dict[str, tuple[str, str]
     `planned`: the hosts whose deploy file ran to its end (None: not tracked); `aborted`: the hosts
     whose deploy file raised (pyinfra then stops the whole run): a host left unplanned, or planned
     but never run because of them, is "not run", never "planned" or "ok". `dry`: a --dry run; in a
-    real one a host with nothing queued (a second uninstall) is "ok: nothing to do", not "planned"."""
+    real one a host with nothing queued (a second uninstall) is "ok: nothing to do", not "planned".
+    `driver_first`: the hosts whose run installs the driver only (gate.Decision.driver_first): ok or
+    planned, said so, and `again` (the summary names the command that serves them after the reboot)."""
     unverified = unverified or {}
     out = []
     for host in state.inventory:
@@ -112,6 +118,9 @@ def outcomes(state, refused: dict[str, str], verified: dict[str, tuple[str, str]
             if not ran and not queued and not dry:
                 out.append(Outcome(name, "ok", "nothing to do"))
                 continue
+            if driver_first and name in driver_first:
+                out.append(Outcome(name, "ok" if ran else "planned", DRIVER_FIRST, again=True))
+                continue
             out.append(Outcome(name, "ok" if ran else "planned", "" if ran else unverified.get(name, "")))
     return out
 
@@ -149,6 +158,10 @@ def summary_text(results: list[Outcome], argv: list[str]) -> str:
     text = f"{head}\n{summary_table(results)}\n"
     if failed:
         text += f"\nre-run only the failed host(s), after fixing the cause:\n    {rerun_command(argv, failed)}\n"
+    again = [r.host for r in results if r.again and not r.failed]
+    if again:
+        text += ("\nre-run the deploy after the driver's reboot, to serve on the host(s) whose driver came first:\n"
+                 f"    {rerun_command(argv, again)}\n")
     return text
 
 

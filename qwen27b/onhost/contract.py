@@ -55,6 +55,14 @@ FIREWALL_UNIT = "qwen27b-firewall.service"
 GATEWAY_UNIT = "qwen27b-gateway.service"
 POOL_UNIT = "qwen27b-gateway-pool.service"
 
+
+def http_base(address: str, port: int) -> str:
+    """http://ADDRESS:PORT for a re-printed address: IPv6 in brackets, its zone id as %25 (RFC 6874).
+    The one URL builder: the unit's probe, health --url, the release record, copies, fan-out, the seed's
+    start-up line (plan.hostdata re-exports it for the controller)."""
+    return f"http://[{address.replace('%', '%25')}]:{port}" if ":" in address else f"http://{address}:{port}"
+
+
 UNIT_PROPERTIES = ("ActiveState", "SubState", "Result", "NRestarts", "StartLimitBurst")
 
 

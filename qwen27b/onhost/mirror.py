@@ -23,6 +23,8 @@ import urllib.parse
 from functools import partial
 from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 
+from .contract import http_base
+
 
 # A client that sends nothing (or reads nothing) for this long is dropped: each connection holds a
 # thread, and a peer that stalls mid-transfer must not hold one for ever.
@@ -276,7 +278,7 @@ def main(argv=None) -> None:
     if ":" in args.host:
         server_class = type("Server6", (BoundedServer,), {"address_family": socket.AF_INET6})
     server = server_class((args.host, args.port), handler)
-    print(f"{what} on http://{args.host}:{args.port}/", flush=True)
+    print(f"{what} on {http_base(args.host, args.port)}/", flush=True)
     server.serve_forever()
 
 

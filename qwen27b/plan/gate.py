@@ -12,11 +12,13 @@ from dataclasses import dataclass, field, replace
 from qwen27b.onhost.contract import xid_meaning
 from qwen27b.plan.gpustate import BOARD_FIX, SEED_XID79_ADVICE, gpu_troubles
 from qwen27b.plan.driverbuild import boot_kernels, failed_build
-from qwen27b.plan.occupants import occupied
+from qwen27b.plan.occupants import Bound, occupied
 from qwen27b.plan.checkpoint import CheckpointError, ModelShape, load_shape
 from qwen27b.plan.distname import normalize
 from qwen27b.plan.elfneeds import newer
-from qwen27b.plan.hostdata import Settings, redact_url
+from qwen27b.plan.hostdata import NODE_EXPORTER_PORT, NODE_EXPORTER_UNIT, Settings, redact_url
+from qwen27b.plan.fanout import SEED_PORT
+from qwen27b.onhost.contract import HEALTH_HTTP_SOCKET, SEED_UNIT
 from qwen27b.plan import engine
 from qwen27b.plan.planner import GiB, Gpu, PlanRefused, ServeInputs, ServePlan, _divides, choose_tp, plan_serve
 from qwen27b.plan.stack import (ResolvedStack, StackError, cc_tuple, checkpoint_metadata_dir, gpu_spec,
@@ -719,6 +721,20 @@ def _check_disk(host: str, facts: HostFacts, rs: ResolvedStack, settings: Settin
     return None
 
 
+def bound_ports(settings: Settings, bind: str) -> list[Bound]:
+    """The ports the deploy binds besides vLLM's, for the occupants check: the health endpoint's
+    socket on the bind address; node_exporter's on every address; the fan-out seed's on the lab address."""
+    out = [Bound(settings.health_port, bind, f"the health endpoint ({HEALTH_HTTP_SOCKET})",
+                 "move the endpoint with qwen27b_health_port", frozenset({HEALTH_HTTP_SOCKET}))]
+    if settings.node_exporter:
+        out.append(Bound(NODE_EXPORTER_PORT, "0.0.0.0", f"node_exporter ({NODE_EXPORTER_UNIT})",
+                         "leave qwen27b_node_exporter out", frozenset({NODE_EXPORTER_UNIT})))
+    if settings.weights_fanout != "none":
+        out.append(Bound(SEED_PORT, bind, f"the weights fan-out's seed server ({SEED_UNIT})",
+                         "set qwen27b_weights_fanout: none (every host fetches from the mirror)", frozenset({SEED_UNIT})))
+    return out
+
+
 def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind_address: str | None = None,
            address_reason: str = "the host's lab address (ssh_hostname), not every interface",
            pipeline=None) -> Decision:
@@ -792,7 +808,8 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
     else:
         bind, bind_reason = "127.0.0.1", "no lab address in host data: loopback only; set qwen27b_bind_address to serve the lab"
     refusals.extend(RefusedHost(host, cause, fix) for cause, fix in occupied(
-        facts.occupants, settings.port, bind, gpus, {g["index"]: g.get("bus_id") for g in facts.gpus}))
+        facts.occupants, settings.port, bind, gpus, {g["index"]: g.get("bus_id") for g in facts.gpus},
+        also=bound_ports(settings, bind)))
     serve_inputs = ServeInputs(
         stack=rs, gpus=gpus, target=target, draft=draft, model_path=model_path, draft_path=draft_path,
         served_name=settings.served_model_name or rs.model["served_name"],

@@ -16,6 +16,7 @@ from typing import Any
 
 from qwen27b.plan import allowlist
 from qwen27b.onhost.secretfile import SecretFileError, load_secret
+from qwen27b.onhost.contract import http_base  # noqa: F401 (the one URL builder: plan and controller import it here)
 
 
 class BadHostData(ValueError):
@@ -166,6 +167,7 @@ WEIGHTS_FANOUT = ("none", "tree")  # qwen27b.plan.fanout.MODES
 # The unit drops every capability (CapabilityBoundingSet=), so user qwen27b cannot bind below 1024.
 FIRST_UNPRIVILEGED_PORT = 1024
 NODE_EXPORTER_PORT = 9100  # prometheus-node-exporter's default (--web.listen-address=:9100), left as is
+NODE_EXPORTER_UNIT = "prometheus-node-exporter.service"  # Debian's and Ubuntu's name for it
 # Names end up unquoted in unit lines and the health timer's ExecStart: no spaces, no quotes.
 SERVED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
 SERVE_FLAG = re.compile(r"^--[a-z0-9][a-z0-9_-]*$")
@@ -312,11 +314,6 @@ def parse_address(host: str, key: str, value: Any, fix: str, zone: bool = False)
         raise BadHostData(host, key, f"{value!r} has a zone id: the units, nft rules and nginx take none",
                           "use the interface's global or unique-local address (fd00::/8), without %zone")
     return str(address)
-
-
-def http_base(address: str, port: int) -> str:
-    """http://ADDRESS:PORT for a re-printed address: IPv6 in brackets, its zone id as %25 (RFC 6874)."""
-    return f"http://[{address.replace('%', '%25')}]:{port}" if ":" in address else f"http://{address}:{port}"
 
 
 def parse_network(host: str, key: str, value: Any) -> str:

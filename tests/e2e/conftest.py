@@ -9,6 +9,7 @@ on, each leaving the state the next one needs (docs/testhosts.md, "One lab"):
     test_testhosts          the harness itself, first: a broken harness fails in a minute
     test_deploy ..          host 0: the fresh deploy as admin+sudo, then doctor, faults, Prometheus
     test_lifecycle_e2e      hosts 1 (A) and 2 (B): day two, B uninstalled at its end
+    test_ipv6_e2e           host 1: A moved to its IPv6 address (one restart), left there
     test_instances_e2e      host 0: from one service to two copies
     test_scaleout_gateway   last, on three fresh hosts of its own (the lab's services stopped first)
 
@@ -37,7 +38,7 @@ from revisions import GOOD, GOOD_B
 
 E2E_DIR = Path(__file__).resolve().parent
 LAB_ORDER = ["test_testhosts", "test_deploy", "test_doctor_e2e", "test_faults", "test_prometheus_e2e",
-             "test_lifecycle_e2e", "test_instances_e2e", "test_scaleout_gateway"]
+             "test_lifecycle_e2e", "test_ipv6_e2e", "test_instances_e2e", "test_scaleout_gateway"]
 LAB_HOSTS = 3  # host 0 the deployed one; 1 and 2 the lifecycle's pair
 
 
@@ -68,6 +69,7 @@ class E2EHost:
     ssh_config: Path
     ssh_options: list[str] = field(repr=False)
     lab: NspawnHosts = field(repr=False)
+    address6: str | None = None  # its IPv6 unique-local address (fd00:231:N::2), also in known_hosts
 
     def run(self, command: str, check: bool = True, timeout: float = 120):
         """Run a shell command on the host over SSH (CompletedProcess, text)."""
@@ -94,6 +96,11 @@ class E2EHost:
                            look_for_keys=False, allow_agent=False, timeout=10)
             host.backend.client = client
         return host
+
+
+def _e2e_hosts(lab: NspawnHosts) -> list[E2EHost]:
+    return [E2EHost(h["name"], h["address"], lab.ssh_config, lab.ssh_options(), lab, h.get("address6"))
+            for h in lab.hosts]
 
 
 @dataclass
@@ -157,9 +164,7 @@ def testhosts(request) -> E2EHosts:
         lab.up(n)
         if n > 1:
             lab.link_peers()  # as on a lab LAN: the lifecycle's A seeds its B
-        hosts = [E2EHost(h["name"], h["address"], lab.ssh_config, lab.ssh_options(), lab)
-                 for h in lab.hosts]
-        yield E2EHosts(lab, hosts)
+        yield E2EHosts(lab, _e2e_hosts(lab))
     finally:
         try:
             lab.down()
@@ -204,8 +209,7 @@ def own_testhosts():
         lab.up(n)
         if link_peers:
             lab.link_peers()
-        return E2EHosts(lab, [E2EHost(h["name"], h["address"], lab.ssh_config, lab.ssh_options(), lab)
-                              for h in lab.hosts])
+        return E2EHosts(lab, _e2e_hosts(lab))
 
     try:
         yield make

@@ -75,6 +75,21 @@ def test_sshd_answers(testhost):
     assert cp.stdout.strip() == testhost.name
 
 
+def test_every_host_answers_over_ipv6_too(testhosts):
+    """Each namespace also has a unique-local IPv6 address (issue 24's IPv6-only labs): sshd answers
+    there with the host's own key, checked strictly against known_hosts, and the name is the host's."""
+    for h in testhosts:
+        assert h.address6 and h.address6.startswith("fd00:231:"), h
+        with socket.create_connection((h.address6, 22), timeout=5) as s:
+            assert s.recv(256).startswith(b"SSH-2.0-OpenSSH")
+        cp = _run(h.lab.ssh_argv(h.address6, "hostname"), timeout=30)  # ssh_config's stanza for the address
+        assert cp.returncode == 0, cp.stderr
+        assert cp.stdout.strip() == h.name
+        # and the host's view: the address is on its eth0, the IPv4 one unchanged beside it
+        addrs = h.run("ip -o addr show dev eth0").stdout
+        assert f"inet6 {h.address6}/64" in addrs and f"inet {h.address}/24" in addrs, addrs
+
+
 def test_real_systemd_is_running(testhost):
     assert testhost.run("ps -o comm= -p 1").stdout.strip() == "systemd"
     cp = testhost.run("systemctl is-system-running", check=False)

@@ -20,7 +20,7 @@ def all_profiles(cache: Path | None = None) -> list[str]:
 
 
 def print_table(rows: list[dict]) -> None:
-    cols = ["profile", "name", "address", "supervisor_pid", "nspawn_pid", "state"]
+    cols = ["profile", "name", "address", "address6", "supervisor_pid", "nspawn_pid", "state"]
     data = [[str(r.get(c) if r.get(c) is not None else "-") for c in cols] for r in rows]
     widths = [max(len(c), *(len(d[i]) for d in data)) if data else len(c)
               for i, c in enumerate(cols)]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .common import TestHostsError, _locked, _rm_root, _run, log, require_root
 from .container import Containers
-from .network import NAME_PREFIX, SUBNET, ProxyNetwork
+from .network import NAME_PREFIX, SUBNET, SUBNET6, ProxyNetwork
 from .procs import descendants, pid_alive
 from .rootfs import ensure_host_tools, ensure_rootfs
 
@@ -74,6 +74,7 @@ class NspawnHosts(Containers, ProxyNetwork):
             h = {
                 "name": name, "index": n, "netns": name, "veth": f"v{name}",
                 "address": SUBNET.format(n=n) + ".2", "gateway": SUBNET.format(n=n) + ".1",
+                "address6": SUBNET6.format(n=n) + "2", "gateway6": SUBNET6.format(n=n) + "1",
                 "root": str(self.state_dir / "roots" / name),
                 "console_log": str(self.state_dir / f"{name}.console.log"),
             }
@@ -170,6 +171,7 @@ class NspawnHosts(Containers, ProxyNetwork):
                               check=False, timeout=15)
                     state = cp.stdout.strip() or f"no-ssh(rc={cp.returncode})"
             rows.append({"profile": self.profile, "name": h["name"], "address": h["address"],
+                         "address6": h.get("address6"),
                          "supervisor_pid": sup if alive else None,
                          "nspawn_pid": self._nspawn_pid(h), "state": state})
         return rows

@@ -1,5 +1,7 @@
 """Each host's network: a namespace and a veth pair, no default route; the registry proxy
-(tinyproxy, bridged into the namespace by socat over a unix socket); optional peer routes."""
+(tinyproxy, bridged into the namespace by socat over a unix socket); optional peer routes.
+The veth carries IPv4 (10.231.N.0/24) and an IPv6 unique-local /64 (fd00:231:N::/64), so a
+host is reachable from the controller over either family (IPv6-only labs, issue 24)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from .state import ProfileState
 
 NAME_PREFIX = "q27t"
 SUBNET = "10.231.{n}"             # 10.231.N.1 outside, 10.231.N.2 inside
+SUBNET6 = "fd00:231:{n}::"        # fd00:231:N::1 outside, fd00:231:N::2 inside (ULA, RFC 4193)
 MAX_HOSTS = 250
 PROXY_PORT_INSIDE = 3128
 
@@ -28,8 +31,9 @@ def _link_exists(name: str) -> bool:
 
 
 def _subnet_in_use(n: int) -> bool:
-    cp = _run(["ip", "-o", "-4", "addr", "show"], check=False)
-    return f" {SUBNET.format(n=n)}." in cp.stdout
+    v4 = _run(["ip", "-o", "-4", "addr", "show"], check=False).stdout
+    v6 = _run(["ip", "-o", "-6", "addr", "show"], check=False).stdout
+    return f" {SUBNET.format(n=n)}." in v4 or f" {SUBNET6.format(n=n)}" in v6
 
 
 
@@ -101,17 +105,20 @@ class ProxyNetwork(ProfileState):
             if name in netns or _link_exists(f"v{name}") or _subnet_in_use(n):
                 continue
             return n
-        raise TestHostsError("no free 10.231.N.0/24 subnet / q27tN name")
+        raise TestHostsError("no free 10.231.N.0/24 + fd00:231:N::/64 subnet / q27tN name")
 
     def _add_links(self, h: dict) -> None:
-        """veth vNAME (gateway) <-> eth0 in the namespace (address), lo up."""
+        """veth vNAME (gateway, gateway6) <-> eth0 in the namespace (address, address6), lo up.
+        The IPv6 addresses are `nodad`: usable at once, no duplicate address detection to wait out."""
         ns = ["ip", "netns", "exec", h["netns"]]
         _run(["ip", "link", "add", h["veth"], "type", "veth", "peer", "name", "eth0",
               "netns", h["netns"]])
         _run(["ip", "addr", "add", h["gateway"] + "/24", "dev", h["veth"]])
+        _run(["ip", "-6", "addr", "add", h["gateway6"] + "/64", "dev", h["veth"], "nodad"])
         _run(["ip", "link", "set", h["veth"], "up"])
         _run(ns + ["ip", "link", "set", "lo", "up"])
         _run(ns + ["ip", "addr", "add", h["address"] + "/24", "dev", "eth0"])
+        _run(ns + ["ip", "-6", "addr", "add", h["address6"] + "/64", "dev", "eth0", "nodad"])
         _run(ns + ["ip", "link", "set", "eth0", "up"])
 
     def _ensure_bridge(self, h: dict) -> None:

@@ -1,0 +1,95 @@
+"""An IPv6-only lab, end to end (issue 24): a serving host re-deployed with `qwen27b_bind_address`
+and `ssh_hostname` set to its IPv6 address, written bare in the inventory as a person writes it
+(`fd00:231:2::2`, no brackets). Before issue 25's URL builder, the unit's start-up probe, the health
+check's --url and release.json held `http://fd00:231:2::2:8000`, which curl and httpx reject: the
+unit never finished starting.
+
+Real parts only: the lab's host 1 (the lifecycle's A, left serving by test_lifecycle_e2e; run alone,
+deployed fresh over IPv4 first), its namespace's unique-local address (tests/support/testhosts
+network.py), pyinfra's SSH connector over IPv6, a real vLLM CPU server bound to the address, the
+health check as its timer runs it, the controller's verify and a real client over IPv6. One
+re-deploy, one restart. Nothing after it uses host 1 (conftest's LAB_ORDER: the copies are on host 0,
+the gateway has hosts of its own and stops the lab's services by name), so it stays on IPv6.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import httpx
+import pytest
+
+from test_deploy import API_KEY, GOOD, PORT, deploy, health_run, latest_report, make_lab, show
+
+pytestmark = pytest.mark.e2e
+TIMES: dict[str, float] = {}
+HEALTH_PORT = 9120  # qwen27b_health_port's default
+
+
+@pytest.fixture(scope="module")
+def v6(testhosts, mirror, tmp_path_factory):
+    """Host 1 serving over IPv4, with the lifecycle's data and the revision it runs (REV_B after
+    test_lifecycle_e2e), so that the re-deploy changes the address only."""
+    started = time.monotonic()
+    host = testhosts[1]
+    assert host.address6, "the test hosts have no IPv6 address (tests/support/testhosts/network.py)"
+    data = {"qwen27b_weights_fanout": "tree"}  # as test_lifecycle_e2e deployed it
+    lab = make_lab(host, testhosts.inventory, mirror, tmp_path_factory.mktemp("ipv6"), data)
+    try:
+        if host.run("systemctl is-active qwen27b.service", check=False).stdout.strip() != "active":
+            rc, out = deploy(lab)  # this module alone: a fresh host
+            assert rc == 0, out[-4000:]
+            TIMES["fresh deploy over IPv4 (module alone)"] = time.monotonic() - started
+        record = json.loads(host.run("cat /etc/qwen27b/release.json").stdout)
+        assert record["url"] == f"http://{host.address}:{PORT}", record  # serving on IPv4 before
+        revision = record["model_ref"].rsplit("@", 1)[1]
+        lab["same"] = {} if revision == GOOD.split("@")[1] else {"qwen27b_stack_overrides": {"model_revision": revision}}
+        yield lab
+    finally:
+        TIMES["module"] = time.monotonic() - started
+        print("\n" + "\n".join(f"  {what:44} {secs:6.1f} s" for what, secs in TIMES.items()))
+
+
+def test_a_serving_host_moved_to_its_ipv6_address_starts_verifies_and_answers(v6):
+    host, address = v6["host"], v6["host"].address6
+    base = f"http://[{address}]:{PORT}"
+    pid = show(v6, "MainPID")
+    t0 = time.monotonic()
+    # bare, as a person writes it: SSH over IPv6 and the service bound there
+    rc, out = deploy(v6, {**v6["same"], "ssh_hostname": address, "qwen27b_bind_address": address})
+    TIMES["re-deploy on IPv6 (one restart, verify)"] = time.monotonic() - t0
+    assert rc == 0, out[-5000:]
+    report = latest_report(v6)
+    assert report["status"] == "ok" and report["completion_tokens"] > 0, report  # the controller's verify
+    # pyinfra reached the host over IPv6 (from the controller's end of the veth)
+    gateway6 = host.lab.host(host.name)["gateway6"]
+    logins = host.run("journalctl -o cat --no-pager _COMM=sshd-session _COMM=sshd | grep 'Accepted publickey for'",
+                      check=False).stdout
+    assert f"from {gateway6} " in logins, logins[-2000:]
+    # the unit finished starting: its start-up probe called the bracketed URL
+    assert host.run("systemctl is-active qwen27b.service").stdout.strip() == "active"
+    assert show(v6, "MainPID") != pid  # one restart onto the new address
+    unit = host.run("systemctl cat qwen27b.service").stdout
+    assert f"--host {address} " in unit or f"--host {address}\n" in unit, unit
+    assert f"{base}/health" in unit and f"http://{address}:" not in unit, unit
+    # the health check, as its timer runs it, with its --url
+    health = host.run("systemctl cat qwen27b-health.service").stdout
+    assert re.search(rf"--url '?{re.escape(base)}'? ", health), health  # systemd's quotes around it, or none
+    status = health_run(v6)
+    assert status["code"] == 0 and status["url"] == base, status["findings"]
+    # its endpoint's socket moved too (restarted on the changed ListenStream=), and a local client
+    # connecting to the address (the socket's IPAddressAllow= admits it) reads the OK verdict
+    assert f"[{address}]:{HEALTH_PORT}" in host.run(f"ss -Hltn 'sport = :{HEALTH_PORT}'").stdout
+    endpoint = host.run(f"curl -fsS --noproxy '*' http://[{address}]:{HEALTH_PORT}/").stdout
+    assert json.loads(endpoint)["verdict"] == "OK", endpoint
+    # the release record verify and rollback read
+    record = json.loads(host.run("cat /etc/qwen27b/release.json").stdout)
+    assert record["url"] == base, record
+    # a real client over IPv6; the IPv4 address no longer serves
+    models = httpx.get(f"{base}/v1/models", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30,
+                       trust_env=False)
+    assert models.status_code == 200 and [m["id"] for m in models.json()["data"]] == ["smollm2-135m"], models.text
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://{host.address}:{PORT}/health", timeout=5, trust_env=False)
