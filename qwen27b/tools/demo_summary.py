@@ -11,28 +11,41 @@ import subprocess
 import urllib.request
 from pathlib import Path
 
+from qwen27b.controller.apikey import key_file, shown
 from qwen27b.controller.artifacts import cache_root
 from qwen27b.controller.postdeploy import HostResult, report_table
+from qwen27b.onhost.secretfile import load_secret
+from qwen27b.plan.stack import api_key_env_file, load_stack
+
+DEMO_INVENTORY = "inventory/testhost.py"
 
 
 def main() -> None:
     state = cache_root() / "testhosts" / "demo"
     hosts = runpy.run_path(str(state / "inventory.py"))["testhosts"]
+    lab_key = key_file(DEMO_INVENTORY)  # made by the deploy: the demo's inventory names no key file
+    key = load_secret(str(lab_key)) if lab_key.is_file() else None
+    on_host_key = api_key_env_file(load_stack()["paths"])
+    if key:
+        print(f"\n--> the API is guarded by the lab key in {shown(lab_key)} (never printed); clients send\n"
+              f"    curl -H \"Authorization: Bearer $(sed 's/^VLLM_API_KEY=//' {shown(lab_key)})\" URL/v1/models")
     for name, data in hosts:
         print(f"\n--> {name}: systemctl status qwen27b")
         subprocess.run(["ssh", "-F", str(state / "ssh_config"), name,
                         "systemctl status qwen27b --no-pager -n 0 | head -12"], check=False)
         url = f"http://{data['ssh_hostname']}:8000"
         for path in ("/health", "/v1/models"):
+            request = urllib.request.Request(url + path, headers={"Authorization": f"Bearer {key}"} if key else {})
             try:
-                with urllib.request.urlopen(url + path, timeout=10) as response:
+                with urllib.request.urlopen(request, timeout=10) as response:
                     body = response.read().decode()[:300]
                     print(f"--> GET {url}{path}: {response.status} {body}")
             except OSError as error:
                 print(f"--> GET {url}{path}: {error}")
         health = subprocess.run(["ssh", "-F", str(state / "ssh_config"), name,
                                  "/opt/qwen27b/current/venv/bin/qwen27b-health --no-restart "
-                                 f"--url {url} --status-file /tmp/qwen27b-demo-health.json"],
+                                 f"--url {url} --status-file /tmp/qwen27b-demo-health.json"
+                                 + (f" --api-key-file {on_host_key}" if key else "")],
                                 capture_output=True, text=True)
         print(f"--> qwen27b-health (exit {health.returncode}):\n{health.stdout}")
     report = Path("reports/latest.json")
