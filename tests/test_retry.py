@@ -344,3 +344,26 @@ def test_a_host_may_set_only_the_two_floors_of_the_speculative_table():
 def test_a_carried_ngram_config_is_read_back_as_ngram():
     cpu = run("debian12-cpu", {"qwen27b_profile": "cpu-smoke", "qwen27b_speculative": "ngram"})
     assert retry._method_of(cpu.stack, json.loads(cpu.serve.value("--speculative-config"))) == "ngram"
+
+
+def test_verify_judges_ngram_on_its_probe_between_the_scrapes_and_falls_back_to_off(host_reads, monkeypatch):
+    """The chat drafts nothing with n-gram (recorded on the CPU build): verify sends the stack's probe
+    too, inside the scrapes; the real greedy n-gram counters against a host's raised floor -> off."""
+    verify, seen = host_reads
+    from qwen27b.controller import postdeploy as V
+    start, greedy = (_text(f"metrics-cpu-0.32.0-ngram-{n}.txt") for n in ("0-start", "1-after-greedy"))
+    calls = []
+    scrapes = iter([start, greedy, "", ""])
+    monkeypatch.setattr(V, "scrape", lambda *a, **k: calls.append("scrape") or next(scrapes))
+    monkeypatch.setattr(V, "probe", lambda base, name, key, prompt, most: calls.append(("probe", prompt, most)) or most)
+    cpu = run("debian12-cpu", {"qwen27b_profile": "cpu-smoke", "qwen27b_speculative": "ngram",
+                               "qwen27b_stack_overrides": {"speculative": {"floors": {"min_acceptance": 0.99}}}})
+    result = V.HostResult("gpu-a", url="http://10.0.0.1:8000")
+    running, failure = verify._starts(result, None, cpu)
+    want = STACK["speculative"]["ngram"]["probe"]
+    assert calls == ["scrape", ("probe", want["prompt"], want["max_tokens"]), "scrape"]  # off: no scrape, no probe
+    assert failure is None and running.serve.spec.method == "off" and [d.serve.spec.method for d in seen["restarts"]] == ["off"]
+    (d0, a0), (d1, a1) = _counters(start), _counters(greedy)
+    assert result.attempts[0]["measured"]["acceptance"] == (a1 - a0) / (d1 - d0)
+    assert f"ngram accepted {a1 - a0:.0f} of {d1 - d0:.0f} drafted" in result.attempts[0]["why"]
+    assert verify.spec_probe(run("v100x4-2204-fresh")) is None  # mtp drafts on any text: the chat alone

@@ -245,10 +245,9 @@ def test_a_crash_loop_is_named_alike_by_systemd_health_and_report_and_rolled_bac
     wait_healthy(lab["base"])
 
 
-# The fallback's floors for the n-gram start: min_acceptance above anything the tiny model accepts,
-# min_draft_tokens one step's draft (verify's one chat of 64 tokens drafts a few n-gram steps, not
-# the stack's 64 tokens). The acceptance itself is the engine's /metrics counters.
-NGRAM_FLOORS = {"speculative": {"floors": {"min_acceptance": 0.99, "min_draft_tokens": 3}}}
+# The n-gram start's floor above anything the tiny model accepts (its probe, stack speculative.ngram.probe,
+# drafted 84 tokens and accepted 48 when recorded); the acceptance itself is the engine's /metrics counters.
+NGRAM_FLOORS = {"speculative": {"floors": {"min_acceptance": 0.99}}}
 
 
 def test_ngram_below_its_floor_falls_back_to_off_and_verifies_with_the_reason(lab, serving):
