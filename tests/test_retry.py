@@ -321,7 +321,8 @@ def test_ngram_on_the_cpu_profile_renders_the_config_the_cpu_build_accepted_and_
     assert cpu.serve.spec.method == "ngram" and "vllm-ngram" in cpu.serve.spec.reason
     start, greedy = (_text(f"metrics-cpu-0.32.0-ngram-{n}.txt") for n in ("0-start", "1-after-greedy"))
     failure, verdict = _failure(cpu, start, greedy)
-    assert verdict.keep is False and "below the floor 99%" in verdict.reason and failure.next.method == "off"
+    assert verdict.keep is False and "below the floor 99% [qwen27b_stack_overrides]" in verdict.reason
+    assert failure.next.method == "off"
     serve, why = retry.plan_retry(cpu.stack, cpu.serve, cpu.draft_path, failure, 1)
     assert not serve.has("--speculative-config") and "restarting with speculative off" in why
     plain = run("debian12-cpu", {"qwen27b_profile": "cpu-smoke", "qwen27b_speculative": "ngram"})
@@ -333,7 +334,8 @@ def test_a_host_may_set_only_the_two_floors_of_the_speculative_table():
     from qwen27b.plan.hostdata import BadHostData
     base = {"qwen27b_profile": "cpu-smoke", "qwen27b_speculative": "ngram"}
     low = run("debian12-cpu", {**base, "qwen27b_stack_overrides": {"speculative": {"floors": {"min_draft_tokens": 8}}}})
-    assert engine.floors(low.stack, "ngram") == {**STACK["speculative"]["floors"], "min_draft_tokens": 8}
+    assert engine.floors(low.stack, "ngram") == {**STACK["speculative"]["floors"], "min_draft_tokens": 8,
+                                                 "source": "qwen27b_stack_overrides"}  # cited as the host's
     for bad in ({"ngram": {"depth": 9}}, {"floors": {"min_acceptance": 1.5}}, {"floors": {"min_draft_tokens": 0}},
                 {"floors": {"min_acceptanse": 0.5}}, {"floors": {"min_acceptance": True}}, "high"):
         with pytest.raises(BadHostData) as refused:

@@ -234,7 +234,8 @@ def spec_floor_overrides(value) -> dict:
         if key == "min_draft_tokens" and not (plain and isinstance(number, int) and number >= 1):
             raise StackError(f"stack key 'speculative.floors.min_draft_tokens': {number!r} is not a whole number "
                              "of 1 or more; fix: e.g. 64")
-    return {"floors": dict(floors)} if floors else {}
+    # the verdict cites who set the floor: the host, not the stack's [spec-floor-ours]
+    return {"floors": {**floors, "source": "qwen27b_stack_overrides"}} if floors else {}
 
 
 def _check_allowed(tree: dict, prefix: str) -> None:

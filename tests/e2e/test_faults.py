@@ -263,7 +263,7 @@ def test_ngram_below_its_floor_falls_back_to_off_and_verifies_with_the_reason(la
     assert len(report["attempts"]) == 2 and first["flags"] == "speculative ngram (k=3)", report["attempts"]
     measured = first["measured"]["acceptance"]  # the engine's counters, read by verify
     assert first["outcome"] == "failed" and measured is not None and measured < 0.99
-    assert re.search(r"ngram accepted \d+ of \d+ drafted tokens .*below the floor 99%", first["why"]), first["why"]
+    assert re.search(r"ngram accepted \d+ of \d+ drafted tokens .*below the floor 99% \[qwen27b_stack_overrides\]", first["why"]), first["why"]
     assert "restarting with speculative off" in first["why"]
     assert last == {**last, "flags": "speculative off", "outcome": "verified"}
     assert report["reason"].startswith("verified on start 2 of 2 (speculative off)")
