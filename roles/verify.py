@@ -104,13 +104,14 @@ def _load_tick(name: str, unit: str = SERVICE_UNIT):
 
 
 def serving(result: V.HostResult, key: str | None, say, unit_state, start_timeout_s: int, speculative: bool,
-            unit: str = SERVICE_UNIT, judge=None, watch=None) -> retry.Failure | None:
+            unit: str = SERVICE_UNIT, judge=None, watch=None, probe: dict | None = None) -> retry.Failure | None:
     """Ready at result.url, result.served_name listed, one streamed completion, with speculative
     decoding the acceptance: fills result, raises VerifyFailed. (The rollback deploy verifies the
     release it switched to with this too.) `judge(before, after)` (the /metrics texts around the
     completion) -> (the next SpecChoice or None, engine.Verdict): the stack's floors, reported; a
     method below its floor is returned as the retry.Failure a restart on the next method fixes.
-    `watch`: the start-up watchdog (wait_ready)."""
+    `watch`: the start-up watchdog (wait_ready). `probe`: the method's own measuring completion (stack
+    speculative.<method>.probe: n-gram drafts nothing on the chat), sent between the scrapes too."""
     base = result.url
     try:
         result.ready_s = V.wait_ready(base, start_timeout_s, say, unit_state, tick=_load_tick(host.name, unit),
@@ -126,6 +127,8 @@ def serving(result: V.HostResult, key: str | None, say, unit_state, start_timeou
     result.completion_tokens = chat["completion_tokens"]
     if not speculative:
         return None
+    if probe:
+        V.probe(base, result.served_name, key, probe["prompt"], probe["max_tokens"])
     after = V.scrape(base, key)
     result.acceptance = V.acceptance(V.spec_counters(before), V.spec_counters(after))
     switch, slow = "set qwen27b_speculative to another method (mtp) or off", None
@@ -159,6 +162,12 @@ def spec_judge(decision: Decision, tried: list[str] | tuple = ()):
     tp = int(serve.value("--tensor-parallel-size")) if serve.has("--tensor-parallel-size") else 1
     max_len = int(serve.value("--max-model-len"))
     return functools.partial(engine.fallback, decision.stack, target, spec, list(tried), tp, max_len)
+
+
+def spec_probe(decision: Decision) -> dict | None:
+    """The stack's measuring completion for this host's method (speculative.<method>.probe), if any."""
+    spec = decision.serve.spec
+    return (decision.stack.speculative.get(spec.method) or {}).get("probe") if spec.on else None
 
 
 def _unit_properties() -> dict:
@@ -296,7 +305,7 @@ def _starts(result: V.HostResult, key: str | None, decision: Decision) -> tuple[
         try:
             slow = serving(result, key, say, unit_state, current.stack.profile["serve"]["start_timeout_s"],
                            current.serve.has("--speculative-config"), judge=spec_judge(current, tried),
-                           watch=watchdog(current))
+                           watch=watchdog(current), probe=spec_probe(current))
         except V.VerifyFailed as error:
             failure, slow = error, error.retry
             if slow is not None and slow.kind == retry.STALLED:

@@ -45,7 +45,7 @@ BAD_INPUTS = [
     pytest.param({"qwen27b_port": True}, "qwen27b_port", "expected int, got bool", id="port-as-bool"),
     pytest.param({"qwen27b_port": 8000.0}, "qwen27b_port", "expected int, got float", id="port-as-float"),
     pytest.param({"qwen27b_speculative": "no"}, "qwen27b_speculative", "'no' is not a speculative method", id="bool-as-string"),
-    pytest.param({"qwen27b_speculative": "mpt"}, "qwen27b_speculative", "did you mean 'mtp'? use one of auto, mtp, dflash2, off",
+    pytest.param({"qwen27b_speculative": "mpt"}, "qwen27b_speculative", "did you mean 'mtp'? use one of auto, mtp, dflash2, ngram, off",
                  id="speculative-misspelt"),
     pytest.param({"qwen27b_speculative": 7}, "qwen27b_speculative", "expected str or bool, got int", id="speculative-int"),
     pytest.param({"qwen27b_agent_parsers": "yes"}, "qwen27b_agent_parsers", "expected bool, got str", id="agent-parsers-str"),

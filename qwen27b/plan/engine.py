@@ -32,7 +32,7 @@ def kv_cache_dtype(stack: ResolvedStack, target: ModelShape, on_gpu: bool) -> tu
 
 @dataclass(frozen=True)
 class SpecChoice:
-    """The speculative method for one host: 'mtp', 'dflash2' or 'off', its depth (tokens per step),
+    """The speculative method for one host: 'mtp', 'dflash2', 'ngram' or 'off', its depth (tokens per step),
     why, and the methods passed over with their reasons (printed in the plan)."""
 
     method: str
@@ -68,6 +68,8 @@ def cannot_run(method: str, stack: ResolvedStack, target: ModelShape) -> str | N
         return f"{stack.model['id']} has no MTP layers (its config.json sets no mtp_num_hidden_layers)"
     if method == "dflash2" and not stack.draft:
         return f"profile {stack.profile_name} has no DFlash2 draft"
+    if method == "ngram" and not stack.speculative.get("ngram"):
+        return "the stack has no speculative.ngram entry"
     if method == "dflash2" and target.lm_head_quantized:
         return (f"{stack.model['id']} quantizes its lm_head, which the DFlash2 draft shares: "
                 f"{stack.source_text('dflash-dense-head')}")
@@ -89,6 +91,11 @@ def dflash2_reason(stack: ResolvedStack, tokens: int) -> str:
 
 
 def _depth(method: str, stack: ResolvedStack, max_model_len: int) -> tuple[int, str]:
+    if method == "ngram":
+        ngram = stack.speculative["ngram"]
+        return ngram["depth"], (f"n-gram lookup: up to {ngram['depth']} tokens copied from where the last "
+                                f"{ngram['prompt_lookup_min']}-{ngram['prompt_lookup_max']} tokens occurred earlier "
+                                f"in the context; no draft model {stack.cite(ngram.get('source'))}")
     if method == "dflash2":
         tokens = stack.draft["speculative"]["num_speculative_tokens"]
         return tokens, dflash2_reason(stack, tokens)
@@ -101,7 +108,7 @@ def _depth(method: str, stack: ResolvedStack, max_model_len: int) -> tuple[int, 
 
 
 def choose_speculative(stack: ResolvedStack, target: ModelShape, setting: str, tp: int, max_model_len: int) -> SpecChoice:
-    """The method and depth for qwen27b_speculative `setting` (auto | mtp | dflash2 | off). auto walks
+    """The method and depth for qwen27b_speculative `setting` (auto | mtp | dflash2 | ngram | off). auto walks
     the profile's speculative_auto list and takes the first method this host can run that no
     no_accept evidence rules out, else off. A named method that cannot run is refused (SpecRefused);
     evidence against it is printed, not obeyed: the admin asked for it."""
@@ -128,6 +135,10 @@ def speculative_config(stack: ResolvedStack, choice: SpecChoice, draft_path: str
     """The --speculative-config JSON for a chosen method, with the names the build accepts."""
     if choice.method == "mtp":
         return {"method": stack.speculative["mtp"]["method"], "num_speculative_tokens": choice.depth}
+    if choice.method == "ngram":
+        ngram = stack.speculative["ngram"]
+        return {"method": ngram["method"], "num_speculative_tokens": choice.depth,
+                "prompt_lookup_max": ngram["prompt_lookup_max"], "prompt_lookup_min": ngram["prompt_lookup_min"]}
     spec = stack.draft["speculative"]
     config = {"method": spec["method"], "model": draft_path, "num_speculative_tokens": choice.depth}
     for key in ("draft_sample_method", "kv_cache_dtype"):

@@ -162,7 +162,7 @@ KEYS = [PREFIX + f.name for f in fields(Settings)] + GATEWAY_KEYS
 _RANGES = {"tensor_parallel_size": (1, 64), "min_free_disk_gib": (1, 100_000), "health_interval_s": (1, 86_400),
            "health_failures_before_restart": (1, 1000), "keep_model_revisions": (1, 100), "keep_releases": (1, 100)}
 MODEL_SOURCES = ("hub", "mirror", "controller")
-SPECULATIVE_MODES = ("auto", "mtp", "dflash2", "off")
+SPECULATIVE_MODES = ("auto", "mtp", "dflash2", "ngram", "off")
 WEIGHTS_FANOUT = ("none", "tree")  # qwen27b.plan.fanout.MODES
 # The unit drops every capability (CapabilityBoundingSet=), so user qwen27b cannot bind below 1024.
 FIRST_UNPRIVILEGED_PORT = 1024
@@ -561,8 +561,17 @@ def _check_overrides(host: str, overrides: dict) -> None:
             isinstance(vllm["sha256"], str) and SHA256.match(vllm["sha256"])):
         raise BadHostData(host, f"{key}.vllm.sha256", f"{vllm['sha256']!r} is not a sha256 (64 hex digits)",
                           "copy the wheel's full sha256 (sha256sum FILE)")
+    if "speculative" in overrides:
+        from qwen27b.plan.stack import StackError, spec_floor_overrides
+        try:
+            spec_floor_overrides(overrides["speculative"])
+        except StackError as error:
+            raise BadHostData(host, f"{key}.speculative", str(error).split("; fix: ")[0],
+                              "set only {'floors': {'min_acceptance': 0..1, 'min_draft_tokens': 1 or more}}") from None
     shapes = _stack_shapes()
     for name, value in overrides.items():
+        if name == "speculative":
+            continue  # checked above: only the fallback's floors
         path = {"model_revision": "model.revision", "draft_revision": "draft.revision"}.get(name, name)
         _check_override_value(host, f"{key}.{name}", path, value, shapes)
 

@@ -110,6 +110,8 @@ def _method_of(stack: ResolvedStack, config: dict) -> str | None:
     """Our method name for a --speculative-config the planner wrote (its `method`), or None."""
     if config.get("method") == (stack.speculative.get("mtp") or {}).get("method"):
         return "mtp"
+    if config.get("method") == (stack.speculative.get("ngram") or {}).get("method"):
+        return "ngram"
     if stack.draft and config.get("method") == stack.draft["speculative"]["method"]:
         return "dflash2"
     return None

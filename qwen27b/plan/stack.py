@@ -177,7 +177,8 @@ def resolve_stack(stack: dict, profile_name: str, overrides: dict | None = None,
     Override layout: profile keys at the top level ({"driver": {...}, "serve": {...}}), plus
     "model" / "draft" dicts merged into the model entries, and shortcuts "model_revision" /
     "draft_revision" for the most common pin (refused beside "model": {"revision": ...}: one key,
-    one spelling). Every merged value is held to its allow-list (qwen27b/plan/allowlist.py).
+    one spelling), and "speculative": {"floors": {...}} for the fallback's two floors (SPEC_FLOOR_KEYS;
+    nothing else of the stack's speculative table is a host's to change). Every merged value is held to its allow-list (qwen27b/plan/allowlist.py).
     `model`: a key of the models table to serve instead of the profile's (host data qwen27b_model).
     """
     overrides = dict(overrides or {})
@@ -185,6 +186,8 @@ def resolve_stack(stack: dict, profile_name: str, overrides: dict | None = None,
         close = difflib.get_close_matches(profile_name, list(stack["profiles"]), n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         raise StackError(f"unknown profile '{profile_name}'{hint}; known: {', '.join(stack['profiles'])}")
+    speculative = merge_overrides(stack.get("speculative") or {}, spec_floor_overrides(overrides.pop("speculative", None)),
+                                  "speculative")
     model_over = overrides.pop("model", {}) or {}
     draft_over = overrides.pop("draft", {}) or {}
     for section, entry in (("model", model_over), ("draft", draft_over)):
@@ -216,8 +219,37 @@ def resolve_stack(stack: dict, profile_name: str, overrides: dict | None = None,
     if build_name not in stack["vllm_builds"]:
         raise StackError(f"unknown vllm build '{build_name}'; known: {', '.join(stack['vllm_builds'])}")
     return ResolvedStack(profile_name, profile, model, draft, stack["paths"], stack["sources"],
-                         stack["vllm_builds"][build_name], stack["tools"], stack.get("speculative") or {},
+                         stack["vllm_builds"][build_name], stack["tools"], speculative,
                          stack.get("agent_parsers") or {}, stack.get("retry") or {})
+
+
+SPEC_FLOOR_KEYS = ("min_acceptance", "min_draft_tokens")
+
+
+def spec_floor_overrides(value) -> dict:
+    """A host's {"floors": {min_acceptance: 0..1, min_draft_tokens: >= 1}}, checked; {} for None.
+    (Why a host may: an admin who measured a method can hold it to a stricter floor; the CPU e2e sets
+    one above what the tiny model accepts.)"""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or set(value) - {"floors"} or not isinstance(value.get("floors", {}), dict):
+        raise StackError("stack key 'speculative': a host may set only {'floors': {'min_acceptance': ..., "
+                         "'min_draft_tokens': ...}}")
+    floors = value.get("floors") or {}
+    for key, number in floors.items():
+        if key not in SPEC_FLOOR_KEYS:
+            close = difflib.get_close_matches(key, SPEC_FLOOR_KEYS, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise StackError(f"unknown stack key 'speculative.floors.{key}'{hint}; known here: {', '.join(SPEC_FLOOR_KEYS)}")
+        plain = isinstance(number, (int, float)) and not isinstance(number, bool)
+        if key == "min_acceptance" and not (plain and 0 <= number <= 1):
+            raise StackError(f"stack key 'speculative.floors.min_acceptance': {number!r} is not a fraction; "
+                             "fix: a value from 0 to 1, e.g. 0.10")
+        if key == "min_draft_tokens" and not (plain and isinstance(number, int) and number >= 1):
+            raise StackError(f"stack key 'speculative.floors.min_draft_tokens': {number!r} is not a whole number "
+                             "of 1 or more; fix: e.g. 64")
+    # the verdict cites who set the floor: the host, not the stack's [spec-floor-ours]
+    return {"floors": {**floors, "source": "qwen27b_stack_overrides"}} if floors else {}
 
 
 def _check_allowed(tree: dict, prefix: str) -> None:

@@ -245,6 +245,37 @@ def test_a_crash_loop_is_named_alike_by_systemd_health_and_report_and_rolled_bac
     wait_healthy(lab["base"])
 
 
+# The n-gram start's floor above anything the tiny model accepts (its probe, stack speculative.ngram.probe,
+# drafted 84 tokens and accepted 48 when recorded); the acceptance itself is the engine's /metrics counters.
+NGRAM_FLOORS = {"speculative": {"floors": {"min_acceptance": 0.99}}}
+
+
+def test_ngram_below_its_floor_falls_back_to_off_and_verifies_with_the_reason(lab, serving):
+    """Issue 22 for real: the CPU build runs n-gram speculation; the deploy starts on it, verify reads
+    the engine's acceptance below the host's floor, restarts with the next choice (off: SmolLM2 has
+    no MTP layers, the CPU profile no draft) and verifies. Then the plain deploy puts it back."""
+    over = {**UPGRADE["qwen27b_stack_overrides"], **NGRAM_FLOORS}
+    rc, out = deploy(lab, {"qwen27b_speculative": "ngram", "qwen27b_stack_overrides": over})
+    assert rc == 0, out[-4000:]
+    report = latest_report(lab)
+    assert report["status"] == "ok", report["reason"]
+    first, last = report["attempts"][0], report["attempts"][-1]
+    assert len(report["attempts"]) == 2 and first["flags"] == "speculative ngram (k=3)", report["attempts"]
+    measured = first["measured"]["acceptance"]  # the engine's counters, read by verify
+    assert first["outcome"] == "failed" and measured is not None and measured < 0.99
+    assert re.search(r"ngram accepted \d+ of \d+ drafted tokens .*below the floor 99% \[qwen27b_stack_overrides\]", first["why"]), first["why"]
+    assert "restarting with speculative off" in first["why"]
+    assert last == {**last, "flags": "speculative off", "outcome": "verified"}
+    assert report["reason"].startswith("verified on start 2 of 2 (speculative off)")
+    record = json.loads(lab["host"].run("cat /etc/qwen27b/release.json").stdout)
+    assert [a["flags"] for a in record["attempts"]] == ["speculative ngram (k=3)", "speculative off"]
+    assert "--speculative-config" not in show(lab, "ExecStart")
+    wait_healthy(lab["base"])
+    rc, out = deploy(lab, UPGRADE)  # back to the plain plan: no retry carried (its first start differs)
+    assert rc == 0, out[-4000:]
+    assert not latest_report(lab).get("attempts") and "--speculative-config" not in show(lab, "ExecStart")
+
+
 def _stream(base: str, stop: threading.Event, deadline: float) -> tuple[int, int]:
     done = errors = 0
     body = {"model": "smollm2-135m", "messages": [{"role": "user", "content": "Count to twenty."}],
