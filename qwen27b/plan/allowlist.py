@@ -76,6 +76,7 @@ STACK_RULES: dict[str, Rule] = {
     "serve.kv_cache_source": _SOURCE,
     "speculative_auto": Rule(r"mtp|dflash2", "a speculative method the planner may pick (plan/engine.py)", "mtp"),
     "serve.headroom_source": _SOURCE,
+    "serve.liveness.source": _SOURCE,
     "serve.warmup.source": _SOURCE,
     "serve.env": Rule(r"[A-Za-z0-9_.,:/@+=-]{0,200}", "an unquoted value in /etc/qwen27b/qwen27b.env "
                       "(systemd EnvironmentFile=): no quotes, spaces, $ or backslashes", "PCI_BUS_ID"),
