@@ -52,6 +52,10 @@ BAD_INPUTS = [
     pytest.param({"qwen27b_model": "qwen3.8-27b-dflash2"}, "qwen27b_model", "is not a checkpoint of the stack's models table",
                  id="model-is-a-draft"),
     pytest.param({"qwen27b_model": "qwen3.8-27b-nvfp5"}, "qwen27b_model", "did you mean 'qwen3.8-27b-nvfp4'?", id="model-misspelt"),
+    # issue 25: an unknown profile was refused later as a problem of qwen27b_stack_overrides
+    pytest.param({"qwen27b_profile": "sm7"}, "qwen27b_profile", "did you mean 'sm70'?", id="profile-misspelt"),
+    pytest.param({"qwen27b_profile": "gb200"}, "qwen27b_profile", "'gb200' is not a profile of the stack file",
+                 id="profile-unknown"),
     pytest.param({"qwen27b_gpu_indices": "0,1"}, "qwen27b_gpu_indices", "expected list", id="gpu-indices-as-string"),
     pytest.param({"qwen27b_gpu_indices": [0, "1"]}, "qwen27b_gpu_indices", "is not a list of GPU indices",
                  id="gpu-index-as-string"),

@@ -381,6 +381,14 @@ def _check_values(host: str, s: Settings) -> None:
         raise BadHostData(host, "qwen27b_speculative", f"{s.speculative!r} is not a speculative method",
                           (f"did you mean '{close[0]}'? " if close else "") + f"use one of {', '.join(SPECULATIVE_MODES)} "
                           "(auto: the planner picks from the stack's evidence)")
+    if s.profile is not None:
+        from qwen27b.plan.stack import load_stack
+        profiles = list(load_stack()["profiles"])
+        if s.profile not in profiles:
+            close = difflib.get_close_matches(s.profile, profiles, n=1)
+            raise BadHostData(host, "qwen27b_profile", f"{s.profile!r} is not a profile of the stack file",
+                              (f"did you mean '{close[0]}'? " if close else "") + f"use one of {', '.join(profiles)}, "
+                              "or leave it out (the GPUs choose it)")
     if s.model is not None:
         from qwen27b.plan.stack import load_stack
         targets = [k for k, v in load_stack()["models"].items() if not v.get("speculative")]
