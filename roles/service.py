@@ -30,6 +30,7 @@ from qwen27b.plan.lifecycle import RECORD_NAME, Record, record_text, release_rec
 
 from ._common import ROLLBACK_DIR, api_key, note, prune_dirs, remember_kept, remember_previous, restart_needed
 from ._common import release_dir, started
+from .vllm import engine_wheel
 from .weights import model_dir
 
 
@@ -126,7 +127,7 @@ def release_record(decision: Decision, attempts: tuple = ()) -> Record:
                   served_name=serve.value("--served-model-name"), speculative=serve.has("--speculative-config"),
                   start_timeout_s=decision.stack.profile["serve"]["start_timeout_s"],
                   flags=tuple(f"{flag.name} {flag.value}" if flag.value is not None else flag.name for flag in serve.flags),
-                  attempts=attempts)
+                  attempts=attempts, engine_wheel=engine_wheel(decision))
 
 
 def keep_running_release(serving_files: list[str], record_file: str, links_now: Record) -> None:

@@ -39,6 +39,22 @@ def wheelhouse_dir(decision: Decision) -> Path:
     return cache_root() / "wheelhouse" / f"{vllm['dist']}-{vllm['version']}-cp{py.replace('.', '')}"
 
 
+def engine_wheel(decision: Decision) -> tuple:
+    """(file, sha256, where from) of the engine wheel this deploy installs, for the release record:
+    the pushed wheelhouse's (uv checks it with --require-hashes), else the stack's release URL's when
+    pinned with its sha256; () when it installs by name from a lab mirror or an index, where no hash
+    is known before it runs (issue 25). The same order of sources as _install_commands."""
+    vllm = decision.stack.profile["vllm"]
+    local = wheelhouse_dir(decision)
+    if local.is_dir() and any(local.glob("*.whl")):
+        wheels = {name: digest for name, digest in dir_manifest(local).items()
+                  if name.endswith(".whl") and normalize(name.split("-", 1)[0]) == normalize(vllm["dist"])}
+        return next(((name, digest, "controller wheelhouse") for name, digest in sorted(wheels.items())), ())
+    if decision.settings.wheel_mirror or not (vllm.get("url") and vllm.get("sha256")):
+        return ()
+    return vllm["url"].rsplit("/", 1)[-1], vllm["sha256"], "stack release URL"
+
+
 def _pinned(decision: Decision, pins: dict[str, tuple[str, str]], local: Path) -> list[str]:
     """The build's own requirements, pinned to the wheelhouse's versions (--require-hashes wants
     every requirement `==`); a requirement the wheelhouse lacks fails the host while planning."""

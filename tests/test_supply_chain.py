@@ -72,3 +72,34 @@ def test_require_hashes_passes_once_the_wheel_is_pinned_and_refuses_pypi_by_name
         _decide({**pinned, "qwen27b_dflash_cli": True})
     assert [cause for cause, _ in caught.value.problems] == [
         "qwen27b_require_hashes: qwen27b_dflash_cli installs PyPI's dflash by name, without a hash"]
+
+
+def test_the_release_record_keeps_the_engine_wheels_hash_when_it_is_known_before_the_install(tmp_path):
+    """Issue 25: the release record says which engine wheel was installed, by its sha256: the pushed
+    wheelhouse's (hashed here from the file's bytes), else the stack URL's pin; nothing when the wheel
+    came by name from a mirror or an index (no hash is known before the install)."""
+    import hashlib
+    import json
+
+    from qwen27b.plan.lifecycle import parse_record, record_text
+    from roles.service import release_record
+
+    vllm = STACK["profiles"]["sm70"]["vllm"]
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    name = f"{vllm['dist']}-{vllm['version']}-cp312-cp312-manylinux_2_35_x86_64.whl"
+    (wheels / name).write_bytes(b"not a real wheel, but real bytes")
+    (wheels / "ninja-1.11.1-py3-none-manylinux1_x86_64.whl").write_bytes(b"another")
+    record = release_record(_decide({"qwen27b_wheelhouse_dir": str(wheels)}))
+    assert record.engine_wheel == (name, hashlib.sha256(b"not a real wheel, but real bytes").hexdigest(),
+                                   "controller wheelhouse")
+    assert parse_record(json.loads(record_text(record))) == record
+
+    pinned = {"qwen27b_stack_overrides": {"vllm": {"sha256": "ab" * 32}}}
+    assert release_record(_decide(pinned)).engine_wheel == (vllm["url"].rsplit("/", 1)[-1], "ab" * 32,
+                                                             "stack release URL")
+    assert release_record(_decide({**pinned, "qwen27b_wheel_mirror": "http://10.0.0.1:8080/wheels/"})).engine_wheel == ()
+    unpinned = release_record(_decide({}))
+    assert unpinned.engine_wheel == () and "engine_wheel" not in record_text(unpinned)
+    forged = {**json.loads(record_text(record)), "engine_wheel": {"file": name, "sha256": "x; rm -rf /", "from": "w"}}
+    assert parse_record(forged).engine_wheel == ()

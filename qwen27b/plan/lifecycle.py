@@ -70,18 +70,33 @@ class Record:
     start_timeout_s: int = 600
     flags: tuple[str, ...] = ()  # the vllm serve flags, one "--name value" each: a flag-only change shows
     attempts: tuple = ()  # each start of the deploy that wrote it, when it retried (plan/retry.py Attempt.as_json)
+    # (file, sha256, where from) of the engine wheel the install took, when its hash was known before
+    # it ran (a pushed wheelhouse, a stack URL pinned with its sha256); () when it came by name
+    engine_wheel: tuple = ()
 
     def as_json(self) -> dict:
         return {"links": dict(sorted(self.links.items())), "model_ref": self.model_ref, "url": self.url,
                 "served_name": self.served_name, "speculative": self.speculative,
                 "start_timeout_s": self.start_timeout_s, **({"flags": list(self.flags)} if self.flags else {}),
-                **({"attempts": list(self.attempts)} if self.attempts else {})}
+                **({"attempts": list(self.attempts)} if self.attempts else {}),
+                **({"engine_wheel": dict(zip(ENGINE_WHEEL_FIELDS, self.engine_wheel))} if self.engine_wheel else {})}
 
     def short(self, paths: dict) -> str:
         """'release <hash>, model <id@rev>' for plan lines."""
         release = self.links.get(paths["current_release"], "?").rsplit("/", 1)[-1]
         model = self.links.get(paths["current_model"], "?").rsplit("/", 1)[-1]
         return f"release {release}, model {model}"
+
+
+ENGINE_WHEEL_FIELDS = ("file", "sha256", "from")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _engine_wheel(data) -> tuple:
+    """The record's engine_wheel entry, kept only when it is what we write (a file name and a hash)."""
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), str) for k in ENGINE_WHEEL_FIELDS):
+        return ()
+    return tuple(data[k] for k in ENGINE_WHEEL_FIELDS) if _SHA256.match(data["sha256"]) else ()
 
 
 def record_text(record: Record) -> str:
@@ -111,7 +126,8 @@ def parse_record(data) -> Record | None:
                   speculative=bool(data.get("speculative")),
                   start_timeout_s=timeout if isinstance(timeout, int) and timeout > 0 else 600,
                   flags=tuple(str(flag) for flag in flags),
-                  attempts=tuple(a for a in attempts if isinstance(a, dict)))
+                  attempts=tuple(a for a in attempts if isinstance(a, dict)),
+                  engine_wheel=_engine_wheel(data.get("engine_wheel")))
 
 
 # ---------------------------------------------------------------------------------- rollback
