@@ -26,7 +26,7 @@ from qwen27b.controller import progress, runstate, runsummary
 from qwen27b.controller.remote import on_host
 from qwen27b.controller import postdeploy as V
 from qwen27b.onhost.contract import RESTART_LOOP_FINDING, UNIT_PROPERTIES, crash_loop
-from qwen27b.onhost.unit import parse_show, show_command
+from qwen27b.onhost.unit import journal_tail_command, parse_show, show_command
 from qwen27b.plan.gate import Decision
 from qwen27b.plan.hostdata import http_base
 from qwen27b.controller.render import (HEALTH_UNIT, RESTART_COMMAND, SERVICE_UNIT, UNIT_DIR, instance_unit, layout,
@@ -210,7 +210,7 @@ def failed(result: V.HostResult, failure: V.VerifyFailed, status_file: str) -> N
     if failure.crashed:
         _until_restart_loop_is_evident(say)
     _health_verdict(status_file, result)
-    result.journal = _remote(f"journalctl -u {SERVICE_UNIT} -n 80 --no-pager")
+    result.journal = _remote(journal_tail_command(SERVICE_UNIT))
 
 
 def say(message: str) -> None:
@@ -238,7 +238,7 @@ def _check_copies(decision: Decision) -> None:
                     serve.has("--speculative-config"), unit=unit)
         except V.VerifyFailed as failure:
             result.status, result.reason = "failed", f"copy {instance.name} ({unit}): {failure}"
-            result.journal = _remote(f"journalctl -u {unit} -n 80 --no-pager")
+            result.journal = _remote(journal_tail_command(unit))
             raise OperationError(f"verify failed: {result.reason} (its journal in the run report)") from None
         result.status = "ok"
         say(f"copy {instance.name} verified at {base}: TTFT {result.ttft_s * 1000:.0f} ms, "

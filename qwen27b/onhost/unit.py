@@ -21,6 +21,21 @@ def show_command(unit: str, properties: Iterable[str]) -> str:
     return shlex.join(show_argv(unit, properties))
 
 
+# vLLM's access-log line of a /health probe: `INFO:     10.0.0.1:42322 - "GET /health HTTP/1.1" 200 OK`
+PROBE_LINE = '"GET /health HTTP/1.1" 200'
+
+
+def journal_tail_command(unit: str, lines: int = 80) -> str:
+    """The unit's last `lines` journal lines for a report, less vLLM's access-log lines of /health
+    probes, with their count: a gateway pool probes once a second, and a report's 80 lines then held
+    nothing but probes (the cause of a failed restart was lost). Read from the last 2000 lines."""
+    program = ('index($0, pat) { n++; next } { kept[k++ % max] = $0 } '
+               'END { for (i = (k > max ? k - max : 0); i < k; i++) print kept[i % max]; '
+               'if (n) print "(" n " lines of /health probes in the access log left out)" }')
+    return (f"journalctl -u {unit} -n 2000 --no-pager | "
+            f"awk -v pat={shlex.quote(PROBE_LINE)} -v max={int(lines)} {shlex.quote(program)}")
+
+
 def parse_show(text: str) -> dict[str, str]:
     """`systemctl show -p ...` output -> {property: value}; the first of a repeated key wins."""
     out: dict[str, str] = {}
