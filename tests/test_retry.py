@@ -224,6 +224,10 @@ def test_the_plan_says_what_verify_will_retry():
     pcie = run("v100x4-pcie")
     assert "no flag to retry with" in retry.plan_notes(pcie.stack, pcie.serve)[-1]
     cpu = run("debian12-cpu", {"qwen27b_profile": "cpu-smoke"})
+    ngram = run("debian12-cpu", {"qwen27b_profile": "cpu-smoke", "qwen27b_speculative": "ngram"})
+    lines = retry.plan_notes(ngram.stack, ngram.serve)
+    assert lines[0].startswith("retry: ngram measured below its acceptance floor")
+    assert lines[1].startswith("verify measures ngram on a greedy 128-token completion") and "ngram-probe-recorded" in lines[1]
     assert retry.plan_notes(cpu.stack, cpu.serve) == [
         f"start-up watchdog: its bound {WATCHDOG['no_progress_s']} s is not below this profile's start_timeout_s "
         f"{cpu.stack.profile['serve']['start_timeout_s']} s: the start's timeout alone applies"]

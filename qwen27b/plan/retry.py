@@ -165,6 +165,11 @@ def plan_notes(stack: ResolvedStack, serve: ServePlan) -> list[str]:
     if serve.spec.on and most > 1:
         lines.append(f"retry: {serve.spec.method} measured below its acceptance floor restarts on the next method, the "
                      f"last of at most {most} starts with speculation off {stack.cite(stack.retry.get('source'))}")
+    probe = (stack.speculative.get(serve.spec.method) or {}).get("probe") if serve.spec.on else None
+    if probe:
+        lines.append(f"verify measures {serve.spec.method} on a greedy {probe['max_tokens']}-token completion of text "
+                     f"that repeats itself (its chat drafts too little to judge) "
+                     f"{stack.cite(stack.speculative[serve.spec.method].get('source'))}")
     timeout = stack.profile["serve"].get("start_timeout_s", 0)
     if rule and float(rule["no_progress_s"]) >= timeout:
         lines.append(f"start-up watchdog: its bound {rule['no_progress_s']} s is not below this profile's start_timeout_s "
