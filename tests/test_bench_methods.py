@@ -91,6 +91,11 @@ def test_comparison_rows_ratios_against_off_and_acceptance():
     text = M.format_comparison(comp, "gpu-a")
     assert "2.00x" in text and "70.0%" in text and "methods compared on gpu-a" in text
     assert not comp["warnings"]
+    mtp["spec_counters_exported"] = False  # the report said mtp, the engine exports no spec counters
+    comp = M.compare([{"method": "off", "deployed": {"ok": True, "ran": "off", "flags": "speculative off"}, "run": off},
+                      {"method": "mtp", "deployed": {"ok": True, "ran": "mtp", "flags": "speculative mtp"}, "run": mtp}])
+    assert comp["warnings"] == ["mtp: the report says speculative mtp, but the endpoint exports no spec-decode "
+                                "counters: check its ExecStart"]
 
 
 def test_comparison_marks_a_fallback_and_an_unmeasured_method():

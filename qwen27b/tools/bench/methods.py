@@ -122,7 +122,10 @@ def compare(entries: list[dict]) -> dict:
     if base is None:
         warnings.append("off was not measured: no ratios")
     for e in entries:
-        d = e["deployed"]
+        d, exported = e["deployed"], (e.get("run") or {}).get("spec_counters_exported")
+        if exported is not None and exported != (d.get("ran") != BASELINE):  # the engine's own word
+            warnings.append(f"{e['method']}: the report says {d.get('flags')}, but the endpoint "
+                            f"{'exports' if exported else 'exports no'} spec-decode counters: check its ExecStart")
         if d.get("ok") and d.get("ran") != e["method"]:
             warnings.append(f"{e['method']} fell back to {d.get('ran')} at deploy ({d.get('detail')}): its row "
                             f"measures {d.get('ran')}, not {e['method']}")
