@@ -173,3 +173,33 @@ def test_a_failed_restore_is_said_and_fails(tmp_path):
 def test_wildcard_bind_is_reached_at_the_hosts_address():
     assert M.reachable("http://0.0.0.0:8000", "10.0.0.5") == "http://10.0.0.5:8000"
     assert M.reachable("http://10.0.0.9:8000", "10.0.0.5") == "http://10.0.0.9:8000"
+
+
+def test_the_key_is_the_file_the_deploy_gives_the_host(tmp_path, monkeypatch):
+    monkeypatch.setenv("QWEN27B_STATE_DIR", str(tmp_path / "state"))
+    assert M.api_key_file({"qwen27b_api_key_file": "/etc/k"}, "i.py") == "/etc/k"
+    assert M.api_key_file({"qwen27b_api_key_file": "none"}, "i.py") is None  # an open API
+    assert M.api_key_file({}, "i.py") is None  # no lab key made yet: none to send
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "api.key").write_text("VLLM_API_KEY=sk-x\n")
+    assert M.api_key_file({}, "i.py") == str(tmp_path / "state" / "api.key")
+
+
+def test_cli_methods_prints_the_comparison_and_exits_by_the_restore(tmp_path, monkeypatch, capsys):
+    import qwen27b.tools.bench.cli as bcli
+
+    restore_code = {"rc": 0}
+
+    def fake_deploy(inventory, host, deploy_file, reports):
+        return lambda extra: (0, _report(host=host)) if extra else (restore_code["rc"], _report(host=host))
+
+    monkeypatch.setattr(M, "host_data", lambda inv, host: ({"qwen27b_api_key_file": "/k"}, "10.0.0.5"))
+    monkeypatch.setattr(M, "pyinfra_deploy", fake_deploy)
+    keys = []
+    monkeypatch.setattr(bcli, "measure", lambda a: keys.append(a.api_key_file) or _run([_level(1, 0.4, 0.05)]))
+    argv = ["bench", "--methods", "ngram", "--inventory", "i.py", "--host", "gpu-a", "--out", str(tmp_path / "o")]
+    assert cli.main(argv) == 0 and keys == ["/k", "/k"]
+    out = capsys.readouterr().out
+    assert "methods compared on gpu-a" in out and "host restored" in out
+    restore_code["rc"] = 1
+    assert cli.main(argv) == 1 and "RESTORE FAILED" in capsys.readouterr().out
