@@ -276,6 +276,29 @@ def test_ngram_below_its_floor_falls_back_to_off_and_verifies_with_the_reason(la
     assert not latest_report(lab).get("attempts") and "--speculative-config" not in show(lab, "ExecStart")
 
 
+def test_bench_methods_compares_off_and_ngram_then_restores_the_inventorys_flags(lab, serving, tmp_path):
+    """Issue 22's `qwen27b bench --methods off,ngram` for real: the host deployed with each method
+    (pyinfra, verified), each benched (1 level, 2 requests, greedy so SmolLM2 repeats itself and n-gram
+    drafts), the ngram row's acceptance from the engine's /metrics counters, then the plain deploy:
+    the host back on its inventory's flags (no --speculative-config)."""
+    out = tmp_path / "bench"
+    rc, text = deploy(lab, argv=["bench", "--methods", "off,ngram", "--inventory", str(lab["inventory"]),
+                                 "--host", lab["host"].name, "--concurrency", "1", "--requests-per-level", "2",
+                                 "--prompt-tokens", "64", "--output-tokens", "64", "--temperature", "0",
+                                 "--out", str(out)], module="qwen27b.tools.cli")
+    assert rc == 0, text[-4000:]
+    comparison = json.loads((out / "comparison.json").read_text())
+    measured = [r for r in comparison["rows"] if r["measured"]]
+    assert [(r["method"], r["ran"], r["concurrency"]) for r in measured] == [("off", "off", 1), ("ngram", "ngram", 1)]
+    ngram = json.loads((out / "ngram" / "bench.json").read_text())["levels"][0]
+    drafted, accepted = ngram["metrics"]["spec_draft_tokens"], ngram["metrics"]["spec_accepted_tokens"]
+    assert drafted and drafted > 0 and measured[1]["acceptance"] == pytest.approx(accepted / drafted), ngram["metrics"]
+    assert comparison["restore"]["ok"], comparison["restore"]
+    assert "RESTORE FAILED" not in text and "decode vs off" in text
+    assert latest_report(lab)["status"] == "ok" and "--speculative-config" not in show(lab, "ExecStart")
+    assert API_KEY not in text
+
+
 def _stream(base: str, stop: threading.Event, deadline: float) -> tuple[int, int]:
     done = errors = 0
     body = {"model": "smollm2-135m", "messages": [{"role": "user", "content": "Count to twenty."}],

@@ -6,6 +6,8 @@
                   [--spec on|off|auto] [--requests-per-level N] [--warmup N] [--out DIR]
                   [--ab OTHER_RESULT.json] [--load-generator ours|vllm-bench [--vllm PATH]]
     qwen27b bench --load RUN.json [--ab OTHER_RESULT.json] [--out DIR]   (no server: re-print/compare)
+    qwen27b bench --methods off,mtp,dflash2 --inventory INV --host HOST [the options above] [--out DIR]
+                  (re-deploys HOST with each method, benches it, then deploys it as INV says: bench/methods.py)
 
 The seed fixes the test so numbers can be compared: prompt 512 tokens, output 256, batch 1/4/8,
 max-model-len 4096 and 8192. This module:
@@ -40,10 +42,12 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
 import sys
 from pathlib import Path
 from typing import Sequence
 
+from qwen27b.tools.bench import methods as M
 from qwen27b.tools.bench.common import SEED_CONCURRENCY, SEED_OUTPUT_TOKENS, SEED_PROMPT_TOKENS, BenchError
 from qwen27b.tools.bench.matrix import ab_compare
 from qwen27b.tools.bench.measure import measure
@@ -99,16 +103,59 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vllm", metavar="PATH", help="the vllm executable for --load-generator vllm-bench "
                    "(default: vllm on PATH)")
     p.add_argument("--ab", metavar="OTHER.json", help="a previous run (baseline A) to compare this run (B) with")
+    p.add_argument("--methods", metavar="off,mtp,dflash2", help="compare speculative methods on one host in one run: "
+                   "deploy --host with each (qwen27b_speculative), bench it, then deploy it as --inventory says")
+    p.add_argument("--inventory", help="the pyinfra inventory for --methods")
+    p.add_argument("--host", help="the one host of --inventory that --methods re-deploys and benches")
+    p.add_argument("--deploy-file", default="deploy.py", help="the deploy file for --methods (default deploy.py)")
+    p.add_argument("--reports", type=Path, default=Path(os.environ.get("QWEN27B_REPORTS", "reports")),
+                   help="where the deploy writes its run reports (default $QWEN27B_REPORTS or ./reports)")
     return p
+
+
+def check_methods_args(args) -> list[str]:
+    """--methods' arguments, refused before any host is touched."""
+    methods = M.parse_methods(args.methods)
+    missing = [f"--{k}" for k in ("inventory", "host") if not getattr(args, k)]
+    if missing:
+        raise BenchError(f"--methods needs {' and '.join(missing)}: the host it re-deploys with each method")
+    if args.load or args.ab:
+        raise BenchError("--methods measures a live host: it takes neither --load nor --ab (its baseline is off)")
+    if args.api_key_file:
+        raise BenchError("--methods reads the API key file the deploy gives the host (its qwen27b_api_key_file, "
+                         "else the lab key): drop --api-key-file")
+    return methods
+
+
+def main_methods(args) -> int:
+    methods = check_methods_args(args)
+    data, address = M.host_data(args.inventory, args.host)
+    args.api_key_file = M.api_key_file(data, args.inventory)
+    deploy = M.pyinfra_deploy(args.inventory, args.host, args.deploy_file, args.reports)
+    result = M.run_methods(args, methods, deploy, measure, address,
+                           say=lambda line: print(line, file=sys.stderr, flush=True))
+    paths = M.write_comparison(result, args.out, write_outputs)
+    for method, run in result["runs"].items():
+        print(f"== {method}")
+        print(format_table(run))
+        print()
+    print(M.format_comparison(result["comparison"], args.host))
+    print()
+    print("wrote " + ", ".join(str(p) for p in paths))
+    comparison = result["comparison"]
+    short = {r["method"] for r in comparison["rows"] if not r["measured"] or r.get("errors")}
+    return 0 if comparison["restore"]["ok"] and not short else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.out = args.out or Path("reports") / "bench" / dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     try:
+        if args.methods:
+            return main_methods(args)
         if bool(args.url) == bool(args.load):
             raise BenchError("give exactly one of --url (measure) or --load RUN.json (re-print a saved run)")
         baseline = load_run(args.ab) if args.ab else None
-        args.out = args.out or Path("reports") / "bench" / dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         run = load_run(args.load) if args.load else measure(args)
         if baseline:
             run["ab"] = ab_compare(baseline, run)
