@@ -282,7 +282,12 @@ def test_bench_methods_compares_off_and_ngram_then_restores_the_inventorys_flags
     drafts), the ngram row's acceptance from the engine's /metrics counters, then the plain deploy:
     the host back on its inventory's flags (no --speculative-config)."""
     out = tmp_path / "bench"
-    rc, text = deploy(lab, argv=["bench", "--methods", "off,ngram", "--inventory", str(lab["inventory"]),
+    # UPGRADE through the lab inventory's QWEN27B_E2E_EXTRA (the bench's pyinfra runs inherit it): its
+    # deploys and its restore ("as the inventory says") then leave the host on the revision the later
+    # tests expect (without it the restore switched the host back to revision A, and the firewall
+    # test's deploy restarted vLLM)
+    pid = show(lab, "MainPID")
+    rc, text = deploy(lab, UPGRADE, argv=["bench", "--methods", "off,ngram", "--inventory", str(lab["inventory"]),
                                  "--host", lab["host"].name, "--concurrency", "1", "--requests-per-level", "2",
                                  "--prompt-tokens", "64", "--output-tokens", "64", "--temperature", "0",
                                  "--out", str(out)], module="qwen27b.tools.cli")
@@ -297,6 +302,9 @@ def test_bench_methods_compares_off_and_ngram_then_restores_the_inventorys_flags
     assert "RESTORE FAILED" not in text and "decode vs off" in text
     assert latest_report(lab)["status"] == "ok" and "--speculative-config" not in show(lab, "ExecStart")
     assert API_KEY not in text
+    rc, again = deploy(lab, UPGRADE)  # the host is as this module's plain deploy leaves it: nothing to change
+    assert rc == 0 and re.search(r"planned, 0 would change the host", again), again[-3000:]
+    assert show(lab, "MainPID") != pid  # it was restarted for each method and for the restore
 
 
 def _stream(base: str, stop: threading.Event, deadline: float) -> tuple[int, int]:
