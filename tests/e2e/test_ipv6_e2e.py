@@ -68,12 +68,13 @@ def test_a_serving_host_moved_to_its_ipv6_address_starts_verifies_and_answers(v6
     logins = host.run("journalctl -o cat --no-pager _COMM=sshd-session _COMM=sshd | grep 'Accepted publickey for'",
                       check=False).stdout
     assert f"from {gateway6} " in logins, logins[-2000:]
-    # the unit finished starting: its start-up probe called the bracketed URL
+    # the unit finished starting: its start-up check (the warm-up, ExecStartPost) called the bracketed URL
     assert host.run("systemctl is-active qwen27b.service").stdout.strip() == "active"
     assert show(v6, "MainPID") != pid  # one restart onto the new address
     unit = host.run("systemctl cat qwen27b.service").stdout
     assert f"--host {address} " in unit or f"--host {address}\n" in unit, unit
-    assert f"{base}/health" in unit and f"http://{address}:" not in unit, unit
+    post = next(line for line in unit.splitlines() if line.startswith("ExecStartPost="))
+    assert re.search(rf"--url '?{re.escape(base)}'? ", post) and f"http://{address}:" not in unit, post
     # the health check, as its timer runs it, with its --url
     health = host.run("systemctl cat qwen27b-health.service").stdout
     assert re.search(rf"--url '?{re.escape(base)}'? ", health), health  # systemd's quotes around it, or none
