@@ -135,7 +135,7 @@ def release_record(decision: Decision, attempts: tuple = ()) -> Record:
 def with_figures(record: Record, decision: Decision) -> Record:
     """The running release's verify figures (written by verify after it measured: plan/regression.py)
     stay in its record while it runs: a deploy that changes nothing else rewrites nothing."""
-    running = running_record(decision.stack.paths) if decision.group is None else None
+    running = running_record(decision.stack.paths)
     if running is not None and (running.verify or running.baseline) \
             and dataclasses.replace(running, verify={}, baseline={}) == record:
         return dataclasses.replace(record, verify=running.verify, baseline=running.baseline)
