@@ -33,7 +33,7 @@ from qwen27b.controller.render import (HEALTH_UNIT, RESTART_COMMAND, SERVICE_UNI
                                        render_all)
 from qwen27b.plan import retry
 from qwen27b.plan import regression
-from qwen27b.plan.lifecycle import RECORD_NAME, Record, parse_record, record_text, release_record_file
+from qwen27b.plan.lifecycle import RECORD_NAME, Record, parse_record, record_text, release_record_file, verify_figures
 
 from ._common import ROLLBACK_DIR, KeptFiles, SwitchedLink, api_key, check, note, previous_links
 
@@ -304,7 +304,8 @@ def judge_release(result: V.HostResult, key: str | None, decision: Decision,
     if replaced or not record.verify:
         result.figures = regression.figures(V.measure(result.url, result.served_name, key, limits), result.acceptance)
         kept = _read_record(f"{ROLLBACK_DIR}/{RECORD_NAME}") if replaced else None
-        record = dataclasses.replace(record, verify=result.figures, baseline=kept.verify if kept else {})
+        # numbers only, as parse_record reads them back (a null acceptance would differ on the next deploy)
+        record = dataclasses.replace(record, verify=verify_figures(result.figures), baseline=kept.verify if kept else {})
         on_host(host, f"cat > {path}.figures && mv -f {path}.figures {path}", _stdin=record_text(record))
     else:
         result.figures = dict(record.verify)

@@ -107,6 +107,11 @@ def test_the_record_keeps_the_figures_and_the_baseline():
     assert parse_record({"links": record.links}).verify == {}
     assert parse_record({"links": record.links, "verify": {"decode_tok_s": "fast", "ttft_ms": 5, "x": 1}}).verify == {"ttft_ms": 5}
     assert "verify" not in record_text(Record(record.links))
+    # the figures as measured (acceptance None with speculation off) are written as they read back:
+    # a null in the file made the next deploy's record differ (found by the e2e run)
+    measured = Record(record.links, verify=G.figures([{"ttft_s": 0.2, "decode_tok_s": 9.0}], None))
+    assert json.loads(record_text(measured))["verify"] == {"decode_tok_s": 9.0, "runs": 1, "ttft_ms": 200.0}
+    assert record_text(parse_record(json.loads(record_text(measured)))) == record_text(measured)
 
 
 # ---------------------------------------------------------------------------------- rollout and status

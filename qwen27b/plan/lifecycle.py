@@ -84,8 +84,8 @@ class Record:
                 "start_timeout_s": self.start_timeout_s, **({"flags": list(self.flags)} if self.flags else {}),
                 **({"attempts": list(self.attempts)} if self.attempts else {}),
                 **({"engine_wheel": dict(zip(ENGINE_WHEEL_FIELDS, self.engine_wheel))} if self.engine_wheel else {}),
-                **({"verify": dict(sorted(self.verify.items()))} if self.verify else {}),
-                **({"baseline": dict(sorted(self.baseline.items()))} if self.baseline else {})}
+                **({"verify": verify_figures(self.verify)} if verify_figures(self.verify) else {}),
+                **({"baseline": verify_figures(self.baseline)} if verify_figures(self.baseline) else {})}
 
     def short(self, paths: dict) -> str:
         """'release <hash>, model <id@rev>' for plan lines."""
@@ -141,7 +141,8 @@ def verify_figures(data) -> dict:
     """The record's verify figures, numbers only (a hand-edited or older record: what is usable)."""
     if not isinstance(data, dict):
         return {}
-    return {k: v for k, v in data.items() if k in VERIFY_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {k: v for k, v in sorted(data.items())
+            if k in VERIFY_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 VERIFY_KEYS = ("ttft_ms", "decode_tok_s", "acceptance", "runs")
