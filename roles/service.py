@@ -29,9 +29,7 @@ from qwen27b.controller.render import (HEALTH_HTTP_SERVICE, HEALTH_HTTP_SOCKET, 
 from qwen27b.plan.lifecycle import RECORD_NAME, Record, record_text, release_record_file
 
 from ._common import ROLLBACK_DIR, api_key, note, prune_dirs, remember_kept, remember_previous, restart_needed
-from ._common import release_dir, started
-from .vllm import engine_wheel
-from .weights import model_dir
+from ._common import engine_wheel, model_dir, release_dir, started
 
 
 def _will_change(rendered: dict, targets) -> bool:

@@ -40,7 +40,7 @@ from qwen27b.controller.operations import push_files, secret_file, symlink_switc
 from qwen27b.plan.checkpoint import load_shape
 from qwen27b.plan.stack import checkpoint_metadata_dir, revision_dir_name
 
-from ._common import release_venv
+from ._common import model_dir, release_venv
 from ._common import fetch_prefix, needs_restart, note, prune_dirs, remember_previous, url_word
 
 HUB_MANIFEST = "qwen27b-manifest.sha256"  # written after a hub download: what later runs verify
@@ -48,10 +48,6 @@ HUB_MANIFEST = "qwen27b-manifest.sha256"  # written after a hub download: what l
 
 def safe_name(entry: dict) -> str:
     return revision_dir_name(entry)
-
-
-def model_dir(decision: Decision, entry: dict) -> str:
-    return f"{decision.stack.paths['models']}/{safe_name(entry)}"
 
 
 def hub_download_command(prefix: str, venv: str, entry: dict, target: str, token_path: str | None = None) -> str:

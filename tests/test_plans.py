@@ -74,7 +74,7 @@ def onhost_digests(text: str) -> str:
     """Each on-host source file's sha256 (the one it must be shipped with) as <sha256 NAME>, so a
     golden holds the check, not the digest of today's code; a wrong digest stays and fails."""
     from qwen27b.controller.artifacts import source_manifest
-    from roles.vllm import ONHOST_SOURCE
+    from roles._common import ONHOST_SOURCE
     for name, digest in source_manifest(ONHOST_SOURCE).items():
         text = text.replace(digest, f"<sha256 {name}>")
     return text
