@@ -177,9 +177,10 @@ def converged_plan_with_dirs(tmp_path, directory: str, listing: list[str], recor
         "import re\n"
         "from inventory.recorded import _fake\n"
         "from qwen27b.controller.host_facts import ReleaseRecords\n"
+        "from tests.support.recorded import fake_match\n"
         "name, data = _fake('v100x4-converged')\n"
         f"data['fake_responses'][{directory + ' -mindepth 1 -maxdepth 1 -type d'!r}] = {listing!r}\n"
-        + (f"data['fake_responses'] = {{ReleaseRecords.fake_match: [{records!r}], **data['fake_responses']}}\n"
+        + (f"data['fake_responses'] = {{fake_match(ReleaseRecords): [{records!r}], **data['fake_responses']}}\n"
            if records else "")
         + "hosts = [(name, data)]\n")
     result = run_pyinfra(str(inventory), "deploy.py", "--dry", "-y")

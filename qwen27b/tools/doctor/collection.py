@@ -53,7 +53,7 @@ print(json.dumps(out))
 
 
 def fact_commands(paths: dict) -> dict[str, tuple[type, str]]:
-    """Snapshot key (the fact's recorded_as, as in tests/fixtures/hosts/) -> (fact class, command)."""
+    """Snapshot key (F.SNAPSHOT_NAMES, as in tests/fixtures/hosts/) -> (fact class, command)."""
     out = {}
     for cls in F.ALL_FACTS:
         fact = cls()
@@ -61,7 +61,7 @@ def fact_commands(paths: dict) -> dict[str, tuple[type, str]]:
         needs = fact.requires_command() if callable(getattr(fact, "requires_command", None)) else None
         if needs:  # FactBase's default answers None
             command = remote.guard(needs, command)  # what pyinfra runs for a fact with requires_command
-        out[cls.recorded_as] = (cls, command)
+        out[F.SNAPSHOT_NAMES[cls]] = (cls, command)
     return out
 
 
@@ -127,7 +127,7 @@ def _metrics_command(url: str, secrets_file: str | None) -> str:
             f"curl -s -g -m 10 -K - {shlex.quote(url)}; else {plain}; fi; true")
 
 
-FACT_KEYS = frozenset(cls.recorded_as for cls in F.ALL_FACTS)
+FACT_KEYS = frozenset(F.SNAPSHOT_NAMES[cls] for cls in F.ALL_FACTS)
 
 
 def script(cmds: dict[str, str], nonce: str) -> str:
