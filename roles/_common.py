@@ -21,18 +21,19 @@ from pyinfra.operations import apt, server, systemd
 from qwen27b import onhost
 from qwen27b.controller import runstate
 from qwen27b.controller.artifacts import cache_root, dir_manifest
-from qwen27b.controller.render import RAY_UNIT, UNIT_DIR
+from qwen27b.controller.render import RAY_UNIT
+from qwen27b.plan.hostlayout import HostLayout
 from qwen27b.plan.distname import normalize
 from qwen27b.plan.gate import Decision
 from qwen27b.controller.host_facts import ReleaseRecords, ServiceUser, Subdirectories
 from qwen27b.onhost.secretfile import load_secret
 from qwen27b.plan.hostdata import Settings, url_has_password
 from qwen27b.plan.lifecycle import parse_record, release_record_file, rollback_dir, stale_dirs
-from qwen27b.plan.stack import load_stack, revision_dir_name
+from qwen27b.plan.stack import load_stack
 
 ONHOST_SOURCE = Path(onhost.__file__).parent  # the on-host package the vllm and gateway roles send
-RAY_UNIT_FILE = f"{UNIT_DIR}/{RAY_UNIT}"  # the multinode role's unit; preflight looks for a stale one
-ROLLBACK_DIR = "/etc/qwen27b/rollback"  # the running release's unit, env and record (lifecycle.rollback_dir)
+RAY_UNIT_FILE = HostLayout.unit_file(RAY_UNIT)  # the multinode role's unit; preflight looks for a stale one
+ROLLBACK_DIR = HostLayout.of(load_stack()["paths"]).rollback_dir  # the running release's unit, env and record
 
 
 def dry_run() -> bool:
@@ -68,7 +69,7 @@ URL_VARS = {"python_mirror": "QWEN27B_PYTHON_MIRROR", "wheel_mirror": "QWEN27B_W
 
 
 def url_env_file(decision: Decision) -> str:
-    return f"{decision.stack.paths['config']}/urls.env"
+    return decision.stack.layout.url_env_file
 
 
 def secret_urls(settings: Settings) -> dict[str, str]:
@@ -208,16 +209,16 @@ def check(function):
 
 
 def release_dir(decision: Decision) -> str:
-    return f"{decision.stack.paths['releases']}/{decision.stack.stack_hash}"
+    return decision.stack.layout.release_dir(decision.stack.stack_hash)
 
 
 def release_venv(decision: Decision) -> str:
-    return f"{release_dir(decision)}/venv"
+    return decision.stack.layout.release_venv(decision.stack.stack_hash)
 
 
 def model_dir(decision: Decision, entry: dict) -> str:
     """A model's versioned directory on the host (the weights role fills it, the service role links it)."""
-    return f"{decision.stack.paths['models']}/{revision_dir_name(entry)}"
+    return decision.stack.layout.model_dir(entry)
 
 
 def wheelhouse_dir(decision: Decision) -> Path:
@@ -246,7 +247,7 @@ def engine_wheel(decision: Decision) -> tuple:
 
 def uv_on_host(decision: Decision) -> str:
     """Where the uv binary is on the host (the vllm role installs with it; uv's Python route needs it)."""
-    return f"{decision.stack.paths['bin']}/uv"
+    return decision.stack.layout.uv
 
 
 def apt_lock_timeout() -> int:

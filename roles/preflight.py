@@ -397,7 +397,7 @@ def carried(decision: Decision) -> Decision:
     except ValueError:
         return decision  # pruning and the rollback name an unreadable record
     if record is None or record.model_ref != f"{model['id']}@{model['revision']}" \
-            or record.links.get(paths["current_release"]) != release_dir(decision):
+            or record.links.get(decision.stack.layout.current_release) != release_dir(decision):
         return decision
     serve, why = retry.carry_over(decision.stack, decision.serve, decision.draft_path, record.flags,
                                   record.attempts)

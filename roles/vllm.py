@@ -62,7 +62,7 @@ def _install_commands(decision: Decision, venv: str, uv: str) -> tuple[str, list
     target = f"{uv} pip install --python {shlex.quote(venv + '/bin/python')} --no-config --compile-bytecode"
     local = wheelhouse_dir(decision)
     if local.is_dir() and any(local.glob("*.whl")):
-        dest = f"{decision.stack.paths['wheelhouse']}/{local.name}"  # hostdata allow-listed the name
+        dest = f"{decision.stack.layout.wheelhouse}/{local.name}"  # hostdata allow-listed the name
         manifest = dir_manifest(local)
         push = push_files(name="push the wheelhouse (fetched once on the controller)", src_dir=str(local),
                           dest_dir=dest, manifest=manifest)
