@@ -19,19 +19,18 @@ from pyinfra.operations import files, server, systemd
 
 from qwen27b.plan.gate import Decision
 from qwen27b.plan.hostdata import http_base
+from qwen27b.plan.hostlayout import HostLayout
 from qwen27b.controller import factcache, runstate
 from qwen27b.controller.host_facts import SecretFileState, Subdirectories, SymlinkTarget
 from qwen27b.controller.operations import secret_file, symlink_switch
 from qwen27b.controller.render import (HEALTH_HTTP_SERVICE, HEALTH_HTTP_SOCKET, HEALTH_TIMER, HEALTH_UNIT, INSTANCE_UNIT,
-                                       RESTART_COMMAND, SERVICE_UNIT, UNIT_DIR, instance_files, instance_unit, layout,
+                                       RESTART_COMMAND, SERVICE_UNIT, instance_files, instance_unit, layout,
                                        render_all, render_instances, serving_files)
 
 from qwen27b.plan.lifecycle import RECORD_NAME, Record, record_text, release_record_file
 
 from ._common import ROLLBACK_DIR, api_key, note, prune_dirs, remember_kept, remember_previous, restart_needed
-from ._common import release_dir, started
-from .vllm import engine_wheel
-from .weights import model_dir
+from ._common import engine_wheel, model_dir, release_dir, started
 
 
 def _will_change(rendered: dict, targets) -> bool:
@@ -59,18 +58,18 @@ def service(decision: Decision) -> None:
     rendered = render_all(decision)
     targets = [
         ("qwen27b.env.j2", where["env_file"]),
-        ("qwen27b.service.j2", f"{UNIT_DIR}/{SERVICE_UNIT}"),
-        ("qwen27b-health.service.j2", f"{UNIT_DIR}/{HEALTH_UNIT}"),
-        ("qwen27b-health.timer.j2", f"{UNIT_DIR}/{HEALTH_TIMER}"),
-        ("qwen27b-health-http.socket.j2", f"{UNIT_DIR}/{HEALTH_HTTP_SOCKET}"),
-        ("qwen27b-health-http@.service.j2", f"{UNIT_DIR}/{HEALTH_HTTP_SERVICE}"),
+        ("qwen27b.service.j2", HostLayout.unit_file(SERVICE_UNIT)),
+        ("qwen27b-health.service.j2", HostLayout.unit_file(HEALTH_UNIT)),
+        ("qwen27b-health.timer.j2", HostLayout.unit_file(HEALTH_TIMER)),
+        ("qwen27b-health-http.socket.j2", HostLayout.unit_file(HEALTH_HTTP_SOCKET)),
+        ("qwen27b-health-http@.service.j2", HostLayout.unit_file(HEALTH_HTTP_SERVICE)),
     ]
     units = len(targets) - 1  # every target but the env file is a unit file
     kept = serving_files(decision.stack.paths)  # env, unit (targets[:2]) and the record: what a rollback restores
     factcache.prefetch([read for _, dest in targets for read in factcache.put_reads(dest, create_remote_dir=False)]
                        + factcache.put_reads(release_record_file(decision.stack.paths), create_remote_dir=False)
-                       + [(SymlinkTarget, {"path": decision.stack.paths["current_release"]}),
-                          (Subdirectories, {"path": decision.stack.paths["releases"]})]
+                       + [(SymlinkTarget, {"path": decision.stack.layout.current_release}),
+                          (Subdirectories, {"path": decision.stack.layout.releases})]
                        + ([(SecretFileState, {"path": where["secrets_file"]})] if decision.settings.api_key_file else [])
                        + factcache.service_reads(SERVICE_UNIT) + factcache.service_reads(HEALTH_TIMER)
                        + factcache.service_reads(HEALTH_HTTP_SOCKET))
@@ -81,7 +80,7 @@ def service(decision: Decision) -> None:
     switching = any(now not in (None, record.links[link]) for link, now in running.items())
     if (switching or _will_change(rendered, targets[:2])) and all(host.get_fact(Sha1File, path=dest) for dest in kept[:2]):
         keep_running_release(kept, record_file, Record({link: now for link, now in running.items() if now}))
-    # create_remote_dir=False: /etc/systemd/system is systemd's and the config dir the toolchain
+    # create_remote_dir=False: the unit dir (HostLayout.unit_file) is systemd's and the config dir the toolchain
     # role's; pyinfra's own check of the parent dir cost two remote commands per file per run
     written = [
         files.put(name=f"render {dest}", src=StringIO(rendered[template]), dest=dest, user="root", group="root",
@@ -98,12 +97,12 @@ def service(decision: Decision) -> None:
         # new key and, on rotation, the old one
         written.append(secret_file(name="API key env file (0600)", dest=where["secrets_file"],
                                    content=f"VLLM_API_KEY={api_key(decision)}\n"))
-    current = decision.stack.paths["current_release"]
+    current = decision.stack.layout.current_release
     previous = host.get_fact(SymlinkTarget, path=current)
     if previous != release_dir(decision):
         remember_previous(current, previous)
     release = symlink_switch(name="activate the release (current symlink)", link=current, target=release_dir(decision))
-    prune_dirs("prune old releases", decision.stack.paths, decision.stack.paths["releases"], release_dir(decision), previous,
+    prune_dirs("prune old releases", decision.stack.paths, decision.stack.layout.releases, release_dir(decision), previous,
                decision.settings.keep_releases)
     if any(op.will_change for op in written[1:1 + units]):
         systemd.daemon_reload(name="systemd daemon-reload (a unit file changed)")
@@ -118,8 +117,8 @@ def service(decision: Decision) -> None:
 def release_record(decision: Decision, attempts: tuple = ()) -> Record:
     """What this deploy makes the host run (qwen27b.plan.lifecycle): every symlink's target and how
     verify reaches the service. Written to the host, so a later rollback knows it without this run."""
-    serve, model, paths = decision.serve, decision.stack.model, decision.stack.paths
-    links = {paths["current_release"]: release_dir(decision), decision.model_path: model_dir(decision, model)}
+    serve, model = decision.serve, decision.stack.model
+    links = {decision.stack.layout.current_release: release_dir(decision), decision.model_path: model_dir(decision, model)}
     if decision.draft_path:
         links[decision.draft_path] = model_dir(decision, decision.stack.draft)
     return Record(links, model_ref=f"{model['id']}@{model['revision']}",
@@ -167,21 +166,21 @@ def service_copies(decision: Decision) -> None:
     changed. A host that served one copy before gets qwen27b.service and its health units stopped
     and removed first (the copies need its GPUs and port). The health timer and endpoint watch one
     service: they are not installed for copies (docs/lifecycle.md)."""
-    paths = decision.stack.paths
+    paths, at = decision.stack.paths, decision.stack.layout
     note_lab_key(decision)
     rendered = render_instances(decision)
-    unit_file = f"{UNIT_DIR}/{INSTANCE_UNIT}"
+    unit_file = HostLayout.unit_file(INSTANCE_UNIT)
     targets = [(INSTANCE_UNIT, unit_file)] + [(f"{i.name}.env", instance_files(paths, i.name)["env_file"])
                                              for i, _ in decision.copies]
     keys = {i.name: instance_files(paths, i.name)["secrets_file"] for i, copy in decision.copies if copy.settings.api_key_file}
-    single = [f"{UNIT_DIR}/{unit}" for unit in SINGLE_UNITS + (HEALTH_UNIT, HEALTH_HTTP_SERVICE)]
+    single = [HostLayout.unit_file(unit) for unit in SINGLE_UNITS + (HEALTH_UNIT, HEALTH_HTTP_SERVICE)]
     factcache.prefetch([read for _, dest in targets for read in factcache.put_reads(dest, create_remote_dir=False)]
                        + factcache.put_reads(release_record_file(paths), create_remote_dir=False)
-                       + [(SymlinkTarget, {"path": paths["current_release"]}), (Subdirectories, {"path": paths["releases"]})]
+                       + [(SymlinkTarget, {"path": at.current_release}), (Subdirectories, {"path": at.releases})]
                        + [(SecretFileState, {"path": dest}) for dest in keys.values()]
                        + [(Sha1File, {"path": path}) for path in single]
                        + [read for i, _ in decision.copies for read in factcache.service_reads(instance_unit(i.name))])
-    if host.get_fact(Sha1File, path=f"{UNIT_DIR}/{SERVICE_UNIT}"):
+    if host.get_fact(Sha1File, path=HostLayout.unit_file(SERVICE_UNIT)):
         server.shell(name=f"stop and remove {SERVICE_UNIT} and its health units (the host now serves copies)",
                      commands=[f"systemctl disable --now {' '.join(SINGLE_UNITS)}",
                                "rm -f " + " ".join(path for path in single)])
@@ -195,12 +194,12 @@ def service_copies(decision: Decision) -> None:
             written[instance.name] = secret_file(name=f"API key env file of copy {instance.name} (0600)",
                                                  dest=keys[instance.name],
                                                  content=f"VLLM_API_KEY={api_key(copy)}\n")
-    current = paths["current_release"]
+    current = at.current_release
     previous = host.get_fact(SymlinkTarget, path=current)
     if previous != release_dir(decision):
         remember_previous(current, previous)
     release = symlink_switch(name="activate the release (current symlink)", link=current, target=release_dir(decision))
-    prune_dirs("prune old releases", paths, paths["releases"], release_dir(decision), previous,
+    prune_dirs("prune old releases", paths, at.releases, release_dir(decision), previous,
                decision.settings.keep_releases)
     if written[INSTANCE_UNIT].will_change:
         systemd.daemon_reload(name="systemd daemon-reload (a unit file changed)")

@@ -29,7 +29,8 @@ from qwen27b.onhost.contract import RESTART_LOOP_FINDING, UNIT_PROPERTIES, crash
 from qwen27b.onhost.unit import journal_tail_command, parse_show, show_command
 from qwen27b.plan.gate import Decision
 from qwen27b.plan.hostdata import http_base
-from qwen27b.controller.render import (HEALTH_UNIT, RESTART_COMMAND, SERVICE_UNIT, UNIT_DIR, instance_unit, layout,
+from qwen27b.plan.hostlayout import HostLayout
+from qwen27b.controller.render import (HEALTH_UNIT, RESTART_COMMAND, SERVICE_UNIT, instance_unit, layout,
                                        render_all)
 from qwen27b.plan import retry
 from qwen27b.plan.lifecycle import parse_record, record_text, release_record_file
@@ -272,7 +273,7 @@ def _measured(result: V.HostResult) -> dict:
 def restart_with(decision: Decision) -> str | None:
     """The unit re-rendered with this decision's flags, written, reloaded, restarted; the first
     failure, or None. (Only the unit holds the flags; its ExecStartPost and the rest are as planned.)"""
-    unit_file = f"{UNIT_DIR}/{SERVICE_UNIT}"
+    unit_file = HostLayout.unit_file(SERVICE_UNIT)
     ok, output = on_host(host, f"cat > {unit_file}.retry && mv -f {unit_file}.retry {unit_file}",
                          _stdin=render_all(decision)["qwen27b.service.j2"])
     if not ok:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from pyinfra.api.exceptions import FactProcessError
 
 from qwen27b.controller import facts as F
-from qwen27b.controller.facts import ALL_FACTS
+from qwen27b.controller.facts import ALL_FACTS, SNAPSHOT_NAMES
 from qwen27b.plan import driverbuild as D
 from qwen27b.plan import gpufacts_parse as G
 from qwen27b.plan import occupants as O
@@ -292,7 +292,7 @@ def _parse_or_error(fact, output):
 def _recorded_outputs():
     outputs = []
     for fact in ALL_FACTS:
-        for recorded in sorted(HOSTS.glob(f"*/{fact.recorded_as}")):
+        for recorded in sorted(HOSTS.glob(f"*/{SNAPSHOT_NAMES[fact]}")):
             lines = recorded.read_text(encoding="utf-8").splitlines()
             if lines and lines != [NOCMD]:
                 outputs.append((fact, lines))

@@ -74,7 +74,7 @@ def onhost_digests(text: str) -> str:
     """Each on-host source file's sha256 (the one it must be shipped with) as <sha256 NAME>, so a
     golden holds the check, not the digest of today's code; a wrong digest stays and fails."""
     from qwen27b.controller.artifacts import source_manifest
-    from roles.vllm import ONHOST_SOURCE
+    from roles._common import ONHOST_SOURCE
     for name, digest in source_manifest(ONHOST_SOURCE).items():
         text = text.replace(digest, f"<sha256 {name}>")
     return text
@@ -177,9 +177,10 @@ def converged_plan_with_dirs(tmp_path, directory: str, listing: list[str], recor
         "import re\n"
         "from inventory.recorded import _fake\n"
         "from qwen27b.controller.host_facts import ReleaseRecords\n"
+        "from tests.support.recorded import fake_match\n"
         "name, data = _fake('v100x4-converged')\n"
         f"data['fake_responses'][{directory + ' -mindepth 1 -maxdepth 1 -type d'!r}] = {listing!r}\n"
-        + (f"data['fake_responses'] = {{ReleaseRecords.fake_match: [{records!r}], **data['fake_responses']}}\n"
+        + (f"data['fake_responses'] = {{fake_match(ReleaseRecords): [{records!r}], **data['fake_responses']}}\n"
            if records else "")
         + "hosts = [(name, data)]\n")
     result = run_pyinfra(str(inventory), "deploy.py", "--dry", "-y")

@@ -12,12 +12,12 @@ from qwen27b.controller.render import SANDBOX, render
 from qwen27b.onhost.contract import GATEWAY_UNIT, POOL_UNIT
 from qwen27b.onhost.secretfile import load_secret
 from qwen27b.plan.gateway import GatewayPlan
+from qwen27b.plan.hostlayout import HostLayout
 from qwen27b.plan.hostdata import SECRET_NAMES
 
 CONFIG_DIR = "/etc/qwen27b-gateway"
 STATE_DIR = "/var/lib/qwen27b-gateway"
 LIB_DIR = "/opt/qwen27b-gateway/lib"
-UNIT_DIR = "/etc/systemd/system"
 USER = "qwen27b-gateway"  # nginx's workers; the master stays root to bind and read the keys
 NGINX = "/usr/sbin/nginx"
 PYTHON = "/usr/bin/python3"
@@ -70,8 +70,8 @@ def layout(prefix: str = "") -> dict[str, str]:
         "temp_dir": f"{STATE_DIR}/tmp",
         "drain_dir": f"{STATE_DIR}/drained",
         "lib_dir": LIB_DIR,
-        "gateway_unit": f"{UNIT_DIR}/{GATEWAY_UNIT}",
-        "pool_unit": f"{UNIT_DIR}/{POOL_UNIT}",
+        "gateway_unit": HostLayout.unit_file(GATEWAY_UNIT),
+        "pool_unit": HostLayout.unit_file(POOL_UNIT),
     }.items()}
 
 

@@ -18,11 +18,9 @@ from qwen27b.onhost.contract import (FIREWALL_UNIT, HEALTH_HTTP_SOCKET, HEALTH_H
                                      QUIET_ENV, SPECULATIVE_ENV, RAY_UNIT, SERVICE_UNIT, STALL_AFTER_ENV, TEXTFILE_DIR,
                                      lib_dir, module_argv)
 from qwen27b.plan.hostdata import NODE_EXPORTER_PORT, NODE_EXPORTER_UNIT, http_base
-from qwen27b.plan.lifecycle import release_record_file
-from qwen27b.plan.stack import api_key_env_file, health_status_file
+from qwen27b.plan.hostlayout import UNIT_DIR, HostLayout
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
-UNIT_DIR = "/etc/systemd/system"
 HEALTH_HTTP_SERVICE = HEALTH_HTTP_TEMPLATE
 _SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 
@@ -152,24 +150,25 @@ def unit_text(value: str) -> str:
 
 def layout(decision: Decision, prefix: str = "") -> dict:
     """Host paths (prefix lets tests render into a scratch root)."""
-    paths = decision.stack.paths
+    at = decision.stack.layout
     return {
-        "root": prefix + paths["root"],
-        "venv": prefix + paths["current_release"] + "/venv",
-        "state_dir": prefix + paths["state"],
-        "cache_dir": prefix + paths["cache"],
-        "config_dir": prefix + paths["config"],
-        "env_file": prefix + paths["config"] + "/qwen27b.env",
-        "secrets_file": prefix + api_key_env_file(paths),
-        "health_status": prefix + health_status_file(paths),
-        "restart_request": prefix + paths["state"] + "/health-restart.request",
+        "root": prefix + at.root,
+        "venv": prefix + at.current_venv,
+        "state_dir": prefix + at.state,
+        "cache_dir": prefix + at.cache,
+        "config_dir": prefix + at.config,
+        "env_file": prefix + at.env_file,
+        "secrets_file": prefix + at.api_key_env_file,
+        "health_status": prefix + at.health_status,
+        "restart_request": prefix + at.restart_request,
     }
 
 
 def serving_files(paths: dict) -> list[str]:
     """The files a release runs by besides its symlinks: the env file, the main unit and the release
     record (qwen27b.plan.lifecycle). Kept aside before a deploy replaces them, restored on rollback."""
-    return [paths["config"] + "/qwen27b.env", f"{UNIT_DIR}/{SERVICE_UNIT}", release_record_file(paths)]
+    at = HostLayout.of(paths)
+    return [at.env_file, at.unit_file(SERVICE_UNIT), at.release_record]
 
 
 def hardening(decision: Decision, where: dict, base=COMMON_HARDENING) -> list[tuple[str, str]]:
@@ -281,7 +280,7 @@ def contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
         "model_ref": unit_text(f"{model['id']}@{model['revision']}"),
         "profile": unit_text(decision.profile),
         "after": ["network-online.target"] + (["nvidia-persistenced.service"] if decision.gpus else []),
-        "user": decision.stack.paths["service_user"],
+        "user": decision.stack.layout.service_user,
         "exec_start": exec_start,
         # `systemctl start` returns once /health answers and a warm-up completion came back, so start-up
         # failures show in the unit state, and fails as soon as the main process dies, not at the timeout
@@ -308,7 +307,7 @@ def contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
         "interval_s": s.health_interval_s,
         "first_check_s": 120,
         "timeout_s": 60,
-        "user": decision.stack.paths["service_user"],
+        "user": decision.stack.layout.service_user,
         "journal_group": JOURNAL_GROUP,
         "load_credential": f"{API_KEY_CREDENTIAL}:{where['secrets_file']}" if s.api_key_file else None,
         "restart_request": where["restart_request"],
@@ -368,7 +367,7 @@ def endpoint_context(decision: Decision, where: dict, address: str) -> dict:
         "max_connections": ENDPOINT_MAX_CONNECTIONS,
         "max_per_source": ENDPOINT_MAX_PER_SOURCE,
         "status_file": where["health_status"],
-        "user": decision.stack.paths["service_user"],
+        "user": decision.stack.layout.service_user,
         "pythonpath": lib_dir(where["venv"]),
         "exec": [systemd_quote(arg) for arg in argv],
         "runtime_max_s": ENDPOINT_RUNTIME_MAX_S,
@@ -426,7 +425,7 @@ def firewall_contexts(decision: Decision) -> dict[str, dict]:
         # connections (apt, pip, the hub) land on such ports too, so they pass first
         "established": ["ct state established,related accept"] if decision.group is not None else [],
         "firewall_unit": FIREWALL_UNIT,
-        "rules_file": decision.stack.paths["config"] + "/firewall.nft",
+        "rules_file": decision.stack.layout.firewall_rules,
     }
     return {"qwen27b-firewall.nft.j2": context, "qwen27b-firewall.service.j2": context}
 
@@ -498,7 +497,7 @@ def ray_context(decision: Decision, prefix: str = "") -> dict:
         "after": ["network-online.target"] + (["nvidia-persistenced.service"] if decision.gpus else []),
         "part_of": [SERVICE_UNIT] if head else [],
         "requires": [],
-        "user": decision.stack.paths["service_user"],
+        "user": decision.stack.layout.service_user,
         "exec_start": [systemd_quote(arg) for arg in argv],
         # a worker waits for its head (down, restarting, not deployed yet) as long as it takes
         "restart": "on-failure" if head else "always",
@@ -541,8 +540,8 @@ def instance_unit(name: str) -> str:
 
 def instance_files(paths: dict, name: str) -> dict[str, str]:
     """A copy's own files: its env file (GPUs, flags, URL) and its API key's 0600 env file."""
-    return {"env_file": f"{paths['config']}/qwen27b@{name}.env",
-            "secrets_file": f"{paths['config']}/qwen27b@{name}-api-key.env"}
+    at = HostLayout.of(paths)
+    return {"env_file": at.instance_env_file(name), "secrets_file": at.instance_api_key_env_file(name)}
 
 
 def instance_contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:

@@ -709,11 +709,10 @@ def _check_disk(host: str, facts: HostFacts, rs: ResolvedStack, settings: Settin
     free = facts.disk["free_bytes"]
     if free < need and not missing:
         return (f"only {free / GiB:.1f} GiB free on {facts.disk.get('mount')}: nothing to fetch ({', '.join(have)}), "
-                f"but vLLM's caches under {rs.paths['cache']} and the logs grow there; keep "
+                f"but vLLM's caches under {rs.layout.cache} and the logs grow there; keep "
                 f"{settings.min_free_disk_gib} GiB free (qwen27b_min_free_disk_gib)")
     if free < need:
-        paths = rs.paths
-        raise RefusedHost(host, f"too little disk on {facts.disk.get('mount')} for {paths['models']}: {free / GiB:.1f} GiB "
+        raise RefusedHost(host, f"too little disk on {facts.disk.get('mount')} for {rs.layout.models}: {free / GiB:.1f} GiB "
                           f"free, {need / GiB:.1f} GiB needed ({missing / GiB:.1f} GiB of weights still to fetch + "
                           f"{settings.min_free_disk_gib} GiB headroom"
                           + (f"; already on disk: {', '.join(have)}" if have else "") + ")",
@@ -794,9 +793,8 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
     if draft is not None and draft.quant_method:
         refusals.append(RefusedHost(host, f"the DFlash2 draft {rs.draft['id']} is quantized ({draft.quant_method}): "
                                     f"{rs.source_text('dflash-dense-head')}", "use the fp16/bf16 draft checkpoint"))
-    paths = rs.paths
-    model_path = paths["current_model"]
-    draft_path = f"{paths['models']}/draft" if draft else None
+    model_path = rs.layout.current_model
+    draft_path = rs.layout.draft_link if draft else None
     ram = facts.memory.get("available_bytes") if facts.memory else None
     pins = dict(settings.serve_flags or {})
     if settings.tensor_parallel_size:

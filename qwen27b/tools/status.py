@@ -42,10 +42,11 @@ from qwen27b.controller.gateway_render import GATEWAY_UNIT, layout as gateway_la
 from qwen27b.controller.report import table
 from qwen27b.onhost.contract import SERVICE_UNIT
 from qwen27b.onhost.unit import parse_show, show_command
-from qwen27b.plan.stack import health_status_file, load_stack
+from qwen27b.plan.hostlayout import HostLayout
+from qwen27b.plan.stack import load_stack
 
 UNIT = SERVICE_UNIT
-SERVICE_UNIT_FILE = f"/etc/systemd/system/{UNIT}"
+SERVICE_UNIT_FILE = HostLayout.unit_file(UNIT)
 SPEC_FLAG = re.compile(r"--speculative-config\s+'?(\{[^']*\})")
 UNIT_PROPS = ("LoadState", "ActiveState", "SubState", "NRestarts")
 HEALTH_MAX_BYTES = 262144  # the status file is a few KiB (20 verdicts of history); bound what we read
@@ -53,13 +54,13 @@ HEALTH_MAX_BYTES = 262144  # the status file is a few KiB (20 verdicts of histor
 
 def commands(paths: dict) -> dict[str, str]:
     """Section key -> read-only shell command. Every path is shell-quoted."""
-    q = shlex.quote
+    q, at = shlex.quote, HostLayout.of(paths)
     return {
         "now": "date +%s",
         "unit": remote.guard("systemctl", show_command(UNIT, UNIT_PROPS)),
-        "health": f"head -c {HEALTH_MAX_BYTES} {q(health_status_file(paths))}",
-        "release": f"readlink {q(paths['current_release'])}",
-        "model": f"readlink {q(paths['current_model'])}",
+        "health": f"head -c {HEALTH_MAX_BYTES} {q(at.health_status)}",
+        "release": f"readlink {q(at.current_release)}",
+        "model": f"readlink {q(at.current_model)}",
         # the engine flags the unit was rendered with: the speculative method in use and the agent parsers
         "engine": f"grep -h -e --speculative-config -e --reasoning-parser {q(SERVICE_UNIT_FILE)}",
         "gpus": remote.guard("nvidia-smi", "timeout 20 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader"),
@@ -240,7 +241,7 @@ def parse(host: str, outputs: dict[str, str], codes: dict[str, int], paths: dict
         now = controller_now  # the host's clock when it gave it: ages are not skewed by ours
     _parse_unit(row, outputs.get("unit"), codes.get("unit"))
     _parse_health(row, outputs.get("health"), codes.get("health"), now)
-    _parse_release(row, outputs.get("release"), codes.get("release"), paths["releases"])
+    _parse_release(row, outputs.get("release"), codes.get("release"), HostLayout.of(paths).releases)
     _parse_model(row, outputs.get("model"), codes.get("model"))
     _parse_gpus(row, outputs.get("gpus"), codes.get("gpus"))
     _parse_engine(row, outputs.get("engine"), codes.get("engine"))
