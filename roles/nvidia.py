@@ -108,9 +108,11 @@ def gpu_power(decision: Decision) -> None:
     why = ([f"persistence mode off on GPU(s) {', '.join(map(str, off))}"] if off else []) + (
         [f"power limit not as planned on GPU(s) {', '.join(map(str, drift))}"] if drift else [])
     rerun = not waits and (unit.will_change or bool(why))
-    systemd.service(name=f"{GPU_POWER_UNIT} enabled" + ("" if waits else " and run")
-                    + (f" again ({'; '.join(why)})" if why and not waits else ""), service=GPU_POWER_UNIT,
-                    running=not waits, restarted=rerun, enabled=True)
+    if why and not waits:
+        note(f"nvidia: {GPU_POWER_UNIT} runs again: {'; '.join(why)}", always=True)
+    # one name on every host: pyinfra joins the names one operation gets on different hosts
+    systemd.service(name=f"{GPU_POWER_UNIT} enabled (run when it changed or the GPUs drifted from it)",
+                    service=GPU_POWER_UNIT, running=not waits, restarted=rerun, enabled=True)
     if decision.power.ecc_on:
         note(f"nvidia: ECC turned on for GPU(s) {', '.join(map(str, decision.power.ecc_on))} (qwen27b_ecc: on): it takes "
              "effect after a reboot, which this deploy does not do: `sudo systemctl reboot`", always=True)

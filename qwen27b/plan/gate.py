@@ -771,7 +771,7 @@ def _power_choices(facts: HostFacts, power) -> list[Choice]:
         found = sorted({f"{w['power_limit_w']:.0f} W" for w in wear.values() if w.get("power_limit_w") is not None})
         out.append(Choice("power", f"as found ({', '.join(found) or 'not read'})",
                           "no qwen27b_power_limit_w: a used card on a marginal PSU falls off the bus at full draw; "
-                          "cap it (e.g. 275 W on a V100) [1cat-pr431-psu]", "skip"))
+                          "cap it (e.g. 275 W on a V100) [used-v100-psu]", "skip"))
     ecc_off = [w["index"] for w in wear.values() if w.get("ecc_enabled") is False]
     if power.ecc_on:
         pending = [i for i in power.ecc_on if (wear.get(i) or {}).get("ecc_pending")]
