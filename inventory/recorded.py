@@ -80,5 +80,5 @@ recorded_hosts = [
     _fake("v100x4-wear-warn"),
     _fake("v100x2-pcie-worn"),
     _fake("v100x4-converged-nopm"),
-    _fake("v100x4-power-cap", "v100x4-converged", qwen27b_power_limit_w=275, qwen27b_ecc="on"),
+    _fake("v100x4-power-cap", "v100x4-converged-nopm", qwen27b_power_limit_w={1: 250, 3: 275}, qwen27b_ecc="on"),
 ]
