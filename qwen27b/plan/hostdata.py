@@ -221,6 +221,7 @@ def _check_type(host: str, key: str, name: str, value: Any) -> None:
     if not ok:
         kind = " or ".join(t.__name__ for t in wanted)
         example = {"int": "8000", "str": '"text"', "bool": "True", "dict": "{...}", "list": "[0, 1]"}[wanted[0].__name__]
+        example = EXAMPLES.get(name, example)
         raise BadHostData(host, key, f"expected {kind}, got {type(value).__name__} {value!r}", f"write it as {example}")
 
 
@@ -358,7 +359,8 @@ def open_to_all(s: Settings) -> list[str]:
     return out
 
 
-POWER_RANGE_W = (50, 1000)  # past any card's range either way; each card's own range is checked by the gate
+POWER_RANGE_W = (50, 1000)
+EXAMPLES = {"power_limit_w": "275 (watts for every GPU) or {0: 275, 1: 250}", "ecc": '"on"'}  # past any card's range either way; each card's own range is checked by the gate
 
 
 def _check_power(host: str, s: Settings) -> None:
