@@ -372,7 +372,8 @@ def _check_power(host: str, s: Settings) -> None:
         if not per_gpu:
             raise BadHostData(host, key, "is an empty mapping", "leave it out, or give {GPU index: watts}, e.g. {0: 275}")
         for gpu, watts in per_gpu.items():
-            if gpu != "*" and not (isinstance(gpu, int) and not isinstance(gpu, bool) and gpu >= 0):
+            if gpu != "*" and not (isinstance(gpu, int) and not isinstance(gpu, bool) and gpu >= 0
+                                   or isinstance(gpu, str) and gpu.isascii() and gpu.isdigit()):
                 raise BadHostData(host, key, f"{gpu!r} is not a GPU index", "key it by nvidia-smi's index, e.g. {0: 275}")
             if isinstance(watts, bool) or not isinstance(watts, int) or not low <= watts <= high:
                 raise BadHostData(host, key, f"{watts!r} is not whole watts in {low}-{high}",
