@@ -75,6 +75,8 @@ def test_all_hosts_present():
         "mixed-3090-v100x2",
         "v100x2-mixed", "v100x2-r470-held", "v100x4-dkms-failed", "v100x4-newer-kernel",
         "v100x2-old-vllm", "v100x1-pg500", "v100x2-cuda-drivers",
+        # issue 27: worn cards
+        "v100x4-wear-xid79", "v100x4-wear-warn", "v100x2-pcie-worn", "v100x4-converged-nopm",
     }  # fmt: skip
 
 
@@ -202,6 +204,11 @@ EXPECTED = {
     "v100x2-cuda-drivers": dict(os=("ubuntu", "22.04"), pci=["1db6"] * 2, smi=2, module=("proprietary", "570.195.03"),
                                 packages={"cuda-drivers", "nvidia-driver-570", "cuda-toolkit-12-8"}, held=[]),
     "v100x1-pg500": dict(os=("ubuntu", "22.04"), pci=["1df0"], smi=0, module=None, nouveau=True),
+    # issue 27: worn cards (v100x4-converged's or v100x2-pcie's facts, their wear and Xids edited)
+    "v100x4-wear-xid79": dict(os=("ubuntu", "22.04"), pci=["1db5"] * 4, smi=4, xid=[79, 79]),
+    "v100x4-wear-warn": dict(os=("ubuntu", "22.04"), pci=["1db5"] * 4, smi=4, xid=[48]),
+    "v100x2-pcie-worn": dict(os=("ubuntu", "22.04"), pci=["1db6"] * 2, smi=2, xid=[48, 63, 79, 79]),
+    "v100x4-converged-nopm": dict(os=("ubuntu", "22.04"), pci=["1db5"] * 4, smi=4, xid=[]),
     "v100x4-newer-kernel": dict(os=("ubuntu", "22.04"), kernel="5.15.0-125-generic", pci=["1db5"] * 4, smi=0,
                                 module=None, packages=set()),
     # v100x4-converged's facts (links to them), converged as two copies (qwen27b_instances)

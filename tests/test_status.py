@@ -285,3 +285,20 @@ def test_the_speculative_method_and_parsers_come_from_the_rendered_unit():
     status._parse_engine(row, "    --speculative-config '{\"method\":\"dflash\",\"model\":\"/m/draft\","
                               "\"num_speculative_tokens\":7}' \\\n", 0)
     assert row.speculative == "dflash2 k=7" and row.agent_parsers is False
+
+
+def test_power_persistence_ecc_and_a_fault_that_needs_a_reboot_are_shown():
+    """Issue 27: what qwen27b-gpu-power.service left (nvidia-smi's POWER_FIELDS rows) and the health
+    check's "needs" (a GPU fault it does not restart for) in the row."""
+    outputs, codes = remote.parse_script_output((RECORDED / "v100x4-crash-loop.txt").read_text(encoding="utf-8"), NONCE)
+    health = json.loads(outputs["health"])
+    outputs["health"] = json.dumps({**health, "needs": "reboot"})
+    outputs["power"] = "\n".join(["0, Enabled, 275.00, Enabled, Enabled", "1, Disabled, 275.00, Disabled, Enabled",
+                                  "2, Enabled, 275.00, Enabled, Enabled", "3, Enabled, 300.00, Enabled, Enabled"])
+    codes["power"] = 0
+    row = status.parse("h", outputs, codes, PATHS)
+    cells = status.cells(row)
+    assert cells[2].endswith(", needs a reboot (no restart)")
+    assert cells[5].endswith("; 275-300 W; persistence off on 1; ECC off on 1; ECC change pending a reboot on 1")
+    outputs["power"] = "/bin/sh: 1: nvidia-smi: not found"
+    assert status.power_cell(status.parse("h", outputs, {**codes, "power": 127}, PATHS)) == ""

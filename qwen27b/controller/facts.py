@@ -25,7 +25,7 @@ from qwen27b.plan.driverbuild import parse_driver_build, parse_installed_kernels
 from qwen27b.plan.occupants import parse_occupants
 from qwen27b.plan.gpufacts_parse import (P2P_MARKER, kernel_module_not_loaded, parse_gpu_topology, parse_nouveau_loaded,
                                          parse_nvidia_gpus, parse_nvidia_kernel_module, parse_nvidia_pci_devices,
-                                         parse_xid_errors)
+                                         parse_xid_errors, parse_gpu_wear, WEAR_FIELDS, WEAR_REMAP_MARKER)
 from qwen27b.plan.hostfacts_parse import (parse_disk_free, parse_glibc_version, parse_libstdcxx_version, parse_held_packages,
                                           parse_kernel_headers, parse_kernel_release, parse_memory_info, parse_models_on_disk,
                                           parse_nvidia_cuda_packages, parse_os_release, parse_python_versions,
@@ -119,6 +119,21 @@ class NvidiaGpus(_ParsedFact):
     requires = "nvidia-smi"
 
     empty = []
+
+
+class GpuWear(_ParsedFact):
+    """Each GPU's wear before it serves (issue 27): ECC counts (volatile: since the driver loaded;
+    aggregate: the card's life), retired pages and pending ones, persistence and ECC mode, the power
+    limit and its range, then row remapping where the GPU has it (plan/gpuwear.py judges them)."""
+
+    _command = (f"nvidia-smi --query-gpu={','.join(WEAR_FIELDS)} --format=csv,noheader,nounits 2>&1; "
+                f"echo '{WEAR_REMAP_MARKER}'; nvidia-smi --query-remapped-rows=gpu_bus_id,remapped_rows.correctable,"
+                "remapped_rows.uncorrectable,remapped_rows.pending,remapped_rows.failure --format=csv,noheader 2>&1; true")
+    parser = staticmethod(parse_gpu_wear)
+
+    requires = "nvidia-smi"
+
+    empty = None
 
 
 class GpuTopology(_ParsedFact):
@@ -374,6 +389,7 @@ ALL_FACTS: tuple[type[FactBase], ...] = (
     DriverBuild,
     InstalledKernels,
     Occupants,
+    GpuWear,
 )
 
 
@@ -401,4 +417,5 @@ SNAPSHOT_NAMES: dict[type[FactBase], str] = {
     DriverBuild: "driver-build.txt",
     InstalledKernels: "installed-kernels.txt",
     Occupants: "occupants.txt",
+    GpuWear: "nvidia-smi-wear.csv",
 }

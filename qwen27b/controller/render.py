@@ -576,3 +576,19 @@ def render_instances(decision: Decision, prefix: str = "") -> dict[str, str]:
     out = {INSTANCE_UNIT: render("qwen27b.service.j2", ctx.pop("qwen27b@.service.j2"))}
     out.update({name: render("qwen27b.env.j2", c) for name, c in ctx.items()})
     return out
+
+
+# ------------------------------------------------------------------ used cards (issue 27)
+
+GPU_POWER_UNIT = "qwen27b-gpu-power.service"
+GPU_POWER_TEMPLATE = "qwen27b-gpu-power.service.j2"
+NVIDIA_SMI = "/usr/bin/nvidia-smi"  # where the driver packages put it (nvidia-utils-<branch>)
+
+
+def gpu_power_unit(decision: Decision, prefix: str = "") -> str:
+    """The oneshot unit that turns persistence mode on and sets the planned power caps at boot
+    (gate.Decision.power: indices and watts are ints the gate checked against each card's range)."""
+    power = decision.power
+    limits = [(int(i), int(w)) for i, w in power.limits]
+    return render(GPU_POWER_TEMPLATE, {"service_unit": SERVICE_UNIT, "nvidia_smi": f"{prefix}{NVIDIA_SMI}",
+                                       "limits": limits, "ecc_on": [int(i) for i in power.ecc_on]})

@@ -35,6 +35,14 @@ XID_ADVICE = {
 }
 
 
+# A GPU fault a restart of the service cannot fix (issue 27): the health finding's "kind", its verdict's
+# "needs" and the qwen27b_health_needs gauge say which; the watchdog does not restart on either.
+NEEDS_REBOOT_FINDING = "needs_reboot"  # pending page retirement, uncorrected ECC: a reboot or a GPU reset fixes it
+NEEDS_HUMAN_FINDING = "needs_human"  # fallen off the bus, unreadable: power, seating, slot, the card itself
+NEEDS = {NEEDS_REBOOT_FINDING: "reboot", NEEDS_HUMAN_FINDING: "human"}
+XID_NEEDS = {48: NEEDS_REBOOT_FINDING, 95: NEEDS_REBOOT_FINDING, 79: NEEDS_HUMAN_FINDING}
+
+
 def xid_meaning(xid: int) -> str:
     """What an Xid is, in a few words (XID_ADVICE's sentence up to its first colon)."""
     advice = XID_ADVICE.get(xid)

@@ -62,6 +62,11 @@ def metrics_registry(s: dict, *, release: str | None, model_ref: str | None, sys
     if last is not None:
         gauge("qwen27b_health_last_restart_timestamp_seconds", "When the health watchdog last restarted the "
               "unit (Unix time)").set(last)
+    needs = gauge("qwen27b_health_needs", "1 for what a GPU fault needs that a restart cannot fix (reboot: "
+                  "pending page retirement, uncorrected ECC; human: off the bus, unreadable); the watchdog does not "
+                  "restart for it", ["what"])
+    for what in ("reboot", "human"):
+        needs.labels(what).set(1 if s.get("needs") == what else 0)
     gauge("qwen27b_service_up", "1 when vLLM's /health answered 200").set(1 if s.get("health_status") == 200 else 0)
     if s.get("latency_ms") is not None:
         gauge("qwen27b_health_latency_seconds", "Time /health took to answer").set(s["latency_ms"] / 1000)

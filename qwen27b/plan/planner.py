@@ -190,7 +190,8 @@ def choose_tp(gpus: list[Gpu], model: ModelShape, pinned: int | None) -> tuple[i
                               "use a TP size that divides the head counts (1, 2, 4, ...)")
         return pinned, "fits the GPUs and the model's heads"
     for tp in range(n, 0, -1):
-        if n % tp == 0 and _divides(tp, model):
+        # every GPU, or the largest TP the heads allow (3 GPUs, one left out as worn: TP 2, one idle)
+        if (n % tp == 0 or tp > 1) and _divides(tp, model):
             why = "decode is memory-bandwidth bound, so one TP group over every GPU multiplies bandwidth"
             if tp != n:
                 why += f"; {n} does not divide the model's heads, so {tp}"

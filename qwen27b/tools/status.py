@@ -49,6 +49,7 @@ UNIT = SERVICE_UNIT
 SERVICE_UNIT_FILE = HostLayout.unit_file(UNIT)
 SPEC_FLAG = re.compile(r"--speculative-config\s+'?(\{[^']*\})")
 UNIT_PROPS = ("LoadState", "ActiveState", "SubState", "NRestarts")
+POWER_FIELDS = "index,persistence_mode,power.limit,ecc.mode.current,ecc.mode.pending"
 HEALTH_MAX_BYTES = 262144  # the status file is a few KiB (20 verdicts of history); bound what we read
 
 
@@ -64,6 +65,8 @@ def commands(paths: dict) -> dict[str, str]:
         # the engine flags the unit was rendered with: the speculative method in use and the agent parsers
         "engine": f"grep -h -e --speculative-config -e --reasoning-parser {q(SERVICE_UNIT_FILE)}",
         "gpus": remote.guard("nvidia-smi", "timeout 20 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader"),
+        # persistence, power cap and ECC as qwen27b-gpu-power.service left them (issue 27)
+        "power": remote.guard("nvidia-smi", f"timeout 20 nvidia-smi --query-gpu={POWER_FIELDS} --format=csv,noheader,nounits"),
         # a gateway host (the qwen27b_gateway group) has these instead of the service and its health
         "gateway": remote.guard("systemctl", show_command(GATEWAY_UNIT, UNIT_PROPS)),
         "pool": f"head -c {HEALTH_MAX_BYTES} {q(gateway_layout()['pool_file'])}",
@@ -95,6 +98,8 @@ class HostStatus:
     gpu_count: int = 0
     gpus: list[dict] = field(default_factory=list)  # {"name", "memory"}
     gpu_note: str = ""  # nvidia-smi failed: its first line
+    power: list[dict] = field(default_factory=list)  # {"index", "persistence", "limit_w", "ecc", "ecc_pending"}
+    health_needs: str | None = None  # the health check's "needs": reboot / human (a GPU fault it does not restart for)
     last_verify: dict | None = None  # {"status", "run", "reason", "report"} from the controller's reports
     gateway: dict | None = None  # a gateway host: {"active", "sub", "pool", "drained", "failed_open"}
     seconds: float | None = None  # how long this host took to answer
@@ -153,6 +158,7 @@ def _parse_health(row: HostStatus, text: str | None, code: int | None, now: floa
         row.health_note = "corrupt status file"
         return
     row.health = verdict
+    row.health_needs = data.get("needs") if data.get("needs") in ("reboot", "human") else None
     row.health_time = data.get("time") if isinstance(data.get("time"), str) else None
     stamp = _epoch(row.health_time)
     if stamp is not None and now is not None:
@@ -215,6 +221,42 @@ def _parse_gpus(row: HostStatus, text: str | None, code: int | None) -> None:
     row.gpus, row.gpu_count = parsed, len(parsed)
 
 
+def _parse_power(row: HostStatus, text: str | None, code: int | None) -> None:
+    """POWER_FIELDS rows; anything else (no nvidia-smi, its failure) leaves the list empty."""
+    if text is None or code:
+        return
+    out = []
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) != 5 or not fields[0].isdigit():
+            continue
+        try:
+            limit = round(float(fields[2]))
+        except ValueError:
+            limit = None
+        out.append({"index": int(fields[0]), "persistence": fields[1] == "Enabled", "limit_w": limit,
+                    "ecc": fields[3] == "Enabled", "ecc_pending": fields[4] == "Enabled"})
+    row.power = out
+
+
+def power_cell(row: HostStatus) -> str:
+    """'275 W' or '250-300 W', persistence off and ECC changes named by GPU; "" when not read."""
+    if not row.power:
+        return ""
+    limits = sorted({p["limit_w"] for p in row.power if p["limit_w"] is not None})
+    parts = [f"{limits[0]} W" if len(limits) == 1 else f"{limits[0]}-{limits[-1]} W"] if limits else []
+    off = [str(p["index"]) for p in row.power if not p["persistence"]]
+    if off:
+        parts.append(f"persistence off on {','.join(off)}")
+    no_ecc = [str(p["index"]) for p in row.power if not p["ecc"]]
+    if no_ecc:
+        parts.append(f"ECC off on {','.join(no_ecc)}")
+    pending = [str(p["index"]) for p in row.power if p["ecc_pending"] != p["ecc"]]
+    if pending:
+        parts.append(f"ECC change pending a reboot on {','.join(pending)}")
+    return "; ".join(parts)
+
+
 def _parse_gateway(row: HostStatus, unit: str | None, pool: str | None, pool_code: int | None) -> None:
     """A host whose gateway unit is loaded: its state and its pool file (the watcher's record)."""
     props = parse_show(unit or "") if unit and unit.strip() != remote.NOCMD else {}
@@ -244,6 +286,7 @@ def parse(host: str, outputs: dict[str, str], codes: dict[str, int], paths: dict
     _parse_release(row, outputs.get("release"), codes.get("release"), HostLayout.of(paths).releases)
     _parse_model(row, outputs.get("model"), codes.get("model"))
     _parse_gpus(row, outputs.get("gpus"), codes.get("gpus"))
+    _parse_power(row, outputs.get("power"), codes.get("power"))
     _parse_engine(row, outputs.get("engine"), codes.get("engine"))
     _parse_gateway(row, outputs.get("gateway"), outputs.get("pool"), codes.get("pool"))
     return row
@@ -323,9 +366,13 @@ def cells(row: HostStatus) -> list[str]:
             service += f", {row.restarts} restart{'' if row.restarts == 1 else 's'}"
     health = (f"{row.health} {age(row.health_age_s)}" if row.health != "unknown"
               else f"unknown: {row.health_note}" if row.health_note else "unknown")
+    if row.health_needs:
+        health += f", needs a {row.health_needs} (no restart)"
     groups = Counter((g["name"], g["memory"]) for g in row.gpus)
     gpus = (", ".join(f"{n}x {name} ({memory})" for (name, memory), n in groups.items()) if groups
             else _short(row.gpu_note) or "none")
+    if power_cell(row):
+        gpus += f"; {power_cell(row)}"
     engine = row.speculative + ("" if row.agent_parsers is None else
                                 ", parsers on" if row.agent_parsers else ", parsers off")
     return [row.host, service, health, row.release, row.model, gpus, _verify_cell(row), engine]
