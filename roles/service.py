@@ -23,7 +23,8 @@ from qwen27b.controller import factcache, runstate
 from qwen27b.controller.host_facts import SecretFileState, Subdirectories, SymlinkTarget
 from qwen27b.controller.operations import secret_file, symlink_switch
 from qwen27b.controller.render import (HEALTH_HTTP_SERVICE, HEALTH_HTTP_SOCKET, HEALTH_TIMER, HEALTH_UNIT, INSTANCE_UNIT,
-                                       RESTART_COMMAND, SERVICE_UNIT, UNIT_DIR, instance_files, instance_unit, layout,
+                                       RESTART_COMMAND, SERVICE_UNIT, UNIT_DIR, copy_health_units, instance_files,
+                                       instance_unit, layout,
                                        render_all, render_instances, serving_files)
 
 from qwen27b.plan.lifecycle import RECORD_NAME, Record, record_text, release_record_file
@@ -165,14 +166,16 @@ def service_copies(decision: Decision) -> None:
     file (its GPUs, flags and URL) and API key file, the `current` release switched, and each
     qwen27b@NAME.service restarted only when its own files, the unit, the release or the weights
     changed. A host that served one copy before gets qwen27b.service and its health units stopped
-    and removed first (the copies need its GPUs and port). The health timer and endpoint watch one
-    service: they are not installed for copies (docs/lifecycle.md)."""
+    and removed first (the copies need its GPUs and port). Each copy gets its own health check and
+    timer, qwen27b-health@NAME.service/.timer (render.instance_health_contexts); a changed health
+    unit never restarts the copy."""
     paths = decision.stack.paths
     note_lab_key(decision)
     rendered = render_instances(decision)
     unit_file = f"{UNIT_DIR}/{INSTANCE_UNIT}"
+    health = [unit for i, _ in decision.copies for unit in copy_health_units(i.name)]
     targets = [(INSTANCE_UNIT, unit_file)] + [(f"{i.name}.env", instance_files(paths, i.name)["env_file"])
-                                             for i, _ in decision.copies]
+                                             for i, _ in decision.copies] + [(unit, f"{UNIT_DIR}/{unit}") for unit in health]
     keys = {i.name: instance_files(paths, i.name)["secrets_file"] for i, copy in decision.copies if copy.settings.api_key_file}
     single = [f"{UNIT_DIR}/{unit}" for unit in SINGLE_UNITS + (HEALTH_UNIT, HEALTH_HTTP_SERVICE)]
     factcache.prefetch([read for _, dest in targets for read in factcache.put_reads(dest, create_remote_dir=False)]
@@ -180,7 +183,8 @@ def service_copies(decision: Decision) -> None:
                        + [(SymlinkTarget, {"path": paths["current_release"]}), (Subdirectories, {"path": paths["releases"]})]
                        + [(SecretFileState, {"path": dest}) for dest in keys.values()]
                        + [(Sha1File, {"path": path}) for path in single]
-                       + [read for i, _ in decision.copies for read in factcache.service_reads(instance_unit(i.name))])
+                       + [read for i, _ in decision.copies for read in factcache.service_reads(instance_unit(i.name))]
+                       + [read for i, _ in decision.copies for read in factcache.service_reads(copy_health_units(i.name)[1])])
     if host.get_fact(Sha1File, path=f"{UNIT_DIR}/{SERVICE_UNIT}"):
         server.shell(name=f"stop and remove {SERVICE_UNIT} and its health units (the host now serves copies)",
                      commands=[f"systemctl disable --now {' '.join(SINGLE_UNITS)}",
@@ -202,7 +206,7 @@ def service_copies(decision: Decision) -> None:
     release = symlink_switch(name="activate the release (current symlink)", link=current, target=release_dir(decision))
     prune_dirs("prune old releases", paths, paths["releases"], release_dir(decision), previous,
                decision.settings.keep_releases)
-    if written[INSTANCE_UNIT].will_change:
+    if any(written[unit].will_change for unit in [INSTANCE_UNIT] + health):
         systemd.daemon_reload(name="systemd daemon-reload (a unit file changed)")
     shared = written[INSTANCE_UNIT].will_change or release.will_change or restart_needed()
     for instance, _ in decision.copies:
@@ -210,3 +214,5 @@ def service_copies(decision: Decision) -> None:
         own = [written[f"{instance.name}.env"]] + ([written[instance.name]] if instance.name in keys else [])
         started(unit, shared or any(op.will_change for op in own), "config, release or weights changed",
                 f"systemctl stop {unit}; systemctl reset-failed {unit}; systemctl start --no-block {unit}")
+        timer = copy_health_units(instance.name)[1]
+        systemd.service(name=f"{timer} enabled and running", service=timer, running=True, enabled=True)

@@ -160,6 +160,59 @@ def test_the_templated_unit_keeps_the_main_units_exposure_goal(tmp_path):
     assert exposure(unit) <= 2.5  # tests/test_templates.py GOALS for qwen27b.service
 
 
+def test_each_copy_has_its_own_health_check_of_its_own_gpus(tmp_path):
+    """qwen27b-health@NAME.service checks qwen27b@NAME.service at its URL with its key, reads only its
+    GPUs, keeps its own status file and restart request, and labels its metrics with its name."""
+    d = copies(qwen27b_api_key_file=_key(tmp_path))
+    files = render_instances(d)
+    for instance, _ in d.copies:
+        unit, timer = files[f"qwen27b-health@{instance.name}.service"], files[f"qwen27b-health@{instance.name}.timer"]
+        lines = unit.splitlines()
+        execs = [line for line in lines if line.startswith("ExecStart=")]
+        assert len(execs) == 1
+        argv = execs[0].split()
+        assert argv[argv.index("--url") + 1] == f"http://10.0.0.7:{instance.port}"
+        assert argv[argv.index("--unit") + 1] == f"qwen27b@{instance.name}.service"
+        assert argv[argv.index("--status-file") + 1] == f"/var/lib/qwen27b/health@{instance.name}.json"
+        assert argv[argv.index("--api-key-file") + 1] == f"/run/credentials/qwen27b-health@{instance.name}.service/api-key"
+        assert f"LoadCredential=api-key:/etc/qwen27b/qwen27b@{instance.name}-api-key.env" in lines
+        assert f"Environment=QWEN27B_HEALTH_COPY={instance.name}" in lines
+        assert f"Environment=QWEN27B_HEALTH_GPUS={','.join(map(str, instance.gpus))}" in lines
+        request = f"/var/lib/qwen27b/health-restart@{instance.name}.request"
+        assert f"Environment=QWEN27B_HEALTH_RESTART_REQUEST={request}" in lines
+        assert (f"ExecStopPost=+/bin/sh -c 'if rm {request} 2>/dev/null; then systemctl restart --no-block "
+                f"qwen27b@{instance.name}.service; fi'") in lines
+        assert "OnUnitActiveSec=" in timer and "WantedBy=timers.target" in timer
+    other = files["qwen27b-health@b.service"]
+    assert "qwen27b@a" not in other and "health@a" not in other  # nothing of copy a in b's check
+
+
+def test_a_cpu_copys_check_reads_no_gpu_list():
+    files = render_instances(copies("debian12-cpu", instances=[{"name": "a", "gpus": [], "port": 8000}],
+                                    qwen27b_profile="cpu-smoke"))
+    assert "QWEN27B_HEALTH_GPUS" not in files["qwen27b-health@a.service"]
+    assert "Environment=QWEN27B_HEALTH_COPY=a" in files["qwen27b-health@a.service"].splitlines()
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_each_copys_health_units_pass_systemd_analyze_verify(tmp_path):
+    files = render_instances(copies(), prefix=str(tmp_path))
+    check = tmp_path / "opt/qwen27b/current/venv/bin/qwen27b-health"
+    check.parent.mkdir(parents=True)
+    check.write_text("#!/bin/sh\n")
+    check.chmod(0o755)
+    units = tmp_path / "units"
+    units.mkdir()
+    (units / INSTANCE_UNIT).write_text(files[INSTANCE_UNIT])
+    (units / "qwen27b@a.service").symlink_to(units / INSTANCE_UNIT)
+    for name in ("qwen27b-health@a.service", "qwen27b-health@a.timer"):
+        (units / name).write_text(files[name])
+    result = subprocess.run(["systemd-analyze", "verify", "--man=no", str(units / "qwen27b-health@a.timer"),
+                             str(units / "qwen27b-health@a.service")],
+                            capture_output=True, text=True, cwd=units, env={**os.environ, "SYSTEMD_LOG_LEVEL": "notice"})
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
 def test_the_firewall_opens_each_copy_port_to_the_listed_networks():
     context = firewall_contexts(copies(qwen27b_firewall_allow=["10.0.0.0/24"]))["qwen27b-firewall.nft.j2"]
     assert [(r["port"], r["what"]) for r in context["rules"][:2]] == [

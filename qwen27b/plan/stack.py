@@ -273,7 +273,8 @@ def api_key_env_file(paths: dict) -> str:
     return paths["config"] + "/api-key.env"
 
 
-def health_status_file(paths: dict) -> str:
+def health_status_file(paths: dict, copy: str | None = None) -> str:
     """The health check's JSON status file on a host (qwen27b-health --status-file): written by the
-    timer's check, read by the verify role and `qwen27b status`."""
-    return paths["state"] + "/health.json"
+    timer's check, read by the verify role and `qwen27b status`. A copy of qwen27b_instances has its
+    own, health@NAME.json."""
+    return paths["state"] + (f"/health@{copy}.json" if copy else "/health.json")
