@@ -292,7 +292,7 @@ def check(args: argparse.Namespace, now: float | None = None) -> dict:
             idle = generate_one(args.url, key, args.served_name, args.idle_probe_deadline_s)
             live = {**live, "last_probe": {"time": now, "ok": idle["ok"], "latency_ms": idle["latency_ms"]}}
     others: list[str] = []  # a copy's check: the other copies' GPUs, and their Xid lines, are theirs
-    gpus, gpu_note = read_gpus(only=args.gpus, others=others)
+    gpus, gpu_note = read_gpus(only=getattr(args, "gpus", None), others=others)
     since = epoch(prev.get("time")) or now - XID_FIRST_LOOKBACK_S
     xids, xid_source = read_xids(since)
     xids = own_xids(xids, others)
@@ -347,7 +347,7 @@ def check(args: argparse.Namespace, now: float | None = None) -> dict:
         "time": stamp,
         "url": args.url,
         "unit": args.unit,
-        "copy": args.copy,
+        "copy": getattr(args, "copy", None),
         "verdict": LEVELS[code],
         "code": code,
         "findings": findings,
