@@ -224,8 +224,35 @@ def test_uninstall_stops_and_disables_the_copies():
     paths = STACK["paths"]
     have = Installed(paths={"/etc/systemd/system/qwen27b@.service": "root:root"})
     removals, _ = uninstall_plan(have, paths, UninstallOptions(), "/etc/systemd/system", "/x/qwen27b.prom")
-    assert removals[0].commands[:2] == ("systemctl stop 'qwen27b@*.service' 2>/dev/null || true",
-                                        "rm -f /etc/systemd/system/multi-user.target.wants/qwen27b@*.service")
+    assert removals[0].commands[:4] == (
+        "systemctl stop 'qwen27b-health@*.timer' 2>/dev/null || true",
+        "systemctl stop 'qwen27b-health@*.service' 'qwen27b@*.service' 2>/dev/null || true",
+        "rm -f /etc/systemd/system/multi-user.target.wants/qwen27b@*.service "
+        "/etc/systemd/system/timers.target.wants/qwen27b-health@*.timer",
+        "rm -f /etc/systemd/system/qwen27b-health@*.service /etc/systemd/system/qwen27b-health@*.timer "
+        "/x/qwen27b@*.prom")
+    assert "each copy's health check, timer and metrics file" in removals[0].what
+
+
+def test_uninstall_by_pattern_removes_every_copys_files_in_a_real_shell(tmp_path):
+    """The removal's rm lines run by sh on a scratch unit dir: the copies' health units, their wants
+    links and metrics files go; the one-service host's files and other units stay."""
+    units, text = tmp_path / "units", tmp_path / "textfile"
+    for d in (units / "multi-user.target.wants", units / "timers.target.wants", text):
+        d.mkdir(parents=True)
+    made = ["qwen27b-health@a.service", "qwen27b-health@a.timer", "qwen27b-health@b.timer",
+            "multi-user.target.wants/qwen27b@a.service", "timers.target.wants/qwen27b-health@a.timer"]
+    kept = ["qwen27b-health.service", "qwen27b-health.timer", "multi-user.target.wants/ssh.service", "other@a.service"]
+    for name in made + kept:
+        (units / name).write_text("")
+    (text / "qwen27b@a.prom").write_text("")
+    (text / "node.prom").write_text("")
+    have = Installed(paths={f"{units}/qwen27b@.service": "root:root"})
+    removals, _ = uninstall_plan(have, STACK["paths"], UninstallOptions(), str(units), f"{text}/qwen27b.prom")
+    for command in removals[0].commands[2:4]:
+        subprocess.run(["sh", "-c", command], check=True)
+    assert not any((units / name).exists() for name in made) and not (text / "qwen27b@a.prom").exists()
+    assert all((units / name).exists() for name in kept) and (text / "node.prom").exists()
 
 
 def _converged_copies(tmp_path, extra: str = "") -> str:
