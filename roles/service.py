@@ -158,36 +158,36 @@ def health_endpoint(socket_file) -> None:
                         running=True, enabled=True)
 
 
-SINGLE_UNITS = (SERVICE_UNIT, HEALTH_TIMER, HEALTH_HTTP_SOCKET)  # what a one-copy deploy started
-
-
 def service_copies(decision: Decision) -> None:
     """Several copies (qwen27b_instances): the templated unit qwen27b@.service once, each copy's env
     file (its GPUs, flags and URL) and API key file, the `current` release switched, and each
     qwen27b@NAME.service restarted only when its own files, the unit, the release or the weights
     changed. A host that served one copy before gets qwen27b.service and its health units stopped
     and removed first (the copies need its GPUs and port). Each copy gets its own health check and
-    timer, qwen27b-health@NAME.service/.timer (render.instance_health_contexts); a changed health
-    unit never restarts the copy."""
+    timer, qwen27b-health@NAME.service/.timer (render.instance_health_contexts), and the host's one
+    health endpoint answers each copy on /health/NAME; a changed health unit never restarts a copy."""
     paths = decision.stack.paths
     note_lab_key(decision)
     rendered = render_instances(decision)
     unit_file = f"{UNIT_DIR}/{INSTANCE_UNIT}"
-    health = [unit for i, _ in decision.copies for unit in copy_health_units(i.name)]
+    health = [unit for i, _ in decision.copies for unit in copy_health_units(i.name)] + [HEALTH_HTTP_SOCKET,
+                                                                                        HEALTH_HTTP_SERVICE]
     targets = [(INSTANCE_UNIT, unit_file)] + [(f"{i.name}.env", instance_files(paths, i.name)["env_file"])
                                              for i, _ in decision.copies] + [(unit, f"{UNIT_DIR}/{unit}") for unit in health]
     keys = {i.name: instance_files(paths, i.name)["secrets_file"] for i, copy in decision.copies if copy.settings.api_key_file}
-    single = [f"{UNIT_DIR}/{unit}" for unit in SINGLE_UNITS + (HEALTH_UNIT, HEALTH_HTTP_SERVICE)]
+    # the health endpoint stays (rewritten below: it answers each copy on /health/NAME)
+    single = [f"{UNIT_DIR}/{unit}" for unit in (SERVICE_UNIT, HEALTH_TIMER, HEALTH_UNIT)]
     factcache.prefetch([read for _, dest in targets for read in factcache.put_reads(dest, create_remote_dir=False)]
                        + factcache.put_reads(release_record_file(paths), create_remote_dir=False)
                        + [(SymlinkTarget, {"path": paths["current_release"]}), (Subdirectories, {"path": paths["releases"]})]
                        + [(SecretFileState, {"path": dest}) for dest in keys.values()]
                        + [(Sha1File, {"path": path}) for path in single]
                        + [read for i, _ in decision.copies for read in factcache.service_reads(instance_unit(i.name))]
-                       + [read for i, _ in decision.copies for read in factcache.service_reads(copy_health_units(i.name)[1])])
+                       + [read for i, _ in decision.copies for read in factcache.service_reads(copy_health_units(i.name)[1])]
+                       + factcache.service_reads(HEALTH_HTTP_SOCKET))
     if host.get_fact(Sha1File, path=f"{UNIT_DIR}/{SERVICE_UNIT}"):
-        server.shell(name=f"stop and remove {SERVICE_UNIT} and its health units (the host now serves copies)",
-                     commands=[f"systemctl disable --now {' '.join(SINGLE_UNITS)}",
+        server.shell(name=f"stop and remove {SERVICE_UNIT} and its health check (the host now serves copies)",
+                     commands=[f"systemctl disable --now {SERVICE_UNIT} {HEALTH_TIMER}",
                                "rm -f " + " ".join(path for path in single)])
     written = {template: files.put(name=f"render {dest}", src=StringIO(rendered[template]), dest=dest, user="root",
                                    group="root", mode="0644", create_remote_dir=False) for template, dest in targets}
@@ -216,3 +216,4 @@ def service_copies(decision: Decision) -> None:
                 f"systemctl stop {unit}; systemctl reset-failed {unit}; systemctl start --no-block {unit}")
         timer = copy_health_units(instance.name)[1]
         systemd.service(name=f"{timer} enabled and running", service=timer, running=True, enabled=True)
+    health_endpoint(written[HEALTH_HTTP_SOCKET])

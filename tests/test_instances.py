@@ -14,7 +14,8 @@ import subprocess
 
 import pytest
 
-from qwen27b.controller.render import (INSTANCE_UNIT, SERVE_ARGS_ENV, firewall_contexts, render, render_instances)
+from qwen27b.controller.render import (INSTANCE_UNIT, SERVE_ARGS_ENV, firewall_contexts, render, render_all,
+                                       render_instances)
 from qwen27b.plan.gate import RefusedHost
 from qwen27b.plan.serving import decide
 from qwen27b.plan.hostdata import BadHostData, settings_for
@@ -187,6 +188,19 @@ def test_each_copy_has_its_own_health_check_of_its_own_gpus(tmp_path):
     assert "qwen27b@a" not in other and "health@a" not in other  # nothing of copy a in b's check
 
 
+def test_the_health_endpoint_answers_each_copy():
+    """One socket on qwen27b_health_port at the copies' address; its request service knows the copies
+    (the one-service host's renders no Environment= line for it)."""
+    files = render_instances(copies())
+    assert "ListenStream=10.0.0.7:9120" in files["qwen27b-health-http.socket"].splitlines()
+    service = files["qwen27b-health-http@.service"].splitlines()
+    assert "Environment=QWEN27B_HEALTH_COPIES=a,b" in service
+    assert any(line.startswith("ExecStart=") and "--status-file /var/lib/qwen27b/health.json" in line for line in service)
+    single = render_all(decide("v100x4-2204-fresh", recorded_facts("v100x4-2204-fresh"), STACK,
+                               settings_for("v100x4-2204-fresh", {})))
+    assert "QWEN27B_HEALTH_COPIES" not in single["qwen27b-health-http@.service.j2"]
+
+
 def test_a_cpu_copys_check_reads_no_gpu_list():
     files = render_instances(copies("debian12-cpu", instances=[{"name": "a", "gpus": [], "port": 8000}],
                                     qwen27b_profile="cpu-smoke"))
@@ -197,18 +211,22 @@ def test_a_cpu_copys_check_reads_no_gpu_list():
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
 def test_each_copys_health_units_pass_systemd_analyze_verify(tmp_path):
     files = render_instances(copies(), prefix=str(tmp_path))
-    check = tmp_path / "opt/qwen27b/current/venv/bin/qwen27b-health"
-    check.parent.mkdir(parents=True)
-    check.write_text("#!/bin/sh\n")
-    check.chmod(0o755)
+    for name in ("qwen27b-health", "python"):
+        check = tmp_path / "opt/qwen27b/current/venv/bin" / name
+        check.parent.mkdir(parents=True, exist_ok=True)
+        check.write_text("#!/bin/sh\n")
+        check.chmod(0o755)
     units = tmp_path / "units"
     units.mkdir()
     (units / INSTANCE_UNIT).write_text(files[INSTANCE_UNIT])
     (units / "qwen27b@a.service").symlink_to(units / INSTANCE_UNIT)
-    for name in ("qwen27b-health@a.service", "qwen27b-health@a.timer"):
+    for name in ("qwen27b-health@a.service", "qwen27b-health@a.timer", "qwen27b-health-http.socket",
+                 "qwen27b-health-http@.service"):
         (units / name).write_text(files[name])
+    (units / "qwen27b-health-http@0.service").symlink_to(units / "qwen27b-health-http@.service")
     result = subprocess.run(["systemd-analyze", "verify", "--man=no", str(units / "qwen27b-health@a.timer"),
-                             str(units / "qwen27b-health@a.service")],
+                             str(units / "qwen27b-health@a.service"), str(units / "qwen27b-health-http.socket"),
+                             str(units / "qwen27b-health-http@0.service")],
                             capture_output=True, text=True, cwd=units, env={**os.environ, "SYSTEMD_LOG_LEVEL": "notice"})
     assert result.returncode == 0 and result.stderr == "", result.stderr
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import jinja2
 
 from qwen27b.plan.gate import Decision
-from qwen27b.onhost.contract import (COPY_ENV, GPUS_ENV, FIREWALL_UNIT, HEALTH_HTTP_SOCKET, HEALTH_HTTP_TEMPLATE, HEALTH_TIMER, HEALTH_UNIT,
+from qwen27b.onhost.contract import (COPIES_ENV, COPY_ENV, GPUS_ENV, FIREWALL_UNIT, HEALTH_HTTP_SOCKET, HEALTH_HTTP_TEMPLATE, HEALTH_TIMER, HEALTH_UNIT,
                                      IDLE_PROBE_DEADLINE_ENV, IDLE_PROBE_EVERY_ENV, INSTANCE_TEMPLATE, MODEL_REF_ENV,
                                      QUIET_ENV, SPECULATIVE_ENV, RAY_UNIT, SERVICE_UNIT, STALL_AFTER_ENV, TEXTFILE_DIR,
                                      lib_dir, module_argv)
@@ -381,6 +381,7 @@ def endpoint_context(decision: Decision, where: dict, address: str) -> dict:
         "status_file": where["health_status"],
         "user": decision.stack.paths["service_user"],
         "pythonpath": lib_dir(where["venv"]),
+        "environment": [],  # a host serving copies: their names (instance_endpoint_context)
         "exec": [systemd_quote(arg) for arg in argv],
         "runtime_max_s": ENDPOINT_RUNTIME_MAX_S,
         # never the key: the endpoint reads the status file only, and this makes sure of it
@@ -615,9 +616,20 @@ def instance_health_contexts(decision: Decision, prefix: str = "") -> dict[str, 
     return out
 
 
+def instance_endpoint_context(decision: Decision, prefix: str = "") -> dict:
+    """The health endpoint of a host serving copies: one socket on qwen27b_health_port at the copies'
+    address, answering each copy on /health/NAME from its status file (COPIES_ENV: the names,
+    allow-listed by hostdata.INSTANCE_NAME)."""
+    _, first = decision.copies[0]
+    endpoint = endpoint_context(first, layout(first, prefix), first.serve.value("--host"))
+    endpoint["environment"] = [(COPIES_ENV, ",".join(i.name for i, _ in decision.copies))]
+    return endpoint
+
+
 def render_instances(decision: Decision, prefix: str = "") -> dict[str, str]:
-    """'qwen27b@.service', 'NAME.env', 'qwen27b-health@NAME.service' and '.timer' -> rendered text
-    (the unit from qwen27b.service.j2, each copy's health units from qwen27b-health.*.j2)."""
+    """'qwen27b@.service', 'NAME.env', 'qwen27b-health@NAME.service' and '.timer', the health endpoint's
+    socket and service -> rendered text (the unit from qwen27b.service.j2, each copy's health units
+    from qwen27b-health.*.j2, the endpoint from qwen27b-health-http*.j2)."""
     ctx = instance_contexts(decision, prefix)
     out = {INSTANCE_UNIT: render("qwen27b.service.j2", ctx.pop("qwen27b@.service.j2"))}
     out.update({name: render("qwen27b.env.j2", c) for name, c in ctx.items()})
@@ -625,4 +637,7 @@ def render_instances(decision: Decision, prefix: str = "") -> dict[str, str]:
         unit, timer = copy_health_units(name)
         out[unit] = render("qwen27b-health.service.j2", health)
         out[timer] = render("qwen27b-health.timer.j2", health)
+    endpoint = instance_endpoint_context(decision, prefix)
+    out[HEALTH_HTTP_SOCKET] = render("qwen27b-health-http.socket.j2", endpoint)
+    out[HEALTH_HTTP_SERVICE] = render("qwen27b-health-http@.service.j2", endpoint)
     return out

@@ -135,6 +135,8 @@ TEXTFILE_NAME = "qwen27b.prom"
 # A copy of qwen27b_instances: its health check reads only its GPUs and writes qwen27b@NAME.prom with
 # a `copy` label on every series (from the environment, for the reason RESTART_REQUEST_ENV is).
 COPY_ENV, GPUS_ENV = "QWEN27B_HEALTH_COPY", "QWEN27B_HEALTH_GPUS"
+# the health endpoint of a host serving copies: their names, each answered on /health/NAME
+COPIES_ENV = "QWEN27B_HEALTH_COPIES"
 
 
 def textfile_name(copy: str | None) -> str:
