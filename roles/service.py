@@ -23,7 +23,8 @@ from qwen27b.controller import factcache, runstate
 from qwen27b.controller.host_facts import SecretFileState, Subdirectories, SymlinkTarget
 from qwen27b.controller.operations import secret_file, symlink_switch
 from qwen27b.controller.render import (HEALTH_HTTP_SERVICE, HEALTH_HTTP_SOCKET, HEALTH_TIMER, HEALTH_UNIT, INSTANCE_UNIT,
-                                       RESTART_COMMAND, SERVICE_UNIT, UNIT_DIR, copy_health_units, instance_files,
+                                       RESTART_COMMAND, SERVICE_UNIT, UNIT_DIR, copies_serving_files, copy_health_units,
+                                       instance_files,
                                        instance_unit, layout,
                                        render_all, render_instances, serving_files)
 
@@ -189,10 +190,18 @@ def service_copies(decision: Decision) -> None:
         server.shell(name=f"stop and remove {SERVICE_UNIT} and its health check (the host now serves copies)",
                      commands=[f"systemctl disable --now {SERVICE_UNIT} {HEALTH_TIMER}",
                                "rm -f " + " ".join(path for path in single)])
+    # the running release's unit, env files and record kept for `qwen27b rollback` before any is replaced
+    kept = copies_serving_files(paths, [i.name for i, _ in decision.copies])
+    record = release_record(decision)
+    running = {link: host.get_fact(SymlinkTarget, path=link) for link in record.links}
+    switching = any(now not in (None, record.links[link]) for link, now in running.items())
+    if (switching or _will_change(rendered, targets[:1 + len(decision.copies)])) \
+            and all(host.get_fact(Sha1File, path=dest) for dest in kept[:-1]):
+        keep_running_release(kept, release_record_file(paths), Record({link: now for link, now in running.items() if now}))
     written = {template: files.put(name=f"render {dest}", src=StringIO(rendered[template]), dest=dest, user="root",
                                    group="root", mode="0644", create_remote_dir=False) for template, dest in targets}
     files.put(name=f"render {release_record_file(paths)} (the release; the first copy's URL)",
-              src=StringIO(record_text(release_record(decision))), dest=release_record_file(paths), user="root",
+              src=StringIO(record_text(record)), dest=release_record_file(paths), user="root",
               group="root", mode="0644", create_remote_dir=False)
     for (instance, copy) in decision.copies:
         if instance.name in keys:

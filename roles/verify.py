@@ -249,6 +249,7 @@ def _check_copies(decision: Decision) -> None:
         result.status = "ok"
         say(f"copy {instance.name} verified at {base}: TTFT {result.ttft_s * 1000:.0f} ms, "
             f"{result.decode_tok_s or 0:.1f} tok/s")
+    _remote(f"rm -rf {ROLLBACK_DIR}.prev")  # every copy verified: the release this one replaced is the rollback target
 
 
 def watchdog(decision: Decision, unit: str = SERVICE_UNIT):

@@ -7,6 +7,7 @@ in the real formats; no V100 and no 8-GPU box here): recorded output, not a GPU 
 plans (exact commands) are in tests/golden/v100x4-copies*.txt, checked by tests/test_plans.py.
 """
 
+import json
 import os
 import re
 import shutil
@@ -289,15 +290,57 @@ def test_one_changed_copy_restarts_that_copy_only(tmp_path):
     result = run_pyinfra(str(inventory), "deploy.py", "--dry", "-y")
     assert result.returncode == 0, result.stderr[-3000:]
     changes = re.findall(r"^   CHANGE  (.*)$", result.stderr, re.M)
-    assert changes == ["render /etc/qwen27b/qwen27b@b.env",
+    assert changes == ["keep the running release (unit, env, record) for rollback", "render /etc/qwen27b/qwen27b@b.env",
                        "restart qwen27b@b.service (config, release or weights changed)"], result.stderr[-3000:]
+    # what `qwen27b rollback` restores: every copy's env file, the templated unit and the record
+    assert ("cp -a /etc/qwen27b/qwen27b@a.env /etc/qwen27b/qwen27b@b.env /etc/systemd/system/qwen27b@.service "
+            "/etc/qwen27b/rollback/") in result.stderr
     assert "qwen27b@a.service" not in result.stderr.split("would change the host", 1)[1].split("nothing to change")[0]
     assert ("$ systemctl stop qwen27b@b.service; systemctl reset-failed qwen27b@b.service; "
             "systemctl start --no-block qwen27b@b.service") in result.stderr
 
 
-def test_rollback_refuses_a_host_serving_copies(tmp_path):
-    result = run_pyinfra(str(_converged_copies(tmp_path)), "rollback.py", "--dry", "-y")
+def _copies_with_records(tmp_path, records: dict | None) -> str:
+    extra = ("from qwen27b.controller import host_facts\n"
+             f"data['fake_responses'] = {{host_facts.ReleaseRecords.fake_match: [{json.dumps(json.dumps(records))}]}}"
+             " | data['fake_responses']\n") if records is not None else ""
+    return _converged_copies(tmp_path, extra)
+
+
+def test_rollback_of_a_host_serving_copies_swaps_every_copys_files_and_restarts_each(tmp_path):
+    """The copies share one release: the rollback swaps each copy's env file, the templated unit and
+    the record, switches the links, restarts each copy and verifies each at its own URL."""
+    from test_lifecycle_plans import CURRENT, PREVIOUS
+    current = {**CURRENT, "url": "http://10.0.0.8:8000"}
+    previous = {**PREVIOUS, "url": "http://10.0.0.8:8000"}
+    kept = ["qwen27b@a.env", "qwen27b@b.env", "qwen27b@.service", "release.json"]
+    result = run_pyinfra(str(_copies_with_records(tmp_path, {"current": current, "previous": previous, "kept": kept,
+                                                              "missing": []})), "rollback.py", "--dry", "-y")
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stderr
+    assert "CHANGE  rollback: switch to the previous release (symlinks, unit, env, record) and restart each copy (a, b)" in out
+    assert ("cp -a /etc/qwen27b/qwen27b@a.env /etc/qwen27b/qwen27b@b.env /etc/systemd/system/qwen27b@.service "
+            "/etc/qwen27b/release.json /etc/qwen27b/rollback.swap/") in out
+    assert "$ cp -a /etc/qwen27b/rollback/qwen27b@b.env /etc/qwen27b/qwen27b@b.env" in out
+    assert "$ cp -a /etc/qwen27b/rollback/qwen27b@.service /etc/systemd/system/qwen27b@.service" in out
+    for unit in ("qwen27b@a.service", "qwen27b@b.service"):
+        assert f"$ systemctl stop {unit}; systemctl reset-failed {unit}; systemctl start --no-block {unit}" in out
+    assert "qwen27b.service" not in out.split("rollback plan", 1)[1]
+    assert "verify: each copy on the release rolled back to" in out
+
+
+def test_rollback_of_copies_is_refused_without_their_kept_files(tmp_path):
+    from test_lifecycle_plans import CURRENT, PREVIOUS
+    result = run_pyinfra(str(_copies_with_records(tmp_path, {"current": CURRENT, "previous": PREVIOUS,
+                                                              "kept": ["qwen27b.env", "qwen27b.service", "release.json"],
+                                                              "missing": []})), "rollback.py", "--dry", "-y")
     assert result.returncode == 1
-    assert "cause: the rollback swaps qwen27b.service's unit and env; this host serves copies" in result.stderr
-    assert "operation(s) planned" not in result.stderr
+    assert "the rollback dir lacks the kept qwen27b@.service, qwen27b@a.env, qwen27b@b.env" in result.stderr
+    nothing = run_pyinfra(str(_copies_with_records(tmp_path, None)), "rollback.py", "--dry", "-y")
+    assert nothing.returncode == 1 and "no previous release is recorded on this host" in nothing.stderr
+
+
+def test_a_copys_url_is_the_records_address_with_its_port():
+    from roles.rollback import copy_url
+    assert copy_url("http://10.0.0.8:8000", 8001) == "http://10.0.0.8:8001"
+    assert copy_url("http://[fd00::8]:8000", 8002) == "http://[fd00::8]:8002"

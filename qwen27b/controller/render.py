@@ -551,6 +551,14 @@ def instance_unit(name: str) -> str:
     return f"qwen27b@{name}.service"
 
 
+def copies_serving_files(paths: dict, names: list[str]) -> list[str]:
+    """serving_files of a host serving copies: each copy's env file, the templated unit and the
+    release record (last, as serving_files has it). Kept before a deploy replaces them, restored by
+    the rollback (their names in the rollback dir are distinct)."""
+    return ([instance_files(paths, name)["env_file"] for name in names]
+            + [f"{UNIT_DIR}/{INSTANCE_UNIT}", release_record_file(paths)])
+
+
 def instance_files(paths: dict, name: str) -> dict[str, str]:
     """A copy's own files: its env file (GPUs, flags, URL) and its API key's 0600 env file."""
     return {"env_file": f"{paths['config']}/qwen27b@{name}.env",
