@@ -24,9 +24,8 @@ from qwen27b.controller.host_facts import SecretFileState, Subdirectories, Symli
 from qwen27b.controller.operations import secret_file, symlink_switch
 from qwen27b.controller.render import (HEALTH_HTTP_SERVICE, HEALTH_HTTP_SOCKET, HEALTH_TIMER, HEALTH_UNIT, INSTANCE_UNIT,
                                        RESTART_COMMAND, SERVICE_UNIT, UNIT_DIR, copies_serving_files, copy_health_units,
-                                       instance_files,
-                                       instance_unit, layout,
-                                       render_all, render_instances, serving_files)
+                                       instance_files, instance_unit, layout, render_all, render_instances,
+                                       serving_files)
 
 from qwen27b.plan.lifecycle import RECORD_NAME, Record, record_text, release_record_file
 

@@ -30,8 +30,7 @@ from qwen27b.onhost.unit import journal_tail_command, parse_show, show_command
 from qwen27b.plan.gate import Decision
 from qwen27b.plan.hostdata import http_base
 from qwen27b.controller.render import (HEALTH_UNIT, RESTART_COMMAND, SERVICE_UNIT, UNIT_DIR, copy_health_files,
-                                       copy_health_units, instance_unit, layout,
-                                       render_all)
+                                       copy_health_units, instance_unit, layout, render_all)
 from qwen27b.plan import retry
 from qwen27b.plan.lifecycle import parse_record, record_text, release_record_file
 

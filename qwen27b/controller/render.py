@@ -13,7 +13,8 @@ from pathlib import Path
 import jinja2
 
 from qwen27b.plan.gate import Decision
-from qwen27b.onhost.contract import (COPIES_ENV, COPY_ENV, GPUS_ENV, FIREWALL_UNIT, HEALTH_HTTP_SOCKET, HEALTH_HTTP_TEMPLATE, HEALTH_TIMER, HEALTH_UNIT,
+from qwen27b.onhost.contract import (COPIES_ENV, COPY_ENV, FIREWALL_UNIT, GPUS_ENV, HEALTH_HTTP_SOCKET,
+                                     HEALTH_HTTP_TEMPLATE, HEALTH_TIMER, HEALTH_UNIT,
                                      IDLE_PROBE_DEADLINE_ENV, IDLE_PROBE_EVERY_ENV, INSTANCE_TEMPLATE, MODEL_REF_ENV,
                                      QUIET_ENV, SPECULATIVE_ENV, RAY_UNIT, SERVICE_UNIT, STALL_AFTER_ENV, TEXTFILE_DIR,
                                      lib_dir, module_argv)
@@ -631,6 +632,10 @@ def instance_endpoint_context(decision: Decision, prefix: str = "") -> dict:
     _, first = decision.copies[0]
     endpoint = endpoint_context(first, layout(first, prefix), first.serve.value("--host"))
     endpoint["environment"] = [(COPIES_ENV, ",".join(i.name for i, _ in decision.copies))]
+    # never a key: each copy's key file is out of its reach too, as the host's is
+    endpoint["hardening"] = endpoint["hardening"] + [
+        ("InaccessiblePaths", f"-{prefix}{instance_files(decision.stack.paths, i.name)['secrets_file']}")
+        for i, _ in decision.copies]
     return endpoint
 
 
