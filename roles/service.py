@@ -197,8 +197,25 @@ def service_copies(decision: Decision) -> None:
     if (switching or _will_change(rendered, targets[:1 + len(decision.copies)])) \
             and all(host.get_fact(Sha1File, path=dest) for dest in kept[:-1]):
         keep_running_release(kept, release_record_file(paths), Record({link: now for link, now in running.items() if now}))
-    written = {template: files.put(name=f"render {dest}", src=StringIO(rendered[template]), dest=dest, user="root",
-                                   group="root", mode="0644", create_remote_dir=False) for template, dest in targets}
+    def put(template: str, dest: str):
+        return files.put(name=f"render {dest}", src=StringIO(rendered[template]), dest=dest, user="root",
+                         group="root", mode="0644", create_remote_dir=False)
+
+    # one call site per kind of file: pyinfra names an operation by its call site and count, so the
+    # k-th call of one site must be the same file on every host (a host with one copy beside one with
+    # two would otherwise merge "render qwen27b@b.env" with "render qwen27b-health@a.service")
+    dests = dict(targets)
+    written = {INSTANCE_UNIT: put(INSTANCE_UNIT, unit_file)}
+    for i, _ in decision.copies:
+        written[f"{i.name}.env"] = put(f"{i.name}.env", dests[f"{i.name}.env"])
+    for i, _ in decision.copies:
+        check = copy_health_units(i.name)[0]
+        written[check] = put(check, dests[check])
+    for i, _ in decision.copies:
+        timer = copy_health_units(i.name)[1]
+        written[timer] = put(timer, dests[timer])
+    written[HEALTH_HTTP_SOCKET] = put(HEALTH_HTTP_SOCKET, dests[HEALTH_HTTP_SOCKET])
+    written[HEALTH_HTTP_SERVICE] = put(HEALTH_HTTP_SERVICE, dests[HEALTH_HTTP_SERVICE])
     files.put(name=f"render {release_record_file(paths)} (the release; the first copy's URL)",
               src=StringIO(record_text(record)), dest=release_record_file(paths), user="root",
               group="root", mode="0644", create_remote_dir=False)
