@@ -24,8 +24,9 @@ from qwen27b.controller import factcache, runstate
 from qwen27b.controller.host_facts import SecretFileState, Subdirectories, SymlinkTarget
 from qwen27b.controller.operations import secret_file, symlink_switch
 from qwen27b.controller.render import (HEALTH_HTTP_SERVICE, HEALTH_HTTP_SOCKET, HEALTH_TIMER, HEALTH_UNIT, INSTANCE_UNIT,
-                                       RESTART_COMMAND, SERVICE_UNIT, instance_files, instance_unit, layout,
-                                       render_all, render_instances, serving_files)
+                                       RESTART_COMMAND, SERVICE_UNIT, copies_serving_files, copy_health_units,
+                                       instance_files, instance_unit, layout, render_all, render_instances,
+                                       serving_files)
 
 from qwen27b.plan.lifecycle import RECORD_NAME, Record, record_text, release_record_file
 
@@ -156,38 +157,66 @@ def health_endpoint(socket_file) -> None:
                         running=True, enabled=True)
 
 
-SINGLE_UNITS = (SERVICE_UNIT, HEALTH_TIMER, HEALTH_HTTP_SOCKET)  # what a one-copy deploy started
-
-
 def service_copies(decision: Decision) -> None:
     """Several copies (qwen27b_instances): the templated unit qwen27b@.service once, each copy's env
     file (its GPUs, flags and URL) and API key file, the `current` release switched, and each
     qwen27b@NAME.service restarted only when its own files, the unit, the release or the weights
     changed. A host that served one copy before gets qwen27b.service and its health units stopped
-    and removed first (the copies need its GPUs and port). The health timer and endpoint watch one
-    service: they are not installed for copies (docs/lifecycle.md)."""
+    and removed first (the copies need its GPUs and port). Each copy gets its own health check and
+    timer, qwen27b-health@NAME.service/.timer (render.instance_health_contexts), and the host's one
+    health endpoint answers each copy on /health/NAME; a changed health unit never restarts a copy."""
     paths, at = decision.stack.paths, decision.stack.layout
     note_lab_key(decision)
     rendered = render_instances(decision)
     unit_file = HostLayout.unit_file(INSTANCE_UNIT)
+    health = [unit for i, _ in decision.copies for unit in copy_health_units(i.name)] + [HEALTH_HTTP_SOCKET,
+                                                                                        HEALTH_HTTP_SERVICE]
     targets = [(INSTANCE_UNIT, unit_file)] + [(f"{i.name}.env", instance_files(paths, i.name)["env_file"])
-                                             for i, _ in decision.copies]
+                                             for i, _ in decision.copies] + [(unit, HostLayout.unit_file(unit)) for unit in health]
     keys = {i.name: instance_files(paths, i.name)["secrets_file"] for i, copy in decision.copies if copy.settings.api_key_file}
-    single = [HostLayout.unit_file(unit) for unit in SINGLE_UNITS + (HEALTH_UNIT, HEALTH_HTTP_SERVICE)]
+    # the health endpoint stays (rewritten below: it answers each copy on /health/NAME)
+    single = [HostLayout.unit_file(unit) for unit in (SERVICE_UNIT, HEALTH_TIMER, HEALTH_UNIT)]
     factcache.prefetch([read for _, dest in targets for read in factcache.put_reads(dest, create_remote_dir=False)]
                        + factcache.put_reads(release_record_file(paths), create_remote_dir=False)
                        + [(SymlinkTarget, {"path": at.current_release}), (Subdirectories, {"path": at.releases})]
                        + [(SecretFileState, {"path": dest}) for dest in keys.values()]
                        + [(Sha1File, {"path": path}) for path in single]
-                       + [read for i, _ in decision.copies for read in factcache.service_reads(instance_unit(i.name))])
+                       + [read for i, _ in decision.copies for read in factcache.service_reads(instance_unit(i.name))]
+                       + [read for i, _ in decision.copies for read in factcache.service_reads(copy_health_units(i.name)[1])]
+                       + factcache.service_reads(HEALTH_HTTP_SOCKET))
     if host.get_fact(Sha1File, path=HostLayout.unit_file(SERVICE_UNIT)):
-        server.shell(name=f"stop and remove {SERVICE_UNIT} and its health units (the host now serves copies)",
-                     commands=[f"systemctl disable --now {' '.join(SINGLE_UNITS)}",
+        server.shell(name=f"stop and remove {SERVICE_UNIT} and its health check (the host now serves copies)",
+                     commands=[f"systemctl disable --now {SERVICE_UNIT} {HEALTH_TIMER}",
                                "rm -f " + " ".join(path for path in single)])
-    written = {template: files.put(name=f"render {dest}", src=StringIO(rendered[template]), dest=dest, user="root",
-                                   group="root", mode="0644", create_remote_dir=False) for template, dest in targets}
+    # the running release's unit, env files and record kept for `qwen27b rollback` before any is replaced
+    kept = copies_serving_files(paths, [i.name for i, _ in decision.copies])
+    record = release_record(decision)
+    running = {link: host.get_fact(SymlinkTarget, path=link) for link in record.links}
+    switching = any(now not in (None, record.links[link]) for link, now in running.items())
+    if (switching or _will_change(rendered, targets[:1 + len(decision.copies)])) \
+            and all(host.get_fact(Sha1File, path=dest) for dest in kept[:-1]):
+        keep_running_release(kept, release_record_file(paths), Record({link: now for link, now in running.items() if now}))
+    def put(template: str, dest: str):
+        return files.put(name=f"render {dest}", src=StringIO(rendered[template]), dest=dest, user="root",
+                         group="root", mode="0644", create_remote_dir=False)
+
+    # one call site per kind of file: pyinfra names an operation by its call site and count, so the
+    # k-th call of one site must be the same file on every host (a host with one copy beside one with
+    # two would otherwise merge "render qwen27b@b.env" with "render qwen27b-health@a.service")
+    dests = dict(targets)
+    written = {INSTANCE_UNIT: put(INSTANCE_UNIT, unit_file)}
+    for i, _ in decision.copies:
+        written[f"{i.name}.env"] = put(f"{i.name}.env", dests[f"{i.name}.env"])
+    for i, _ in decision.copies:
+        check = copy_health_units(i.name)[0]
+        written[check] = put(check, dests[check])
+    for i, _ in decision.copies:
+        timer = copy_health_units(i.name)[1]
+        written[timer] = put(timer, dests[timer])
+    written[HEALTH_HTTP_SOCKET] = put(HEALTH_HTTP_SOCKET, dests[HEALTH_HTTP_SOCKET])
+    written[HEALTH_HTTP_SERVICE] = put(HEALTH_HTTP_SERVICE, dests[HEALTH_HTTP_SERVICE])
     files.put(name=f"render {release_record_file(paths)} (the release; the first copy's URL)",
-              src=StringIO(record_text(release_record(decision))), dest=release_record_file(paths), user="root",
+              src=StringIO(record_text(record)), dest=release_record_file(paths), user="root",
               group="root", mode="0644", create_remote_dir=False)
     for (instance, copy) in decision.copies:
         if instance.name in keys:
@@ -201,7 +230,7 @@ def service_copies(decision: Decision) -> None:
     release = symlink_switch(name="activate the release (current symlink)", link=current, target=release_dir(decision))
     prune_dirs("prune old releases", paths, at.releases, release_dir(decision), previous,
                decision.settings.keep_releases)
-    if written[INSTANCE_UNIT].will_change:
+    if any(written[unit].will_change for unit in [INSTANCE_UNIT] + health):
         systemd.daemon_reload(name="systemd daemon-reload (a unit file changed)")
     shared = written[INSTANCE_UNIT].will_change or release.will_change or restart_needed()
     for instance, _ in decision.copies:
@@ -209,3 +238,6 @@ def service_copies(decision: Decision) -> None:
         own = [written[f"{instance.name}.env"]] + ([written[instance.name]] if instance.name in keys else [])
         started(unit, shared or any(op.will_change for op in own), "config, release or weights changed",
                 f"systemctl stop {unit}; systemctl reset-failed {unit}; systemctl start --no-block {unit}")
+        timer = copy_health_units(instance.name)[1]
+        systemd.service(name=f"{timer} enabled and running", service=timer, running=True, enabled=True)
+    health_endpoint(written[HEALTH_HTTP_SOCKET])

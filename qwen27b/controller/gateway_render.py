@@ -91,7 +91,9 @@ def pool_config(plan: GatewayPlan, where: dict) -> str:
         "pool_file": where["pool_file"],
         "pid_file": where["pid_file"],
         "drain_dir": where["drain_dir"],
-        "backends": [{"name": b.name, "address": b.address, "port": b.port, "health_port": b.health_port}
+        # a copy's verdict is on its own path of its host's endpoint (the pool's default: /health)
+        "backends": [{"name": b.name, "address": b.address, "port": b.port, "health_port": b.health_port,
+                      **({"health_path": b.health_path} if b.health_path != "/health" else {})}
                      for b in plan.backends],
         # ~2 s for a dead backend to leave, 2 s to return; nginx's passive check covers the gap
         "interval_s": 1.0, "timeout_s": 1.0, "fall": 2, "rise": 2,

@@ -23,12 +23,12 @@ import time
 
 import httpx
 
-from .contract import (CRITICAL, ENGINE_STALLED_FINDING, IDLE_PROBE_DEADLINE_ENV, IDLE_PROBE_EVERY_ENV, INFO, LEVELS,
+from .contract import (COPY_ENV, GPUS_ENV, CRITICAL, ENGINE_STALLED_FINDING, IDLE_PROBE_DEADLINE_ENV, IDLE_PROBE_EVERY_ENV, INFO, LEVELS,
                        MODEL_REF_ENV, SPECULATIVE_ENV, OK, QUIET_ENV, RESTART_LOOP_FINDING, RESTART_REQUEST_ENV,
                        SERVICE_UNIT, STALL_AFTER_ENV, TEXTFILE_DIR, TEXTFILE_DIR_ENV, TEXTFILE_NAME, UNKNOWN, WARNING,
                        XID_ADVICE, XID_FATAL, restart_loop, NEEDS, NEEDS_HUMAN_FINDING, NEEDS_REBOOT_FINDING,
                        XID_NEEDS)
-from .gpu import THROTTLE_BAD, read_gpus, read_xids
+from .gpu import THROTTLE_BAD, own_xids, read_gpus, read_xids
 from .metrics import accumulate_xids, export_metrics
 from .secretfile import SecretFileError, load_secret
 from .statusfile import epoch, iso, load_status, push_history, read_previous, write_status
@@ -310,9 +310,11 @@ def check(args: argparse.Namespace, now: float | None = None) -> dict:
         if reading is not None and args.served_name and idle_probe_due(live, now, args.idle_probe_every_s):
             idle = generate_one(args.url, key, args.served_name, args.idle_probe_deadline_s)
             live = {**live, "last_probe": {"time": now, "ok": idle["ok"], "latency_ms": idle["latency_ms"]}}
-    gpus, gpu_note = read_gpus()
+    others: list[str] = []  # a copy's check: the other copies' GPUs, and their Xid lines, are theirs
+    gpus, gpu_note = read_gpus(only=getattr(args, "gpus", None), others=others)
     since = epoch(prev.get("time")) or now - XID_FIRST_LOOKBACK_S
     xids, xid_source = read_xids(since)
+    xids = own_xids(xids, others)
 
     readings = {"url": args.url, "unit": args.unit, "served_name": args.served_name,
                 "key_error": key_error, "health": health, "models": models, "gpu": gpus, "xids": xids,
@@ -365,6 +367,7 @@ def check(args: argparse.Namespace, now: float | None = None) -> dict:
         "time": stamp,
         "url": args.url,
         "unit": args.unit,
+        "copy": getattr(args, "copy", None),
         "verdict": LEVELS[code],
         "code": code,
         "findings": findings,
@@ -498,9 +501,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--idle-probe-deadline-s", type=float,
                    default=float(os.environ.get(IDLE_PROBE_DEADLINE_ENV) or 20),
                    help=f"the idle probe's deadline (default ${IDLE_PROBE_DEADLINE_ENV} or 20)")
+    p.add_argument("--copy", default=os.environ.get(COPY_ENV) or None, metavar="NAME",
+                   help=f"the copy of qwen27b_instances this check watches: its metrics file and `copy` label "
+                        f"(default ${COPY_ENV})")
+    p.add_argument("--gpus", default=os.environ.get(GPUS_ENV) or None, metavar="I,J",
+                   help=f"read only these GPU indices, the copy's own (default ${GPUS_ENV}; unset: every GPU)")
     args = p.parse_args(argv)
     if args.restart_after < 1:
         p.error("--restart-after must be >= 1")
+    try:
+        args.gpus = None if args.gpus is None else sorted({int(i) for i in args.gpus.split(",") if i.strip()})
+    except ValueError:
+        p.error(f"--gpus must be GPU indices separated by commas, got {args.gpus!r}")
     return args
 
 

@@ -110,10 +110,18 @@ class HostLayout:
         check, read by the verify role and `qwen27b status`."""
         return f"{self.state}/health.json"
 
+    def copy_health_status(self, copy: str) -> str:
+        """A copy's own status file (qwen27b_instances): health@NAME.json."""
+        return f"{self.state}/health@{copy}.json"
+
     @property
     def restart_request(self) -> str:
         """Left by the health check for the health unit's root ExecStopPost to restart the service."""
         return f"{self.state}/health-restart.request"
+
+    def copy_restart_request(self, copy: str) -> str:
+        """A copy's own restart request (qwen27b_instances)."""
+        return f"{self.state}/health-restart@{copy}.request"
 
     # --- tools, releases, models, units --------------------------------------------------------
     @property

@@ -303,11 +303,19 @@ def uninstall_plan(have: Installed, paths: dict, options: UninstallOptions, unit
                                 "this covers a table loaded by hand)", (f"nft delete table {NFT_TABLE}",)))
     units = [f"{unit_dir}/{name}" for name in UNIT_FILES if f"{unit_dir}/{name}" in have.paths]
     if units:
-        # the copies (qwen27b@NAME.service) are not probed by name: stopped and disabled by pattern
-        copies = ("systemctl stop 'qwen27b@*.service' 2>/dev/null || true",
-                  f"rm -f {unit_dir}/multi-user.target.wants/qwen27b@*.service") \
+        # the copies (qwen27b@NAME.service) and their health checks (qwen27b-health@NAME.service/.timer,
+        # their own unit files, and qwen27b@NAME.prom) are not probed by name: stopped, disabled and
+        # removed by pattern, the timers first (a timer left running would start its check again)
+        text_dir = textfile.rsplit("/", 1)[0]
+        copies = ("systemctl stop 'qwen27b-health@*.timer' 2>/dev/null || true",
+                  "systemctl stop 'qwen27b-health@*.service' 'qwen27b@*.service' 2>/dev/null || true",
+                  f"rm -f {unit_dir}/multi-user.target.wants/qwen27b@*.service "
+                  f"{unit_dir}/timers.target.wants/qwen27b-health@*.timer",
+                  f"rm -f {unit_dir}/qwen27b-health@*.service {unit_dir}/qwen27b-health@*.timer "
+                  f"{q(text_dir)}/qwen27b@*.prom") \
             if f"{unit_dir}/{INSTANCE_TEMPLATE}" in units else ()
-        removals.append(Removal(f"unit files {', '.join(u.rsplit('/', 1)[-1] for u in units)}",
+        removals.append(Removal(f"unit files {', '.join(u.rsplit('/', 1)[-1] for u in units)}"
+                                + (" and each copy's health check, timer and metrics file" if copies else ""),
                                 "rendered by the service and firewall roles",
                                 (*copies, f"systemctl disable {' '.join(u.rsplit('/', 1)[-1] for u in units if u.endswith(('.service', '.timer', '.socket')) and '@' not in u)} 2>/dev/null || true",
                                  "rm -rf " + " ".join(q(u) for u in units), "systemctl daemon-reload",

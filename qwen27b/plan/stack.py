@@ -274,6 +274,8 @@ def api_key_env_file(paths: dict) -> str:
     return HostLayout.of(paths).api_key_env_file
 
 
-def health_status_file(paths: dict) -> str:
-    """HostLayout.health_status of a stack's `paths` (callers holding the stack dict)."""
-    return HostLayout.of(paths).health_status
+def health_status_file(paths: dict, copy: str | None = None) -> str:
+    """HostLayout.health_status of a stack's `paths` (callers holding the stack dict); a copy of
+    qwen27b_instances has its own, health@NAME.json."""
+    layout = HostLayout.of(paths)
+    return layout.copy_health_status(copy) if copy else layout.health_status

@@ -8,8 +8,9 @@ the current release (the `current` release symlink: the release hash), the model
 `models/current` symlink), the GPUs (nvidia-smi's name and memory; "none" without nvidia-smi)
 and the last verify (the newest deploy report under reports/ on this controller naming the host:
 the verify role writes no marker on the host). A gateway host (the qwen27b_gateway group) shows
-its gateway unit and its pool instead: the backends in it and those drained. doctor stays the
-deep, one-host tool.
+its gateway unit and its pool instead: the backends in it and those drained. A host serving copies
+(qwen27b_instances) gets a row per copy below its own: qwen27b@NAME.service's state and its health
+check's verdict (health@NAME.json). doctor stays the deep, one-host tool.
 
 Hosts are reached through pyinfra's own connectors with the inventory read as the deploy reads
 it (qwen27b.controller.remote): ssh_port, ssh_user, ssh_key, ssh_password, _sudo, @local, @fake. One
@@ -70,7 +71,28 @@ def commands(paths: dict) -> dict[str, str]:
         # a gateway host (the qwen27b_gateway group) has these instead of the service and its health
         "gateway": remote.guard("systemctl", show_command(GATEWAY_UNIT, UNIT_PROPS)),
         "pool": f"head -c {HEALTH_MAX_BYTES} {q(gateway_layout()['pool_file'])}",
+        "copies": copies_command(paths),
     }
+
+
+COPY_NAME = re.compile(r"^[a-z0-9-]{1,16}$")  # qwen27b.plan.hostdata.INSTANCE_NAME
+
+
+WANTS_DIR = "/etc/systemd/system/multi-user.target.wants"
+
+
+def copies_command(paths: dict, wants: str = WANTS_DIR) -> str:
+    """Each enabled copy (its link in multi-user.target.wants, as `systemctl enable` made it): a line
+    `copy NAME`, its unit's properties each prefixed `unit `, and `health ` with its status file on one
+    line (JSON needs no newline; a read error lands there too, and reads as no status file)."""
+    q = shlex.quote
+    prefix, _, suffix = HostLayout.of(paths).copy_health_status("NAME").partition("NAME")
+    status = f"{q(prefix)}\"$n\"{q(suffix)}"
+    props = " ".join(f"-p {p}" for p in UNIT_PROPS)
+    return (f"for f in {q(wants)}/qwen27b@*.service; do [ -e \"$f\" ] || continue; "
+            "n=${f##*/qwen27b@}; n=${n%.service}; echo \"copy $n\"; "
+            f"systemctl show {props} \"qwen27b@$n.service\" 2>/dev/null | sed 's/^/unit /'; "
+            f"printf 'health '; head -c {HEALTH_MAX_BYTES} {status} 2>&1 | tr -d '\\n'; echo; done")
 
 
 @dataclass
@@ -102,6 +124,7 @@ class HostStatus:
     health_needs: str | None = None  # the health check's "needs": reboot / human (a GPU fault it does not restart for)
     last_verify: dict | None = None  # {"status", "run", "reason", "report"} from the controller's reports
     gateway: dict | None = None  # a gateway host: {"active", "sub", "pool", "drained", "failed_open"}
+    copies: list = field(default_factory=list)  # a host serving copies: a HostStatus per copy ("HOST/NAME")
     seconds: float | None = None  # how long this host took to answer
 
     @property
@@ -273,6 +296,24 @@ def _parse_gateway(row: HostStatus, unit: str | None, pool: str | None, pool_cod
                            failed_open=bool(record.get("failed_open")))
 
 
+def _parse_copies(row: HostStatus, text: str | None, now: float | None) -> None:
+    """copies_command's lines -> one row per copy: its unit's state and its check's verdict."""
+    blocks: list[tuple[str, list[str], str | None]] = []
+    for line in (text or "").splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind == "copy" and COPY_NAME.match(rest):
+            blocks.append((rest, [], None))
+        elif blocks and kind == "unit":
+            blocks[-1][1].append(rest)
+        elif blocks and kind == "health":
+            blocks[-1] = (blocks[-1][0], blocks[-1][1], rest)
+    for name, unit, health in blocks:
+        copy = HostStatus(f"{row.host}/{name}")
+        _parse_unit(copy, "\n".join(unit), 0)
+        _parse_health(copy, health, 0 if (health or "").startswith("{") else 1, now)
+        row.copies.append(copy)
+
+
 def parse(host: str, outputs: dict[str, str], codes: dict[str, int], paths: dict,
           controller_now: float | None = None) -> HostStatus:
     """The script's sections -> the host's row. Pure; a missing or garbled section is 'unknown'."""
@@ -289,6 +330,7 @@ def parse(host: str, outputs: dict[str, str], codes: dict[str, int], paths: dict
     _parse_power(row, outputs.get("power"), codes.get("power"))
     _parse_engine(row, outputs.get("engine"), codes.get("engine"))
     _parse_gateway(row, outputs.get("gateway"), outputs.get("pool"), codes.get("pool"))
+    _parse_copies(row, outputs.get("copies"), now)
     return row
 
 
@@ -356,7 +398,9 @@ def cells(row: HostStatus) -> list[str]:
         return [row.host, f"{row.reach}: {_short(row.error, 120)}", "-", "-", "-", "-", _verify_cell(row), "-"]
     if row.gateway is not None and row.load_state != "loaded":
         return [row.host, *_gateway_cells(row.gateway), _verify_cell(row), "-"]
-    if row.load_state == "not-found":
+    if row.load_state == "not-found" and row.copies:
+        service = f"{len(row.copies)} copies (rows below)"
+    elif row.load_state == "not-found":
         service = "not installed"
     elif row.unit_note:
         service = f"unknown: {_short(row.unit_note)}"
@@ -364,10 +408,7 @@ def cells(row: HostStatus) -> list[str]:
         service = "/".join(p for p in (row.active, row.sub) if p)
         if row.restarts is not None:
             service += f", {row.restarts} restart{'' if row.restarts == 1 else 's'}"
-    health = (f"{row.health} {age(row.health_age_s)}" if row.health != "unknown"
-              else f"unknown: {row.health_note}" if row.health_note else "unknown")
-    if row.health_needs:
-        health += f", needs a {row.health_needs} (no restart)"
+    health = _health_cell(row) if not (row.copies and row.load_state == "not-found") else "-"
     groups = Counter((g["name"], g["memory"]) for g in row.gpus)
     gpus = (", ".join(f"{n}x {name} ({memory})" for (name, memory), n in groups.items()) if groups
             else _short(row.gpu_note) or "none")
@@ -376,6 +417,21 @@ def cells(row: HostStatus) -> list[str]:
     engine = row.speculative + ("" if row.agent_parsers is None else
                                 ", parsers on" if row.agent_parsers else ", parsers off")
     return [row.host, service, health, row.release, row.model, gpus, _verify_cell(row), engine]
+
+
+def _health_cell(row: HostStatus) -> str:
+    cell = (f"{row.health} {age(row.health_age_s)}" if row.health != "unknown"
+            else f"unknown: {row.health_note}" if row.health_note else "unknown")
+    return cell + (f", needs a {row.health_needs} (no restart)" if row.health_needs else "")
+
+
+def copy_cells(host: HostStatus, copy: HostStatus) -> list[str]:
+    """A copy's row under its host's: its unit and its own check; the release and model are the host's."""
+    service = (f"unknown: {_short(copy.unit_note)}" if copy.unit_note else
+               "not installed" if copy.load_state == "not-found" else "/".join(p for p in (copy.active, copy.sub) if p))
+    if copy.restarts is not None and not copy.unit_note:
+        service += f", {copy.restarts} restart{'' if copy.restarts == 1 else 's'}"
+    return ["  copy " + copy.host.rpartition("/")[2], service, _health_cell(copy), host.release, host.model, "-", "-", "-"]
 
 
 def _gateway_cells(g: dict) -> list[str]:
@@ -393,7 +449,7 @@ def _verify_cell(row: HostStatus) -> str:
     v = row.last_verify
     if not v:
         return "never (no report here)"
-    if row.load_state == "not-found" and row.gateway is None:  # uninstalled since: that verify is history
+    if row.load_state == "not-found" and row.gateway is None and not row.copies:  # uninstalled since: history
         return f"- (not installed; was {v['status']})"
     return f"{v['status']} (run {v['run']})" + (f": {_short(v['reason'])}" if v["status"] != "ok" and v["reason"] else "")
 
@@ -403,7 +459,8 @@ WIDTHS = [28, 30, 24, 12, 40, 36, 34, 26]  # wrap points; a column is as wide as
 
 
 def status_table(rows: list[HostStatus]) -> str:
-    return table(HEADERS, [cells(r) for r in rows], WIDTHS)
+    return table(HEADERS, [line for r in rows for line in [cells(r)] + ([] if r.failed else
+                                                                      [copy_cells(r, c) for c in r.copies])], WIDTHS)
 
 
 def footer(rows: list[HostStatus], elapsed: float) -> str:
