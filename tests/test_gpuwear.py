@@ -11,22 +11,10 @@ import pytest
 
 from qwen27b.controller.render import GPU_POWER_UNIT, NVIDIA_SMI, gpu_power_unit
 from qwen27b.plan import gpuwear
-from qwen27b.plan.gate import RefusedHost, decide
 from qwen27b.plan.hostdata import BadHostData, settings_for
-from qwen27b.plan.stack import load_stack
 from recordings import recorded_facts
 
-STACK = load_stack()
-
-
-def run(host, data=None, **replace):
-    return decide(host, recorded_facts(host, **replace), STACK, settings_for(host, data or {}))
-
-
-def refused(host, data=None, **replace) -> RefusedHost:
-    with pytest.raises(RefusedHost) as caught:
-        run(host, data, **replace)
-    return caught.value
+from test_gate import refused, run  # the gate's own helpers: a refusal names host and fix
 
 
 def test_repeated_xid79_and_a_link_at_x4_leave_that_gpu_out_named():

@@ -70,7 +70,7 @@ def test_check_never_restarts_on_a_pending_retirement_and_says_so(tmp_path, monk
     monkeypatch.setattr(hc, "unit_properties", lambda unit: {})
     monkeypatch.setattr(hc, "read_xids", lambda since: ([], "journal"))
     monkeypatch.setattr(hc, "restart_unit", lambda unit: restarts.append(unit) or (True, "restarted"))
-    monkeypatch.setattr(hc, "read_gpus", lambda: ([_gpu(ecc_uncorrected=2, retired_pages_pending=True)], None))
+    monkeypatch.setattr(hc, "read_gpus", lambda **kw: ([_gpu(ecc_uncorrected=2, retired_pages_pending=True)], None))
     args = _args(tmp_path)
     for n in range(10):
         s = hc.check(args, now=1_000_000.0 + 60 * n)
@@ -83,7 +83,7 @@ def test_check_never_restarts_on_a_pending_retirement_and_says_so(tmp_path, monk
     assert registry.get_sample_value("qwen27b_health_needs", {"what": "reboot"}) == 1
     assert registry.get_sample_value("qwen27b_health_needs", {"what": "human"}) == 0
 
-    monkeypatch.setattr(hc, "read_gpus", lambda: ([_gpu()], None))
+    monkeypatch.setattr(hc, "read_gpus", lambda **kw: ([_gpu()], None))
     fresh = _args(tmp_path / "b")
     (tmp_path / "b").mkdir()
     for n in range(3):

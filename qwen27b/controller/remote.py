@@ -104,6 +104,20 @@ def load_inventory(path: str, limit: list[str] | None = None, cwd: str | None = 
     return state, hosts
 
 
+
+def selected_hosts(tool: str, inventory: str, limit: list[str] | None, parallel: int | None = None):
+    """load_inventory for an operator command: (state, hosts), or None once it has told stderr why
+    (an inventory that does not load, or no host selected): the command then exits 2."""
+    try:
+        state, hosts = load_inventory(inventory, limit, parallel=parallel)
+    except Exception as error:  # noqa: BLE001 (pyinfra raises many kinds for a bad inventory file)
+        print(f"{tool}: cannot load inventory {inventory}: {error}", file=sys.stderr)
+        return None
+    if not hosts:
+        print(f"{tool}: no host selected", file=sys.stderr)
+        return None
+    return state, hosts
+
 # pyinfra asks for a sudo password with getpass when sudo says it needs one; with no terminal that is
 # an EOFError deep in a fact read (issue 32). What it means, and what to do, instead:
 SUDO_PASSWORD_NEEDED = ("sudo on this host needs a password and this run has no terminal to ask for it",

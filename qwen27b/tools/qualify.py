@@ -96,14 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     monkey.patch_all()
 
     layout = HostLayout.of(load_stack()["paths"])
-    try:
-        state, hosts = remote.load_inventory(args.inventory, args.limit)
-    except Exception as error:  # pyinfra raises many kinds for a bad inventory file
-        print(f"qualify: cannot load inventory {args.inventory}: {error}", file=sys.stderr)
+    selected = remote.selected_hosts("qualify", args.inventory, args.limit)
+    if selected is None:
         return 2
-    if not hosts:
-        print("qualify: no host selected", file=sys.stderr)
-        return 2
+    state, hosts = selected
     out = args.out or Path(os.environ.get("QWEN27B_REPORTS", "reports")) / time.strftime("qualify-%Y%m%dT%H%M%S")
     nonces = {host.name: remote.new_nonce() for host in hosts}
     probes = remote.run_everywhere(state, hosts, lambda host: remote.script(probe_commands(layout), nonces[host.name]))

@@ -507,14 +507,10 @@ def main(argv: list[str] | None = None) -> int:
 
     paths = load_stack()["paths"]
     started = time.monotonic()
-    try:
-        state, hosts = remote.load_inventory(args.inventory, args.limit, parallel=args.parallel)
-    except Exception as error:  # pyinfra raises many kinds for a bad inventory file
-        print(f"status: cannot load inventory {args.inventory}: {error}", file=sys.stderr)
+    selected = remote.selected_hosts("status", args.inventory, args.limit, parallel=args.parallel)
+    if selected is None:
         return 2
-    if not hosts:
-        print("status: no host selected", file=sys.stderr)
-        return 2
+    state, hosts = selected
     rows = collect(state, hosts, paths, args.timeout)
     verifies = last_verifies(args.reports, [r.host for r in rows])
     for row in rows:
