@@ -291,7 +291,10 @@ def test_a_frozen_engine_is_named_stalled_dropped_from_the_pool_restarted_and_re
         stop.set()
         watcher.join()
     journal = victim.run(f"journalctl --no-pager -u qwen27b-health.service --since @{since}", timeout=60).stdout
-    assert "engine stalled" in journal and "vllm:generation_tokens_total has stayed at" in journal, journal[-3000:]
+    # the counters name it when a request was on the engine at the freeze; else the idle 1-token probe
+    # does (its deadline passed): both are the liveness finding the watchdog restarts for
+    assert ("engine stalled" in journal and "vllm:generation_tokens_total has stayed at" in journal) or \
+        "the engine generates nothing: a 1-token completion got no answer" in journal, journal[-3000:]
     assert "consecutive CRITICAL runs (restart after 3): restarting qwen27b.service" in journal, journal[-3000:]
     assert restarted_at - frozen_at < 240, "the health check never restarted the frozen backend"
     out_at = next((t for t, members in seen if t >= frozen_at and victim.name not in members), None)
