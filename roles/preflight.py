@@ -144,7 +144,10 @@ class _ConnectErrors(BaseStateCallback):
 
 
 def watch_ctrl_c() -> None:
-    """Once per run, in the main greenlet: our Ctrl-C handling and the run summary at exit."""
+    """Once per run, in the main greenlet: our Ctrl-C handling and the run summary at exit (a second
+    call in the same run, e.g. from a deploy file pyinfra runs once per host, does nothing)."""
+    if _run.get("started") and _run.get("state") is ctx_state.get():
+        return
     if _run.get("state") is not ctx_state.get():  # config.py was not read (another cwd, --config)
         _run.update(state=ctx_state.get(), argv=list(sys.argv), main=gevent.getcurrent())
     _run["started"] = True
