@@ -74,4 +74,11 @@ recorded_hosts = [
     # others over SYS: 5,6 on NVLink), and one copy of 2 GPUs on the 3090 + V100 pair box (the NV6 pair)
     _fake("v100x8-dgx1-tp2-of-4", "v100x8-sxm2-dgx1", qwen27b_gpu_indices=[0, 5, 6, 7], qwen27b_tensor_parallel_size=2),
     _fake("mixed-3090-v100x2-copy", "mixed-3090-v100x2", qwen27b_instances=[{"name": "a", "gpus": 2, "port": 8000}]),
+    # used cards (issue 27, qwen27b/plan/gpuwear.py): a GPU left out (repeated Xid 79, link at x4), a warning
+    # naming the GPU, a host refused (every GPU worn), a converged host with persistence off, a power cap
+    _fake("v100x4-wear-xid79"),
+    _fake("v100x4-wear-warn"),
+    _fake("v100x2-pcie-worn"),
+    _fake("v100x4-converged-nopm"),
+    _fake("v100x4-power-cap", "v100x4-converged-nopm", qwen27b_power_limit_w={1: 250, 3: 275}, qwen27b_ecc="on"),
 ]

@@ -10,6 +10,7 @@ import functools
 from dataclasses import dataclass
 import shlex
 import sys
+from pathlib import Path
 
 from pyinfra import host, logger
 from pyinfra.api.exceptions import OperationError
@@ -17,7 +18,12 @@ from pyinfra.context import ctx_config, ctx_host
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, server, systemd
 
+from qwen27b import onhost
 from qwen27b.controller import runstate
+from qwen27b.controller.artifacts import cache_root, dir_manifest
+from qwen27b.controller.render import RAY_UNIT
+from qwen27b.plan.hostlayout import HostLayout
+from qwen27b.plan.distname import normalize
 from qwen27b.plan.gate import Decision
 from qwen27b.controller.host_facts import ReleaseRecords, ServiceUser, Subdirectories
 from qwen27b.onhost.secretfile import load_secret
@@ -25,7 +31,9 @@ from qwen27b.plan.hostdata import Settings, url_has_password
 from qwen27b.plan.lifecycle import parse_record, release_record_file, rollback_dir, stale_dirs
 from qwen27b.plan.stack import load_stack
 
-ROLLBACK_DIR = "/etc/qwen27b/rollback"  # the running release's unit, env and record (lifecycle.rollback_dir)
+ONHOST_SOURCE = Path(onhost.__file__).parent  # the on-host package the vllm and gateway roles send
+RAY_UNIT_FILE = HostLayout.unit_file(RAY_UNIT)  # the multinode role's unit; preflight looks for a stale one
+ROLLBACK_DIR = HostLayout.of(load_stack()["paths"]).rollback_dir  # the running release's unit, env and record
 
 
 def dry_run() -> bool:
@@ -61,7 +69,7 @@ URL_VARS = {"python_mirror": "QWEN27B_PYTHON_MIRROR", "wheel_mirror": "QWEN27B_W
 
 
 def url_env_file(decision: Decision) -> str:
-    return f"{decision.stack.paths['config']}/urls.env"
+    return decision.stack.layout.url_env_file
 
 
 def secret_urls(settings: Settings) -> dict[str, str]:
@@ -211,16 +219,45 @@ def check(function):
 
 
 def release_dir(decision: Decision) -> str:
-    return f"{decision.stack.paths['releases']}/{decision.stack.stack_hash}"
+    return decision.stack.layout.release_dir(decision.stack.stack_hash)
 
 
 def release_venv(decision: Decision) -> str:
-    return f"{release_dir(decision)}/venv"
+    return decision.stack.layout.release_venv(decision.stack.stack_hash)
+
+
+def model_dir(decision: Decision, entry: dict) -> str:
+    """A model's versioned directory on the host (the weights role fills it, the service role links it)."""
+    return decision.stack.layout.model_dir(entry)
+
+
+def wheelhouse_dir(decision: Decision) -> Path:
+    """The controller wheelhouse for this build: qwen27b_wheelhouse_dir, or the cache's default."""
+    if decision.settings.wheelhouse_dir:
+        return Path(decision.settings.wheelhouse_dir).expanduser()
+    vllm, py = decision.stack.profile["vllm"], decision.stack.profile["python"]["version"]
+    return cache_root() / "wheelhouse" / f"{vllm['dist']}-{vllm['version']}-cp{py.replace('.', '')}"
+
+
+def engine_wheel(decision: Decision) -> tuple:
+    """(file, sha256, where from) of the engine wheel this deploy installs, for the release record:
+    the pushed wheelhouse's (uv checks it with --require-hashes), else the stack's release URL's when
+    pinned with its sha256; () when it installs by name from a lab mirror or an index, where no hash
+    is known before it runs (issue 25). The same order of sources as _install_commands."""
+    vllm = decision.stack.profile["vllm"]
+    local = wheelhouse_dir(decision)
+    if local.is_dir() and any(local.glob("*.whl")):
+        wheels = {name: digest for name, digest in dir_manifest(local).items()
+                  if name.endswith(".whl") and normalize(name.split("-", 1)[0]) == normalize(vllm["dist"])}
+        return next(((name, digest, "controller wheelhouse") for name, digest in sorted(wheels.items())), ())
+    if decision.settings.wheel_mirror or not (vllm.get("url") and vllm.get("sha256")):
+        return ()
+    return vllm["url"].rsplit("/", 1)[-1], vllm["sha256"], "stack release URL"
 
 
 def uv_on_host(decision: Decision) -> str:
     """Where the uv binary is on the host (the vllm role installs with it; uv's Python route needs it)."""
-    return f"{decision.stack.paths['bin']}/uv"
+    return decision.stack.layout.uv
 
 
 def apt_lock_timeout() -> int:

@@ -19,12 +19,13 @@ from pyinfra.operations import files, server, systemd
 
 from qwen27b.plan.gate import Decision
 from qwen27b.plan.hostdata import open_to_all
+from qwen27b.plan.hostlayout import HostLayout
 from qwen27b.controller.render import FIREWALL_UNIT, firewall_contexts, render
 
 from ._common import note
 from ._common import apt_install
 
-UNIT_FILE = f"/etc/systemd/system/{FIREWALL_UNIT}"
+UNIT_FILE = HostLayout.unit_file(FIREWALL_UNIT)
 
 
 def load_commands(rules_file: str) -> list[str]:

@@ -37,8 +37,7 @@ from qwen27b.plan.gateway import GatewayPlan, is_gateway, plan_gateways
 from qwen27b.plan.hostdata import SECRET_NAMES
 
 from ._common import check, dry_run, note
-from ._common import apt_install, service_user, started
-from .vllm import ONHOST_SOURCE
+from ._common import ONHOST_SOURCE, apt_install, service_user, started
 
 READY_TIMEOUT_S = 900  # the backends of the same run load their weights first (minutes on V100)
 

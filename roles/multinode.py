@@ -21,9 +21,8 @@ from qwen27b.controller.render import RAY_UNIT, layout, ray_context, render, ren
 from qwen27b.plan.gate import Decision
 
 from ._common import needs_restart, note, restart_needed, started, url_word
+from ._common import RAY_UNIT_FILE as UNIT_FILE
 from ._common import release_venv
-
-UNIT_FILE = f"/etc/systemd/system/{RAY_UNIT}"
 
 
 def multinode(decision: Decision) -> None:

@@ -40,7 +40,7 @@ def textfile_dir_spec(user: str) -> list[str]:
 def node_exporter(decision: Decision) -> None:
     if not decision.settings.node_exporter:
         return
-    user = decision.stack.paths["service_user"]
+    user = decision.stack.layout.service_user
     scrapers = ", ".join(decision.settings.metrics_allow or []) or "nobody (set qwen27b_metrics_allow)"
     note(f"node_exporter: {PACKAGE} on :{NODE_EXPORTER_PORT}, scraped by {scrapers}; "
          f"the health check writes {TEXTFILE_DIR}/{TEXTFILE_NAME}")

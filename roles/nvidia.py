@@ -14,6 +14,7 @@ from pyinfra.operations import files, server, systemd
 from qwen27b.plan.gate import Decision
 from qwen27b.controller import factcache
 from qwen27b.controller.operations import apt_hold
+from qwen27b.controller.render import GPU_POWER_UNIT, UNIT_DIR, gpu_power_unit
 
 from ._common import note
 from ._common import apt_install, apt_lock_option
@@ -66,6 +67,7 @@ def nvidia(decision: Decision) -> None:
         systemd.service(name="nvidia-persistenced on", service="nvidia-persistenced", running=True, enabled=True)
     else:
         note("nvidia: nvidia-persistenced left as the driver's installer set it up (no apt package owns the driver)")
+    gpu_power(decision)
 
 
 def _reboot(decision: Decision) -> None:
@@ -86,3 +88,31 @@ def _apt(release_holds: tuple[str, ...]) -> str:
     its line numbers alone, and lines added above moved "replace the NVIDIA driver" onto multinode.py's
     line 58 (the recorded hosts' dry run failed with 'Cycle detected in operation ordering DAG')."""
     return f"{APT} {apt_lock_option()}" + (" --allow-change-held-packages" if release_holds else "")
+
+
+def gpu_power(decision: Decision) -> None:
+    """qwen27b-gpu-power.service (issue 27): persistence mode on and the power caps, at each boot before
+    the service. Run now when it changed, unless a reboot for the driver is still to come (it runs then)."""
+    if decision.power is None:
+        return
+    dest = f"{UNIT_DIR}/{GPU_POWER_UNIT}"
+    factcache.prefetch(factcache.put_reads(dest, create_remote_dir=False) + factcache.service_reads(GPU_POWER_UNIT))
+    unit = files.put(name=f"render {dest}", src=StringIO(gpu_power_unit(decision)), dest=dest, user="root", group="root",
+                     mode="0644", create_remote_dir=False)
+    if unit.will_change:
+        systemd.daemon_reload(name="systemd daemon-reload (the GPU power unit changed)")
+    waits = decision.driver is not None and decision.driver.reboot and decision.settings.skip_reboot
+    wear = {w["index"]: w for w in ((decision.facts.wear or {}).get("gpus") or [])}
+    off = [g["index"] for g in decision.facts.gpus if g.get("persistence_mode") is False]
+    drift = [i for i, w in decision.power.limits if (wear.get(i) or {}).get("power_limit_w") not in (None, float(w))]
+    why = ([f"persistence mode off on GPU(s) {', '.join(map(str, off))}"] if off else []) + (
+        [f"power limit not as planned on GPU(s) {', '.join(map(str, drift))}"] if drift else [])
+    rerun = not waits and (unit.will_change or bool(why))
+    if why and not waits:
+        note(f"nvidia: {GPU_POWER_UNIT} runs again: {'; '.join(why)}", always=True)
+    # one name on every host: pyinfra joins the names one operation gets on different hosts
+    systemd.service(name=f"{GPU_POWER_UNIT} enabled (run when it changed or the GPUs drifted from it)",
+                    service=GPU_POWER_UNIT, running=not waits, restarted=rerun, enabled=True)
+    if decision.power.ecc_on:
+        note(f"nvidia: ECC turned on for GPU(s) {', '.join(map(str, decision.power.ecc_on))} (qwen27b_ecc: on): it takes "
+             "effect after a reboot, which this deploy does not do: `sudo systemctl reboot`", always=True)

@@ -46,10 +46,8 @@ from qwen27b.plan.stack import load_stack
 from qwen27b.plan.serving import GROUP, decide, kind
 from qwen27b.plan.multinode import Member, decide_group
 from pyinfra.facts.files import File
-from roles.multinode import UNIT_FILE as RAY_UNIT_FILE
-from roles.vllm import wheelhouse_dir
 
-from ._common import note, release_dir, release_venv, take_notes
+from ._common import RAY_UNIT_FILE, note, release_dir, release_venv, take_notes, wheelhouse_dir
 
 _OWNER = hostlock.me()  # this deploy, as the host locks name it
 
@@ -146,7 +144,10 @@ class _ConnectErrors(BaseStateCallback):
 
 
 def watch_ctrl_c() -> None:
-    """Once per run, in the main greenlet: our Ctrl-C handling and the run summary at exit."""
+    """Once per run, in the main greenlet: our Ctrl-C handling and the run summary at exit (a second
+    call in the same run, e.g. from a deploy file pyinfra runs once per host, does nothing)."""
+    if _run.get("started") and _run.get("state") is ctx_state.get():
+        return
     if _run.get("state") is not ctx_state.get():  # config.py was not read (another cwd, --config)
         _run.update(state=ctx_state.get(), argv=list(sys.argv), main=gevent.getcurrent())
     _run["started"] = True
@@ -399,7 +400,7 @@ def carried(decision: Decision) -> Decision:
     except ValueError:
         return decision  # pruning and the rollback name an unreadable record
     if record is None or record.model_ref != f"{model['id']}@{model['revision']}" \
-            or record.links.get(paths["current_release"]) != release_dir(decision):
+            or record.links.get(decision.stack.layout.current_release) != release_dir(decision):
         return decision
     serve, why = retry.carry_over(decision.stack, decision.serve, decision.draft_path, record.flags,
                                   record.attempts)

@@ -7,10 +7,16 @@ by the ReleaseRecords fact; qwen27b.plan.lifecycle decides (a host with nothing 
 whose previous release was pruned, is refused naming the fix). The running release changes places
 with the kept one, so a second rollback rolls forward again. If the release rolled back to does
 not verify, the host is switched back to what it ran and that is verified: the host never ends
-up on a release that failed its check while a working one was at hand.
+up on a release that failed its check while a working one was at hand. A host serving copies
+(qwen27b_instances) is rolled back as a whole, since its copies share one release: every copy's
+env file, the templated unit and the record swapped, each copy restarted and verified at its own
+URL with its own key (a failed copy switches the whole host back).
 """
 
 from __future__ import annotations
+
+import functools
+import urllib.parse
 
 import click
 from pyinfra import host, state
@@ -21,17 +27,20 @@ from qwen27b.controller import oporder, runstate
 from qwen27b.controller import postdeploy as V
 from qwen27b.controller.host_facts import ReleaseRecords
 from qwen27b.controller.opsplan import planned_operations
-from qwen27b.controller.render import RESTART_COMMAND, serving_files
+from qwen27b.controller.render import (RESTART_COMMAND, copies_serving_files, copy_health_files, copy_health_units,
+                                       instance_unit, serving_files)
 from qwen27b.controller.report import format_operations
 from qwen27b.onhost.secretfile import load_secret
+from qwen27b.onhost.unit import journal_tail_command
 from qwen27b.plan.gate import RefusedHost
+from qwen27b.plan.hostdata import instances_of
 from qwen27b.plan.serving import COPIES, kind
 from qwen27b.plan.lifecycle import NoRollback, Record, RollbackPlan, loopback_url, parse_record, plan_rollback, release_record_file, swap_commands
 from qwen27b.plan.stack import health_status_file, load_stack
 
 from ._common import ROLLBACK_DIR, check
 from .preflight import inventory_settings, refuse, release_lock, take_lock
-from .verify import failed, run_in_order, say, serving, unit_state
+from .verify import _health_verdict, _remote, failed, run_in_order, say, serving, unit_state
 
 THEN = ["systemctl daemon-reload", RESTART_COMMAND]  # after the swap: the restored unit read, the service restarted
 
@@ -74,18 +83,68 @@ def _verify(plan: RollbackPlan, key_file: str | None, files: list[str], status_f
     raise OperationError(f"rollback failed: {result.reason}")
 
 
+def copies_then(copies: list[tuple]) -> list[str]:
+    """After the swap on a host serving copies: the restored template read, each copy restarted."""
+    return ["systemctl daemon-reload"] + [f"systemctl stop {unit}; systemctl reset-failed {unit}; "
+                                          f"systemctl start --no-block {unit}"
+                                          for unit in (instance_unit(name) for name, _, _ in copies)]
+
+
+def copy_url(url: str, port: int) -> str:
+    """A copy's URL from the release record's (the first copy's): the same address, the copy's port."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.netloc.rpartition(":")[0] or parts.netloc
+    return urllib.parse.urlunsplit((parts.scheme, f"{host}:{port}", parts.path, "", ""))
+
+
+def _verify_each_copy(record: Record, copies: list[tuple]) -> str | None:
+    """Each copy at its own URL with its own key, one report row each; the first failure, or None."""
+    paths = load_stack()["paths"]
+    for name, port, key_file in copies:
+        unit = instance_unit(name)
+        result = _result(record)
+        result.url = copy_url(record.url, port)
+        runstate.current().results.append(result)
+        key = load_secret(key_file, "VLLM_API_KEY") if key_file else None  # read here: never an operation argument
+        try:
+            serving(result, key, say, functools.partial(unit_state, unit), record.start_timeout_s, record.speculative,
+                    unit=unit)
+            result.status = "ok"
+            say(f"copy {name} verified at {result.url}: TTFT {result.ttft_s * 1000:.0f} ms")
+        except V.VerifyFailed as failure:
+            result.status, result.reason = "failed", f"copy {name} ({unit}): {failure}"
+            _health_verdict(copy_health_files(paths, name)["health_status"], result, unit, copy_health_units(name)[0])
+            result.journal = _remote(journal_tail_command(unit))
+            return result.reason
+    return None
+
+
+@check
+def _verify_copies(plan: RollbackPlan, copies: list[tuple], files: list[str], then: list[str]) -> None:
+    """The rollback of a host serving copies: every copy verified on the release rolled back to; if
+    one fails, the host is switched back and every copy verified there."""
+    paths = load_stack()["paths"]
+    trouble = _verify_each_copy(plan.target, copies)
+    if trouble is None:
+        say("rolled back and verified: every copy")
+        return
+    reason = f"the previous release ({plan.target.short(paths)}) did not verify: {trouble}"
+    say(f"{reason}; switching back to {plan.back.short(paths)}")
+    again = run_in_order(swap_commands(plan.back.links, files, ROLLBACK_DIR, then)) or _verify_each_copy(plan.back, copies)
+    if again:
+        raise OperationError(f"rollback failed: {reason}; switching back did not recover either: {again}")
+    raise OperationError(f"rollback failed: {reason}; switched back to {plan.back.short(paths)}, which verified")
+
+
 def rollback() -> bool:
     """Queue this host's rollback (nothing when refused). Returns whether it was planned."""
     oporder.register_deploy_file(state.current_deploy_filename)
     settings = inventory_settings()[host.name]  # bad inventory stops the run before any fact is read
-    if kind(settings) == COPIES:
-        refuse(RefusedHost(host.name, "the rollback swaps qwen27b.service's unit and env; this host serves copies "
-                           "(qwen27b_instances), which it does not roll back",
-                           "deploy the release you want: pin it with qwen27b_stack_overrides and run "
-                           f"`pyinfra INVENTORY deploy.py -y --limit {host.name}`"))
-        return False
     paths = load_stack()["paths"]
-    files = serving_files(paths)
+    copies = [(i.name, i.port, i.api_key_file or settings.api_key_file) for i in instances_of(settings)] \
+        if kind(settings) == COPIES else []
+    files = copies_serving_files(paths, [name for name, _, _ in copies]) if copies else serving_files(paths)
+    then = copies_then(copies) if copies else THEN
     answer = host.get_fact(ReleaseRecords, record=release_record_file(paths), kept_dir=ROLLBACK_DIR)
     try:
         plan = plan_rollback(parse_record(answer["current"]), parse_record(answer["previous"]), answer["kept"],
@@ -99,10 +158,14 @@ def rollback() -> bool:
         return False
     if not take_lock():
         return False
-    server.shell(name="rollback: switch to the previous release (symlinks, unit, env, record) and restart",
-                 commands=swap_commands(plan.target.links, files, ROLLBACK_DIR, THEN))
+    server.shell(name="rollback: switch to the previous release (symlinks, unit, env, record) and restart"
+                 + (f" each copy ({', '.join(name for name, _, _ in copies)})" if copies else ""),
+                 commands=swap_commands(plan.target.links, files, ROLLBACK_DIR, then))
     if loopback_url(plan.target.url):
         say("verify: skipped - the service binds to loopback only, the controller cannot reach it")
+    elif copies:
+        python.call(name="verify: each copy on the release rolled back to (readiness, /v1/models, streamed completion)",
+                    function=_verify_copies, plan=plan, copies=copies, files=files, then=then)
     else:
         python.call(name="verify: the release rolled back to (readiness, /v1/models, streamed completion)",
                     function=_verify, plan=plan, key_file=settings.api_key_file, files=files,

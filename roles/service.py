@@ -20,20 +20,20 @@ from pyinfra.operations import files, server, systemd
 
 from qwen27b.plan.gate import Decision
 from qwen27b.plan.hostdata import http_base
+from qwen27b.plan.hostlayout import HostLayout
 from qwen27b.controller import factcache, runstate
 from qwen27b.controller.host_facts import SecretFileState, Subdirectories, SymlinkTarget
 from qwen27b.controller.operations import secret_file, symlink_switch
 from qwen27b.controller.render import (HEALTH_HTTP_SERVICE, HEALTH_HTTP_SOCKET, HEALTH_TIMER, HEALTH_UNIT, INSTANCE_UNIT,
-                                       RESTART_COMMAND, SERVICE_UNIT, UNIT_DIR, instance_files, instance_unit, layout,
-                                       render_all, render_instances, serving_files)
+                                       RESTART_COMMAND, SERVICE_UNIT, copies_serving_files, copy_health_units,
+                                       instance_files, instance_unit, layout, render_all, render_instances,
+                                       serving_files)
 
 from qwen27b.plan.lifecycle import RECORD_NAME, Record, record_text, release_record_file
 
 from ._common import (ROLLBACK_DIR, api_key, note, prune_dirs, remember_kept, remember_previous, restart_needed,
                       running_record)
-from ._common import release_dir, started
-from .vllm import engine_wheel
-from .weights import model_dir
+from ._common import engine_wheel, model_dir, release_dir, started
 
 
 def _will_change(rendered: dict, targets) -> bool:
@@ -61,18 +61,18 @@ def service(decision: Decision) -> None:
     rendered = render_all(decision)
     targets = [
         ("qwen27b.env.j2", where["env_file"]),
-        ("qwen27b.service.j2", f"{UNIT_DIR}/{SERVICE_UNIT}"),
-        ("qwen27b-health.service.j2", f"{UNIT_DIR}/{HEALTH_UNIT}"),
-        ("qwen27b-health.timer.j2", f"{UNIT_DIR}/{HEALTH_TIMER}"),
-        ("qwen27b-health-http.socket.j2", f"{UNIT_DIR}/{HEALTH_HTTP_SOCKET}"),
-        ("qwen27b-health-http@.service.j2", f"{UNIT_DIR}/{HEALTH_HTTP_SERVICE}"),
+        ("qwen27b.service.j2", HostLayout.unit_file(SERVICE_UNIT)),
+        ("qwen27b-health.service.j2", HostLayout.unit_file(HEALTH_UNIT)),
+        ("qwen27b-health.timer.j2", HostLayout.unit_file(HEALTH_TIMER)),
+        ("qwen27b-health-http.socket.j2", HostLayout.unit_file(HEALTH_HTTP_SOCKET)),
+        ("qwen27b-health-http@.service.j2", HostLayout.unit_file(HEALTH_HTTP_SERVICE)),
     ]
     units = len(targets) - 1  # every target but the env file is a unit file
     kept = serving_files(decision.stack.paths)  # env, unit (targets[:2]) and the record: what a rollback restores
     factcache.prefetch([read for _, dest in targets for read in factcache.put_reads(dest, create_remote_dir=False)]
                        + factcache.put_reads(release_record_file(decision.stack.paths), create_remote_dir=False)
-                       + [(SymlinkTarget, {"path": decision.stack.paths["current_release"]}),
-                          (Subdirectories, {"path": decision.stack.paths["releases"]})]
+                       + [(SymlinkTarget, {"path": decision.stack.layout.current_release}),
+                          (Subdirectories, {"path": decision.stack.layout.releases})]
                        + ([(SecretFileState, {"path": where["secrets_file"]})] if decision.settings.api_key_file else [])
                        + factcache.service_reads(SERVICE_UNIT) + factcache.service_reads(HEALTH_TIMER)
                        + factcache.service_reads(HEALTH_HTTP_SOCKET))
@@ -83,7 +83,7 @@ def service(decision: Decision) -> None:
     switching = any(now not in (None, record.links[link]) for link, now in running.items())
     if (switching or _will_change(rendered, targets[:2])) and all(host.get_fact(Sha1File, path=dest) for dest in kept[:2]):
         keep_running_release(kept, record_file, Record({link: now for link, now in running.items() if now}))
-    # create_remote_dir=False: /etc/systemd/system is systemd's and the config dir the toolchain
+    # create_remote_dir=False: the unit dir (HostLayout.unit_file) is systemd's and the config dir the toolchain
     # role's; pyinfra's own check of the parent dir cost two remote commands per file per run
     written = [
         files.put(name=f"render {dest}", src=StringIO(rendered[template]), dest=dest, user="root", group="root",
@@ -100,12 +100,12 @@ def service(decision: Decision) -> None:
         # new key and, on rotation, the old one
         written.append(secret_file(name="API key env file (0600)", dest=where["secrets_file"],
                                    content=f"VLLM_API_KEY={api_key(decision)}\n"))
-    current = decision.stack.paths["current_release"]
+    current = decision.stack.layout.current_release
     previous = host.get_fact(SymlinkTarget, path=current)
     if previous != release_dir(decision):
         remember_previous(current, previous)
     release = symlink_switch(name="activate the release (current symlink)", link=current, target=release_dir(decision))
-    prune_dirs("prune old releases", decision.stack.paths, decision.stack.paths["releases"], release_dir(decision), previous,
+    prune_dirs("prune old releases", decision.stack.paths, decision.stack.layout.releases, release_dir(decision), previous,
                decision.settings.keep_releases)
     if any(op.will_change for op in written[1:1 + units]):
         systemd.daemon_reload(name="systemd daemon-reload (a unit file changed)")
@@ -120,8 +120,8 @@ def service(decision: Decision) -> None:
 def release_record(decision: Decision, attempts: tuple = ()) -> Record:
     """What this deploy makes the host run (qwen27b.plan.lifecycle): every symlink's target and how
     verify reaches the service. Written to the host, so a later rollback knows it without this run."""
-    serve, model, paths = decision.serve, decision.stack.model, decision.stack.paths
-    links = {paths["current_release"]: release_dir(decision), decision.model_path: model_dir(decision, model)}
+    serve, model = decision.serve, decision.stack.model
+    links = {decision.stack.layout.current_release: release_dir(decision), decision.model_path: model_dir(decision, model)}
     if decision.draft_path:
         links[decision.draft_path] = model_dir(decision, decision.stack.draft)
     return Record(links, model_ref=f"{model['id']}@{model['revision']}",
@@ -169,52 +169,80 @@ def health_endpoint(socket_file) -> None:
                         running=True, enabled=True)
 
 
-SINGLE_UNITS = (SERVICE_UNIT, HEALTH_TIMER, HEALTH_HTTP_SOCKET)  # what a one-copy deploy started
-
-
 def service_copies(decision: Decision) -> None:
     """Several copies (qwen27b_instances): the templated unit qwen27b@.service once, each copy's env
     file (its GPUs, flags and URL) and API key file, the `current` release switched, and each
     qwen27b@NAME.service restarted only when its own files, the unit, the release or the weights
     changed. A host that served one copy before gets qwen27b.service and its health units stopped
-    and removed first (the copies need its GPUs and port). The health timer and endpoint watch one
-    service: they are not installed for copies (docs/lifecycle.md)."""
-    paths = decision.stack.paths
+    and removed first (the copies need its GPUs and port). Each copy gets its own health check and
+    timer, qwen27b-health@NAME.service/.timer (render.instance_health_contexts), and the host's one
+    health endpoint answers each copy on /health/NAME; a changed health unit never restarts a copy."""
+    paths, at = decision.stack.paths, decision.stack.layout
     note_lab_key(decision)
     rendered = render_instances(decision)
-    unit_file = f"{UNIT_DIR}/{INSTANCE_UNIT}"
+    unit_file = HostLayout.unit_file(INSTANCE_UNIT)
+    health = [unit for i, _ in decision.copies for unit in copy_health_units(i.name)] + [HEALTH_HTTP_SOCKET,
+                                                                                        HEALTH_HTTP_SERVICE]
     targets = [(INSTANCE_UNIT, unit_file)] + [(f"{i.name}.env", instance_files(paths, i.name)["env_file"])
-                                             for i, _ in decision.copies]
+                                             for i, _ in decision.copies] + [(unit, HostLayout.unit_file(unit)) for unit in health]
     keys = {i.name: instance_files(paths, i.name)["secrets_file"] for i, copy in decision.copies if copy.settings.api_key_file}
-    single = [f"{UNIT_DIR}/{unit}" for unit in SINGLE_UNITS + (HEALTH_UNIT, HEALTH_HTTP_SERVICE)]
+    # the health endpoint stays (rewritten below: it answers each copy on /health/NAME)
+    single = [HostLayout.unit_file(unit) for unit in (SERVICE_UNIT, HEALTH_TIMER, HEALTH_UNIT)]
     factcache.prefetch([read for _, dest in targets for read in factcache.put_reads(dest, create_remote_dir=False)]
                        + factcache.put_reads(release_record_file(paths), create_remote_dir=False)
-                       + [(SymlinkTarget, {"path": paths["current_release"]}), (Subdirectories, {"path": paths["releases"]})]
+                       + [(SymlinkTarget, {"path": at.current_release}), (Subdirectories, {"path": at.releases})]
                        + [(SecretFileState, {"path": dest}) for dest in keys.values()]
                        + [(Sha1File, {"path": path}) for path in single]
-                       + [read for i, _ in decision.copies for read in factcache.service_reads(instance_unit(i.name))])
-    if host.get_fact(Sha1File, path=f"{UNIT_DIR}/{SERVICE_UNIT}"):
-        server.shell(name=f"stop and remove {SERVICE_UNIT} and its health units (the host now serves copies)",
-                     commands=[f"systemctl disable --now {' '.join(SINGLE_UNITS)}",
+                       + [read for i, _ in decision.copies for read in factcache.service_reads(instance_unit(i.name))]
+                       + [read for i, _ in decision.copies for read in factcache.service_reads(copy_health_units(i.name)[1])]
+                       + factcache.service_reads(HEALTH_HTTP_SOCKET))
+    if host.get_fact(Sha1File, path=HostLayout.unit_file(SERVICE_UNIT)):
+        server.shell(name=f"stop and remove {SERVICE_UNIT} and its health check (the host now serves copies)",
+                     commands=[f"systemctl disable --now {SERVICE_UNIT} {HEALTH_TIMER}",
                                "rm -f " + " ".join(path for path in single)])
-    written = {template: files.put(name=f"render {dest}", src=StringIO(rendered[template]), dest=dest, user="root",
-                                   group="root", mode="0644", create_remote_dir=False) for template, dest in targets}
+    # the running release's unit, env files and record kept for `qwen27b rollback` before any is replaced
+    kept = copies_serving_files(paths, [i.name for i, _ in decision.copies])
+    record = release_record(decision)
+    running = {link: host.get_fact(SymlinkTarget, path=link) for link in record.links}
+    switching = any(now not in (None, record.links[link]) for link, now in running.items())
+    if (switching or _will_change(rendered, targets[:1 + len(decision.copies)])) \
+            and all(host.get_fact(Sha1File, path=dest) for dest in kept[:-1]):
+        keep_running_release(kept, release_record_file(paths), Record({link: now for link, now in running.items() if now}))
+    def put(template: str, dest: str):
+        return files.put(name=f"render {dest}", src=StringIO(rendered[template]), dest=dest, user="root",
+                         group="root", mode="0644", create_remote_dir=False)
+
+    # one call site per kind of file: pyinfra names an operation by its call site and count, so the
+    # k-th call of one site must be the same file on every host (a host with one copy beside one with
+    # two would otherwise merge "render qwen27b@b.env" with "render qwen27b-health@a.service")
+    dests = dict(targets)
+    written = {INSTANCE_UNIT: put(INSTANCE_UNIT, unit_file)}
+    for i, _ in decision.copies:
+        written[f"{i.name}.env"] = put(f"{i.name}.env", dests[f"{i.name}.env"])
+    for i, _ in decision.copies:
+        check = copy_health_units(i.name)[0]
+        written[check] = put(check, dests[check])
+    for i, _ in decision.copies:
+        timer = copy_health_units(i.name)[1]
+        written[timer] = put(timer, dests[timer])
+    written[HEALTH_HTTP_SOCKET] = put(HEALTH_HTTP_SOCKET, dests[HEALTH_HTTP_SOCKET])
+    written[HEALTH_HTTP_SERVICE] = put(HEALTH_HTTP_SERVICE, dests[HEALTH_HTTP_SERVICE])
     files.put(name=f"render {release_record_file(paths)} (the release; the first copy's URL)",
-              src=StringIO(record_text(release_record(decision))), dest=release_record_file(paths), user="root",
+              src=StringIO(record_text(record)), dest=release_record_file(paths), user="root",
               group="root", mode="0644", create_remote_dir=False)
     for (instance, copy) in decision.copies:
         if instance.name in keys:
             written[instance.name] = secret_file(name=f"API key env file of copy {instance.name} (0600)",
                                                  dest=keys[instance.name],
                                                  content=f"VLLM_API_KEY={api_key(copy)}\n")
-    current = paths["current_release"]
+    current = at.current_release
     previous = host.get_fact(SymlinkTarget, path=current)
     if previous != release_dir(decision):
         remember_previous(current, previous)
     release = symlink_switch(name="activate the release (current symlink)", link=current, target=release_dir(decision))
-    prune_dirs("prune old releases", paths, paths["releases"], release_dir(decision), previous,
+    prune_dirs("prune old releases", paths, at.releases, release_dir(decision), previous,
                decision.settings.keep_releases)
-    if written[INSTANCE_UNIT].will_change:
+    if any(written[unit].will_change for unit in [INSTANCE_UNIT] + health):
         systemd.daemon_reload(name="systemd daemon-reload (a unit file changed)")
     shared = written[INSTANCE_UNIT].will_change or release.will_change or restart_needed()
     for instance, _ in decision.copies:
@@ -222,3 +250,6 @@ def service_copies(decision: Decision) -> None:
         own = [written[f"{instance.name}.env"]] + ([written[instance.name]] if instance.name in keys else [])
         started(unit, shared or any(op.will_change for op in own), "config, release or weights changed",
                 f"systemctl stop {unit}; systemctl reset-failed {unit}; systemctl start --no-block {unit}")
+        timer = copy_health_units(instance.name)[1]
+        systemd.service(name=f"{timer} enabled and running", service=timer, running=True, enabled=True)
+    health_endpoint(written[HEALTH_HTTP_SOCKET])

@@ -38,16 +38,16 @@ def _packages(decision: Decision) -> list[str]:
 
 
 def _directories(decision: Decision) -> list[tuple[str, str, str, str]]:
-    p, user = decision.stack.paths, decision.stack.paths["service_user"]
+    p, user = decision.stack.layout, decision.stack.layout.service_user
     return [
-        (p["root"], "root", "root", "0755"),
-        (p["releases"], "root", "root", "0755"),
-        (p["bin"], "root", "root", "0755"),
-        (p["host_cache"], "root", "root", "0755"),
-        (p["state"], user, user, "0750"),
-        (p["models"], "root", user, "0750"),  # root writes weights; the service only reads them
-        (p["cache"], user, user, "0750"),  # vLLM / torch / triton caches
-        (p["config"], "root", "root", "0755"),
+        (p.root, "root", "root", "0755"),
+        (p.releases, "root", "root", "0755"),
+        (p.bin, "root", "root", "0755"),
+        (p.host_cache, "root", "root", "0755"),
+        (p.state, user, user, "0750"),
+        (p.models, "root", user, "0750"),  # root writes weights; the service only reads them
+        (p.cache, user, user, "0750"),  # vLLM / torch / triton caches
+        (p.config, "root", "root", "0755"),
     ]
 
 
@@ -64,12 +64,12 @@ def _push_uv(decision: Decision) -> None:
 
 def _python(decision: Decision) -> str:
     """Queue what makes the profile's Python exist; return the command prefix that creates a venv."""
-    py, paths = decision.stack.profile["python"], decision.stack.paths
+    py, at = decision.stack.profile["python"], decision.stack.layout
     _push_uv(decision)
     if py["route"] == "system":
         return f"{shlex.quote('python' + py['version'])} -m venv"
     uv = uv_on_host(decision)
-    env = f"{fetch_prefix(decision)}UV_PYTHON_INSTALL_DIR={paths['python']}"
+    env = f"{fetch_prefix(decision)}UV_PYTHON_INSTALL_DIR={at.python}"
     if decision.settings.python_mirror:
         env += f" UV_PYTHON_INSTALL_MIRROR={shell_word(decision.settings, 'python_mirror')}"
     managed, python = _venv_python(decision, env, uv)
@@ -80,9 +80,9 @@ def _venv_python(decision: Decision, env: str, uv: str) -> tuple[str, str]:
     """uv's flags naming the interpreter the plan's python row promised: the host's own (e.g. Ubuntu
     24.04's /usr/bin/python3.12) with --no-managed-python, so uv never downloads one instead; else
     uv's managed Python, installed first."""
-    version, paths = decision.stack.profile["python"]["version"], decision.stack.paths
+    version, at = decision.stack.profile["python"]["version"], decision.stack.layout
     have = decision.facts.pythons.get(version)
-    if have and not have.startswith(paths["python"] + "/"):
+    if have and not have.startswith(at.python + "/"):
         return "--no-managed-python", have
     if not have:
         server.shell(name="python (uv managed)", commands=[f"{env} {uv} python install --managed-python {shlex.quote(version)}"])
@@ -120,12 +120,12 @@ def _apt_proxy(decision: Decision) -> None:
 
 
 def toolchain(decision: Decision) -> None:
-    paths, user = decision.stack.paths, decision.stack.paths["service_user"]
+    at, user = decision.stack.layout, decision.stack.layout.service_user
     factcache.prefetch([(DebPackages, {}), (ServiceUser, {"user": user}),
                         (DirectoryStates, {"paths": [posixpath.normpath(d[0]) for d in _directories(decision)]}),
                         (File, {"path": f"{release_venv(decision)}/bin/python"}),
                         (File, {"path": APT_PROXY_AUTH})]
-                       + factcache.put_reads(f"{paths['bin']}/uv")
+                       + factcache.put_reads(at.uv)
                        + (factcache.put_reads(APT_PROXY_CONF, create_remote_dir=False) if decision.settings.http_proxy
                           else [(File, {"path": APT_PROXY_CONF})]))  # one round trip for what this role reads
     _apt_proxy(decision)  # before the first apt command
@@ -133,7 +133,7 @@ def toolchain(decision: Decision) -> None:
          "a first boot; apt prints 'Waiting for cache lock'), then fails naming the process that holds it "
          f"{decision.stack.cite('apt-lock-timeout')}")
     apt_install("base packages", _packages(decision))
-    service_user(user, paths["state"])
+    service_user(user, at.state)
     directories(name="qwen27b directories (owner, group, mode)", specs=[list(d) for d in _directories(decision)])
     if url_env_text(decision.settings):  # before the first command that sources it
         secret_file(name="mirror/proxy URLs with credentials (0600, never on a command line)",

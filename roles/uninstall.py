@@ -21,7 +21,7 @@ from qwen27b.controller import factcache, oporder
 from qwen27b.controller.facts import HeldPackages, NvidiaCudaPackages
 from qwen27b.controller.host_facts import DeployedState
 from qwen27b.controller.opsplan import planned_operations
-from qwen27b.controller.render import UNIT_DIR
+from qwen27b.plan.hostlayout import UNIT_DIR, HostLayout
 from qwen27b.controller.report import format_operations
 from qwen27b.onhost.contract import TEXTFILE_DIR, TEXTFILE_NAME
 from qwen27b.plan.lifecycle import (GATEWAY_USER, LOCK_DIR, NFT_TABLE, SERVICE_UNITS, Installed, UninstallOptions, probe_paths,
@@ -39,7 +39,7 @@ def uninstall() -> bool:
     settings = inventory_settings()[host.name]  # bad inventory stops the run before any fact is read
     paths = load_stack()["paths"]
     probe = {"paths": probe_paths(paths, UNIT_DIR, TEXTFILE), "units": list(SERVICE_UNITS),
-             "accounts": [paths["service_user"], GATEWAY_USER], "nft_table": NFT_TABLE}
+             "accounts": [HostLayout.of(paths).service_user, GATEWAY_USER], "nft_table": NFT_TABLE}
     factcache.prefetch([(DeployedState, probe), (HeldPackages, {}), (NvidiaCudaPackages, {})])
     have = Installed(**host.get_fact(DeployedState, **probe), held=host.get_fact(HeldPackages) or [],
                      packages=host.get_fact(NvidiaCudaPackages) or {})

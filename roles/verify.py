@@ -29,8 +29,9 @@ from qwen27b.onhost.contract import RESTART_LOOP_FINDING, UNIT_PROPERTIES, crash
 from qwen27b.onhost.unit import journal_tail_command, parse_show, show_command
 from qwen27b.plan.gate import Decision
 from qwen27b.plan.hostdata import http_base
-from qwen27b.controller.render import (HEALTH_UNIT, RESTART_COMMAND, SERVICE_UNIT, UNIT_DIR, instance_unit, layout,
-                                       render_all)
+from qwen27b.plan.hostlayout import HostLayout
+from qwen27b.controller.render import (HEALTH_UNIT, RESTART_COMMAND, SERVICE_UNIT, copy_health_files,
+                                       copy_health_units, instance_unit, layout, render_all)
 from qwen27b.plan import retry
 from qwen27b.plan import regression
 from qwen27b.plan.lifecycle import RECORD_NAME, Record, parse_record, record_text, release_record_file, verify_figures
@@ -171,8 +172,8 @@ def spec_probe(decision: Decision) -> dict | None:
     return (decision.stack.speculative.get(spec.method) or {}).get("probe") if spec.on else None
 
 
-def _unit_properties() -> dict:
-    return parse_show("\n".join(_remote(show_command(SERVICE_UNIT, UNIT_PROPERTIES))))
+def _unit_properties(unit: str = SERVICE_UNIT) -> dict:
+    return parse_show("\n".join(_remote(show_command(unit, UNIT_PROPERTIES))))
 
 
 def _until_restart_loop_is_evident(say, timeout_s: float = 120) -> None:
@@ -188,11 +189,13 @@ def _until_restart_loop_is_evident(say, timeout_s: float = 120) -> None:
         time.sleep(5)
 
 
-def _health_verdict(status_file: str, result: V.HostResult) -> None:
+def _health_verdict(status_file: str, result: V.HostResult, unit: str = SERVICE_UNIT,
+                    health_unit: str = HEALTH_UNIT) -> None:
     """One health check run on the host, as its timer runs it; its restart-loop sentence (read from
-    systemd's counters) becomes the report's reason, so the two say the same thing."""
-    result.unit = _unit_properties()
-    status = "\n".join(_remote(f"systemctl start {HEALTH_UNIT} >/dev/null 2>&1; "
+    systemd's counters) becomes the report's reason, so the two say the same thing. A copy's: its
+    unit and its own check (qwen27b-health@NAME.service)."""
+    result.unit = _unit_properties(unit)
+    status = "\n".join(_remote(f"systemctl start {health_unit} >/dev/null 2>&1; "
                                f"cat {status_file} 2>/dev/null"))
     try:
         result.health = json.loads(status) if status else None
@@ -239,11 +242,15 @@ def _check_copies(decision: Decision) -> None:
                     serve.has("--speculative-config"), unit=unit)
         except V.VerifyFailed as failure:
             result.status, result.reason = "failed", f"copy {instance.name} ({unit}): {failure}"
+            _health_verdict(copy_health_files(decision.stack.paths, instance.name)["health_status"], result, unit,
+                            copy_health_units(instance.name)[0])
             result.journal = _remote(journal_tail_command(unit))
-            raise OperationError(f"verify failed: {result.reason} (its journal in the run report)") from None
+            raise OperationError(f"verify failed: {result.reason} (its journal and health status in the run "
+                                 "report)") from None
         result.status = "ok"
         say(f"copy {instance.name} verified at {base}: TTFT {result.ttft_s * 1000:.0f} ms, "
             f"{result.decode_tok_s or 0:.1f} tok/s")
+    _remote(f"rm -rf {ROLLBACK_DIR}.prev")  # every copy verified: the release this one replaced is the rollback target
 
 
 def watchdog(decision: Decision, unit: str = SERVICE_UNIT):
@@ -273,7 +280,7 @@ def _measured(result: V.HostResult) -> dict:
 def restart_with(decision: Decision) -> str | None:
     """The unit re-rendered with this decision's flags, written, reloaded, restarted; the first
     failure, or None. (Only the unit holds the flags; its ExecStartPost and the rest are as planned.)"""
-    unit_file = f"{UNIT_DIR}/{SERVICE_UNIT}"
+    unit_file = HostLayout.unit_file(SERVICE_UNIT)
     ok, output = on_host(host, f"cat > {unit_file}.retry && mv -f {unit_file}.retry {unit_file}",
                          _stdin=render_all(decision)["qwen27b.service.j2"])
     if not ok:

@@ -14,10 +14,9 @@ from pathlib import Path
 from pyinfra import host
 from pyinfra.operations import files, server
 
-from qwen27b import onhost
 from qwen27b.onhost.contract import PACKAGE, lib_dir, wrapper_script
 from qwen27b.controller import cpu_build, factcache, progress
-from qwen27b.controller.artifacts import (ArtifactError, cache_root, constraints_text, dir_manifest,
+from qwen27b.controller.artifacts import (ArtifactError, constraints_text, dir_manifest,
                                           source_manifest, unpacked_bytes, wheel_pins)
 from qwen27b.plan.distname import normalize
 from qwen27b.plan.gate import Decision
@@ -28,31 +27,7 @@ from qwen27b.controller.render import jit_cache_env
 from qwen27b.plan.hostdata import redact_url
 
 from ._common import fetch_prefix, needs_restart, note, url_word
-from ._common import release_dir, release_venv, uv_on_host
-
-
-def wheelhouse_dir(decision: Decision) -> Path:
-    """The controller wheelhouse for this build: qwen27b_wheelhouse_dir, or the cache's default."""
-    if decision.settings.wheelhouse_dir:
-        return Path(decision.settings.wheelhouse_dir).expanduser()
-    vllm, py = decision.stack.profile["vllm"], decision.stack.profile["python"]["version"]
-    return cache_root() / "wheelhouse" / f"{vllm['dist']}-{vllm['version']}-cp{py.replace('.', '')}"
-
-
-def engine_wheel(decision: Decision) -> tuple:
-    """(file, sha256, where from) of the engine wheel this deploy installs, for the release record:
-    the pushed wheelhouse's (uv checks it with --require-hashes), else the stack's release URL's when
-    pinned with its sha256; () when it installs by name from a lab mirror or an index, where no hash
-    is known before it runs (issue 25). The same order of sources as _install_commands."""
-    vllm = decision.stack.profile["vllm"]
-    local = wheelhouse_dir(decision)
-    if local.is_dir() and any(local.glob("*.whl")):
-        wheels = {name: digest for name, digest in dir_manifest(local).items()
-                  if name.endswith(".whl") and normalize(name.split("-", 1)[0]) == normalize(vllm["dist"])}
-        return next(((name, digest, "controller wheelhouse") for name, digest in sorted(wheels.items())), ())
-    if decision.settings.wheel_mirror or not (vllm.get("url") and vllm.get("sha256")):
-        return ()
-    return vllm["url"].rsplit("/", 1)[-1], vllm["sha256"], "stack release URL"
+from ._common import ONHOST_SOURCE, release_dir, release_venv, uv_on_host, wheelhouse_dir
 
 
 def _pinned(decision: Decision, pins: dict[str, tuple[str, str]], local: Path) -> list[str]:
@@ -87,7 +62,7 @@ def _install_commands(decision: Decision, venv: str, uv: str) -> tuple[str, list
     target = f"{uv} pip install --python {shlex.quote(venv + '/bin/python')} --no-config --compile-bytecode"
     local = wheelhouse_dir(decision)
     if local.is_dir() and any(local.glob("*.whl")):
-        dest = f"{decision.stack.paths['wheelhouse']}/{local.name}"  # hostdata allow-listed the name
+        dest = f"{decision.stack.layout.wheelhouse}/{local.name}"  # hostdata allow-listed the name
         manifest = dir_manifest(local)
         push = push_files(name="push the wheelhouse (fetched once on the controller)", src_dir=str(local),
                           dest_dir=dest, manifest=manifest)
@@ -154,9 +129,6 @@ def _smoke(decision: Decision, python: str) -> str:
     caches = " ".join(f"{name}=\"$d{value[len('/c'):]}\"" for name, value in jit_cache_env("/c").items())
     return (f"d=$(mktemp -d) && cd / && {caches} {python} -c {shlex.quote(check)}; "
             'rc=$?; rm -rf -- "$d"; exit $rc')
-
-
-ONHOST_SOURCE = Path(onhost.__file__).parent
 
 
 def install_onhost(venv: str) -> None:

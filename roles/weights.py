@@ -38,9 +38,9 @@ from qwen27b.onhost.contract import lib_dir, module_argv, module_command
 from qwen27b.onhost.secretfile import load_secret
 from qwen27b.controller.operations import push_files, secret_file, symlink_switch
 from qwen27b.plan.checkpoint import load_shape
-from qwen27b.plan.stack import checkpoint_metadata_dir, revision_dir_name
+from qwen27b.plan.stack import HostLayout, checkpoint_metadata_dir, revision_dir_name
 
-from ._common import release_venv
+from ._common import model_dir, release_venv
 from ._common import fetch_prefix, needs_restart, note, prune_dirs, remember_previous, url_word
 
 HUB_MANIFEST = "qwen27b-manifest.sha256"  # written after a hub download: what later runs verify
@@ -48,10 +48,6 @@ HUB_MANIFEST = "qwen27b-manifest.sha256"  # written after a hub download: what l
 
 def safe_name(entry: dict) -> str:
     return revision_dir_name(entry)
-
-
-def model_dir(decision: Decision, entry: dict) -> str:
-    return f"{decision.stack.paths['models']}/{safe_name(entry)}"
 
 
 def hub_download_command(prefix: str, venv: str, entry: dict, target: str, token_path: str | None = None) -> str:
@@ -76,7 +72,7 @@ def _hub(decision: Decision, entry: dict, target: str):
     token_path = None
     if decision.settings.hf_token_file:
         # hostdata already refused a token file readable by others, before any host was touched
-        token_path = f"{decision.stack.paths['config']}/hf-token"
+        token_path = decision.stack.layout.hub_token_file
         secret_file(name="Hugging Face token (0600, removed as the download starts)", dest=token_path,
                     content=load_secret(decision.settings.hf_token_file, "HF_TOKEN") + "\n")
     venv = release_venv(decision)
@@ -200,7 +196,7 @@ def _outside_seeds(others: list, needed: int, target: str, manifest: dict, every
 def _fetch_setup(decision: Decision, entry: dict, manifest: dict) -> tuple[str, str]:
     """Push the manifest; returns (the qwen27b-fetch command, the manifest's path on the host). The
     fetch is qwen27b_onhost.fetch, shipped with the rest of the package by the vllm role."""
-    listing = f"{decision.stack.paths['host_cache']}/{safe_name(entry)}.manifest.json"
+    listing = decision.stack.layout.mirror_manifest(safe_name(entry))
     files.put(name="manifest of the checkpoint", src=StringIO(json.dumps({"files": manifest}, sort_keys=True)),
               dest=listing, mode="0644")
     return module_command(release_venv(decision), "fetch"), listing
@@ -233,9 +229,9 @@ def _fan_out(decision: Decision, entry: dict, target: str, base: str, manifest: 
         source = "the mirror" if copy.from_mirror else f"{copy.source} (seed; the mirror if it fails)"
         note(f"weights: fan-out wave {copy.wave} from {source}"
              + (f"; then seeds {', '.join(c.host for c in plan.seeds(name))}" if start is not None else ""))
-    paths = decision.stack.paths
-    user = paths["service_user"]
-    token_file = f"{paths['config']}/seed.token"
+    paths, at = decision.stack.paths, decision.stack.layout
+    user = at.service_user
+    token_file = at.seed_token_file
     fetch = None
     from_seed = copy is not None and not copy.from_mirror
     if start is not None or from_seed:
@@ -284,9 +280,9 @@ def outside_seed_commands(plan: fanout.FanoutPlan, seed: fanout.Member, target: 
                           total: int) -> list[str]:
     """What starts `seed`'s server (a host outside --limit): as a seed in the run would, but from its
     running release (`current`), with the run's token written first by `_outside_seed_servers`."""
-    venv = f"{paths['current_release']}/venv"
+    at = HostLayout.of(paths); venv = at.current_venv
     return fanout.seed_start_commands(module_argv(venv, "mirror"), target, seed.address, fanout.seed_peers(plan, seed.name),
-                                      f"{paths['config']}/seed.token", paths["service_user"],
+                                      at.seed_token_file, at.service_user,
                                       fanout.seed_max_s(plan, seed.name, total), _hidden_from_seed(paths, target),
                                       plan.port, lib_dir(venv))
 
@@ -297,7 +293,7 @@ def _outside_seed_servers(plan: fanout.FanoutPlan, seeds: list, target: str, pat
     connectors, once per run whichever receiver gets here first. A seed that does not start is
     only a warning: its receivers fall back to the mirror (fetch_command)."""
     run, token = runstate.current(), _run_token()  # before taking _once: _run_token takes it too
-    token_file, user = f"{paths['config']}/seed.token", paths["service_user"]
+    at = HostLayout.of(paths); token_file, user = at.seed_token_file, at.service_user
     with _once:
         for seed in seeds:
             if (seed.name, stop) in run.outside_seeds:
@@ -307,7 +303,7 @@ def _outside_seed_servers(plan: fanout.FanoutPlan, seeds: list, target: str, pat
             if stop:
                 commands = [(fanout.seed_stop_command(token_file), None)]
             else:
-                part = f"{paths['config']}/.seed.token.part"
+                part = at.seed_token_part
                 commands = [(f"umask 077 && cat > {part} && chown {user}:{user} {part} && chmod 0600 {part} "
                              f"&& mv -fT {part} {token_file}", token + "\n")]  # the token on stdin only
                 commands += [(command, None) for command in outside_seed_commands(plan, seed, target, paths, total)]
@@ -323,8 +319,8 @@ def _outside_seed_servers(plan: fanout.FanoutPlan, seeds: list, target: str, pat
 def _hidden_from_seed(paths: dict, target: str) -> str:
     """What the seed's unit covers with an empty tmpfs (only the revision is mounted back): the
     service's state dir, where the models live, or the models dir if they live elsewhere."""
-    state_dir = paths["state"].rstrip("/")
-    return state_dir if target.startswith(state_dir + "/") else paths["models"]
+    at = HostLayout.of(paths); state_dir = at.state.rstrip("/")
+    return state_dir if target.startswith(state_dir + "/") else at.models
 
 
 def place(decision: Decision, entry: dict, link: str, local_dir: str | None) -> None:
@@ -333,7 +329,7 @@ def place(decision: Decision, entry: dict, link: str, local_dir: str | None) -> 
     source = settings.model_source or entry.get("default_source", "hub")
     target = model_dir(decision, entry)
     on_host = (File, {"path": f"{target}/{HUB_MANIFEST}"}) if source == "hub" else (FileHashes, {"directory": target})
-    factcache.prefetch([on_host, (SymlinkTarget, {"path": link}), (Subdirectories, {"path": decision.stack.paths["models"]})])
+    factcache.prefetch([on_host, (SymlinkTarget, {"path": link}), (Subdirectories, {"path": decision.stack.layout.models})])
     if source == "mirror":
         base = f"{settings.model_mirror.rstrip('/')}/{safe_name(entry)}"
         manifest = _mirror_manifest(base)
@@ -375,7 +371,7 @@ def place(decision: Decision, entry: dict, link: str, local_dir: str | None) -> 
 def _prune(decision: Decision, entry: dict, target: str, previous: str | None) -> None:
     """Keep qwen27b_keep_model_revisions old revisions of this checkpoint besides the current one
     (the one being replaced counts first: it is the rollback target); remove the rest, oldest first."""
-    prune_dirs("prune old model revisions", decision.stack.paths, decision.stack.paths["models"], target, previous,
+    prune_dirs("prune old model revisions", decision.stack.paths, decision.stack.layout.models, target, previous,
                decision.settings.keep_model_revisions, prefix=entry["id"].replace("/", "--") + "@")
 
 

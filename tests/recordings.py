@@ -13,7 +13,7 @@ NOCMD = "##PYINFRA_NOCMD##"
 
 
 def _read(host: str, fact_cls):
-    path = HOSTS_DIR / host / fact_cls.recorded_as
+    path = HOSTS_DIR / host / F.SNAPSHOT_NAMES[fact_cls]
     if not path.exists():
         return fact_cls.default()
     lines = path.read_text(encoding="utf-8").splitlines()

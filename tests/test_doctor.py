@@ -328,7 +328,7 @@ def test_script_markers_roundtrip_through_a_real_shell():
 
 def test_commands_cover_every_fact_and_stay_read_only():
     cmds = collection.commands(STACK)
-    assert {f.recorded_as for f in F.ALL_FACTS} <= set(cmds)
+    assert {F.SNAPSHOT_NAMES[f] for f in F.ALL_FACTS} <= set(cmds)
     assert cmds["os-release"] == "cat /etc/os-release"  # unguarded: no requires_command
     assert cmds["nvidia-smi-query-gpu.csv"].startswith("if command -v nvidia-smi ")
     text = " ".join(cmds.values())

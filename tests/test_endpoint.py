@@ -271,3 +271,40 @@ def test_over_a_real_socket_as_systemd_accepts_it(shipped, tmp_path):
     finally:
         activator.terminate()
         activator.wait(timeout=10)
+
+
+# ------------------------------------------------------------------------------- copies (issue 26)
+
+def test_a_host_serving_copies_answers_each_copy_on_its_path(shipped, tmp_path):
+    """/health/NAME answers from health@NAME.json beside --status-file (the copies from the unit's
+    environment); / and /health name no copy; an unlisted or malformed name is 404, never a file."""
+    argv, lib = shipped
+    ok, bad = status(0), {**status(2)}
+    ok["time"] = bad["time"] = iso(time.time())
+    write_status(str(tmp_path / "health@a.json"), ok)
+    write_status(str(tmp_path / "health@b.json"), bad)
+    write_status(str(tmp_path / "health@x.json"), ok)  # not a listed copy: never read
+
+    def one(request: bytes) -> tuple[int, dict]:
+        result = subprocess.run([*argv, "--status-file", str(tmp_path / "health.json"), "--interval-s", str(INTERVAL)],
+                                input=request, capture_output=True, timeout=30,
+                                env={"PYTHONPATH": lib, "QWEN27B_HEALTH_COPIES": "a,b"})
+        head, _, body = result.stdout.partition(b"\r\n\r\n")
+        return int(head.split()[1]), json.loads(body)
+
+    code, body = one(b"GET /health/a HTTP/1.1\r\n\r\n")
+    assert code == 200 and body["copy"] == "a" and body["verdict"] == "OK"
+    code, body = one(b"GET /health/b HTTP/1.1\r\n\r\n")
+    assert code == 503 and body["copy"] == "b" and body["verdict"] == "CRITICAL"
+    for target in (b"/health", b"/", b"/health/x", b"/health/../health@a", b"/health/a/"):
+        code, body = one(b"GET " + target + b" HTTP/1.1\r\n\r\n")
+        assert code == 404 and "/health/a, /health/b" in body["detail"], target
+    assert one(b"POST /health/a HTTP/1.1\r\n\r\n")[0] == 405
+
+
+def test_copy_names_are_allow_listed(monkeypatch):
+    monkeypatch.setenv("QWEN27B_HEALTH_COPIES", "a,../b")
+    with pytest.raises(SystemExit):
+        endpoint.parse_args(["--status-file", "/x/health.json"])
+    monkeypatch.delenv("QWEN27B_HEALTH_COPIES")
+    assert endpoint.parse_args(["--status-file", "/x/health.json"]).copies == []

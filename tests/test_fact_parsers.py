@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from pyinfra.api.exceptions import FactProcessError
 
 from qwen27b.controller import facts as F
-from qwen27b.controller.facts import ALL_FACTS
+from qwen27b.controller.facts import ALL_FACTS, SNAPSHOT_NAMES
 from qwen27b.plan import driverbuild as D
 from qwen27b.plan import gpufacts_parse as G
 from qwen27b.plan import occupants as O
@@ -149,6 +149,11 @@ GARBLED = [
     (D.parse_installed_kernels, ["ii  linux-image-"]),
     (D.parse_installed_kernels, ["linux-image-6.8.0-45-generic"]),  # no status
     (D.parse_installed_kernels, ["ii  linux-modules-6.8.0-45-generic 6.8.0-45.45~22.04.1"]),
+    # issue 27: GpuWear's 16 query fields, then its remapped-rows section
+    (G.parse_gpu_wear, ["0, 00000000:3B:00.0, Enabled, Enabled, Enabled, 0, 0"]),  # cut short
+    (G.parse_gpu_wear, ["0, 00000000:3B:00.0, Maybe, Enabled, Enabled, 0, 0, 0, 0, 0, 0, No, 300.00, 150.00, 300.00, 300.00"]),
+    (G.parse_gpu_wear, ["0, 00000000:3B:00.0, Enabled, Enabled, Enabled, 0, 0, 0, 0, 0, 0, No, lots, 150.00, 300.00, 300.00"]),
+    (G.parse_gpu_wear, ["##REMAPPED-ROWS", "00000000:3B:00.0, 0, x, No, No"]),
 ]
 
 
@@ -249,6 +254,9 @@ def _check_shape(fact, value):
         assert value is None or (isinstance(value, str) and all(p.isdigit() for p in value.split(".")))
     elif fact is F.LibstdcxxVersion:
         assert value is None or (isinstance(value, str) and all(p.isdigit() for p in value.split(".")))
+    elif fact is F.GpuWear:  # issue 27: None, or the GPUs' wear and the remapped rows by bus id
+        assert value is None or (set(value) == {"gpus", "remapped_rows"} and all(
+            isinstance(g["index"], int) and isinstance(g.get("retired_pending"), (bool, type(None))) for g in value["gpus"]))
     elif fact is F.GpuTopology:
         if value is not None:
             n = len(value["gpus"])
@@ -292,7 +300,7 @@ def _parse_or_error(fact, output):
 def _recorded_outputs():
     outputs = []
     for fact in ALL_FACTS:
-        for recorded in sorted(HOSTS.glob(f"*/{fact.recorded_as}")):
+        for recorded in sorted(HOSTS.glob(f"*/{SNAPSHOT_NAMES[fact]}")):
             lines = recorded.read_text(encoding="utf-8").splitlines()
             if lines and lines != [NOCMD]:
                 outputs.append((fact, lines))
@@ -449,3 +457,20 @@ def test_public_outputs_read_as_their_owners_saw_them():
                          (G.parse_nvidia_kernel_module, "smi-q-390.30-v100-sxm2-16gb.txt")):
         with pytest.raises(FactParseError):
             parser(PUBLIC_OUTPUTS[name])
+
+
+def test_gpu_wear_reads_each_gpu_and_the_remap_rows():
+    """GpuWear (issue 27): a V100 prints no remapped rows (an error line there is skipped); [N/A] where
+    ECC is off; an old driver that lacks a field gives None (the wear is then not read)."""
+    wear = G.parse_gpu_wear((HOSTS / "v100x4-converged-nopm" / "nvidia-smi-wear.csv").read_text().splitlines()
+                            + ["This query is not supported on this GPU."])
+    assert [g["index"] for g in wear["gpus"]] == [0, 1, 2, 3] and wear["remapped_rows"] == {}
+    assert wear["gpus"][1]["ecc_enabled"] is False and wear["gpus"][1]["ecc_corrected_aggregate"] is None
+    assert wear["gpus"][0]["power_min_w"] == 150.0 and wear["gpus"][0]["persistence_mode"] is False
+    worn = G.parse_gpu_wear((HOSTS / "v100x2-pcie-worn" / "nvidia-smi-wear.csv").read_text().splitlines())
+    assert worn["gpus"][0]["retired_pending"] is True and worn["gpus"][0]["ecc_uncorrected_volatile"] == 3
+    ampere = G.parse_gpu_wear(["##REMAPPED-ROWS", "00000000:00:06.0, 0, 1, Yes, No"])
+    assert ampere["remapped_rows"] == {"00000000:00:06.0": {"correctable": 0, "uncorrectable": 1, "pending": True,
+                                                            "failure": False}}
+    assert G.parse_gpu_wear(['Field "retired_pages.sbe" is not a valid field to query.']) is None
+    assert G.parse_gpu_wear(["Failed to initialize NVML: Driver/library version mismatch"]) is None

@@ -29,6 +29,6 @@ def test_a_falsy_answer_takes_the_field_default_and_given_fields_win():
 
 @pytest.mark.parametrize("host", ["v100x4-converged", "v100x4-noheaders", "v100x1-secureboot", "debian12-cpu"])
 def test_doctor_reads_a_recorded_host_as_the_deploy_does(host):
-    outputs = {cls.recorded_as: (HOSTS_DIR / host / cls.recorded_as).read_text(encoding="utf-8")
-               for _, cls in GATE_FACTS if (HOSTS_DIR / host / cls.recorded_as).is_file()}
+    outputs = {F.SNAPSHOT_NAMES[cls]: (HOSTS_DIR / host / F.SNAPSHOT_NAMES[cls]).read_text(encoding="utf-8")
+               for _, cls in GATE_FACTS if (HOSTS_DIR / host / F.SNAPSHOT_NAMES[cls]).is_file()}
     assert host_facts(HostSnapshot(host, outputs=outputs)) == recorded_facts(host)

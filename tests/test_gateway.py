@@ -438,3 +438,38 @@ def test_a_backend_that_refuses_connections_is_retried_on_the_other_without_an_e
     loopback["stubs"]["b"].server_close()
     answers = ask(loopback, 8)
     assert [a.status_code for a in answers] == [200] * 8 and set(served_by(answers)) == {"a"}
+
+
+# ---------------------------------------------------------------- copies as backends (issue 26)
+
+def copies_lab(keys, copies: dict):
+    """lab() with gpu-2 serving copies (no qwen27b_port of its own: each copy has one)."""
+    hosts, groups = lab(keys, b2=copies)
+    hosts[2][1].pop("qwen27b_port")
+    return hosts, groups
+
+
+def test_each_copy_of_a_host_is_a_backend_on_its_port_and_health_path(keys):
+    """A backend host serving qwen27b_instances gives one backend per copy: HOST.NAME, the copy's
+    port, its verdict on /health/NAME of the host's one endpoint; a copy's own key must be the pool's."""
+    copies = {"qwen27b_instances": [{"name": "a", "gpus": [0, 1], "port": 8000}, {"name": "b", "gpus": [2, 3], "port": 8002}]}
+    plan = plan_of(*copies_lab(keys, copies))
+    assert plan.backends == (Backend("gpu-1", B1, 8000, 9120), Backend("gpu-2.a", B2, 8000, 9120, "/health/a"),
+                             Backend("gpu-2.b", B2, 8002, 9120, "/health/b"))
+    assert any("backend gpu-2.b: " in line and f"{B2}:9120/health/b" in line for line in plan.describe())
+    config = json.loads(G.pool_config(plan, G.layout()))
+    assert [b.get("health_path") for b in config["backends"]] == [None, "/health/a", "/health/b"]
+    assert "server" in P.upstream_text({**config, "max_fails": 3, "fail_timeout_s": 5}, ["gpu-2.a"])
+    own = {"qwen27b_instances": [{**copies["qwen27b_instances"][0], "api_key_file": keys["a"]},
+                                 copies["qwen27b_instances"][1]]}
+    with pytest.raises(BadHostData, match="do not share one API key"):
+        plan_of(*copies_lab(keys, own))
+
+
+def test_the_pool_probes_a_copys_own_health_path(monkeypatch):
+    asked = []
+    monkeypatch.setattr(P, "probe", lambda url, timeout: asked.append(url) or True)
+    assert P.healthy({"address": "10.0.0.2", "port": 8002, "health_port": 9120, "health_path": "/health/b"}, 1.0)
+    assert P.healthy({"address": "10.0.0.1", "port": 8000, "health_port": 9120}, 1.0)
+    assert asked == ["http://10.0.0.2:9120/health/b", "http://10.0.0.2:8002/health",
+                     "http://10.0.0.1:9120/health", "http://10.0.0.1:8000/health"]

@@ -259,7 +259,8 @@ ONHOST = sorted(HEALTH_PY.parent.glob("*.py"))
 @pytest.mark.parametrize("path", ONHOST, ids=lambda p: p.name)
 def test_onhost_imports_only_stdlib_its_siblings_and_the_host_packages(path):
     """The package runs in the release venv as qwen27b_onhost: stdlib, siblings (relative imports),
-    httpx at the top (health only), pynvml and prometheus_client lazily; never qwen27b or pyinfra."""
+    httpx at the top (health only), pynvml and prometheus_client lazily; never qwen27b or pyinfra.
+    qualify.py (issue 27's burn-in) imports torch lazily: the release venv holds the vLLM build's."""
     tree = ast.parse(path.read_text())
     top = set()
     for node in tree.body:
@@ -270,7 +271,8 @@ def test_onhost_imports_only_stdlib_its_siblings_and_the_host_packages(path):
     assert top - sys.stdlib_module_names - {"__future__"} <= ({"httpx"} if path.name == "health.py" else set())
     every = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     every |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level}
-    assert every - sys.stdlib_module_names - {"__future__"} <= {"httpx", "pynvml", "prometheus_client"}
+    assert every - sys.stdlib_module_names - {"__future__"} <= {"httpx", "pynvml", "prometheus_client"} | (
+        {"torch"} if path.name == "qualify.py" else set())
 
 
 @pytest.fixture(scope="module")
@@ -605,3 +607,43 @@ def test_cli_restart_by_request_file_runs_no_systemctl_restart(cli, tmp_path, ho
     assert rc == 2 and s["restart"]["action"] == "restart" and s["restart"]["ok"] is True
     assert "1 consecutive CRITICAL" in request.read_text() and str(request) in s["restart"]["detail"]
     assert "restart --no-block" not in cli.calls.read_text()
+
+
+# ============================================================================ a copy's own GPUs (issue 26)
+
+def test_read_gpus_of_one_copy_reads_its_own_and_names_the_others(monkeypatch):
+    """A copy's check reads only its GPUs (another copy's lost GPU is not its CRITICAL) and learns
+    the others' PCI addresses, so their Xid lines are not its findings either."""
+    _fake_driver(monkeypatch, count=4, lost={3})
+    others: list = []
+    gpus, note = gpu.read_gpus(only=[0, 1], others=others)
+    assert note is None and [g["index"] for g in gpus] == [0, 1] and not any(g.get("error") for g in gpus)
+    assert others == ["00000000:1A:00.0"]  # GPU 2; GPU 3 is lost: no address, nothing claimed
+    assert hc.verdict(_readings(gpu=gpus))[0] == 0
+    assert [g["index"] for g in gpu.read_gpus(only=[3])[0]] == [3] and gpu.read_gpus(only=[3])[0][0]["error"]
+
+
+def test_own_xids_drops_only_lines_on_another_copys_gpu():
+    xids = [{"xid": 79, "pci": "0000:1a:00"}, {"xid": 48, "pci": "0000:18:00"}, {"xid": 13, "pci": "garbage"}]
+    assert gpu.pci_key("00000000:1A:00.0") == gpu.pci_key("0000:1a:00") == (0, 0x1a, 0)
+    assert [x["xid"] for x in gpu.own_xids(xids, ["00000000:1A:00.0"])] == [48, 13]
+    assert gpu.own_xids(xids, []) == xids and gpu.own_xids(None, ["00000000:1A:00.0"]) is None
+
+
+@pytest.mark.parametrize("value, want", [("0,1", [0, 1]), ("3, 2,2", [2, 3]), (None, None)])
+def test_copy_and_gpus_from_the_environment(monkeypatch, value, want):
+    """The copy's unit sets them with Environment= (a rollback's older qwen27b-health ignores them)."""
+    monkeypatch.setenv("QWEN27B_HEALTH_COPY", "a")
+    if value is None:
+        monkeypatch.delenv("QWEN27B_HEALTH_GPUS", raising=False)
+    else:
+        monkeypatch.setenv("QWEN27B_HEALTH_GPUS", value)
+    args = hc.parse_args(["--url", "http://127.0.0.1:1"])
+    assert args.copy == "a" and args.gpus == want
+
+
+def test_gpus_that_are_not_indices_are_refused(monkeypatch, capsys):
+    monkeypatch.delenv("QWEN27B_HEALTH_GPUS", raising=False)
+    with pytest.raises(SystemExit):
+        hc.parse_args(["--url", "http://127.0.0.1:1", "--gpus", "0,x"])
+    assert "--gpus must be GPU indices" in capsys.readouterr().err

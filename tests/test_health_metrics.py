@@ -224,3 +224,31 @@ def test_node_exporter_reads_the_file(tmp_path):
     assert samples[("qwen27b_engine_requests", (("state", "waiting"),))] == 1
     exported = {name for name, _ in samples if name.startswith("qwen27b_")}
     assert exported == full_status_names() - {"qwen27b_health_last_restart_timestamp_seconds"}
+
+
+def test_a_copys_series_all_carry_its_label_in_its_own_file(tmp_path):
+    """Two copies on one host write qwen27b@a.prom and qwen27b@b.prom, every series labelled by copy."""
+    gpus = v100_gpus("v100x4-copies-converged")
+    for name, own in (("a", gpus[:2]), ("b", gpus[2:])):
+        reg = metrics.metrics_registry(status(gpu=own, unit=f"qwen27b@{name}.service"), release="r", model_ref=None)
+        path = metrics.write_metrics(str(tmp_path), metrics.labelled(reg, name), name)
+        assert os.path.basename(path) == f"qwen27b@{name}.prom"
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["qwen27b@a.prom", "qwen27b@b.prom"]
+    seen = {}
+    for name in ("a", "b"):
+        for family in text_string_to_metric_families((tmp_path / f"qwen27b@{name}.prom").read_text()):
+            for sample in family.samples:
+                assert sample.labels.get("copy") == name, (name, sample)
+                seen.setdefault(sample.name, set()).add((name, sample.labels.get("gpu")))
+    assert seen["qwen27b_health_verdict"] == {("a", None), ("b", None)}
+    assert {g for c, g in seen["qwen27b_gpu_up"] if c == "a"} == {"0", "1"}
+    assert {g for c, g in seen["qwen27b_gpu_up"] if c == "b"} == {"2", "3"}
+    assert metrics.labelled(reg, None) is reg  # the one-service host's series are unchanged
+
+
+def test_export_metrics_of_a_copy_writes_its_file(tmp_path):
+    import argparse
+    ns = argparse.Namespace(textfile_dir=str(tmp_path), unit="qwen27b@b.service", model_ref=None, copy="b")
+    assert metrics.export_metrics(ns, status(systemd={"NRestarts": "0"})) is None
+    assert [p.name for p in tmp_path.iterdir()] == ["qwen27b@b.prom"]

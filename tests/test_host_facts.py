@@ -161,14 +161,15 @@ def test_normalized_names_are_fixed_points(name):
 def test_fake_match_matches_only_its_own_fact(fact, arg):
     """The @fake connector takes the first matching key: a recorded host must answer the right fact."""
     from qwen27b.controller.facts import ALL_FACTS
+    from tests.support.recorded import fake_match
 
     args = {ReleaseRecords: (arg, arg + "/rollback"),
             DeployedState: ([arg], ["qwen27b.service"], ["qwen27b"], "inet qwen27b")}.get(fact, (arg,))
     command = fact().command(*args)
-    assert fact.fake_match.search(command)
+    assert fake_match(fact).search(command)
     for other in ALL_HOST_FACTS + ALL_FACTS:
         if other is not fact:
-            assert not other.fake_match.search(command), other.__name__
+            assert not fake_match(other).search(command), other.__name__
 
 
 def _run_fact(command: str) -> list[str]:

@@ -7,6 +7,7 @@ in the real formats; no V100 and no 8-GPU box here): recorded output, not a GPU 
 plans (exact commands) are in tests/golden/v100x4-copies*.txt, checked by tests/test_plans.py.
 """
 
+import json
 import os
 import re
 import shutil
@@ -14,7 +15,8 @@ import subprocess
 
 import pytest
 
-from qwen27b.controller.render import (INSTANCE_UNIT, SERVE_ARGS_ENV, firewall_contexts, render, render_instances)
+from qwen27b.controller.render import (INSTANCE_UNIT, SERVE_ARGS_ENV, firewall_contexts, render, render_all,
+                                       render_instances)
 from qwen27b.plan.gate import RefusedHost
 from qwen27b.plan.serving import decide
 from qwen27b.plan.hostdata import BadHostData, settings_for
@@ -160,6 +162,76 @@ def test_the_templated_unit_keeps_the_main_units_exposure_goal(tmp_path):
     assert exposure(unit) <= 2.5  # tests/test_templates.py GOALS for qwen27b.service
 
 
+def test_each_copy_has_its_own_health_check_of_its_own_gpus(tmp_path):
+    """qwen27b-health@NAME.service checks qwen27b@NAME.service at its URL with its key, reads only its
+    GPUs, keeps its own status file and restart request, and labels its metrics with its name."""
+    d = copies(qwen27b_api_key_file=_key(tmp_path))
+    files = render_instances(d)
+    for instance, _ in d.copies:
+        unit, timer = files[f"qwen27b-health@{instance.name}.service"], files[f"qwen27b-health@{instance.name}.timer"]
+        lines = unit.splitlines()
+        execs = [line for line in lines if line.startswith("ExecStart=")]
+        assert len(execs) == 1
+        argv = execs[0].split()
+        assert argv[argv.index("--url") + 1] == f"http://10.0.0.7:{instance.port}"
+        assert argv[argv.index("--unit") + 1] == f"qwen27b@{instance.name}.service"
+        assert argv[argv.index("--status-file") + 1] == f"/var/lib/qwen27b/health@{instance.name}.json"
+        assert argv[argv.index("--api-key-file") + 1] == f"/run/credentials/qwen27b-health@{instance.name}.service/api-key"
+        assert f"LoadCredential=api-key:/etc/qwen27b/qwen27b@{instance.name}-api-key.env" in lines
+        assert f"Environment=QWEN27B_HEALTH_COPY={instance.name}" in lines
+        assert f"Environment=QWEN27B_HEALTH_GPUS={','.join(map(str, instance.gpus))}" in lines
+        request = f"/var/lib/qwen27b/health-restart@{instance.name}.request"
+        assert f"Environment=QWEN27B_HEALTH_RESTART_REQUEST={request}" in lines
+        assert (f"ExecStopPost=+/bin/sh -c 'if rm {request} 2>/dev/null; then systemctl restart --no-block "
+                f"qwen27b@{instance.name}.service; fi'") in lines
+        assert "OnUnitActiveSec=" in timer and "WantedBy=timers.target" in timer
+    other = files["qwen27b-health@b.service"]
+    assert "qwen27b@a" not in other and "health@a" not in other  # nothing of copy a in b's check
+
+
+def test_the_health_endpoint_answers_each_copy():
+    """One socket on qwen27b_health_port at the copies' address; its request service knows the copies
+    (the one-service host's renders no Environment= line for it)."""
+    files = render_instances(copies())
+    assert "ListenStream=10.0.0.7:9120" in files["qwen27b-health-http.socket"].splitlines()
+    service = files["qwen27b-health-http@.service"].splitlines()
+    assert "Environment=QWEN27B_HEALTH_COPIES=a,b" in service
+    assert any(line.startswith("ExecStart=") and "--status-file /var/lib/qwen27b/health.json" in line for line in service)
+    single = render_all(decide("v100x4-2204-fresh", recorded_facts("v100x4-2204-fresh"), STACK,
+                               settings_for("v100x4-2204-fresh", {})))
+    assert "QWEN27B_HEALTH_COPIES" not in single["qwen27b-health-http@.service.j2"]
+
+
+def test_a_cpu_copys_check_reads_no_gpu_list():
+    files = render_instances(copies("debian12-cpu", instances=[{"name": "a", "gpus": [], "port": 8000}],
+                                    qwen27b_profile="cpu-smoke"))
+    assert "QWEN27B_HEALTH_GPUS" not in files["qwen27b-health@a.service"]
+    assert "Environment=QWEN27B_HEALTH_COPY=a" in files["qwen27b-health@a.service"].splitlines()
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_each_copys_health_units_pass_systemd_analyze_verify(tmp_path):
+    files = render_instances(copies(), prefix=str(tmp_path))
+    for name in ("qwen27b-health", "python"):
+        check = tmp_path / "opt/qwen27b/current/venv/bin" / name
+        check.parent.mkdir(parents=True, exist_ok=True)
+        check.write_text("#!/bin/sh\n")
+        check.chmod(0o755)
+    units = tmp_path / "units"
+    units.mkdir()
+    (units / INSTANCE_UNIT).write_text(files[INSTANCE_UNIT])
+    (units / "qwen27b@a.service").symlink_to(units / INSTANCE_UNIT)
+    for name in ("qwen27b-health@a.service", "qwen27b-health@a.timer", "qwen27b-health-http.socket",
+                 "qwen27b-health-http@.service"):
+        (units / name).write_text(files[name])
+    (units / "qwen27b-health-http@0.service").symlink_to(units / "qwen27b-health-http@.service")
+    result = subprocess.run(["systemd-analyze", "verify", "--man=no", str(units / "qwen27b-health@a.timer"),
+                             str(units / "qwen27b-health@a.service"), str(units / "qwen27b-health-http.socket"),
+                             str(units / "qwen27b-health-http@0.service")],
+                            capture_output=True, text=True, cwd=units, env={**os.environ, "SYSTEMD_LOG_LEVEL": "notice"})
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
 def test_the_firewall_opens_each_copy_port_to_the_listed_networks():
     context = firewall_contexts(copies(qwen27b_firewall_allow=["10.0.0.0/24"]))["qwen27b-firewall.nft.j2"]
     assert [(r["port"], r["what"]) for r in context["rules"][:2]] == [
@@ -171,8 +243,35 @@ def test_uninstall_stops_and_disables_the_copies():
     paths = STACK["paths"]
     have = Installed(paths={"/etc/systemd/system/qwen27b@.service": "root:root"})
     removals, _ = uninstall_plan(have, paths, UninstallOptions(), "/etc/systemd/system", "/x/qwen27b.prom")
-    assert removals[0].commands[:2] == ("systemctl stop 'qwen27b@*.service' 2>/dev/null || true",
-                                        "rm -f /etc/systemd/system/multi-user.target.wants/qwen27b@*.service")
+    assert removals[0].commands[:4] == (
+        "systemctl stop 'qwen27b-health@*.timer' 2>/dev/null || true",
+        "systemctl stop 'qwen27b-health@*.service' 'qwen27b@*.service' 2>/dev/null || true",
+        "rm -f /etc/systemd/system/multi-user.target.wants/qwen27b@*.service "
+        "/etc/systemd/system/timers.target.wants/qwen27b-health@*.timer",
+        "rm -f /etc/systemd/system/qwen27b-health@*.service /etc/systemd/system/qwen27b-health@*.timer "
+        "/x/qwen27b@*.prom")
+    assert "each copy's health check, timer and metrics file" in removals[0].what
+
+
+def test_uninstall_by_pattern_removes_every_copys_files_in_a_real_shell(tmp_path):
+    """The removal's rm lines run by sh on a scratch unit dir: the copies' health units, their wants
+    links and metrics files go; the one-service host's files and other units stay."""
+    units, text = tmp_path / "units", tmp_path / "textfile"
+    for d in (units / "multi-user.target.wants", units / "timers.target.wants", text):
+        d.mkdir(parents=True)
+    made = ["qwen27b-health@a.service", "qwen27b-health@a.timer", "qwen27b-health@b.timer",
+            "multi-user.target.wants/qwen27b@a.service", "timers.target.wants/qwen27b-health@a.timer"]
+    kept = ["qwen27b-health.service", "qwen27b-health.timer", "multi-user.target.wants/ssh.service", "other@a.service"]
+    for name in made + kept:
+        (units / name).write_text("")
+    (text / "qwen27b@a.prom").write_text("")
+    (text / "node.prom").write_text("")
+    have = Installed(paths={f"{units}/qwen27b@.service": "root:root"})
+    removals, _ = uninstall_plan(have, STACK["paths"], UninstallOptions(), str(units), f"{text}/qwen27b.prom")
+    for command in removals[0].commands[2:4]:
+        subprocess.run(["sh", "-c", command], check=True)
+    assert not any((units / name).exists() for name in made) and not (text / "qwen27b@a.prom").exists()
+    assert all((units / name).exists() for name in kept) and (text / "node.prom").exists()
 
 
 def _converged_copies(tmp_path, extra: str = "") -> str:
@@ -191,15 +290,57 @@ def test_one_changed_copy_restarts_that_copy_only(tmp_path):
     result = run_pyinfra(str(inventory), "deploy.py", "--dry", "-y")
     assert result.returncode == 0, result.stderr[-3000:]
     changes = re.findall(r"^   CHANGE  (.*)$", result.stderr, re.M)
-    assert changes == ["render /etc/qwen27b/qwen27b@b.env",
+    assert changes == ["keep the running release (unit, env, record) for rollback", "render /etc/qwen27b/qwen27b@b.env",
                        "restart qwen27b@b.service (config, release or weights changed)"], result.stderr[-3000:]
+    # what `qwen27b rollback` restores: every copy's env file, the templated unit and the record
+    assert ("cp -a /etc/qwen27b/qwen27b@a.env /etc/qwen27b/qwen27b@b.env /etc/systemd/system/qwen27b@.service "
+            "/etc/qwen27b/rollback/") in result.stderr
     assert "qwen27b@a.service" not in result.stderr.split("would change the host", 1)[1].split("nothing to change")[0]
     assert ("$ systemctl stop qwen27b@b.service; systemctl reset-failed qwen27b@b.service; "
             "systemctl start --no-block qwen27b@b.service") in result.stderr
 
 
-def test_rollback_refuses_a_host_serving_copies(tmp_path):
-    result = run_pyinfra(str(_converged_copies(tmp_path)), "rollback.py", "--dry", "-y")
+def _copies_with_records(tmp_path, records: dict | None) -> str:
+    extra = ("from qwen27b.controller import host_facts\nfrom tests.support.recorded import fake_match\n"
+             f"data['fake_responses'] = {{fake_match(host_facts.ReleaseRecords): [{json.dumps(json.dumps(records))}]}}"
+             " | data['fake_responses']\n") if records is not None else ""
+    return _converged_copies(tmp_path, extra)
+
+
+def test_rollback_of_a_host_serving_copies_swaps_every_copys_files_and_restarts_each(tmp_path):
+    """The copies share one release: the rollback swaps each copy's env file, the templated unit and
+    the record, switches the links, restarts each copy and verifies each at its own URL."""
+    from test_lifecycle_plans import CURRENT, PREVIOUS
+    current = {**CURRENT, "url": "http://10.0.0.8:8000"}
+    previous = {**PREVIOUS, "url": "http://10.0.0.8:8000"}
+    kept = ["qwen27b@a.env", "qwen27b@b.env", "qwen27b@.service", "release.json"]
+    result = run_pyinfra(str(_copies_with_records(tmp_path, {"current": current, "previous": previous, "kept": kept,
+                                                              "missing": []})), "rollback.py", "--dry", "-y")
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stderr
+    assert "CHANGE  rollback: switch to the previous release (symlinks, unit, env, record) and restart each copy (a, b)" in out
+    assert ("cp -a /etc/qwen27b/qwen27b@a.env /etc/qwen27b/qwen27b@b.env /etc/systemd/system/qwen27b@.service "
+            "/etc/qwen27b/release.json /etc/qwen27b/rollback.swap/") in out
+    assert "$ cp -a /etc/qwen27b/rollback/qwen27b@b.env /etc/qwen27b/qwen27b@b.env" in out
+    assert "$ cp -a /etc/qwen27b/rollback/qwen27b@.service /etc/systemd/system/qwen27b@.service" in out
+    for unit in ("qwen27b@a.service", "qwen27b@b.service"):
+        assert f"$ systemctl stop {unit}; systemctl reset-failed {unit}; systemctl start --no-block {unit}" in out
+    assert "qwen27b.service" not in out.split("rollback plan", 1)[1]
+    assert "verify: each copy on the release rolled back to" in out
+
+
+def test_rollback_of_copies_is_refused_without_their_kept_files(tmp_path):
+    from test_lifecycle_plans import CURRENT, PREVIOUS
+    result = run_pyinfra(str(_copies_with_records(tmp_path, {"current": CURRENT, "previous": PREVIOUS,
+                                                              "kept": ["qwen27b.env", "qwen27b.service", "release.json"],
+                                                              "missing": []})), "rollback.py", "--dry", "-y")
     assert result.returncode == 1
-    assert "cause: the rollback swaps qwen27b.service's unit and env; this host serves copies" in result.stderr
-    assert "operation(s) planned" not in result.stderr
+    assert "the rollback dir lacks the kept qwen27b@.service, qwen27b@a.env, qwen27b@b.env" in result.stderr
+    nothing = run_pyinfra(str(_copies_with_records(tmp_path, None)), "rollback.py", "--dry", "-y")
+    assert nothing.returncode == 1 and "no previous release is recorded on this host" in nothing.stderr
+
+
+def test_a_copys_url_is_the_records_address_with_its_port():
+    from roles.rollback import copy_url
+    assert copy_url("http://10.0.0.8:8000", 8001) == "http://10.0.0.8:8001"
+    assert copy_url("http://[fd00::8]:8000", 8002) == "http://[fd00::8]:8002"

@@ -44,8 +44,9 @@ def plan(tmp_path, deploy_file: str, records: dict | None = None, deployed: list
     inventory.write_text(
         "from inventory.recorded import _fake\n"
         "from qwen27b.controller import host_facts\n"
+        "from tests.support.recorded import fake_match\n"
         "_name, _data = _fake('v100x4-converged', ssh_hostname='10.0.0.5')\n"
-        f"_data['fake_responses'] = {{getattr(host_facts, k).fake_match: v for k, v in {answers!r}.items()}} | _data['fake_responses']\n"
+        f"_data['fake_responses'] = {{fake_match(getattr(host_facts, k)): v for k, v in {answers!r}.items()}} | _data['fake_responses']\n"
         "hosts = [(_name, _data)]\n")
     extra = [part for item in data for part in ("--data", item)]
     result = run_pyinfra(str(inventory), deploy_file, "--dry", "-y", *extra, QWEN27B_REPORTS=str(tmp_path / "reports"))

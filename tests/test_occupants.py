@@ -96,6 +96,10 @@ def test_the_other_ports_the_deploy_binds():
                      "(qwen27b-health-http.socket) could not bind it")
     assert fix == ("stop it first (`sudo systemctl disable --now cockpit.socket`), or move the endpoint with "
                    "qwen27b_health_port")
+    # PID 1's child forked for a socket-activated connection, before its exec: still our socket
+    forked = occ('LISTEN 0 4096 10.0.0.7:9120 0.0.0.0:* users:(("systemd",pid=1,fd=60),("systemd",pid=6019,fd=60))',
+                 sockets=SOCKETS)
+    assert occupied(forked, 8000, "10.0.0.7", [], BUS, plain) == []
     # a recording without list-sockets: systemd's listener cannot be told, so it is not refused
     assert occupied(occ('LISTEN 0 4096 *:9120 *:* users:(("systemd",pid=1,fd=60))'), 8000, "10.0.0.7", [], BUS, plain) == []
     # node_exporter: Debian's service is the deploy's own; a container's exporter is not, on any address

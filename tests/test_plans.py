@@ -31,7 +31,9 @@ HOSTS = ["v100x4-2204-fresh", "v100x1-2004", "v100x2-16gb", "v100x2-mixed", "v10
          # GPU topology: the all-reduce per TP group (qwen27b/plan/topology.py)
          "v100x2-pcie", "v100x4-pcie", "v100x8-sxm2-dgx1", "mixed-3090-v100x2",
          # the TP group and a copy's GPUs picked by their links (topology.pick_group)
-         "v100x8-dgx1-tp2-of-4", "mixed-3090-v100x2-copy"]
+         "v100x8-dgx1-tp2-of-4", "mixed-3090-v100x2-copy",
+         # used cards (issue 27): one GPU left out, a warning naming the GPU, a host refused, persistence off, a cap
+         "v100x4-wear-xid79", "v100x4-wear-warn", "v100x2-pcie-worn", "v100x4-converged-nopm", "v100x4-power-cap"]
 
 
 EMPTY_CACHE = tempfile.mkdtemp(prefix="qwen27b-empty-cache-")
@@ -74,7 +76,7 @@ def onhost_digests(text: str) -> str:
     """Each on-host source file's sha256 (the one it must be shipped with) as <sha256 NAME>, so a
     golden holds the check, not the digest of today's code; a wrong digest stays and fails."""
     from qwen27b.controller.artifacts import source_manifest
-    from roles.vllm import ONHOST_SOURCE
+    from roles._common import ONHOST_SOURCE
     for name, digest in source_manifest(ONHOST_SOURCE).items():
         text = text.replace(digest, f"<sha256 {name}>")
     return text
@@ -177,9 +179,10 @@ def converged_plan_with_dirs(tmp_path, directory: str, listing: list[str], recor
         "import re\n"
         "from inventory.recorded import _fake\n"
         "from qwen27b.controller.host_facts import ReleaseRecords\n"
+        "from tests.support.recorded import fake_match\n"
         "name, data = _fake('v100x4-converged')\n"
         f"data['fake_responses'][{directory + ' -mindepth 1 -maxdepth 1 -type d'!r}] = {listing!r}\n"
-        + (f"data['fake_responses'] = {{ReleaseRecords.fake_match: [{records!r}], **data['fake_responses']}}\n"
+        + (f"data['fake_responses'] = {{fake_match(ReleaseRecords): [{records!r}], **data['fake_responses']}}\n"
            if records else "")
         + "hosts = [(name, data)]\n")
     result = run_pyinfra(str(inventory), "deploy.py", "--dry", "-y")

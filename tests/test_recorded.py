@@ -10,8 +10,8 @@ from pyinfra.api.connect import connect_all
 from pyinfra.facts.server import Arch, LinuxDistribution
 
 from qwen27b.controller import facts as F
-from qwen27b.controller.facts import ALL_FACTS
-from tests.support.recorded import fake_responses, recorded_facts
+from qwen27b.controller.facts import ALL_FACTS, SNAPSHOT_NAMES
+from tests.support.recorded import fake_match, fake_responses, recorded_facts
 
 TESTS = Path(__file__).parent
 HOSTS_DIR = TESTS / "fixtures" / "hosts"
@@ -20,7 +20,7 @@ NOCMD = "##PYINFRA_NOCMD##"
 MODEL_DIR = "/var/lib/qwen27b/models"
 
 HOSTS = sorted(p.name for p in HOSTS_DIR.iterdir() if p.is_dir())
-RECORDED_NAMES = {fact.recorded_as for fact in ALL_FACTS}
+RECORDED_NAMES = {SNAPSHOT_NAMES[fact] for fact in ALL_FACTS}
 
 
 def fact_args(fact):
@@ -59,7 +59,7 @@ def fake_host(name: str):
 
 
 def recorded_lines(name: str, fact) -> list[str] | None:
-    path = HOSTS_DIR / name / fact.recorded_as
+    path = HOSTS_DIR / name / SNAPSHOT_NAMES[fact]
     return path.read_text(encoding="utf-8").splitlines() if path.is_file() else None
 
 
@@ -75,6 +75,8 @@ def test_all_hosts_present():
         "mixed-3090-v100x2",
         "v100x2-mixed", "v100x2-r470-held", "v100x4-dkms-failed", "v100x4-newer-kernel",
         "v100x2-old-vllm", "v100x1-pg500", "v100x2-cuda-drivers",
+        # issue 27: worn cards
+        "v100x4-wear-xid79", "v100x4-wear-warn", "v100x2-pcie-worn", "v100x4-converged-nopm",
     }  # fmt: skip
 
 
@@ -88,7 +90,7 @@ def test_host_dir_holds_only_known_files(name):
         if path.is_dir():
             assert (name, path.name) == ("h200", "genuine"), path
         elif path.suffix != ".py":  # a script that writes extra.yaml may live beside it
-            assert path.name in allowed, f"{path}: not a recorded_as file name (typo?)"
+            assert path.name in allowed, f"{path}: not a SNAPSHOT_NAMES file name (typo?)"
 
 
 @pytest.mark.parametrize("name", HOSTS)
@@ -97,9 +99,9 @@ def test_fake_responses_loads(name):
     recorded = recorded_facts(HOSTS_DIR / name)
     assert recorded, name
     for fact in recorded:
-        assert responses[fact.fake_match] == recorded_lines(name, fact)
+        assert responses[fake_match(fact)] == recorded_lines(name, fact)
     for fact in set(ALL_FACTS) - set(recorded):
-        assert fact.fake_match not in responses
+        assert fake_match(fact) not in responses
 
 
 @pytest.mark.parametrize("name", HOSTS)
@@ -117,12 +119,12 @@ def test_fake_match_matches_only_its_own_fact(fact):
             command = pyinfra_command(other, **fact_args(other))
             if not wrapped:  # also the bare command, in case requires_command goes away
                 command = other().command(**fact_args(other))
-            assert matches(fact.fake_match, command) == (other is fact), (fact.__name__, other.__name__)
+            assert matches(fake_match(fact), command) == (other is fact), (fact.__name__, other.__name__)
 
 
 def test_disk_free_matches_any_path():
     for path in ("/var/lib/qwen27b/models", "/srv/model store/it's here", "relative/dir"):
-        assert matches(F.DiskFree.fake_match, pyinfra_command(F.DiskFree, path=path))
+        assert matches(fake_match(F.DiskFree), pyinfra_command(F.DiskFree, path=path))
 
 
 def test_nocmd_recordings_are_for_facts_with_requires_command():
@@ -202,6 +204,11 @@ EXPECTED = {
     "v100x2-cuda-drivers": dict(os=("ubuntu", "22.04"), pci=["1db6"] * 2, smi=2, module=("proprietary", "570.195.03"),
                                 packages={"cuda-drivers", "nvidia-driver-570", "cuda-toolkit-12-8"}, held=[]),
     "v100x1-pg500": dict(os=("ubuntu", "22.04"), pci=["1df0"], smi=0, module=None, nouveau=True),
+    # issue 27: worn cards (v100x4-converged's or v100x2-pcie's facts, their wear and Xids edited)
+    "v100x4-wear-xid79": dict(os=("ubuntu", "22.04"), pci=["1db5"] * 4, smi=4, xid=[79, 79]),
+    "v100x4-wear-warn": dict(os=("ubuntu", "22.04"), pci=["1db5"] * 4, smi=4, xid=[48]),
+    "v100x2-pcie-worn": dict(os=("ubuntu", "22.04"), pci=["1db6"] * 2, smi=2, xid=[48, 63, 79, 79]),
+    "v100x4-converged-nopm": dict(os=("ubuntu", "22.04"), pci=["1db5"] * 4, smi=4, xid=[]),
     "v100x4-newer-kernel": dict(os=("ubuntu", "22.04"), kernel="5.15.0-125-generic", pci=["1db5"] * 4, smi=0,
                                 module=None, packages=set()),
     # v100x4-converged's facts (links to them), converged as two copies (qwen27b_instances)
@@ -316,8 +323,8 @@ def test_missing_dir_raises(tmp_path):
 
 def test_nocmd_empty_absent_and_extra(tmp_path):
     (tmp_path / "README.md").write_text("# not a recording\n")
-    (tmp_path / F.NvidiaGpus.recorded_as).write_text(NOCMD + "\n")
-    (tmp_path / F.XidErrors.recorded_as).write_text("")
+    (tmp_path / SNAPSHOT_NAMES[F.NvidiaGpus]).write_text(NOCMD + "\n")
+    (tmp_path / SNAPSHOT_NAMES[F.XidErrors]).write_text("")
     (tmp_path / "extra.yaml").write_text(
         "- match: '^systemctl is-active qwen27b$'\n"
         "  regex: true\n"
@@ -328,9 +335,9 @@ def test_nocmd_empty_absent_and_extra(tmp_path):
     )
     responses = fake_responses(tmp_path)
     keys = list(responses)
-    assert keys[:2] == [F.NvidiaGpus.fake_match, F.XidErrors.fake_match]  # facts first, then extra
-    assert responses[F.NvidiaGpus.fake_match] == [NOCMD]
-    assert responses[F.XidErrors.fake_match] == []
+    assert keys[:2] == [fake_match(F.NvidiaGpus), fake_match(F.XidErrors)]  # facts first, then extra
+    assert responses[fake_match(F.NvidiaGpus)] == [NOCMD]
+    assert responses[fake_match(F.XidErrors)] == []
     assert isinstance(keys[2], re.Pattern) and keys[2].pattern == "^systemctl is-active qwen27b$"
     assert responses[keys[2]] == {"stdout": ["inactive"], "success": False}
     assert responses["uname -m"] == {"stdout": ["aarch64"], "success": True}
@@ -359,3 +366,16 @@ def test_host_named_fact_cases_match_the_recordings():
         assert data["output"] == recorded_lines(case.stem, fact), case
         checked += 1
     assert checked >= len(ALL_FACTS)
+
+
+def test_every_fact_has_one_snapshot_name_and_no_test_hook():
+    """Doctor's snapshot and a recorded host keep each fact under its SNAPSHOT_NAMES file; how a
+    @fake host answers a command is tests/support/recorded.py's (fake_match), not the fact class's."""
+    from qwen27b.controller import host_facts as H
+    from tests.support.recorded import FAKE_MATCH
+
+    assert set(SNAPSHOT_NAMES) == set(ALL_FACTS)
+    assert len(set(SNAPSHOT_NAMES.values())) == len(SNAPSHOT_NAMES)
+    classes = [c for module in (F, H) for c in vars(module).values() if isinstance(c, type) and c.__module__ == module.__name__]
+    assert [c.__name__ for c in classes if {"fake_match", "recorded_as"} & set(dir(c))] == []
+    assert set(FAKE_MATCH) <= set(classes)

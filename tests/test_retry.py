@@ -303,10 +303,10 @@ def test_the_dry_plan_of_a_host_whose_record_says_it_retried_shows_the_carried_f
     inventory = tmp_path / "carried.py"
     inventory.write_text("from inventory.recorded import _fake\n"
                          "from qwen27b.controller.host_facts import ReleaseRecords\n"
+                         "from tests.support.recorded import fake_match\n"
                          "name, data = _fake('v100x4-converged')\n"
-                         f"data['fake_responses'] = {{ReleaseRecords.fake_match: [{answer!r}], **data['fake_responses']}}\n"
+                         f"data['fake_responses'] = {{fake_match(ReleaseRecords): [{answer!r}], **data['fake_responses']}}\n"
                          "hosts = [(name, data)]\n")
-    assert ReleaseRecords.fake_match
     plan = host_plan(run_pyinfra(str(inventory), "deploy.py", "--dry", "-y", "-v").stderr, "v100x4-converged")
     assert "retry: starting on speculative off" in plan and "--speculative-config" not in plan
 

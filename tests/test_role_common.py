@@ -23,3 +23,31 @@ def test_a_link_whose_target_holds_a_semicolon_is_a_link():
     """The old sentinel told kept files from links by the link's name and split the target at ';'."""
     commands = _rollback_commands([SwitchedLink("/var/lib/qwen27b/models/current", "/var/lib/qwen27b/models/a;b")])
     assert commands[0].startswith("ln -sfn '/var/lib/qwen27b/models/a;b' ")
+
+
+# A role takes what it shares from _common; these imports of a sibling remain, each a role's own
+# work another role calls (the run's lock, inventory and gate; verify's rollback steps; the draft
+# placed by the weights role's operation). Any other is a helper that belongs in _common.
+SIBLING_IMPORTS = {("dflash", "weights"), ("gateway", "preflight"), ("preflight", "verify"),
+                   ("rollback", "preflight"), ("rollback", "verify"), ("uninstall", "preflight"),
+                   ("weights", "preflight")}
+
+
+def sibling_imports() -> set[tuple[str, str]]:
+    """(role, sibling role) for each import of one role module by another, function-level included."""
+    import ast
+    from pathlib import Path
+
+    found = set()
+    for path in sorted((Path(__file__).resolve().parent.parent / "roles").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                name = module if node.level else module.removeprefix("roles.") if module.startswith("roles.") else None
+                if name and name not in ("_common", path.stem):
+                    found.add((path.stem, name.split(".")[0]))
+    return found
+
+
+def test_no_role_imports_a_siblings_helpers():
+    assert sibling_imports() == SIBLING_IMPORTS

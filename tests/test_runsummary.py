@@ -1,7 +1,14 @@
 """The end-of-run summary's pure parts: the re-run command and the table. (Built from a real
 pyinfra State in tests/test_plans.py on @fake hosts and in tests/e2e/test_faults.py on a real one.)"""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from qwen27b.controller.runsummary import DRIVER_FIRST, Outcome, rerun_command, summary_text
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_rerun_keeps_the_command_and_limits_it_to_the_failed_hosts():
@@ -47,3 +54,19 @@ def test_a_driver_first_host_is_ok_and_the_summary_says_to_run_again_after_the_r
     assert len(again) == 2 and again[1].splitlines()[0].strip() == "pyinfra lab.py deploy.py --limit gpu-b"
     assert "--limit gpu-c" in again[0]  # the failed one has its own line
     assert "driver's reboot" not in summary_text([Outcome("gpu-a", "ok")], ["pyinfra", "lab.py", "deploy.py"])
+
+
+def test_a_run_pyinfra_itself_stopped_is_never_ok(tmp_path):
+    """The real CLI over @local: an upload fails with EOFError (paramiko's SFTP when the connection
+    drops mid-file), which pyinfra does not catch: "An internal exception occurred", the run stops.
+    Stop 36's CI: the summary then said "1 of 1 host(s) ok" (the operations that did run had
+    succeeded, and the unfinished one was not counted). It names the step that did not finish."""
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
+    env.update(PYTHONPATH=str(ROOT), TARGET_DIR=str(tmp_path), QWEN27B_REPORTS=str(tmp_path / "reports"))
+    result = subprocess.run([sys.executable, "-m", "pyinfra", "@local", str(ROOT / "tests/data/internal_error_deploy.py"),
+                             "-y"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert (tmp_path / "first").exists() and not (tmp_path / "last").exists()  # it did stop mid-run
+    assert "qwen27b run summary: 0 of 1 host(s) ok" in result.stderr, result.stderr[-3000:]
+    assert ("@local  failed   the run stopped during 'upload over a connection that drops' (pyinfra's error is "
+            "above): re-run to finish, done work is kept") in result.stderr

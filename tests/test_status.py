@@ -285,3 +285,71 @@ def test_the_speculative_method_and_parsers_come_from_the_rendered_unit():
     status._parse_engine(row, "    --speculative-config '{\"method\":\"dflash\",\"model\":\"/m/draft\","
                               "\"num_speculative_tokens\":7}' \\\n", 0)
     assert row.speculative == "dflash2 k=7" and row.agent_parsers is False
+
+
+def test_power_persistence_ecc_and_a_fault_that_needs_a_reboot_are_shown():
+    """Issue 27: what qwen27b-gpu-power.service left (nvidia-smi's POWER_FIELDS rows) and the health
+    check's "needs" (a GPU fault it does not restart for) in the row."""
+    outputs, codes = remote.parse_script_output((RECORDED / "v100x4-crash-loop.txt").read_text(encoding="utf-8"), NONCE)
+    health = json.loads(outputs["health"])
+    outputs["health"] = json.dumps({**health, "needs": "reboot"})
+    outputs["power"] = "\n".join(["0, Enabled, 275.00, Enabled, Enabled", "1, Disabled, 275.00, Disabled, Enabled",
+                                  "2, Enabled, 275.00, Enabled, Enabled", "3, Enabled, 300.00, Enabled, Enabled"])
+    codes["power"] = 0
+    row = status.parse("h", outputs, codes, PATHS)
+    cells = status.cells(row)
+    assert cells[2].endswith(", needs a reboot (no restart)")
+    assert cells[5].endswith("; 275-300 W; persistence off on 1; ECC off on 1; ECC change pending a reboot on 1")
+    outputs["power"] = "/bin/sh: 1: nvidia-smi: not found"
+    assert status.power_cell(status.parse("h", outputs, {**codes, "power": 127}, PATHS)) == ""
+
+
+# ------------------------------------------------------------------ copies (qwen27b_instances, issue 26)
+
+def _copies_output(tmp_path, verdicts: dict) -> str:
+    """copies_command run by sh on a scratch root: each copy enabled (its wants link), a fake
+    systemctl answering `show`, the status files the copies' checks wrote (None: none yet)."""
+    wants, state, bin_ = tmp_path / "wants", tmp_path / "state", tmp_path / "bin"
+    for d in (wants, state, bin_):
+        d.mkdir()
+    for name, verdict in verdicts.items():
+        (wants / f"qwen27b@{name}.service").write_text("")  # systemctl enable's link, as a file here
+        if verdict:
+            (state / f"health@{name}.json").write_text(json.dumps({"verdict": verdict, "time": "2026-12-03T20:20:05+00:00",
+                                                                   "findings": [{"level": "OK", "text": "a\nb"}]}, indent=2))
+    (bin_ / "systemctl").write_text('#!/bin/sh\ncase "$*" in *qwen27b@b.service*) s=failed;; *) s=running;; esac\n'
+                                    'printf "LoadState=loaded\\nActiveState=active\\nSubState=%s\\nNRestarts=1\\n" "$s"\n')
+    (bin_ / "systemctl").chmod(0o755)
+    command = status.copies_command({**PATHS, "state": str(state)}, str(wants))
+    return subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True,
+                          env={"PATH": f"{bin_}:/usr/bin:/bin"}).stdout
+
+
+def test_a_host_serving_copies_has_a_row_per_copy(tmp_path):
+    out = _copies_output(tmp_path, {"a": "OK", "b": "CRITICAL", "c": None})
+    outputs = {"now": "1796329505\n", "unit": "LoadState=not-found\nActiveState=inactive\nSubState=dead\nNRestarts=0\n",
+               "health": "head: cannot open: No such file or directory\n", "copies": out,
+               "release": "/opt/qwen27b/releases/9c1e5f0a7b23\n"}
+    row = status.parse("gpu-8", outputs, {"now": 0, "unit": 0, "health": 1, "copies": 0, "release": 0}, PATHS)
+    assert [c.host for c in row.copies] == ["gpu-8/a", "gpu-8/b", "gpu-8/c"]
+    a, b, c = row.copies
+    assert (a.active, a.sub, a.restarts, a.health, a.health_age_s) == ("active", "running", 1, "OK", 300)
+    assert (b.sub, b.health) == ("failed", "CRITICAL")
+    assert c.health == "unknown" and c.health_note == "no status file"
+    assert status.cells(row)[1:3] == ["3 copies (rows below)", "-"]
+    text = status.status_table([row])
+    assert "copy a" in text and "OK 5m ago" in text and "CRITICAL 5m ago" in text and "no status file" in text
+    assert status.copy_cells(row, b)[:4] == ["  copy b", "active/failed, 1 restart", "CRITICAL 5m ago", "9c1e5f0a7b23"]
+    assert json.loads(json.dumps(dataclasses_asdict(row)))["copies"][0]["host"] == "gpu-8/a"
+
+
+def test_no_copies_and_a_forged_copy_line(tmp_path):
+    assert _copies_output(tmp_path, {}) == ""
+    row = status.HostStatus("h")
+    status._parse_copies(row, "copy ../etc\nunit ActiveState=active\nhealth {}\ncopy ok\nhealth {\"verdict\": \"OK\"}\n", None)
+    assert [c.host for c in row.copies] == ["h/ok"] and row.copies[0].health == "OK"
+
+
+def dataclasses_asdict(row):
+    from dataclasses import asdict
+    return asdict(row)

@@ -6,18 +6,14 @@ pyinfra), each class here names its own as `parser`. A parser that cannot make s
 output raises FactParseError; `process` re-raises it as this module's FactParseError, a pyinfra
 FactProcessError, which pyinfra reports as "could not process fact" and fails that host.
 
-Two class attributes tie each fact to recorded host outputs (see tests/support/recorded.py):
-`recorded_as` names the file holding the command's output in tests/fixtures/hosts/<host>/, and
-`fake_match` is the key for pyinfra's @fake connector (`fake_responses`), which matches a str as a
-substring and an re.Pattern with .search() against the command pyinfra runs. A fact with
-`requires_command` runs wrapped as `if command -v X >/dev/null 2>&1; then ( CMD ); else echo
-'##PYINFRA_NOCMD##'; fi`, so the patterns match CMD either alone or inside that guard.
+SNAPSHOT_NAMES names the file each fact's output is kept under: in doctor's snapshot of a host and
+in a recorded host (tests/fixtures/hosts/<host>/). How a pyinfra @fake host answers a fact's
+command is the tests' business (tests/support/recorded.py), not the fact's (issue 31).
 """
 
 from __future__ import annotations
 
 import copy
-import re
 import shlex
 from typing import Any, Callable
 
@@ -29,7 +25,7 @@ from qwen27b.plan.driverbuild import parse_driver_build, parse_installed_kernels
 from qwen27b.plan.occupants import parse_occupants
 from qwen27b.plan.gpufacts_parse import (P2P_MARKER, kernel_module_not_loaded, parse_gpu_topology, parse_nouveau_loaded,
                                          parse_nvidia_gpus, parse_nvidia_kernel_module, parse_nvidia_pci_devices,
-                                         parse_xid_errors)
+                                         parse_xid_errors, parse_gpu_wear, WEAR_FIELDS, WEAR_REMAP_MARKER)
 from qwen27b.plan.hostfacts_parse import (parse_disk_free, parse_glibc_version, parse_libstdcxx_version, parse_held_packages,
                                           parse_kernel_headers, parse_kernel_release, parse_memory_info, parse_models_on_disk,
                                           parse_nvidia_cuda_packages, parse_os_release, parse_python_versions,
@@ -41,11 +37,6 @@ class FactParseError(hostfacts_parse.FactParseError, FactProcessError):
     FactProcessError pyinfra catches. host_facts.py raises it directly."""
 
 
-def _command_pattern(command: str) -> re.Pattern:
-    # Alone, or as the body of pyinfra's requires_command guard: "... then ( CMD ); else ...".
-    return re.compile(r"(?:^|\( )" + re.escape(command) + r"(?:$| \);)")
-
-
 class _ParsedFact(FactBase):
     """A fact whose output its `parser` (a pure function of qwen27b/plan) reads, and whose command
     is its `_command` unless it builds one from an argument (DiskFree, ModelsOnDisk)."""
@@ -54,11 +45,6 @@ class _ParsedFact(FactBase):
     parser: Callable[[list[str]], Any]
     requires: str | None = None  # the binary pyinfra checks for first; absent, the fact answers `empty`
     empty: Any = None  # the answer to an empty output or a missing binary (a fresh copy each time)
-
-    def __init_subclass__(cls) -> None:
-        super().__init_subclass__()
-        if "_command" in cls.__dict__ and "fake_match" not in cls.__dict__:
-            cls.fake_match = _command_pattern(cls._command)  # @fake hosts answer by the command
 
     def command(self) -> str:
         return self._command
@@ -83,7 +69,6 @@ class _ParsedFact(FactBase):
 class OsRelease(_ParsedFact):
     """The distribution and release pick the CUDA repo path, driver packages and Python route."""
 
-    recorded_as = "os-release"
     _command = "cat /etc/os-release"
     parser = staticmethod(parse_os_release)
 
@@ -94,7 +79,6 @@ class GlibcVersion(_ParsedFact):
     """The host's glibc: a wheel whose shared objects need a newer GLIBC_ symbol version fails at
     import, mid-deploy; the gate compares (qwen27b/plan/gate.py binary_needs_check) before any change."""
 
-    recorded_as = "glibc-version.txt"
     _command = "getconf GNU_LIBC_VERSION 2>/dev/null || ldd --version 2>&1 | head -n 1"
     parser = staticmethod(parse_glibc_version)
 
@@ -105,7 +89,6 @@ class LibstdcxxVersion(_ParsedFact):
     with grep, since binutils (strings, readelf) may not be installed yet; the first library found
     (Debian/Ubuntu's multiarch dir, then the others); none: no output."""
 
-    recorded_as = "libstdcxx-versions.txt"
     _command = ("for f in /usr/lib/x86_64-linux-gnu/libstdc++.so.6 /usr/lib64/libstdc++.so.6 /usr/lib/libstdc++.so.6; "
                 "do if [ -e \"$f\" ]; then grep -ao 'GLIBCXX_[0-9][0-9.]*[0-9]' \"$f\" | sort -u; break; fi; done")
     parser = staticmethod(parse_libstdcxx_version)
@@ -114,7 +97,6 @@ class LibstdcxxVersion(_ParsedFact):
 class KernelRelease(_ParsedFact):
     """DKMS builds the driver for the running kernel; its headers package is named after it."""
 
-    recorded_as = "uname-r.txt"
     _command = "uname -r"
     parser = staticmethod(parse_kernel_release)
 
@@ -131,7 +113,6 @@ class NvidiaGpus(_ParsedFact):
     """What the driver sees: count, memory, compute capability, link health, persistence, ECC,
     and nvidia-smi's failure lines as "problem" entries (parse_nvidia_gpus says which)."""
 
-    recorded_as = "nvidia-smi-query-gpu.csv"
     _command = f"nvidia-smi --query-gpu={_GPU_FIELDS} --format=csv,noheader,nounits 2>&1 || true"
     parser = staticmethod(parse_nvidia_gpus)
 
@@ -140,12 +121,26 @@ class NvidiaGpus(_ParsedFact):
     empty = []
 
 
+class GpuWear(_ParsedFact):
+    """Each GPU's wear before it serves (issue 27): ECC counts (volatile: since the driver loaded;
+    aggregate: the card's life), retired pages and pending ones, persistence and ECC mode, the power
+    limit and its range, then row remapping where the GPU has it (plan/gpuwear.py judges them)."""
+
+    _command = (f"nvidia-smi --query-gpu={','.join(WEAR_FIELDS)} --format=csv,noheader,nounits 2>&1; "
+                f"echo '{WEAR_REMAP_MARKER}'; nvidia-smi --query-remapped-rows=gpu_bus_id,remapped_rows.correctable,"
+                "remapped_rows.uncorrectable,remapped_rows.pending,remapped_rows.failure --format=csv,noheader 2>&1; true")
+    parser = staticmethod(parse_gpu_wear)
+
+    requires = "nvidia-smi"
+
+    empty = None
+
+
 class GpuTopology(_ParsedFact):
     """How the GPUs reach each other (NVLink, one PCIe switch, across sockets) and whether P2P reads
     work: the planner decides the custom all-reduce and NCCL's P2P per TP group from it
     (qwen27b/plan/topology.py). parse_gpu_topology gives the shape; None without a driver."""
 
-    recorded_as = "nvidia-smi-topo.txt"
     # `topo -p2p r` (R450+) may be missing on an old driver: its usage text then parses as "not read".
     _command = f"nvidia-smi topo -m 2>&1; echo '{P2P_MARKER}'; nvidia-smi topo -p2p r 2>&1; true"
     parser = staticmethod(parse_gpu_topology)
@@ -158,7 +153,6 @@ class GpuTopology(_ParsedFact):
 class NvidiaPciDevices(_ParsedFact):
     """The GPUs on the bus whether or not a driver is loaded: the gate's view of a bare host."""
 
-    recorded_as = "lspci-nvidia.txt"
     _command = "lspci -nn -D -d 10de:"
     parser = staticmethod(parse_nvidia_pci_devices)
 
@@ -170,7 +164,6 @@ class NvidiaPciDevices(_ParsedFact):
 class NvidiaKernelModule(_ParsedFact):
     """Volta needs the proprietary module: the open one refuses GPUs without GSP."""
 
-    recorded_as = "proc-driver-nvidia-version.txt"
     _command = "cat /proc/driver/nvidia/version 2>/dev/null || true"
     parser = staticmethod(parse_nvidia_kernel_module)
 
@@ -180,7 +173,6 @@ class NvidiaKernelModule(_ParsedFact):
 class NouveauLoaded(_ParsedFact):
     """nouveau holds the GPUs: it must be blacklisted (and the initramfs rebuilt) before the driver."""
 
-    recorded_as = "nouveau-count.txt"
     _command = "grep -c '^nouveau ' /proc/modules || true"
     parser = staticmethod(parse_nouveau_loaded)
 
@@ -193,7 +185,6 @@ _SB_VAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e09803
 class SecureBoot(_ParsedFact):
     """With Secure Boot on, an unsigned DKMS nvidia.ko will not load: the driver needs MOK signing."""
 
-    recorded_as = "secureboot.txt"
     # One marker line per branch, so the parser knows which source answered.
     _command = (
         "if command -v mokutil >/dev/null 2>&1; then echo SB:mokutil; mokutil --sb-state 2>&1 || true; "
@@ -209,7 +200,6 @@ class KernelHeaders(_ParsedFact):
     parse_kernel_headers gives the shape; None when not read (no apt-cache).
     """
 
-    recorded_as = "apt-cache-policy-headers.txt"
     _command = ('k=$(uname -r); echo "headers linux-headers-$k"; '
                 'apt-cache policy "linux-headers-$k" 2>/dev/null || true')
     parser = staticmethod(parse_kernel_headers)
@@ -224,9 +214,7 @@ class KernelHeaders(_ParsedFact):
 class DiskFree(_ParsedFact):
     """The checkpoint (~20 GiB NVFP4 + draft) and the wheels must fit where the model dir will be."""
 
-    recorded_as = "df-model-dir.txt"
     path_arg = "models"
-    fake_match = re.compile(r'; df -P -B1 "\$p"(?:$| \);)')
     parser = staticmethod(parse_disk_free)
 
     def command(self, path: str) -> str:
@@ -246,8 +234,6 @@ class ModelsOnDisk(_ParsedFact):
     downloads included) and whether its hub manifest was written. The disk check then needs only
     the missing bytes: a converged host downloads nothing and needs no room for it."""
 
-    recorded_as = "models-on-disk.txt"
-    fake_match = re.compile(r"b=\$\(du -sb -- \"\$d\" \| cut -f1\)")
     parser = staticmethod(parse_models_on_disk)
     path_arg = "models"  # the stack path this fact takes (as DiskFree)
 
@@ -263,7 +249,6 @@ class ModelsOnDisk(_ParsedFact):
 class MemoryInfo(_ParsedFact):
     """Host RAM bounds the loader (safetensors are staged through page cache) and swap space for KV."""
 
-    recorded_as = "meminfo"
     _command = "cat /proc/meminfo"
     parser = staticmethod(parse_memory_info)
 
@@ -278,7 +263,6 @@ _PY_VERSION = "import sys; print(\"%d.%d.%d\" % sys.version_info[:3])"
 class PythonVersions(_ParsedFact):
     """The 1Cat-vLLM wheel needs Python 3.12: use one already there, or install our own under /opt."""
 
-    recorded_as = "python-versions.txt"
     # Versioned names before the bare python3, so "3.10" maps to /usr/bin/python3.10; our own
     # builds come last. A python that will not start prints nothing (and is not offered).
     _command = (
@@ -297,7 +281,6 @@ class PythonVersions(_ParsedFact):
 class XidErrors(_ParsedFact):
     """Recent Xid events (79 fell off the bus, 48 double-bit ECC, ...) explain an unhealthy GPU."""
 
-    recorded_as = "xid-errors.txt"
     # Not `journalctl -k`: -k implies -b (this boot only), and the Xid that matters is often the
     # one from before the last reboot.
     _command = (
@@ -312,7 +295,6 @@ class XidErrors(_ParsedFact):
 class NvidiaCudaPackages(_ParsedFact):
     """Installed driver and CUDA packages: what to keep, what to replace, what conflicts."""
 
-    recorded_as = "dpkg-nvidia-cuda.txt"
     _command = (
         "dpkg-query -W -f='${db:Status-Abbrev} ${Package} ${Version}\\n' "
         "'nvidia-*' 'libnvidia-*' 'cuda-*' 'cuda' 2>/dev/null || true"
@@ -325,7 +307,6 @@ class NvidiaCudaPackages(_ParsedFact):
 class HeldPackages(_ParsedFact):
     """Driver and kernel are held after a verified install so unattended upgrades cannot swap them."""
 
-    recorded_as = "apt-mark-showhold.txt"
     _command = "apt-mark showhold 2>/dev/null || true"
     parser = staticmethod(parse_held_packages)
 
@@ -336,7 +317,6 @@ class DriverBuild(_ParsedFact):
     """A driver build that failed (issue 24): the NVIDIA packages dpkg left half-configured, `dkms
     status` and the newest nvidia make.log's last lines (plan/driverbuild.py reads them)."""
 
-    recorded_as = "driver-build.txt"
     _command = (
         "echo '== dpkg'; dpkg-query -W -f='${db:Status-Abbrev} ${Package} ${Version}\\n' 'nvidia-*' 'libnvidia-*' "
         "'cuda-drivers*' 2>/dev/null | grep -v '^.[inc] ' || true; "
@@ -353,7 +333,6 @@ class InstalledKernels(_ParsedFact):
     """Kernels installed beside the running one, their headers, and GRUB_DEFAULT: which kernel the
     deploy's reboot boots, and whether DKMS can build the driver for it (issue 24)."""
 
-    recorded_as = "installed-kernels.txt"
     _command = (
         "dpkg-query -W -f='${db:Status-Abbrev} ${Package} ${Version}\\n' 'linux-image-[0-9]*' 'linux-headers-[0-9]*' "
         "2>/dev/null | grep '^.i ' || true; grep -h '^GRUB_DEFAULT=' /etc/default/grub /etc/default/grub.d/*.cfg "
@@ -371,7 +350,6 @@ class Occupants(_ParsedFact):
     old vLLM or Ollama (container) on the port or the GPUs is named before anything is installed
     (plan/occupants.py; issue 24)."""
 
-    recorded_as = "occupants.txt"
     _command = (
         "echo '== listen'; ss -Hltnp 2>/dev/null || true; "
         "echo '== gpu'; if command -v nvidia-smi >/dev/null 2>&1; then "
@@ -411,4 +389,33 @@ ALL_FACTS: tuple[type[FactBase], ...] = (
     DriverBuild,
     InstalledKernels,
     Occupants,
+    GpuWear,
 )
+
+
+# The file each fact's output is kept under, in doctor's snapshot and in a recorded host (every fact of
+# ALL_FACTS has one; tests/test_recorded.py holds the two equal).
+SNAPSHOT_NAMES: dict[type[FactBase], str] = {
+    OsRelease: "os-release",
+    GlibcVersion: "glibc-version.txt",
+    LibstdcxxVersion: "libstdcxx-versions.txt",
+    KernelRelease: "uname-r.txt",
+    NvidiaGpus: "nvidia-smi-query-gpu.csv",
+    GpuTopology: "nvidia-smi-topo.txt",
+    NvidiaPciDevices: "lspci-nvidia.txt",
+    NvidiaKernelModule: "proc-driver-nvidia-version.txt",
+    NouveauLoaded: "nouveau-count.txt",
+    SecureBoot: "secureboot.txt",
+    KernelHeaders: "apt-cache-policy-headers.txt",
+    DiskFree: "df-model-dir.txt",
+    ModelsOnDisk: "models-on-disk.txt",
+    MemoryInfo: "meminfo",
+    PythonVersions: "python-versions.txt",
+    XidErrors: "xid-errors.txt",
+    NvidiaCudaPackages: "dpkg-nvidia-cuda.txt",
+    HeldPackages: "apt-mark-showhold.txt",
+    DriverBuild: "driver-build.txt",
+    InstalledKernels: "installed-kernels.txt",
+    Occupants: "occupants.txt",
+    GpuWear: "nvidia-smi-wear.csv",
+}

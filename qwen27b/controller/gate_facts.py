@@ -33,6 +33,7 @@ GATE_FACTS: tuple[tuple[str, type], ...] = (
     ("driver_build", F.DriverBuild),
     ("kernels", F.InstalledKernels),
     ("occupants", F.Occupants),
+    ("wear", F.GpuWear),
 )
 
 

@@ -55,8 +55,9 @@ def _gateways(inventory: str):
 
 def _on_gateways(inventory: str, args: list[str], timeout: int, backend: str | None = None) -> list[PoolAnswer]:
     state, gateways, names = _gateways(inventory)
-    if backend is not None and backend not in names:
-        raise GatewayDrainError(f"{backend} is not a host of {inventory}")
+    # a copy of qwen27b_instances is the backend HOST.NAME (qwen27b.plan.gateway)
+    if backend is not None and backend not in names and backend.rpartition(".")[0] not in names:
+        raise GatewayDrainError(f"{backend} is not a host of {inventory} (nor HOST.COPY, a copy of one)")
     if not gateways:
         return []
     answers = remote.run_everywhere(state, gateways, lambda _: pool_command(*args), timeout=timeout)

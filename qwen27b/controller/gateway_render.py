@@ -12,12 +12,12 @@ from qwen27b.controller.render import SANDBOX, render
 from qwen27b.onhost.contract import GATEWAY_UNIT, POOL_UNIT
 from qwen27b.onhost.secretfile import load_secret
 from qwen27b.plan.gateway import GatewayPlan
+from qwen27b.plan.hostlayout import HostLayout
 from qwen27b.plan.hostdata import SECRET_NAMES
 
 CONFIG_DIR = "/etc/qwen27b-gateway"
 STATE_DIR = "/var/lib/qwen27b-gateway"
 LIB_DIR = "/opt/qwen27b-gateway/lib"
-UNIT_DIR = "/etc/systemd/system"
 USER = "qwen27b-gateway"  # nginx's workers; the master stays root to bind and read the keys
 NGINX = "/usr/sbin/nginx"
 PYTHON = "/usr/bin/python3"
@@ -70,8 +70,8 @@ def layout(prefix: str = "") -> dict[str, str]:
         "temp_dir": f"{STATE_DIR}/tmp",
         "drain_dir": f"{STATE_DIR}/drained",
         "lib_dir": LIB_DIR,
-        "gateway_unit": f"{UNIT_DIR}/{GATEWAY_UNIT}",
-        "pool_unit": f"{UNIT_DIR}/{POOL_UNIT}",
+        "gateway_unit": HostLayout.unit_file(GATEWAY_UNIT),
+        "pool_unit": HostLayout.unit_file(POOL_UNIT),
     }.items()}
 
 
@@ -91,7 +91,9 @@ def pool_config(plan: GatewayPlan, where: dict) -> str:
         "pool_file": where["pool_file"],
         "pid_file": where["pid_file"],
         "drain_dir": where["drain_dir"],
-        "backends": [{"name": b.name, "address": b.address, "port": b.port, "health_port": b.health_port}
+        # a copy's verdict is on its own path of its host's endpoint (the pool's default: /health)
+        "backends": [{"name": b.name, "address": b.address, "port": b.port, "health_port": b.health_port,
+                      **({"health_path": b.health_path} if b.health_path != "/health" else {})}
                      for b in plan.backends],
         # ~2 s for a dead backend to leave, 2 s to return; nginx's passive check covers the gap
         "interval_s": 1.0, "timeout_s": 1.0, "fall": 2, "rise": 2,

@@ -4,7 +4,7 @@ Same conventions as qwen27b/controller/facts.py: a command plus a pure `process`
 and raises FactParseError on output it cannot make sense of. Every command here exits 0 when the
 thing it looks at is missing (a missing directory, venv or link is a state, not an error: pyinfra
 fails the host on a non-zero fact command), and returns the "absent" value for empty output.
-`fake_match` is the key for pyinfra's @fake connector, as in qwen27b/controller/facts.py.
+How a pyinfra @fake host answers each command is the tests' (tests/support/recorded.py).
 """
 
 from __future__ import annotations
@@ -100,7 +100,6 @@ class FileHashes(FactBase):
     Unchanged files are not re-hashed (see _HASH_SCRIPT); the output is sha256sum's format.
     """
 
-    fake_match = re.compile(r"python3 -c .*qwen27b-hashes\.json", re.S)
 
     def command(self, directory: str) -> str:
         # a file the script cannot read raises: the fact fails loudly, as sha256sum would
@@ -130,7 +129,7 @@ class FileHashes(FactBase):
 # A one-liner, run by the venv's own interpreter: reads each distribution's METADATA without
 # importing the packages (importing vllm/torch takes seconds and may touch the GPU). -I keeps the
 # controller's or login shell's PYTHONPATH and the user site out of the answer.
-_LIST_DISTRIBUTIONS = (
+LIST_DISTRIBUTIONS = (
     "import importlib.metadata as m; "
     'print("\\n".join("%s==%s" % (d.metadata.get("Name"), d.version) '
     'for d in m.distributions() if d.metadata.get("Name")))'
@@ -147,11 +146,10 @@ class VenvPackages(FactBase):
     is on sys.path twice, the first (the one `import` would find) wins.
     """
 
-    fake_match = re.compile(re.escape(_LIST_DISTRIBUTIONS))
 
     def command(self, venv: str) -> str:
         python = shlex.quote(venv.rstrip("/") + "/bin/python")
-        return f"{python} -I -c {shlex.quote(_LIST_DISTRIBUTIONS)} 2>/dev/null || true"
+        return f"{python} -I -c {shlex.quote(LIST_DISTRIBUTIONS)} 2>/dev/null || true"
 
     @staticmethod
     def default() -> dict:
@@ -172,7 +170,6 @@ class VenvPackages(FactBase):
 class SymlinkTarget(FactBase):
     """Where a `current` release or model pointer points now; None when it is not a symlink."""
 
-    fake_match = re.compile(r"^readlink .+ 2>/dev/null \|\| true$")
 
     def command(self, path: str) -> str:
         return f"readlink {shlex.quote(path)} 2>/dev/null || true"
@@ -196,7 +193,6 @@ class Subdirectories(FactBase):
     """The directories directly under a path, oldest first (model revisions under
     /var/lib/qwen27b/models): what pruning old revisions may remove. [] when the path is missing."""
 
-    fake_match = re.compile(r"-mindepth 1 -maxdepth 1 -type d -printf '%T@ %f\\n'")
 
     def command(self, path: str) -> str:
         return (f"find {shlex.quote(path)} -mindepth 1 -maxdepth 1 -type d -printf '%T@ %f\\n' 2>/dev/null "
@@ -223,7 +219,6 @@ class DirectoryStates(FactBase):
     """Mode, owner, group and type of each path, in order, from one command: [{"mode", "user",
     "group", "type"} or None (missing), ...]; None for no output at all (nothing recorded)."""
 
-    fake_match = re.compile(r"^stat -c '%a %U %G %F' -- ")
 
     def command(self, paths: list[str]) -> str:
         return "; ".join(f"stat -c '%a %U %G %F' -- {shlex.quote(p)} 2>/dev/null || echo missing" for p in paths)
@@ -252,7 +247,6 @@ class ServiceUser(FactBase):
     {"uid", "home", "shell", "group"}; None when there is no such user. One cheap read that lets a
     converged host skip pyinfra's `Users` fact (a shell loop over every account: ~0.7 s a read)."""
 
-    fake_match = re.compile(r"^getent passwd .+ && id -gn .+ \|\| true$")
 
     def command(self, user: str) -> str:
         return f"getent passwd {shlex.quote(user)} && id -gn {shlex.quote(user)} || true"
@@ -275,7 +269,6 @@ class ServiceUser(FactBase):
 class DeployLock(FactBase):
     """Who holds the host's deploy lock (qwen27b.controller.hostlock), as the lock file's one line; None: free."""
 
-    fake_match = re.compile(r"^cat .+ 2>/dev/null \|\| true$")
 
     def command(self, path: str = LOCK_FILE) -> str:
         return f"cat {shlex.quote(path)} 2>/dev/null || true"
@@ -296,7 +289,6 @@ class SecretFileState(FactBase):
     {"user", "group", "mode", "sha256"}, or None when it is not a regular file. The secret_file
     operation compares the hash; the old key is never read back to the controller."""
 
-    fake_match = re.compile(r"^if \[ -f .+ \]; then stat -c '%U %G %a' ")
 
     def command(self, path: str) -> str:
         q = shlex.quote(path)
@@ -349,7 +341,6 @@ class ReleaseRecords(FactBase):
     record's link targets that are gone)}. Read by the rollback deploy, and by pruning (never the
     rollback target)."""
 
-    fake_match = re.compile(r"python3 -c .*kept_dir = sys\.argv", re.S)
 
     def command(self, record: str, kept_dir: str) -> str:
         return f"python3 -c {shlex.quote(_RECORDS_SCRIPT)} {shlex.quote(record)} {shlex.quote(kept_dir)}"
@@ -377,7 +368,6 @@ class DeployedState(FactBase):
     firewall role's nftables table is loaded. {"paths", "units", "users", "groups", "nft"}
     ("users"/"groups": those of `accounts` that exist)."""
 
-    fake_match = re.compile(r"^for p in .*; do if \[ -e \"\$p\" \]")
 
     def command(self, paths: list[str], units: list[str], accounts: list[str], nft_table: str) -> str:
         q = shlex.quote

@@ -3,8 +3,8 @@
 The weights download (20+ GiB), the wheel install and the model load run for minutes, and pyinfra
 shows a host's remote output only with -v (then as raw lines, after the fact for pip). While such
 an operation runs on a host, a greenlet here reads a small read-only probe on that host every
-second or two (its own SSH channel on the connection pyinfra holds: `du` of the directories the
-step writes, each inode counted once) and draws `bytes of total (n%), rate, ETA`; the verify step
+second or two (over its own SSH connection to the host, not pyinfra's: remote.side_connection
+says why; `du` of the directories the step writes, each inode counted once) and draws `bytes of total (n%), rate, ETA`; the verify step
 draws the model load itself (vLLM's "Loading safetensors checkpoint shards: N/M" from the unit's
 journal).
 
@@ -34,7 +34,7 @@ from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.state import BaseStateCallback
 
 from . import runstate
-from .remote import on_host
+from .remote import close_side_connection, on_host, side_connection
 
 SPINNER_SWITCH = "PYINFRA_PROGRESS"
 
@@ -285,6 +285,7 @@ class Watcher(BaseStateCallback):
 
     def __init__(self) -> None:
         self.pollers: dict = {}
+        self.connections: dict = {}  # host name -> the probe's own SSH connection (None: pyinfra's)
 
     def operation_start(self, state, op_hash) -> None:
         watched = runstate.of(state).progress
@@ -297,7 +298,19 @@ class Watcher(BaseStateCallback):
             return
         arguments = state.get_op_data_for_host(host, op_hash).global_arguments
         connector = {k: arguments[k] for k in CONNECTOR_ARGUMENT_KEYS if k in arguments and k not in ("_stdin",)}
-        self.pollers[host.name] = gevent.spawn(_poll, host, probe, connector)
+        self.pollers[host.name] = gevent.spawn(_poll, host, probe, connector, self._connection)
+
+    def _connection(self, host):
+        """The probe's own connection to `host`, made once per run (in the poller's greenlet: the
+        handshake never holds up the operation it watches)."""
+        if host.name not in self.connections:
+            self.connections[host.name] = side_connection(host)
+        return self.connections[host.name]
+
+    def close(self) -> None:
+        for connection in self.connections.values():
+            close_side_connection(connection)
+        self.connections.clear()
 
     def _host_done(self, host) -> None:
         poller = self.pollers.pop(host.name, None)
@@ -314,14 +327,16 @@ class Watcher(BaseStateCallback):
     def operation_end(self, state, op_hash) -> None:
         for name in list(self.pollers):
             self.pollers.pop(name).kill(block=False)
-        stop()
+        _BOARD.stop()  # the probes' connections stay for the next watched step
 
 
-def _poll(host, probe: Probe, connector: dict) -> None:
+def _poll(host, probe: Probe, connector: dict, connection_for) -> None:
     meter = Meter(probe.total)
+    via = connection_for(host)
     while True:
         try:
-            _, output = on_host(host, probe.command(), connector=connector, print_output=False, print_input=False)
+            _, output = on_host(host, probe.command(), connector=connector, via=via, print_output=False,
+                                print_input=False)
             done = Probe.parse(output.stdout_lines)
         except Exception:  # noqa: BLE001 - a progress line must never fail the step it watches
             done = None
@@ -331,11 +346,19 @@ def _poll(host, probe: Probe, connector: dict) -> None:
         gevent.sleep(probe.every_s)
 
 
+_WATCHERS: list[Watcher] = []
+
+
 def install(state) -> None:
     """Once per run (preflight, before any operation runs)."""
-    state.add_callback_handler(Watcher())
+    watcher = Watcher()
+    _WATCHERS.append(watcher)
+    state.add_callback_handler(watcher)
 
 
 def stop() -> None:
-    """Clear the lines and give stderr and pyinfra's spinner back (also at exit, after Ctrl-C)."""
+    """Clear the lines and give stderr and pyinfra's spinner back (also at exit, after Ctrl-C); the
+    probes' own connections are closed (the run is over)."""
     _BOARD.stop()
+    for watcher in _WATCHERS:
+        watcher.close()

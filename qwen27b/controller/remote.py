@@ -104,6 +104,20 @@ def load_inventory(path: str, limit: list[str] | None = None, cwd: str | None = 
     return state, hosts
 
 
+
+def selected_hosts(tool: str, inventory: str, limit: list[str] | None, parallel: int | None = None):
+    """load_inventory for an operator command: (state, hosts), or None once it has told stderr why
+    (an inventory that does not load, or no host selected): the command then exits 2."""
+    try:
+        state, hosts = load_inventory(inventory, limit, parallel=parallel)
+    except Exception as error:  # noqa: BLE001 (pyinfra raises many kinds for a bad inventory file)
+        print(f"{tool}: cannot load inventory {inventory}: {error}", file=sys.stderr)
+        return None
+    if not hosts:
+        print(f"{tool}: no host selected", file=sys.stderr)
+        return None
+    return state, hosts
+
 # pyinfra asks for a sudo password with getpass when sudo says it needs one; with no terminal that is
 # an EOFError deep in a fact read (issue 32). What it means, and what to do, instead:
 SUDO_PASSWORD_NEEDED = ("sudo on this host needs a password and this run has no terminal to ask for it",
@@ -139,19 +153,48 @@ def host_arguments(state, host) -> dict:
     return {k: v for k, v in arguments.items() if k in CONNECTOR_ARGUMENT_KEYS}
 
 
-def on_host(host, command, *, state=None, connector: dict | None = None, **options):
+def on_host(host, command, *, state=None, connector: dict | None = None, via=None, **options):
     """THE one way a command reaches a host outside pyinfra's operations and facts: with the host's
     connector arguments, so a lab deploying as a non-root user with `_sudo = True` gets sudo here as
     in every operation (issue 32: verify's rollback ran its restore without sudo and failed
     silently). `connector`: the arguments already resolved (an operation's own, the fact cache's);
-    `options`: `_timeout`, `_stdin`, `print_output`... Returns pyinfra's (ok, CommandOutput).
-    tests/test_sudo_path.py fails on any other `run_shell_command` call in the project."""
+    `options`: `_timeout`, `_stdin`, `print_output`... `via`: another connection to this host (the
+    progress probe's own, `side_connection`) instead of the one pyinfra's operations use. Returns
+    pyinfra's (ok, CommandOutput). tests/test_sudo_path.py fails on any other `run_shell_command`
+    call in the project."""
     from pyinfra.api import StringCommand
 
     executor = dict(connector) if connector is not None else host_arguments(host.state if state is None else state, host)
     executor.update(options)
-    return host.run_shell_command(command if isinstance(command, StringCommand) else StringCommand(command),
-                                  **executor)
+    return (via or host).run_shell_command(command if isinstance(command, StringCommand) else StringCommand(command),
+                                           **executor)
+
+
+def side_connection(host):
+    """A second SSH connection to `host` (None for other connectors, or when it cannot be made),
+    for commands run while one of pyinfra's operations runs on the first.
+
+    Why: paramiko renegotiates the session keys every 512 MiB sent, and a channel that closes on that
+    connection meanwhile deadlocks its reader (paramiko#822, open since 2016): the connection is
+    dropped after 30 s. A probe polling every second during the 878 MiB wheelhouse upload closes a
+    channel a second, and in CI the upload died of it (EOFError, stop 36). On a connection of its
+    own, the probe's channels never meet the upload's key exchange."""
+    from pyinfra.connectors.ssh import SSHConnector
+
+    if not isinstance(host.connector, SSHConnector):
+        return None
+    connection = SSHConnector(host.state, host)
+    try:
+        connection.connect()
+    except Exception:  # noqa: BLE001 - a side connection is an extra: the caller goes without
+        return None
+    return connection
+
+
+def close_side_connection(connection) -> None:
+    client = getattr(connection, "client", None)
+    if client is not None:
+        client.close()
 
 
 def run_command(state, host, command: str, timeout: int = 60, stdin: str | None = None) -> Answer:

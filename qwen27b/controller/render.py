@@ -13,16 +13,15 @@ from pathlib import Path
 import jinja2
 
 from qwen27b.plan.gate import Decision
-from qwen27b.onhost.contract import (FIREWALL_UNIT, HEALTH_HTTP_SOCKET, HEALTH_HTTP_TEMPLATE, HEALTH_TIMER, HEALTH_UNIT,
+from qwen27b.onhost.contract import (COPIES_ENV, COPY_ENV, FIREWALL_UNIT, GPUS_ENV, HEALTH_HTTP_SOCKET,
+                                     HEALTH_HTTP_TEMPLATE, HEALTH_TIMER, HEALTH_UNIT,
                                      IDLE_PROBE_DEADLINE_ENV, IDLE_PROBE_EVERY_ENV, INSTANCE_TEMPLATE, MODEL_REF_ENV,
                                      QUIET_ENV, SPECULATIVE_ENV, RAY_UNIT, SERVICE_UNIT, STALL_AFTER_ENV, TEXTFILE_DIR,
                                      lib_dir, module_argv)
 from qwen27b.plan.hostdata import NODE_EXPORTER_PORT, NODE_EXPORTER_UNIT, http_base
-from qwen27b.plan.lifecycle import release_record_file
-from qwen27b.plan.stack import api_key_env_file, health_status_file
+from qwen27b.plan.hostlayout import UNIT_DIR, HostLayout
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
-UNIT_DIR = "/etc/systemd/system"
 HEALTH_HTTP_SERVICE = HEALTH_HTTP_TEMPLATE
 _SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 
@@ -152,24 +151,25 @@ def unit_text(value: str) -> str:
 
 def layout(decision: Decision, prefix: str = "") -> dict:
     """Host paths (prefix lets tests render into a scratch root)."""
-    paths = decision.stack.paths
+    at = decision.stack.layout
     return {
-        "root": prefix + paths["root"],
-        "venv": prefix + paths["current_release"] + "/venv",
-        "state_dir": prefix + paths["state"],
-        "cache_dir": prefix + paths["cache"],
-        "config_dir": prefix + paths["config"],
-        "env_file": prefix + paths["config"] + "/qwen27b.env",
-        "secrets_file": prefix + api_key_env_file(paths),
-        "health_status": prefix + health_status_file(paths),
-        "restart_request": prefix + paths["state"] + "/health-restart.request",
+        "root": prefix + at.root,
+        "venv": prefix + at.current_venv,
+        "state_dir": prefix + at.state,
+        "cache_dir": prefix + at.cache,
+        "config_dir": prefix + at.config,
+        "env_file": prefix + at.env_file,
+        "secrets_file": prefix + at.api_key_env_file,
+        "health_status": prefix + at.health_status,
+        "restart_request": prefix + at.restart_request,
     }
 
 
 def serving_files(paths: dict) -> list[str]:
     """The files a release runs by besides its symlinks: the env file, the main unit and the release
     record (qwen27b.plan.lifecycle). Kept aside before a deploy replaces them, restored on rollback."""
-    return [paths["config"] + "/qwen27b.env", f"{UNIT_DIR}/{SERVICE_UNIT}", release_record_file(paths)]
+    at = HostLayout.of(paths)
+    return [at.env_file, at.unit_file(SERVICE_UNIT), at.release_record]
 
 
 def hardening(decision: Decision, where: dict, base=COMMON_HARDENING) -> list[tuple[str, str]]:
@@ -281,7 +281,7 @@ def contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
         "model_ref": unit_text(f"{model['id']}@{model['revision']}"),
         "profile": unit_text(decision.profile),
         "after": ["network-online.target"] + (["nvidia-persistenced.service"] if decision.gpus else []),
-        "user": decision.stack.paths["service_user"],
+        "user": decision.stack.layout.service_user,
         "exec_start": exec_start,
         # `systemctl start` returns once /health answers and a warm-up completion came back, so start-up
         # failures show in the unit state, and fails as soon as the main process dies, not at the timeout
@@ -299,29 +299,48 @@ def contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
     }
     if decision.group is not None:
         service["after"] = service["after"] + [RAY_UNIT]
+    health = health_context(decision, where, SERVICE_UNIT, HEALTH_UNIT, base_url,
+                            serve.value("--served-model-name"), service["model_ref"])
+    endpoint = endpoint_context(decision, where, address)
+    return {
+        "qwen27b.service.j2": service,
+        "qwen27b.env.j2": {"env": service_env(decision, where), "secrets_file": where["secrets_file"]},
+        "qwen27b-health.service.j2": health,
+        "qwen27b-health.timer.j2": health,
+        "qwen27b-health-http.socket.j2": endpoint,
+        "qwen27b-health-http@.service.j2": endpoint,
+    }
+
+
+def health_context(decision: Decision, where: dict, service_unit: str, health_unit: str, base_url: str,
+                   served_name: str, model_ref: str, health_env: tuple = ()) -> dict:
+    """The health unit's and its timer's context: the check of `service_unit` at `base_url`, its status
+    file and restart request from `where`. A copy's (instance_health_contexts) differs in those and
+    in `health_env` (its name and GPUs)."""
+    serve = decision.serve
     s = decision.settings
     # root's 0600 key file reaches the unprivileged check as a systemd credential: a copy readable
     # by the unit's user only, under /run/credentials/<unit>/, for the run's lifetime
-    credential = f"/run/credentials/{HEALTH_UNIT}/{API_KEY_CREDENTIAL}"
+    credential = f"/run/credentials/{health_unit}/{API_KEY_CREDENTIAL}"
     health = {
-        "service_unit": SERVICE_UNIT,
+        "service_unit": service_unit,
         "interval_s": s.health_interval_s,
         "first_check_s": 120,
         "timeout_s": 60,
-        "user": decision.stack.paths["service_user"],
+        "user": decision.stack.layout.service_user,
         "journal_group": JOURNAL_GROUP,
         "load_credential": f"{API_KEY_CREDENTIAL}:{where['secrets_file']}" if s.api_key_file else None,
         "restart_request": where["restart_request"],
-        "restart_exec": restart_exec(where["restart_request"], SERVICE_UNIT),
-        "health_exec": [f"{where['venv']}/bin/qwen27b-health", "--url", base_url, "--unit", SERVICE_UNIT,
-                        "--status-file", where["health_status"], "--served-name", serve.value("--served-model-name"),
+        "restart_exec": restart_exec(where["restart_request"], service_unit),
+        "health_exec": [f"{where['venv']}/bin/qwen27b-health", "--url", base_url, "--unit", service_unit,
+                        "--status-file", where["health_status"], "--served-name", served_name,
                         "--restart-after", str(s.health_failures_before_restart)]
         + (["--api-key-file", credential] if s.api_key_file else []),
         # environment, not flags: a rollback to an older qwen27b-health must still run. Quiet: the
         # journal gets one line a check, the table when the verdict changes
-        "health_env": [(QUIET_ENV, "1"), (MODEL_REF_ENV, service["model_ref"]),
+        "health_env": [(QUIET_ENV, "1"), (MODEL_REF_ENV, model_ref),
                        (SPECULATIVE_ENV, f"{serve.spec.method}:{serve.spec.depth}" if serve.spec.on else "off")]
-        + liveness_env(decision.stack.profile["serve"].get("liveness") or {}),
+        + liveness_env(decision.stack.profile["serve"].get("liveness") or {}) + list(health_env),
         # the check must get CPU when the service takes it all (a CPU build under load starved it
         # for tens of seconds, close to timeout_s): CPUWeight where systemd runs the cpu controller
         # (default 100), Nice where both share one cpu cgroup (cgroup v1 without it, containers);
@@ -333,15 +352,7 @@ def contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
     }
     # each argument quoted for systemd, as the main unit's ExecStart is
     health["health_exec"] = [systemd_quote(arg) for arg in health["health_exec"]]
-    endpoint = endpoint_context(decision, where, address)
-    return {
-        "qwen27b.service.j2": service,
-        "qwen27b.env.j2": {"env": service_env(decision, where), "secrets_file": where["secrets_file"]},
-        "qwen27b-health.service.j2": health,
-        "qwen27b-health.timer.j2": health,
-        "qwen27b-health-http.socket.j2": endpoint,
-        "qwen27b-health-http@.service.j2": endpoint,
-    }
+    return health
 
 
 def liveness_env(liveness: dict) -> list[tuple[str, str]]:
@@ -368,8 +379,9 @@ def endpoint_context(decision: Decision, where: dict, address: str) -> dict:
         "max_connections": ENDPOINT_MAX_CONNECTIONS,
         "max_per_source": ENDPOINT_MAX_PER_SOURCE,
         "status_file": where["health_status"],
-        "user": decision.stack.paths["service_user"],
+        "user": decision.stack.layout.service_user,
         "pythonpath": lib_dir(where["venv"]),
+        "environment": [],  # a host serving copies: their names (instance_endpoint_context)
         "exec": [systemd_quote(arg) for arg in argv],
         "runtime_max_s": ENDPOINT_RUNTIME_MAX_S,
         # never the key: the endpoint reads the status file only, and this makes sure of it
@@ -426,7 +438,7 @@ def firewall_contexts(decision: Decision) -> dict[str, dict]:
         # connections (apt, pip, the hub) land on such ports too, so they pass first
         "established": ["ct state established,related accept"] if decision.group is not None else [],
         "firewall_unit": FIREWALL_UNIT,
-        "rules_file": decision.stack.paths["config"] + "/firewall.nft",
+        "rules_file": decision.stack.layout.firewall_rules,
     }
     return {"qwen27b-firewall.nft.j2": context, "qwen27b-firewall.service.j2": context}
 
@@ -498,7 +510,7 @@ def ray_context(decision: Decision, prefix: str = "") -> dict:
         "after": ["network-online.target"] + (["nvidia-persistenced.service"] if decision.gpus else []),
         "part_of": [SERVICE_UNIT] if head else [],
         "requires": [],
-        "user": decision.stack.paths["service_user"],
+        "user": decision.stack.layout.service_user,
         "exec_start": [systemd_quote(arg) for arg in argv],
         # a worker waits for its head (down, restarting, not deployed yet) as long as it takes
         "restart": "on-failure" if head else "always",
@@ -539,10 +551,18 @@ def instance_unit(name: str) -> str:
     return f"qwen27b@{name}.service"
 
 
+def copies_serving_files(paths: dict, names: list[str]) -> list[str]:
+    """serving_files of a host serving copies: each copy's env file, the templated unit and the
+    release record (last, as serving_files has it). Kept before a deploy replaces them, restored by
+    the rollback (their names in the rollback dir are distinct)."""
+    return ([instance_files(paths, name)["env_file"] for name in names]
+            + [HostLayout.unit_file(INSTANCE_UNIT), HostLayout.of(paths).release_record])
+
+
 def instance_files(paths: dict, name: str) -> dict[str, str]:
     """A copy's own files: its env file (GPUs, flags, URL) and its API key's 0600 env file."""
-    return {"env_file": f"{paths['config']}/qwen27b@{name}.env",
-            "secrets_file": f"{paths['config']}/qwen27b@{name}-api-key.env"}
+    at = HostLayout.of(paths)
+    return {"env_file": at.instance_env_file(name), "secrets_file": at.instance_api_key_env_file(name)}
 
 
 def instance_contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
@@ -571,9 +591,81 @@ def instance_contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
     return out
 
 
+def copy_health_units(name: str) -> tuple[str, str]:
+    """A copy's health check and its timer: qwen27b-health@NAME.service/.timer, each its own unit file
+    (systemd prefers an instance's own file to a template; each copy's check differs in URL, key,
+    GPUs and files, so there is no shared template to fill from %i)."""
+    return f"qwen27b-health@{name}.service", f"qwen27b-health@{name}.timer"
+
+
+def copy_health_files(paths: dict, name: str) -> dict[str, str]:
+    """A copy's health status file and the restart request its check leaves for the unit's root
+    ExecStopPost (the one-service host's: health.json, health-restart.request)."""
+    at = HostLayout.of(paths)
+    return {"health_status": at.copy_health_status(name), "restart_request": at.copy_restart_request(name)}
+
+
+def instance_health_contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
+    """Each copy's health unit and timer context (qwen27b-health.*.j2), keyed by copy name: the check
+    of qwen27b@NAME.service at the copy's URL with its key, reading only its GPUs (GPUS_ENV) and
+    writing its own status file, restart request and metrics file labelled copy=NAME (COPY_ENV)."""
+    out, paths = {}, decision.stack.paths
+    for instance, copy in decision.copies:
+        where = {**layout(copy, prefix), **{k: prefix + v for k, v in instance_files(paths, instance.name).items()},
+                 **{k: prefix + v for k, v in copy_health_files(paths, instance.name).items()}}
+        serve, model = copy.serve, decision.stack.model
+        env = [(COPY_ENV, instance.name)] + ([(GPUS_ENV, ",".join(str(g.index) for g in serving_gpus(copy)))]
+                                             if copy.gpus else [])
+        health = health_context(copy, where, instance_unit(instance.name), copy_health_units(instance.name)[0],
+                                http_base(serve.value("--host"), serve.value("--port")),
+                                serve.value("--served-model-name"), unit_text(f"{model['id']}@{model['revision']}"),
+                                tuple(env))
+        out[instance.name] = health
+    return out
+
+
+def instance_endpoint_context(decision: Decision, prefix: str = "") -> dict:
+    """The health endpoint of a host serving copies: one socket on qwen27b_health_port at the copies'
+    address, answering each copy on /health/NAME from its status file (COPIES_ENV: the names,
+    allow-listed by hostdata.INSTANCE_NAME)."""
+    _, first = decision.copies[0]
+    endpoint = endpoint_context(first, layout(first, prefix), first.serve.value("--host"))
+    endpoint["environment"] = [(COPIES_ENV, ",".join(i.name for i, _ in decision.copies))]
+    # never a key: each copy's key file is out of its reach too, as the host's is
+    endpoint["hardening"] = endpoint["hardening"] + [
+        ("InaccessiblePaths", f"-{prefix}{instance_files(decision.stack.paths, i.name)['secrets_file']}")
+        for i, _ in decision.copies]
+    return endpoint
+
+
 def render_instances(decision: Decision, prefix: str = "") -> dict[str, str]:
-    """'qwen27b@.service' and 'NAME.env' -> rendered text (the unit from qwen27b.service.j2)."""
+    """'qwen27b@.service', 'NAME.env', 'qwen27b-health@NAME.service' and '.timer', the health endpoint's
+    socket and service -> rendered text (the unit from qwen27b.service.j2, each copy's health units
+    from qwen27b-health.*.j2, the endpoint from qwen27b-health-http*.j2)."""
     ctx = instance_contexts(decision, prefix)
     out = {INSTANCE_UNIT: render("qwen27b.service.j2", ctx.pop("qwen27b@.service.j2"))}
     out.update({name: render("qwen27b.env.j2", c) for name, c in ctx.items()})
+    for name, health in instance_health_contexts(decision, prefix).items():
+        unit, timer = copy_health_units(name)
+        out[unit] = render("qwen27b-health.service.j2", health)
+        out[timer] = render("qwen27b-health.timer.j2", health)
+    endpoint = instance_endpoint_context(decision, prefix)
+    out[HEALTH_HTTP_SOCKET] = render("qwen27b-health-http.socket.j2", endpoint)
+    out[HEALTH_HTTP_SERVICE] = render("qwen27b-health-http@.service.j2", endpoint)
     return out
+
+
+# ------------------------------------------------------------------ used cards (issue 27)
+
+GPU_POWER_UNIT = "qwen27b-gpu-power.service"
+GPU_POWER_TEMPLATE = "qwen27b-gpu-power.service.j2"
+NVIDIA_SMI = "/usr/bin/nvidia-smi"  # where the driver packages put it (nvidia-utils-<branch>)
+
+
+def gpu_power_unit(decision: Decision, prefix: str = "") -> str:
+    """The oneshot unit that turns persistence mode on and sets the planned power caps at boot
+    (gate.Decision.power: indices and watts are ints the gate checked against each card's range)."""
+    power = decision.power
+    limits = [(int(i), int(w)) for i, w in power.limits]
+    return render(GPU_POWER_TEMPLATE, {"service_unit": SERVICE_UNIT, "nvidia_smi": f"{prefix}{NVIDIA_SMI}",
+                                       "limits": limits, "ecc_on": [int(i) for i in power.ecc_on]})

@@ -73,7 +73,7 @@ def format_decision(d: Decision) -> str:
         if instance is not None and instance != d.copies[-1][0]:
             parts.append("")
     reasons = [c.reason for c in d.choices] + [row[2] for row in group] + [f.reason for s in serves for f in s.flags] \
-        + d.serve.notes
+        + d.serve.notes + d.warnings
     legend = _legend(d, reasons)
     if legend:
         parts += ["", "sources:"] + legend

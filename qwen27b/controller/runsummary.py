@@ -115,6 +115,11 @@ def outcomes(state, refused: dict[str, str], verified: dict[str, tuple[str, str]
                        else "the deploy file stopped before this host's plan was complete (its error is above)")
                 out.append(Outcome(name, "not run", f"{why}: no operation ran"))
                 continue
+            unfinished = next((op for op, meta in queued if not meta.is_complete()), None)
+            if unfinished and not dry:  # pyinfra itself stopped (an internal error): never "ok"
+                out.append(Outcome(name, "failed", f"the run stopped during '{unfinished}' (pyinfra's error is "
+                                                   "above): re-run to finish, done work is kept"))
+                continue
             if not ran and not queued and not dry:
                 out.append(Outcome(name, "ok", "nothing to do"))
                 continue

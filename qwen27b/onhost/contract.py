@@ -35,6 +35,14 @@ XID_ADVICE = {
 }
 
 
+# A GPU fault a restart of the service cannot fix (issue 27): the health finding's "kind", its verdict's
+# "needs" and the qwen27b_health_needs gauge say which; the watchdog does not restart on either.
+NEEDS_REBOOT_FINDING = "needs_reboot"  # pending page retirement, uncorrected ECC: a reboot or a GPU reset fixes it
+NEEDS_HUMAN_FINDING = "needs_human"  # fallen off the bus, unreadable: power, seating, slot, the card itself
+NEEDS = {NEEDS_REBOOT_FINDING: "reboot", NEEDS_HUMAN_FINDING: "human"}
+XID_NEEDS = {48: NEEDS_REBOOT_FINDING, 95: NEEDS_REBOOT_FINDING, 79: NEEDS_HUMAN_FINDING}
+
+
 def xid_meaning(xid: int) -> str:
     """What an Xid is, in a few words (XID_ADVICE's sentence up to its first colon)."""
     advice = XID_ADVICE.get(xid)
@@ -132,6 +140,17 @@ TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
 
 
 TEXTFILE_NAME = "qwen27b.prom"
+# A copy of qwen27b_instances: its health check reads only its GPUs and writes qwen27b@NAME.prom with
+# a `copy` label on every series (from the environment, for the reason RESTART_REQUEST_ENV is).
+COPY_ENV, GPUS_ENV = "QWEN27B_HEALTH_COPY", "QWEN27B_HEALTH_GPUS"
+# the health endpoint of a host serving copies: their names, each answered on /health/NAME
+COPIES_ENV = "QWEN27B_HEALTH_COPIES"
+
+
+def textfile_name(copy: str | None) -> str:
+    """The textfile of one health check: qwen27b.prom, or qwen27b@NAME.prom for a copy (one file each:
+    node_exporter reads every *.prom, and two checks writing one file would each erase the other)."""
+    return f"qwen27b@{copy}.prom" if copy else TEXTFILE_NAME
 
 
 QUIET_ENV, TEXTFILE_DIR_ENV, MODEL_REF_ENV = "QWEN27B_HEALTH_QUIET", "QWEN27B_HEALTH_TEXTFILE_DIR", "QWEN27B_MODEL_REF"

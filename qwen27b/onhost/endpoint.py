@@ -17,12 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 import time
 import urllib.parse
 
-from .contract import LEVELS, OK, UNKNOWN, WARNING
+from .contract import COPIES_ENV, LEVELS, OK, UNKNOWN, WARNING
 from .statusfile import epoch, read_previous
 
 STALE_FACTOR = 3  # a status older than this many health intervals: the timer stopped or cannot write
@@ -143,10 +144,37 @@ def read_request_within(stream, seconds: float = REQUEST_TIMEOUT_S) -> tuple[str
         signal.signal(signal.SIGALRM, previous)
 
 
-def handle(request: tuple[str, str] | int, status_file: str, interval_s: float, now: float) -> bytes:
+COPY_NAME = re.compile(r"^[a-z0-9-]{1,16}$")  # qwen27b.plan.hostdata.INSTANCE_NAME
+
+
+def copy_status_file(status_file: str, name: str) -> str:
+    """A copy's status file beside the host's: health.json -> health@NAME.json (stack.health_status_file)."""
+    return os.path.join(os.path.dirname(status_file), f"health@{name}.json")
+
+
+def route_copy(method: str, target: str, copies: list[str]) -> tuple[int, str | None, str]:
+    """A host serving copies: (200, name, "") for GET/HEAD /health/NAME of a listed copy, else
+    (error code, None, what to ask instead). / and /health name no copy: 404 listing them."""
+    path = urllib.parse.urlsplit(target).path or "/"
+    name = path[len("/health/"):] if path.startswith("/health/") else None
+    where = ", ".join(f"/health/{c}" for c in copies)
+    if name is None or name not in copies:
+        return 404, None, f"this host serves copies; each copy's verdict is at {where}"
+    return (200 if method in METHODS else 405), name, ""
+
+
+def handle(request: tuple[str, str] | int, status_file: str, interval_s: float, now: float,
+           copies: list[str] | None = None) -> bytes:
     if isinstance(request, int):
         return response(request, _error(request, "send one HTTP request, e.g. GET /health HTTP/1.1"))
     method, target = request
+    if copies:
+        code, name, detail = route_copy(method, target, copies)
+        if code != 200:
+            return response(code, _error(code, detail or "GET (or HEAD) only"), head=method == "HEAD")
+        http, body = answer(*read_status(copy_status_file(status_file, name)), now=now,
+                            stale_after_s=STALE_FACTOR * interval_s)
+        return response(http, {**body, "copy": name}, head=method == "HEAD")
     code = route(method, target)
     if code != 200:
         detail = "the health endpoint answers GET (or HEAD) on /health and / only"
@@ -160,14 +188,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--status-file", required=True, help="the health check's JSON status (its --status-file)")
     p.add_argument("--interval-s", type=float, default=30.0,
                    help=f"the health timer's interval; a status older than {STALE_FACTOR}x this is STALE")
-    return p.parse_args(argv)
+    # from the environment (the unit's Environment=): a rollback's older endpoint still starts
+    p.add_argument("--copies", default=os.environ.get(COPIES_ENV) or None, metavar="A,B",
+                   help="a host serving copies: answer /health/NAME from health@NAME.json beside --status-file "
+                        f"(default ${COPIES_ENV})")
+    args = p.parse_args(argv)
+    names = [n for n in (args.copies or "").split(",") if n]
+    bad = [n for n in names if not COPY_NAME.match(n)]
+    if bad:
+        p.error(f"--copies: {bad[0]!r} is not a copy name ([a-z0-9-], at most 16)")
+    args.copies = names
+    return args
 
 
 def main(argv=None, stdin=None, stdout=None) -> int:
     args = parse_args(argv)
     rfile = stdin or sys.stdin.buffer
     wfile = stdout or sys.stdout.buffer
-    wfile.write(handle(read_request_within(rfile), args.status_file, args.interval_s, time.time()))
+    wfile.write(handle(read_request_within(rfile), args.status_file, args.interval_s, time.time(), args.copies))
     wfile.flush()
     return 0
 

@@ -118,7 +118,8 @@ def healthy(backend: dict, timeout: float) -> bool:
     """The backend's verdict (qwen27b-health-http: 200 for OK/WARNING) and vLLM answering."""
     host = backend["address"]
     host = f"[{host}]" if ":" in host else host
-    return (probe(f"http://{host}:{backend['health_port']}/health", timeout)
+    # a copy of qwen27b_instances: its own verdict at /health/NAME of its host's endpoint
+    return (probe(f"http://{host}:{backend['health_port']}{backend.get('health_path', '/health')}", timeout)
             and probe(f"http://{host}:{backend['port']}/health", timeout))
 
 

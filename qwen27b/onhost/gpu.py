@@ -93,10 +93,12 @@ def parse_xids(text: str, since: float | None = None) -> list[dict]:
     return out
 
 
-def read_gpus(nvml=None) -> tuple[list[dict] | None, str | None]:
+def read_gpus(nvml=None, only=None, others: list | None = None) -> tuple[list[dict] | None, str | None]:
     """Per-GPU NVML readings -> (gpus, why_none).  No pynvml or no driver: (None, reason) - a
     CPU-only host is not an error.  Fields NVML reports "Not Supported" are None; a GPU that
-    fails otherwise (e.g. "GPU is lost") gets an ``error`` and a CRITICAL finding."""
+    fails otherwise (e.g. "GPU is lost") gets an ``error`` and a CRITICAL finding.  ``only``: the
+    NVML indices to read (a copy's own GPUs; another copy's lost GPU is that copy's finding); the PCI
+    addresses of the others go to ``others`` (their Xid lines are theirs: :func:`own_xids`)."""
     if nvml is None:
         try:
             import pynvml as nvml
@@ -118,6 +120,14 @@ def read_gpus(nvml=None) -> tuple[list[dict] | None, str | None]:
     gpus = []
     try:
         for i in range(nvml.nvmlDeviceGetCount()):
+            if only is not None and i not in only:
+                if others is not None:
+                    try:
+                        pci = nvml.nvmlDeviceGetPciInfo(nvml.nvmlDeviceGetHandleByIndex(i)).busId
+                        others.append(pci.decode() if isinstance(pci, bytes) else pci)
+                    except nvml.NVMLError:
+                        pass
+                continue
             try:
                 h = nvml.nvmlDeviceGetHandleByIndex(i)
                 name = nvml.nvmlDeviceGetName(h)
@@ -147,6 +157,20 @@ def read_gpus(nvml=None) -> tuple[list[dict] | None, str | None]:
         except nvml.NVMLError:
             pass
     return gpus, None
+
+
+def pci_key(address: str | None) -> tuple | None:
+    """A PCI address as (domain, bus, device): NVML writes 00000000:3B:00.0, the kernel's Xid line
+    0000:3b:00. None when it does not parse."""
+    parts = re.findall(r"[0-9A-Fa-f]+", address or "")
+    return tuple(int(p, 16) for p in parts[:3]) if len(parts) >= 3 else None
+
+
+def own_xids(xids: list[dict] | None, others: list[str]) -> list[dict] | None:
+    """The Xid lines not on another copy's GPU (``others``: their PCI addresses). A line whose address
+    names no other copy's GPU stays: a lost GPU of this copy may have no address NVML still reads."""
+    theirs = {pci_key(a) for a in others} - {None}
+    return None if xids is None else [x for x in xids if pci_key(x.get("pci")) not in theirs]
 
 
 def _retired_pages(nvml, h) -> int:

@@ -23,11 +23,12 @@ import time
 
 import httpx
 
-from .contract import (CRITICAL, ENGINE_STALLED_FINDING, IDLE_PROBE_DEADLINE_ENV, IDLE_PROBE_EVERY_ENV, INFO, LEVELS,
+from .contract import (COPY_ENV, GPUS_ENV, CRITICAL, ENGINE_STALLED_FINDING, IDLE_PROBE_DEADLINE_ENV, IDLE_PROBE_EVERY_ENV, INFO, LEVELS,
                        MODEL_REF_ENV, SPECULATIVE_ENV, OK, QUIET_ENV, RESTART_LOOP_FINDING, RESTART_REQUEST_ENV,
                        SERVICE_UNIT, STALL_AFTER_ENV, TEXTFILE_DIR, TEXTFILE_DIR_ENV, TEXTFILE_NAME, UNKNOWN, WARNING,
-                       XID_ADVICE, XID_FATAL, restart_loop)
-from .gpu import THROTTLE_BAD, read_gpus, read_xids
+                       XID_ADVICE, XID_FATAL, restart_loop, NEEDS, NEEDS_HUMAN_FINDING, NEEDS_REBOOT_FINDING,
+                       XID_NEEDS)
+from .gpu import THROTTLE_BAD, own_xids, read_gpus, read_xids
 from .metrics import accumulate_xids, export_metrics
 from .secretfile import SecretFileError, load_secret
 from .statusfile import epoch, iso, load_status, push_history, read_previous, write_status
@@ -103,14 +104,16 @@ def verdict(r: dict, slow_ms: float = 1000.0, hot_c: int = HOT_C) -> tuple[int, 
         i = g.get("index")
         if g.get("error"):
             f.append((CRITICAL, f"GPU {i} unreadable via NVML ({g['error']}): check `nvidia-smi` and the "
-                                f"kernel log for Xid 79; reboot the host."))
+                                f"kernel log for Xid 79; reboot the host, then check its power and seating "
+                                f"(needs a human: restarting {unit} cannot help).", NEEDS_HUMAN_FINDING))
             continue
         if (g.get("ecc_uncorrected") or 0) > 0:
             f.append((CRITICAL, f"GPU {i} has {g['ecc_uncorrected']} uncorrected ECC errors since driver load: "
-                                f"drain the host and reboot; replace the card if it repeats."))
+                                f"drain the host and reboot (needs a reboot: restarting {unit} cannot help); "
+                                f"replace the card if it repeats.", NEEDS_REBOOT_FINDING))
         if g.get("retired_pages_pending"):
-            f.append((WARNING, f"GPU {i} has retired pages pending: reboot (or reset the GPU) at the next "
-                               f"window so they are retired."))
+            f.append((WARNING, f"GPU {i} has retired pages pending: reboot (or reset the GPU) so they are "
+                               f"retired (needs a reboot: restarting {unit} cannot help).", NEEDS_REBOOT_FINDING))
         if g.get("temperature_c") is not None and g["temperature_c"] >= hot_c:
             f.append((WARNING, f"GPU {i} at {g['temperature_c']} C (>= {hot_c} C): check fans and airflow "
                                f"before it slows down."))
@@ -122,7 +125,10 @@ def verdict(r: dict, slow_ms: float = 1000.0, hot_c: int = HOT_C) -> tuple[int, 
     for x in r.get("xids") or []:
         level = CRITICAL if x["xid"] in XID_FATAL else WARNING
         advice = XID_ADVICE.get(x["xid"], "look it up in NVIDIA's Xid catalog and read the kernel log")
-        f.append((level, f"Xid {x['xid']} on {x['pci']} at {x['time'] or 'unknown time'}: {advice}."))
+        needs = XID_NEEDS.get(x["xid"])
+        f.append((level, f"Xid {x['xid']} on {x['pci']} at {x['time'] or 'unknown time'}: {advice}"
+                         + (f" (needs a {NEEDS[needs]}: restarting {unit} cannot help)." if needs else "."))
+                  + ((needs,) if needs else ()))
 
     code = max([entry[0] for entry in f], default=OK)
     return code, [finding(*entry) for entry in f]
@@ -176,13 +182,23 @@ def idle_probe_due(memory: dict | None, now: float, every_s: float) -> bool:
     return last is None or not last.get("ok") or now - last["time"] >= every_s
 
 
+def needs_attention(findings: list[dict]) -> str | None:
+    """"human" or "reboot" when a finding is a GPU fault no restart of the service fixes (a human's
+    outranks a reboot's: a card off the bus stays off after one), else None."""
+    kinds = {f.get("kind") for f in findings}
+    for kind in (NEEDS_HUMAN_FINDING, NEEDS_REBOOT_FINDING):
+        if kind in kinds:
+            return NEEDS[kind]
+    return None
+
+
 def next_failures(previous: int, code: int) -> int:
     """Consecutive CRITICAL runs.  Any non-CRITICAL run ends the streak: WARNING means the
     endpoint answered (only GPU health or slowness is off), so there is nothing to restart."""
     return previous + 1 if code == CRITICAL else 0
 
 
-def restart_decision(*, code: int, failures: int, restart_after: int, last_restart: float | None,
+def restart_decision(*, code: int, failures: int, restart_after: int, last_restart: float | None, needs: str | None = None,
                      now: float, min_interval_s: float, unit_state: str | None,
                      enabled: bool, unit: str) -> tuple[str, str]:
     """-> (action, reason) with action "none", "skip" or "restart".
@@ -198,6 +214,9 @@ def restart_decision(*, code: int, failures: int, restart_after: int, last_resta
         return "skip", f"{why}: would restart {unit}, but --no-restart is set."
     if unit_state == "activating":
         return "skip", f"{why}: {unit} is still starting (activating); not restarting it, wait for the model to load."
+    if needs:
+        return "skip", (f"{why}: not restarting {unit}: a GPU fault needs a {needs} (see the findings); "
+                        "a restart cannot fix it and would only loop.")
     if last_restart is not None and now - last_restart < min_interval_s:
         return "skip", (f"{why}: {unit} was restarted {now - last_restart:.0f} s ago "
                         f"(< {min_interval_s:.0f} s); not again yet, read `journalctl -u {unit}`.")
@@ -291,9 +310,11 @@ def check(args: argparse.Namespace, now: float | None = None) -> dict:
         if reading is not None and args.served_name and idle_probe_due(live, now, args.idle_probe_every_s):
             idle = generate_one(args.url, key, args.served_name, args.idle_probe_deadline_s)
             live = {**live, "last_probe": {"time": now, "ok": idle["ok"], "latency_ms": idle["latency_ms"]}}
-    gpus, gpu_note = read_gpus()
+    others: list[str] = []  # a copy's check: the other copies' GPUs, and their Xid lines, are theirs
+    gpus, gpu_note = read_gpus(only=getattr(args, "gpus", None), others=others)
     since = epoch(prev.get("time")) or now - XID_FIRST_LOOKBACK_S
     xids, xid_source = read_xids(since)
+    xids = own_xids(xids, others)
 
     readings = {"url": args.url, "unit": args.unit, "served_name": args.served_name,
                 "key_error": key_error, "health": health, "models": models, "gpu": gpus, "xids": xids,
@@ -322,8 +343,9 @@ def check(args: argparse.Namespace, now: float | None = None) -> dict:
     if unit_state == "activating":
         findings.append(finding(INFO, f"{args.unit} is still starting (activating): CRITICAL is expected "
                                       f"until the model has loaded."))
+    needs = needs_attention(findings)
     action, reason = restart_decision(
-        code=code, failures=failures, restart_after=args.restart_after,
+        code=code, failures=failures, restart_after=args.restart_after, needs=needs,
         last_restart=epoch((last_restart or {}).get("time")), now=now,
         min_interval_s=args.restart_min_interval_s, unit_state=unit_state,
         enabled=not args.no_restart, unit=args.unit)
@@ -345,6 +367,7 @@ def check(args: argparse.Namespace, now: float | None = None) -> dict:
         "time": stamp,
         "url": args.url,
         "unit": args.unit,
+        "copy": getattr(args, "copy", None),
         "verdict": LEVELS[code],
         "code": code,
         "findings": findings,
@@ -363,6 +386,7 @@ def check(args: argparse.Namespace, now: float | None = None) -> dict:
         "idle_probe": idle,
         "systemd": systemd or None,  # what the restart-loop sentence was read from
         "consecutive_failures": failures,
+        "needs": needs,  # "reboot" / "human": a GPU fault the watchdog does not restart for (issue 27)
         "restart_after": args.restart_after,
         "restart": restart,
         "last_restart": last_restart,
@@ -392,6 +416,8 @@ def one_line(s: dict) -> str:
              f"{len(s['xids'])} new Xids" if s.get("xids") is not None else "Xids unknown"]
     if s["code"] == CRITICAL:
         parts.append(f"{s['consecutive_failures']} consecutive failures")
+    if s.get("needs"):
+        parts.append(f"NEEDS A {s['needs'].upper()}: no restart (a GPU fault)")
     worst = [f for f in s.get("findings") or [] if f["level"] == s["verdict"]]
     if worst:
         parts.append(f"{len(s['findings'])} finding(s), first: {worst[0]['text']}")
@@ -427,6 +453,8 @@ def table(s: dict) -> str:
     last = s["last_restart"]
     rows.append(("failures", f"{s['consecutive_failures']} consecutive (restart after {s['restart_after']}); "
                              f"last restart {last['time'] if last else 'never'}"))
+    if s.get("needs"):
+        rows.append(("needs", f"a {s['needs']}: a GPU fault no restart of {s['unit']} fixes; the watchdog does not restart"))
     rows.append(("history", " ".join(str(h["code"]) for h in s["history"]) + "  (codes, oldest first)"))
     out = [f"{k:<9} {v}" for k, v in rows]
     out += [f"  {f['level']:<8} {f['text']}" for f in s["findings"]] or ["  no findings"]
@@ -473,9 +501,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--idle-probe-deadline-s", type=float,
                    default=float(os.environ.get(IDLE_PROBE_DEADLINE_ENV) or 20),
                    help=f"the idle probe's deadline (default ${IDLE_PROBE_DEADLINE_ENV} or 20)")
+    p.add_argument("--copy", default=os.environ.get(COPY_ENV) or None, metavar="NAME",
+                   help=f"the copy of qwen27b_instances this check watches: its metrics file and `copy` label "
+                        f"(default ${COPY_ENV})")
+    p.add_argument("--gpus", default=os.environ.get(GPUS_ENV) or None, metavar="I,J",
+                   help=f"read only these GPU indices, the copy's own (default ${GPUS_ENV}; unset: every GPU)")
     args = p.parse_args(argv)
     if args.restart_after < 1:
         p.error("--restart-after must be >= 1")
+    try:
+        args.gpus = None if args.gpus is None else sorted({int(i) for i in args.gpus.split(",") if i.strip()})
+    except ValueError:
+        p.error(f"--gpus must be GPU indices separated by commas, got {args.gpus!r}")
     return args
 
 

@@ -8,7 +8,7 @@ import argparse
 import os
 import sys
 
-from .contract import LEVELS, TEXTFILE_DIR, TEXTFILE_NAME, XID_ADVICE, XID_FATAL, crash_loop
+from .contract import LEVELS, TEXTFILE_DIR, XID_ADVICE, XID_FATAL, crash_loop, textfile_name
 from .gpu import THROTTLE_BITS
 from .statusfile import epoch
 from .unit import unit_properties
@@ -32,6 +32,31 @@ class _Fixed:
 
     def collect(self):
         return iter(self.families)
+
+
+class _Labelled:
+    """Every series of a registry with one more label: a copy's check writes copy="NAME" on each, so
+    two copies' series on one host (one node_exporter) stay apart."""
+
+    def __init__(self, registry, name: str, value: str):
+        self.registry, self.name, self.value = registry, name, value
+
+    def collect(self):
+        for family in self.registry.collect():
+            family.samples = [sample._replace(labels={**sample.labels, self.name: self.value})
+                              for sample in family.samples]
+            yield family
+
+
+def labelled(registry, copy: str | None):
+    """The registry itself, or for a copy a registry whose series all carry copy="NAME"."""
+    if not copy:
+        return registry
+    from prometheus_client import CollectorRegistry
+
+    out = CollectorRegistry()
+    out.register(_Labelled(registry, "copy", copy))
+    return out
 
 
 def metrics_registry(s: dict, *, release: str | None, model_ref: str | None, systemd: dict | None = None,
@@ -62,6 +87,11 @@ def metrics_registry(s: dict, *, release: str | None, model_ref: str | None, sys
     if last is not None:
         gauge("qwen27b_health_last_restart_timestamp_seconds", "When the health watchdog last restarted the "
               "unit (Unix time)").set(last)
+    needs = gauge("qwen27b_health_needs", "1 for what a GPU fault needs that a restart cannot fix (reboot: "
+                  "pending page retirement, uncorrected ECC; human: off the bus, unreadable); the watchdog does not "
+                  "restart for it", ["what"])
+    for what in ("reboot", "human"):
+        needs.labels(what).set(1 if s.get("needs") == what else 0)
     gauge("qwen27b_service_up", "1 when vLLM's /health answered 200").set(1 if s.get("health_status") == 200 else 0)
     if s.get("latency_ms") is not None:
         gauge("qwen27b_health_latency_seconds", "Time /health took to answer").set(s["latency_ms"] / 1000)
@@ -133,13 +163,13 @@ def metrics_registry(s: dict, *, release: str | None, model_ref: str | None, sys
     return reg
 
 
-def write_metrics(directory: str, registry) -> str:
-    """``<directory>/qwen27b.prom`` via prometheus_client's write_to_textfile (a temp file in the
+def write_metrics(directory: str, registry, copy: str | None = None) -> str:
+    """``<directory>/qwen27b.prom`` (a copy's: qwen27b@NAME.prom) via prometheus_client's write_to_textfile (a temp file in the
     same directory, renamed over: node_exporter never reads half a file), mode 0644 whatever the
     unit's UMask, so node_exporter's own user can read it."""
     from prometheus_client import write_to_textfile
 
-    path = os.path.join(directory, TEXTFILE_NAME)
+    path = os.path.join(directory, textfile_name(copy))
     old = os.umask(0o022)
     try:
         write_to_textfile(path, registry)
@@ -164,9 +194,10 @@ def export_metrics(args: argparse.Namespace, status: dict) -> str | None:
                 f"written (install prometheus-node-exporter or pass --textfile-dir)")
     try:
         systemd = status.get("systemd") or unit_properties(args.unit)
-        write_metrics(args.textfile_dir, metrics_registry(status, release=current_release(),
-                                                          model_ref=args.model_ref, systemd=systemd,
-                                                          speculative=getattr(args, "speculative", None)))
+        copy = getattr(args, "copy", None)
+        registry = metrics_registry(status, release=current_release(), model_ref=args.model_ref, systemd=systemd,
+                                    speculative=getattr(args, "speculative", None))
+        write_metrics(args.textfile_dir, labelled(registry, copy), copy)
     except ImportError:
         return "prometheus_client is not in this venv: metrics not written (redeploy to install it)"
     except OSError as e:

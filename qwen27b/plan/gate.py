@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from qwen27b.onhost.contract import xid_meaning
 from qwen27b.plan.gpustate import BOARD_FIX, SEED_XID79_ADVICE, gpu_troubles
+from qwen27b.plan import gpuwear
 from qwen27b.plan.driverbuild import boot_kernels, failed_build
 from qwen27b.plan.occupants import Bound, occupied
 from qwen27b.plan.checkpoint import CheckpointError, ModelShape, load_shape
@@ -85,6 +86,7 @@ class HostFacts:
     driver_build: dict | None = None  # DriverBuild (plan/driverbuild.py); None: not read
     kernels: dict | None = None  # InstalledKernels; None: not read
     occupants: dict | None = None  # Occupants (plan/occupants.py): listeners, GPU processes; None: not read
+    wear: dict | None = None  # GpuWear (plan/gpuwear.py): ECC, retired pages, power range; None: not read
 
     def __post_init__(self):
         # NvidiaGpus lists nvidia-smi's failure lines beside the GPUs; keep `gpus` GPUs only.
@@ -148,6 +150,7 @@ class Decision:
     group: object | None = None  # multinode.NodeGroup: this host is one stage of a serving group
     copies: tuple = ()  # ((hostdata.Instance, Decision), ...): several copies on this machine (qwen27b_instances)
     driver_first: bool = False  # GPU memory unknown until the driver answers: this run installs the driver only
+    power: object | None = None  # gpuwear.PowerPlan: what qwen27b-gpu-power.service sets at boot; None: no driver
 
     @property
     def profile(self) -> str:
@@ -457,7 +460,7 @@ def _boot_headers(plan: DriverPlan | None, facts: HostFacts) -> DriverPlan | Non
 
 
 def _warnings(facts: HostFacts, rs: ResolvedStack, settings: Settings, os_row: dict,
-              driver: DriverPlan | None = None, draft_used: bool = True) -> list[str]:
+              driver: DriverPlan | None = None, draft_used: bool = True, stack_wear: dict | None = None) -> list[str]:
     out = []
     boot = boot_kernels(facts.kernels, facts.kernel)
     if driver is not None and driver.action == "keep" and boot is not None and boot.headers:
@@ -466,7 +469,10 @@ def _warnings(facts: HostFacts, rs: ResolvedStack, settings: Settings, os_row: d
     if driver is not None and driver.action == "keep" and facts.kernel and driver.headers is None:
         out.append(f"linux-headers-{facts.kernel} is in no configured apt archive: the kept driver runs, but a DKMS "
                    "rebuild (a new kernel, a driver update) would fail on this kernel")
+    far = {w.index for w in gpuwear.assess(facts, stack_wear, lambda ids: "") if "PCIe link" in w.cause} if stack_wear else set()
     for g in facts.gpus:
+        if g["index"] in far:
+            continue  # gpuwear's finding says it, with the fix
         wc, wm = g.get("pcie_width_current"), g.get("pcie_width_max")
         gc, gm = g.get("pcie_gen_current"), g.get("pcie_gen_max")
         if wc and wm and wc < wm:
@@ -484,12 +490,14 @@ def _warnings(facts: HostFacts, rs: ResolvedStack, settings: Settings, os_row: d
                 out.append(f"GPU {which if which is not None else '?'} ({p['bus_id']}) infoROM is corrupted: nvidia-smi "
                            "still lists it, but the ECC and page-retirement records it keeps may be lost; "
                            + BOARD_FIX.replace("check the board: ", "check the board / ", 1))
-    by_xid: dict[int, int] = {}
+    by_xid: dict[int, dict[str, int]] = {}
     for x in facts.xids:
-        by_xid[x["xid"]] = by_xid.get(x["xid"], 0) + 1
-    for xid, count in sorted(by_xid.items()):
+        where = gpuwear.gpu_name(facts, x.get("pci"))
+        by_xid.setdefault(x["xid"], {})[where] = by_xid.get(x["xid"], {}).get(where, 0) + 1
+    for xid, on in sorted(by_xid.items()):
         meaning = xid_meaning(xid)
-        line = f"Xid {xid} ({meaning}) seen {count}x in the kernel log in the last 7 days"
+        line = (f"Xid {xid} ({meaning}) seen {sum(on.values())}x in the kernel log in the last 7 days, on "
+                + ", ".join(f"{where} {n}x" for where, n in on.items()))
         if xid == 79:
             line += f". {SEED_XID79_ADVICE}"
         out.append(line)
@@ -709,16 +717,72 @@ def _check_disk(host: str, facts: HostFacts, rs: ResolvedStack, settings: Settin
     free = facts.disk["free_bytes"]
     if free < need and not missing:
         return (f"only {free / GiB:.1f} GiB free on {facts.disk.get('mount')}: nothing to fetch ({', '.join(have)}), "
-                f"but vLLM's caches under {rs.paths['cache']} and the logs grow there; keep "
+                f"but vLLM's caches under {rs.layout.cache} and the logs grow there; keep "
                 f"{settings.min_free_disk_gib} GiB free (qwen27b_min_free_disk_gib)")
     if free < need:
-        paths = rs.paths
-        raise RefusedHost(host, f"too little disk on {facts.disk.get('mount')} for {paths['models']}: {free / GiB:.1f} GiB "
+        raise RefusedHost(host, f"too little disk on {facts.disk.get('mount')} for {rs.layout.models}: {free / GiB:.1f} GiB "
                           f"free, {need / GiB:.1f} GiB needed ({missing / GiB:.1f} GiB of weights still to fetch + "
                           f"{settings.min_free_disk_gib} GiB headroom"
                           + (f"; already on disk: {', '.join(have)}" if have else "") + ")",
                           "free space, mount a larger disk at the models path, or lower qwen27b_min_free_disk_gib")
     return None
+
+
+def _cite(ids) -> str:
+    ids = [ids] if isinstance(ids, str) else list(ids)
+    return f"[{', '.join(ids)}]"
+
+
+def _leave_out_worn(host: str, gpus: list[Gpu], wear: list, settings: Settings) -> list[Gpu]:
+    """The GPUs without a leave-out finding (gpuwear.assess). Host data that selects a worn GPU is
+    refused, naming it, the evidence and the fix; so is a host whose every GPU is worn."""
+    worn = {w.index: w for w in wear if w.leave_out}
+    if not worn:
+        return gpus
+    if settings.gpu_indices is not None:
+        chosen = [w for i, w in worn.items() if i in settings.gpu_indices]
+        if chosen:
+            raise RefusedHost.every(host, [RefusedHost(host, f"qwen27b_gpu_indices selects {w.gpu}, which should not "
+                                                       f"serve: {w.cause}", f"{w.fix}; or leave GPU {w.index} out of "
+                                                       "qwen27b_gpu_indices") for w in chosen])
+    kept = [g for g in gpus if g.index not in worn]
+    if gpus and not kept:
+        raise RefusedHost.every(host, [RefusedHost(host, f"{w.gpu} should not serve: {w.cause}", w.fix)
+                                       for w in worn.values()])
+    return kept
+
+
+def _power_choices(facts: HostFacts, power) -> list[Choice]:
+    """The plan's rows for qwen27b-gpu-power.service: persistence, the power caps, ECC (issue 27)."""
+    if power is None:
+        return []
+    unit, wear = "qwen27b-gpu-power.service", {w["index"]: w for w in ((facts.wear or {}).get("gpus") or [])}
+    off = [g["index"] for g in facts.gpus if g.get("persistence_mode") is False]
+    out = [Choice("persist", "on", (f"persistence mode is off on GPU(s) {', '.join(map(str, off))}: " if off else "")
+                  + f"{unit} runs `nvidia-smi -pm 1` at boot, before qwen27b.service (the driver stays loaded "
+                  "between clients; no start-up delay, settings kept) [nvidia-smi-pl]", "install" if off else "keep")]
+    if power.limits:
+        same = all((wear.get(i) or {}).get("power_limit_w") == w for i, w in power.limits)
+        out.append(Choice("power", ", ".join(f"GPU {i}: {w} W" for i, w in power.limits),
+                          f"qwen27b_power_limit_w, set by {unit} with `nvidia-smi -i N -pl W` at boot: "
+                          + "; ".join(power.reasons), "keep" if same else "install"))
+    else:
+        found = sorted({f"{w['power_limit_w']:.0f} W" for w in wear.values() if w.get("power_limit_w") is not None})
+        out.append(Choice("power", f"as found ({', '.join(found) or 'not read'})",
+                          "no qwen27b_power_limit_w: a used card on a marginal PSU falls off the bus at full draw; "
+                          "cap it (e.g. 275 W on a V100) [used-v100-psu]", "skip"))
+    ecc_off = [w["index"] for w in wear.values() if w.get("ecc_enabled") is False]
+    if power.ecc_on:
+        pending = [i for i in power.ecc_on if (wear.get(i) or {}).get("ecc_pending")]
+        out.append(Choice("ecc", "on", f"qwen27b_ecc: on: `nvidia-smi -i N -e 1` on GPU(s) {', '.join(map(str, power.ecc_on))}"
+                          + (" (already pending)" if len(pending) == len(power.ecc_on) else "")
+                          + "; it takes effect after a reboot, which this deploy does not do: reboot the host "
+                          "[nvidia-smi-pl]", "pending"))
+    else:
+        out.append(Choice("ecc", "as found", (f"ECC is off on GPU(s) {', '.join(map(str, ecc_off))}; left as found "
+                                              "(qwen27b_ecc: on turns it on after a reboot)") if ecc_off
+                          else "left as found (on where read)", "keep"))
+    return out
 
 
 def bound_ports(settings: Settings, bind: str) -> list[Bound]:
@@ -749,6 +813,9 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
         _nvidia_smi_problems(host, facts)
     all_gpus = [] if cpu else host_gpus(host, facts, stack)
     gpus = _select_gpus(host, all_gpus, settings)
+    wear = [] if cpu else gpuwear.assess(facts, stack["gpu_wear"], _cite)
+    gpus = _leave_out_worn(host, gpus, wear, settings)
+    left_out = [w for w in wear if w.leave_out]
     _check_tp(host, gpus, settings)
     profile_name = _choose_profile(host, gpus, settings, stack)
     try:
@@ -794,9 +861,8 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
     if draft is not None and draft.quant_method:
         refusals.append(RefusedHost(host, f"the DFlash2 draft {rs.draft['id']} is quantized ({draft.quant_method}): "
                                     f"{rs.source_text('dflash-dense-head')}", "use the fp16/bf16 draft checkpoint"))
-    paths = rs.paths
-    model_path = paths["current_model"]
-    draft_path = f"{paths['models']}/draft" if draft else None
+    model_path = rs.layout.current_model
+    draft_path = rs.layout.draft_link if draft else None
     ram = facts.memory.get("available_bytes") if facts.memory else None
     pins = dict(settings.serve_flags or {})
     if settings.tensor_parallel_size:
@@ -826,18 +892,30 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
             serve = driver_first[0]
         else:
             larger = None if pipeline is not None else _larger_gpus_alone(serve_inputs)
-            refusals.append(RefusedHost(host, refused.cause, f"{larger}; or {refused.fix}" if larger else refused.fix))
+            fix = f"{larger}; or {refused.fix}" if larger else refused.fix
+            if left_out:  # the worn GPUs' fix is what brings the room back
+                refusals.append(RefusedHost(host, "; ".join(f"{w.gpu} should not serve: {w.cause}" for w in left_out)
+                                            + f"; the {len(gpus)} GPU(s) left cannot serve: {refused.cause}",
+                                            "; ".join(w.fix for w in left_out) + f"; or {fix}"))
+            else:
+                refusals.append(RefusedHost(host, refused.cause, fix))
 
     glibc_warning = check(binary_needs_check, host, facts.glibc, rs)
     disk_warning = None
     if facts.disk is not None and facts.disk.get("free_bytes") is not None:
         disk_warning = check(_check_disk, host, facts, rs, settings,
                              [(rs.model, target)] + ([(rs.draft, draft)] if draft else []))
+    power = None
+    if not cpu and rs.profile.get("driver"):
+        power, power_refusals = gpuwear.power_plan(facts, all_gpus, settings.power_limit_w, settings.ecc,
+                                                   _cite(stack["gpu_wear"]["power"]["source"]))
+        refusals.extend(RefusedHost(host, cause, fix) for cause, fix in power_refusals)
     if refusals:
         raise RefusedHost.every(host, refusals)
     return Decision(host=host, stack=rs, settings=settings, gpus=gpus, serve=serve,
-                    choices=_choices(facts, rs, settings, driver, serve.spec),
-                    warnings=([driver_first[1]] if driver_first else []) + _warnings(facts, rs, settings, os_row, driver, draft is not None)
+                    choices=_choices(facts, rs, settings, driver, serve.spec) + _power_choices(facts, power),
+                    warnings=([driver_first[1]] if driver_first else []) + [w.line() for w in wear]
+                    + _warnings(facts, rs, settings, os_row, driver, draft is not None, None if cpu else stack["gpu_wear"])
                     + [w for w in (disk_warning, glibc_warning) if w],
                     model_path=model_path, draft_path=draft_path, facts=facts, os_row=os_row, driver=driver,
-                    driver_first=driver_first is not None)
+                    driver_first=driver_first is not None, power=power)

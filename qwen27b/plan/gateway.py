@@ -13,10 +13,10 @@ read on the controller, as hostdata reads them).
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from qwen27b.onhost.secretfile import load_secret
-from qwen27b.plan.hostdata import (PREFIX, SECRET_NAMES, BadHostData, Settings, check_secret_file, lab_address,
+from qwen27b.plan.hostdata import (PREFIX, SECRET_NAMES, BadHostData, Settings, check_secret_file, instances_of, lab_address,
                                    parse_address)
 
 GROUP = "qwen27b_gateway"
@@ -27,10 +27,12 @@ LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 
 @dataclass(frozen=True)
 class Backend:
-    name: str  # the inventory host name (what `drain NAME` takes)
+    name: str  # the inventory host name (what `drain NAME` takes); a copy's: HOST.NAME
     address: str  # where vLLM listens: qwen27b_bind_address, else the host's lab address
-    port: int  # qwen27b_port
+    port: int  # qwen27b_port, or the copy's port
     health_port: int  # qwen27b_health_port (qwen27b-health-http: 200 OK/WARNING, 503 CRITICAL/STALE)
+    health_path: str = "/health"  # a copy's verdict: /health/NAME on its host's endpoint
+    key_file: str | None = field(default=None, compare=False)  # the key file it serves with (the copy's, or the host's)
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class GatewayPlan:
         lines = [f"gateway: nginx on {self.address}:{self.port} in front of {len(self.backends)} backend(s) "
                  "(nginx's upstream module: one OpenAI address; docs/scale-out.md)"]
         for b in self.backends:
-            lines.append(f"  backend {b.name}: {b.address}:{b.port}, health {b.address}:{b.health_port}/health "
+            lines.append(f"  backend {b.name}: {b.address}:{b.port}, health {b.address}:{b.health_port}{b.health_path} "
                          "(in the pool while both answer 200 and it is not drained)")
         lines.append(f"  client keys: {len(self.key_files)} file(s) held by the gateway only; "
                      + ("the backends' key is added by the gateway, never seen by clients" if self.backend_key_file
@@ -82,7 +84,7 @@ def _address(host: str, key: str, value: str, fix: str) -> str:
     return str(address)
 
 
-def _backend(name: str, data: dict, s: Settings) -> Backend:
+def _backend(name: str, data: dict, s: Settings) -> list[Backend]:
     where = s.bind_address or lab_address(data)
     if where is None:
         raise BadHostData(name, "qwen27b_bind_address", "the gateway cannot tell where this backend listens "
@@ -90,7 +92,11 @@ def _backend(name: str, data: dict, s: Settings) -> Backend:
                           "set qwen27b_bind_address to the host's lab address")
     where = _address(name, "qwen27b_bind_address", where, "serve on the lab address the gateway reaches "
                      "(qwen27b_bind_address)")
-    return Backend(name, where, s.port, s.health_port)
+    if s.instances:
+        # each copy of qwen27b_instances is a backend: its port, its verdict on the host's endpoint
+        return [Backend(f"{name}.{i.name}", where, i.port, s.health_port, f"/health/{i.name}",
+                        i.api_key_file or s.api_key_file) for i in instances_of(s)]
+    return [Backend(name, where, s.port, s.health_port, key_file=s.api_key_file)]
 
 
 def _covered(address: str, networks: list | None) -> bool:
@@ -155,9 +161,11 @@ def _backend_names(host: str, data: dict, names: list[str], gateways: set[str],
     return chosen
 
 
-def _shared(host: str, backends: list[str], settings: dict[str, Settings]) -> tuple[str | None, str | None]:
+def _shared(host: str, backends: list[str], settings: dict[str, Settings],
+            served: list[Backend]) -> tuple[str | None, str | None]:
     """(the backends' key file, their served name): one key and one model name across the pool,
-    since the gateway sends every request to any backend with one Authorization header."""
+    since the gateway sends every request to any backend with one Authorization header (a copy
+    with its own api_key_file must hold that key too)."""
     names = {b: settings[b].served_model_name or f"the default of profile {settings[b].profile or 'auto'}"
              for b in backends}
     if len(set(names.values())) > 1:
@@ -165,13 +173,14 @@ def _shared(host: str, backends: list[str], settings: dict[str, Settings]) -> tu
         raise BadHostData(host, "qwen27b_served_model_name", f"the backends serve different names ({detail}): "
                           "/v1/models would list several and a request could reach a host without its model",
                           "set one qwen27b_served_model_name on every backend of the gateway")
-    keys = {b: (load_secret(settings[b].api_key_file) if settings[b].api_key_file else None) for b in backends}
+    keys = {b.name: (load_secret(b.key_file) if b.key_file else None) for b in served}
     if len(set(keys.values())) > 1:
         raise BadHostData(host, "qwen27b_api_key_file", "the backends do not share one API key (files differ, or "
                           "some have none): the gateway sends one key to every backend",
-                          "give every backend of the gateway the same qwen27b_api_key_file")
+                          "give every backend of the gateway (and every copy of qwen27b_instances) the same "
+                          "qwen27b_api_key_file")
     first = backends[0]
-    return settings[first].api_key_file, settings[first].served_model_name
+    return served[0].key_file, settings[first].served_model_name
 
 
 def plan_gateway(host: str, data: dict, inventory: list[tuple[str, dict]], gateways: set[str],
@@ -190,10 +199,10 @@ def plan_gateway(host: str, data: dict, inventory: list[tuple[str, dict]], gatew
     key_files = _client_keys(host, data)
     workers = {name for name, s in settings.items() if s.node_role == "worker"}
     names = _backend_names(host, data, [name for name, _ in inventory], gateways, workers)
-    backends = [_backend(name, by_name[name], settings[name]) for name in names]
-    for backend in backends:
-        _check_reach(host, address, backend.name, settings[backend.name])
-    backend_key, served = _shared(host, names, settings)
+    backends = [backend for name in names for backend in _backend(name, by_name[name], settings[name])]
+    for name in names:
+        _check_reach(host, address, name, settings[name])
+    backend_key, served = _shared(host, names, settings, backends)
     if backend_key and any(load_secret(path, SECRET_NAMES["gateway_key_files"]) == load_secret(backend_key)
                            for path in key_files):
         raise BadHostData(host, PREFIX + "gateway_key_files", "a client key is the backends' API key",

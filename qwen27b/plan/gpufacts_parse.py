@@ -297,3 +297,76 @@ def parse_gpu_topology(output: list[str]) -> dict | None:
     if p2p_found is not None and p2p_found[0] != labels:
         raise FactParseError(fact, p2p[0][0], f"topo -p2p r over the same GPUs as topo -m ({labels})", p2p[0][1])
     return {"gpus": labels, "links": links, "p2p_read": p2p_found[1] if p2p_found else None}
+
+
+# --- nvidia-smi wear fields (issue 27) ------------------------------------------------------------
+
+# The order of GpuWear's --query-gpu fields (controller/facts.py builds its command from this tuple).
+WEAR_FIELDS = (
+    "index", "pci.bus_id", "persistence_mode", "ecc.mode.current", "ecc.mode.pending",
+    "ecc.errors.corrected.volatile.total", "ecc.errors.uncorrected.volatile.total",
+    "ecc.errors.corrected.aggregate.total", "ecc.errors.uncorrected.aggregate.total",
+    "retired_pages.sbe", "retired_pages.dbe", "retired_pages.pending",
+    "power.limit", "power.min_limit", "power.max_limit", "power.default_limit",
+)
+WEAR_REMAP_MARKER = "##REMAPPED-ROWS"  # GpuWear prints it before its --query-remapped-rows call
+_WEAR_KEYS = ("index", "bus_id", "persistence_mode", "ecc_enabled", "ecc_pending",
+              "ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc_corrected_aggregate",
+              "ecc_uncorrected_aggregate", "retired_sbe", "retired_dbe", "retired_pending",
+              "power_limit_w", "power_min_w", "power_max_w", "power_default_w")
+_ENABLED = {"Enabled": True, "Disabled": False, "Yes": True, "No": False}
+
+
+def _wear_value(n: int, line: str, key: str, field: str):
+    """One wear field: None for [N/A]/[Not Supported] (no ECC on a GeForce, no page retirement on
+    an Ampere that remaps rows instead), bool for Enabled/Disabled/Yes/No, float for watts, int else."""
+    if field in _NOT_A_VALUE or (field.startswith("[") and field.endswith("]")):
+        return None
+    if key == "bus_id":
+        return field
+    if key in ("persistence_mode", "ecc_enabled", "ecc_pending", "retired_pending"):
+        if field not in _ENABLED:
+            raise FactParseError("GpuWear", n, f"{key} Enabled/Disabled or Yes/No", line)
+        return _ENABLED[field]
+    if key.endswith("_w"):
+        if not re.fullmatch(r"[0-9]+(?:\.[0-9]+)?", field.removesuffix(" W")):
+            raise FactParseError("GpuWear", n, f"{key} in watts", line)
+        return float(field.removesuffix(" W"))
+    if not re.fullmatch(r"[0-9]+", field):
+        raise FactParseError("GpuWear", n, f"{key} as a count", line)
+    return int(field)
+
+
+def parse_gpu_wear(output: list[str]) -> dict | None:
+    """GpuWear: {"gpus": [per GPU: index, bus_id, persistence_mode, ecc_enabled, ecc_pending, the four
+    ECC totals, retired_sbe/dbe (pages), retired_pending, power_limit_w/min/max/default],
+    "remapped_rows": {bus_id: {"correctable", "uncorrectable", "pending", "failure"}}}.
+
+    Row remapping is Ampere's and later: on a V100 `--query-remapped-rows` prints an error line
+    and the mapping stays empty. None when nvidia-smi printed only its own failure (NvidiaGpus says
+    why), or a query field the driver does not know (an old driver: the wear is then not read)."""
+    lines = numbered_lines(output)
+    cut = next((i for i, (_, line) in enumerate(lines) if line.strip() == WEAR_REMAP_MARKER), len(lines))
+    query, remap = lines[:cut], lines[cut + 1:]
+    gpus = []
+    for n, line in query:
+        text = line.strip()
+        if text.startswith(_SMI_FAILED) or gpu_problem_line(text) is not None:
+            if gpu_problem_line(text) and gpu_problem_line(text)["problem"] in ("device-handle", "inforom"):
+                continue  # a lost GPU among answering ones: NvidiaGpus reports it
+            return None
+        fields = [f.strip() for f in text.split(",")]
+        if len(fields) != len(WEAR_FIELDS):
+            raise FactParseError("GpuWear", n, f"{len(WEAR_FIELDS)} comma-separated --query-gpu fields", line)
+        gpus.append({key: _wear_value(n, line, key, field) for key, field in zip(_WEAR_KEYS, fields)})
+    rows = {}
+    for n, line in remap:
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) != 5 or not re.fullmatch(r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]", fields[0]):
+            continue  # "This query is not supported on this GPU", or no such query on an old driver
+        try:
+            rows[fields[0]] = {"correctable": int(fields[1]), "uncorrectable": int(fields[2]),
+                               "pending": _ENABLED[fields[3]], "failure": _ENABLED[fields[4]]}
+        except (KeyError, ValueError):
+            raise FactParseError("GpuWear", n, "bus id, two counts, Yes/No, Yes/No", line) from None
+    return {"gpus": gpus, "remapped_rows": rows}

@@ -89,6 +89,10 @@ class Settings:
     # several copies on one machine (qwen27b/plan/instances.py): [{name, gpus, port, api_key_file?}, ...]
     instances: list | None = None
     # uninstall.py only (pyinfra INVENTORY uninstall.py --data qwen27b_uninstall_weights=true): what else goes
+    # used cards (issue 27, plan/gpuwear.py): a power cap set at boot by qwen27b-gpu-power.service, watts
+    # for every GPU or {nvidia-smi index: watts}; checked against each card's range; None: left as found
+    power_limit_w: int | dict | None = None
+    ecc: str | None = None  # "on": nvidia-smi -e 1 where ECC is off (after a reboot); None: left as found
     uninstall_weights: bool = False  # the model revisions under /var/lib/qwen27b/models (20+ GiB) too
     uninstall_driver: bool = False  # unhold and purge the NVIDIA driver packages, remove the nouveau blacklist
 
@@ -145,6 +149,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "node_interface": (str,),
     "interconnect_gbps": (int, float),
     "instances": (list,),
+    "power_limit_w": (int, dict),
+    "ecc": (str, bool),  # YAML 1.1 reads a bare `on` as True
     "uninstall_weights": (bool,),
     "uninstall_driver": (bool,),
 }
@@ -219,6 +225,7 @@ def _check_type(host: str, key: str, name: str, value: Any) -> None:
     if not ok:
         kind = " or ".join(t.__name__ for t in wanted)
         example = {"int": "8000", "str": '"text"', "bool": "True", "dict": "{...}", "list": "[0, 1]"}[wanted[0].__name__]
+        example = EXAMPLES.get(name, example)
         raise BadHostData(host, key, f"expected {kind}, got {type(value).__name__} {value!r}", f"write it as {example}")
 
 
@@ -276,6 +283,8 @@ def settings_for(host: str, data: dict) -> Settings:
                 continue  # the gateway's own settings (qwen27b/plan/gateway.py)
             if name == "serve_flags":
                 value = _normalise_serve_flags(host, value)
+            if name == "ecc" and value is True:
+                value = "on"
             if name in ADDRESS_KEYS:
                 value = parse_address(host, key, value, ADDRESS_KEYS[name])
             if name in NETWORK_KEYS:
@@ -354,6 +363,30 @@ def open_to_all(s: Settings) -> list[str]:
     return out
 
 
+POWER_RANGE_W = (50, 1000)
+EXAMPLES = {"power_limit_w": "275 (watts for every GPU) or {0: 275, 1: 250}", "ecc": '"on"'}  # past any card's range either way; each card's own range is checked by the gate
+
+
+def _check_power(host: str, s: Settings) -> None:
+    """qwen27b_power_limit_w: whole watts (they reach `nvidia-smi -i N -pl W` in a unit line) per host or
+    per GPU index; qwen27b_ecc: on only (turning ECC off on used cards hides the wear issue 27 reads)."""
+    key, low, high = PREFIX + "power_limit_w", *POWER_RANGE_W
+    per_gpu = s.power_limit_w if isinstance(s.power_limit_w, dict) else {"*": s.power_limit_w}
+    if s.power_limit_w is not None:
+        if not per_gpu:
+            raise BadHostData(host, key, "is an empty mapping", "leave it out, or give {GPU index: watts}, e.g. {0: 275}")
+        for gpu, watts in per_gpu.items():
+            if gpu != "*" and not (isinstance(gpu, int) and not isinstance(gpu, bool) and gpu >= 0
+                                   or isinstance(gpu, str) and gpu.isascii() and gpu.isdigit()):
+                raise BadHostData(host, key, f"{gpu!r} is not a GPU index", "key it by nvidia-smi's index, e.g. {0: 275}")
+            if isinstance(watts, bool) or not isinstance(watts, int) or not low <= watts <= high:
+                raise BadHostData(host, key, f"{watts!r} is not whole watts in {low}-{high}",
+                                  "give whole watts within the card's range, e.g. 275 for a V100 (250-300 W)")
+    if s.ecc is not None and s.ecc != "on":
+        raise BadHostData(host, PREFIX + "ecc", f"{s.ecc!r} is not 'on'",
+                          "leave it out (ECC left as found) or set it to on (takes effect after a reboot)")
+
+
 def _check_values(host: str, s: Settings) -> None:
     for name, (least, most) in _RANGES.items():
         value = getattr(s, name)
@@ -363,6 +396,7 @@ def _check_values(host: str, s: Settings) -> None:
             raise BadHostData(host, PREFIX + name, f"{value} is more than {most}",
                               f"use {least}-{most} (default {getattr(Settings, name)})")
     _check_ports(host, s)
+    _check_power(host, s)
     if s.serve_flags:
         _check_serve_flags(host, s)
     tp = s.tensor_parallel_size or _positive_int((s.serve_flags or {}).get("--tensor-parallel-size"))

@@ -24,18 +24,17 @@ from dataclasses import dataclass, field
 from qwen27b.onhost.contract import (FIREWALL_UNIT, GATEWAY_UNIT, HEALTH_HTTP_SOCKET, HEALTH_HTTP_TEMPLATE, HEALTH_TIMER,
                                      HEALTH_UNIT, INSTANCE_TEMPLATE, POOL_UNIT, RAY_UNIT, SEED_UNIT, SERVICE_UNIT)
 
-RECORD_NAME = "release.json"  # in paths.config (the running one) and in the rollback dir (the kept one)
-ROLLBACK_SUBDIR = "rollback"
+from qwen27b.plan.hostlayout import RECORD_NAME, ROLLBACK_SUBDIR, HostLayout  # noqa: F401 (RECORD_NAME, ROLLBACK_SUBDIR: their importers)
 
 
 def release_record_file(paths: dict) -> str:
-    return f"{paths['config']}/{RECORD_NAME}"
+    """HostLayout.release_record of a stack's `paths`."""
+    return HostLayout.of(paths).release_record
 
 
 def rollback_dir(paths: dict) -> str:
-    """The running release's unit, env and record, kept while a deploy replaces them (the verify
-    role's automatic rollback and the on-demand one restore from here)."""
-    return f"{paths['config']}/{ROLLBACK_SUBDIR}"
+    """HostLayout.rollback_dir of a stack's `paths`."""
+    return HostLayout.of(paths).rollback_dir
 
 
 # ---------------------------------------------------------------------------------- rollout order
@@ -89,8 +88,9 @@ class Record:
 
     def short(self, paths: dict) -> str:
         """'release <hash>, model <id@rev>' for plan lines."""
-        release = self.links.get(paths["current_release"], "?").rsplit("/", 1)[-1]
-        model = self.links.get(paths["current_model"], "?").rsplit("/", 1)[-1]
+        at = HostLayout.of(paths)
+        release = self.links.get(at.current_release, "?").rsplit("/", 1)[-1]
+        model = self.links.get(at.current_model, "?").rsplit("/", 1)[-1]
         return f"release {release}, model {model}"
 
 
@@ -289,13 +289,14 @@ APT_PROXY_AUTH = "/etc/apt/auth.conf.d/90qwen27b-proxy.conf"
 def _beside_weights(paths: dict) -> list[str]:
     """What the deploy leaves beside the weights in the state dir (with the weights kept, the
     uninstall removes these; the toolchain role always makes the cache dir)."""
-    return [paths["cache"], f"{paths['state']}/health.json", f"{paths['state']}/health-restart.request",
-            paths["current_model"], f"{paths['models']}/draft"]
+    at = HostLayout.of(paths)
+    return [at.cache, at.health_status, at.restart_request, at.current_model, at.draft_link]
 
 
 def probe_paths(paths: dict, unit_dir: str, textfile: str) -> list[str]:
     """Every path the uninstall looks for (the DeployedState fact's argument)."""
-    return ([paths["root"], paths["config"], paths["state"], paths["models"], *_beside_weights(paths), CUDA_PROFILE,
+    at = HostLayout.of(paths)
+    return ([at.root, at.config, at.state, at.models, *_beside_weights(paths), CUDA_PROFILE,
              textfile, textfile.rsplit("/", 1)[0], NOUVEAU_BLACKLIST, MOK_CONFIG, *GATEWAY_DIRS, APT_PROXY_CONF,
              APT_PROXY_AUTH]
             + [f"{unit_dir}/{name}" for name in UNIT_FILES])
@@ -306,7 +307,8 @@ def uninstall_plan(have: Installed, paths: dict, options: UninstallOptions, unit
     """(removals in order, what stays and why). Only what is there is removed: a second run plans
     nothing. The lock dir is the caller's (it holds the lock while this runs)."""
     q = shlex.quote
-    user = paths["service_user"]
+    at = HostLayout.of(paths)
+    user = at.service_user
     removals: list[Removal] = []
     kept: list[str] = []
     running = [u for u in SERVICE_UNITS if have.units.get(u, "inactive") not in ("inactive", "")]
@@ -319,24 +321,32 @@ def uninstall_plan(have: Installed, paths: dict, options: UninstallOptions, unit
                                 "this covers a table loaded by hand)", (f"nft delete table {NFT_TABLE}",)))
     units = [f"{unit_dir}/{name}" for name in UNIT_FILES if f"{unit_dir}/{name}" in have.paths]
     if units:
-        # the copies (qwen27b@NAME.service) are not probed by name: stopped and disabled by pattern
-        copies = ("systemctl stop 'qwen27b@*.service' 2>/dev/null || true",
-                  f"rm -f {unit_dir}/multi-user.target.wants/qwen27b@*.service") \
+        # the copies (qwen27b@NAME.service) and their health checks (qwen27b-health@NAME.service/.timer,
+        # their own unit files, and qwen27b@NAME.prom) are not probed by name: stopped, disabled and
+        # removed by pattern, the timers first (a timer left running would start its check again)
+        text_dir = textfile.rsplit("/", 1)[0]
+        copies = ("systemctl stop 'qwen27b-health@*.timer' 2>/dev/null || true",
+                  "systemctl stop 'qwen27b-health@*.service' 'qwen27b@*.service' 2>/dev/null || true",
+                  f"rm -f {unit_dir}/multi-user.target.wants/qwen27b@*.service "
+                  f"{unit_dir}/timers.target.wants/qwen27b-health@*.timer",
+                  f"rm -f {unit_dir}/qwen27b-health@*.service {unit_dir}/qwen27b-health@*.timer "
+                  f"{q(text_dir)}/qwen27b@*.prom") \
             if f"{unit_dir}/{INSTANCE_TEMPLATE}" in units else ()
-        removals.append(Removal(f"unit files {', '.join(u.rsplit('/', 1)[-1] for u in units)}",
+        removals.append(Removal(f"unit files {', '.join(u.rsplit('/', 1)[-1] for u in units)}"
+                                + (" and each copy's health check, timer and metrics file" if copies else ""),
                                 "rendered by the service and firewall roles",
                                 (*copies, f"systemctl disable {' '.join(u.rsplit('/', 1)[-1] for u in units if u.endswith(('.service', '.timer', '.socket')) and '@' not in u)} 2>/dev/null || true",
                                  "rm -rf " + " ".join(q(u) for u in units), "systemctl daemon-reload",
                                  "systemctl reset-failed 2>/dev/null || true")))
-    for path, why in ((paths["root"], "release venvs (~3.5 GB each on the CPU profile), uv, Python, the pushed wheelhouse"),
-                      (paths["config"], "env files, the API key, tokens, the release record and the rollback copies"),
+    for path, why in ((at.root, "release venvs (~3.5 GB each on the CPU profile), uv, Python, the pushed wheelhouse"),
+                      (at.config, "env files, the API key, tokens, the release record and the rollback copies"),
                       (CUDA_PROFILE, "the CUDA PATH file for login shells"),
                       (APT_PROXY_CONF, "apt's proxy setting (qwen27b_http_proxy)"),
                       (APT_PROXY_AUTH, "apt's login to the proxy (its password)"),
                       *((path, "the gateway's code, config and keys, state") for path in GATEWAY_DIRS)):
         if path in have.paths:
             removals.append(Removal(path, why, (f"rm -rf {q(path)}",)))
-    state, models = paths["state"], paths["models"]
+    state, models = at.state, at.models
     if state in have.paths:
         if options.weights or models not in have.paths:
             what = f"{state} with the model weights" if models in have.paths else state

@@ -101,9 +101,16 @@ def _ours(unit: str | None) -> bool:
 def _units(occ: dict, entry: dict) -> list[str] | None:
     """The units behind a listener: its process's, or for systemd's own (pid 1: a socket unit) the
     socket units on that port; None when pid 1's are not known (a recording without list-sockets)."""
-    if entry["pid"] == 1:
+    if _systemds(entry):
         return list(occ.get("sockets", {}).get(entry["port"], [])) or None
     return [occ["units"].get(entry["pid"], {}).get("unit") or ""]
+
+
+def _systemds(entry: dict) -> bool:
+    """PID 1's listener, or a child PID 1 has just forked to start a socket-activated service (still
+    named "systemd" before its exec, it holds the listening socket for a moment: seen on a test host
+    whose health endpoint a gateway polled every second, the rollout refused on our own socket)."""
+    return entry["pid"] == 1 or entry.get("process") == "systemd"
 
 
 def _wildcard(address: str) -> bool:

@@ -189,12 +189,15 @@ def choose_tp(gpus: list[Gpu], model: ModelShape, pinned: int | None) -> tuple[i
                               f"{model.num_attention_heads} attention / {model.num_kv_heads} KV heads",
                               "use a TP size that divides the head counts (1, 2, 4, ...)")
         return pinned, "fits the GPUs and the model's heads"
-    for tp in range(n, 0, -1):
-        if n % tp == 0 and _divides(tp, model):
-            why = "decode is memory-bandwidth bound, so one TP group over every GPU multiplies bandwidth"
-            if tp != n:
-                why += f"; {n} does not divide the model's heads, so {tp}"
-            return tp, f"{why} ({n} GPU(s) visible)"
+    # a TP size dividing the GPU count; when only 1 does (3 GPUs: one of 4 left out as worn), the
+    # largest the heads allow, the rest idle
+    for divides_n in (True, False):
+        for tp in range(n, 0 if not divides_n else 1, -1):
+            if (n % tp == 0 or not divides_n) and _divides(tp, model):
+                why = "decode is memory-bandwidth bound, so one TP group over every GPU multiplies bandwidth"
+                if tp != n:
+                    why += f"; {n} does not divide the model's heads, so {tp}"
+                return tp, f"{why} ({n} GPU(s) visible)"
     return 1, "single GPU"
 
 

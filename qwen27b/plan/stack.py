@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from qwen27b.plan.hostlayout import HostLayout, revision_dir_name  # noqa: F401 (revision_dir_name: its importers)
 from qwen27b.plan.regression import check_limits
 
 STACK_FILE = Path(__file__).with_name("stack.yaml")
@@ -72,11 +73,6 @@ def volta_pci_spec(stack: dict, pci_id: str) -> dict | None:
     row.update(key=f"volta-{pci_id.lower()}", names=[name], pci_ids=[pci_id.lower()],
                memory_mib=rule["reported_memory_mib"][size or rule["unknown_size"]], memory_known=size is not None)
     return row
-
-
-def revision_dir_name(entry: dict) -> str:
-    """The directory a model revision lives in under paths.models: 'org--name@revision'."""
-    return f"{entry['id'].replace('/', '--')}@{entry['revision']}"
 
 
 def os_support(stack: dict, os_id: str | None, version_id: str | None) -> dict | None:
@@ -144,6 +140,11 @@ class ResolvedStack:
     speculative: dict = field(default_factory=dict)  # the stack's speculative section (plan/engine.py)
     agent_parsers: dict = field(default_factory=dict)  # the stack's agent_parsers table (plan/engine.py)
     retry: dict = field(default_factory=dict)  # the stack's retry section (plan/retry.py)
+
+    @property
+    def layout(self) -> HostLayout:
+        """Where this stack puts things on a host (plan/hostlayout.py)."""
+        return HostLayout.of(self.paths)
 
     @property
     def stack_hash(self) -> str:
@@ -275,12 +276,12 @@ def checkpoint_metadata_dir(model: dict) -> Path:
 
 
 def api_key_env_file(paths: dict) -> str:
-    """Where the unit's 0600 VLLM_API_KEY env file lives on a host: written by the service role,
-    read by systemd (EnvironmentFile=) and by doctor's keyed /metrics read."""
-    return paths["config"] + "/api-key.env"
+    """HostLayout.api_key_env_file of a stack's `paths` (callers holding the stack dict)."""
+    return HostLayout.of(paths).api_key_env_file
 
 
-def health_status_file(paths: dict) -> str:
-    """The health check's JSON status file on a host (qwen27b-health --status-file): written by the
-    timer's check, read by the verify role and `qwen27b status`."""
-    return paths["state"] + "/health.json"
+def health_status_file(paths: dict, copy: str | None = None) -> str:
+    """HostLayout.health_status of a stack's `paths` (callers holding the stack dict); a copy of
+    qwen27b_instances has its own, health@NAME.json."""
+    layout = HostLayout.of(paths)
+    return layout.copy_health_status(copy) if copy else layout.health_status

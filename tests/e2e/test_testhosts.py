@@ -6,6 +6,7 @@ reboots, registries through the proxy, reset, and a teardown that leaves nothing
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import subprocess
@@ -22,6 +23,7 @@ SMOKE_GONE = ("systemctl disable --now q27t-smoke.service 2>/dev/null; "
               "rm -rf /opt/q27t-smoke /etc/systemd/system/q27t-smoke.service; systemctl daemon-reload")
 
 E2E_DIR = Path(__file__).resolve().parent
+ROOT = E2E_DIR.parents[1]
 DEPLOY = E2E_DIR / "deploy_smoke.py"
 
 
@@ -142,6 +144,35 @@ def test_pyinfra_deploy_over_ssh_then_no_changes(testhosts, clean_env):
     assert second["error"] == 0, second
     assert second["no_change"] >= 4 * len(testhosts), second
     print(f"pyinfra no-change run over ssh: {took:.1f}s")
+
+
+def test_an_upload_survives_key_exchanges_while_the_progress_probe_polls(testhosts, tmp_path, clean_env):
+    """The real CLI on a terminal pushes 96 MiB (push_files) while the progress probe runs `du` every
+    50 ms, with paramiko's rekey every 4 MiB (tests/e2e/deploy_push_probe.py): ~24 key exchanges.
+    On pyinfra's own connection, a probe channel closing during one deadlocked paramiko's reader
+    (paramiko#822) and the upload died with EOFError after 30 s, in CI at the default 512 MiB too;
+    on the probe's own connection (remote.side_connection) every file arrives."""
+    from qwen27b.controller.artifacts import dir_manifest
+    from tests.support.terminal import plain, run_on_a_terminal
+
+    src = tmp_path / "push"
+    src.mkdir()
+    for i in range(3):
+        (src / f"part{i}.bin").write_bytes(os.urandom(32 << 20))
+    manifest = dir_manifest(src)
+    for h in testhosts:
+        h.run("rm -rf /tmp/q27t-push")
+    env = {**clean_env, "PYTHONPATH": str(ROOT), "PUSH_SRC": str(src), "TERM": "xterm",
+           "QWEN27B_REPORTS": str(tmp_path / "reports")}
+    rc, transcript = run_on_a_terminal([sys.executable, "-m", "pyinfra", "-y", str(testhosts.inventory),
+                                        str(E2E_DIR / "deploy_push_probe.py")], env, E2E_DIR, timeout=300)
+    text = plain(transcript)
+    assert rc == 0, text[-3000:]
+    assert re.search(r"push +\d+\.\d MiB of 96\.0 MiB", text), text[-3000:]  # the probe did draw
+    for h in testhosts:
+        sums = h.run("cd /tmp/q27t-push && sha256sum part*.bin").stdout.split()
+        assert dict(zip(sums[1::2], sums[0::2])) == manifest
+        h.run("rm -rf /tmp/q27t-push")
 
 
 def test_reboot_over_ssh_gives_fresh_boot(testhosts, testhost):

@@ -1,7 +1,7 @@
 """Recorded host outputs -> `fake_responses` for a pyinfra `@fake` host.
 
 A recorded host is a directory (tests/fixtures/hosts/<name>/) holding, for each fact in
-qwen27b.controller.facts, the output of its command in the file named by the fact's `recorded_as`:
+qwen27b.controller.facts, the output of its command in the file SNAPSHOT_NAMES names:
 
 - file present: the fact's command answers with the file's lines (an empty file answers with
   empty output, which pyinfra turns into the fact's default);
@@ -27,12 +27,44 @@ from pathlib import Path
 
 import yaml
 
-from qwen27b.controller.facts import ALL_FACTS
+from qwen27b.controller import facts as F
+from qwen27b.controller import host_facts as H
+from qwen27b.controller.facts import ALL_FACTS, SNAPSHOT_NAMES
 
 EXTRA_FILE = "extra.yaml"
 # Answers every recorded machine gives alike (all are x86_64 Linux), for pyinfra's built-in facts;
 # a host's own extra.yaml comes first and wins.
 COMMON_FILE = "linux-common.yaml"
+
+
+def command_pattern(command: str) -> re.Pattern:
+    """A fixed command, alone or as the body of pyinfra's requires_command guard
+    (`if command -v X >/dev/null 2>&1; then ( CMD ); else echo '##PYINFRA_NOCMD##'; fi`)."""
+    return re.compile(r"(?:^|\( )" + re.escape(command) + r"(?:$| \);)")
+
+
+# The @fake connector's key for each fact whose command is built from its arguments (or too long to
+# match whole); a fact with a fixed `_command` is answered by that command (fake_match). The
+# connector matches a str as a substring and an re.Pattern with .search() against the command.
+FAKE_MATCH: dict[type, re.Pattern] = {
+    F.DiskFree: re.compile(r'; df -P -B1 "\$p"(?:$| \);)'),
+    F.ModelsOnDisk: re.compile(r"b=\$\(du -sb -- \"\$d\" \| cut -f1\)"),
+    H.FileHashes: re.compile(r"python3 -c .*qwen27b-hashes\.json", re.S),
+    H.VenvPackages: re.compile(re.escape(H.LIST_DISTRIBUTIONS)),
+    H.SymlinkTarget: re.compile(r"^readlink .+ 2>/dev/null \|\| true$"),
+    H.Subdirectories: re.compile(r"-mindepth 1 -maxdepth 1 -type d -printf '%T@ %f\\n'"),
+    H.DirectoryStates: re.compile(r"^stat -c '%a %U %G %F' -- "),
+    H.ServiceUser: re.compile(r"^getent passwd .+ && id -gn .+ \|\| true$"),
+    H.DeployLock: re.compile(r"^cat .+ 2>/dev/null \|\| true$"),
+    H.SecretFileState: re.compile(r"^if \[ -f .+ \]; then stat -c '%U %G %a' "),
+    H.ReleaseRecords: re.compile(r"python3 -c .*kept_dir = sys\.argv", re.S),
+    H.DeployedState: re.compile(r"^for p in .*; do if \[ -e \"\$p\" \]"),
+}
+
+
+def fake_match(fact: type) -> re.Pattern:
+    """The `fake_responses` key that answers `fact`'s command on a pyinfra @fake host."""
+    return FAKE_MATCH[fact] if fact in FAKE_MATCH else command_pattern(fact._command)
 
 
 def fake_responses(host_dir: Path) -> dict:
@@ -44,9 +76,9 @@ def fake_responses(host_dir: Path) -> dict:
 
     responses: dict = {}
     for fact in ALL_FACTS:
-        recorded = host_dir / fact.recorded_as
+        recorded = host_dir / SNAPSHOT_NAMES[fact]
         if recorded.is_file():
-            responses[fact.fake_match] = recorded.read_text(encoding="utf-8").splitlines()
+            responses[fake_match(fact)] = recorded.read_text(encoding="utf-8").splitlines()
 
     for extra in (host_dir / EXTRA_FILE, host_dir.parent / COMMON_FILE):
         if not extra.is_file():
@@ -96,7 +128,7 @@ def answer_scripts() -> None:
 
 def recorded_facts(host_dir: Path) -> list[type]:
     """The fact classes that have a recording in `host_dir`."""
-    return [fact for fact in ALL_FACTS if (Path(host_dir) / fact.recorded_as).is_file()]
+    return [fact for fact in ALL_FACTS if (Path(host_dir) / SNAPSHOT_NAMES[fact]).is_file()]
 
 
 def _lines(value) -> list[str]:

@@ -10,7 +10,7 @@ import shlex
 from qwen27b.controller import facts as F
 from qwen27b.controller import remote
 from qwen27b.onhost.unit import parse_show, show_command
-from qwen27b.plan.stack import api_key_env_file
+from qwen27b.plan.hostlayout import HostLayout
 
 from qwen27b.controller.address import host_address
 
@@ -53,7 +53,7 @@ print(json.dumps(out))
 
 
 def fact_commands(paths: dict) -> dict[str, tuple[type, str]]:
-    """Snapshot key (the fact's recorded_as, as in tests/fixtures/hosts/) -> (fact class, command)."""
+    """Snapshot key (F.SNAPSHOT_NAMES, as in tests/fixtures/hosts/) -> (fact class, command)."""
     out = {}
     for cls in F.ALL_FACTS:
         fact = cls()
@@ -61,15 +61,16 @@ def fact_commands(paths: dict) -> dict[str, tuple[type, str]]:
         needs = fact.requires_command() if callable(getattr(fact, "requires_command", None)) else None
         if needs:  # FactBase's default answers None
             command = remote.guard(needs, command)  # what pyinfra runs for a fact with requires_command
-        out[cls.recorded_as] = (cls, command)
+        out[F.SNAPSHOT_NAMES[cls]] = (cls, command)
     return out
 
 
 def commands(stack: dict) -> dict[str, str]:
     """Phase 1: everything but HTTP (key -> shell command). Read-only, each bounded in time."""
     paths = stack["paths"]
-    models, current = paths["models"], paths["current_model"]
-    venv_python = f"{paths['current_release']}/venv/bin/python"
+    at = HostLayout.of(paths)
+    models, current = at.models, at.current_model
+    venv_python = f"{at.current_venv}/bin/python"
     out = {
         "systemctl-show.txt": show_command(UNIT, SHOW_PROPS),
         "journal.txt": f"journalctl -u {UNIT} -n 400 --no-pager -a -q",
@@ -85,7 +86,7 @@ def commands(stack: dict) -> dict[str, str]:
             "for d in \"$m\"/*@*; do [ -e \"$d\" ] && printf 'revision %s\\n' \"${d##*/}\"; done; true"),
         "model-config.json": f"head -c 2000000 {current}/config.json",
         "hf-quant-config.json": f"cat {current}/hf_quant_config.json 2>/dev/null; true",
-        "draft-config.json": f"cat {models}/draft/config.json 2>/dev/null; true",
+        "draft-config.json": f"cat {at.draft_link}/config.json 2>/dev/null; true",
         "venv-probe.json": f"timeout 90 {venv_python} -c {shlex.quote(PROBE)}",
         "nvidia-smi.txt": "if command -v nvidia-smi >/dev/null 2>&1; then timeout 30 nvidia-smi 2>&1 | head -n 20; "
                           "else echo '##PYINFRA_NOCMD##'; fi",
@@ -127,7 +128,7 @@ def _metrics_command(url: str, secrets_file: str | None) -> str:
             f"curl -s -g -m 10 -K - {shlex.quote(url)}; else {plain}; fi; true")
 
 
-FACT_KEYS = frozenset(cls.recorded_as for cls in F.ALL_FACTS)
+FACT_KEYS = frozenset(F.SNAPSHOT_NAMES[cls] for cls in F.ALL_FACTS)
 
 
 def script(cmds: dict[str, str], nonce: str) -> str:
@@ -158,7 +159,7 @@ def read_host(state, host, stack: dict, timeout: int = 300) -> HostSnapshot:
     flags = running_flags(parse_show(snap.text("systemctl-show.txt") or "").get("ExecStart", ""))
     if flags.get("--port"):
         more, more_codes, _ = run_phase(state, host, http_commands(flags.get("--host") or "127.0.0.1", flags["--port"],
-                                                                   api_key_env_file(stack["paths"])), 60)
+                                                                   HostLayout.of(stack["paths"]).api_key_env_file), 60)
         snap.outputs.update(more)
         snap.codes.update(more_codes)
     return snap

@@ -34,7 +34,7 @@ def _json(text: str | None) -> tuple[dict | None, str | None]:
 
 def _fact(snap: HostSnapshot, cls):
     """The fact's answer in the snapshot; its default when not read, not installed or unparsable."""
-    text = snap.text(cls.recorded_as)
+    text = snap.text(F.SNAPSHOT_NAMES[cls])
     if text is None:
         return cls.default()
     lines = text.splitlines()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from qwen27b.plan.checkpoint import CheckpointError, shape_from_config
+from qwen27b.plan.hostlayout import HostLayout
 
 from .context import Ctx, journal_checks
 from .journal import ACCESS_400, PROMPT_TOO_LONG
@@ -22,15 +23,15 @@ def step2(ctx: Ctx) -> list[Check]:
     if ctx.snap.error:
         return [Check(2, "inputs", SKIP, "host not read")]
     m = ctx.model
-    paths = ctx.stack["paths"]
-    link = paths["current_model"]
+    at = HostLayout.of(ctx.stack["paths"])
+    link = at.current_model
     if ctx.snap.text("model.txt") is None:
         checks.append(Check(2, "model path", SKIP, "not read"))
     elif not m["dir"]:
-        known = [r for r in m["revisions"] if f"{paths['models']}/{r}" != m["link"]]
+        known = [r for r in m["revisions"] if f"{at.models}/{r}" != m["link"]]
         fix = "re-run the deploy (the weights role fetches, verifies and switches the symlink)"
         if known:
-            fix += f", or point it back: ln -sfn {paths['models']}/{known[-1]} {link}"
+            fix += f", or point it back: ln -sfn {at.models}/{known[-1]} {link}"
         checks.append(Check(2, "model path", FAIL, f"{link} -> {m['link'] or '(no symlink)'}: "
                             f"{'missing' if m['link'] else 'does not exist'}", fix))
     else:
@@ -95,7 +96,7 @@ def step2(ctx: Ctx) -> list[Check]:
     # the DFlash2 draft
     if "--speculative-config" in ctx.flags and '"model"' in str(ctx.flags["--speculative-config"]):  # MTP has none
         if ctx.draft_config is None:
-            checks.append(Check(2, "draft", FAIL, f"--speculative-config is set but {paths['models']}/draft/config.json is missing",
+            checks.append(Check(2, "draft", FAIL, f"--speculative-config is set but {at.draft_link}/config.json is missing",
                                 "re-run the deploy (dflash role) or set qwen27b_speculative=False"))
         else:
             dq = weights_format(ctx.draft_config, None)
@@ -103,7 +104,7 @@ def step2(ctx: Ctx) -> list[Check]:
                 checks.append(Check(2, "draft", FAIL, f"the DFlash2 draft is {dq}: quantized drafts drop acceptance to ~0",
                                     "use the fp16/bf16 draft checkpoint"))
             else:
-                checks.append(Check(2, "draft", OK, f"{dq} draft at {paths['models']}/draft"))
+                checks.append(Check(2, "draft", OK, f"{dq} draft at {at.draft_link}"))
     # prompt lengths vs --max-model-len
     max_len = ctx.flags.get("--max-model-len")
     lines = ctx.view.lines  # the current invocation's (and its automatic restarts')

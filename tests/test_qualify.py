@@ -1,0 +1,123 @@
+"""`qwen27b qualify` (issue 27): the verdict per GPU (pure), nvidia-smi's readings in their real
+shapes, the CPU profile's dry path of the on-host burn-in (run here for real), and the command
+over pyinfra @fake hosts replaying that run: a serving host refused unless --force, the table
+and a JSON record per GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qwen27b.onhost import qualify as q
+from qwen27b.plan.hostlayout import HostLayout
+from qwen27b.plan.stack import load_stack
+from qwen27b.tools import qualify as tool
+
+ROOT = Path(__file__).resolve().parent.parent
+H200 = ROOT.parent / "shared" / "fixtures" / "nvidia-h200" / "query-gpu.csv"  # header row, then the GPU
+PATHS = HostLayout.of(load_stack()["paths"])
+
+IDLE = {"index": 0, "name": "Tesla V100-SXM2-32GB", "bus_id": "00000000:3B:00.0", "ecc_corrected": 0,
+        "ecc_uncorrected": 0, "retired_pending": False, "throttle": ["gpu_idle"], "sm_mhz": 135, "mem_mhz": 877,
+        "sm_max_mhz": 1530, "temperature_c": 38, "power_w": 41.2, "power_limit_w": 300.0, "pcie_gen": 1,
+        "pcie_gen_max": 3, "pcie_width": 16, "pcie_width_max": 16}
+LOAD = {**IDLE, "throttle": ["sw_power_cap"], "sm_mhz": 1380, "temperature_c": 71, "power_w": 297.5, "pcie_gen": 3}
+WORK = {"tflops": 92.1, "copy_gbs": 780.0, "pattern_mib": 12000, "pattern_errors": 0}
+
+
+def test_a_healthy_card_under_load_passes():
+    assert q.judge(IDLE, IDLE, [LOAD, LOAD], [], WORK) == ("PASS", [])  # gen 1 at idle is power saving
+
+
+@pytest.mark.parametrize("after, load, xids, work, verdict, says", [
+    ({**IDLE, "ecc_uncorrected": 2}, [LOAD], [], WORK, "FAIL", "2 new uncorrected ECC"),
+    ({**IDLE, "retired_pending": True}, [LOAD], [], WORK, "FAIL", "pending retirement"),
+    (IDLE, [LOAD], [{"xid": 79, "message": "GPU has fallen off the bus."}], WORK, "FAIL", "Xid 79"),
+    (IDLE, [LOAD], [], {**WORK, "pattern_errors": 3}, "FAIL", "3 wrong value(s)"),
+    (IDLE, [{**LOAD, "throttle": ["hw_power_brake"]}], [], WORK, "FAIL", "hw_power_brake"),
+    (IDLE, [LOAD], [], {"error": "RuntimeError: CUDA error: an illegal memory access"}, "FAIL", "the load failed"),
+    ({**IDLE, "ecc_corrected": 40}, [LOAD], [], WORK, "WARN", "40 new corrected"),
+    (IDLE, [{**LOAD, "pcie_gen": 1, "pcie_width": 4}], [], WORK, "WARN", "PCIe gen 1 of 3 under load"),
+    (IDLE, [{**LOAD, "temperature_c": 88, "throttle": ["sw_thermal"]}], [], WORK, "WARN", "88 C"),
+], ids=["uncorrected", "pending", "xid79", "pattern", "power-brake", "error", "corrected", "link", "hot"])
+def test_verdicts_name_the_evidence(after, load, xids, work, verdict, says):
+    got, reasons = q.judge(IDLE, after, load, xids, work)
+    assert got == verdict and any(says in r for r in reasons), reasons
+
+
+def test_the_query_reads_nvidia_smis_real_shapes():
+    """The genuine H200 row's shapes ([N/A], a 64-bit hex clocks mask, watts with decimals), laid out in
+    qualify's field order from its own values (tests/fixtures/qualify/README.md says which)."""
+    genuine = H200.read_text().splitlines()[1].split(", ")
+    # index, name, uuid, bus, mem total, used, free, cc, driver, gen, genmax, w, wmax, pm, ecc, temp, power, mask, pending, vbios
+    line = ", ".join([genuine[0], genuine[1], genuine[3], "0", "0", genuine[18], genuine[17], "1980", "2619", "1980",
+                      genuine[15], genuine[16].removesuffix(" W"), "700.00", genuine[9], genuine[10], genuine[11],
+                      genuine[12]])
+    (row,) = q.parse_query(line)
+    assert row["index"] == 0 and row["name"] == "NVIDIA H200" and row["retired_pending"] is None
+    assert row["throttle"] == ["gpu_idle"] and row["power_w"] == 79.12 and row["pcie_width_max"] == 16
+    assert q.parse_query("Failed to initialize NVML: Driver/library version mismatch") == []
+
+
+def _dry_run(tmp_path: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "qwen27b.onhost.qualify", "--dry", "--minutes", "0.02",
+                           "--json-dir", str(tmp_path / "json")], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_the_cpu_profiles_dry_path_runs_and_writes_json(tmp_path):
+    run = _dry_run(tmp_path)
+    assert run.returncode == 0, run.stderr
+    (record,) = q.parse_records(run.stdout)
+    assert record["verdict"] == "DRY" and record["device"] == "cpu"
+    assert json.loads((tmp_path / "json" / "qualify-gpu0.json").read_text())["verdict"] == "DRY"
+    assert run.stdout.splitlines()[0].startswith("gpu ") and " DRY " in run.stdout
+
+
+def test_a_serving_host_is_refused_unless_forced():
+    why = tool.refusal("@fake/a", ["qwen27b.service"], True, force=False)
+    assert "qwen27b.service is serving" in why and "--force" in why and "systemctl stop qwen27b.service" in why
+    assert tool.refusal("@fake/a", ["qwen27b.service"], True, force=True) is None
+    assert "no release venv" in tool.refusal("@fake/a", [], False, force=True)
+    command = tool.qualify_command(PATHS, 1, False, "/var/lib/qwen27b/qualify")
+    assert command.startswith("timeout 360 PYTHONPATH=") and "-m qwen27b_onhost.qualify --minutes 1 " in command
+
+
+SHIM = ("import sys\nfrom qwen27b.controller import remote\nremote.new_nonce = lambda: 'n'\n"
+        "from qwen27b.tools.qualify import main\nsys.exit(main(sys.argv[1:]))\n")
+
+
+def test_the_command_on_fake_hosts(tmp_path):
+    """Two @fake hosts answering the probe (one serving) and the burn-in with the dry run's real output."""
+    dry = _dry_run(tmp_path).stdout.splitlines()
+    (tmp_path / "dry.txt").write_text("\n".join(dry))
+
+    def probe(serving: str) -> list[str]:
+        return ["@@n@@ BEGIN serving", serving, "", "@@n@@ END serving 0", "@@n@@ BEGIN venv", "yes", "", "@@n@@ END venv 0"]
+
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text(
+        "from pathlib import Path\n"
+        f"_dry = Path({str(tmp_path / 'dry.txt')!r}).read_text().splitlines()\n"
+        "def _host(serving):\n"
+        "    return {'fake_responses': {'@@n@@ BEGIN serving': " + "_PROBE.replace('SERVING', serving).split('|'),\n"
+        "                              'qwen27b_onhost.qualify': _dry}, 'fake_delay': 0, 'fake_delay_jitter': 0}\n"
+        f"_PROBE = {'|'.join(probe('SERVING'))!r}\n"
+        "hosts = [('@fake/idle', _host('')), ('@fake/serving', _host('qwen27b.service'))]\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYINFRA", "QWEN27B"))}
+    env["PYTHONPATH"] = str(ROOT)
+    result = subprocess.run([sys.executable, "-c", SHIM, str(inventory), "--minutes", "1", "--out", str(tmp_path / "out")],
+                            cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 1, result.stderr  # the serving host was refused
+    assert "@fake/serving: refused: qwen27b.service is serving" in result.stderr
+    assert "@fake/idle" in result.stdout and " DRY " in result.stdout and "@fake/serving" not in result.stdout
+    assert json.loads((tmp_path / "out" / "@fake_idle" / "gpu0.json").read_text())["verdict"] == "DRY"
+    forced = subprocess.run([sys.executable, "-c", SHIM, str(inventory), "--force", "--out", str(tmp_path / "out2")],
+                            cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    assert forced.returncode == 0, forced.stderr
+    assert "@fake/serving" in forced.stdout
