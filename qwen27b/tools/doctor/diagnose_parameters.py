@@ -52,8 +52,8 @@ def step4(ctx: Ctx) -> list[Check]:
         name = ctx.snap.copy
         checks.append(Check(4, "flags vs plan", WARN, f"copy '{name}' is enabled on the host but the inventory's "
                             "qwen27b_instances does not list it: no plan to compare with",
-                            f"list it again, or stop it: systemctl disable --now {ctx.unit_name} "
-                            f"qwen27b-health@{name}.timer"))
+                            "list it again in qwen27b_instances, or re-run the deploy: it stops and removes a "
+                            f"copy the inventory no longer lists ({ctx.unit_name}, qwen27b-health@{name}.timer, its files)"))
     # do the running sizes fit at all? the planner with them pinned, on the checkpoint actually there
     if ctx.decision is not None and flags:
         checks.append(_fit_check(ctx))
