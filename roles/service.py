@@ -74,7 +74,10 @@ def service(decision: Decision) -> None:
                           (Subdirectories, {"path": decision.stack.layout.releases})]
                        + ([(SecretFileState, {"path": where["secrets_file"]})] if decision.settings.api_key_file else [])
                        + factcache.service_reads(SERVICE_UNIT) + factcache.service_reads(HEALTH_TIMER)
-                       + factcache.service_reads(HEALTH_HTTP_SOCKET))
+                       + factcache.service_reads(HEALTH_HTTP_SOCKET)
+                       + [(InstalledCopies, {"unit_dir": UNIT_DIR, "config_dir": decision.stack.layout.config}),
+                          (Sha1File, {"path": HostLayout.unit_file(INSTANCE_UNIT)})])
+    remove_dropped_copies(decision)  # a host that served copies before: they hold its GPUs and port
     # the starts its flags were carried from (roles/preflight.py carried): the next deploy carries them again
     record = release_record(decision, runstate.current().carried.get(host.name, ()))
     record_file = release_record_file(decision.stack.paths)
@@ -173,10 +176,12 @@ def copy_files(paths: dict, name: str) -> list[str]:
 
 def remove_dropped_copies(decision: Decision) -> None:
     """A copy the inventory no longer lists (qwen27b_instances) is stopped, disabled and its files
-    removed, each by its own operation that names it, before the listed copies start (they may take
-    its GPUs or port). Its health timer goes first: left running, it would start its check again."""
+    removed, each by its own operation that names it, before the listed copies (or the one service)
+    start: they may take its GPUs or port. Its health timer goes first: left running, it would start
+    its check again. A host back to one service loses the copies' template unit too."""
     listed = {i.name for i, _ in decision.copies}
-    for name in installed_copies(decision):
+    installed = installed_copies(decision)
+    for name in installed:
         if name in listed:
             continue
         check, timer = copy_health_units(name)
@@ -187,6 +192,10 @@ def remove_dropped_copies(decision: Decision) -> None:
                                "rm -f " + " ".join(shlex.quote(f) for f in copy_files(decision.stack.paths, name)),
                                "systemctl daemon-reload",
                                f"systemctl reset-failed {unit} {check} {timer} 2>/dev/null || true"])
+    template = HostLayout.unit_file(INSTANCE_UNIT)
+    if not decision.copies and (installed or host.get_fact(Sha1File, path=template)):
+        server.shell(name=f"remove {INSTANCE_UNIT} (the host serves one service, no copies)",
+                     commands=[f"rm -f {template}", "systemctl daemon-reload"])
 
 
 def service_copies(decision: Decision) -> None:
