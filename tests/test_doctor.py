@@ -826,3 +826,24 @@ def test_env_file_and_exec_start_expansion():
     assert env == {"A": "1", "QWEN27B_SERVE_ARGS": '--x {"k":1} --port 8001'}
     show = "{ path=/p ; argv[]=/p -m vllm $QWEN27B_SERVE_ARGS ${A} $UNSET ; ignore_errors=no ; pid=0 }"
     assert parse.running_flags(parse.expand_env(show, env)) == {"--x": '{"k":1}', "--port": "8001"}
+
+
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_doctor_never_crashes_on_a_garbled_copies_snapshot(data):
+    """The copies host with any of its keys (the copies' own, copies.txt and the env files included)
+    dropped or garbled: a report per copy doctor can still name, never a traceback."""
+    snap = HostSnapshot.load(JOURNALS / COPIES)
+    keys = sorted(snap.outputs)
+    for key in data.draw(st.lists(st.sampled_from(keys), unique=True, max_size=8)):
+        if data.draw(st.booleans()):
+            del snap.outputs[key]
+        else:
+            snap.outputs[key] = data.draw(st.text(max_size=200))
+    rep = diagnose(snap, STACK)
+    assert list(rep.copies)[:2] == ["a", "b"]  # the inventory's copies whatever the host printed
+    for part in rep.copies.values():
+        assert 1 in {c.step for c in part.checks}
+        assert all(c.verdict in (OK, WARN, FAIL, SKIP, INFO) for c in part.checks)
+        doctor.table(part)
+    json.dumps(rep.as_dict())
