@@ -64,6 +64,10 @@ recorded_hosts = [
     _fake("v100x4-copies", "v100x4-2204-fresh", ssh_hostname="10.0.0.7", qwen27b_firewall_allow=["10.0.0.0/24"],
           **COPIES),
     _fake("v100x4-copies-converged", ssh_hostname="10.0.0.8", **COPIES),
+    # the same box after copy b was dropped from the inventory: b's unit, health timer and files are removed
+    _fake("v100x4-copies-drop-b", ssh_hostname="10.0.0.9", qwen27b_instances=COPIES["qwen27b_instances"][:1]),
+    # and a box that served the two copies, back to one service: both copies and their template removed first
+    _fake("v100x4-copies-to-one", ssh_hostname="10.0.0.10"),
     # GPU links decide the all-reduce per TP group (qwen27b/plan/topology.py): PCIe pairs, PCIe across
     # sockets without P2P, a DGX-1 hybrid cube mesh, and a 3090 + V100-SXM2 pair box served on the pair
     _fake("v100x2-pcie"),

@@ -20,9 +20,10 @@ from pyinfra.operations import files, server, systemd
 
 from qwen27b.plan.gate import Decision
 from qwen27b.plan.hostdata import http_base
-from qwen27b.plan.hostlayout import HostLayout
+from qwen27b.onhost.contract import TEXTFILE_DIR, textfile_name
+from qwen27b.plan.hostlayout import UNIT_DIR, HostLayout
 from qwen27b.controller import factcache, runstate
-from qwen27b.controller.host_facts import SecretFileState, Subdirectories, SymlinkTarget
+from qwen27b.controller.host_facts import InstalledCopies, SecretFileState, Subdirectories, SymlinkTarget
 from qwen27b.controller.operations import secret_file, symlink_switch
 from qwen27b.controller.render import (HEALTH_HTTP_SERVICE, HEALTH_HTTP_SOCKET, HEALTH_TIMER, HEALTH_UNIT, INSTANCE_UNIT,
                                        RESTART_COMMAND, SERVICE_UNIT, copies_serving_files, copy_health_units,
@@ -75,7 +76,10 @@ def service(decision: Decision) -> None:
                           (Subdirectories, {"path": decision.stack.layout.releases})]
                        + ([(SecretFileState, {"path": where["secrets_file"]})] if decision.settings.api_key_file else [])
                        + factcache.service_reads(SERVICE_UNIT) + factcache.service_reads(HEALTH_TIMER)
-                       + factcache.service_reads(HEALTH_HTTP_SOCKET))
+                       + factcache.service_reads(HEALTH_HTTP_SOCKET)
+                       + [(InstalledCopies, {"unit_dir": UNIT_DIR, "config_dir": decision.stack.layout.config}),
+                          (Sha1File, {"path": HostLayout.unit_file(INSTANCE_UNIT)})])
+    remove_dropped_copies(decision)  # a host that served copies before: they hold its GPUs and port
     # the starts its flags were carried from (roles/preflight.py carried): the next deploy carries them again
     record = with_figures(release_record(decision, runstate.current().carried.get(host.name, ())), decision)
     record_file = release_record_file(decision.stack.paths)
@@ -169,6 +173,43 @@ def health_endpoint(socket_file) -> None:
                         running=True, enabled=True)
 
 
+def installed_copies(decision: Decision) -> list[str]:
+    """The copies the host holds now (their enabled units, health timers or env files)."""
+    return host.get_fact(InstalledCopies, unit_dir=UNIT_DIR, config_dir=decision.stack.layout.config) or []
+
+
+def copy_files(paths: dict, name: str) -> list[str]:
+    """Every file the deploy writes for one copy: its env and key files, its health check's unit
+    files, status file, restart request and textfile (uninstall removes them by pattern)."""
+    at = HostLayout.of(paths)
+    return ([*instance_files(paths, name).values()] + [HostLayout.unit_file(u) for u in copy_health_units(name)]
+            + [at.copy_health_status(name), at.copy_restart_request(name), f"{TEXTFILE_DIR}/{textfile_name(name)}"])
+
+
+def remove_dropped_copies(decision: Decision) -> None:
+    """A copy the inventory no longer lists (qwen27b_instances) is stopped, disabled and its files
+    removed, each by its own operation that names it, before the listed copies (or the one service)
+    start: they may take its GPUs or port. Its health timer goes first: left running, it would start
+    its check again. A host back to one service loses the copies' template unit too."""
+    listed = {i.name for i, _ in decision.copies}
+    installed = installed_copies(decision)
+    for name in installed:
+        if name in listed:
+            continue
+        check, timer = copy_health_units(name)
+        unit = instance_unit(name)
+        server.shell(name=f"stop and remove copy '{name}' ({unit}, {timer}: no longer in qwen27b_instances)",
+                     commands=[f"systemctl disable --now {timer} {unit} 2>/dev/null || true",
+                               f"systemctl stop {check} 2>/dev/null || true",
+                               "rm -f " + " ".join(shlex.quote(f) for f in copy_files(decision.stack.paths, name)),
+                               "systemctl daemon-reload",
+                               f"systemctl reset-failed {unit} {check} {timer} 2>/dev/null || true"])
+    template = HostLayout.unit_file(INSTANCE_UNIT)
+    if not decision.copies and (installed or host.get_fact(Sha1File, path=template)):
+        server.shell(name=f"remove {INSTANCE_UNIT} (the host serves one service, no copies)",
+                     commands=[f"rm -f {template}", "systemctl daemon-reload"])
+
+
 def service_copies(decision: Decision) -> None:
     """Several copies (qwen27b_instances): the templated unit qwen27b@.service once, each copy's env
     file (its GPUs, flags and URL) and API key file, the `current` release switched, and each
@@ -195,7 +236,9 @@ def service_copies(decision: Decision) -> None:
                        + [(Sha1File, {"path": path}) for path in single]
                        + [read for i, _ in decision.copies for read in factcache.service_reads(instance_unit(i.name))]
                        + [read for i, _ in decision.copies for read in factcache.service_reads(copy_health_units(i.name)[1])]
-                       + factcache.service_reads(HEALTH_HTTP_SOCKET))
+                       + factcache.service_reads(HEALTH_HTTP_SOCKET)
+                       + [(InstalledCopies, {"unit_dir": UNIT_DIR, "config_dir": at.config})])
+    remove_dropped_copies(decision)
     if host.get_fact(Sha1File, path=HostLayout.unit_file(SERVICE_UNIT)):
         server.shell(name=f"stop and remove {SERVICE_UNIT} and its health check (the host now serves copies)",
                      commands=[f"systemctl disable --now {SERVICE_UNIT} {HEALTH_TIMER}",

@@ -461,7 +461,9 @@ def verify(decision: Decision) -> None:
         return
     if decision.copies:
         previous_links()  # taken: copies are not rolled back automatically (_check_copies)
-        check = python.call(name=f"verify: each copy ({', '.join(i.name for i, _ in decision.copies)}): readiness, "
+        # one name on every host: pyinfra merges the names an operation has on different hosts (one with
+        # copies a and b beside one with a only printed both); the report names each copy's row
+        check = python.call(name="verify: each copy at its own URL with its own key: readiness, "
                             "/v1/models, streamed completion, acceptance", function=_check_copies, decision=decision)
         progress.watch_self(check, host)
         return

@@ -69,7 +69,7 @@ def test_every_fixture_is_tested_and_documented():
     names = {p.name for p in JOURNALS.iterdir() if p.is_dir()}
     assert names == set(FAILING) | {"cpu-healthy", "real-cpu-healthy", "v100x4-healthy",
                                     "v100x4-oom-at-inference-recovered", "real-cpu-restored",
-                                    "real-cpu-restored-by-invocation"}
+                                    "real-cpu-restored-by-invocation", "v100x4-copies-b-oom"}
     readme = (JOURNALS / "README.md").read_text()
     assert all(f"`{name}`" in readme for name in names)
 
@@ -734,3 +734,116 @@ def test_doctor_judges_mutated_genuine_outputs(name, key, data):
     assert not unjudged_checks(rep), unjudged_checks(rep)
     assert all(c.verdict in (OK, WARN, FAIL, SKIP, INFO) for c in rep.checks)
     doctor.table(rep)
+
+
+# --------------------------------------------------------------------------- copies (issue 26)
+
+COPIES = "v100x4-copies-b-oom"
+
+
+def test_a_host_serving_copies_is_judged_copy_by_copy():
+    """Two TP-2 copies on the 4x V100 box: b crash-loops on a CUDA OOM at load, a serves. Each copy's
+    own unit, journal, flags (its env file's $QWEN27B_SERVE_ARGS), GPUs and /health are judged under
+    its name; qwen27b.service (not installed on such a host) is not reported missing."""
+    rep = report(COPIES)
+    assert list(rep.copies) == ["a", "b"] and rep.checks == []
+    a, b = rep.copies["a"], rep.copies["b"]
+    assert (a.host, a.unit, b.host, b.unit) == ("gpu-c.lab/a", "qwen27b@a.service", "gpu-c.lab/b", "qwen27b@b.service")
+    assert a.first_failure is None and a.status == OK and a.symptom["state"] == "serving"
+    assert verdicts(a, 1) == {"service": OK, "/health": OK}
+    assert "200 from 10.0.0.8:8000" in check(a, "/health").evidence
+    assert verdicts(a, 4)["flags vs plan"] == OK and verdicts(a, 4)["running sizes fit"] == OK  # the copy's own plan
+    assert "--port 8000 --tensor-parallel-size 2" in check(a, "running flags").evidence
+    assert "GPU(s) 0,1" in check(a, "running flags").evidence and "sees 2 GPU(s)" in check(a, "driver").evidence
+    assert (b.first_failure.step, b.first_failure.check) == (4, "journal: cuda oom")
+    assert verdicts(b, 1)["service"] == FAIL and "failed at load" in check(b, "service").evidence
+    assert b.symptom["cause"] == "cuda_oom" and "GPU(s) 2,3" in check(b, "running flags").evidence
+    assert verdicts(b, 4)["flags vs plan"] == OK and "--port 8001" in check(b, "running flags").evidence
+    assert rep.first_failure is b.first_failure and rep.failing_copy == "b" and rep.status == FAIL
+    assert rep.headline() == "doctor: copy a: ok; copy b: step 4 (parameters) fails: journal: cuda oom"
+    assert not any("qwen27b.service" in c.evidence for r in (a, b) for c in r.checks)
+
+
+def test_copies_in_the_table_and_in_json(capsys):
+    path = str(JOURNALS / COPIES)
+    assert doctor.main(["--replay", path]) == 1
+    out = capsys.readouterr().out
+    a, b = out.index("-- copy a (qwen27b@a.service): doctor: all "), out.index("-- copy b (qwen27b@b.service): doctor: step 4")
+    assert a < b and "journal: cuda oom" in out[b:] and "journal: cuda oom" not in out[a:b]
+    assert doctor.main(["--replay", path, "--json"]) == 1
+    host = json.loads(capsys.readouterr().out)["hosts"][0]
+    assert host["first_failure"]["copy"] == "b" and host["first_failure"]["check"] == "journal: cuda oom"
+    assert set(host["copies"]) == {"a", "b"} and host["copies"]["a"]["status"] == OK
+    assert host["copies"]["b"]["unit"] == "qwen27b@b.service" and host["copies"]["b"]["status"] == FAIL
+
+
+def test_a_copy_is_judged_on_its_own_gpus():
+    """An Xid 79 on GPU 2 (00000000:86:00.0, copy b's) is b's finding; a, on GPUs 0 and 1, has none."""
+    snap = HostSnapshot.load(JOURNALS / COPIES)
+    snap.outputs["xid-errors.txt"] = ("2026-12-02T14:40:07+0000 gpu-c kernel: NVRM: Xid (PCI:0000:86:00): 79, pid=61401, "
+                                      "name=python3, GPU has fallen off the bus.")
+    rep = diagnose(snap, STACK)
+    assert check(rep.copies["a"], "Xid errors").verdict == OK
+    xid = check(rep.copies["b"], "Xid errors")
+    assert xid.verdict == FAIL and "Xid 79" in xid.evidence and "0000:86:00" in xid.evidence
+
+
+def test_a_copy_the_inventory_dropped_is_still_judged_and_named():
+    """copies.txt (the host's enabled copies) lists b, the inventory only a: b is still diagnosed, and
+    step 4 says it has no plan and how to stop it."""
+    snap = HostSnapshot.load(JOURNALS / COPIES)
+    snap.data = {**snap.data, "qwen27b_instances": snap.data["qwen27b_instances"][:1]}
+    rep = diagnose(snap, STACK)
+    assert list(rep.copies) == ["a", "b"]
+    plan = check(rep.copies["b"], "flags vs plan")
+    assert plan.verdict == WARN and "does not list it" in plan.evidence
+    assert "re-run the deploy" in plan.fix and "qwen27b@b.service, qwen27b-health@b.timer" in plan.fix
+    assert check(rep.copies["a"], "flags vs plan").verdict == OK
+
+
+def test_copy_names_from_the_host_are_allow_listed_before_any_command():
+    snap = HostSnapshot.load(JOURNALS / COPIES)
+    snap.outputs["copies.txt"] = "a\nb\n$(reboot)\nc;rm\nUPPER\nc"
+    snap.data = {}
+    assert snap.copy_names() == ["a", "b", "c"]
+    cmds = collection.copy_commands(STACK, "c")
+    assert cmds["systemctl-show@c.txt"].startswith("systemctl show") and "qwen27b@c.service" in cmds["systemctl-show@c.txt"]
+    assert cmds["journal@c.txt"].startswith("journalctl -u qwen27b@c.service ")
+    assert cmds["env@c.txt"] == "cat /etc/qwen27b/qwen27b@c.env"
+    assert "multi-user.target.wants/qwen27b@*.service" in collection.commands(STACK)["copies.txt"]
+
+
+def test_a_copy_snapshot_saves_and_replays(tmp_path):
+    snap = HostSnapshot.load(JOURNALS / COPIES)
+    snap.save(tmp_path / "gpu-c.lab")
+    again = HostSnapshot.load(tmp_path / "gpu-c.lab")
+    assert again.outputs == snap.outputs
+    assert diagnose(again, STACK).as_dict() == diagnose(snap, STACK).as_dict()
+
+
+def test_env_file_and_exec_start_expansion():
+    env = parse.env_file('# c\nA=1\nQWEN27B_SERVE_ARGS="--x {\\"k\\":1} --port 8001"\nbad line\n')
+    assert env == {"A": "1", "QWEN27B_SERVE_ARGS": '--x {"k":1} --port 8001'}
+    show = "{ path=/p ; argv[]=/p -m vllm $QWEN27B_SERVE_ARGS ${A} $UNSET ; ignore_errors=no ; pid=0 }"
+    assert parse.running_flags(parse.expand_env(show, env)) == {"--x": '{"k":1}', "--port": "8001"}
+
+
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_doctor_never_crashes_on_a_garbled_copies_snapshot(data):
+    """The copies host with any of its keys (the copies' own, copies.txt and the env files included)
+    dropped or garbled: a report per copy doctor can still name, never a traceback."""
+    snap = HostSnapshot.load(JOURNALS / COPIES)
+    keys = sorted(snap.outputs)
+    for key in data.draw(st.lists(st.sampled_from(keys), unique=True, max_size=8)):
+        if data.draw(st.booleans()):
+            del snap.outputs[key]
+        else:
+            snap.outputs[key] = data.draw(st.text(max_size=200))
+    rep = diagnose(snap, STACK)
+    assert list(rep.copies)[:2] == ["a", "b"]  # the inventory's copies whatever the host printed
+    for part in rep.copies.values():
+        assert 1 in {c.step for c in part.checks}
+        assert all(c.verdict in (OK, WARN, FAIL, SKIP, INFO) for c in part.checks)
+        doctor.table(part)
+    json.dumps(rep.as_dict())

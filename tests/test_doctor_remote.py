@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 JOURNALS = ROOT / "tests" / "fixtures" / "journals"
 STACK = load_stack()
 HTTP = ("health.txt", "metrics.txt")  # doctor's second script (collection.http_commands)
+HTTP_STEMS = ("health@", "metrics@")  # a copy's (health@a.txt)
 SHIM = """
 import sys, time
 from qwen27b.controller import remote
@@ -131,6 +132,36 @@ def test_save_and_limit_through_the_connectors(tmp_path):
     assert saved.outputs == HostSnapshot.load(JOURNALS / "cpu-healthy").outputs
     bad, _ = doctor(tmp_path, FAKE_INVENTORY, "--limit", "nosuch")
     assert bad.returncode == 2 and "no host matches --limit nosuch" in bad.stderr
+
+
+COPIES_INVENTORY = """
+import json
+from pathlib import Path
+main, copies, http, recorded = json.loads(Path("phases.json").read_text())
+hosts = [("@fake/copies", {**recorded, "ssh_port": 2210, "ssh_user": "doc", "fake_delay": 0, "fake_delay_jitter": 0,
+                           "fake_responses": {"@@recorded@@ BEGIN systemctl-show.txt": main.splitlines(),
+                                              "@@recorded@@ BEGIN systemctl-show@a.txt": copies.splitlines(),
+                                              "@@recorded@@ BEGIN health@a.txt": http.splitlines()}})]
+"""
+
+
+def test_a_host_serving_copies_is_read_copy_by_copy(tmp_path):
+    """The copies host (issue 26): the main script lists the enabled copies, a second reads each
+    copy's unit, journal and env file, a third each copy's /health and /metrics on the port its env
+    file gives; the report is the recorded snapshot's, copy by copy."""
+    snap = HostSnapshot.load(JOURNALS / "v100x4-copies-b-oom")
+    own = {k: v for k, v in snap.outputs.items() if "@" in k}
+    http = {k: v for k, v in own.items() if k.startswith(HTTP_STEMS)}
+    copies = {k: v for k, v in own.items() if k not in http}
+    main = {k: v for k, v in snap.outputs.items() if k not in own and k not in HTTP}
+    (tmp_path / "phases.json").write_text(json.dumps([remote.render_output(part, "recorded", snap.codes)
+                                                      for part in (main, copies, http)] + [snap.data]))
+    result, runs = doctor(tmp_path, COPIES_INVENTORY)
+    assert result.returncode == 1, result.stderr[-3000:]
+    report = json.loads(result.stdout)["hosts"][0]
+    assert report == expected("v100x4-copies-b-oom", "@fake/copies", ssh_port=2210, ssh_user="doc")
+    assert report["first_failure"]["copy"] == "b" and report["copies"]["a"]["status"] == "ok"
+    assert len(runs) == 3  # main (copies listed), the copies' units, their /health and /metrics
 
 
 # ------------------------------------------------------------------ a real SSH connection, on loopback

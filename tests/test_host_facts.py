@@ -27,6 +27,7 @@ from qwen27b.controller.host_facts import (
     HASH_CACHE,
     SecretFileState,
     FileHashes,
+    InstalledCopies,
     ServiceUser,
     Subdirectories,
     SymlinkTarget,
@@ -93,6 +94,9 @@ def _valid_shape(fact, data) -> bool:
         return data is None or (set(data) == {"uid", "home", "shell", "group"} and isinstance(data["uid"], int))
     if fact is SecretFileState:
         return data is None or (set(data) == {"user", "group", "mode", "sha256"} and len(data["sha256"]) == 64)
+    if fact is InstalledCopies:  # only copy names: they reach the removal commands
+        from qwen27b.plan.hostdata import INSTANCE_NAME
+        return isinstance(data, list) and data == sorted(set(data)) and all(INSTANCE_NAME.match(n) for n in data)
     if fact is Subdirectories:
         return isinstance(data, list) and all(
             isinstance(n, str) and n and "/" not in n and "\n" not in n and n not in (".", "..") for n in data)
@@ -164,7 +168,8 @@ def test_fake_match_matches_only_its_own_fact(fact, arg):
     from tests.support.recorded import fake_match
 
     args = {ReleaseRecords: (arg, arg + "/rollback"),
-            DeployedState: ([arg], ["qwen27b.service"], ["qwen27b"], "inet qwen27b")}.get(fact, (arg,))
+            DeployedState: ([arg], ["qwen27b.service"], ["qwen27b"], "inet qwen27b"),
+            InstalledCopies: (arg, arg + "/etc")}.get(fact, (arg,))
     command = fact().command(*args)
     assert fake_match(fact).search(command)
     for other in ALL_HOST_FACTS + ALL_FACTS:
@@ -213,3 +218,20 @@ def test_file_hashes_reuses_a_hash_only_while_the_file_is_unchanged(tmp_path):
     assert FileHashes().process(_run_fact(command))["model.safetensors"] == hashlib.sha256(b"v2").hexdigest()
     (tmp_path / HASH_CACHE).write_text("not json")
     assert FileHashes().process(_run_fact(command))["model.safetensors"] == hashlib.sha256(b"v2").hexdigest()
+
+
+def test_installed_copies_runs_for_real(tmp_path):
+    """Each copy found by what the deploy leaves (its enabled unit, its health timer, its env file, a
+    dangling enable link included); a key file is not a copy, nor the template or the one service."""
+    units, config = tmp_path / "units", tmp_path / "etc"
+    (units / "multi-user.target.wants").mkdir(parents=True)
+    config.mkdir()
+    for path in ("multi-user.target.wants/qwen27b@a.service", "qwen27b-health@b.timer", "qwen27b@.service",
+                 "qwen27b-health.timer"):
+        (units / path).write_text("")
+    for name in ("qwen27b@c.env", "qwen27b@c-api-key.env", "qwen27b@x-api-key.env", "qwen27b.env"):
+        (config / name).write_text("")
+    (units / "multi-user.target.wants/qwen27b@d.service").symlink_to(tmp_path / "gone")
+    command = InstalledCopies().command(str(units), str(config))
+    assert InstalledCopies().process(_run_fact(command)) == ["a", "b", "c", "d"]
+    assert InstalledCopies().process(_run_fact(InstalledCopies().command(str(tmp_path / "no"), str(tmp_path / "no")))) == []

@@ -157,6 +157,8 @@ BAD_INPUTS = [
                  id="served-name-with-space"),
     pytest.param({"qwen27b_bind_address": "lab-net"}, "qwen27b_bind_address", "is not an IP address",
                  id="bind-address-not-ip"),
+    pytest.param({"qwen27b_http_proxy": "A://["}, "qwen27b_http_proxy", "is not a http/https/socks5",
+                 id="url-that-urlsplit-refuses"),  # hypothesis found it: ValueError 'Invalid IPv6 URL' escaped
     pytest.param({"qwen27b_http_proxy": "proxy.lab:3128"}, "qwen27b_http_proxy", "is not a http/https/socks5",
                  id="proxy-without-scheme"),
     pytest.param({"qwen27b_python_mirror": "http://m.lab/x; rm -rf /"}, "qwen27b_python_mirror", "plain URL characters",

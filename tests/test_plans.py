@@ -28,6 +28,8 @@ HOSTS = ["v100x4-2204-fresh", "v100x1-2004", "v100x2-16gb", "v100x2-mixed", "v10
          "v100x2-16gb-pair-head", "v100x2-16gb-pair-worker",
          # the 4x V100 box as two TP-2 copies (qwen27b_instances), fresh and converged (qwen27b/plan/instances.py)
          "v100x4-copies", "v100x4-copies-converged",
+         # copy b dropped from qwen27b_instances on the converged copies host: its units and files removed
+         "v100x4-copies-drop-b", "v100x4-copies-to-one",
          # GPU topology: the all-reduce per TP group (qwen27b/plan/topology.py)
          "v100x2-pcie", "v100x4-pcie", "v100x8-sxm2-dgx1", "mixed-3090-v100x2",
          # the TP group and a copy's GPUs picked by their links (topology.pick_group)
@@ -142,6 +144,38 @@ def test_converged_host_plans_no_change(host):
     result = run_pyinfra("inventory/recorded.py", "deploy.py", "--dry", "-y", "--limit", f"@fake/{host}")
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(rf"== @fake/{host}: [1-9][0-9]* operation\(s\) planned, 0 would change the host", result.stderr)
+
+
+def test_a_copy_dropped_from_the_inventory_is_stopped_and_removed(dry_run):
+    """v100x4-copies-drop-b: converged with copies a and b, the inventory now lists a only. b's unit
+    and health timer are stopped and disabled and every file of b removed, by one operation that names
+    it, before the listed copy's files; a is left running, untouched (issue 26)."""
+    plan = host_plan(dry_run.stderr, "v100x4-copies-drop-b")
+    ops = [line.strip() for line in plan.splitlines() if re.match(r"^   (ok|CHANGE) ", line)]
+    drop = "CHANGE  stop and remove copy 'b' (qwen27b@b.service, qwen27b-health@b.timer: no longer in qwen27b_instances)"
+    assert drop in ops and ops.index(drop) < ops.index("ok      render /etc/qwen27b/qwen27b@a.env")
+    commands = plan.split(drop, 1)[1].split("   ok ", 1)[0]
+    assert "systemctl disable --now qwen27b-health@b.timer qwen27b@b.service" in commands
+    for path in ("/etc/qwen27b/qwen27b@b.env", "/etc/qwen27b/qwen27b@b-api-key.env", "/etc/systemd/system/qwen27b-health@b.service",
+                 "/etc/systemd/system/qwen27b-health@b.timer", "/var/lib/qwen27b/health@b.json",
+                 "/var/lib/qwen27b/health-restart@b.request", "/var/lib/prometheus/node-exporter/qwen27b@b.prom"):
+        assert path in commands, path
+    assert "ok      qwen27b@a.service enabled and running" in ops  # not restarted
+    assert not [op for op in ops if "@a" in op and op.startswith("CHANGE")]
+    assert "stop and remove copy" not in host_plan(dry_run.stderr, "v100x4-copies-converged")
+
+
+def test_a_host_back_to_one_service_removes_its_copies_first(dry_run):
+    """v100x4-copies-to-one: converged with copies a and b, the inventory serves one service. Both
+    copies and their template go before qwen27b.service is rendered and started on their GPUs and port."""
+    ops = [line.strip() for line in host_plan(dry_run.stderr, "v100x4-copies-to-one").splitlines()
+           if re.match(r"^   (ok|CHANGE) ", line)]
+    order = [next(i for i, op in enumerate(ops) if op.startswith(start)) for start in (
+        "CHANGE  stop and remove copy 'a'", "CHANGE  stop and remove copy 'b'",
+        "CHANGE  remove qwen27b@.service (the host serves one service, no copies)",
+        "CHANGE  render /etc/systemd/system/qwen27b.service", "CHANGE  restart qwen27b.service")]
+    assert order == sorted(order)
+    assert "remove qwen27b@.service" not in host_plan(dry_run.stderr, "v100x4-converged")
 
 
 def test_bad_inventory_is_refused_before_any_host_is_touched(tmp_path):

@@ -71,7 +71,7 @@ def test_all_hosts_present():
         "v100x4-2204-fresh", "v100x1-2004", "v100x2-16gb", "v100x4-converged", "v100x4-degraded",
         "v100x1-secureboot", "t4x1-2204", "a100x2-2204", "nogpu-2204", "centos7", "debian12-cpu", "h200",
         "v100x1-open-loaded", "v100x2-open-unloaded", "v100x2-r470", "v100x4-pg500", "v100x4-noheaders",
-        "v100x4-converged-8g", "v100x4-copies-converged", "v100x2-pcie", "v100x4-pcie", "v100x8-sxm2-dgx1",
+        "v100x4-converged-8g", "v100x4-copies-converged", "v100x4-copies-drop-b", "v100x4-copies-to-one", "v100x2-pcie", "v100x4-pcie", "v100x8-sxm2-dgx1",
         "mixed-3090-v100x2",
         "v100x2-mixed", "v100x2-r470-held", "v100x4-dkms-failed", "v100x4-newer-kernel",
         "v100x2-old-vllm", "v100x1-pg500", "v100x2-cuda-drivers",
@@ -214,6 +214,10 @@ EXPECTED = {
     # v100x4-converged's facts (links to them), converged as two copies (qwen27b_instances)
     "v100x4-copies-converged": dict(os=("ubuntu", "22.04"), kernel="5.15.0-125-generic", pci=["1db5"] * 4, smi=4,
                                     module=("proprietary", "580.95.05"), nouveau=False, held=["nvidia-driver-580-server"]),
+    "v100x4-copies-drop-b": dict(os=("ubuntu", "22.04"), kernel="5.15.0-125-generic", pci=["1db5"] * 4, smi=4,
+                                 module=("proprietary", "580.95.05"), nouveau=False, held=["nvidia-driver-580-server"]),
+    "v100x4-copies-to-one": dict(os=("ubuntu", "22.04"), kernel="5.15.0-125-generic", pci=["1db5"] * 4, smi=4,
+                                 module=("proprietary", "580.95.05"), nouveau=False, held=["nvidia-driver-580-server"]),
     # v100x4-converged's software with other GPUs and links (qwen27b/plan/topology.py's golden hosts)
     "v100x2-pcie": dict(os=("ubuntu", "22.04"), pci=["1db6"] * 2, smi=2, module=("proprietary", "580.95.05"),
                         links=[["X", "NODE"], ["NODE", "X"]]),

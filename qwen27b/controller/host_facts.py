@@ -18,6 +18,7 @@ from pyinfra.api.facts import FactBase
 from qwen27b.controller.facts import FactParseError
 from qwen27b.controller.hostlock import LOCK_FILE
 from qwen27b.plan.distname import normalize
+from qwen27b.plan.hostdata import INSTANCE_NAME
 
 _SHA256_LINE = re.compile(r"^(?P<escaped>\\?)(?P<hash>[0-9a-f]{64}) [ *]\./(?P<name>.+)$")
 _SHA256_UNESCAPE = {"\\\\": "\\", "\\n": "\n", "\\r": "\r"}
@@ -242,6 +243,27 @@ class DirectoryStates(FactBase):
         return states
 
 
+class InstalledCopies(FactBase):
+    """The copies (qwen27b_instances) the host holds, by name, sorted: each qwen27b@NAME.service enabled,
+    qwen27b-health@NAME.timer rendered or qwen27b@NAME.env written (its key file, NAME-api-key.env,
+    is not a copy). [] on a host without copies. A name that is not a copy name (hostdata.INSTANCE_NAME)
+    is not ours and is left out: it never reaches a command."""
+
+    def command(self, unit_dir: str, config_dir: str) -> str:
+        q = shlex.quote
+        return (f"for f in {q(unit_dir)}/multi-user.target.wants/qwen27b@*.service {q(unit_dir)}/qwen27b-health@*.timer "
+                f"{q(config_dir)}/qwen27b@*.env; do [ -e \"$f\" ] || [ -L \"$f\" ] || continue; "
+                "case \"$f\" in *-api-key.env) continue;; esac; n=${f##*/}; n=${n#*@}; n=${n%.service}; n=${n%.timer}; "
+                "n=${n%.env}; printf '%s\\n' \"$n\"; done | sort -u")
+
+    @staticmethod
+    def default() -> list:
+        return []
+
+    def process(self, output: list[str]) -> list[str]:
+        return sorted({line for line in output if INSTANCE_NAME.match(line)})
+
+
 class ServiceUser(FactBase):
     """The service user as the host resolves it (`getent passwd`, then its primary group's name):
     {"uid", "home", "shell", "group"}; None when there is no such user. One cheap read that lets a
@@ -406,4 +428,5 @@ class DeployedState(FactBase):
 
 
 ALL_HOST_FACTS: tuple[type[FactBase], ...] = (FileHashes, VenvPackages, SymlinkTarget, Subdirectories, ServiceUser,
-                                               DirectoryStates, DeployLock, SecretFileState, ReleaseRecords, DeployedState)
+                                               DirectoryStates, DeployLock, SecretFileState, ReleaseRecords, DeployedState,
+                                               InstalledCopies)

@@ -557,7 +557,10 @@ def _check_serve_flags(host: str, s: Settings) -> None:
 
 
 def _check_url(host: str, key: str, url: str, schemes: tuple[str, ...]) -> None:
-    parts = urllib.parse.urlsplit(url) if URL_CHARS.match(url) else None
+    try:
+        parts = urllib.parse.urlsplit(url) if URL_CHARS.match(url) else None
+    except ValueError:  # urlsplit's own refusal ('Invalid IPv6 URL' for a lone '[' in the host part)
+        parts = None
     example = "http://proxy.lab:3128" if key.endswith("proxy") else "http://mirror.lab:8080/path"
     if parts is None or parts.scheme not in schemes or not (parts.netloc or (parts.scheme == "file" and parts.path)):
         raise BadHostData(host, key, f"{url!r} is not a {'/'.join(schemes)} URL of plain URL characters",

@@ -28,6 +28,10 @@ config.json to step 2, "Minimum capability: 75" to step 3, "CUDA out of memory" 
 step 1 reports the symptom, and the headline names the first failing *cause* step in chain
 order (2..5), or step 1 when none explains the symptom.
 
+A host serving copies (qwen27b_instances: qwen27b@NAME.service each) is judged copy by copy: the
+whole chain on each copy's unit, journal, env file (its flags and GPUs), /health and /metrics, a
+report per copy under its name (Report.copies); the model, venv and facts are the host's.
+
 Design: collecting and judging are separate. `collect()` (collection.py) reads every host at
 once through pyinfra's own connectors, the inventory loaded as the deploy loads it
 (qwen27b.controller.remote: ssh_port / ssh_user / ssh_key / ssh_password / paramiko settings,

@@ -78,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== {r.host}")
             print(r.headline())
             print()
-            print(table(r))
-            print()
+            for name, part in r.copies.items() or [(None, r)]:
+                if name is not None:  # a host serving copies: a section per copy, as a host's
+                    print(f"-- copy {name} ({part.unit}): {part.headline()}")
+                    print()
+                print(table(part))
+                print()
     return 1 if failed else 0

@@ -14,8 +14,8 @@ from qwen27b.plan.hostlayout import HostLayout
 
 from qwen27b.controller.address import host_address
 
-from .model import UNIT, HostSnapshot
-from .parse import running_flags
+from .model import COPIES_KEY, COPY_ENV, UNIT, HostSnapshot, copy_key, copy_unit
+from .parse import env_file, expand_env, running_flags
 
 SHOW_PROPS = ("LoadState", "ActiveState", "SubState", "Result", "NRestarts", "ExecMainStatus", "ExecMainCode", "MainPID",
               "FragmentPath", "DropInPaths", "ActiveEnterTimestamp", "StateChangeTimestamp", "InvocationID", "ExecStart")
@@ -65,6 +65,31 @@ def fact_commands(paths: dict) -> dict[str, tuple[type, str]]:
     return out
 
 
+# the copies enabled on the host (their links in multi-user.target.wants, as `systemctl enable` made
+# them; qwen27b status lists them the same way): a copy the inventory dropped still runs
+WANTS_DIR = "/etc/systemd/system/multi-user.target.wants"
+COPIES_COMMAND = (f"for f in {WANTS_DIR}/qwen27b@*.service; do [ -e \"$f\" ] || continue; "
+                  "n=${f##*/qwen27b@}; echo \"${n%.service}\"; done; true")
+
+
+def unit_commands(unit: str) -> dict[str, str]:
+    """A unit's state and its journal (plain, and with invocation ids)."""
+    return {
+        "systemctl-show.txt": show_command(unit, SHOW_PROPS),
+        "journal.txt": f"journalctl -u {unit} -n 400 --no-pager -a -q",
+        "journal.json": f"journalctl -u {unit} -n 400 --no-pager -a -q -o json --output-fields={JOURNAL_FIELDS}",
+    }
+
+
+def copy_commands(stack: dict, name: str) -> dict[str, str]:
+    """A copy's own reads (qwen27b_instances): its unit, journal and env file (its GPUs and flags;
+    0644, no secret: the key is in its own 0600 file), keyed STEM@NAME.EXT. `name` is allow-listed
+    (hostdata.INSTANCE_NAME) by HostSnapshot.copy_names before it reaches here."""
+    out = {copy_key(key, name): command for key, command in unit_commands(copy_unit(name)).items()}
+    out[copy_key(COPY_ENV, name)] = f"cat {shlex.quote(HostLayout.of(stack['paths']).instance_env_file(name))}"
+    return out
+
+
 def commands(stack: dict) -> dict[str, str]:
     """Phase 1: everything but HTTP (key -> shell command). Read-only, each bounded in time."""
     paths = stack["paths"]
@@ -72,9 +97,8 @@ def commands(stack: dict) -> dict[str, str]:
     models, current = at.models, at.current_model
     venv_python = f"{at.current_venv}/bin/python"
     out = {
-        "systemctl-show.txt": show_command(UNIT, SHOW_PROPS),
-        "journal.txt": f"journalctl -u {UNIT} -n 400 --no-pager -a -q",
-        "journal.json": f"journalctl -u {UNIT} -n 400 --no-pager -a -q -o json --output-fields={JOURNAL_FIELDS}",
+        **unit_commands(UNIT),
+        COPIES_KEY: COPIES_COMMAND,
         "model.txt": (
             f"m={models}; p={current}; "
             "printf 'link %s\\n' \"$(readlink \"$p\" 2>/dev/null)\"; "
@@ -150,16 +174,30 @@ def run_phase(state, host, cmds: dict[str, str], timeout: int) -> tuple[dict, di
 
 
 def read_host(state, host, stack: dict, timeout: int = 300) -> HostSnapshot:
-    """Read one host: phase 1 (unit, journal, model, venv, facts), phase 2 (/health, /metrics on the
-    host itself, where the service's bind address is reachable), over one connection."""
+    """Read one host: phase 1 (unit, journal, model, venv, facts, the copies enabled), on a host
+    serving copies each copy's unit, journal and env file, then /health and /metrics on the host
+    itself (where the service's, or each copy's, bind address is reachable), over one connection."""
     snap = HostSnapshot(host=host.name, data=dict(host.data.dict()), reached=host_address(host)[0])
     snap.outputs, snap.codes, snap.error = run_phase(state, host, commands(stack), timeout)
     if snap.error:
         return snap
-    flags = running_flags(parse_show(snap.text("systemctl-show.txt") or "").get("ExecStart", ""))
-    if flags.get("--port"):
-        more, more_codes, _ = run_phase(state, host, http_commands(flags.get("--host") or "127.0.0.1", flags["--port"],
-                                                                   HostLayout.of(stack["paths"]).api_key_env_file), 60)
+    names = snap.copy_names()
+    if names:
+        more, more_codes, _ = run_phase(state, host, {k: c for n in names for k, c in copy_commands(stack, n).items()},
+                                        timeout)
+        snap.outputs.update(more)
+        snap.codes.update(more_codes)
+    http = {}
+    for view in [snap] + [snap.for_copy(n) for n in names]:
+        exec_start = parse_show(view.text("systemctl-show.txt") or "").get("ExecStart", "")
+        flags = running_flags(expand_env(exec_start, env_file(view.text(COPY_ENV))) if view.copy else exec_start)
+        if flags.get("--port"):
+            at = HostLayout.of(stack["paths"])
+            keys = at.instance_api_key_env_file(view.copy) if view.copy else at.api_key_env_file
+            reads = http_commands(flags.get("--host") or "127.0.0.1", flags["--port"], keys)
+            http.update({copy_key(k, view.copy) if view.copy else k: c for k, c in reads.items()})
+    if http:
+        more, more_codes, _ = run_phase(state, host, http, 60)
         snap.outputs.update(more)
         snap.codes.update(more_codes)
     return snap

@@ -8,6 +8,7 @@ import re
 
 from qwen27b.controller import facts as F
 from qwen27b.controller.gate_facts import build_host_facts
+from qwen27b.onhost.gpu import own_xids
 from qwen27b.onhost.unit import parse_show
 from qwen27b.plan.gate import HostFacts, RefusedHost
 from qwen27b.controller.address import STATED as ADDRESS_REASON
@@ -18,8 +19,8 @@ from qwen27b.plan.serving import decide
 from qwen27b.plan.stack import StackError, gpu_spec, profile_for_compute_capability, resolve_stack
 
 from .journal import Finding, JournalView, Run, journal_entries, journal_lines, split_invocations, split_runs
-from .model import FAIL, STEPS, WARN, Check, HostSnapshot
-from .parse import parse_metrics, parse_model, running_flags
+from .model import COPY_ENV, FAIL, STEPS, WARN, Check, HostSnapshot
+from .parse import env_file, expand_env, parse_metrics, parse_model, running_flags
 
 
 def _json(text: str | None) -> tuple[dict | None, str | None]:
@@ -64,7 +65,17 @@ class Ctx:
             self.settings, self.settings_error = Settings(profile=self.data.get("qwen27b_profile")), str(error)
         self.facts = host_facts(snap)
         self.cpu = self.settings.profile == "cpu-smoke"
-        self.gpus = self.facts.gpus
+        self.unit_name = snap.unit_name
+        # a copy (qwen27b_instances) runs on the GPUs its env file names; another copy's GPUs and their
+        # Xids are that copy's findings (as its health check reads them: onhost.gpu.own_xids)
+        self.env = env_file(snap.text(COPY_ENV)) if snap.copy else {}
+        self.gpus, self.xids = self.facts.gpus, list(self.facts.xids or [])
+        visible = self.env.get("CUDA_VISIBLE_DEVICES")
+        if snap.copy and visible is not None:
+            own = {int(i) for i in visible.split(",") if i.strip().isdigit()}
+            others = [g.get("bus_id") for g in self.gpus if g.get("index") not in own]
+            self.gpus = [g for g in self.gpus if g.get("index") in own]
+            self.xids = own_xids(self.xids, [b for b in others if b]) or []
         self.cc = None
         if not self.cpu:
             if self.gpus:
@@ -80,7 +91,8 @@ class Ctx:
             except StackError:
                 self.rs = None
         self.unit = parse_show(snap.text("systemctl-show.txt") or "")
-        self.flags = running_flags(self.unit.get("ExecStart", ""))
+        exec_start = self.unit.get("ExecStart", "")
+        self.flags = running_flags(expand_env(exec_start, self.env) if snap.copy else exec_start)
         self.lines = journal_lines(snap.text("journal.txt") or "")
         entries = journal_entries(snap.ok_text("journal.json"))
         # by invocation id where the journal has them (systemd >= 232); else at 'Starting' lines
@@ -105,6 +117,7 @@ class Ctx:
         self.view = self._view()
         self.decision = None
         self.refusal: RefusedHost | None = None
+        self.unlisted = False  # a copy enabled on the host that the inventory no longer lists
         if self.settings_error is None:
             try:
                 stated = lab_address(self.data)
@@ -112,6 +125,10 @@ class Ctx:
                                        address_reason=ADDRESS_REASON if stated else REACHED_REASON)
             except (RefusedHost, StackError) as error:
                 self.refusal = error if isinstance(error, RefusedHost) else RefusedHost(snap.host, str(error), "fix the stack overrides")
+        if snap.copy and self.decision is not None:  # the copy's own plan (instances.decide_copies)
+            mine = [d for i, d in self.decision.copies or () if i.name == snap.copy]
+            self.decision = mine[0] if mine else None
+            self.unlisted = not mine
 
     def _probe_line(self) -> str | None:
         text = self.snap.text("venv-probe.json")

@@ -66,9 +66,9 @@ def step3(ctx: Ctx) -> list[Check]:
 
 def _xid_check(ctx: Ctx, smi: dict, troubles: list[GpuTrouble]) -> Check:
     """Xids first: a GPU that fell off the bus explains everything after it."""
-    facts, view = ctx.facts, ctx.view
+    view = ctx.view
     failing_now = view.failing is not None and not view.recovered
-    xids = list(facts.xids)
+    xids = list(ctx.xids)  # a copy's: those on its own GPUs
     if not xids:
         return Check(3, "Xid errors", OK if not ctx.cpu else SKIP,
                      "none in the kernel log of the last 7 days" if not ctx.cpu else "CPU smoke profile")

@@ -9,7 +9,7 @@ from qwen27b.plan.planner import PlanRefused, ServeInputs, plan_serve
 from qwen27b.plan.stack import checkpoint_metadata_dir
 
 from .context import Ctx, journal_checks
-from .model import FAIL, OK, SKIP, UNIT, WARN, Check
+from .model import FAIL, OK, SKIP, WARN, Check
 from .parse import metric_sum, running_flags
 
 _PLAN_KNOBS = ("--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--gpu-memory-utilization",
@@ -25,11 +25,13 @@ def step4(ctx: Ctx) -> list[Check]:
     flags = ctx.flags
     dropins = (ctx.unit.get("DropInPaths") or "").split()
     if not flags:
-        checks.append(Check(4, "running flags", SKIP, f"no ExecStart for {UNIT}"))
+        checks.append(Check(4, "running flags", SKIP, f"no ExecStart for {ctx.unit_name}"))
     else:
         shown = " ".join(f"{k} {v}" if v is not None else k for k, v in flags.items()
                          if k in ("--max-model-len", "--max-num-seqs", "--max-num-batched-tokens",
                                   "--gpu-memory-utilization", "--tensor-parallel-size", "--port"))
+        if ctx.snap.copy:  # a copy's flags and GPUs come from its env file
+            shown += f"; GPU(s) {ctx.env.get('CUDA_VISIBLE_DEVICES', '?')} (CUDA_VISIBLE_DEVICES)"
         checks.append(Check(4, "running flags", WARN if dropins else OK,
                             shown + (f"; drop-in(s) override the rendered unit: {', '.join(dropins)}" if dropins else ""),
                             "remove the drop-in and `systemctl daemon-reload`, or move the change into qwen27b_serve_flags"
@@ -46,6 +48,12 @@ def step4(ctx: Ctx) -> list[Check]:
                             "re-run the deploy to render today's plan (or pin the value in qwen27b_serve_flags)" if diffs else ""))
     elif ctx.refusal is not None:
         checks.append(Check(4, "flags vs plan", FAIL, f"the gate refuses this host now: {ctx.refusal.cause}", ctx.refusal.fix))
+    elif ctx.unlisted:
+        name = ctx.snap.copy
+        checks.append(Check(4, "flags vs plan", WARN, f"copy '{name}' is enabled on the host but the inventory's "
+                            "qwen27b_instances does not list it: no plan to compare with",
+                            "list it again in qwen27b_instances, or re-run the deploy: it stops and removes a "
+                            f"copy the inventory no longer lists ({ctx.unit_name}, qwen27b-health@{name}.timer, its files)"))
     # do the running sizes fit at all? the planner with them pinned, on the checkpoint actually there
     if ctx.decision is not None and flags:
         checks.append(_fit_check(ctx))

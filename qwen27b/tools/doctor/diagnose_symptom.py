@@ -6,7 +6,7 @@ from __future__ import annotations
 from qwen27b.controller.remote import SUDO_PASSWORD_NEEDED
 
 from .context import Ctx, run_failure
-from .model import FAIL, INFO, OK, SKIP, UNIT, WARN, Check
+from .model import FAIL, INFO, OK, SKIP, WARN, Check
 
 
 def _history_check(ctx: Ctx) -> Check:
@@ -18,7 +18,7 @@ def _history_check(ctx: Ctx) -> Check:
               if view.chain else "before the unit was stopped")
     label = f" (invocation {last.invocation})" if last.invocation else ""
     read = (f"journalctl _SYSTEMD_INVOCATION_ID={last.invocation} + INVOCATION_ID={last.invocation}" if last.invocation
-            else f"journalctl -u {UNIT}")
+            else f"journalctl -u {ctx.unit_name}")
     return Check(1, "journal: history", INFO,
                  f"{len(view.history)} earlier run(s) in the journal window failed {before}; not judged; "
                  f"the last{label} at {phase}: {why}",
@@ -43,9 +43,9 @@ def step1(ctx: Ctx) -> list[Check]:
         ctx.symptom.update(state="unreachable", summary=ctx.snap.error)
         return checks
     if not u or u.get("LoadState") in (None, "not-found"):
-        checks.append(Check(1, "service", FAIL, f"{UNIT} is not installed (LoadState {u.get('LoadState', 'unknown')})",
+        checks.append(Check(1, "service", FAIL, f"{ctx.unit_name} is not installed (LoadState {u.get('LoadState', 'unknown')})",
                             "run the deploy: pyinfra INVENTORY deploy.py -y"))
-        ctx.symptom.update(state="missing", summary=f"{UNIT} not installed")
+        ctx.symptom.update(state="missing", summary=f"{ctx.unit_name} not installed")
         return checks
     failing = view.failing
     cause = failing.cause if failing else None
@@ -62,7 +62,7 @@ def step1(ctx: Ctx) -> list[Check]:
     if healthy and view.recovered:
         checks.append(Check(1, "service", WARN, f"{state}, serving again after a failure at {phase} that systemd "
                             f"restarted automatically: {why}; {detail}",
-                            "read that run in `journalctl -u qwen27b`: the step named holds the cause"))
+                            f"read that run in `journalctl -u {ctx.unit_name}`: the step named holds the cause"))
         ctx.symptom.update(state="serving", summary=f"serving, recovered from a failure at {phase}")
     elif healthy:
         checks.append(Check(1, "service", OK, f"{state} since {u.get('ActiveEnterTimestamp') or '?'}; {detail}"))
@@ -77,7 +77,7 @@ def step1(ctx: Ctx) -> list[Check]:
         if view.history and not view.chain:
             before = "; the run before failed at %s: %s" % run_failure(view.history[-1])
         checks.append(Check(1, "service", FAIL, f"{state}: stopped (by an admin?){before}; {detail}",
-                            f"systemctl start {UNIT}" + (" (the step named in the journal history may fail it again)"
+                            f"systemctl start {ctx.unit_name}" + (" (the step named in the journal history may fail it again)"
                                                          if before else "")))
         ctx.symptom.update(state="stopped", summary="stopped")
     else:
@@ -93,7 +93,7 @@ def step1(ctx: Ctx) -> list[Check]:
             summary += ": no failure in the current invocation's journal"
         checks.append(Check(1, "service", FAIL, f"{summary}; {detail}",
                             "the step named holds the cause" if cause else
-                            "read `journalctl -u qwen27b -n 200`: the last exception is the cause"))
+                            f"read `journalctl -u {ctx.unit_name} -n 200`: the last exception is the cause"))
         ctx.symptom.update(state="failing", summary=summary)
     if ctx.serving:
         where = f"{ctx.flags.get('--host')}:{ctx.flags.get('--port')}"

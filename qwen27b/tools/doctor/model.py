@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from qwen27b.onhost.contract import SERVICE_UNIT
-from qwen27b.plan.hostdata import URL_KEYS, redact_url
+from qwen27b.plan.hostdata import INSTANCE_NAME, INSTANCES_KEY, URL_KEYS, redact_url
 
 from .journal import compact_journal_json
 from .parse import METRIC_FAMILIES
@@ -17,6 +17,28 @@ UNIT = SERVICE_UNIT
 OK, WARN, FAIL, SKIP, INFO = "ok", "warn", "fail", "skip", "info"
 RANK = {SKIP: 0, INFO: 1, OK: 2, WARN: 3, FAIL: 4}  # info: history, not a judgement (counts as ok)
 STEPS = {1: "symptom", 2: "inputs", 3: "environment", 4: "parameters", 5: "tool limits"}
+# A host serving copies (qwen27b_instances): these keys are read per copy, as `STEM@NAME.EXT`
+# (journal@b.json); the rest (model, venv, facts, nvidia-smi) is the host's, shared by its copies.
+COPY_KEYS = ("systemctl-show.txt", "journal.txt", "journal.json", "health.txt", "metrics.txt")
+COPIES_KEY = "copies.txt"  # the copies enabled on the host, one name a line (collection.COPIES_COMMAND)
+COPY_ENV = "env.txt"  # a copy's env file: its GPUs (CUDA_VISIBLE_DEVICES) and flags (QWEN27B_SERVE_ARGS)
+
+
+def copy_unit(name: str) -> str:
+    """A copy's unit, as roles/service.py starts it (controller.render.instance_unit)."""
+    return f"qwen27b@{name}.service"
+
+
+def copy_key(key: str, name: str) -> str:
+    """The snapshot key of a copy's own output: journal.json -> journal@b.json."""
+    stem, dot, ext = key.rpartition(".")
+    return f"{stem}@{name}{dot}{ext}"
+
+
+def plain_key(key: str) -> str:
+    """journal@b.json -> journal.json (what a key holds, whichever copy it is of)."""
+    stem, dot, ext = key.rpartition(".")
+    return f"{stem.split('@', 1)[0]}{dot}{ext}" if "@" in stem else key
 
 
 @dataclass
@@ -31,6 +53,36 @@ class HostSnapshot:
     data: dict = field(default_factory=dict)
     error: str | None = None
     reached: str | None = None  # the address the SSH connection reached (the plan's bind address without one in data)
+    copy: str | None = None  # set on a copy's view of its host's snapshot (for_copy)
+
+    @property
+    def unit_name(self) -> str:
+        return copy_unit(self.copy) if self.copy else UNIT
+
+    def copy_names(self) -> list[str]:
+        """The copies this host serves: the inventory's qwen27b_instances (in its order), then any
+        other copy still enabled on the host (dropped from the inventory, still running)."""
+        listed = [i.get("name") for i in (self.data or {}).get(INSTANCES_KEY) or [] if isinstance(i, dict)]
+        found = (self.text(COPIES_KEY) or "").split()
+        out: list[str] = []
+        for name in listed + found:
+            if isinstance(name, str) and INSTANCE_NAME.match(name) and name not in out:
+                out.append(name)
+        return out
+
+    def for_copy(self, name: str) -> "HostSnapshot":
+        """One copy's view: its unit, journal, /health and /metrics in the keys the steps read; the
+        host's files (model, venv, facts) as they are; a key the copy lacks is absent, never the host's."""
+        outputs = {k: v for k, v in self.outputs.items() if k not in COPY_KEYS}
+        codes = {k: v for k, v in self.codes.items() if k not in COPY_KEYS}
+        for key in COPY_KEYS + (COPY_ENV,):
+            own = copy_key(key, name)
+            if own in self.outputs:
+                outputs[key] = self.outputs[own]
+            if own in self.codes:
+                codes[key] = self.codes[own]
+        return HostSnapshot(host=self.host, outputs=outputs, codes=codes, data=self.data, error=self.error,
+                            reached=self.reached, copy=name)
 
     def text(self, key: str) -> str | None:
         return self.outputs.get(key)
@@ -45,9 +97,9 @@ class HostSnapshot:
         """One file per key (the layout `load` reads); /metrics is cut to the families doctor reads."""
         directory.mkdir(parents=True, exist_ok=True)
         for key, text in self.outputs.items():
-            if key == "metrics.txt":
+            if plain_key(key) == "metrics.txt":
                 text = "\n".join(line for line in text.splitlines() if any(f in line for f in METRIC_FAMILIES))
-            elif key == "journal.json":
+            elif plain_key(key) == "journal.json":
                 text = compact_journal_json(text)
             (directory / key).write_text(text + ("\n" if text and not text.endswith("\n") else ""), encoding="utf-8")
         # the host data that drives decisions; controller-side secret file paths stay behind
@@ -103,10 +155,21 @@ class Report:
     host: str
     checks: list[Check]
     symptom: dict = field(default_factory=dict)
+    # a host serving copies (qwen27b_instances): the whole chain per copy, by name; `checks` stays empty
+    copies: dict[str, "Report"] = field(default_factory=dict)
+    unit: str = UNIT
+
+    @property
+    def failing_copy(self) -> str | None:
+        return next((name for name, r in self.copies.items() if r.first_failure is not None), None)
 
     @property
     def first_failure(self) -> Check | None:
-        """The first failing cause step in chain order (2..5); step 1 when nothing explains it."""
+        """The first failing cause step in chain order (2..5); step 1 when nothing explains it. On a
+        host serving copies: the first failing copy's."""
+        if self.copies:
+            name = self.failing_copy
+            return None if name is None else self.copies[name].first_failure
         fails = [c for c in self.checks if c.verdict == FAIL]
         causes = [c for c in fails if c.step > 1]
         pool = causes or fails
@@ -114,10 +177,13 @@ class Report:
 
     @property
     def status(self) -> str:
-        worst = max((c.verdict for c in self.checks), key=RANK.get, default=OK)
+        verdicts = [c.verdict for c in self.checks] + [r.status for r in self.copies.values()]
+        worst = max(verdicts, key=RANK.get, default=OK)
         return OK if worst == INFO else worst
 
     def headline(self) -> str:
+        if self.copies:  # one clause per copy, in the inventory's order; each copy's own headline has the evidence
+            return "doctor: " + "; ".join(f"copy {name}: {r.verdict_in_brief()}" for name, r in self.copies.items())
         first = self.first_failure
         if first is not None:
             text = f"doctor: step {first.step} ({first.step_name}) fails: {first.check}: {first.evidence}"
@@ -131,13 +197,25 @@ class Report:
                     f"{w.check}: {w.evidence}")
         return f"doctor: all {sum(c.verdict == OK for c in self.checks)} checks ok"
 
+    def verdict_in_brief(self) -> str:
+        first = self.first_failure
+        if first is not None:
+            return f"step {first.step} ({first.step_name}) fails: {first.check}"
+        warns = sum(c.verdict == WARN for c in self.checks)
+        return f"{warns} warning(s)" if warns else "ok"
+
     def as_dict(self) -> dict:
         first = self.first_failure
-        return {
+        out = {
             "host": self.host,
+            "unit": self.unit,
             "status": self.status,
             "headline": self.headline(),
             "first_failure": None if first is None else {**asdict(first), "step_name": first.step_name},
             "symptom": self.symptom,
             "checks": [{**asdict(c), "step_name": c.step_name} for c in self.checks],
         }
+        if self.copies:
+            out["first_failure"] = out["first_failure"] and {**out["first_failure"], "copy": self.failing_copy}
+            out["copies"] = {name: r.as_dict() for name, r in self.copies.items()}
+        return out

@@ -42,6 +42,26 @@ def running_flags(exec_start: str) -> dict[str, str | None]:
     return flags
 
 
+def env_file(text: str | None) -> dict[str, str]:
+    """An EnvironmentFile= as systemd reads the lines the deploy writes (controller.render.env_value):
+    NAME=value, a double-quoted value with its backslash escapes undone; comments skipped."""
+    env = {}
+    for line in (text or "").splitlines():
+        name, eq, value = line.strip().partition("=")
+        if not eq or not re.fullmatch(r"[A-Za-z_]\w*", name):
+            continue
+        if len(value) >= 2 and value[0] == value[-1] == '"':
+            value = re.sub(r"\\(.)", r"\1", value[1:-1])
+        env[name] = value
+    return env
+
+
+def expand_env(exec_start: str, env: dict[str, str]) -> str:
+    """ExecStart as `systemctl show` prints it (a copy's `$QWEN27B_SERVE_ARGS` unexpanded) with the
+    unit's environment put in, as systemd does at exec: `$NAME` and `${NAME}` (an unset one is empty)."""
+    return re.sub(r"\$(?:\{(\w+)\}|(\w+))", lambda m: env.get(m[1] or m[2], ""), exec_start)
+
+
 def parse_model(text: str | None) -> dict:
     out = {"link": None, "resolved": None, "dir": None, "config": None, "files": {}, "revisions": []}
     for line in (text or "").splitlines():
