@@ -121,3 +121,64 @@ def test_the_command_on_fake_hosts(tmp_path):
                             cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
     assert forced.returncode == 0, forced.stderr
     assert "@fake/serving" in forced.stdout
+
+
+# ------------------------------------------------------------------- real runs on NVIDIA GPUs (recorded)
+
+RECORDED = ROOT / "tests" / "fixtures" / "qualify"
+RUNS = sorted(d for d in RECORDED.iterdir() if (d / "table.txt").is_file())  # one folder per GPU model
+
+
+def _recorded(run_dir: Path) -> tuple[list[str], list[dict]]:
+    stdout = (run_dir / "table.txt").read_text()
+    return stdout.splitlines(), q.parse_records(stdout)
+
+
+def _load_summary(under_load: dict) -> dict:
+    """The record keeps the load's extremes, not every sample: one sample holding them is what judge
+    reads from the samples (the union of throttle reasons, the lowest link, the hottest reading)."""
+    return {"throttle": under_load["throttle"], "pcie_gen": under_load["pcie_gen"],
+            "pcie_width": under_load["pcie_width"], "temperature_c": under_load["max_temperature_c"]}
+
+
+@pytest.mark.parametrize("run_dir", RUNS, ids=[d.name for d in RUNS])
+def test_the_recorded_stdout_parses_and_matches_the_json_files(run_dir):
+    lines, records = _recorded(run_dir)
+    files = sorted(run_dir.glob("qualify-gpu*.json"))
+    assert records and len(records) == len(files) == sum(line.startswith(q.MARKER) for line in lines)
+    assert [json.loads(f.read_text()) for f in files] == sorted(records, key=lambda r: r["host_gpu"])
+    for r in records:
+        assert r["device"].startswith("cuda:") and r["verdict"] in q.VERDICTS and r["verdict"] != "DRY"
+        assert r["work"]["tflops"] > 0 and r["work"]["copy_gbs"] > 0 and r["under_load"]["samples"] > 0
+
+
+@pytest.mark.parametrize("run_dir", RUNS, ids=[d.name for d in RUNS])
+def test_render_table_reproduces_the_recorded_table(run_dir):
+    lines, records = _recorded(run_dir)
+    table = [line for line in lines if not line.startswith(q.MARKER)]
+    host = table[2].split(" ")[0]  # the first row reads "<host's nodename> <gpu>  ..."
+    assert q.render_table({host: records}) == "\n".join(table)
+
+
+@pytest.mark.parametrize("run_dir", RUNS, ids=[d.name for d in RUNS])
+def test_judge_gives_the_recorded_verdict_from_the_recorded_readings(run_dir):
+    _, records = _recorded(run_dir)
+    for r in records:
+        got = q.judge(r["before"], r["after"], [_load_summary(r["under_load"])], r["xids"], r["work"])
+        assert got == (r["verdict"], r["reasons"])
+
+
+@pytest.mark.parametrize("run_dir", RUNS, ids=[d.name for d in RUNS])
+def test_parse_query_reads_the_recorded_nvidia_smi_rows(run_dir):
+    """query-gpu.csv: `nvidia-smi --query-gpu=<FIELDS> --format=csv,noheader,nounits`, as read_smi runs
+    it, taken every 15 s beside the run and once after it."""
+    _, records = _recorded(run_dir)
+    raw = [line for line in (run_dir / "query-gpu.csv").read_text().splitlines() if line.strip()]
+    rows = q.parse_query("\n".join(raw))
+    assert rows and len(rows) == len(raw)
+    by_gpu = {r["host_gpu"]: r for r in records}
+    for row in rows:
+        before = by_gpu[row["index"]]["before"]
+        assert set(row) == set(q.KEYS) and row["name"] == before["name"] and row["bus_id"] == before["bus_id"]
+        assert isinstance(row["throttle"], list) and isinstance(row["sm_mhz"], int)
+        assert isinstance(row["power_w"], float) and row["pcie_width_max"] == before["pcie_width_max"]
