@@ -129,6 +129,11 @@ RECORDED = ROOT / "tests" / "fixtures" / "qualify"
 RUNS = sorted(d for d in RECORDED.iterdir() if (d / "table.txt").is_file())  # one folder per GPU model
 
 
+def test_a_real_gpu_run_is_recorded():
+    """So the tests below cannot vanish into an empty parameter set."""
+    assert "nvidia-h200" in [d.name for d in RUNS], f"no recorded GPU run under {RECORDED} (its README says how)"
+
+
 def _recorded(run_dir: Path) -> tuple[list[str], list[dict]]:
     stdout = (run_dir / "table.txt").read_text()
     return stdout.splitlines(), q.parse_records(stdout)
@@ -166,6 +171,10 @@ def test_judge_gives_the_recorded_verdict_from_the_recorded_readings(run_dir):
     for r in records:
         got = q.judge(r["before"], r["after"], [_load_summary(r["under_load"])], r["xids"], r["work"])
         assert got == (r["verdict"], r["reasons"])
+    # the raw rows taken beside the run, read as the load's samples, come to the same verdict
+    (r,) = [r for r in records if r["host_gpu"] == 0]
+    rows = [row for row in q.parse_query((run_dir / "query-gpu.csv").read_text()) if row["index"] == 0]
+    assert q.judge(r["before"], r["after"], rows, r["xids"], r["work"])[0] == r["verdict"]
 
 
 @pytest.mark.parametrize("run_dir", RUNS, ids=[d.name for d in RUNS])
@@ -181,4 +190,5 @@ def test_parse_query_reads_the_recorded_nvidia_smi_rows(run_dir):
         before = by_gpu[row["index"]]["before"]
         assert set(row) == set(q.KEYS) and row["name"] == before["name"] and row["bus_id"] == before["bus_id"]
         assert isinstance(row["throttle"], list) and isinstance(row["sm_mhz"], int)
+        assert not [r for r in row["throttle"] if r.startswith("0x")]  # every bit of the 64-bit mask is known
         assert isinstance(row["power_w"], float) and row["pcie_width_max"] == before["pcie_width_max"]
