@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ IDLE = {"index": 0, "name": "Tesla V100-SXM2-32GB", "bus_id": "00000000:3B:00.0"
         "sm_max_mhz": 1530, "temperature_c": 38, "power_w": 41.2, "power_limit_w": 300.0, "pcie_gen": 1,
         "pcie_gen_max": 3, "pcie_width": 16, "pcie_width_max": 16}
 LOAD = {**IDLE, "throttle": ["sw_power_cap"], "sm_mhz": 1380, "temperature_c": 71, "power_w": 297.5, "pcie_gen": 3}
-WORK = {"tflops": 92.1, "copy_gbs": 780.0, "pattern_mib": 12000, "pattern_errors": 0}
+WORK = {"tflops": 92.1, "copy_rw_gbs": 780.0, "pattern_mib": 12000, "pattern_errors": 0}
 
 
 def test_a_healthy_card_under_load_passes():
@@ -62,6 +63,43 @@ def test_the_query_reads_nvidia_smis_real_shapes():
     assert row["index"] == 0 and row["name"] == "NVIDIA H200" and row["retired_pending"] is None
     assert row["throttle"] == ["gpu_idle"] and row["power_w"] == 79.12 and row["pcie_width_max"] == 16
     assert q.parse_query("Failed to initialize NVML: Driver/library version mismatch") == []
+
+
+def test_copy_bandwidth_is_the_copies_bytes_read_and_written_over_their_own_time():
+    """Not over the whole loop (the matmuls' time too): 50 copies of 1 GB in 0.1 s of a 10 s loop is
+    2 x 1 GB x 50 / 0.1 s = 1000 GB/s (a V100's HBM2, ~900 GB/s peak, shows ~750-850 here)."""
+    got = q.rates(size=8192, matmuls=100, seconds=10.0, copy_bytes=10**9, copies=50, copy_seconds=0.1)
+    assert got == {"tflops": round(2 * 8192 ** 3 * 100 / 10.0 / 1e12, 2), "copy_rw_gbs": 1000.0}
+    assert q.rates(8192, 0, 0.0, 10**9, 0, 0.0) == {"tflops": 0.0, "copy_rw_gbs": 0.0}
+    assert "copy r+w GB/s" in q.COLUMNS
+
+
+def test_only_readings_taken_while_the_load_runs_are_load_samples(monkeypatch):
+    """The set-up before the loop (allocations) and the pattern read-back after it leave the GPU idle:
+    a reading then (345 MHz, gpu_idle) is not the card under load."""
+    phase = {"now": "idle"}
+    idle = {**IDLE, "sm_mhz": 345}
+    busy = {**LOAD, "sm_mhz": 1965}
+
+    def burn(device, seconds, out, size, fill_fraction, loading=None):
+        time.sleep(0.3)  # set-up
+        phase["now"] = "load"
+        if loading is not None:
+            loading.set()
+        time.sleep(0.4)
+        if loading is not None:
+            loading.clear()
+        phase["now"] = "idle"
+        time.sleep(0.3)  # the pattern read-back
+        out.update(dict(WORK))
+
+    monkeypatch.setattr(q, "_burn", burn)
+    monkeypatch.setattr(q, "read_smi", lambda: [dict(busy if phase["now"] == "load" else idle)])
+    monkeypatch.setattr(q, "read_xids", lambda since: ([], "dmesg"))
+    (record,) = q.run(0.01, sample_s=0.02)
+    load = record["under_load"]
+    assert load["samples"] > 0 and load["min_sm_mhz"] == load["max_sm_mhz"] == 1965
+    assert load["throttle"] == ["sw_power_cap"] and record["verdict"] == "PASS"
 
 
 def _dry_run(tmp_path: Path) -> subprocess.CompletedProcess:
@@ -154,7 +192,7 @@ def test_the_recorded_stdout_parses_and_matches_the_json_files(run_dir):
     assert [json.loads(f.read_text()) for f in files] == sorted(records, key=lambda r: r["host_gpu"])
     for r in records:
         assert r["device"].startswith("cuda:") and r["verdict"] in q.VERDICTS and r["verdict"] != "DRY"
-        assert r["work"]["tflops"] > 0 and r["work"]["copy_gbs"] > 0 and r["under_load"]["samples"] > 0
+        assert r["work"]["tflops"] > 0 and r["work"]["copy_rw_gbs"] > 0 and r["under_load"]["samples"] > 0
 
 
 @pytest.mark.parametrize("run_dir", RUNS, ids=[d.name for d in RUNS])
