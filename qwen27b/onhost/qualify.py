@@ -129,8 +129,16 @@ def judge(before: dict, after: dict, load: list[dict], xids: list[dict], work: d
 
 # ----------------------------------------------------------------------------------------- the load
 
-def _burn(device: str, seconds: float, out: dict, size: int, fill_fraction: float) -> None:
+def rates(size: int, matmuls: int, seconds: float, copy_bytes: int, copies: int, copy_seconds: float) -> dict:
+    """TFLOP/s over the loop; copy GB/s over the copies' own time, bytes read + written (V100: ~800)."""
+    return {"tflops": round(2 * size ** 3 * matmuls / seconds / 1e12, 2) if seconds > 0 else 0.0,
+            "copy_rw_gbs": round(2 * copy_bytes * copies / copy_seconds / 1e9, 1) if copy_seconds > 0 else 0.0}
+
+
+def _burn(device: str, seconds: float, out: dict, size: int, fill_fraction: float,
+          loading: threading.Event | None = None) -> None:
     """Matmuls, copies and a pattern check on one device until `seconds` pass; the counts into `out`."""
+    loading = loading or threading.Event()
     try:
         import torch
     except ImportError as error:
@@ -159,29 +167,35 @@ def _burn(device: str, seconds: float, out: dict, size: int, fill_fraction: floa
         b = torch.randn(size, size, dtype=dtype, device=dev)
         src = torch.empty(max(1 << 20, int(free * 0.05) // 2), dtype=torch.float16, device=dev).normal_()
         dst = torch.empty_like(src)
+        sync = (lambda: torch.cuda.synchronize(dev)) if device.startswith("cuda") else (lambda: None)
         matmuls = copies = 0
+        copy_seconds = 0.0
+        loading.set()
         start = time.monotonic()
         while time.monotonic() - start < seconds:
             for _ in range(20):
                 c = a @ b
                 matmuls += 1
+            sync()
+            t0 = time.monotonic()
             dst.copy_(src)
+            sync()
+            copy_seconds += time.monotonic() - t0
             copies += 1
-            if device.startswith("cuda"):
-                torch.cuda.synchronize(dev)
         elapsed = time.monotonic() - start
+        loading.clear()
         mismatched = 0
         for first in range(0, words, chunk):  # regenerated a chunk at a time: no second copy of the pattern
             n = min(chunk, words - first)
             want = torch.arange(first, first + n, dtype=torch.int32, device=dev).mul_(PATTERN_MULTIPLIER)
             mismatched += int((pattern[first:first + n] != want).sum().item())
         out.update(seconds=round(elapsed, 1), matmuls=matmuls, matmul_n=size, copies=copies,
-                   tflops=round(2 * size ** 3 * matmuls / elapsed / 1e12, 2),
-                   copy_gbs=round(2 * src.numel() * 2 * copies / elapsed / 1e9, 1),
+                   copy_seconds=round(copy_seconds, 3), **rates(size, matmuls, elapsed, src.numel() * 2, copies, copy_seconds),
                    pattern_mib=round(words * 4 / 2 ** 20), pattern_errors=mismatched, finite=bool(torch.isfinite(c).all().item()))
         if not out["finite"]:
             out["error"] = "a matmul gave non-finite values"
     except Exception as error:  # noqa: BLE001 - a GPU that fails is the finding, not a crash
+        loading.clear()
         out["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
 
 
@@ -195,8 +209,9 @@ def run(minutes: float, dry: bool = False, sample_s: float = 2.0, size: int = 81
     devices = ["cpu"] if dry else [f"cuda:{g['index']}" for g in before]
     seconds = min(5.0, minutes * 60) if dry else minutes * 60
     work = [{} for _ in devices]
-    threads = [threading.Thread(target=_burn, args=(d, seconds, w, 256 if dry else size, fill_fraction), daemon=True)
-               for d, w in zip(devices, work)]
+    loading = [threading.Event() for _ in devices]
+    threads = [threading.Thread(target=_burn, args=(d, seconds, w, 256 if dry else size, fill_fraction, e), daemon=True)
+               for d, w, e in zip(devices, work, loading)]
     for t in threads:
         t.start()
     samples: list[list[dict]] = [[] for _ in devices]
@@ -204,9 +219,11 @@ def run(minutes: float, dry: bool = False, sample_s: float = 2.0, size: int = 81
         for t in threads:
             t.join(timeout=sample_s / max(1, len(threads)))
         if not dry:
-            for row in read_smi():
-                if row["index"] < len(samples):
-                    samples[row["index"]].append(row)
+            was = [e.is_set() for e in loading]
+            for row in read_smi():  # a load sample: its loop ran before and after the reading
+                n = row["index"]
+                if n < len(samples) and was[n] and loading[n].is_set():
+                    samples[n].append(row)
     after = [] if dry else read_smi()
     xids, source = (None, None) if dry else read_xids(started - 1)
     records = []
@@ -238,7 +255,7 @@ def _slot(address: str) -> str:
 
 # ----------------------------------------------------------------------------------------- the table
 
-COLUMNS = ("gpu", "name", "verdict", "TFLOPS", "copy GB/s", "pattern", "max C", "max W / cap", "SM MHz",
+COLUMNS = ("gpu", "name", "verdict", "TFLOPS", "copy r+w GB/s", "pattern", "max C", "max W / cap", "SM MHz",
            "PCIe (load)", "throttle", "ECC c/u +", "why")
 
 
@@ -255,7 +272,7 @@ def table_rows(host: str, records: list[dict]) -> list[list[str]]:
                 if u.get("pcie_gen") is not None else "-")
         clocks = f"{u['min_sm_mhz']}-{u['max_sm_mhz']}" if u.get("min_sm_mhz") is not None else "-"
         rows.append([f"{host} {r['host_gpu']}", r["name"], r["verdict"], str(w.get("tflops", "-")),
-                     str(w.get("copy_gbs", "-")),
+                     str(w.get("copy_rw_gbs", "-")),
                      f"{w.get('pattern_mib', '-')} MiB, {w.get('pattern_errors', '-')} bad" if "pattern_mib" in w else "-",
                      str(u.get("max_temperature_c") if u.get("max_temperature_c") is not None else "-"),
                      f"{u['max_power_w']} / {u['power_limit_w']}" if u.get("max_power_w") is not None else "-",
