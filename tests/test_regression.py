@@ -23,10 +23,19 @@ LIMITS = {"max_decode_drop": 0.15, "max_ttft_rise": 0.30, "max_acceptance_drop":
 BEFORE = {"decode_tok_s": 40.0, "ttft_ms": 200.0, "acceptance": 0.5, "runs": 4}
 
 
-def test_figures_are_the_medians_of_the_runs():
+def test_figures_are_the_best_of_the_runs():
     runs = [{"ttft_s": 0.2, "decode_tok_s": 30.0}, {"ttft_s": 0.9, "decode_tok_s": 10.0}, {"ttft_s": 0.25, "decode_tok_s": 31.0}]
-    assert G.figures(runs, 0.61234) == {"ttft_ms": 250.0, "decode_tok_s": 30.0, "acceptance": 0.6123, "runs": 3}
+    assert G.figures(runs, 0.61234) == {"ttft_ms": 200.0, "decode_tok_s": 31.0, "acceptance": 0.6123, "runs": 3}
     assert G.figures([], None) == {"ttft_ms": None, "decode_tok_s": None, "acceptance": None, "runs": 0}
+
+
+def test_a_run_slowed_by_the_neighbours_does_not_move_the_figures():
+    """One release measured twice, the second time with half its runs slowed 5x by other work on the
+    machine (as the CPU test hosts' equal-release rollout saw: decode 18.6 -> 3.31 on medians): the best
+    runs are the same, so the comparison passes even at the GPU profile's tight limits."""
+    quiet = [{"ttft_s": 0.20, "decode_tok_s": 30.0}, {"ttft_s": 0.21, "decode_tok_s": 29.5}] * 2
+    loaded = quiet[:2] + [{"ttft_s": 1.0, "decode_tok_s": 6.0}, {"ttft_s": 1.1, "decode_tok_s": 5.9}]
+    assert G.compare(G.figures(quiet), G.figures(loaded), LIMITS).verdict == G.PASSED
 
 
 def test_an_equal_release_passes_with_its_figures_named():

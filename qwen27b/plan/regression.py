@@ -2,8 +2,9 @@
 
 A minor engine bump can cost speculative acceptance (16% DFlash2 acceptance for one team:
 syv-ai/qwen38-27b-rtx3090#73) or speed while every verify check still passes. Verify measures the
-same fixed prompt set the same way on every deploy, after the unit's warm-up (`figures`: the median
-of each figure over the runs), keeps the figures in the release record, and `compare`s them with the
+same fixed prompt set the same way on every deploy, after the unit's warm-up (`figures`: the best
+of each figure over the runs, since other work on the machine only ever slows a run: the best run is
+the nearest to the release's own speed), keeps the figures in the release record, and `compare`s them with the
 previous release's record: worse by more than the stack's limit (profile `serve.regression`,
 settable per host with qwen27b_stack_overrides) is a regression, named figure by figure.
 
@@ -13,7 +14,6 @@ Pure: numbers in, a verdict out (no host I/O).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from statistics import median
 
 FIGURES = ("decode_tok_s", "ttft_ms", "acceptance")
 LIMIT_KEYS = {"decode_tok_s": "max_decode_drop", "ttft_ms": "max_ttft_rise", "acceptance": "max_acceptance_drop"}
@@ -23,12 +23,15 @@ PASSED, REGRESSED, NO_BASELINE = "passed", "regressed", "no baseline"
 
 
 def figures(runs: list[dict], acceptance: float | None = None) -> dict:
-    """The medians over the measuring runs (each {"ttft_s", "decode_tok_s"}: one streamed completion),
-    with the acceptance verify measured; the run count says how much the median rests on."""
+    """The best of the measuring runs (each {"ttft_s", "decode_tok_s"}: one streamed completion): the
+    shortest TTFT and the fastest decode, with the acceptance verify measured; the run count says how
+    many runs the best was taken from. Not the median: a deploy's neighbours (another host's start,
+    a test tier on the same cores) slow some runs and never speed one up, and on the CPU test hosts
+    the medians of one release moved 5x between deploys (docs/lifecycle.md)."""
     ttft = [r["ttft_s"] * 1000 for r in runs if isinstance(r.get("ttft_s"), (int, float))]
     decode = [r["decode_tok_s"] for r in runs if isinstance(r.get("decode_tok_s"), (int, float))]
-    return {"ttft_ms": round(median(ttft), 1) if ttft else None,
-            "decode_tok_s": round(median(decode), 2) if decode else None,
+    return {"ttft_ms": round(min(ttft), 1) if ttft else None,
+            "decode_tok_s": round(max(decode), 2) if decode else None,
             "acceptance": round(acceptance, 4) if isinstance(acceptance, (int, float)) else None, "runs": len(runs)}
 
 
