@@ -28,7 +28,7 @@ from pyinfra.operations import server
 
 from qwen27b.controller import facts as F
 from qwen27b.controller import apikey, factcache, hostlock, oporder, progress
-from qwen27b.controller import runstate, runsummary
+from qwen27b.controller import reachrecord, runstate, runsummary
 from qwen27b.controller.artifacts import ArtifactError, python_builds
 from qwen27b.plan.elfneeds import wheel_needs
 from qwen27b.plan.gate import (Decision, HostFacts, RefusedHost, binary_needs_check, mark_installed,
@@ -329,7 +329,8 @@ def gate(on=None) -> Decision | RefusedHost:
         run.venv_read.add(on.name)
         decision = decisions[on.name]
         decisions[on.name] = with_cached_python(
-            mark_installed(decision, on.get_fact(VenvPackages, venv=release_venv(decision)) or {}), python_builds())
+            mark_installed(decision, on.get_fact(VenvPackages, venv=release_venv(decision)) or {}), python_builds(),
+            tuple(reachrecord.failed_urls(on.name)))
     return decisions[on.name]
 
 

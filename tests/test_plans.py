@@ -41,6 +41,7 @@ HOSTS = ["v100x4-2204-fresh", "v100x1-2004", "v100x2-16gb", "v100x2-mixed", "v10
 
 
 EMPTY_CACHE = tempfile.mkdtemp(prefix="qwen27b-empty-cache-")
+NO_REPORTS = tempfile.mkdtemp(prefix="qwen27b-no-reports-")
 
 
 def run_pyinfra(*args, **extra_env):
@@ -48,6 +49,7 @@ def run_pyinfra(*args, **extra_env):
     env["PYTHONPATH"] = str(ROOT)
     # an empty controller cache: a plan must not depend on what this machine has fetched before
     env["QWEN27B_CACHE"] = EMPTY_CACHE
+    env["QWEN27B_REPORTS"] = NO_REPORTS  # nor on a `qwen27b reach` record (reports/reach.json)
     env.update(extra_env)
     return subprocess.run([sys.executable, "-m", "pyinfra", *args], cwd=ROOT, capture_output=True, text=True,
                           env=env, timeout=300)

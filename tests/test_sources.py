@@ -146,3 +146,18 @@ def test_without_a_cached_build_the_plan_says_github_and_uv_gets_no_mirror():
     assert "WARNING: Python 3.12 comes from GitHub" in out
     install = next(line for line in result.stderr.splitlines() if "uv python install" in line)
     assert "UV_PYTHON_INSTALL_MIRROR" not in install
+
+
+def test_a_host_that_showed_it_cannot_reach_github_is_warned(tmp_path):
+    """`qwen27b reach` records what failed (reports/reach.json, logins stripped); the gate warns
+    that host when uv would fetch Python from GitHub, with no lab mirror in its data."""
+    from qwen27b.controller import reachrecord
+    record = reachrecord.save({"@fake/v100x1-2004": ["https://github.com/1CatAI/x.whl", "https://u:pw@pi.lab/simple/"],
+                               "@fake/other": []}, tmp_path / "reach.json")
+    assert reachrecord.failed_urls("@fake/v100x1-2004", record) == ["https://github.com/1CatAI/x.whl",
+                                                                    "https://u:***@pi.lab/simple/"]
+    assert reachrecord.failed_urls("@fake/other", record) == [] and "pw" not in record.read_text()
+    result = run_pyinfra("inventory/recorded.py", "deploy.py", "--dry", "-y", "-v", "--limit", "@fake/v100x1-2004",
+                         QWEN27B_REPORTS=str(tmp_path))
+    assert "WARNING: Python 3.12 comes from GitHub (uv downloads python-build-standalone on the host), but this host " \
+           "could not reach github.com" in result.stderr, result.stderr[-3000:]

@@ -104,6 +104,11 @@ def python_warning(settings: Settings, source: PythonSource, version: str, unrea
             f"or put the build in the controller cache at {CACHE_LAYOUT} (`uv python list --show-urls` names it)")
 
 
+def github_failed(failed: tuple[str, ...], src: dict) -> bool:
+    """Whether a host's last reach check failed on a GitHub URL (the wheel's or Python's)."""
+    return any(url.startswith(src["github"]["base"]) for url in failed)
+
+
 def torch_index(profile: dict, settings: Settings) -> str | None:
     """torch's index as fetched: qwen27b_torch_index in place of the stack's, where the stack has one."""
     url = (profile.get("torch") or {}).get("index_url")

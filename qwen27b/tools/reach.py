@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-from qwen27b.controller import remote
+from qwen27b.controller import reachrecord, remote
 from qwen27b.controller.report import table
 from qwen27b.plan.hostdata import redact_url
 
@@ -190,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = [row for host_rows, _ in results for row in host_rows]
     notes = [note for _, note in results if note]
     code = 0 if all(r.ok for r in rows) else 1
+    checked = {h.name for h in hosts}
+    reachrecord.save({name: [r.url for r in rows if r.host == name and not r.ok and r.url] for name in checked
+                      if not any(r.host == name and r.source == "(the host)" for r in rows)})
     if args.json:
         print(json.dumps({"rows": [asdict(r) for r in rows], "notes": notes, "exit_code": code}, indent=2))
     else:
