@@ -93,18 +93,18 @@ def _install_commands(decision: Decision, venv: str, uv: str) -> tuple[str, list
     pypi_env, pypi_flag = index_words(settings, "pypi_index", "--index-url", "UV_INDEX_URL")
     torch_index = sources.torch_index(decision.stack.profile, settings)
     torch_key = "torch_index" if settings.torch_index and torch_index else None
-    target = fetch_prefix(decision) + target + NETWORK
+    prefix, target = fetch_prefix(decision), target + NETWORK  # index variables after the env file is sourced
     if torch_index and torch.get("requirement"):
         env, flag = index_words(settings, torch_key, "--index-url", "UV_INDEX_URL", torch_index)
-        commands.append(f"{env}{target}{flag} {shlex.quote(torch['requirement'])}")
+        commands.append(f"{prefix}{env}{target}{flag} {shlex.quote(torch['requirement'])}")
     env, flag = index_words(settings, torch_key, "--extra-index-url", "UV_EXTRA_INDEX_URL", torch_index) if torch_index else ("", "")
     if vllm.get("url"):
         # the hash stays on the URL under a release mirror: uv checks it against what the mirror serves
         url = sources.github_url(vllm["url"], settings, decision.stack.fetch_sources)
         url += f"#sha256={vllm['sha256']}" if vllm.get("sha256") else ""
-        commands.append(f"{pypi_env}{target}{pypi_flag} {shlex.quote(url)} {extras}")
+        commands.append(f"{prefix}{pypi_env}{target}{pypi_flag} {shlex.quote(url)} {extras}")
     else:
-        commands.append(f"{pypi_env}{env}{target}{pypi_flag}{flag} {requirement} {extras}")
+        commands.append(f"{prefix}{pypi_env}{env}{target}{pypi_flag}{flag} {requirement} {extras}")
     return "upstream index / release URL (no wheelhouse or mirror set)", commands, None
 
 
