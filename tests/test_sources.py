@@ -87,6 +87,8 @@ def test_fetches_by_default_and_with_every_lab_key():
     lab = fetched({"release_mirror": "https://gh.lab", "hf_endpoint": "https://hf.lab/", "pypi_index": "https://pi.lab/simple/",
                    "torch_index": "https://pi.lab/cu128"})
     assert all(url.startswith(("https://gh.lab/", "https://hf.lab/", "https://pi.lab/")) for url in lab.values()), lab
+    kept = sources.fetches(SRC, load_stack()["profiles"]["sm70"], settings(), None, [], wheels=False)
+    assert kept == []  # the release venv holds the build, the model is verified on disk, Python is there
     offline = fetched({"wheel_mirror": "http://m/w/", "model_source": "mirror", "model_mirror": "http://m"}, python=False)
     assert offline == {"wheels (lab mirror)": "http://m/w/", "org/m (mirror)": "http://m"}
 

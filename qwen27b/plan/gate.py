@@ -653,15 +653,18 @@ def with_cached_python(decision: Decision, cached: tuple[str, ...], failed: tupl
 def host_fetches(decision: Decision, cached: tuple[str, ...] = ()) -> list[sources.Fetch]:
     """Every network source this host's deploy will fetch from (the plan's `fetch:` lines, what
     `qwen27b reach` checks): Python only where uv installs it, the CUDA repository only where a
-    toolkit is installed, the draft only where it serves."""
+    toolkit is installed, the wheels only where the release venv lacks the build, a checkpoint
+    only where it is not verified on disk (the draft only where it serves)."""
     rs, facts = decision.stack, decision.facts
     py, cuda = rs.profile["python"], rs.profile.get("cuda") or {}
+    kept = {c.what for c in decision.choices if c.action == "keep"}
     python = None if facts.pythons.get(py["version"]) or py.get("route") == "system" else \
         sources.python_source(decision.settings, rs.fetch_sources, py["version"], cached)
     repo = (decision.os_row.get("cuda_repo") if cuda.get("needed_by_vllm") and cuda["package"] not in facts.packages
             else None)
-    models = [rs.model] + ([rs.draft] if decision.draft_path and rs.draft else [])
-    return sources.fetches(rs.fetch_sources, rs.profile, decision.settings, python, models, repo)
+    models = [e for what, e in (("model", rs.model), ("draft", rs.draft if decision.draft_path else None))
+              if e and what not in kept]
+    return sources.fetches(rs.fetch_sources, rs.profile, decision.settings, python, models, repo, wheels="vllm" not in kept)
 
 
 def _on_disk(facts: HostFacts, entry: dict, why: str) -> tuple[str, str]:

@@ -124,10 +124,11 @@ def hub_base(settings: Settings, src: dict) -> str:
 
 
 def fetches(src: dict, profile: dict, settings: Settings, python: PythonSource | None,
-            models: list[dict], cuda_repo: str | None = None) -> list[Fetch]:
+            models: list[dict], cuda_repo: str | None = None, wheels: bool = True) -> list[Fetch]:
     """Every source this host's deploy fetches from over the network, in the order it does (the
     controller's pushes aside): what `qwen27b reach` checks and the plan lists. `python`: None
-    when the host already has it; `cuda_repo`: the OS row's, when a toolkit is installed."""
+    when the host already has it; `models`: the checkpoints to download; `cuda_repo`: the OS
+    row's, when a toolkit is installed; `wheels`: False when the release venv holds the build."""
     out = []
     if cuda_repo:
         out.append(Fetch("CUDA apt repository", f"{src['cuda_repo']['base']}{cuda_repo}/x86_64/", "your apt mirror (the host's own sources)"))
@@ -136,9 +137,9 @@ def fetches(src: dict, profile: dict, settings: Settings, python: PythonSource |
         out.append(Fetch(f"Python {profile['python']['version']} (uv)", base.rstrip("/") + "/",
                          "qwen27b_python_mirror, qwen27b_release_mirror or the controller cache"))
     vllm = profile["vllm"]
-    if settings.wheel_mirror:
+    if wheels and settings.wheel_mirror:
         out.append(Fetch("wheels (lab mirror)", settings.wheel_mirror, "qwen27b_wheel_mirror"))
-    elif not settings.wheelhouse_dir and vllm["build"] != "cpu":
+    elif wheels and not settings.wheelhouse_dir and vllm["build"] != "cpu":
         index = torch_index(profile, settings)
         if index:
             out.append(Fetch("torch index", index.rstrip("/") + "/", src["torch"]["key"]))
