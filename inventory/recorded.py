@@ -31,6 +31,10 @@ PAIR = {"qwen27b_node_group": "pair-a", "qwen27b_node_interface": "enp65s0f0", "
 COPIES = {"qwen27b_instances": [{"name": "a", "gpus": [0, 1], "port": 8000}, {"name": "b", "gpus": [2, 3], "port": 8001}]}
 
 
+# An offline lab's mirrors: the wheels (`qwen27b mirror --wheels`) and a Hugging Face mirror (HF_ENDPOINT)
+OFFLINE = {"qwen27b_hf_endpoint": "http://192.168.10.5:8090", "qwen27b_wheel_mirror": "http://192.168.10.5:8800/wheels/"}
+
+
 recorded_hosts = [
     _fake("v100x4-2204-fresh"),
     _fake("v100x1-2004"),
@@ -85,4 +89,13 @@ recorded_hosts = [
     _fake("v100x2-pcie-worn"),
     _fake("v100x4-converged-nopm"),
     _fake("v100x4-power-cap", "v100x4-converged-nopm", qwen27b_power_limit_w={1: 250, 3: 275}, qwen27b_ecc="on"),
+    # sources a lab can reach (issue 30, qwen27b/plan/sources.py): the 20.04 host offline with wheel and
+    # model mirrors but no Python mirror (uv would fetch Python from GitHub: warned), with one, and a lab
+    # using a GitHub release mirror, an HF_ENDPOINT mirror and its own PyPI and PyTorch indexes
+    _fake("v100x1-2004-offline", "v100x1-2004", **OFFLINE),
+    _fake("v100x1-2004-offline-pymirror", "v100x1-2004", qwen27b_python_mirror="http://192.168.10.5:8800/python",
+          **OFFLINE),
+    _fake("v100x1-2004-lab-sources", "v100x1-2004", qwen27b_release_mirror="https://gh.mirror.lab/",
+          qwen27b_hf_endpoint="https://hf-mirror.lab", qwen27b_pypi_index="https://pypi.mirror.lab/simple/",
+          qwen27b_torch_index="https://pypi.mirror.lab/whl/cu128"),
 ]

@@ -65,7 +65,8 @@ def api_key(decision: Decision) -> str | None:
 # hand the URL to the tool in its environment (UV_PYTHON_INSTALL_MIRROR, PIP_FIND_LINKS, http_proxy,
 # qwen27b-fetch --base expanding $QWEN27B_MODEL_MIRROR itself).
 URL_VARS = {"python_mirror": "QWEN27B_PYTHON_MIRROR", "wheel_mirror": "QWEN27B_WHEEL_MIRROR",
-            "model_mirror": "QWEN27B_MODEL_MIRROR", "http_proxy": "QWEN27B_HTTP_PROXY"}
+            "model_mirror": "QWEN27B_MODEL_MIRROR", "http_proxy": "QWEN27B_HTTP_PROXY",
+            "pypi_index": "QWEN27B_PYPI_INDEX", "torch_index": "QWEN27B_TORCH_INDEX"}
 
 
 def url_env_file(decision: Decision) -> str:

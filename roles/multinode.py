@@ -20,7 +20,7 @@ from qwen27b.controller.host_facts import VenvPackages
 from qwen27b.controller.render import RAY_UNIT, layout, ray_context, render, render_all
 from qwen27b.plan.gate import Decision
 
-from ._common import needs_restart, note, restart_needed, started, url_word
+from ._common import fetch_prefix, needs_restart, note, restart_needed, started, url_word
 from ._common import RAY_UNIT_FILE as UNIT_FILE
 from ._common import release_venv
 
@@ -43,8 +43,9 @@ def multinode(decision: Decision) -> None:
         requirement = shlex.quote(group.multinode["ray_requirement"])
         mirror = decision.settings.wheel_mirror
         links = f"PIP_FIND_LINKS={url_word(decision.settings, 'wheel_mirror')} " if mirror else ""
+        index = f"PIP_INDEX_URL={url_word(decision.settings, 'pypi_index')} " if decision.settings.pypi_index else ""
         changed.append(server.shell(name="Ray into the release venv (vLLM's executor across hosts)",
-                                    commands=[f"{links}{venv}/bin/python -m pip install {requirement}"]))
+                                    commands=[f"{fetch_prefix(decision)}{links}{index}{venv}/bin/python -m pip install {requirement}"]))
     unit_text = render("qwen27b-ray.service.j2", ray_context(decision))
     unit = files.put(name=f"render {UNIT_FILE}", src=StringIO(unit_text), dest=UNIT_FILE, user="root", group="root",
                      mode="0644", create_remote_dir=False)

@@ -28,10 +28,11 @@ from pyinfra.operations import server
 
 from qwen27b.controller import facts as F
 from qwen27b.controller import apikey, factcache, hostlock, oporder, progress
-from qwen27b.controller import runstate, runsummary
-from qwen27b.controller.artifacts import ArtifactError
+from qwen27b.controller import reachrecord, runstate, runsummary
+from qwen27b.controller.artifacts import ArtifactError, python_builds
 from qwen27b.plan.elfneeds import wheel_needs
-from qwen27b.plan.gate import Decision, HostFacts, RefusedHost, binary_needs_check, mark_installed
+from qwen27b.plan.gate import (Decision, HostFacts, RefusedHost, binary_needs_check, mark_installed,
+                             with_cached_python)
 from qwen27b.controller.host_facts import DeployLock, ReleaseRecords, VenvPackages
 from qwen27b.plan import retry
 from qwen27b.plan.lifecycle import parse_record, release_record_file, rollback_dir
@@ -327,7 +328,9 @@ def gate(on=None) -> Decision | RefusedHost:
         # later gate() call would read the venv over SSH again (and see what this run installed)
         run.venv_read.add(on.name)
         decision = decisions[on.name]
-        decisions[on.name] = mark_installed(decision, on.get_fact(VenvPackages, venv=release_venv(decision)) or {})
+        decisions[on.name] = with_cached_python(
+            mark_installed(decision, on.get_fact(VenvPackages, venv=release_venv(decision)) or {}), python_builds(),
+            tuple(reachrecord.failed_urls(on.name)))
     return decisions[on.name]
 
 

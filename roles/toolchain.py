@@ -19,8 +19,9 @@ from pyinfra.facts.files import File
 from pyinfra.operations import files, server
 
 from qwen27b.controller import factcache
-from qwen27b.controller.artifacts import uv_binary, uv_path
-from qwen27b.plan.gate import Decision
+from qwen27b.controller.artifacts import python_builds, python_builds_dir, uv_binary, uv_path
+from qwen27b.plan import sources
+from qwen27b.plan.gate import Decision, host_fetches
 from qwen27b.plan.lifecycle import APT_PROXY_AUTH, APT_PROXY_CONF
 from qwen27b.controller.host_facts import DirectoryStates, ServiceUser
 from qwen27b.controller.operations import directories, secret_file
@@ -70,10 +71,30 @@ def _python(decision: Decision) -> str:
         return f"{shlex.quote('python' + py['version'])} -m venv"
     uv = uv_on_host(decision)
     env = f"{fetch_prefix(decision)}UV_PYTHON_INSTALL_DIR={at.python}"
-    if decision.settings.python_mirror:
-        env += f" UV_PYTHON_INSTALL_MIRROR={shell_word(decision.settings, 'python_mirror')}"
+    have = decision.facts.pythons.get(py["version"])
+    if not have:
+        env += _python_mirror(decision)
     managed, python = _venv_python(decision, env, uv)
     return f"{env} {uv} venv {managed} --seed --python {shlex.quote(python)}"
+
+
+def _python_mirror(decision: Decision) -> str:
+    """UV_PYTHON_INSTALL_MIRROR as the plan's python row said (sources.python_source, asked with
+    the same controller cache): the cached build pushed into a file:// dir uv reads as its mirror,
+    a mirror setting, or nothing (uv's GitHub default)."""
+    version = decision.stack.profile["python"]["version"]
+    source = sources.python_source(decision.settings, decision.stack.fetch_sources, version, python_builds())
+    if source.kind == "controller":
+        pushed = f"{decision.stack.layout.host_cache}/python"
+        release_archive = source.archives[0]
+        files.put(name="python build (from the controller cache)", src=str(python_builds_dir() / release_archive),
+                  dest=f"{pushed}/{release_archive}", user="root", group="root", mode="0644")
+        return f" UV_PYTHON_INSTALL_MIRROR=file://{pushed}"
+    if source.kind == "python_mirror":
+        return f" UV_PYTHON_INSTALL_MIRROR={shell_word(decision.settings, 'python_mirror')}"
+    if source.kind == "release_mirror":  # hostdata refused a release mirror with a login
+        return f" UV_PYTHON_INSTALL_MIRROR={shlex.quote(source.mirror)}"
+    return ""
 
 
 def _venv_python(decision: Decision, env: str, uv: str) -> tuple[str, str]:
@@ -132,6 +153,8 @@ def toolchain(decision: Decision) -> None:
     note(f"apt: every install waits up to {apt_lock_timeout()} s for the dpkg lock (unattended-upgrades holds it on "
          "a first boot; apt prints 'Waiting for cache lock'), then fails naming the process that holds it "
          f"{decision.stack.cite('apt-lock-timeout')}")
+    for line in sources.fetch_lines(host_fetches(decision, python_builds())):
+        note(line)  # where every fetch goes (issue 30): `qwen27b reach INVENTORY` checks each from the host
     apt_install("base packages", _packages(decision))
     service_user(user, at.state)
     directories(name="qwen27b directories (owner, group, mode)", specs=[list(d) for d in _directories(decision)])

@@ -24,7 +24,8 @@ from qwen27b.controller.host_facts import FileHashes, VenvPackages
 from qwen27b.controller.operations import push_files
 from qwen27b.controller.render import jit_cache_env
 
-from qwen27b.plan.hostdata import redact_url
+from qwen27b.plan import sources
+from qwen27b.plan.hostdata import redact_url, url_has_password
 
 from ._common import fetch_prefix, needs_restart, note, url_word
 from ._common import ONHOST_SOURCE, release_dir, release_venv, uv_on_host, wheelhouse_dir
@@ -88,17 +89,35 @@ def _install_commands(decision: Decision, venv: str, uv: str) -> tuple[str, list
             f"{fetch_prefix(decision)}{target}{NETWORK} --no-index --find-links {shlex.quote(mirror)} {requirement} {extras}"], None
     if vllm["build"] == "cpu":
         raise_missing(local)
-    commands = []
-    target = fetch_prefix(decision) + target + NETWORK
-    if torch.get("index_url") and torch.get("requirement"):
-        commands.append(f"{target} --index-url {shlex.quote(torch['index_url'])} {shlex.quote(torch['requirement'])}")
+    commands, settings = [], decision.settings
+    pypi_env, pypi_flag = index_words(settings, "pypi_index", "--index-url", "UV_INDEX_URL")
+    torch_index = sources.torch_index(decision.stack.profile, settings)
+    torch_key = "torch_index" if settings.torch_index and torch_index else None
+    prefix, target = fetch_prefix(decision), target + NETWORK  # index variables after the env file is sourced
+    if torch_index and torch.get("requirement"):
+        env, flag = index_words(settings, torch_key, "--index-url", "UV_INDEX_URL", torch_index)
+        commands.append(f"{prefix}{env}{target}{flag} {shlex.quote(torch['requirement'])}")
+    env, flag = index_words(settings, torch_key, "--extra-index-url", "UV_EXTRA_INDEX_URL", torch_index) if torch_index else ("", "")
     if vllm.get("url"):
-        url = vllm["url"] + (f"#sha256={vllm['sha256']}" if vllm.get("sha256") else "")
-        commands.append(f"{target} {shlex.quote(url)} {extras}")
+        # the hash stays on the URL under a release mirror: uv checks it against what the mirror serves
+        url = sources.github_url(vllm["url"], settings, decision.stack.fetch_sources)
+        url += f"#sha256={vllm['sha256']}" if vllm.get("sha256") else ""
+        commands.append(f"{prefix}{pypi_env}{target}{pypi_flag} {shlex.quote(url)} {extras}")
     else:
-        index = f" --extra-index-url {shlex.quote(torch['index_url'])}" if torch.get("index_url") else ""
-        commands.append(f"{target}{index} {requirement} {extras}")
+        commands.append(f"{prefix}{pypi_env}{env}{target}{pypi_flag}{flag} {requirement} {extras}")
     return "upstream index / release URL (no wheelhouse or mirror set)", commands, None
+
+
+def index_words(settings, key: str | None, flag: str, env: str, url: str | None = None) -> tuple[str, str]:
+    """(environment prefix, flag) naming an index for uv: the flag for a plain URL (the stack's, or a
+    qwen27b_*_index setting's), the variable from the URL env file for one with a password (uv reads
+    the same index from its environment; the login stays out of argv). ("", "") when there is none."""
+    url = getattr(settings, key) if key else url
+    if not url:
+        return "", ""
+    if key and url_has_password(url):
+        return f"{env}={url_word(settings, key)} ", ""
+    return "", f" {flag} {shlex.quote(url)}"
 
 
 # uv trusts its own CA bundle unless told otherwise; the host's store (ca-certificates) is what apt

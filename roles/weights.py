@@ -76,8 +76,14 @@ def _hub(decision: Decision, entry: dict, target: str):
         secret_file(name="Hugging Face token (0600, removed as the download starts)", dest=token_path,
                     content=load_secret(decision.settings.hf_token_file, "HF_TOKEN") + "\n")
     venv = release_venv(decision)
+    # HF_ENDPOINT: a Hugging Face mirror the lab reaches (hostdata refused one with a login: huggingface_hub
+    # builds every file's URL from it and logs them)
+    endpoint = decision.settings.hf_endpoint
+    prefix = fetch_prefix(decision) + (f"HF_ENDPOINT={shlex.quote(endpoint.rstrip('/'))} " if endpoint else "")
+    if endpoint:
+        note(f"weights: {entry['id']}@{entry['revision']} from the hub mirror {endpoint} (qwen27b_hf_endpoint)")
     return server.shell(name="download from the hub", commands=[
-        hub_download_command(fetch_prefix(decision), venv, entry, target, token_path),
+        hub_download_command(prefix, venv, entry, target, token_path),
         f"cd {shlex.quote(target)} && find . -maxdepth 1 -type f ! -name '.*' ! -name {HUB_MANIFEST} -printf '%f\\n' | sort | "
         f"xargs -r -d '\\n' sha256sum > {HUB_MANIFEST}.part && mv -f {HUB_MANIFEST}.part {HUB_MANIFEST}",
     ])

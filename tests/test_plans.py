@@ -35,10 +35,13 @@ HOSTS = ["v100x4-2204-fresh", "v100x1-2004", "v100x2-16gb", "v100x2-mixed", "v10
          # the TP group and a copy's GPUs picked by their links (topology.pick_group)
          "v100x8-dgx1-tp2-of-4", "mixed-3090-v100x2-copy",
          # used cards (issue 27): one GPU left out, a warning naming the GPU, a host refused, persistence off, a cap
-         "v100x4-wear-xid79", "v100x4-wear-warn", "v100x2-pcie-worn", "v100x4-converged-nopm", "v100x4-power-cap"]
+         "v100x4-wear-xid79", "v100x4-wear-warn", "v100x2-pcie-worn", "v100x4-converged-nopm", "v100x4-power-cap",
+         # sources a lab can reach (issue 30): offline without and with a Python mirror, lab mirrors for every fetch
+         "v100x1-2004-offline", "v100x1-2004-offline-pymirror", "v100x1-2004-lab-sources"]
 
 
 EMPTY_CACHE = tempfile.mkdtemp(prefix="qwen27b-empty-cache-")
+NO_REPORTS = tempfile.mkdtemp(prefix="qwen27b-no-reports-")
 
 
 def run_pyinfra(*args, **extra_env):
@@ -46,6 +49,7 @@ def run_pyinfra(*args, **extra_env):
     env["PYTHONPATH"] = str(ROOT)
     # an empty controller cache: a plan must not depend on what this machine has fetched before
     env["QWEN27B_CACHE"] = EMPTY_CACHE
+    env["QWEN27B_REPORTS"] = NO_REPORTS  # nor on a `qwen27b reach` record (reports/reach.json)
     env.update(extra_env)
     return subprocess.run([sys.executable, "-m", "pyinfra", *args], cwd=ROOT, capture_output=True, text=True,
                           env=env, timeout=300)

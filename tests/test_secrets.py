@@ -25,7 +25,8 @@ from qwen27b.controller.postdeploy import HostResult, write_report
 ROOT = Path(__file__).resolve().parent.parent
 KEY, OLD_KEY, TOKEN = "newKEYmarker0123456789abcdef", "oldKEYmarker9876543210fedcba", "hf_TOKENmarker0123456789"
 PROXY_PASS, WHEEL_PASS, PYTHON_PASS, MODEL_PASS = "proxyPASSmarker", "wheelPASSmarker", "pythonPASSmarker", "modelPASSmarker"
-MARKERS = (KEY, OLD_KEY, TOKEN, PROXY_PASS, WHEEL_PASS, PYTHON_PASS, MODEL_PASS)
+PYPI_PASS, TORCH_PASS = "pypiPASSmarker", "torchPASSmarker"  # issue 30's index keys
+MARKERS = (KEY, OLD_KEY, TOKEN, PROXY_PASS, WHEEL_PASS, PYTHON_PASS, MODEL_PASS, PYPI_PASS, TORCH_PASS)
 
 INVENTORY = """
 import re
@@ -45,6 +46,10 @@ hosts = [
                                            **fake_responses(HOSTS / "v100x4-converged")}}, **common)),
     ("@fake/mirror", {{**common, "fake_responses": fake_responses(HOSTS / "v100x1-2004"),
                        "qwen27b_model_source": "mirror", "qwen27b_model_mirror": "http://m:{model}@127.0.0.1:9"}}),
+    # the lab's own indexes with logins (no wheel mirror: uv installs from the indexes)
+    ("@fake/indexes", {{**common, "fake_responses": fake_responses(HOSTS / "v100x1-2004"), "qwen27b_wheel_mirror": None,
+                        "qwen27b_pypi_index": "https://pi:{pypi}@pypi.lab/simple/",
+                        "qwen27b_torch_index": "https://pt:{torch}@pypi.lab/whl/cu128"}}),
 ]
 """
 
@@ -65,7 +70,7 @@ def runs(tmp_path_factory):
     old_hash = hashlib.sha256(f"VLLM_API_KEY={OLD_KEY}\n".encode()).hexdigest()
     (tmp / "inv.py").write_text(textwrap.dedent(INVENTORY.format(
         hosts=str(ROOT / "tests" / "fixtures" / "hosts"), key=key, token=token, old_hash=old_hash, proxy=PROXY_PASS,
-        wheel=WHEEL_PASS, python=PYTHON_PASS, model=MODEL_PASS)))
+        wheel=WHEEL_PASS, python=PYTHON_PASS, model=MODEL_PASS, pypi=PYPI_PASS, torch=TORCH_PASS)))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYINFRA", "QWEN27B", "HF_", "VLLM"))}
     env["PYTHONPATH"] = str(ROOT)
     out = {}
@@ -107,6 +112,10 @@ def test_no_planned_command_holds_a_password(runs):
         assert not [c for c in commands if marker in c], marker
     assert any("PIP_FIND_LINKS=\"$QWEN27B_WHEEL_MIRROR\"" in c or "UV_PYTHON_INSTALL_MIRROR=\"$QWEN27B_PYTHON_MIRROR\"" in c
                for c in commands)
+    # an index with a login reaches uv through its environment, from the sourced root-only file
+    assert any(c.lstrip().startswith("$ . ") and 'UV_INDEX_URL="$QWEN27B_TORCH_INDEX"' in c for c in commands)
+    assert any('UV_INDEX_URL="$QWEN27B_PYPI_INDEX"' in c and "UV_EXTRA_INDEX_URL" not in c for c in commands)
+    assert "fetch: PyPI (the other wheels) <- https://pi:***@pypi.lab/simple/" in out["--diff"].stderr
 
 
 def test_reports_hold_no_secret_and_are_private(runs):

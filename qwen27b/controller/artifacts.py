@@ -73,6 +73,18 @@ def uv_path(version: str) -> Path:
     return cache_root() / "tools" / f"uv-{version}" / "uv"
 
 
+def python_builds_dir() -> Path:
+    """Where the controller keeps uv's Python builds, laid out as uv's mirror wants them
+    (<release>/<archive>, as `qwen27b mirror --python` does): dropped there by the user."""
+    return cache_root() / "python"
+
+
+def python_builds() -> tuple[str, ...]:
+    """The cached builds as `<release>/<archive>` (plan/sources.cached_archives picks the version's)."""
+    root = python_builds_dir()
+    return tuple(sorted(f"{p.parent.name}/{p.name}" for p in root.glob("*/*.tar.gz"))) if root.is_dir() else ()
+
+
 def uv_binary(version: str) -> Path:
     """The uv binary for x86_64 Linux, from PyPI's `uv` wheel (PyPI is reachable where GitHub may
     not be), cached under tools/uv-<version>/uv."""

@@ -20,7 +20,7 @@ from qwen27b.plan.elfneeds import newer
 from qwen27b.plan.hostdata import NODE_EXPORTER_PORT, NODE_EXPORTER_UNIT, Settings, redact_url
 from qwen27b.plan.fanout import SEED_PORT
 from qwen27b.onhost.contract import HEALTH_HTTP_SOCKET, SEED_UNIT
-from qwen27b.plan import engine
+from qwen27b.plan import engine, sources
 from qwen27b.plan.planner import GiB, Gpu, PlanRefused, ServeInputs, ServePlan, _divides, choose_tp, plan_serve
 from qwen27b.plan.stack import (ResolvedStack, StackError, cc_tuple, checkpoint_metadata_dir, gpu_spec,
                     os_support, profile_for_compute_capability, resolve_stack, revision_dir_name)
@@ -574,7 +574,8 @@ def unpinned(rs: ResolvedStack, os_row: dict, settings: Settings) -> list[tuple[
         # the indexes, the engine's dependencies (torch among them) come by name
         torch = rs.profile.get("torch") or {}
         source = (f"the lab mirror {redact_url(settings.wheel_mirror)}" if settings.wheel_mirror else
-                  "the package indexes" + (f" (torch from {torch['index_url']})" if torch.get("index_url") else ""))
+                  "the package indexes" + (f" (torch from {redact_url(sources.torch_index(rs.profile, settings))})"
+                                           if torch.get("index_url") else ""))
         out.append((f"qwen27b_require_hashes: without qwen27b_wheelhouse_dir, {vllm['dist']}=={vllm['version']} and "
                     f"its dependencies install by name from {source}, without hashes",
                     "build a wheelhouse on the controller (`python3 -m qwen27b.tools.cpu_smoke wheelhouse`: each wheel "
@@ -602,21 +603,14 @@ def _choices(facts: HostFacts, rs: ResolvedStack, settings: Settings, driver: Dr
                               f"the {p['vllm']['build']} vLLM build ships its CUDA {cuda['toolkit']} runtime in its wheels and "
                               f"needs no compiler; a toolkit, if added, must stay <= {cuda['max_major']}.x{left} "
                               f"{rs.cite(cuda['source'])}", "skip"))
-    py = p["python"]
-    have = facts.pythons.get(py["version"])
-    if have:
-        out.append(Choice("python", py["version"], f"present at {have}", "keep"))
-    elif py.get("route") == "system":
-        out.append(Choice("python", py["version"], "the OS's own python3 (CPU smoke profile)", "install"))
-    else:
-        out.append(Choice("python", py["version"], f"the OS ships {', '.join(sorted(facts.pythons)) or 'none'}; uv's "
-                          f"managed Python from the controller cache {rs.cite(py['source'])}", "install"))
+    out.append(python_row(facts, rs, settings)[0])
     vllm = p["vllm"]
     out.append(Choice("vllm", f"{vllm['dist']}=={vllm['version']}",
                       f"build '{vllm['build']}' into release {rs.stack_hash} {rs.cite(vllm['source'])}", "install"))
     torch = p["torch"]
     if torch.get("index_url") or torch.get("requirement"):
-        out.append(Choice("torch", torch.get("requirement") or "from index", f"{torch.get('index_url') or 'wheelhouse'}"
+        index = sources.torch_index(p, settings)
+        out.append(Choice("torch", torch.get("requirement") or "from index", f"{redact_url(index) if index else 'wheelhouse'}"
                           + (f", must list {torch['required_arch']}" if torch.get("required_arch") else "")
                           + f" {rs.cite(torch['source'])}", "install"))
     model_why = f"format {rs.model['format']}" + (f" {rs.cite(rs.model['cite'])}" if rs.model.get("cite") else "")
@@ -626,6 +620,51 @@ def _choices(facts: HostFacts, rs: ResolvedStack, settings: Settings, driver: Dr
             facts, rs.draft, f"{rs.draft['speculative']['method']}, {spec.depth} "
                              f"speculative tokens, kept {rs.draft['format']} {rs.cite('dflash-dense-head')}")))
     return out
+
+
+def python_row(facts: HostFacts, rs: ResolvedStack, settings: Settings,
+               cached: tuple[str, ...] = (), failed: tuple[str, ...] = ()) -> tuple[Choice, str | None]:
+    """The plan's python row and its warning: where uv's build comes from (sources.python_source,
+    which the toolchain role asks too, with the same controller cache), said as it will happen."""
+    py = rs.profile["python"]
+    have = facts.pythons.get(py["version"])
+    if have:
+        return Choice("python", py["version"], f"present at {have}", "keep"), None
+    if py.get("route") == "system":
+        return Choice("python", py["version"], "the OS's own python3 (CPU smoke profile)", "install"), None
+    source = sources.python_source(settings, rs.fetch_sources, py["version"], cached)
+    return (Choice("python", py["version"], f"the OS ships {', '.join(sorted(facts.pythons)) or 'none'}; uv's "
+                   f"managed Python {source.shown} {rs.cite(py['source'])}", "install"),
+            sources.python_warning(settings, source, py["version"], sources.github_failed(failed, rs.fetch_sources)))
+
+
+def with_cached_python(decision: Decision, cached: tuple[str, ...], failed: tuple[str, ...] = ()) -> Decision:
+    """The python row (and warning) once the controller's side is read (like mark_installed's venv):
+    'from the controller cache' only when it holds the build; `failed`: the URLs the host's last
+    `qwen27b reach` could not reach (GitHub among them: warned)."""
+    args = (decision.facts, decision.stack, decision.settings)
+    (before, warned), (row, warning) = python_row(*args), python_row(*args, cached, failed)
+    if (row, warning) == (before, warned):
+        return decision
+    return replace(decision, choices=[row if c.what == "python" else c for c in decision.choices],
+                   warnings=[w for w in decision.warnings if w != warned] + ([warning] if warning else []))
+
+
+def host_fetches(decision: Decision, cached: tuple[str, ...] = ()) -> list[sources.Fetch]:
+    """Every network source this host's deploy will fetch from (the plan's `fetch:` lines, what
+    `qwen27b reach` checks): Python only where uv installs it, the CUDA repository only where a
+    toolkit is installed, the wheels only where the release venv lacks the build, a checkpoint
+    only where it is not verified on disk (the draft only where it serves)."""
+    rs, facts = decision.stack, decision.facts
+    py, cuda = rs.profile["python"], rs.profile.get("cuda") or {}
+    kept = {c.what for c in decision.choices if c.action == "keep"}
+    python = None if facts.pythons.get(py["version"]) or py.get("route") == "system" else \
+        sources.python_source(decision.settings, rs.fetch_sources, py["version"], cached)
+    repo = (decision.os_row.get("cuda_repo") if cuda.get("needed_by_vllm") and cuda["package"] not in facts.packages
+            else None)
+    models = [e for what, e in (("model", rs.model), ("draft", rs.draft if decision.draft_path else None))
+              if e and what not in kept]
+    return sources.fetches(rs.fetch_sources, rs.profile, decision.settings, python, models, repo, wheels="vllm" not in kept)
 
 
 def _on_disk(facts: HostFacts, entry: dict, why: str) -> tuple[str, str]:
@@ -916,6 +955,6 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
                     choices=_choices(facts, rs, settings, driver, serve.spec) + _power_choices(facts, power),
                     warnings=([driver_first[1]] if driver_first else []) + [w.line() for w in wear]
                     + _warnings(facts, rs, settings, os_row, driver, draft is not None, None if cpu else stack["gpu_wear"])
-                    + [w for w in (disk_warning, glibc_warning) if w],
+                    + [w for w in (disk_warning, glibc_warning, python_row(facts, rs, settings)[1]) if w],
                     model_path=model_path, draft_path=draft_path, facts=facts, os_row=os_row, driver=driver,
                     driver_first=driver_first is not None, power=power)

@@ -57,6 +57,12 @@ class Settings:
     health_interval_s: int = 30
     health_failures_before_restart: int = 3
     python_mirror: str | None = None  # UV_PYTHON_INSTALL_MIRROR for air-gapped labs
+    # Sources a lab can reach (issue 30, qwen27b/plan/sources.py): a base URL standing for https://github.com/
+    # (the engine wheel, uv's Python builds), an HF_ENDPOINT for `hf download`, uv's default index and torch's
+    release_mirror: str | None = None
+    hf_endpoint: str | None = None
+    pypi_index: str | None = None
+    torch_index: str | None = None
     wheelhouse_dir: str | None = None  # controller dir with the vLLM build's wheels + manifest.json
     require_hashes: bool = False  # refuse any artifact the stack does not pin by sha256 (the gate names each)
     wheel_mirror: str | None = None  # a lab mirror holding every wheel (uv --no-index --find-links) when no wheelhouse is pushed
@@ -125,6 +131,10 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "health_interval_s": (int,),
     "health_failures_before_restart": (int,),
     "python_mirror": (str,),
+    "release_mirror": (str,),
+    "hf_endpoint": (str,),
+    "pypi_index": (str,),
+    "torch_index": (str,),
     "wheelhouse_dir": (str,),
     "require_hashes": (bool,),
     "wheel_mirror": (str,),
@@ -202,7 +212,13 @@ SECRET_FLAG_FIX = ("put the API key in a 0600 file and set qwen27b_api_key_file,
 POSITIVE_FLAGS = ("--tensor-parallel-size", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens")
 # URLs are pasted into shell commands and env files on the host: plain URL characters only.
 URL_KEYS = {"python_mirror": ("http", "https", "file"), "wheel_mirror": ("http", "https", "file"),
-            "model_mirror": ("http", "https", "file"), "http_proxy": ("http", "https", "socks5", "socks5h")}
+            "model_mirror": ("http", "https", "file"), "http_proxy": ("http", "https", "socks5", "socks5h"),
+            "release_mirror": ("http", "https"), "hf_endpoint": ("http", "https"), "pypi_index": ("http", "https"),
+            "torch_index": ("http", "https")}
+# Keys whose URL reaches argv as part of a longer URL (the engine wheel's, the hub's file URLs built by
+# huggingface_hub): a login there would show in `ps`, so these take none (a lab's own mirror needs none;
+# a proxy's login goes in qwen27b_http_proxy, kept in a root-only file)
+NO_LOGIN_URL_KEYS = ("release_mirror", "hf_endpoint")
 URL_CHARS = re.compile(r"^[A-Za-z0-9._~:/?#\[\]@%+,=-]+$")
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # An IPv6 zone id (fe80::1%eth0) names an interface (IFNAMSIZ: 15 characters): Python's ipaddress
@@ -441,6 +457,12 @@ def _check_values(host: str, s: Settings) -> None:
     for name, schemes in URL_KEYS.items():
         if getattr(s, name) is not None:
             _check_url(host, PREFIX + name, getattr(s, name), schemes)
+    for name in NO_LOGIN_URL_KEYS:
+        if getattr(s, name) is not None and url_has_password(getattr(s, name)):
+            raise BadHostData(host, PREFIX + name, f"{redact_url(getattr(s, name))} carries a login, which would reach "
+                              "a command line (the URLs built from it are arguments)",
+                              "serve the mirror without a login on the lab network (a proxy's login goes in "
+                              "qwen27b_http_proxy, kept in a root-only file)")
     if s.model_source is not None and s.model_source not in MODEL_SOURCES:
         close = difflib.get_close_matches(s.model_source, MODEL_SOURCES, n=1)
         raise BadHostData(host, "qwen27b_model_source", f"{s.model_source!r} is not a model source",

@@ -140,6 +140,7 @@ class ResolvedStack:
     speculative: dict = field(default_factory=dict)  # the stack's speculative section (plan/engine.py)
     agent_parsers: dict = field(default_factory=dict)  # the stack's agent_parsers table (plan/engine.py)
     retry: dict = field(default_factory=dict)  # the stack's retry section (plan/retry.py)
+    fetch_sources: dict = field(default_factory=dict)  # the default sources and their keys (plan/sources.py)
 
     @property
     def layout(self) -> HostLayout:
@@ -228,7 +229,8 @@ def resolve_stack(stack: dict, profile_name: str, overrides: dict | None = None,
         raise StackError(f"unknown vllm build '{build_name}'; known: {', '.join(stack['vllm_builds'])}")
     return ResolvedStack(profile_name, profile, model, draft, stack["paths"], stack["sources"],
                          stack["vllm_builds"][build_name], stack["tools"], speculative,
-                         stack.get("agent_parsers") or {}, stack.get("retry") or {})
+                         stack.get("agent_parsers") or {}, stack.get("retry") or {},
+                         stack.get("fetch_sources") or {})
 
 
 SPEC_FLOOR_KEYS = ("min_acceptance", "min_draft_tokens")

@@ -1,0 +1,112 @@
+"""`qwen27b reach` (issue 30): the sources a host is probed for (from its recorded gate facts), the
+probe run for real on this machine (@local: the same python3 -c and stdin a host gets) against a
+local HTTP server, and the table.
+
+No test host is booted: the probe is the host side, run here as a subprocess, as on a host.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import socket
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from qwen27b.plan import sources
+from qwen27b.plan.stack import load_stack
+from qwen27b.tools import reach
+
+FIXTURES = Path(__file__).parent / "fixtures" / "hosts"
+
+
+def recorded_outputs(name: str) -> dict[str, str]:
+    return {p.name: p.read_text() for p in (FIXTURES / name).iterdir() if p.is_file()}
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_HEAD(self):
+        if self.path == "/moved":
+            self.send_response(302)
+            self.send_header("Location", "/huge")
+        elif self.path == "/huge":
+            raise AssertionError("a redirect was followed")
+        else:
+            self.send_response(200 if self.path == "/simple/" else 404)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server():
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_probe_heads_each_url_from_stdin_and_follows_no_redirect(server):
+    fetches = [sources.Fetch("PyPI", f"{server}/simple/", "qwen27b_pypi_index"),
+               sources.Fetch("wheel", f"{server}/moved", "qwen27b_release_mirror"),
+               sources.Fetch("mirror base", f"http://u:pw@{server[7:]}/python/", "qwen27b_python_mirror"),
+               sources.Fetch("hub", f"http://127.0.0.1:{closed_port()}/api/models/o/m", "qwen27b_hf_endpoint")]
+    stdin = reach.probe_input(fetches, None, 3)
+    assert "pw" not in reach.PROBE_COMMAND and "127.0.0.1" not in reach.PROBE_COMMAND  # URLs only on stdin
+    done = subprocess.run(["sh", "-c", reach.PROBE_COMMAND], input=stdin, capture_output=True, text=True, timeout=60)
+    rows = reach.rows_for("@local", fetches, done.stdout)
+    got = {r.source: (r.ok, r.result, r.fix) for r in rows}
+    assert got["PyPI"] == (True, "reached (HTTP 200)", "")
+    assert got["wheel"] == (True, "reached (HTTP 302)", "")
+    assert got["mirror base"] == (True, "reached (HTTP 404)", "")
+    assert got["hub"][0] is False and "refused" in got["hub"][1].lower() and got["hub"][2] == "qwen27b_hf_endpoint"
+    assert "u:***@" in next(r.url for r in rows if r.source == "mirror base")
+
+
+def test_a_proxys_refusal_and_a_host_not_reached_are_failures():
+    f = [sources.Fetch("torch index", "https://download.pytorch.org/whl/cu128/", "qwen27b_torch_index")]
+    assert reach.rows_for("h", f, json.dumps({"name": "torch index", "status": 407}))[0].result.endswith("asks for a login)")
+    assert not reach.rows_for("h", f, json.dumps({"name": "torch index", "status": 503}))[0].ok
+    down = reach.rows_for("h", f, "", error="ConnectError: timed out")[0]
+    assert (down.ok, down.result, down.fix) == (False, "ConnectError: timed out", "qwen27b_torch_index")
+    assert reach.rows_for("h", f, "")[0].result.startswith("no answer")
+
+
+def test_the_sources_probed_are_the_plans_for_a_recorded_host():
+    stack = load_stack()
+    data = {"qwen27b_wheel_mirror": "http://192.168.10.5:8800/wheels/", "qwen27b_hf_endpoint": "http://192.168.10.5:8090"}
+    fetches, note = reach.host_fetches_of("v100x1-2004", data, stack, recorded_outputs("v100x1-2004"))
+    assert note is None
+    assert [f.url for f in fetches] == [
+        "https://github.com/astral-sh/python-build-standalone/releases/download/",  # 20.04 ships 3.8: uv installs 3.12
+        "http://192.168.10.5:8800/wheels/",
+        "http://192.168.10.5:8090/api/models/RadixArk/Qwen3.8-27B-NVFP4"]
+    rows = reach.rows_for("v100x1-2004", fetches, "", error="unreachable")
+    assert [r.fix for r in rows] == ["qwen27b_python_mirror, qwen27b_release_mirror or the controller cache",
+                                     "qwen27b_wheel_mirror", "qwen27b_hf_endpoint"]
+    table = reach.reach_table(rows).splitlines()
+    assert table[0].split() == ["source", "host", "result", "fix", "(setting)"]
+    assert sum("v100x1-2004  unreachable" in line for line in table) == 3
+
+
+def test_a_refused_host_is_probed_for_every_gpu_profiles_sources():
+    fetches, note = reach.host_fetches_of("centos7", {}, load_stack(), recorded_outputs("centos7"))
+    assert note and "gate refuses" in note
+    urls = [f.url for f in fetches]
+    assert len(urls) == len(set(urls)) and "https://pypi.org/simple/" in urls
+    assert any("1Cat-vLLM" in u for u in urls)  # sm70's wheel, and the upstream build's sources too
+
+
+def test_reach_is_a_qwen27b_command():
+    from qwen27b.tools.cli import COMMANDS
+    assert COMMANDS["reach"][0] == "qwen27b.tools.reach"

@@ -1,0 +1,165 @@
+"""Sources a lab can reach (issue 30): where uv's Python build comes from, the new source keys, and
+the plan's `fetch:` lines, as pure functions and through the real `pyinfra ... --dry` on a recorded
+20.04 host (tests/fixtures/hosts/v100x1-2004) with the controller cache holding a Python build.
+
+Real parts: the stack file, hostdata's checks, the gate and the roles' planned commands.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from qwen27b.plan import sources
+from qwen27b.plan.hostdata import BadHostData, settings_for
+from qwen27b.plan.stack import load_stack
+from roles.vllm import index_words
+from test_plans import run_pyinfra
+
+SRC = load_stack()["fetch_sources"]
+ARCHIVE = "20251014/cpython-3.12.12+20251014-x86_64-unknown-linux-gnu-install_only_stripped.tar.gz"
+OFFLINE = {"qwen27b_hf_endpoint": "http://192.168.10.5:8090", "qwen27b_wheel_mirror": "http://192.168.10.5:8800/wheels/"}
+
+
+def settings(**data):
+    return settings_for("h", {f"qwen27b_{k}": v for k, v in data.items()})
+
+
+def test_python_comes_from_the_cache_only_when_it_holds_this_versions_build():
+    other = ["20251014/cpython-3.11.14+20251014-x86_64-unknown-linux-gnu-install_only_stripped.tar.gz",
+             "20250101/cpython-3.12.12+20251014-x86_64-unknown-linux-gnu-install_only_stripped.tar.gz",  # wrong dir
+             "20251014/notes.tar.gz"]
+    assert sources.python_source(settings(), SRC, "3.12", tuple(other)).kind == "github"
+    cached = sources.python_source(settings(python_mirror="http://m/py"), SRC, "3.12", tuple(other + [ARCHIVE]))
+    assert (cached.kind, cached.archives) == ("controller", (ARCHIVE,)) and "controller cache" in cached.shown
+
+
+@pytest.mark.parametrize("data, kind, mirror", [
+    ({}, "github", None),
+    ({"python_mirror": "http://192.168.10.5:8800/python"}, "python_mirror", "http://192.168.10.5:8800/python"),
+    ({"release_mirror": "https://gh.lab/"}, "release_mirror", "https://gh.lab/astral-sh/python-build-standalone/releases/download"),
+    ({"release_mirror": "https://gh.lab", "python_mirror": "http://m/py"}, "python_mirror", "http://m/py"),
+])
+def test_python_source_without_a_cached_build(data, kind, mirror):
+    source = sources.python_source(settings(**data), SRC, "3.12")
+    assert (source.kind, source.mirror) == (kind, mirror)
+    assert ("GitHub" in source.shown) == (kind == "github") and "controller cache" not in source.shown
+
+
+def test_a_python_mirror_with_a_login_is_shown_without_its_password():
+    source = sources.python_source(settings(python_mirror="https://u:pw@m.lab/py"), SRC, "3.12")
+    assert "pw" not in source.shown and source.mirror == "https://u:pw@m.lab/py"
+
+
+def test_github_from_an_offline_hosts_data_is_warned_with_the_fix():
+    github = sources.python_source(settings(**{k[8:]: v for k, v in OFFLINE.items()}), SRC, "3.12")
+    warning = sources.python_warning(settings(**{k[8:]: v for k, v in OFFLINE.items()}), github, "3.12")
+    assert "qwen27b_wheel_mirror, qwen27b_hf_endpoint" in warning and "qwen27b_python_mirror" in warning
+    assert sources.python_warning(settings(), github, "3.12") is None  # a connected host: nothing to warn
+    assert "could not reach github.com" in sources.python_warning(settings(), github, "3.12", unreachable=True)
+    mirrored = sources.python_source(settings(python_mirror="http://m/py", wheel_mirror="http://m/w/"), SRC, "3.12")
+    assert sources.python_warning(settings(wheel_mirror="http://m/w/"), mirrored, "3.12") is None
+
+
+def test_the_release_mirror_replaces_github_only():
+    s = settings(release_mirror="https://gh.lab/mirror/")
+    assert sources.github_url("https://github.com/o/r/releases/download/v1/x.whl", s, SRC) == \
+        "https://gh.lab/mirror/o/r/releases/download/v1/x.whl"
+    assert sources.github_url("https://download.pytorch.org/whl/cu128", s, SRC) == "https://download.pytorch.org/whl/cu128"
+
+
+def fetched(data: dict, python=True, models=None) -> dict[str, str]:
+    stack = load_stack()
+    profile = stack["profiles"]["sm70"]
+    py = sources.python_source(settings(**data), SRC, "3.12") if python else None
+    entry = {"id": "org/m", "revision": "r"}
+    return {f.what: f.url for f in sources.fetches(SRC, profile, settings(**data), py, models or [entry])}
+
+
+def test_fetches_by_default_and_with_every_lab_key():
+    assert fetched({}) == {
+        "Python 3.12 (uv)": "https://github.com/astral-sh/python-build-standalone/releases/download/",
+        "torch index": "https://download.pytorch.org/whl/cu128/",
+        "1cat_vllm wheel": load_stack()["profiles"]["sm70"]["vllm"]["url"],
+        "PyPI (the other wheels)": "https://pypi.org/simple/",
+        "org/m (hub)": "https://huggingface.co/api/models/org/m"}
+    lab = fetched({"release_mirror": "https://gh.lab", "hf_endpoint": "https://hf.lab/", "pypi_index": "https://pi.lab/simple/",
+                   "torch_index": "https://pi.lab/cu128"})
+    assert all(url.startswith(("https://gh.lab/", "https://hf.lab/", "https://pi.lab/")) for url in lab.values()), lab
+    kept = sources.fetches(SRC, load_stack()["profiles"]["sm70"], settings(), None, [], wheels=False)
+    assert kept == []  # the release venv holds the build, the model is verified on disk, Python is there
+    offline = fetched({"wheel_mirror": "http://m/w/", "model_source": "mirror", "model_mirror": "http://m"}, python=False)
+    assert offline == {"wheels (lab mirror)": "http://m/w/", "org/m (mirror)": "http://m"}
+
+
+def test_fetch_lines_hide_passwords():
+    lines = sources.fetch_lines(sources.fetches(SRC, load_stack()["profiles"]["sm70"],
+                                                settings(pypi_index="https://u:pw@pi.lab/simple/"), None, []))
+    assert "fetch: PyPI (the other wheels) <- https://u:***@pi.lab/simple/" in lines and "pw" not in str(lines)
+
+
+@pytest.mark.parametrize("key, value, problem", [
+    ("release_mirror", "https://u:pw@gh.lab/", "carries a login"),
+    ("hf_endpoint", "https://tok@hf.lab", "carries a login"),
+    ("hf_endpoint", "file:///srv/hf", "not a http/https URL"),
+    ("pypi_index", "https://pi.lab/simple/ --index-url x", "not a http/https URL"),
+    ("torch_index", "ftp://pi.lab/cu128", "not a http/https URL"),
+])
+def test_bad_source_keys_are_refused_naming_host_key_and_fix(key, value, problem):
+    with pytest.raises(BadHostData) as refused:
+        settings(**{key: value})
+    assert refused.value.key == f"qwen27b_{key}" and problem in refused.value.problem and refused.value.fix
+    assert "pw" not in str(refused.value)
+
+
+def test_an_index_with_a_login_goes_to_uv_through_its_environment():
+    plain, secret = settings(pypi_index="https://pi.lab/simple/"), settings(pypi_index="https://u:pw@pi.lab/simple/")
+    assert index_words(plain, "pypi_index", "--index-url", "UV_INDEX_URL") == ("", " --index-url https://pi.lab/simple/")
+    assert index_words(secret, "pypi_index", "--index-url", "UV_INDEX_URL") == ('UV_INDEX_URL="$QWEN27B_PYPI_INDEX" ', "")
+    assert index_words(settings(), None, "--index-url", "UV_INDEX_URL", "https://x/cu128") == ("", " --index-url https://x/cu128")
+
+
+def _host_block(stderr: str, host: str) -> str:
+    return "\n".join(line for line in stderr.splitlines() if host in line or line.startswith((" ", "WARNING")))
+
+
+def test_a_cached_python_build_is_what_the_plan_says_and_the_commands_use(tmp_path):
+    """The bug: the plan said 'from the controller cache' while uv downloaded from GitHub. With the
+    build in the cache it is pushed and uv reads it from a file:// mirror; without it, the plan says GitHub."""
+    build = tmp_path / "python" / ARCHIVE
+    build.parent.mkdir(parents=True)
+    build.write_bytes(b"not really a tarball")
+    result = run_pyinfra("inventory/recorded.py", "deploy.py", "--dry", "-y", "-v", "--limit", "@fake/v100x1-2004-offline",
+                         QWEN27B_CACHE=str(tmp_path))
+    out = result.stderr
+    assert "managed Python from the controller cache" in " ".join(out.split()), out[-3000:]
+    assert "Python 3.12 comes from GitHub" not in out and "fetch: Python" not in out
+    install = next(line for line in out.splitlines() if "uv python install" in line)
+    assert "UV_PYTHON_INSTALL_MIRROR=file:///opt/qwen27b/" in install
+    mirror = shlex.split(install.split("$ ", 1)[1])[1].split("=", 1)[1]
+    assert f"python build (from the controller cache)" in out and f"{mirror[len('file://'):]}/{ARCHIVE}" in out
+
+
+def test_without_a_cached_build_the_plan_says_github_and_uv_gets_no_mirror():
+    result = run_pyinfra("inventory/recorded.py", "deploy.py", "--dry", "-y", "-v", "--limit", "@fake/v100x1-2004-offline")
+    out = " ".join(result.stderr.split())
+    assert "uv's managed Python from GitHub" in out and "controller cache [" not in out
+    assert "WARNING: Python 3.12 comes from GitHub" in out
+    install = next(line for line in result.stderr.splitlines() if "uv python install" in line)
+    assert "UV_PYTHON_INSTALL_MIRROR" not in install
+
+
+def test_a_host_that_showed_it_cannot_reach_github_is_warned(tmp_path):
+    """`qwen27b reach` records what failed (reports/reach.json, logins stripped); the gate warns
+    that host when uv would fetch Python from GitHub, with no lab mirror in its data."""
+    from qwen27b.controller import reachrecord
+    record = reachrecord.save({"@fake/v100x1-2004": ["https://github.com/1CatAI/x.whl", "https://u:pw@pi.lab/simple/"],
+                               "@fake/other": []}, tmp_path / "reach.json")
+    assert reachrecord.failed_urls("@fake/v100x1-2004", record) == ["https://github.com/1CatAI/x.whl",
+                                                                    "https://u:***@pi.lab/simple/"]
+    assert reachrecord.failed_urls("@fake/other", record) == [] and "pw" not in record.read_text()
+    result = run_pyinfra("inventory/recorded.py", "deploy.py", "--dry", "-y", "-v", "--limit", "@fake/v100x1-2004",
+                         QWEN27B_REPORTS=str(tmp_path))
+    assert "WARNING: Python 3.12 comes from GitHub (uv downloads python-build-standalone on the host), but this host " \
+           "could not reach github.com" in result.stderr, result.stderr[-3000:]
