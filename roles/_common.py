@@ -164,6 +164,16 @@ def previous_links() -> list[SwitchedLink | KeptFiles]:
     return runstate.current().previous.pop(host.name, [])
 
 
+def running_record(paths: dict):
+    """The release record on the host before this deploy (its ReleaseRecords fact); None when there is
+    none or it is unreadable (pruning and the rollback name an unreadable one)."""
+    answer = host.get_fact(ReleaseRecords, record=release_record_file(paths), kept_dir=rollback_dir(paths))
+    try:
+        return parse_record(answer.get("current"))
+    except ValueError:
+        return None
+
+
 def kept_record_targets(paths: dict) -> set[str] | None:
     """The link targets of the release kept for rollback on this host (its ReleaseRecords fact):
     pruning never removes them. None when the record cannot be read: then nothing is pruned."""

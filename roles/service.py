@@ -8,6 +8,7 @@ for readiness with progress instead of pyinfra hanging silently.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import shlex
 from io import StringIO
@@ -31,7 +32,8 @@ from qwen27b.controller.render import (HEALTH_HTTP_SERVICE, HEALTH_HTTP_SOCKET, 
 
 from qwen27b.plan.lifecycle import RECORD_NAME, Record, record_text, release_record_file
 
-from ._common import ROLLBACK_DIR, api_key, note, prune_dirs, remember_kept, remember_previous, restart_needed
+from ._common import (ROLLBACK_DIR, api_key, note, prune_dirs, remember_kept, remember_previous, restart_needed,
+                      running_record)
 from ._common import engine_wheel, model_dir, release_dir, started
 
 
@@ -79,7 +81,7 @@ def service(decision: Decision) -> None:
                           (Sha1File, {"path": HostLayout.unit_file(INSTANCE_UNIT)})])
     remove_dropped_copies(decision)  # a host that served copies before: they hold its GPUs and port
     # the starts its flags were carried from (roles/preflight.py carried): the next deploy carries them again
-    record = release_record(decision, runstate.current().carried.get(host.name, ()))
+    record = with_figures(release_record(decision, runstate.current().carried.get(host.name, ())), decision)
     record_file = release_record_file(decision.stack.paths)
     running = {link: host.get_fact(SymlinkTarget, path=link) for link in record.links}
     switching = any(now not in (None, record.links[link]) for link, now in running.items())
@@ -132,6 +134,16 @@ def release_record(decision: Decision, attempts: tuple = ()) -> Record:
                   start_timeout_s=decision.stack.profile["serve"]["start_timeout_s"],
                   flags=tuple(f"{flag.name} {flag.value}" if flag.value is not None else flag.name for flag in serve.flags),
                   attempts=attempts, engine_wheel=engine_wheel(decision))
+
+
+def with_figures(record: Record, decision: Decision) -> Record:
+    """The running release's verify figures (written by verify after it measured: plan/regression.py)
+    stay in its record while it runs: a deploy that changes nothing else rewrites nothing."""
+    running = running_record(decision.stack.paths)
+    if running is not None and (running.verify or running.baseline) \
+            and dataclasses.replace(running, verify={}, baseline={}) == record:
+        return dataclasses.replace(record, verify=running.verify, baseline=running.baseline)
+    return record
 
 
 def keep_running_release(serving_files: list[str], record_file: str, links_now: Record) -> None:

@@ -33,7 +33,8 @@ from qwen27b.plan.hostlayout import HostLayout
 from qwen27b.controller.render import (HEALTH_UNIT, RESTART_COMMAND, SERVICE_UNIT, copy_health_files,
                                        copy_health_units, instance_unit, layout, render_all)
 from qwen27b.plan import retry
-from qwen27b.plan.lifecycle import parse_record, record_text, release_record_file
+from qwen27b.plan import regression
+from qwen27b.plan.lifecycle import RECORD_NAME, Record, parse_record, record_text, release_record_file, verify_figures
 
 from ._common import ROLLBACK_DIR, KeptFiles, SwitchedLink, api_key, check, note, previous_links
 
@@ -287,6 +288,40 @@ def restart_with(decision: Decision) -> str | None:
     return run_in_order(["systemctl daemon-reload", RESTART_COMMAND])
 
 
+def _read_record(path: str) -> Record | None:
+    try:
+        return parse_record(json.loads("\n".join(_remote(f"cat {path} 2>/dev/null")) or "null"))
+    except ValueError:
+        return None
+
+
+def judge_release(result: V.HostResult, key: str | None, decision: Decision,
+                  previous: list[SwitchedLink | KeptFiles]) -> regression.Comparison | None:
+    """The release's figures against the previous release's on this host (plan/regression.py): measured
+    on the stack's prompt set when this deploy replaced the running release (or its record has none),
+    kept in the release record with the replaced one's as the baseline; a deploy that restarted nothing
+    judges the recorded figures again, against today's limits. The comparison goes into the report;
+    returns it when it regressed, else None."""
+    limits = decision.stack.profile["serve"].get("regression")
+    path = release_record_file(decision.stack.paths)
+    record = _read_record(path)
+    if not limits or record is None:
+        return None
+    replaced = any(isinstance(undo, KeptFiles) for undo in previous)
+    if replaced or not record.verify:
+        result.figures = regression.figures(V.measure(result.url, result.served_name, key, limits), result.acceptance)
+        kept = _read_record(f"{ROLLBACK_DIR}/{RECORD_NAME}") if replaced else None
+        # numbers only, as parse_record reads them back (a null acceptance would differ on the next deploy)
+        record = dataclasses.replace(record, verify=verify_figures(result.figures), baseline=kept.verify if kept else {})
+        on_host(host, f"cat > {path}.figures && mv -f {path}.figures {path}", _stdin=record_text(record))
+    else:
+        result.figures = dict(record.verify)
+    comparison = regression.compare(record.baseline, record.verify, limits)
+    result.comparison = comparison.as_json()
+    say(f"against the previous release ({result.figures.get('runs')} runs): {comparison.text()}")
+    return comparison if comparison.regressed else None
+
+
 def record_attempts(decision: Decision, attempts: list[retry.Attempt]) -> None:
     """The release record (what runs here) says the flags the last start ran with and every start."""
     path = release_record_file(decision.stack.paths)
@@ -358,13 +393,23 @@ def _check(decision: Decision, previous: list[SwitchedLink | KeptFiles]) -> None
     key = api_key(decision)
     timing = (decision.stack.profile["serve"]["start_timeout_s"], decision.serve.has("--speculative-config"))
 
-    failure = _starts(result, key, decision)[1]
+    current, failure = _starts(result, key, decision)
     if failure is None:
-        result.status = "ok"
         say(f"verified: TTFT {result.ttft_s * 1000:.0f} ms, {result.decode_tok_s or 0:.1f} tok/s")
-        if any(isinstance(undo, KeptFiles) for undo in previous):
-            _remote(f"rm -rf {ROLLBACK_DIR}.prev")  # the release this one replaced is the rollback target now
-        return
+        try:
+            regressed = judge_release(result, key, current, previous)
+        except V.VerifyFailed as error:
+            regressed, failure = None, V.VerifyFailed(f"measuring the figures on the stack's prompt set: {error}")
+        # a regression this deploy caused is rolled back here when asked (there is a kept release to go to);
+        # otherwise the report names it and `qwen27b rollout` stops
+        if regressed is not None and decision.settings.rollback_on_regression and previous:
+            failure = V.VerifyFailed(f"regressed against the previous release, qwen27b_rollback_on_regression: "
+                                     f"{regressed.text()}")
+        elif failure is None:
+            result.status = "ok"
+            if any(isinstance(undo, KeptFiles) for undo in previous):
+                _remote(f"rm -rf {ROLLBACK_DIR}.prev")  # the release this one replaced is the rollback target now
+            return
     failed(result, failure, layout(decision)["health_status"])
     if len(result.attempts) > 1:
         result.reason += f" (after {len(result.attempts)} starts: see attempts in the run report)"

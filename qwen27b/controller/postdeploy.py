@@ -49,6 +49,8 @@ class HostResult:
     acceptance: float | None = None
     speculation: str = ""  # the method's acceptance against the stack's floors, and the next method if below
     attempts: list[dict] = field(default_factory=list)  # each start this deploy (plan/retry.py Attempt), when retried
+    figures: dict | None = None  # the release's figures on the stack's prompt set (plan/regression.py figures)
+    comparison: dict | None = None  # against the host's previous release (plan/regression.py Comparison.as_json)
     reason: str = ""
     journal: list[str] = field(default_factory=list)
     health: dict | None = None
@@ -149,11 +151,14 @@ def check_models(base: str, served_name: str, api_key: str | None) -> list[str]:
     return names
 
 
-def chat_stream(base: str, served_name: str, api_key: str | None, max_tokens: int = 64, timeout: float = 600) -> dict:
+def chat_stream(base: str, served_name: str, api_key: str | None, max_tokens: int = 64, timeout: float = 600,
+                prompt: str = PROMPT, fixed: bool = False) -> dict:
     """One streamed chat completion: TTFT, decode tokens/s, token counts; `text` is the content only
-    (the reasoning a parser split off is timed, not returned)."""
-    body = {"model": served_name, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens,
-            "stream": True, "stream_options": {"include_usage": True}}
+    (the reasoning a parser split off is timed, not returned). `fixed`: greedy and all `max_tokens`
+    generated (vLLM's ignore_eos), so every run of one prompt does the same work."""
+    body = {"model": served_name, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "stream": True, "stream_options": {"include_usage": True},
+            **({"temperature": 0, "ignore_eos": True} if fixed else {})}
     started = time.monotonic()
     first = last = None
     text, usage = [], {}
@@ -185,6 +190,13 @@ def chat_stream(base: str, served_name: str, api_key: str | None, max_tokens: in
         raise VerifyFailed("chat completion returned no content")
     decode = (tokens - 1) / (last - first) if tokens > 1 and last > first else None
     return {"ttft_s": first - started, "decode_tok_s": decode, "completion_tokens": tokens, "text": "".join(text)}
+
+
+def measure(base: str, served_name: str, api_key: str | None, limits: dict) -> list[dict]:
+    """The regression figures' runs (stack serve.regression): every prompt of the fixed set, `repeats`
+    rounds, one greedy streamed completion of `max_tokens` each; the unit's warm-up ran before."""
+    return [chat_stream(base, served_name, api_key, limits["max_tokens"], prompt=prompt, fixed=True)
+            for _ in range(limits["repeats"]) for prompt in limits["prompts"]]
 
 
 def probe(base: str, served_name: str, api_key: str | None, prompt: str, max_tokens: int, timeout: float = 600) -> int:

@@ -78,6 +78,10 @@ STACK_RULES: dict[str, Rule] = {
     "serve.headroom_source": _SOURCE,
     "serve.liveness.source": _SOURCE,
     "serve.warmup.source": _SOURCE,
+    "serve.regression.source": _SOURCE,
+    # verify's measuring prompts (plan/regression.py): sent in a JSON request body only, never a shell or a file
+    "serve.regression.prompts": Rule(r"[ -~]{1,2000}", "a prompt of verify's measuring set: printable ASCII, no newline",
+                                     "Explain in three sentences why the sky is blue."),
     "serve.env": Rule(r"[A-Za-z0-9_.,:/@+=-]{0,200}", "an unquoted value in /etc/qwen27b/qwen27b.env "
                       "(systemd EnvironmentFile=): no quotes, spaces, $ or backslashes", "PCI_BUS_ID"),
     "model": Rule(r"[a-z0-9][a-z0-9.-]{0,63}", "a key of the stack's models table", "qwen3.8-27b-nvfp4"),

@@ -74,6 +74,9 @@ class Settings:
     http_proxy: str | None = None  # every fetch the host makes: apt, uv/pip, hf download, the Python download, qwen27b-fetch
     keep_model_revisions: int = 1  # old revisions kept for rollback
     keep_releases: int = 1  # old release dirs (~3.5 GB each) kept besides the current one; the previous always stays
+    # a release verify measured worse than the one it replaced (plan/regression.py, the stack's serve.regression
+    # limits) is rolled back at once, as a failed verify is; off: reported, and `qwen27b rollout` stops there
+    rollback_on_regression: bool = False
     dflash_cli: bool = False  # also install PyPI's `dflash` CLI (benchmarks against the server)
     firewall_allow: list | None = None  # networks allowed to reach the port (nftables); None: no rule
     metrics_allow: list | None = None  # scrapers: /metrics without the key, the health endpoint, node_exporter
@@ -143,6 +146,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "http_proxy": (str,),
     "keep_model_revisions": (int,),
     "keep_releases": (int,),
+    "rollback_on_regression": (bool,),
     "dflash_cli": (bool,),
     "weights_fanout": (str,),
     "firewall_allow": (list,),

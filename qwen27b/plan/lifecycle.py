@@ -72,13 +72,19 @@ class Record:
     # (file, sha256, where from) of the engine wheel the install took, when its hash was known before
     # it ran (a pushed wheelhouse, a stack URL pinned with its sha256); () when it came by name
     engine_wheel: tuple = ()
+    # verify's figures of this release on this host (plan/regression.py figures): the next release's
+    # deploy compares its own with these; {} until verify measured them
+    verify: dict = field(default_factory=dict)
+    baseline: dict = field(default_factory=dict)  # the release it replaced: its figures then (the comparison's "before")
 
     def as_json(self) -> dict:
         return {"links": dict(sorted(self.links.items())), "model_ref": self.model_ref, "url": self.url,
                 "served_name": self.served_name, "speculative": self.speculative,
                 "start_timeout_s": self.start_timeout_s, **({"flags": list(self.flags)} if self.flags else {}),
                 **({"attempts": list(self.attempts)} if self.attempts else {}),
-                **({"engine_wheel": dict(zip(ENGINE_WHEEL_FIELDS, self.engine_wheel))} if self.engine_wheel else {})}
+                **({"engine_wheel": dict(zip(ENGINE_WHEEL_FIELDS, self.engine_wheel))} if self.engine_wheel else {}),
+                **({"verify": verify_figures(self.verify)} if verify_figures(self.verify) else {}),
+                **({"baseline": verify_figures(self.baseline)} if verify_figures(self.baseline) else {})}
 
     def short(self, paths: dict) -> str:
         """'release <hash>, model <id@rev>' for plan lines."""
@@ -127,7 +133,19 @@ def parse_record(data) -> Record | None:
                   start_timeout_s=timeout if isinstance(timeout, int) and timeout > 0 else 600,
                   flags=tuple(str(flag) for flag in flags),
                   attempts=tuple(a for a in attempts if isinstance(a, dict)),
-                  engine_wheel=_engine_wheel(data.get("engine_wheel")))
+                  engine_wheel=_engine_wheel(data.get("engine_wheel")), verify=verify_figures(data.get("verify")),
+                  baseline=verify_figures(data.get("baseline")))
+
+
+def verify_figures(data) -> dict:
+    """The record's verify figures, numbers only (a hand-edited or older record: what is usable)."""
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in sorted(data.items())
+            if k in VERIFY_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+VERIFY_KEYS = ("ttft_ms", "decode_tok_s", "acceptance", "runs")
 
 
 # ---------------------------------------------------------------------------------- rollback

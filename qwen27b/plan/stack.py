@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from qwen27b.plan.hostlayout import HostLayout, revision_dir_name  # noqa: F401 (revision_dir_name: its importers)
+from qwen27b.plan.regression import check_limits
 
 STACK_FILE = Path(__file__).with_name("stack.yaml")
 CHECKPOINTS_DIR = Path(__file__).with_name("checkpoints")
@@ -215,6 +216,11 @@ def resolve_stack(stack: dict, profile_name: str, overrides: dict | None = None,
     elif draft_over:
         raise StackError(f"profile '{profile_name}' has no draft model to override")
     _check_allowed(profile, "")
+    if "regression" in profile.get("serve", {}):
+        try:
+            check_limits(profile["serve"]["regression"])
+        except ValueError as error:
+            raise StackError(f"serve.regression: {error}") from None
     _check_allowed(model, "model.")
     if draft is not None:
         _check_allowed(draft, "draft.")

@@ -2,7 +2,7 @@
 the next starts; the first host that fails stops the rollout, named, exit code 1.
 
     qwen27b rollout INVENTORY [--limit HOST ...] [--canary HOST ...] [--batch-size N] [--dry]
-                    [--reports DIR] [-- PYINFRA_ARGS...]
+                    [--rollback-on-regression] [--reports DIR] [-- PYINFRA_ARGS...]
 
 A thin layer over pyinfra's own `--limit`: each batch is the real `pyinfra INVENTORY deploy.py -y
 --limit HOST...` (arguments after `--`, e.g. `--data qwen27b_stack_overrides=...`, are passed to
@@ -12,6 +12,14 @@ verify figures) says how the batch went. The hosts outside a batch keep serving 
 later batch's weights come from the hosts already upgraded (the fan-out seeds from hosts outside
 `--limit`), not over the WAN again. Re-running a stopped rollout resumes it: hosts already on the
 new release plan nothing and are not restarted.
+
+Slower or worse is a stop too (issue 26): verify measures each upgraded host on the stack's fixed
+prompt set and compares decode tok/s, TTFT and acceptance with the same host's previous release
+(qwen27b/plan/regression.py; limits in the stack's serve.regression, settable per host). A host worse
+by more than a limit stops the rollout there, named with its figures ("regressed"); with
+`--rollback-on-regression` (host data qwen27b_rollback_on_regression=true for that run) verify rolls
+it back to the previous release at once, as it does a failed one. A re-run judges the recorded
+figures again: it stops at the same host until it is rolled back or the limit is raised.
 
 `Hooks` is the seam for a gateway: `drain(hosts)` before a batch is deployed, `undrain(hosts)`
 for the ones that verified after it (a host rolled back serves its previous release, verified).
@@ -36,9 +44,11 @@ from pathlib import Path
 from qwen27b.controller.report import table
 from qwen27b.plan.hostdata import shown_argv
 from qwen27b.plan.lifecycle import rollout_batches
+from qwen27b.plan.regression import REGRESSED
 
 
-SERVING = ("ok", "rolled back")  # verified after the batch: the new release, or the previous one again
+ROLLBACK_ON_REGRESSION = "qwen27b_rollback_on_regression"
+SERVING = ("ok", "rolled back", "regressed")  # verified after the batch: the new release, or the previous one again
 
 
 class Hooks:
@@ -89,6 +99,7 @@ class HostRow:
     detail: str = ""
     ttft_ms: float | None = None
     seconds: float | None = None  # the batch's deploy, wall clock
+    comparison: dict | None = None  # verify's, against the host's previous release (plan/regression.py)
 
 
 @dataclass
@@ -133,6 +144,10 @@ def batch_rows(number: int, batch: list[str], report: dict | None, code: int) ->
             row.outcome, row.detail = str(outcome.get("status") or "failed"), str(outcome.get("detail") or "")
         ttft = (verified.get(name) or {}).get("ttft_s")
         row.ttft_ms = round(ttft * 1000) if isinstance(ttft, (int, float)) else None
+        comparison = (verified.get(name) or {}).get("comparison")
+        row.comparison = comparison if isinstance(comparison, dict) else None
+        if row.outcome == "ok" and row.comparison and row.comparison.get("verdict") == REGRESSED:
+            row.outcome, row.detail = "regressed", str(row.comparison.get("text") or "")
         rows.append(row)
     return rows
 
@@ -176,6 +191,8 @@ def summary(result: Rollout) -> str:
     rows = [[str(r.batch), r.host, r.outcome, "-" if r.ttft_ms is None else f"{r.ttft_ms:.0f} ms",
              "-" if r.seconds is None else f"{r.seconds:.0f} s", r.detail] for r in result.rows]
     text = table(["batch", "host", "outcome", "TTFT", "batch time", "detail"], rows, [5, 28, 12, 8, 10, 70])
+    text += "".join(f"\nvs previous release: {r.host}: {r.comparison.get('text', '')}"
+                    for r in result.rows if r.comparison)
     if result.ok:
         return f"--> rollout done: {len(result.rows)} host(s) upgraded and verified, batch by batch\n{text}"
     failed = next(r for r in result.rows if r.host == result.stopped_at)
@@ -183,6 +200,9 @@ def summary(result: Rollout) -> str:
     why = failed.detail.removeprefix(f"{failed.outcome}: ") or "see the output above"
     return (f"--> rollout STOPPED at {failed.host} ({failed.outcome}: {why})\n{text}\n"
             + (f"not started: {', '.join(left)} (still on their release)\n" if left else "")
+            + (f"{failed.host} serves the slower release: roll it back with `qwen27b rollback INVENTORY --limit "
+               f"{failed.host}` (or run with --rollback-on-regression), or raise the stack's serve.regression limit\n"
+               if failed.outcome == "regressed" else "")
             + "fix the cause, then run the same command again: upgraded hosts plan nothing and keep serving")
 
 
@@ -197,6 +217,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                    help="deployed and verified alone, first (default: the first selected host)")
     p.add_argument("--batch-size", type=int, default=1, metavar="N", help="hosts per batch after the canary (default 1)")
     p.add_argument("--dry", action="store_true", help="print the batches and the commands, run nothing")
+    p.add_argument("--rollback-on-regression", action="store_true",
+                   help="a host verify measured slower or worse than its previous release (the stack's "
+                        "serve.regression limits) is rolled back at once; default: left on the new release, "
+                        "the rollout stops there")
     p.add_argument("--deploy-file", default="deploy.py", help="the deploy file (default deploy.py)")
     p.add_argument("--reports", type=Path, default=Path(os.environ.get("QWEN27B_REPORTS", "reports")),
                    help="where the deploy writes its run reports (default $QWEN27B_REPORTS or ./reports)")
@@ -239,6 +263,8 @@ def selected_hosts(inventory: str, limit: list[str] | None) -> tuple[list[str], 
 
 def main(argv: list[str] | None = None) -> int:
     args, extra = parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.rollback_on_regression:
+        extra = [*extra, "--data", f"{ROLLBACK_ON_REGRESSION}=true"]
     try:
         names, gateways = selected_hosts(args.inventory, args.limit)
         batches = rollout_batches(names, args.canary, args.batch_size)

