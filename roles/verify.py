@@ -3,7 +3,9 @@
 acceptance rate (~0 is a known V100 failure, 1Cat-vLLM issue 478). A failure marks the host
 failed and attaches the unit's journal and the health status to the run report.
 
-It runs on every deploy: it is a check, not a change (the plan counts it apart).
+It runs on every deploy: it is a check, not a change (the plan counts it apart). A host that fails
+it after a deploy that replaced its release goes back to the kept one, a host serving copies as a
+whole (every copy restarted and verified with its own key).
 """
 
 from __future__ import annotations
