@@ -256,11 +256,12 @@ def _copy_failed(result: V.HostResult, decision: Decision, name: str, failure: V
     """A failed copy's evidence, as failed() gathers a host's: systemd's crash loop once evident, its
     own health check's verdict and its unit's journal."""
     unit = instance_unit(name)
-    result.status, result.reason = "failed", f"copy {name} ({unit}): {failure}"
+    result.status, result.reason = "failed", str(failure)
     if failure.crashed:
         _until_restart_loop_is_evident(say, unit=unit)
     _health_verdict(copy_health_files(decision.stack.paths, name)["health_status"], result, unit,
-                    copy_health_units(name)[0])
+                    copy_health_units(name)[0])  # its restart-loop sentence, if any, becomes the reason
+    result.reason = f"copy {name} ({unit}): {result.reason}"
     result.journal = _remote(journal_tail_command(unit))
 
 

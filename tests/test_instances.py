@@ -15,6 +15,7 @@ import subprocess
 
 import pytest
 
+from qwen27b.onhost.contract import RESTART_LOOP_FINDING
 from qwen27b.controller.render import (INSTANCE_UNIT, SERVE_ARGS_ENV, firewall_contexts, render, render_all,
                                        render_instances)
 from qwen27b.plan.gate import RefusedHost
@@ -379,9 +380,14 @@ def copies_verify(tmp_path, monkeypatch):
     monkeypatch.setattr(verify, "serving", serving)
     monkeypatch.setattr(verify, "run_in_order", run_in_order)
     monkeypatch.setattr(verify, "_until_restart_loop_is_evident", lambda say, unit: seen["said"].append(f"loop {unit}"))
-    monkeypatch.setattr(verify, "_remote", lambda command: seen["commands"].append(command) or [])
+    loop = json.dumps({"verdict": "CRITICAL", "findings": [{"kind": RESTART_LOOP_FINDING, "text": LOOP}]})
+    monkeypatch.setattr(verify, "_remote", lambda command: seen["commands"].append(command) or
+                        ([loop] if "health@b.json" in command else []))
     monkeypatch.setattr(runstate, "current", lambda: run)
     return verify.__dict__["_check_copies"].__wrapped__, decision, run, seen
+
+
+LOOP = "qwen27b@b.service is not serving: crash loop, its process exited (Result=exit-code)"
 
 
 def _replaced():
@@ -396,7 +402,7 @@ def test_a_copy_failing_verify_rolls_the_whole_host_back_and_verifies_each_copy_
     from pyinfra.api.exceptions import OperationError
     check, decision, run, seen = copies_verify
     with pytest.raises(OperationError, match=r"previous release was restored and every copy verified: rolled back: "
-                                             r"copy b \(qwen27b@b\.service\): the service qwen27b@b\.service"):
+                                             r"copy b \(qwen27b@b\.service\): qwen27b@b\.service is not serving"):
         check(decision, _replaced())
     # the swap `qwen27b rollback` makes: every copy's env file, the template and the record, the link back
     for kept in ("/etc/qwen27b/qwen27b@a.env", "/etc/qwen27b/qwen27b@b.env", "/etc/systemd/system/qwen27b@.service",
@@ -420,8 +426,10 @@ def test_a_copy_failing_verify_rolls_the_whole_host_back_and_verifies_each_copy_
     assert any("rolling the whole host back" in line and "(a, b)" in line for line in seen["said"])
     # one row per copy, each `rolled back` naming b and why (the run summary reads the host's last row)
     assert [(r.url[-4:], r.status) for r in run.results] == [("8000", "rolled back"), ("8001", "rolled back")]
-    assert all(r.reason.startswith("rolled back: copy b (qwen27b@b.service): the service") for r in run.results)
-    assert run.results[1].journal is not None and run.results[1].health is None  # b's evidence kept
+    # the reason is b's own health check's crash-loop sentence, as one service's is, named by copy
+    assert all(r.reason == f"rolled back: copy b (qwen27b@b.service): {LOOP}" for r in run.results)
+    assert run.results[1].journal is not None and run.results[1].health["verdict"] == "CRITICAL"  # b's evidence
+    assert run.results[0].health is None
     from roles.verify import verified
     assert verified(run)["gpu-a"][0] == "rolled back"
 
