@@ -40,7 +40,7 @@ from qwen27b.plan.stack import health_status_file, load_stack
 
 from ._common import ROLLBACK_DIR, check
 from .preflight import inventory_settings, refuse, release_lock, take_lock
-from .verify import _health_verdict, _remote, failed, run_in_order, say, serving, unit_state
+from .verify import _health_verdict, _remote, copies_restart, failed, run_in_order, say, serving, unit_state
 
 THEN = ["systemctl daemon-reload", RESTART_COMMAND]  # after the swap: the restored unit read, the service restarted
 
@@ -85,9 +85,7 @@ def _verify(plan: RollbackPlan, key_file: str | None, files: list[str], status_f
 
 def copies_then(copies: list[tuple]) -> list[str]:
     """After the swap on a host serving copies: the restored template read, each copy restarted."""
-    return ["systemctl daemon-reload"] + [f"systemctl stop {unit}; systemctl reset-failed {unit}; "
-                                          f"systemctl start --no-block {unit}"
-                                          for unit in (instance_unit(name) for name, _, _ in copies)]
+    return ["systemctl daemon-reload"] + copies_restart([name for name, _, _ in copies])
 
 
 def copy_url(url: str, port: int) -> str:

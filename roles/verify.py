@@ -3,7 +3,9 @@
 acceptance rate (~0 is a known V100 failure, 1Cat-vLLM issue 478). A failure marks the host
 failed and attaches the unit's journal and the health status to the run report.
 
-It runs on every deploy: it is a check, not a change (the plan counts it apart).
+It runs on every deploy: it is a check, not a change (the plan counts it apart). A host that fails
+it after a deploy that replaced its release goes back to the kept one, a host serving copies as a
+whole (every copy restarted and verified with its own key).
 """
 
 from __future__ import annotations
@@ -71,8 +73,15 @@ def run_in_order(commands: list[str]) -> str | None:
     return None
 
 
-def _rollback_commands(previous: list[SwitchedLink | KeptFiles]) -> list[str]:
-    """Point every switched symlink back, restore the kept unit and env, restart."""
+def copies_restart(names: list[str]) -> list[str]:
+    """Each copy restarted, as the service role restarts one (after the restored template is read)."""
+    return [f"systemctl stop {unit}; systemctl reset-failed {unit}; systemctl start --no-block {unit}"
+            for unit in map(instance_unit, names)]
+
+
+def _rollback_commands(previous: list[SwitchedLink | KeptFiles], restart: list[str] | None = None) -> list[str]:
+    """Point every switched symlink back, restore the kept unit and env, restart (`restart`: a host
+    serving copies restarts each copy, not qwen27b.service)."""
     commands = []
     for undo in previous:
         if isinstance(undo, KeptFiles):
@@ -85,7 +94,7 @@ def _rollback_commands(previous: list[SwitchedLink | KeptFiles]) -> list[str]:
         else:
             commands.append(f"ln -sfn {shlex.quote(undo.target)} {shlex.quote(undo.link + '.new')} && "
                             f"mv -Tf {shlex.quote(undo.link + '.new')} {shlex.quote(undo.link)}")
-    return commands + [RESTART_COMMAND]
+    return commands + (restart or [RESTART_COMMAND])
 
 
 def _load_tick(name: str, unit: str = SERVICE_UNIT):
@@ -176,12 +185,12 @@ def _unit_properties(unit: str = SERVICE_UNIT) -> dict:
     return parse_show("\n".join(_remote(show_command(unit, UNIT_PROPERTIES))))
 
 
-def _until_restart_loop_is_evident(say, timeout_s: float = 120) -> None:
+def _until_restart_loop_is_evident(say, timeout_s: float = 120, unit: str = SERVICE_UNIT) -> None:
     """A unit that died once may be a fluke: wait (bounded) for systemd's second automatic restart or
     its start limit, so the report, the health check and systemd name the same crash loop."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        props = _unit_properties()
+        props = _unit_properties(unit)
         if crash_loop(props):
             return
         say(f"the service died during start-up; watching systemd restart it "
@@ -225,32 +234,84 @@ def unit_state(unit: str = SERVICE_UNIT) -> str:
     return " ".join(_remote(f"systemctl show -p ActiveState,SubState --value {unit} | paste -sd/"))
 
 
+def _copy_row(decision: Decision, copy: Decision) -> V.HostResult:
+    """A copy's report row: its URL and served name, the host's model."""
+    model, serve = decision.stack.model, copy.serve
+    row = V.HostResult(host.name, model=model["id"], revision=model["revision"],
+                       served_name=serve.value("--served-model-name"),
+                       url=http_base(serve.value('--host'), serve.value('--port')))
+    runstate.current().results.append(row)
+    return row
+
+
+def _serve_copy(result: V.HostResult, name: str, copy: Decision) -> None:
+    """serving() on one copy: its unit, URL and own key; raises VerifyFailed."""
+    for measured in ("ready_s", "ttft_s", "decode_tok_s", "completion_tokens", "acceptance"):
+        setattr(result, measured, None)  # a row verified again (after a rollback) shows that start's numbers
+    unit = instance_unit(name)
+    serving(result, api_key(copy), say, functools.partial(unit_state, unit), copy.stack.profile["serve"]["start_timeout_s"],
+            copy.serve.has("--speculative-config"), unit=unit)
+
+
+def _copy_failed(result: V.HostResult, decision: Decision, name: str, failure: V.VerifyFailed) -> None:
+    """A failed copy's evidence, as failed() gathers a host's: systemd's crash loop once evident, its
+    own health check's verdict and its unit's journal."""
+    unit = instance_unit(name)
+    result.status, result.reason = "failed", str(failure)
+    if failure.crashed:
+        _until_restart_loop_is_evident(say, unit=unit)
+    _health_verdict(copy_health_files(decision.stack.paths, name)["health_status"], result, unit,
+                    copy_health_units(name)[0])  # its restart-loop sentence, if any, becomes the reason
+    result.reason = f"copy {name} ({unit}): {result.reason}"
+    result.journal = _remote(journal_tail_command(unit))
+
+
 @check
-def _check_copies(decision: Decision) -> None:
-    """Each copy (qwen27b_instances) at its own URL with its own key, one report row each. A copy that
-    fails stops the check with its journal; there is no automatic rollback of copies (the rollback
-    swaps qwen27b.service's files): deploy the release wanted."""
-    model = decision.stack.model
+def _check_copies(decision: Decision, previous: list[SwitchedLink | KeptFiles]) -> None:
+    """Each copy (qwen27b_instances) at its own URL with its own key, one report row each. The copies
+    share one release, so a copy that fails after a deploy that replaced something rolls the whole
+    host back, as one service is (the swap `qwen27b rollback` makes): the kept env files, template
+    and record restored, the links pointed back, every copy restarted and verified with its own key;
+    every row then says `rolled back` with the copy that failed and why."""
+    rows: dict[str, V.HostResult] = {}
     for instance, copy in decision.copies:
-        unit, serve = instance_unit(instance.name), copy.serve
-        base = http_base(serve.value('--host'), serve.value('--port'))
-        result = V.HostResult(host.name, model=model["id"], revision=model["revision"],
-                              served_name=serve.value("--served-model-name"), url=base)
-        runstate.current().results.append(result)
+        result = rows[instance.name] = _copy_row(decision, copy)
         try:
-            serving(result, api_key(copy), say, functools.partial(unit_state, unit), copy.stack.profile["serve"]["start_timeout_s"],
-                    serve.has("--speculative-config"), unit=unit)
+            _serve_copy(result, instance.name, copy)
         except V.VerifyFailed as failure:
-            result.status, result.reason = "failed", f"copy {instance.name} ({unit}): {failure}"
-            _health_verdict(copy_health_files(decision.stack.paths, instance.name)["health_status"], result, unit,
-                            copy_health_units(instance.name)[0])
-            result.journal = _remote(journal_tail_command(unit))
-            raise OperationError(f"verify failed: {result.reason} (its journal and health status in the run "
-                                 "report)") from None
+            _copy_failed(result, decision, instance.name, failure)
+            break
         result.status = "ok"
-        say(f"copy {instance.name} verified at {base}: TTFT {result.ttft_s * 1000:.0f} ms, "
+        say(f"copy {instance.name} verified at {result.url}: TTFT {result.ttft_s * 1000:.0f} ms, "
             f"{result.decode_tok_s or 0:.1f} tok/s")
-    _remote(f"rm -rf {ROLLBACK_DIR}.prev")  # every copy verified: the release this one replaced is the rollback target
+    else:
+        _remote(f"rm -rf {ROLLBACK_DIR}.prev")  # every copy verified: the release this one replaced is the rollback target
+        return
+    why = result.reason
+    if not previous:
+        raise OperationError(f"verify failed: {why} (its journal and health status in the run report)")
+    names = [instance.name for instance, _ in decision.copies]
+    say(f"verify failed ({why}): rolling the whole host back to the previous release, every copy ({', '.join(names)})")
+    trouble = run_in_order(_rollback_commands(previous, copies_restart(names)))
+    try:
+        if trouble:
+            raise V.VerifyFailed(f"restoring the previous release: {trouble}")
+        for instance, copy in decision.copies:
+            row = rows.get(instance.name)
+            if row is None:  # a copy after the failed one: its row is made now
+                row = rows[instance.name] = _copy_row(decision, copy)
+            try:
+                _serve_copy(row, instance.name, copy)
+            except V.VerifyFailed as again:
+                raise V.VerifyFailed(f"copy {instance.name}: {again}") from None
+            say(f"copy {instance.name} verified on the previous release at {row.url}")
+    except V.VerifyFailed as again:
+        for row in rows.values():  # the run summary reads the host's last row: every row says it
+            row.status, row.reason = "failed", f"{why}; rollback did not recover: {again}"
+        raise OperationError(f"verify failed and rollback did not recover: {again}") from None
+    for row in rows.values():
+        row.status, row.reason = "rolled back", f"rolled back: {why}"
+    raise OperationError(f"verify failed, the previous release was restored and every copy verified: rolled back: {why}")
 
 
 def watchdog(decision: Decision, unit: str = SERVICE_UNIT):
@@ -460,11 +521,11 @@ def verify(decision: Decision) -> None:
                     reason=reason)
         return
     if decision.copies:
-        previous_links()  # taken: copies are not rolled back automatically (_check_copies)
         # one name on every host: pyinfra merges the names an operation has on different hosts (one with
         # copies a and b beside one with a only printed both); the report names each copy's row
         check = python.call(name="verify: each copy at its own URL with its own key: readiness, "
-                            "/v1/models, streamed completion, acceptance", function=_check_copies, decision=decision)
+                            "/v1/models, streamed completion, acceptance", function=_check_copies, decision=decision,
+                            previous=previous_links())
         progress.watch_self(check, host)
         return
     if decision.group is None:

@@ -15,6 +15,7 @@ import subprocess
 
 import pytest
 
+from qwen27b.onhost.contract import RESTART_LOOP_FINDING
 from qwen27b.controller.render import (INSTANCE_UNIT, SERVE_ARGS_ENV, firewall_contexts, render, render_all,
                                        render_instances)
 from qwen27b.plan.gate import RefusedHost
@@ -344,3 +345,128 @@ def test_a_copys_url_is_the_records_address_with_its_port():
     from roles.rollback import copy_url
     assert copy_url("http://10.0.0.8:8000", 8001) == "http://10.0.0.8:8001"
     assert copy_url("http://[fd00::8]:8000", 8002) == "http://[fd00::8]:8002"
+
+
+# --- verify of a host serving copies: a failed copy rolls the whole host back (roles/verify.py) ------
+
+@pytest.fixture
+def copies_verify(tmp_path, monkeypatch):
+    """roles/verify's copies check on the two-copy decision, each copy with its own key file; the
+    host's commands and every serving() call (unit, URL, key, which release) are kept in `seen`;
+    `seen["bad"]`: the copies that fail on the new release, `seen["bad_after"]`: after the rollback."""
+    import types
+
+    import roles.verify as verify
+    from qwen27b.controller import postdeploy as V, runstate
+
+    keys = {"a": _key(tmp_path, "a.key"), "b": _key(tmp_path, "b.key")}
+    decision = copies(instances=[{**copy, "api_key_file": keys[copy["name"]]} for copy in TWO])
+    run = runstate.RunState()
+    seen = {"commands": [], "served": [], "said": [], "bad": {"b"}, "bad_after": set(), "rolled": False}
+
+    def serving(result, key, say, unit_state, start_timeout_s, speculative, unit="qwen27b.service", **_):
+        name = unit.split("@")[1].split(".")[0]
+        seen["served"].append((unit, result.url, key, "previous" if seen["rolled"] else "new"))
+        if name in (seen["bad_after"] if seen["rolled"] else seen["bad"]):
+            raise V.VerifyFailed(f"the service {unit} is failed/failed: it crashed while loading", crashed=True)
+        result.ready_s, result.ttft_s, result.decode_tok_s = 1.0, 0.1, 30.0
+
+    def run_in_order(commands):
+        seen["commands"] += commands
+        seen["rolled"] = True
+
+    monkeypatch.setattr(verify, "host", types.SimpleNamespace(name="gpu-a"))
+    monkeypatch.setattr(verify, "say", seen["said"].append)
+    monkeypatch.setattr(verify, "serving", serving)
+    monkeypatch.setattr(verify, "run_in_order", run_in_order)
+    monkeypatch.setattr(verify, "_until_restart_loop_is_evident", lambda say, unit: seen["said"].append(f"loop {unit}"))
+    loop = json.dumps({"verdict": "CRITICAL", "findings": [{"kind": RESTART_LOOP_FINDING, "text": LOOP}]})
+    monkeypatch.setattr(verify, "_remote", lambda command: seen["commands"].append(command) or
+                        ([loop] if "health@b.json" in command else []))
+    monkeypatch.setattr(runstate, "current", lambda: run)
+    return verify.__dict__["_check_copies"].__wrapped__, decision, run, seen
+
+
+LOOP = "qwen27b@b.service is not serving: crash loop, its process exited (Result=exit-code)"
+
+
+def _replaced():
+    """What a deploy that replaced the running release of the copies host remembers (roles/service.py)."""
+    from qwen27b.controller.render import copies_serving_files
+    from roles._common import KeptFiles, SwitchedLink
+    return [KeptFiles(tuple(copies_serving_files(STACK["paths"], ["a", "b"]))),
+            SwitchedLink("/opt/qwen27b/current", "/opt/qwen27b/releases/old")]
+
+
+def test_a_copy_failing_verify_rolls_the_whole_host_back_and_verifies_each_copy_with_its_own_key(copies_verify):
+    from pyinfra.api.exceptions import OperationError
+    check, decision, run, seen = copies_verify
+    with pytest.raises(OperationError, match=r"previous release was restored and every copy verified: rolled back: "
+                                             r"copy b \(qwen27b@b\.service\): qwen27b@b\.service is not serving"):
+        check(decision, _replaced())
+    # the swap `qwen27b rollback` makes: every copy's env file, the template and the record, the link back
+    for kept in ("/etc/qwen27b/qwen27b@a.env", "/etc/qwen27b/qwen27b@b.env", "/etc/systemd/system/qwen27b@.service",
+                 "/etc/qwen27b/release.json"):
+        assert f"cp -a /etc/qwen27b/rollback/{kept.rsplit('/', 1)[1]} {kept}" in seen["commands"]
+    assert "ln -sfn /opt/qwen27b/releases/old /opt/qwen27b/current.new" in " ".join(seen["commands"])
+    restarts = [c for c in seen["commands"] if c.startswith("systemctl stop ")]
+    assert restarts == [f"systemctl stop qwen27b@{n}.service; systemctl reset-failed qwen27b@{n}.service; "
+                        f"systemctl start --no-block qwen27b@{n}.service" for n in ("a", "b")]
+    assert not any("qwen27b.service" in c for c in seen["commands"])
+    assert seen["commands"].index("systemctl daemon-reload") < seen["commands"].index(restarts[0])
+    # a verified, b failed on the new release; then both on the previous one, each with its own key
+    ports = {"a": ":8000", "b": ":8001"}
+    assert [(unit, release) for unit, _, _, release in seen["served"]] == [
+        ("qwen27b@a.service", "new"), ("qwen27b@b.service", "new"),
+        ("qwen27b@a.service", "previous"), ("qwen27b@b.service", "previous")]
+    for unit, url, key, _ in seen["served"]:
+        name = unit[len("qwen27b@")]
+        assert url.endswith(ports[name]) and key == f"sk-{name}.key"
+    assert "loop qwen27b@b.service" in seen["said"]  # the crash loop waited for on b's own unit
+    assert any("rolling the whole host back" in line and "(a, b)" in line for line in seen["said"])
+    # one row per copy, each `rolled back` naming b and why (the run summary reads the host's last row)
+    assert [(r.url[-4:], r.status) for r in run.results] == [("8000", "rolled back"), ("8001", "rolled back")]
+    # the reason is b's own health check's crash-loop sentence, as one service's is, named by copy
+    assert all(r.reason == f"rolled back: copy b (qwen27b@b.service): {LOOP}" for r in run.results)
+    assert run.results[1].journal is not None and run.results[1].health["verdict"] == "CRITICAL"  # b's evidence
+    assert run.results[0].health is None
+    from roles.verify import verified
+    assert verified(run)["gpu-a"][0] == "rolled back"
+
+
+def test_the_first_copy_failing_rolls_back_and_the_second_is_verified_on_the_previous_release(copies_verify):
+    from pyinfra.api.exceptions import OperationError
+    check, decision, run, seen = copies_verify
+    seen["bad"] = {"a"}
+    with pytest.raises(OperationError, match=r"rolled back: copy a \(qwen27b@a\.service\)"):
+        check(decision, _replaced())
+    assert [(unit, release) for unit, _, _, release in seen["served"]] == [
+        ("qwen27b@a.service", "new"), ("qwen27b@a.service", "previous"), ("qwen27b@b.service", "previous")]
+    assert [r.status for r in run.results] == ["rolled back", "rolled back"]
+
+
+def test_a_copy_failing_with_nothing_replaced_is_failed_and_not_rolled_back(copies_verify):
+    from pyinfra.api.exceptions import OperationError
+    check, decision, run, seen = copies_verify
+    with pytest.raises(OperationError, match=r"^verify failed: copy b \(qwen27b@b\.service\)"):
+        check(decision, [])
+    assert not seen["rolled"] and [r.status for r in run.results] == ["ok", "failed"]
+
+
+def test_a_rollback_whose_copy_fails_again_says_it_did_not_recover(copies_verify):
+    from pyinfra.api.exceptions import OperationError
+    check, decision, run, seen = copies_verify
+    seen["bad_after"] = {"a"}
+    with pytest.raises(OperationError, match="verify failed and rollback did not recover: copy a: "):
+        check(decision, _replaced())
+    assert [r.status for r in run.results] == ["failed", "failed"]
+    assert all("; rollback did not recover: copy a: " in r.reason and r.reason.startswith("copy b (")
+               for r in run.results)
+
+
+def test_every_copy_verified_drops_the_release_kept_before_this_one(copies_verify):
+    check, decision, run, seen = copies_verify
+    seen["bad"] = set()
+    check(decision, _replaced())
+    assert not seen["rolled"] and [r.status for r in run.results] == ["ok", "ok"]
+    assert seen["commands"] == ["rm -rf /etc/qwen27b/rollback.prev"]

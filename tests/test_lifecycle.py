@@ -393,3 +393,38 @@ def test_uninstall_of_a_ray_member_and_a_gateway_host():
     assert [r.what for r in removals] == ["stop qwen27b-gateway.service, qwen27b-gateway-pool.service",
                                           "unit files qwen27b-gateway.service", "/etc/qwen27b-gateway",
                                           "gateway user qwen27b-gateway"]
+
+
+def test_a_rollout_drains_each_copy_of_a_copies_host_by_its_backend_name(tmp_path, monkeypatch):
+    """A host serving copies (qwen27b_instances) is a gateway backend per copy, HOST.NAME
+    (plan/gateway.py): the rollout drains and takes back each copy, never the bare host name the
+    gateway does not know."""
+    from qwen27b.controller import gateway_drain
+
+    inventory = tmp_path / "inv.py"
+    inventory.write_text(
+        "qwen27b_gateway = [('gw-1', {})]\n"
+        "gpus = [('gpu-a', {}), ('gpu-c', {'qwen27b_instances': [{'name': 'a', 'gpus': [0, 1], 'port': 8000},"
+        " {'name': 'b', 'gpus': [2, 3], 'port': 8001}]})]\n")
+    names, gateways, backends = R.selected_hosts(str(inventory), None)
+    assert gateways == {"gw-1"} and set(names) == {"gw-1", "gpu-a", "gpu-c"}
+    assert backends["gpu-c"] == ["gpu-c.a", "gpu-c.b"] and backends["gpu-a"] == ["gpu-a"]
+    calls = []
+    monkeypatch.setattr(gateway_drain, "drain", lambda inv, name: calls.append(("drain", name)))
+    monkeypatch.setattr(gateway_drain, "undrain", lambda inv, name: calls.append(("undrain", name)))
+    hooks = R.GatewayHooks(str(inventory), gateways, backends)
+    hooks.drain(["gw-1", "gpu-a", "gpu-c"])
+    hooks.undrain(["gpu-c"])
+    assert calls == [("drain", "gpu-a"), ("drain", "gpu-c.a"), ("drain", "gpu-c.b"),
+                     ("undrain", "gpu-c.a"), ("undrain", "gpu-c.b")]
+
+
+def test_the_backend_names_are_the_gateways_names_for_the_host():
+    """What the rollout drains is what the gateway's plan names each backend (plan/gateway._backend)."""
+    from qwen27b.plan.gateway import _backend, backend_names
+    copies = {"qwen27b_instances": [{"name": "a", "gpus": [0, 1], "port": 8000}, {"name": "b", "gpus": [2, 3], "port": 8001}],
+              "ssh_hostname": "10.0.0.8"}
+    for name, data in (("gpu-c", copies), ("gpu-a", {"ssh_hostname": "10.0.0.7"})):
+        assert backend_names(name, data) == [b.name for b in _backend(name, data, settings_for(name, data))]
+    assert backend_names("gpu-c", copies) == ["gpu-c.a", "gpu-c.b"]
+    assert backend_names("gpu-a", {"qwen27b_instances": []}) == ["gpu-a"]

@@ -99,6 +99,16 @@ def _backend(name: str, data: dict, s: Settings) -> list[Backend]:
     return [Backend(name, where, s.port, s.health_port, key_file=s.api_key_file)]
 
 
+def backend_names(name: str, data: dict) -> list[str]:
+    """The gateway backends host `name` is (what `qwen27b-gateway-pool drain` takes, as _backend
+    names them): HOST.NAME for each copy of qwen27b_instances, else the host. Read from the raw host
+    data (a rollout drains before its deploy checks it; the gateway answers a name it lacks)."""
+    copies = data.get(f"{PREFIX}instances")
+    if isinstance(copies, list) and copies:
+        return [f"{name}.{copy['name']}" for copy in copies if isinstance(copy, dict) and isinstance(copy.get("name"), str)]
+    return [name]
+
+
 def _covered(address: str, networks: list | None) -> bool:
     ip = ipaddress.ip_address(address)
     return any(ip in ipaddress.ip_network(n, strict=False) for n in networks or [])

@@ -23,7 +23,8 @@ figures again: it stops at the same host until it is rolled back or the limit is
 
 `Hooks` is the seam for a gateway: `drain(hosts)` before a batch is deployed, `undrain(hosts)`
 for the ones that verified after it (a host rolled back serves its previous release, verified).
-The CLI uses `GatewayHooks`: each backend of the batch is drained at every gateway of the
+The CLI uses `GatewayHooks`: each backend of the batch (a host serving copies: each copy,
+HOST.NAME, as the gateway names them) is drained at every gateway of the
 inventory (qwen27b/controller/gateway_drain.py: out of the pool, its requests finished) before its
 restart and undrained (back in the pool, healthy) after; an inventory without a gateway drains
 nothing. A drain that fails stops the rollout before that batch is touched.
@@ -65,30 +66,33 @@ class Hooks:
 
 class GatewayHooks(Hooks):
     """The gateways of `inventory` (the qwen27b_gateway group) drain and take back each backend of
-    a batch, one at a time; the gateway hosts themselves are no backends and are skipped."""
+    a batch, one at a time; the gateway hosts themselves are no backends and are skipped. `backends`:
+    host -> the backends the gateways know it by (plan/gateway.backend_names: a host serving copies
+    is HOST.NAME per copy, each drained, all its copies being restarted); a host not in it is itself."""
 
-    def __init__(self, inventory: str, gateways: set[str] | frozenset[str] = frozenset()):
-        self.inventory, self.gateways = inventory, set(gateways)
+    def __init__(self, inventory: str, gateways: set[str] | frozenset[str] = frozenset(),
+                 backends: dict[str, list[str]] | None = None):
+        self.inventory, self.gateways, self.backends = inventory, set(gateways), dict(backends or {})
+
+    def _backends(self, hosts: list[str]) -> list[str]:
+        return [backend for name in hosts if name not in self.gateways for backend in self.backends.get(name, [name])]
 
     def drain(self, hosts: list[str]) -> None:
         from qwen27b.controller import gateway_drain  # noqa: PLC0415 (only a rollout that drains needs it)
 
-        for name in hosts:
-            if name not in self.gateways:
-                answers = gateway_drain.drain(self.inventory, name)
-                if answers:
-                    print(f"--> rollout: drained {name} at {', '.join(a.gateway for a in answers)} "
-                          f"(in-flight requests done after {max(a.seconds for a in answers):.1f} s)", flush=True)
+        for name in self._backends(hosts):
+            answers = gateway_drain.drain(self.inventory, name)
+            if answers:
+                print(f"--> rollout: drained {name} at {', '.join(a.gateway for a in answers)} "
+                      f"(in-flight requests done after {max(a.seconds for a in answers):.1f} s)", flush=True)
 
     def undrain(self, hosts: list[str]) -> None:
         from qwen27b.controller import gateway_drain  # noqa: PLC0415
 
-        for name in hosts:
-            if name not in self.gateways:
-                answers = gateway_drain.undrain(self.inventory, name)
-                if answers:
-                    print(f"--> rollout: back in the pool: {name} at {', '.join(a.gateway for a in answers)}",
-                          flush=True)
+        for name in self._backends(hosts):
+            answers = gateway_drain.undrain(self.inventory, name)
+            if answers:
+                print(f"--> rollout: back in the pool: {name} at {', '.join(a.gateway for a in answers)}", flush=True)
 
 
 @dataclass
@@ -249,16 +253,17 @@ def run_deploy_file(prog: str, deploy_file: str, about: str, argv: list[str], da
     return subprocess.run(command).returncode
 
 
-def selected_hosts(inventory: str, limit: list[str] | None) -> tuple[list[str], set[str]]:
-    """The inventory's host names in order, as `pyinfra INVENTORY ... --limit` selects them, and the
-    gateway hosts among them (no host is contacted)."""
+def selected_hosts(inventory: str, limit: list[str] | None) -> tuple[list[str], set[str], dict[str, list[str]]]:
+    """The inventory's host names in order, as `pyinfra INVENTORY ... --limit` selects them, the
+    gateway hosts among them and each host's gateway backends (no host is contacted)."""
     from qwen27b.controller import remote
-    from qwen27b.plan.gateway import is_gateway
+    from qwen27b.plan.gateway import backend_names, is_gateway
 
     _, hosts = remote.load_inventory(inventory, limit)
     if not hosts:
         raise ValueError("no host selected")
-    return [h.name for h in hosts], {h.name for h in hosts if is_gateway(h.groups)}
+    return ([h.name for h in hosts], {h.name for h in hosts if is_gateway(h.groups)},
+            {h.name: backend_names(h.name, dict(h.data.dict())) for h in hosts})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -266,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rollback_on_regression:
         extra = [*extra, "--data", f"{ROLLBACK_ON_REGRESSION}=true"]
     try:
-        names, gateways = selected_hosts(args.inventory, args.limit)
+        names, gateways, backends = selected_hosts(args.inventory, args.limit)
         batches = rollout_batches(names, args.canary, args.batch_size)
     except Exception as error:  # pyinfra raises many kinds for a bad inventory file
         print(f"rollout: {error}", file=sys.stderr)
@@ -278,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         for batch in batches:
             print("    pyinfra " + shlex.join(shown_argv(pyinfra_argv(args.inventory, args.deploy_file, batch, extra)[3:])))
         return 0
-    result = rollout(args.inventory, batches, extra, args.reports, GatewayHooks(args.inventory, gateways),
+    result = rollout(args.inventory, batches, extra, args.reports, GatewayHooks(args.inventory, gateways, backends),
                      deploy_file=args.deploy_file)
     print("\n" + summary(result))
     return 0 if result.ok else 1

