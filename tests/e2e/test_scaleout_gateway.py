@@ -17,7 +17,9 @@ traffic stays on their namespaces' addresses.
 In file order, one deployment: deploy and verify -> a re-run changes nothing on the gateway ->
 keys (the gateway's accepted; the backends' key, an unknown one or none refused) -> streaming and
 /v1/models once -> both backends used -> one backend's vLLM SIGKILLed under bounded load (failed
-requests counted, the pool's failover time measured; it returns when healthy) -> a rolling restart of
+requests counted, the pool's failover time measured; it returns when healthy) -> the other one's
+engine core frozen under load (its health check names the stall and restarts it; the pool drops
+and regains it) -> a rolling restart of
 both backends, each drained first through the rollout's seam (gateway_drain), under steady load:
 no failed request -> no key anywhere it must not be. The figures print (-s) and go to docs/scale-out.md.
 """
@@ -43,6 +45,14 @@ BACKEND_KEY = "q27-backend-" + os.urandom(8).hex()
 CLIENT_KEYS = ["q27-team-a-" + os.urandom(8).hex(), "q27-team-b-" + os.urandom(8).hex()]
 NAME = "smollm2-135m"
 POOL_FILE = "/var/lib/qwen27b-gateway/pool.json"
+# The backends' health check at test speed: every 10 s, an engine stalled after 10 s without a
+# generated token while requests run (production: 30 s and the stack's 120 s)
+STALL_AFTER_S = 10
+# the stall named after ~10-20 s, the third CRITICAL run 20 s later, the stop (30 s at most): a restart
+# by then, with room for a loaded machine (one on a test host alone took 62 s)
+RESTART_WITHIN_S = 300
+WATCH = {"qwen27b_health_interval_s": 10,
+         "qwen27b_stack_overrides": {"serve": {"liveness": {"stall_after_s": STALL_AFTER_S}}}}
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +71,7 @@ def gw(own_testhosts, testhosts, mirror, tmp_path_factory):
     backend_data = {"qwen27b_profile": "cpu-smoke", "qwen27b_model_source": "mirror",
                     "qwen27b_model_mirror": f"http://127.0.0.1:{mirror.server_address[1]}",
                     "qwen27b_http_proxy": "http://127.0.0.1:3128", "qwen27b_api_key_file": str(files["backend"]),
-                    "qwen27b_metrics_allow": [f"{gateway.address}/32"]}
+                    "qwen27b_metrics_allow": [f"{gateway.address}/32"], **WATCH}
     gateway_data = {"qwen27b_gateway_key_files": [str(files["team-a"]), str(files["team-b"])]}
     inventory = work / "lab.py"
     # QWEN27B_E2E_EXTRA (tests/e2e/test_deploy.py's deploy(extra=...)) adds host data to the backends
@@ -88,6 +98,15 @@ def pool(gw) -> dict:
 BODY = {"model": NAME, "messages": [{"role": "user", "content": "Count to five."}], "max_tokens": 8}
 
 
+def answered(r: httpx.Response) -> bool:
+    """A chat completion that really generated: tokens counted and a finish reason."""
+    try:
+        body = r.json()
+        return body["usage"]["completion_tokens"] > 0 and body["choices"][0]["finish_reason"] in ("stop", "length")
+    except (ValueError, KeyError, IndexError, TypeError):
+        return False
+
+
 class Load:
     """Bounded steady load from the controller: `threads` clients sending chat completions to the
     gateway until stopped (or `limit_s`); every failure kept with its time (no client retry)."""
@@ -104,6 +123,8 @@ class Load:
                 try:
                     r = c.post(f"{self.base}/v1/chat/completions", json=BODY)
                     why = None if r.status_code == 200 else f"HTTP {r.status_code} {r.text[:100]}"
+                    if why is None and not answered(r):  # a 200 must carry a real completion
+                        why = f"HTTP 200 without a completion: {r.text[:100]}"
                 except httpx.HTTPError as error:
                     why = f"{type(error).__name__}: {error}"
                 with self.lock:
@@ -227,6 +248,75 @@ def test_a_killed_backend_leaves_the_pool_under_load_without_failed_requests_and
           f"out of the pool after {out_at - killed_at:.1f} s; back in {back_at - killed_at:.0f} s")
 
 
+def _engine_core(host) -> str:
+    """The PID of the backend's engine-core process (vLLM names it VLLM::EngineCore; the kernel
+    keeps 15 characters): the API server's child, found in the unit's own cgroup."""
+    out = host.run("ps -o pid=,comm= --ppid $(systemctl show -p MainPID --value qwen27b.service)").stdout
+    pids = [line.split()[0] for line in out.splitlines() if line.split()[1:] == ["VLLM::EngineCor"]]
+    assert len(pids) == 1, out
+    return pids[0]
+
+
+def test_a_frozen_engine_is_named_stalled_dropped_from_the_pool_restarted_and_returns(gw):
+    """Issue 26 part 1 on real hosts: the backend's engine core is frozen (SIGSTOP) under bounded
+    load while its API server keeps answering /health. Its health check (every 10 s here) names the
+    stall from vLLM's counters, its health endpoint answers 503 so the gateway's pool drops it, the
+    health check's rate-limited restart brings the service back, and the pool takes it again. Every
+    200 a client got carries a real completion (Load.answered): the requests caught in the frozen
+    engine either failed or were retried by nginx on the other backend, never reported done."""
+    victim = gw["backends"][0]
+    main_pid = victim.run("systemctl show -p MainPID --value qwen27b.service").stdout.strip()
+    core = _engine_core(victim)
+    since = victim.run("date +%s").stdout.strip()
+    stop, seen = threading.Event(), []
+    watcher = threading.Thread(target=_pool_watch, args=(gw, stop, seen))
+    watcher.start()
+    try:
+        with Load(gw["base"], threads=2, limit_s=600, pause_s=0.5) as load:
+            time.sleep(5)
+            frozen_at = time.monotonic()
+            victim.run(f"kill -STOP {core}")
+            try:
+                assert victim.run(f"curl -s -o /dev/null -w '%{{http_code}}' http://{victim.address}:8000/health").stdout == "200"
+                deadline = time.monotonic() + RESTART_WITHIN_S
+                while time.monotonic() < deadline and victim.run(
+                        "systemctl show -p MainPID --value qwen27b.service").stdout.strip() == main_pid:
+                    time.sleep(2)
+                restarted_at = time.monotonic()
+            finally:
+                victim.run(f"kill -CONT {core} 2>/dev/null; true", check=False)  # a no-op once restarted
+            deadline = time.monotonic() + 300  # vLLM loads (~45 s on 2 cores) and warms up
+            while time.monotonic() < deadline and victim.name not in pool(gw)["pool"]:
+                time.sleep(2)
+            back_at = time.monotonic()
+            time.sleep(3)
+    finally:
+        stop.set()
+        watcher.join()
+    journal = victim.run(f"journalctl --no-pager -u qwen27b-health.service --since @{since}", timeout=60).stdout
+    # the counters name it when a request was on the engine at the freeze; else the idle 1-token probe
+    # does (its deadline passed): both are the liveness finding the watchdog restarts for
+    assert ("engine stalled" in journal and "vllm:generation_tokens_total has stayed at" in journal) or \
+        "the engine generates nothing: a 1-token completion got no answer" in journal, journal[-3000:]
+    assert "consecutive CRITICAL runs (restart after 3): restarting qwen27b.service" in journal, journal[-3000:]
+    if restarted_at - frozen_at >= RESTART_WITHIN_S:  # the whole story for the failure: every unit, systemd's own lines
+        everything = victim.run(f"journalctl --no-pager -o short-precise --since @{since} | grep -v sshd", timeout=60,
+                                check=False).stdout
+        pytest.fail(f"the health check never restarted the frozen backend within {RESTART_WITHIN_S} s:\n{everything[-8000:]}")
+    out_at = next((t for t, members in seen if t >= frozen_at and victim.name not in members), None)
+    assert out_at is not None, seen
+    assert victim.name in pool(gw)["pool"], "the restarted backend did not return to the pool"
+    assert not [why for _, why in load.failed if why.startswith("HTTP 200")], load.failed  # nothing false
+    assert len(load.failed) <= 2, load.failed  # at most the two clients' requests caught in the freeze
+    assert load.ok > 10
+    gw["figures"]["freeze"] = {"requests_ok": load.ok, "failed": len(load.failed),
+                               "out_of_pool_s": round(out_at - frozen_at, 1),
+                               "restarted_s": round(restarted_at - frozen_at), "back_in_pool_s": round(back_at - frozen_at)}
+    print(f"\nSIGSTOP of {victim.name}'s engine core under 2 clients: {load.ok} requests ok, {len(load.failed)} "
+          f"failed; out of the pool after {out_at - frozen_at:.1f} s, restarted by its health check after "
+          f"{restarted_at - frozen_at:.0f} s, back in the pool after {back_at - frozen_at:.0f} s")
+
+
 def gateway_cli(gw, *args: str) -> list[dict]:
     """`qwen27b gateway --json ARGS` (controller/gateway_drain.py through the operator's command):
     its own process, as pyinfra's connectors patch the process they run in (gevent) and this one
@@ -248,7 +338,7 @@ def test_a_rollout_drains_each_backend_first_and_fails_no_request_under_steady_l
     with Load(gw["base"], threads=1, limit_s=1200, pause_s=1.0) as load:
         time.sleep(3)
         began = time.monotonic()
-        rc, out = deploy(gw, {"qwen27b_stack_overrides": {"model_revision": REV_B}},
+        rc, out = deploy(gw, {"qwen27b_stack_overrides": {**WATCH["qwen27b_stack_overrides"], "model_revision": REV_B}},
                          argv=["rollout", str(gw["inventory"]), "--limit", "backends"], module="qwen27b.tools.cli")
         took = time.monotonic() - began
         time.sleep(3)
