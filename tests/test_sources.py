@@ -138,7 +138,7 @@ def test_a_cached_python_build_is_what_the_plan_says_and_the_commands_use(tmp_pa
     install = next(line for line in out.splitlines() if "uv python install" in line)
     assert "UV_PYTHON_INSTALL_MIRROR=file:///opt/qwen27b/" in install
     mirror = shlex.split(install.split("$ ", 1)[1])[1].split("=", 1)[1]
-    assert f"python build (from the controller cache)" in out and f"{mirror[len('file://'):]}/{ARCHIVE}" in out
+    assert "python build (from the controller cache)" in out and f"{mirror[len('file://'):]}/{ARCHIVE}" in out
 
 
 def test_without_a_cached_build_the_plan_says_github_and_uv_gets_no_mirror():
