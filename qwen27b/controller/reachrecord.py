@@ -12,6 +12,7 @@ import os
 import time
 from pathlib import Path
 
+from qwen27b.onhost.statusfile import write_text_atomic
 from qwen27b.plan.hostdata import redact_url
 
 
@@ -33,10 +34,7 @@ def save(failed: dict[str, list[str]], path: Path | None = None) -> Path:
     hosts = _load(path)
     at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     hosts.update({host: {"at": at, "failed": [redact_url(u) for u in urls]} for host, urls in failed.items()})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".json.part")
-    partial.write_text(json.dumps({"hosts": hosts}, indent=2, sort_keys=True) + "\n")
-    partial.replace(path)
+    write_text_atomic(str(path), json.dumps({"hosts": hosts}, indent=2, sort_keys=True) + "\n")
     return path
 
 
