@@ -370,7 +370,8 @@ def judge_release(result: V.HostResult, key: str | None, decision: Decision,
         return None
     replaced = any(isinstance(undo, KeptFiles) for undo in previous)
     if replaced or not record.verify:
-        result.figures = regression.figures(V.measure(result.url, result.served_name, key, limits), result.acceptance)
+        result.figures = regression.figures(V.measure(result.url, result.served_name, key, limits), result.acceptance,
+                                            measured_on=regression.prompt_set(limits))
         kept = _read_record(f"{ROLLBACK_DIR}/{RECORD_NAME}") if replaced else None
         # numbers only, as parse_record reads them back (a null acceptance would differ on the next deploy)
         record = dataclasses.replace(record, verify=verify_figures(result.figures), baseline=kept.verify if kept else {})

@@ -77,6 +77,22 @@ def test_no_baseline_and_figures_measured_on_one_side_only():
     assert result.as_json()["unmeasured"] == ["acceptance"]
 
 
+def test_figures_of_another_prompt_set_are_not_compared():
+    """The stack's measuring set changed between two releases (the CPU profile's did, 2026-12-05):
+    the old figures say nothing about the new prompts, so there is no baseline, said why; a record
+    written before the set was kept (no prompt_set) is still compared."""
+    old_set, new_set = G.prompt_set(LIMITS), G.prompt_set({**LIMITS, "prompts": ["a longer prompt"]})
+    assert old_set != new_set and len(new_set) == 12 and G.prompt_set(dict(LIMITS)) == old_set
+    assert G.prompt_set({**LIMITS, "max_tokens": 9}) != old_set and G.prompt_set({**LIMITS, "repeats": 5}) == old_set
+    slower = {"decode_tok_s": 10.0, "ttft_ms": 900.0}
+    result = G.compare({**BEFORE, "prompt_set": old_set}, {**slower, "prompt_set": new_set}, LIMITS)
+    assert result.verdict == G.NO_BASELINE and not result.regressed
+    assert "measured on another prompt set" in result.text() and new_set in result.text()
+    assert G.compare(BEFORE, {**slower, "prompt_set": new_set}, LIMITS).regressed
+    assert G.compare({**BEFORE, "prompt_set": new_set}, {**slower, "prompt_set": new_set}, LIMITS).regressed
+    assert G.figures([{"ttft_s": 0.2, "decode_tok_s": 9.0}], None, measured_on=new_set)["prompt_set"] == new_set
+
+
 @pytest.mark.parametrize("change, message", [
     ({"max_decode_drop": 1.0}, "max_decode_drop must be a fraction from 0 to below 1"),
     ({"max_ttft_rise": -0.1}, "max_ttft_rise must be a fraction from 0 to below 10"),
@@ -121,6 +137,10 @@ def test_the_record_keeps_the_figures_and_the_baseline():
     measured = Record(record.links, verify=G.figures([{"ttft_s": 0.2, "decode_tok_s": 9.0}], None))
     assert json.loads(record_text(measured))["verify"] == {"decode_tok_s": 9.0, "runs": 1, "ttft_ms": 200.0}
     assert record_text(parse_record(json.loads(record_text(measured)))) == record_text(measured)
+    # the prompt set is kept beside them; anything else in its place is dropped
+    kept = Record(record.links, verify={**BEFORE, "prompt_set": G.prompt_set(LIMITS)})
+    assert parse_record(json.loads(record_text(kept))) == kept
+    assert parse_record({"links": record.links, "verify": {"ttft_ms": 5, "prompt_set": "$(reboot)"}}).verify == {"ttft_ms": 5}
 
 
 # ---------------------------------------------------------------------------------- rollout and status
@@ -185,3 +205,32 @@ def test_status_shows_the_last_comparison(tmp_path, capsys):
     rows = [status.HostStatus("a", last_verify=found["a"]), status.HostStatus("b", last_verify=found["b"])]
     assert status.cells(rows[0])[6].endswith("; vs previous release: regressed")
     assert status.comparisons(rows) == "vs previous release: a: REGRESSED: TTFT ms 200 -> 900 (+350%, limit +30%)\n"
+
+
+# ---------------------------------------------------------------------------------- the real measurement
+
+def _prefix_cache(server) -> tuple[float, float]:
+    """vLLM's own prefix-cache counters (tokens queried, tokens found cached), from its /metrics."""
+    import re
+    import urllib.request
+    request = urllib.request.Request(f"{server['url']}/metrics", headers={"Authorization": f"Bearer {server['api_key']}"})
+    text = urllib.request.urlopen(request, timeout=30).read().decode()
+
+    def total(name):
+        return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+    return total("vllm:prefix_cache_queries_total"), total("vllm:prefix_cache_hits_total")
+
+
+def test_each_measuring_run_prefills_its_whole_prompt_on_a_real_vllm(vllm_server):
+    """The CPU profile's measuring set on the session's real vllm serve (its prefix cache on, as in
+    production): every run queries the cache for its whole prompt and finds none of it, though the
+    set repeats each prompt (verify's chat_stream gives each run its own cache_salt). Without the
+    salt the repeats were served from the cache: TTFT 50 ms for a 400-token prompt instead of ~500."""
+    from qwen27b.controller import postdeploy as V
+    limits = load_stack()["profiles"]["cpu-smoke"]["serve"]["regression"]
+    queried, hits = _prefix_cache(vllm_server)
+    runs = V.measure(vllm_server["url"], vllm_server["name"], vllm_server["api_key"], {**limits, "repeats": 2, "max_tokens": 4})
+    queried_after, hits_after = _prefix_cache(vllm_server)
+    assert len(runs) == 2 * len(limits["prompts"]) and all(r["completion_tokens"] == 4 for r in runs)
+    assert queried_after - queried >= 2 * 150 * len(limits["prompts"])  # ~190 tokens a prompt, each run asked
+    assert hits_after == hits, f"{hits_after - hits:.0f} prompt tokens came from the prefix cache"

@@ -138,14 +138,17 @@ def parse_record(data) -> Record | None:
 
 
 def verify_figures(data) -> dict:
-    """The record's verify figures, numbers only (a hand-edited or older record: what is usable)."""
+    """The record's verify figures, numbers only, and the prompt set they were measured on (a
+    hand-edited or older record: what is usable)."""
     if not isinstance(data, dict):
         return {}
     return {k: v for k, v in sorted(data.items())
-            if k in VERIFY_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)}
+            if (k in VERIFY_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool))
+            or (k == "prompt_set" and isinstance(v, str) and PROMPT_SET.fullmatch(v))}
 
 
 VERIFY_KEYS = ("ttft_ms", "decode_tok_s", "acceptance", "runs")
+PROMPT_SET = re.compile(r"[0-9a-f]{12}")  # plan/regression.prompt_set
 
 
 # ---------------------------------------------------------------------------------- rollback

