@@ -29,12 +29,12 @@ from pyinfra.operations import server
 from qwen27b.controller import facts as F
 from qwen27b.controller import apikey, factcache, hostlock, oporder, progress
 from qwen27b.controller import reachrecord, runstate, runsummary
-from qwen27b.controller.artifacts import ArtifactError, python_builds
+from qwen27b.controller.artifacts import ArtifactError, fetch_python_build, python_builds, python_downloaded
 from qwen27b.plan.elfneeds import wheel_needs
 from qwen27b.plan.gate import (Decision, HostFacts, RefusedHost, binary_needs_check, mark_installed,
                              with_cached_python)
 from qwen27b.controller.host_facts import DeployLock, ReleaseRecords, VenvPackages
-from qwen27b.plan import retry
+from qwen27b.plan import retry, sources
 from qwen27b.plan.lifecycle import parse_record, release_record_file, rollback_dir
 from qwen27b.controller.gate_facts import GATE_FACTS, build_host_facts, fact_arguments
 from qwen27b.controller.address import host_address, unknown_address
@@ -48,7 +48,7 @@ from qwen27b.plan.serving import GROUP, decide, kind
 from qwen27b.plan.multinode import Member, decide_group
 from pyinfra.facts.files import File
 
-from ._common import RAY_UNIT_FILE, note, release_dir, release_venv, take_notes, wheelhouse_dir
+from ._common import RAY_UNIT_FILE, dry_run, note, release_dir, release_venv, take_notes, wheelhouse_dir
 
 _OWNER = hostlock.me()  # this deploy, as the host locks name it
 
@@ -327,11 +327,25 @@ def gate(on=None) -> Decision | RefusedHost:
         # once, when planned: while executing, factcache drops the answer after each command, so a
         # later gate() call would read the venv over SSH again (and see what this run installed)
         run.venv_read.add(on.name)
-        decision = decisions[on.name]
+        decision, failed = decisions[on.name], tuple(reachrecord.failed_urls(on.name))
+        if not dry_run() and python_to_fetch(decision, failed):
+            fetch_python_build(decision.stack.tools["uv"]["version"], decision.stack.profile["python"]["version"])
         decisions[on.name] = with_cached_python(
             mark_installed(decision, on.get_fact(VenvPackages, venv=release_venv(decision)) or {}), python_builds(),
-            tuple(reachrecord.failed_urls(on.name)))
+            failed, python_downloaded())
     return decisions[on.name]
+
+
+def python_to_fetch(decision: Decision, failed: tuple[str, ...]) -> bool:
+    """Whether the controller should download uv's Python build for this host before its plan is
+    printed (sources.controller_fetches_python: uv would fetch it from GitHub on a host that may not
+    reach it, and the cache lacks it). A dry run fetches nothing: the toolchain says what a deploy tries."""
+    py, rs = decision.stack.profile["python"], decision.stack
+    if py.get("route") == "system" or decision.facts.pythons.get(py["version"]):
+        return False
+    source = sources.python_source(decision.settings, rs.fetch_sources, py["version"], python_builds())
+    return sources.controller_fetches_python(decision.settings, source, py["version"],
+                                             sources.github_failed(failed, rs.fetch_sources))
 
 
 @functools.lru_cache(maxsize=8)

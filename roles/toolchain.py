@@ -19,7 +19,9 @@ from pyinfra.facts.files import File
 from pyinfra.operations import files, server
 
 from qwen27b.controller import factcache
-from qwen27b.controller.artifacts import python_builds, python_builds_dir, uv_binary, uv_path
+from qwen27b.controller import reachrecord
+from qwen27b.controller.artifacts import (fetch_python_build, python_builds, python_builds_dir, uv_binary,
+                                            uv_path)
 from qwen27b.plan import sources
 from qwen27b.plan.gate import Decision, host_fetches
 from qwen27b.plan.lifecycle import APT_PROXY_AUTH, APT_PROXY_CONF
@@ -28,6 +30,7 @@ from qwen27b.controller.operations import directories, secret_file
 
 from ._common import (apt_install, apt_lock_timeout, dry_run, fetch_prefix, note, release_dir, release_venv,
                       service_user, shell_word, url_env_file, url_env_text, uv_on_host)
+from .preflight import python_to_fetch
 
 
 def _packages(decision: Decision) -> list[str]:
@@ -84,6 +87,7 @@ def _python_mirror(decision: Decision) -> str:
     a mirror setting, or nothing (uv's GitHub default)."""
     version = decision.stack.profile["python"]["version"]
     source = sources.python_source(decision.settings, decision.stack.fetch_sources, version, python_builds())
+    _controller_python_note(decision, source)
     if source.kind == "controller":
         pushed = f"{decision.stack.layout.host_cache}/python"
         release_archive = source.archives[0]
@@ -95,6 +99,24 @@ def _python_mirror(decision: Decision) -> str:
     if source.kind == "release_mirror":  # hostdata refused a release mirror with a login
         return f" UV_PYTHON_INSTALL_MIRROR={shlex.quote(source.mirror)}"
     return ""
+
+
+def _controller_python_note(decision: Decision, source: sources.PythonSource) -> None:
+    """What the controller did about uv's Python build for a host that may not reach GitHub
+    (preflight.python_to_fetch): in a dry run, what a deploy will try; after a failed download, why,
+    and the fixes. A build in the cache needs no note: the python row says where it came from."""
+    version, uv_version = decision.stack.profile["python"]["version"], decision.stack.tools["uv"]["version"]
+    if source.kind != "github" or not python_to_fetch(decision, tuple(reachrecord.failed_urls(host.name))):
+        return
+    if dry_run():
+        note(f"toolchain: a deploy first downloads Python {version}'s build (the one uv {uv_version} pins, sha256 "
+             f"checked) from GitHub into the controller cache and pushes it; a dry run fetches nothing. Where the "
+             f"controller cannot reach GitHub either, uv fetches it on the host, as the warning says", always=True)
+        return
+    _, why = fetch_python_build(uv_version, version)
+    note(f"toolchain: the controller could not download Python {version}'s build into its cache ({why}): uv "
+         f"fetches it from GitHub on the host. Fix: put it at {sources.CACHE_LAYOUT}, or set qwen27b_python_mirror "
+         f"or qwen27b_release_mirror", always=True)
 
 
 def _venv_python(decision: Decision, env: str, uv: str) -> tuple[str, str]:

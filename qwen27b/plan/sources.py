@@ -63,12 +63,15 @@ def cached_archives(paths: list[str], version: str) -> tuple[str, ...]:
     return tuple(sorted(out, reverse=True))
 
 
-def python_source(settings: Settings, src: dict, version: str, cached: tuple[str, ...] = ()) -> PythonSource:
+def python_source(settings: Settings, src: dict, version: str, cached: tuple[str, ...] = (),
+                  downloaded: tuple[str, ...] = ()) -> PythonSource:
     """The controller cache when it holds this version's build (pushed, then uv reads it from a
-    file:// dir); else qwen27b_python_mirror; else the release mirror; else GitHub."""
+    file:// dir); else qwen27b_python_mirror; else the release mirror; else GitHub. `downloaded`:
+    the cached builds the controller fetched itself (artifacts.python_downloaded), said so."""
     archives = cached_archives(list(cached), version)
     if archives:
-        return PythonSource("controller", f"from the controller cache ({archives[0]}, pushed)", archives=archives)
+        how = "downloaded by the controller" if archives[0] in downloaded else "put there by hand"
+        return PythonSource("controller", f"from the controller cache ({archives[0]}, {how}, pushed)", archives=archives)
     if settings.python_mirror:
         return PythonSource("python_mirror", f"from qwen27b_python_mirror {redact_url(settings.python_mirror)}",
                             settings.python_mirror)
@@ -102,6 +105,13 @@ def python_warning(settings: Settings, source: PythonSource, version: str, unrea
     return (f"Python {version} comes from GitHub (uv downloads python-build-standalone on the host), but {why}: the "
             f"toolchain stops there if GitHub is out of reach. Fix: set qwen27b_python_mirror or qwen27b_release_mirror, "
             f"or put the build in the controller cache at {CACHE_LAYOUT} (`uv python list --show-urls` names it)")
+
+
+def controller_fetches_python(settings: Settings, source: PythonSource, version: str, unreachable: bool = False) -> bool:
+    """Whether the controller downloads uv's Python build into its cache for this host (once per
+    run, artifacts.fetch_python_build): only where the host would fetch it from GitHub and the gate
+    warns it may not reach it (python_warning). A host that reaches GitHub is left as before."""
+    return python_warning(settings, source, version, unreachable) is not None
 
 
 def github_failed(failed: tuple[str, ...], src: dict) -> bool:
