@@ -110,3 +110,11 @@ def test_a_refused_host_is_probed_for_every_gpu_profiles_sources():
 def test_reach_is_a_qwen27b_command():
     from qwen27b.tools.cli import COMMANDS
     assert COMMANDS["reach"][0] == "qwen27b.tools.reach"
+
+
+def test_the_apt_mirror_is_probed_first():
+    data = {"qwen27b_apt_mirror": "http://u:pw@192.168.10.5:8800/", "qwen27b_wheel_mirror": "http://192.168.10.5:8800/wheels/"}
+    fetches, note = reach.host_fetches_of("v100x1-2004", data, load_stack(), recorded_outputs("v100x1-2004"))
+    assert note is None and fetches[0].url == "http://u:pw@192.168.10.5:8800/ubuntu/"
+    row = reach.rows_for("v100x1-2004", fetches, "", error="unreachable")[0]
+    assert row.fix == "qwen27b_apt_mirror" and "pw" not in reach.reach_table([row])

@@ -9,6 +9,7 @@ Python builds are read by the caller (controller/artifacts.python_builds) and pa
 from __future__ import annotations
 
 import re
+import urllib.parse
 from dataclasses import dataclass
 
 from qwen27b.plan.hostdata import Settings, redact_url
@@ -133,6 +134,55 @@ def hub_base(settings: Settings, src: dict) -> str:
     return settings.hf_endpoint or src["hub"]["base"]
 
 
+def apt_url(default: str, settings: Settings) -> str:
+    """An apt source's URL as fetched: qwen27b_apt_mirror in place of the default's scheme and host
+    (the path kept: <mirror>/ubuntu/, <mirror>/compute/cuda/repos/...), login included."""
+    if not settings.apt_mirror:
+        return default
+    return settings.apt_mirror.rstrip("/") + "/" + urllib.parse.urlsplit(default).path.lstrip("/")
+
+
+def cuda_repo_url(src: dict, repo: str, settings: Settings) -> str:
+    """NVIDIA's CUDA repository for an OS row (`ubuntu2204`), under qwen27b_apt_mirror when set."""
+    return apt_url(f"{src['cuda_repo']['base']}{repo}/x86_64/", settings)
+
+
+@dataclass(frozen=True)
+class AptMirror:
+    """What the toolchain role writes for qwen27b_apt_mirror: apt.conf lines that make apt read
+    only qwen27b's source list (and an empty parts dir), that list (no login: the file is
+    world-readable), and the apt_auth.conf(5) entry holding a login (None without one)."""
+
+    conf: str
+    sources: str
+    auth: str | None
+
+
+def apt_mirror_files(settings: Settings, src: dict, codename: str, cuda_repo: str | None,
+                     source_list: str, source_parts: str) -> AptMirror:
+    """The Ubuntu archive's suites for `codename` (the stack's pockets and components), and NVIDIA's
+    repository (signed by the key cuda-keyring installs) where a toolkit is installed, all from the
+    mirror. hostdata allowed a plain base URL only (no `#`, `[`, quotes or spaces)."""
+    ubuntu = src["ubuntu_archive"]
+    parts = urllib.parse.urlsplit(apt_url(ubuntu["base"], settings))
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+
+    def bare(url: str) -> str:
+        return urllib.parse.urlunsplit(urllib.parse.urlsplit(url)._replace(netloc=hostport))
+
+    components = " ".join(ubuntu["components"])
+    lines = [f"deb {bare(apt_url(ubuntu['base'], settings))} {codename}{pocket} {components}" for pocket in ubuntu["pockets"]]
+    if cuda_repo:
+        lines.append(f"deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] "
+                     f"{bare(cuda_repo_url(src, cuda_repo, settings))} /")
+    conf = f'Dir::Etc::SourceList "{source_list}";\nDir::Etc::SourceParts "{source_parts}";\n'
+    auth = None
+    if userinfo:
+        user, _, password = (urllib.parse.unquote(p) for p in userinfo.partition(":"))
+        auth = f"machine {hostport} login {user}" + (f" password {password}" if password else "") + "\n"
+    return AptMirror(conf, "".join(line + "\n" for line in lines), auth)
+
+
 def fetches(src: dict, profile: dict, settings: Settings, python: PythonSource | None,
             models: list[dict], cuda_repo: str | None = None, wheels: bool = True) -> list[Fetch]:
     """Every source this host's deploy fetches from over the network, in the order it does (the
@@ -140,8 +190,10 @@ def fetches(src: dict, profile: dict, settings: Settings, python: PythonSource |
     when the host already has it; `models`: the checkpoints to download; `cuda_repo`: the OS
     row's, when a toolkit is installed; `wheels`: False when the release venv holds the build."""
     out = []
+    if settings.apt_mirror:
+        out.append(Fetch("Ubuntu archive (apt)", apt_url(src["ubuntu_archive"]["base"], settings), "qwen27b_apt_mirror"))
     if cuda_repo:
-        out.append(Fetch("CUDA apt repository", f"{src['cuda_repo']['base']}{cuda_repo}/x86_64/", "your apt mirror (the host's own sources)"))
+        out.append(Fetch("CUDA apt repository", cuda_repo_url(src, cuda_repo, settings), "qwen27b_apt_mirror"))
     if python is not None and python.kind != "controller":
         base = python.mirror or src["github"]["base"] + src["python_builds"]["path"]
         out.append(Fetch(f"Python {profile['python']['version']} (uv)", base.rstrip("/") + "/",
