@@ -31,7 +31,7 @@ from qwen27b.controller.operations import directories, secret_file
 
 from ._common import (apt_install, apt_lock_timeout, dry_run, fetch_prefix, note, release_dir, release_venv,
                       service_user, shell_word, url_env_file, url_env_text, uv_on_host)
-from .preflight import python_to_fetch
+from .preflight import python_to_fetch, reach_notes
 
 
 def _packages(decision: Decision) -> list[str]:
@@ -215,6 +215,8 @@ def toolchain(decision: Decision) -> None:
          f"{decision.stack.cite('apt-lock-timeout')}")
     for line in sources.fetch_lines(host_fetches(decision, python_builds())):
         note(line)  # where every fetch goes (issue 30): `qwen27b reach INVENTORY` checks each from the host
+    for line in reach_notes(host.name):
+        note(line, always=True)  # on --dry, the gate checked each from the host (preflight.dry_reach)
     apt_install("base packages", _packages(decision))
     service_user(user, at.state)
     directories(name="qwen27b directories (owner, group, mode)", specs=[list(d) for d in _directories(decision)])

@@ -306,6 +306,25 @@ class DeployLock(FactBase):
         return lines[0].strip() if lines else None
 
 
+class ReachProbe(FactBase):
+    """`qwen27b reach`'s probe as a read-only fact, for the gate on `--dry` (issue 30): from the host,
+    a HEAD request to each URL of `payload` (tools.reach.probe_input), one JSON line each. A fact's
+    command is argv: the caller sends no URL or proxy that carries a login. The probe's own error
+    lines (python3 missing) are kept for the report."""
+
+
+    def command(self, payload: str) -> str:
+        from qwen27b.tools.reach import PROBE_COMMAND  # noqa: PLC0415 (the tool imports the controller)
+        return f"printf '%s\\n' {shlex.quote(payload)} | {PROBE_COMMAND} 2>&1 || true"
+
+    @staticmethod
+    def default() -> list:
+        return []
+
+    def process(self, output: list[str]) -> list[str]:
+        return [part for line in output for part in line.splitlines()]
+
+
 class SecretFileState(FactBase):
     """Owner, group, mode and sha256 of a secret file (an API key, a token), never its contents:
     {"user", "group", "mode", "sha256"}, or None when it is not a regular file. The secret_file

@@ -67,7 +67,7 @@ class Row:
     host: str
     source: str
     url: str  # redacted
-    ok: bool
+    ok: bool | None  # None: not checked (the gate's --dry check sends no login: roles/preflight.dry_reach)
     result: str
     fix: str
 
