@@ -20,6 +20,7 @@ from qwen27b.plan.lifecycle import APT_MIRROR_AUTH
 from ._common import fetch_prefix, note
 from ._common import apt_install, apt_lock_option
 
+
 def cuda(decision: Decision) -> None:
     cuda_entry = decision.stack.profile.get("cuda")
     if not cuda_entry:
