@@ -34,7 +34,7 @@ from qwen27b.plan.elfneeds import wheel_needs
 from qwen27b.plan.gate import (Decision, HostFacts, RefusedHost, binary_needs_check, host_fetches, mark_installed,
                              with_cached_python)
 from qwen27b.controller.host_facts import DeployLock, ReleaseRecords, VenvPackages
-from qwen27b.plan import retry, sources
+from qwen27b.plan import retry
 from qwen27b.plan.lifecycle import parse_record, release_record_file, rollback_dir
 from qwen27b.controller.gate_facts import GATE_FACTS, build_host_facts, fact_arguments
 from qwen27b.controller.address import host_address, unknown_address
@@ -48,7 +48,8 @@ from qwen27b.plan.serving import GROUP, decide, kind
 from qwen27b.plan.multinode import Member, decide_group
 from pyinfra.facts.files import File
 
-from ._common import RAY_UNIT_FILE, dry_run, note, release_dir, release_venv, take_notes, wheelhouse_dir
+from ._common import (RAY_UNIT_FILE, dry_run, note, python_to_fetch, release_dir, release_venv, take_notes,
+                      wheelhouse_dir)
 
 _OWNER = hostlock.me()  # this deploy, as the host locks name it
 
@@ -373,26 +374,6 @@ def dry_reach(on, decision: Decision) -> list:
 
 
 DRY_REACH_TIMEOUT_S = 5.0  # per HEAD request, as `qwen27b reach`'s default
-
-
-def reach_notes(name: str) -> list[str]:
-    """The plan's reach lines for a host checked on `--dry` (empty otherwise): one per source, with
-    the setting that would point a failing fetch elsewhere."""
-    rows = runstate.current().reach.get(name) or []
-    return [f"reach: {r.source} <- {r.url}: {r.result}" + (f" (fix: {r.fix})" if r.ok is False and r.fix else "")
-            for r in rows]
-
-
-def python_to_fetch(decision: Decision, failed: tuple[str, ...]) -> bool:
-    """Whether the controller should download uv's Python build for this host before its plan is
-    printed (sources.controller_fetches_python: uv would fetch it from GitHub on a host that may not
-    reach it, and the cache lacks it). A dry run fetches nothing: the toolchain says what a deploy tries."""
-    py, rs = decision.stack.profile["python"], decision.stack
-    if py.get("route") == "system" or decision.facts.pythons.get(py["version"]):
-        return False
-    source = sources.python_source(decision.settings, rs.fetch_sources, py["version"], python_builds())
-    return sources.controller_fetches_python(decision.settings, source, py["version"],
-                                             sources.github_failed(failed, rs.fetch_sources))
 
 
 @functools.lru_cache(maxsize=8)

@@ -29,9 +29,8 @@ from qwen27b.plan.lifecycle import (APT_MIRROR_AUTH, APT_MIRROR_CONF, APT_MIRROR
 from qwen27b.controller.host_facts import DirectoryStates, ServiceUser
 from qwen27b.controller.operations import directories, secret_file
 
-from ._common import (apt_install, apt_lock_timeout, dry_run, fetch_prefix, note, release_dir, release_venv,
-                      service_user, shell_word, url_env_file, url_env_text, uv_on_host)
-from .preflight import python_to_fetch, reach_notes
+from ._common import (apt_install, apt_lock_timeout, dry_run, fetch_prefix, note, python_to_fetch, reach_notes,
+                      release_dir, release_venv, service_user, shell_word, url_env_file, url_env_text, uv_on_host)
 
 
 def _packages(decision: Decision) -> list[str]:
@@ -179,6 +178,8 @@ def _apt_mirror(decision: Decision) -> None:
             files.file(name=f"remove {APT_MIRROR_LIST}", path=APT_MIRROR_LIST, present=False)
             files.directory(name=f"remove {APT_MIRROR_PARTS}", path=APT_MIRROR_PARTS, present=False)
             files.file(name=f"remove {APT_MIRROR_AUTH}", path=APT_MIRROR_AUTH, present=False)
+            server.shell(name="apt-get update (from the host's own sources again)",
+                         commands=[f"{fetch_prefix(decision)}apt-get update"])
         return
     cuda = decision.stack.profile.get("cuda") or {}
     repo = decision.os_row.get("cuda_repo") if cuda.get("needed_by_vllm") else None
