@@ -20,9 +20,10 @@ from pyinfra.operations import apt, server, systemd
 
 from qwen27b import onhost
 from qwen27b.controller import runstate
-from qwen27b.controller.artifacts import cache_root, dir_manifest
+from qwen27b.controller.artifacts import cache_root, dir_manifest, python_builds
 from qwen27b.controller.render import RAY_UNIT
 from qwen27b.plan.hostlayout import HostLayout
+from qwen27b.plan import sources
 from qwen27b.plan.distname import normalize
 from qwen27b.plan.gate import Decision
 from qwen27b.controller.host_facts import ReleaseRecords, ServiceUser, Subdirectories
@@ -307,3 +308,23 @@ def started(unit: str, restart: bool, why: str, command: str | None = None) -> N
         server.shell(name=f"restart {unit} ({why})", commands=[command or f"systemctl restart {unit}"])
     else:
         systemd.service(name=f"{unit} enabled and running", service=unit, running=True, enabled=True)
+
+
+def reach_notes(name: str) -> list[str]:
+    """The plan's reach lines for a host checked on `--dry` (empty otherwise): one per source, with
+    the setting that would point a failing fetch elsewhere."""
+    rows = runstate.current().reach.get(name) or []
+    return [f"reach: {r.source} <- {r.url}: {r.result}" + (f" (fix: {r.fix})" if r.ok is False and r.fix else "")
+            for r in rows]
+
+
+def python_to_fetch(decision: Decision, failed: tuple[str, ...]) -> bool:
+    """Whether the controller should download uv's Python build for this host before its plan is
+    printed (sources.controller_fetches_python: uv would fetch it from GitHub on a host that may not
+    reach it, and the cache lacks it). A dry run fetches nothing: the toolchain says what a deploy tries."""
+    py, rs = decision.stack.profile["python"], decision.stack
+    if py.get("route") == "system" or decision.facts.pythons.get(py["version"]):
+        return False
+    source = sources.python_source(decision.settings, rs.fetch_sources, py["version"], python_builds())
+    return sources.controller_fetches_python(decision.settings, source, py["version"],
+                                             sources.github_failed(failed, rs.fetch_sources))

@@ -5,18 +5,20 @@ build needs a compiler; the V100 build ships its CUDA 12.8 runtime in its wheels
 from __future__ import annotations
 
 import shlex
+import urllib.parse
 from io import StringIO
 
 from pyinfra import host
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import files, server
 
+from qwen27b.plan import sources
 from qwen27b.plan.gate import Decision
+from qwen27b.plan.hostdata import url_has_password
+from qwen27b.plan.lifecycle import APT_MIRROR_AUTH
 
 from ._common import fetch_prefix, note
 from ._common import apt_install, apt_lock_option
-
-REPO = "https://developer.download.nvidia.com/compute/cuda/repos/{repo}/x86_64"
 
 
 def cuda(decision: Decision) -> None:
@@ -29,14 +31,20 @@ def cuda(decision: Decision) -> None:
              f"ships its CUDA {cuda_entry['toolkit']} runtime in its wheels and needs no compiler "
              "(stack key cuda.needed_by_vllm)")
         return
-    repo = REPO.format(repo=decision.os_row["cuda_repo"])
+    # NVIDIA's repository, or qwen27b_apt_mirror's copy (its login from apt's 0600 auth file, never argv)
+    url = sources.cuda_repo_url(decision.stack.fetch_sources, decision.os_row["cuda_repo"], decision.settings)
+    repo, netrc = url.rstrip("/"), ""
+    if url_has_password(url):
+        parts = urllib.parse.urlsplit(url)
+        repo = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])).rstrip("/")
+        netrc = f"--netrc-file {APT_MIRROR_AUTH} "
     keyring = cuda_entry["keyring_deb"]
     if "cuda-keyring" not in (host.get_fact(DebPackages) or {}):
         # curl, not files.download: the proxy (with its password) must go in the environment, not argv
         digest = decision.os_row.get("cuda_keyring_sha256")
         local = shlex.quote(f"/tmp/{keyring}")
         server.shell(name=f"download {keyring}", commands=[
-            f"{fetch_prefix(decision)}curl -fsSL {shlex.quote(repo + '/' + keyring)} -o {local}",
+            f"{fetch_prefix(decision)}curl -fsSL {netrc}{shlex.quote(repo + '/' + keyring)} -o {local}",
             *([f"echo {shlex.quote(digest + '  /tmp/' + keyring)} | sha256sum -c --quiet -"] if digest else [])])
         server.shell(name="install cuda-keyring (signed-by keyring for NVIDIA's repo)",
                      # apt-get, not dpkg -i: dpkg fails at once on the lock unattended-upgrades holds

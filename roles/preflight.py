@@ -29,9 +29,9 @@ from pyinfra.operations import server
 from qwen27b.controller import facts as F
 from qwen27b.controller import apikey, factcache, hostlock, oporder, progress
 from qwen27b.controller import reachrecord, runstate, runsummary
-from qwen27b.controller.artifacts import ArtifactError, python_builds
+from qwen27b.controller.artifacts import ArtifactError, fetch_python_build, python_builds, python_downloaded
 from qwen27b.plan.elfneeds import wheel_needs
-from qwen27b.plan.gate import (Decision, HostFacts, RefusedHost, binary_needs_check, mark_installed,
+from qwen27b.plan.gate import (Decision, HostFacts, RefusedHost, binary_needs_check, host_fetches, mark_installed,
                              with_cached_python)
 from qwen27b.controller.host_facts import DeployLock, ReleaseRecords, VenvPackages
 from qwen27b.plan import retry
@@ -48,7 +48,8 @@ from qwen27b.plan.serving import GROUP, decide, kind
 from qwen27b.plan.multinode import Member, decide_group
 from pyinfra.facts.files import File
 
-from ._common import RAY_UNIT_FILE, note, release_dir, release_venv, take_notes, wheelhouse_dir
+from ._common import (RAY_UNIT_FILE, dry_run, note, python_to_fetch, release_dir, release_venv, take_notes,
+                      wheelhouse_dir)
 
 _OWNER = hostlock.me()  # this deploy, as the host locks name it
 
@@ -327,11 +328,52 @@ def gate(on=None) -> Decision | RefusedHost:
         # once, when planned: while executing, factcache drops the answer after each command, so a
         # later gate() call would read the venv over SSH again (and see what this run installed)
         run.venv_read.add(on.name)
-        decision = decisions[on.name]
+        decision, failed = decisions[on.name], tuple(reachrecord.failed_urls(on.name))
+        if dry_run() and dry_reach_wanted(on.name):
+            rows = dry_reach(on, decision)
+            run.reach[on.name] = rows
+            failed = tuple(r.url for r in rows if r.ok is False and r.url)  # this check, not the record's
+        if not dry_run() and python_to_fetch(decision, failed):
+            fetch_python_build(decision.stack.tools["uv"]["version"], decision.stack.profile["python"]["version"])
         decisions[on.name] = with_cached_python(
             mark_installed(decision, on.get_fact(VenvPackages, venv=release_venv(decision)) or {}), python_builds(),
-            tuple(reachrecord.failed_urls(on.name)))
+            failed, python_downloaded())
     return decisions[on.name]
+
+
+def dry_reach_wanted(name: str) -> bool:
+    """The reach check runs on every `--dry` (issue 30), but not for a @fake host (its answers are
+    recordings, nothing is behind it); QWEN27B_DRY_REACH=1 forces it there (tests), =0 turns it off."""
+    wanted = os.environ.get("QWEN27B_DRY_REACH")
+    return wanted == "1" or (wanted != "0" and not name.startswith("@fake/"))
+
+
+def dry_reach(on, decision: Decision) -> list:
+    """`qwen27b reach` inside the gate on `--dry`: from the host, a HEAD request to each source its plan
+    fetches from (gate.host_fetches), through its proxy, as a read-only fact (host_facts.ReachProbe),
+    before anything is installed. A fact's command is argv: a URL or proxy with a login is not sent
+    (its row says so: `qwen27b reach` sends them on stdin). Rows as reach.rows_for makes them (ok
+    None: not checked); the failures are recorded as `qwen27b reach` records them."""
+    from qwen27b.controller.host_facts import ReachProbe
+    from qwen27b.plan.hostdata import redact_url, url_has_password
+    from qwen27b.tools import reach
+
+    fetches, proxy = host_fetches(decision, python_builds()), decision.settings.http_proxy
+    if proxy and url_has_password(proxy):
+        why = "not checked: the proxy's login would reach the probe's command line; run `qwen27b reach`"
+        return [reach.Row(on.name, f.what, redact_url(f.url), None, why, "") for f in fetches]
+    plain = [f for f in fetches if not url_has_password(f.url)]
+    output = on.get_fact(ReachProbe, payload=reach.probe_input(plain, proxy, DRY_REACH_TIMEOUT_S)) if plain else []
+    answered = any(line.startswith("{") for line in output)
+    error = None if answered or not plain else (output[-1][:200] if output else "the probe printed nothing")
+    rows = {f.what: row for f, row in zip(plain, reach.rows_for(on.name, plain, "\n".join(output), error))}
+    out = [rows.get(f.what) or reach.Row(on.name, f.what, redact_url(f.url), None, "not checked: its login would reach "
+                                         "the probe's command line; run `qwen27b reach`", "") for f in fetches]
+    reachrecord.save({on.name: [f.url for f in plain if rows[f.what].ok is False]})
+    return out
+
+
+DRY_REACH_TIMEOUT_S = 5.0  # per HEAD request, as `qwen27b reach`'s default
 
 
 @functools.lru_cache(maxsize=8)

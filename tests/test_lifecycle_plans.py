@@ -138,6 +138,16 @@ def test_uninstall_removes_apts_proxy_setting_and_its_login(tmp_path):
     assert "remove /etc/apt/auth.conf.d/90qwen27b-proxy.conf: apt's login to the proxy (its password)" in out
 
 
+def test_uninstall_removes_the_apt_mirror_files_conf_first(tmp_path):
+    """qwen27b_apt_mirror's conf goes before the list it names (apt then reads the host's own sources)."""
+    paths = ["/etc/apt/apt.conf.d/90qwen27b-mirror", "/etc/apt/qwen27b-mirror.list", "/etc/apt/qwen27b-mirror.list.d",
+             "/etc/apt/auth.conf.d/90qwen27b-mirror.conf"]
+    rc, out = plan(tmp_path, "uninstall.py", None, DEPLOYED + [f"path root:root {p}" for p in paths])
+    assert rc == 0, out[-3000:]
+    commands = [line for line in ops(out) if line.startswith("$")]
+    assert [commands.index(f"$ rm -rf {p}") for p in paths] == sorted(commands.index(f"$ rm -rf {p}") for p in paths)
+
+
 def test_a_second_uninstall_changes_nothing(tmp_path):
     rc, out = plan(tmp_path, "uninstall.py", None, ["unit qwen27b.service inactive", "unit qwen27b-seed.service inactive"])
     assert rc == 0 and "   nothing (more) to remove on this host" in out

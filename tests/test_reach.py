@@ -110,3 +110,82 @@ def test_a_refused_host_is_probed_for_every_gpu_profiles_sources():
 def test_reach_is_a_qwen27b_command():
     from qwen27b.tools.cli import COMMANDS
     assert COMMANDS["reach"][0] == "qwen27b.tools.reach"
+
+
+def test_the_apt_mirror_is_probed_first():
+    data = {"qwen27b_apt_mirror": "http://u:pw@192.168.10.5:8800/", "qwen27b_wheel_mirror": "http://192.168.10.5:8800/wheels/"}
+    fetches, note = reach.host_fetches_of("v100x1-2004", data, load_stack(), recorded_outputs("v100x1-2004"))
+    assert note is None and fetches[0].url == "http://u:pw@192.168.10.5:8800/ubuntu/"
+    row = reach.rows_for("v100x1-2004", fetches, "", error="unreachable")[0]
+    assert row.fix == "qwen27b_apt_mirror" and "pw" not in reach.reach_table([row])
+
+
+def test_the_gates_dry_probe_is_the_same_probe_as_a_fact(server):
+    """roles/preflight.dry_reach runs the probe as a pyinfra fact (host_facts.ReachProbe): its command,
+    run here as a host's shell would, answers as `qwen27b reach` does."""
+    from qwen27b.controller.host_facts import ReachProbe
+    fetches = [sources.Fetch("PyPI", f"{server}/simple/", "qwen27b_pypi_index"),
+               sources.Fetch("wheel", f"{server}/moved", "qwen27b_release_mirror"),
+               sources.Fetch("hub", f"http://127.0.0.1:{closed_port()}/api/models/o/m", "qwen27b_hf_endpoint")]
+    fact = ReachProbe()
+    out = subprocess.run(["sh", "-c", fact.command(reach.probe_input(fetches, None, 3))], capture_output=True,
+                         text=True, timeout=60).stdout
+    rows = reach.rows_for("h", fetches, "\n".join(fact.process(out.splitlines())))
+    assert [(r.ok, r.result.split(" (")[0]) for r in rows][:2] == [(True, "reached"), (True, "reached")]
+    assert rows[2].ok is False and "refused" in rows[2].result.lower() and rows[2].fix == "qwen27b_hf_endpoint"
+
+
+DRY_INVENTORY = """\
+from inventory.recorded import _fake
+name, data = _fake('v100x1-2004', qwen27b_apt_mirror='http://apt:apt-pw-9@192.168.10.5:8800/',
+                   qwen27b_wheel_mirror='http://192.168.10.5:8800/wheels/', qwen27b_hf_endpoint='http://192.168.10.5:8090')
+hosts = [('@fake/lab', {**data, 'fake_responses': {'HTTPRedirectHandler': {ANSWERS!r}, **data['fake_responses']}})]
+"""
+
+
+def test_a_dry_run_checks_each_source_from_the_host_before_anything_is_installed(tmp_path):
+    """`pyinfra INVENTORY deploy.py --dry` (issue 30): the gate probes the plan's sources from the host
+    (a @fake host answers with the probe's lines, QWEN27B_DRY_REACH=1; a real host always does), the
+    plan prints a reach line per source with its fix before the first install, a source whose URL
+    has a login is not sent (said so), GitHub out of reach is warned about, the failures recorded."""
+    from test_plans import run_pyinfra
+    answers = [json.dumps({"name": "Python 3.12 (uv)", "error": "URLError: [Errno 101] Network is unreachable"}),
+               json.dumps({"name": "wheels (lab mirror)", "status": 200}),
+               json.dumps({"name": "RadixArk/Qwen3.8-27B-NVFP4 (hub)", "status": 404})]
+    (tmp_path / "inv.py").write_text(DRY_INVENTORY.replace("{ANSWERS!r}", repr(answers)))
+    result = run_pyinfra(str(tmp_path / "inv.py"), "deploy.py", "--dry", "-y", QWEN27B_DRY_REACH="1",
+                         QWEN27B_REPORTS=str(tmp_path / "reports"))
+    out = result.stderr
+    assert "apt-pw-9" not in out, out[-3000:]
+    lines = [line.strip() for line in out.splitlines() if line.strip().startswith("reach: ")]
+    assert lines == [
+        "reach: Ubuntu archive (apt) <- http://apt:***@192.168.10.5:8800/ubuntu/: not checked: its login would reach "
+        "the probe's command line; run `qwen27b reach`",
+        "reach: Python 3.12 (uv) <- https://github.com/astral-sh/python-build-standalone/releases/download/: URLError: "
+        "[Errno 101] Network is unreachable (fix: qwen27b_python_mirror, qwen27b_release_mirror or the controller cache)",
+        "reach: wheels (lab mirror) <- http://192.168.10.5:8800/wheels/: reached (HTTP 200)",
+        "reach: RadixArk/Qwen3.8-27B-NVFP4 (hub) <- http://192.168.10.5:8090/api/models/RadixArk/Qwen3.8-27B-NVFP4: "
+        "reached (HTTP 404)"], out[-3000:]
+    assert out.index("reach: Python 3.12") < out.index("base packages")
+    assert "this host could not reach github.com" in " ".join(out.split())
+    record = json.loads((tmp_path / "reports" / "reach.json").read_text())["hosts"]["@fake/lab"]
+    assert record["failed"] == ["https://github.com/astral-sh/python-build-standalone/releases/download/"]
+
+
+def test_a_dry_run_sends_nothing_through_a_proxy_with_a_login(monkeypatch):
+    """The proxy's login would be in the fact's command line: no probe, every row says why."""
+    from roles import preflight
+    from qwen27b.plan.hostdata import settings_for
+
+    class Decision:
+        settings = settings_for("h", {"qwen27b_http_proxy": "http://u:pw@proxy.lab:3128"})
+
+    class Host:
+        name = "h"
+
+        def get_fact(self, *args, **kwargs):
+            raise AssertionError("probed through a proxy with a login")
+
+    monkeypatch.setattr(preflight, "host_fetches", lambda d, c: [sources.Fetch("PyPI", "https://pypi.org/simple/", "k")])
+    rows = preflight.dry_reach(Host(), Decision())
+    assert [(r.ok, r.result.split(":")[0]) for r in rows] == [(None, "not checked")]

@@ -86,7 +86,7 @@ def test_plans_are_there_to_check(plans):
                "v100x4-copies-drop-b", "v100x4-copies-to-one", "v100x2-pcie", "v100x4-pcie", "v100x8-sxm2-dgx1", "mixed-3090-v100x2",
                "v100x8-dgx1-tp2-of-4", "mixed-3090-v100x2-copy",
                "v100x4-wear-xid79", "v100x4-wear-warn", "v100x4-converged-nopm", "v100x4-power-cap",
-               "v100x1-2004-offline", "v100x1-2004-offline-pymirror", "v100x1-2004-lab-sources"}  # the refused recorded hosts plan nothing
+               "v100x1-2004-offline", "v100x1-2004-offline-pymirror", "v100x1-2004-lab-sources", "v100x1-2004-offline-apt"}  # the refused recorded hosts plan nothing
     assert set(plans) == planned and all(plans.values())
     assert sum(len(cmds) for ops in plans.values() for _, cmds in ops) > 200
 
@@ -133,15 +133,34 @@ APT_SOURCE_LINE = re.compile(r"\bdeb(?:-src)?\s+(?:\[(?P<options>[^\]]*)\]\s+)?(
 def test_third_party_apt_sources_use_signed_by(plans):
     written = [(h, op, cmds[i]) for h, op, i, cmds in commands(plans) if APT_SOURCE_LINE.search(cmds[i])]
     assert all("signed-by=" in (APT_SOURCE_LINE.search(c)["options"] or "") for _, _, c in written), written
-    # No source file is pushed either: the one third-party repo (NVIDIA's CUDA repo) comes from NVIDIA's
+    # No other source file is pushed: the one third-party repo (NVIDIA's CUDA repo) comes from NVIDIA's
     # cuda-keyring package, whose own .list names its keyring with signed-by= (not visible in a plan).
-    uploads = [(h, op, cmds[i]) for h, op, i, cmds in commands(plans) if re.search(r"-> /etc/apt/", cmds[i])]
+    # qwen27b_apt_mirror's list and conf are the exception, their text checked below (not in a plan either).
+    mirror = ("-> /etc/apt/qwen27b-mirror.list", "-> /etc/apt/apt.conf.d/90qwen27b-mirror")
+    uploads = [(h, op, cmds[i]) for h, op, i, cmds in commands(plans) if re.search(r"-> /etc/apt/", cmds[i])
+               and not cmds[i].endswith(mirror)]
     assert not uploads
     keyring = [c for _, op, i, cmds in commands(plans, {"cuda-repo"}) for c in [cmds[i]]
                if "cuda-keyring_" in c and " install " in c]
     # apt-get, not dpkg -i: it waits for the dpkg lock unattended-upgrades holds on a first boot
     assert keyring == ["DEBIAN_FRONTEND=noninteractive apt-get -y -o DPkg::Lock::Timeout=600 install "
                        "/tmp/cuda-keyring_1.1-1_all.deb"]
+
+
+def test_the_apt_mirrors_list_signs_nvidias_repo_and_trusts_nothing_else():
+    """qwen27b_apt_mirror's list: Ubuntu's suites (signed by the archive key Ubuntu ships) and NVIDIA's
+    repository with signed-by=, no trusted=yes, no login (it goes to apt_auth.conf, 0600)."""
+    from qwen27b.plan import sources
+    from qwen27b.plan.hostdata import settings_for
+    from qwen27b.plan.stack import load_stack
+    settings = settings_for("h", {"qwen27b_apt_mirror": "https://u:pw@apt.lab/m/"})
+    files = sources.apt_mirror_files(settings, load_stack()["fetch_sources"], "jammy", "ubuntu2204", "/l", "/d")
+    lines = files.sources.splitlines()
+    assert lines[-1] == "deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] " \
+                        "https://apt.lab/m/compute/cuda/repos/ubuntu2204/x86_64/ /"
+    assert all(line.startswith("deb https://apt.lab/m/ubuntu/ jammy") for line in lines[:-1])
+    assert "pw" not in files.sources + files.conf and "trusted" not in files.sources
+    assert files.auth == "machine apt.lab login u password pw\n"
 
 
 # --- every download verified by sha256 -------------------------------------------------------------

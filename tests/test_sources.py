@@ -105,6 +105,11 @@ def test_fetch_lines_hide_passwords():
     ("hf_endpoint", "file:///srv/hf", "not a http/https URL"),
     ("pypi_index", "https://pi.lab/simple/ --index-url x", "not a http/https URL"),
     ("torch_index", "ftp://pi.lab/cu128", "not a http/https URL"),
+    ("apt_mirror", "file:///srv/apt", "not a http/https URL"),
+    ("apt_mirror", "http://apt.lab/ubuntu jammy main", "not a http/https URL"),  # a whole sources line
+    ("apt_mirror", "http://u:pw@apt.lab/m#x", "has a query, fragment or brackets"),  # '#' starts a comment in a sources line
+    ("apt_mirror", "http://apt.lab/m?a=1", "has a query, fragment or brackets"),
+    ("apt_mirror", "http://apt.lab/[trusted=yes]", "has a query, fragment or brackets"),
 ])
 def test_bad_source_keys_are_refused_naming_host_key_and_fix(key, value, problem):
     with pytest.raises(BadHostData) as refused:
@@ -163,3 +168,40 @@ def test_a_host_that_showed_it_cannot_reach_github_is_warned(tmp_path):
                          QWEN27B_REPORTS=str(tmp_path))
     assert "WARNING: Python 3.12 comes from GitHub (uv downloads python-build-standalone on the host), but this host " \
            "could not reach github.com" in result.stderr, result.stderr[-3000:]
+
+
+def test_the_apt_mirror_stands_for_both_apt_hosts_and_is_fetched_first():
+    """qwen27b_apt_mirror replaces archive.ubuntu.com's and developer.download.nvidia.com's scheme and
+    host (their paths kept); the plan and `qwen27b reach` list it before the other fetches; its login
+    shown as ***. Without it the Ubuntu archive is the host's own business (not listed)."""
+    s = settings(apt_mirror="http://u:pw@apt.lab:8800/m")
+    assert sources.apt_url(SRC["ubuntu_archive"]["base"], s) == "http://u:pw@apt.lab:8800/m/ubuntu/"
+    assert sources.cuda_repo_url(SRC, "ubuntu2204", s) == "http://u:pw@apt.lab:8800/m/compute/cuda/repos/ubuntu2204/x86_64/"
+    assert sources.cuda_repo_url(SRC, "ubuntu2204", settings()) == \
+        "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2204/x86_64/"
+    profile = load_stack()["profiles"]["sm70"]
+    lines = sources.fetch_lines(sources.fetches(SRC, profile, s, None, [], "ubuntu2204"))
+    assert lines[:2] == ["fetch: Ubuntu archive (apt) <- http://u:***@apt.lab:8800/m/ubuntu/",
+                         "fetch: CUDA apt repository <- http://u:***@apt.lab:8800/m/compute/cuda/repos/ubuntu2204/x86_64/"]
+    assert not any("apt" in f.what.lower() for f in sources.fetches(SRC, profile, settings(), None, []))
+    files = sources.apt_mirror_files(s, SRC, "focal", None, "/etc/apt/qwen27b-mirror.list", "/etc/apt/qwen27b-mirror.list.d")
+    assert files.sources == ("deb http://apt.lab:8800/m/ubuntu/ focal main restricted universe multiverse\n"
+                             "deb http://apt.lab:8800/m/ubuntu/ focal-updates main restricted universe multiverse\n"
+                             "deb http://apt.lab:8800/m/ubuntu/ focal-security main restricted universe multiverse\n")
+    assert files.conf == ('Dir::Etc::SourceList "/etc/apt/qwen27b-mirror.list";\n'
+                          'Dir::Etc::SourceParts "/etc/apt/qwen27b-mirror.list.d";\n')
+    assert files.auth == "machine apt.lab:8800 login u password pw\n"
+    assert sources.apt_mirror_files(settings(apt_mirror="https://apt.lab/"), SRC, "jammy", None, "/l", "/d").auth is None
+
+
+def test_the_apt_mirror_plan_writes_its_files_and_keeps_its_login_off_the_plan():
+    """The golden host v100x1-2004-offline-apt through the real dry run: the list, the empty parts dir,
+    the 0600 login, then the conf naming them, then `apt-get update`, all before the first install."""
+    result = run_pyinfra("inventory/recorded.py", "deploy.py", "--dry", "-y", "--limit", "@fake/v100x1-2004-offline-apt")
+    out = result.stderr
+    assert "lab-apt-pw" not in out and "fetch: Ubuntu archive (apt) <- http://apt:***@192.168.10.5:8800/ubuntu/" in out
+    order = [out.index(text) for text in ("apt's sources: qwen27b_apt_mirror", "/etc/apt/qwen27b-mirror.list.d (empty",
+                                          "apt's login to qwen27b_apt_mirror (apt_auth.conf, 0600)",
+                                          "apt reads qwen27b_apt_mirror's list only", "apt-get update (from qwen27b_apt_mirror)",
+                                          "base packages")]
+    assert order == sorted(order), out[-3000:]

@@ -10,9 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
+import urllib.parse
+import urllib.request
 import zipfile
 from functools import lru_cache
 from pathlib import Path
@@ -83,6 +86,108 @@ def python_builds() -> tuple[str, ...]:
     """The cached builds as `<release>/<archive>` (plan/sources.cached_archives picks the version's)."""
     root = python_builds_dir()
     return tuple(sorted(f"{p.parent.name}/{p.name}" for p in root.glob("*/*.tar.gz"))) if root.is_dir() else ()
+
+
+PYTHON_FETCHED = "fetched.json"  # in python_builds_dir(): {"<release>/<archive>": {"url", "sha256"}}
+
+
+def python_downloaded() -> tuple[str, ...]:
+    """The cached builds the controller downloaded itself (the others were put there by hand):
+    the plan's python row says which."""
+    try:
+        record = json.loads((python_builds_dir() / PYTHON_FETCHED).read_text())
+    except (OSError, ValueError):
+        return ()
+    have = set(python_builds())
+    return tuple(sorted(rel for rel in record if rel in have)) if isinstance(record, dict) else ()
+
+
+def uv_python_url(uv: Path, version: str) -> str:
+    """The URL of the build uv itself will ask for (`uv python list --show-urls`, from the
+    download list compiled into the stack's uv): the archive the host's uv finds in a file:// mirror
+    only if it is that one. The binary is Linux x86_64's: another controller cannot ask it."""
+    import platform
+
+    from qwen27b.plan.sources import PYTHON_ARCHIVE
+
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        raise ArtifactError(f"the stack's uv is a Linux x86_64 binary; this controller ({platform.system()} "
+                            f"{platform.machine()}) cannot ask it which Python {version} build it installs")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UV_")}  # uv's own URL, no mirror of the caller's
+    try:
+        result = subprocess.run([str(uv), "python", "list", "--no-config", "--only-downloads", "--show-urls", version],
+                                capture_output=True, text=True, timeout=60, env=env)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise ArtifactError(f"could not run {uv} python list: {error}") from None
+    for url in re.findall(r"(https?://\S+\.tar\.gz)", result.stdout):
+        match = PYTHON_ARCHIVE.match(urllib.parse.unquote(url.rsplit("/", 1)[1]))
+        if match and match[1] == version:
+            return url
+    raise ArtifactError(f"`uv python list --show-urls {version}` named no x86_64 Linux build "
+                        f"(exit {result.returncode}: {(result.stderr or result.stdout).strip()[-200:]})")
+
+
+def _published_sha256(base: str, archive: str) -> str:
+    """The archive's sha256 from its release's SHA256SUMS (python-build-standalone publishes one per
+    release); the host's uv checks it again against the hash compiled into uv."""
+    with urllib.request.urlopen(f"{base}/SHA256SUMS", timeout=30) as response:
+        for line in response.read(1 << 20).decode("utf-8", "replace").splitlines():
+            words = line.split()
+            if len(words) == 2 and words[1].lstrip("*") == archive and re.fullmatch(r"[0-9a-f]{64}", words[0]):
+                return words[0]
+    raise ArtifactError(f"{base}/SHA256SUMS lists no sha256 for {archive}")
+
+
+def _content_length(url: str) -> int:
+    """The archive's size, for the resumable fetch (a redirected HEAD becomes a GET in urllib: its
+    body is never read)."""
+    with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=30) as response:
+        return int(response.headers.get("Content-Length") or 0)
+
+
+def download_python_build(url: str) -> str:
+    """Download uv's Python build once into the controller cache, as `<release>/<archive>`: the
+    on-host fetcher's path (onhost/fetch.fetch_one: a .part file resumed, its sha256 checked against
+    the release's SHA256SUMS, then renamed into place), recorded in fetched.json."""
+    from qwen27b.onhost.fetch import fetch_one
+
+    base, _, quoted = url.rpartition("/")
+    archive, release = urllib.parse.unquote(quoted), base.rsplit("/", 1)[1]
+    rel, target = f"{release}/{archive}", python_builds_dir() / release
+    if rel in python_builds():
+        return rel
+    target.mkdir(parents=True, exist_ok=True)
+    try:
+        sha256 = _published_sha256(base, archive)
+        fetch_one(base, archive, _content_length(url), sha256, str(target))
+    except (OSError, ValueError) as error:  # URLError and HTTPError are OSErrors; ValueError: a wrong sha256
+        reason = getattr(error, "reason", None) or error
+        raise ArtifactError(f"could not download {archive} from {base}: {reason}") from None
+    record_path = python_builds_dir() / PYTHON_FETCHED
+    try:
+        record = json.loads(record_path.read_text())
+    except (OSError, ValueError):
+        record = {}
+    record = {**(record if isinstance(record, dict) else {}), rel: {"url": url, "sha256": sha256}}
+    partial = record_path.with_name(f".{PYTHON_FETCHED}.tmp")
+    partial.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    partial.replace(record_path)
+    return rel
+
+
+_python_fetches: dict[tuple[str, str], tuple[str | None, str | None]] = {}
+
+
+def fetch_python_build(uv_version: str, version: str) -> tuple[str | None, str | None]:
+    """(`<release>/<archive>`, None) once the build uv pins is in the controller cache, downloaded
+    here if need be; else (None, why not). Tried once per run, whatever the number of hosts."""
+    key = (uv_version, version)
+    if key not in _python_fetches:
+        try:
+            _python_fetches[key] = (download_python_build(uv_python_url(uv_binary(uv_version), version)), None)
+        except ArtifactError as error:
+            _python_fetches[key] = (None, str(error))
+    return _python_fetches[key]
 
 
 def uv_binary(version: str) -> Path:

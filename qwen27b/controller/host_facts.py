@@ -306,6 +306,58 @@ class DeployLock(FactBase):
         return lines[0].strip() if lines else None
 
 
+# `qwen27b reach`'s probe (tools/reach.py), also the gate's ReachProbe fact on --dry. Runs on the host:
+# {"proxy": URL|null, "timeout": s, "urls": [[name, url], ...]} on stdin, one JSON line per URL out. Redirects are not followed (a HEAD that became a GET would download the wheel).
+PROBE = r"""
+import base64, json, sys, urllib.parse, urllib.request, urllib.error
+job = json.load(sys.stdin)
+class Stay(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None
+handlers = [Stay()]
+if job.get("proxy"):
+    handlers.append(urllib.request.ProxyHandler({"http": job["proxy"], "https": job["proxy"]}))
+opener = urllib.request.build_opener(*handlers)
+def request(url):
+    parts = urllib.parse.urlsplit(url)
+    login, _, hostport = parts.netloc.rpartition("@")
+    req = urllib.request.Request(urllib.parse.urlunsplit(parts._replace(netloc=hostport)), method="HEAD")
+    if login:  # urllib takes no user:password@ in a URL: as uv and curl send it
+        user, _, password = (urllib.parse.unquote(p) for p in login.partition(":"))
+        req.add_header("Authorization", "Basic " + base64.b64encode(("%s:%s" % (user, password)).encode()).decode())
+    return req
+for name, url in job["urls"]:
+    try:
+        with opener.open(request(url), timeout=job["timeout"]) as r:
+            out = {"name": name, "status": r.status}
+    except urllib.error.HTTPError as e:
+        out = {"name": name, "status": e.code}
+    except Exception as e:
+        reason = getattr(e, "reason", None) or e
+        out = {"name": name, "error": ("%s: %s" % (type(e).__name__, reason))[:200]}
+    print(json.dumps(out), flush=True)
+"""
+PROBE_COMMAND = "python3 -c " + "'" + PROBE.replace("'", "'\\''") + "'"
+
+
+class ReachProbe(FactBase):
+    """`qwen27b reach`'s probe as a read-only fact, for the gate on `--dry` (issue 30): from the host,
+    a HEAD request to each URL of `payload` (tools.reach.probe_input), one JSON line each. A fact's
+    command is argv: the caller sends no URL or proxy that carries a login. The probe's own error
+    lines (python3 missing) are kept for the report."""
+
+
+    def command(self, payload: str) -> str:
+        return f"printf '%s\\n' {shlex.quote(payload)} | {PROBE_COMMAND} 2>&1 || true"
+
+    @staticmethod
+    def default() -> list:
+        return []
+
+    def process(self, output: list[str]) -> list[str]:
+        return [part for line in output for part in line.splitlines()]
+
+
 class SecretFileState(FactBase):
     """Owner, group, mode and sha256 of a secret file (an API key, a token), never its contents:
     {"user", "group", "mode", "sha256"}, or None when it is not a regular file. The secret_file

@@ -622,8 +622,8 @@ def _choices(facts: HostFacts, rs: ResolvedStack, settings: Settings, driver: Dr
     return out
 
 
-def python_row(facts: HostFacts, rs: ResolvedStack, settings: Settings,
-               cached: tuple[str, ...] = (), failed: tuple[str, ...] = ()) -> tuple[Choice, str | None]:
+def python_row(facts: HostFacts, rs: ResolvedStack, settings: Settings, cached: tuple[str, ...] = (),
+               failed: tuple[str, ...] = (), downloaded: tuple[str, ...] = ()) -> tuple[Choice, str | None]:
     """The plan's python row and its warning: where uv's build comes from (sources.python_source,
     which the toolchain role asks too, with the same controller cache), said as it will happen."""
     py = rs.profile["python"]
@@ -632,18 +632,20 @@ def python_row(facts: HostFacts, rs: ResolvedStack, settings: Settings,
         return Choice("python", py["version"], f"present at {have}", "keep"), None
     if py.get("route") == "system":
         return Choice("python", py["version"], "the OS's own python3 (CPU smoke profile)", "install"), None
-    source = sources.python_source(settings, rs.fetch_sources, py["version"], cached)
+    source = sources.python_source(settings, rs.fetch_sources, py["version"], cached, downloaded)
     return (Choice("python", py["version"], f"the OS ships {', '.join(sorted(facts.pythons)) or 'none'}; uv's "
                    f"managed Python {source.shown} {rs.cite(py['source'])}", "install"),
             sources.python_warning(settings, source, py["version"], sources.github_failed(failed, rs.fetch_sources)))
 
 
-def with_cached_python(decision: Decision, cached: tuple[str, ...], failed: tuple[str, ...] = ()) -> Decision:
+def with_cached_python(decision: Decision, cached: tuple[str, ...], failed: tuple[str, ...] = (),
+                       downloaded: tuple[str, ...] = ()) -> Decision:
     """The python row (and warning) once the controller's side is read (like mark_installed's venv):
-    'from the controller cache' only when it holds the build; `failed`: the URLs the host's last
-    `qwen27b reach` could not reach (GitHub among them: warned)."""
+    'from the controller cache' only when it holds the build (`downloaded`: those the controller
+    fetched itself); `failed`: the URLs the host's last `qwen27b reach` could not reach (GitHub
+    among them: warned)."""
     args = (decision.facts, decision.stack, decision.settings)
-    (before, warned), (row, warning) = python_row(*args), python_row(*args, cached, failed)
+    (before, warned), (row, warning) = python_row(*args), python_row(*args, cached, failed, downloaded)
     if (row, warning) == (before, warned):
         return decision
     return replace(decision, choices=[row if c.what == "python" else c for c in decision.choices],

@@ -63,6 +63,8 @@ class Settings:
     hf_endpoint: str | None = None
     pypi_index: str | None = None
     torch_index: str | None = None
+    # a base URL standing for archive.ubuntu.com and developer.download.nvidia.com: apt reads only it
+    apt_mirror: str | None = None
     wheelhouse_dir: str | None = None  # controller dir with the vLLM build's wheels + manifest.json
     require_hashes: bool = False  # refuse any artifact the stack does not pin by sha256 (the gate names each)
     wheel_mirror: str | None = None  # a lab mirror holding every wheel (uv --no-index --find-links) when no wheelhouse is pushed
@@ -135,6 +137,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "hf_endpoint": (str,),
     "pypi_index": (str,),
     "torch_index": (str,),
+    "apt_mirror": (str,),
     "wheelhouse_dir": (str,),
     "require_hashes": (bool,),
     "wheel_mirror": (str,),
@@ -214,7 +217,7 @@ POSITIVE_FLAGS = ("--tensor-parallel-size", "--max-model-len", "--max-num-seqs",
 URL_KEYS = {"python_mirror": ("http", "https", "file"), "wheel_mirror": ("http", "https", "file"),
             "model_mirror": ("http", "https", "file"), "http_proxy": ("http", "https", "socks5", "socks5h"),
             "release_mirror": ("http", "https"), "hf_endpoint": ("http", "https"), "pypi_index": ("http", "https"),
-            "torch_index": ("http", "https")}
+            "torch_index": ("http", "https"), "apt_mirror": ("http", "https")}
 # Keys whose URL reaches argv as part of a longer URL (the engine wheel's, the hub's file URLs built by
 # huggingface_hub): a login there would show in `ps`, so these take none (a lab's own mirror needs none;
 # a proxy's login goes in qwen27b_http_proxy, kept in a root-only file)
@@ -463,6 +466,8 @@ def _check_values(host: str, s: Settings) -> None:
                               "a command line (the URLs built from it are arguments)",
                               "serve the mirror without a login on the lab network (a proxy's login goes in "
                               "qwen27b_http_proxy, kept in a root-only file)")
+    if s.apt_mirror is not None:
+        _check_apt_mirror(host, s.apt_mirror)
     if s.model_source is not None and s.model_source not in MODEL_SOURCES:
         close = difflib.get_close_matches(s.model_source, MODEL_SOURCES, n=1)
         raise BadHostData(host, "qwen27b_model_source", f"{s.model_source!r} is not a model source",
@@ -733,6 +738,19 @@ def check_secret_file(host: str, key: str, path: str, secret_name: str | None = 
 def with_lab_key(data: dict, key_file: str) -> dict:
     """The host's data with the lab key's file (controller/apikey.py) where it names no key file."""
     return data if PREFIX + "api_key_file" in data else {**data, PREFIX + "api_key_file": key_file}
+
+
+def _check_apt_mirror(host: str, url: str) -> None:
+    """qwen27b_apt_mirror is written into an apt sources line (`deb URL SUITE COMPONENTS`), where `#`
+    starts a comment and `[` options: a base URL of a path only. Its login, if any, goes into an
+    apt_auth.conf file (0600), never the sources line."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.query or parts.fragment or "?" in url or "#" in url or "[" in url or "]" in url:
+        raise BadHostData(host, PREFIX + "apt_mirror", f"{redact_url(url)} has a query, fragment or brackets, which an "
+                          "apt sources line cannot hold", "give the mirror's base URL only, e.g. http://mirror.lab/")
+    if not parts.hostname:
+        raise BadHostData(host, PREFIX + "apt_mirror", f"{redact_url(url)} names no host",
+                          "give the mirror's base URL, e.g. http://mirror.lab/ (serving ubuntu/ and compute/cuda/repos/)")
 
 
 def redact_url(url: str) -> str:

@@ -287,6 +287,12 @@ LOCK_DIR = "/run/qwen27b"
 # the toolchain role's apt side of qwen27b_http_proxy: apt.conf lines, and the login (0600) for a proxy URL with one
 APT_PROXY_CONF = "/etc/apt/apt.conf.d/90qwen27b-proxy"
 APT_PROXY_AUTH = "/etc/apt/auth.conf.d/90qwen27b-proxy.conf"
+# ... and of qwen27b_apt_mirror: apt.conf lines pointing apt at qwen27b's source list (and an empty parts
+# dir), both beside apt's own files (not under /etc/qwen27b: the conf must never name a missing list), and the login
+APT_MIRROR_CONF = "/etc/apt/apt.conf.d/90qwen27b-mirror"
+APT_MIRROR_LIST = "/etc/apt/qwen27b-mirror.list"
+APT_MIRROR_PARTS = "/etc/apt/qwen27b-mirror.list.d"
+APT_MIRROR_AUTH = "/etc/apt/auth.conf.d/90qwen27b-mirror.conf"
 
 
 def _beside_weights(paths: dict) -> list[str]:
@@ -301,7 +307,7 @@ def probe_paths(paths: dict, unit_dir: str, textfile: str) -> list[str]:
     at = HostLayout.of(paths)
     return ([at.root, at.config, at.state, at.models, *_beside_weights(paths), CUDA_PROFILE,
              textfile, textfile.rsplit("/", 1)[0], NOUVEAU_BLACKLIST, MOK_CONFIG, *GATEWAY_DIRS, APT_PROXY_CONF,
-             APT_PROXY_AUTH]
+             APT_PROXY_AUTH, APT_MIRROR_CONF, APT_MIRROR_LIST, APT_MIRROR_PARTS, APT_MIRROR_AUTH]
             + [f"{unit_dir}/{name}" for name in UNIT_FILES])
 
 
@@ -346,6 +352,10 @@ def uninstall_plan(have: Installed, paths: dict, options: UninstallOptions, unit
                       (CUDA_PROFILE, "the CUDA PATH file for login shells"),
                       (APT_PROXY_CONF, "apt's proxy setting (qwen27b_http_proxy)"),
                       (APT_PROXY_AUTH, "apt's login to the proxy (its password)"),
+                      (APT_MIRROR_CONF, "apt's pointer to qwen27b_apt_mirror's list (first: apt then reads the host's own)"),
+                      (APT_MIRROR_LIST, "qwen27b_apt_mirror's source list"),
+                      (APT_MIRROR_PARTS, "qwen27b_apt_mirror's (empty) source parts dir"),
+                      (APT_MIRROR_AUTH, "apt's login to qwen27b_apt_mirror (its password)"),
                       *((path, "the gateway's code, config and keys, state") for path in GATEWAY_DIRS)):
         if path in have.paths:
             removals.append(Removal(path, why, (f"rm -rf {q(path)}",)))

@@ -9,6 +9,7 @@ Python builds are read by the caller (controller/artifacts.python_builds) and pa
 from __future__ import annotations
 
 import re
+import urllib.parse
 from dataclasses import dataclass
 
 from qwen27b.plan.hostdata import Settings, redact_url
@@ -63,12 +64,15 @@ def cached_archives(paths: list[str], version: str) -> tuple[str, ...]:
     return tuple(sorted(out, reverse=True))
 
 
-def python_source(settings: Settings, src: dict, version: str, cached: tuple[str, ...] = ()) -> PythonSource:
+def python_source(settings: Settings, src: dict, version: str, cached: tuple[str, ...] = (),
+                  downloaded: tuple[str, ...] = ()) -> PythonSource:
     """The controller cache when it holds this version's build (pushed, then uv reads it from a
-    file:// dir); else qwen27b_python_mirror; else the release mirror; else GitHub."""
+    file:// dir); else qwen27b_python_mirror; else the release mirror; else GitHub. `downloaded`:
+    the cached builds the controller fetched itself (artifacts.python_downloaded), said so."""
     archives = cached_archives(list(cached), version)
     if archives:
-        return PythonSource("controller", f"from the controller cache ({archives[0]}, pushed)", archives=archives)
+        how = "downloaded by the controller" if archives[0] in downloaded else "put there by hand"
+        return PythonSource("controller", f"from the controller cache ({archives[0]}, {how}, pushed)", archives=archives)
     if settings.python_mirror:
         return PythonSource("python_mirror", f"from qwen27b_python_mirror {redact_url(settings.python_mirror)}",
                             settings.python_mirror)
@@ -104,6 +108,13 @@ def python_warning(settings: Settings, source: PythonSource, version: str, unrea
             f"or put the build in the controller cache at {CACHE_LAYOUT} (`uv python list --show-urls` names it)")
 
 
+def controller_fetches_python(settings: Settings, source: PythonSource, version: str, unreachable: bool = False) -> bool:
+    """Whether the controller downloads uv's Python build into its cache for this host (once per
+    run, artifacts.fetch_python_build): only where the host would fetch it from GitHub and the gate
+    warns it may not reach it (python_warning). A host that reaches GitHub is left as before."""
+    return python_warning(settings, source, version, unreachable) is not None
+
+
 def github_failed(failed: tuple[str, ...], src: dict) -> bool:
     """Whether a host's last reach check failed on a GitHub URL (the wheel's or Python's)."""
     return any(url.startswith(src["github"]["base"]) for url in failed)
@@ -123,6 +134,55 @@ def hub_base(settings: Settings, src: dict) -> str:
     return settings.hf_endpoint or src["hub"]["base"]
 
 
+def apt_url(default: str, settings: Settings) -> str:
+    """An apt source's URL as fetched: qwen27b_apt_mirror in place of the default's scheme and host
+    (the path kept: <mirror>/ubuntu/, <mirror>/compute/cuda/repos/...), login included."""
+    if not settings.apt_mirror:
+        return default
+    return settings.apt_mirror.rstrip("/") + "/" + urllib.parse.urlsplit(default).path.lstrip("/")
+
+
+def cuda_repo_url(src: dict, repo: str, settings: Settings) -> str:
+    """NVIDIA's CUDA repository for an OS row (`ubuntu2204`), under qwen27b_apt_mirror when set."""
+    return apt_url(f"{src['cuda_repo']['base']}{repo}/x86_64/", settings)
+
+
+@dataclass(frozen=True)
+class AptMirror:
+    """What the toolchain role writes for qwen27b_apt_mirror: apt.conf lines that make apt read
+    only qwen27b's source list (and an empty parts dir), that list (no login: the file is
+    world-readable), and the apt_auth.conf(5) entry holding a login (None without one)."""
+
+    conf: str
+    sources: str
+    auth: str | None
+
+
+def apt_mirror_files(settings: Settings, src: dict, codename: str, cuda_repo: str | None,
+                     source_list: str, source_parts: str) -> AptMirror:
+    """The Ubuntu archive's suites for `codename` (the stack's pockets and components), and NVIDIA's
+    repository (signed by the key cuda-keyring installs) where a toolkit is installed, all from the
+    mirror. hostdata allowed a plain base URL only (no `#`, `[`, quotes or spaces)."""
+    ubuntu = src["ubuntu_archive"]
+    parts = urllib.parse.urlsplit(apt_url(ubuntu["base"], settings))
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+
+    def bare(url: str) -> str:
+        return urllib.parse.urlunsplit(urllib.parse.urlsplit(url)._replace(netloc=hostport))
+
+    components = " ".join(ubuntu["components"])
+    lines = [f"deb {bare(apt_url(ubuntu['base'], settings))} {codename}{pocket} {components}" for pocket in ubuntu["pockets"]]
+    if cuda_repo:
+        lines.append(f"deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] "
+                     f"{bare(cuda_repo_url(src, cuda_repo, settings))} /")
+    conf = f'Dir::Etc::SourceList "{source_list}";\nDir::Etc::SourceParts "{source_parts}";\n'
+    auth = None
+    if userinfo:
+        user, _, password = (urllib.parse.unquote(p) for p in userinfo.partition(":"))
+        auth = f"machine {hostport} login {user}" + (f" password {password}" if password else "") + "\n"
+    return AptMirror(conf, "".join(line + "\n" for line in lines), auth)
+
+
 def fetches(src: dict, profile: dict, settings: Settings, python: PythonSource | None,
             models: list[dict], cuda_repo: str | None = None, wheels: bool = True) -> list[Fetch]:
     """Every source this host's deploy fetches from over the network, in the order it does (the
@@ -130,8 +190,10 @@ def fetches(src: dict, profile: dict, settings: Settings, python: PythonSource |
     when the host already has it; `models`: the checkpoints to download; `cuda_repo`: the OS
     row's, when a toolkit is installed; `wheels`: False when the release venv holds the build."""
     out = []
+    if settings.apt_mirror:
+        out.append(Fetch("Ubuntu archive (apt)", apt_url(src["ubuntu_archive"]["base"], settings), "qwen27b_apt_mirror"))
     if cuda_repo:
-        out.append(Fetch("CUDA apt repository", f"{src['cuda_repo']['base']}{cuda_repo}/x86_64/", "your apt mirror (the host's own sources)"))
+        out.append(Fetch("CUDA apt repository", cuda_repo_url(src, cuda_repo, settings), "qwen27b_apt_mirror"))
     if python is not None and python.kind != "controller":
         base = python.mirror or src["github"]["base"] + src["python_builds"]["path"]
         out.append(Fetch(f"Python {profile['python']['version']} (uv)", base.rstrip("/") + "/",

@@ -24,41 +24,10 @@ import time
 from dataclasses import asdict, dataclass
 
 from qwen27b.controller import reachrecord, remote
+from qwen27b.controller.host_facts import PROBE, PROBE_COMMAND  # noqa: F401 (the probe lives with its fact: the gate runs it on --dry)
 from qwen27b.controller.report import table
 from qwen27b.plan.hostdata import redact_url
 
-# Runs on the host: {"proxy": URL|null, "timeout": s, "urls": [[name, url], ...]} on stdin, one JSON
-# line per URL out. Redirects are not followed (a HEAD that became a GET would download the wheel).
-PROBE = r"""
-import base64, json, sys, urllib.parse, urllib.request, urllib.error
-job = json.load(sys.stdin)
-class Stay(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args, **kwargs):
-        return None
-handlers = [Stay()]
-if job.get("proxy"):
-    handlers.append(urllib.request.ProxyHandler({"http": job["proxy"], "https": job["proxy"]}))
-opener = urllib.request.build_opener(*handlers)
-def request(url):
-    parts = urllib.parse.urlsplit(url)
-    login, _, hostport = parts.netloc.rpartition("@")
-    req = urllib.request.Request(urllib.parse.urlunsplit(parts._replace(netloc=hostport)), method="HEAD")
-    if login:  # urllib takes no user:password@ in a URL: as uv and curl send it
-        user, _, password = (urllib.parse.unquote(p) for p in login.partition(":"))
-        req.add_header("Authorization", "Basic " + base64.b64encode(("%s:%s" % (user, password)).encode()).decode())
-    return req
-for name, url in job["urls"]:
-    try:
-        with opener.open(request(url), timeout=job["timeout"]) as r:
-            out = {"name": name, "status": r.status}
-    except urllib.error.HTTPError as e:
-        out = {"name": name, "status": e.code}
-    except Exception as e:
-        reason = getattr(e, "reason", None) or e
-        out = {"name": name, "error": ("%s: %s" % (type(e).__name__, reason))[:200]}
-    print(json.dumps(out), flush=True)
-"""
-PROBE_COMMAND = "python3 -c " + "'" + PROBE.replace("'", "'\\''") + "'"
 PROXY_FAILED = (407, 502, 503, 504)
 
 
@@ -67,7 +36,7 @@ class Row:
     host: str
     source: str
     url: str  # redacted
-    ok: bool
+    ok: bool | None  # None: not checked (the gate's --dry check sends no login: roles/preflight.dry_reach)
     result: str
     fix: str
 
