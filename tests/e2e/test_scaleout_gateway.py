@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -130,7 +131,7 @@ class Load:
                     r = c.post(f"{self.base}/v1/chat/completions", json=BODY)
                     why = None if r.status_code == 200 else f"HTTP {r.status_code} {r.text[:100]}"
                     if why is None and not answered(r):  # a 200 must carry a real completion
-                        why = f"HTTP 200 without a completion: {r.text[:100]}"
+                        why = f"HTTP 200 without a completion: {r.text[:600]}"
                 except httpx.HTTPError as error:
                     why = f"{type(error).__name__}: {error}"
                 with self.lock:
@@ -263,10 +264,28 @@ def _engine_core(host) -> str:
     return pids[0]
 
 
+def _generating(victim) -> threading.Thread:
+    """A long streamed completion on the victim itself (curl there, the key read from its 0600 env
+    file into a header on stdin, never argv), so a request is on the engine when it is frozen: the
+    counters' path, which a loaded machine otherwise leaves to chance (the idle probe's path then)."""
+    body = json.dumps({"model": NAME, "messages": [{"role": "user", "content": "Count to one thousand."}],
+                       "max_tokens": 1500, "ignore_eos": True, "stream": True})
+    command = (f"sed -n 's/^VLLM_API_KEY=/Authorization: Bearer /p' /etc/qwen27b/api-key.env | "
+               f"curl -sN --max-time 900 -H @- -H 'Content-Type: application/json' "
+               f"http://{victim.address}:8000/v1/chat/completions -d {shlex.quote(body)} > /tmp/e2e-long.sse")
+    thread = threading.Thread(target=lambda: victim.run(command, check=False, timeout=960), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and int(victim.run("grep -c '\"content\"' /tmp/e2e-long.sse 2>/dev/null; true",
+                                                         check=False).stdout.strip() or 0) < 3:
+        time.sleep(1)
+    return thread
+
+
 def test_a_frozen_engine_is_named_stalled_dropped_from_the_pool_restarted_and_returns(gw):
     """Issue 26 part 1 on real hosts: the backend's engine core is frozen (SIGSTOP) under bounded
-    load while its API server keeps answering /health. Its health check (every 10 s here) names the
-    stall from vLLM's counters, its health endpoint answers 503 so the gateway's pool drops it, the
+    load, while a long completion runs on it, and its API server keeps answering /health. Its health
+    check (every 10 s here) names the stall from vLLM's counters, its health endpoint answers 503 so the gateway's pool drops it, the
     health check's rate-limited restart brings the service back, and the pool takes it again. Every
     200 a client got carries a real completion (Load.answered): the requests caught in the frozen
     engine either failed or were retried by nginx on the other backend, never reported done."""
@@ -280,6 +299,7 @@ def test_a_frozen_engine_is_named_stalled_dropped_from_the_pool_restarted_and_re
     try:
         with Load(gw["base"], threads=2, limit_s=600, pause_s=0.5) as load:
             time.sleep(5)
+            _generating(victim)
             frozen_at = time.monotonic()
             victim.run(f"kill -STOP {core}")
             try:
