@@ -32,3 +32,31 @@ def test_apt_commands_wait_for_the_dpkg_lock_and_release_holds_when_told():
     assert f"-o DPkg::Lock::Timeout={seconds}" in plain and "--allow-change-held-packages" not in plain
     held = replace_command("nvidia-driver-580-server", ("nvidia-driver-470",), ("nvidia-driver-470",))
     assert held.endswith("--allow-change-held-packages --purge install nvidia-driver-580-server nvidia-driver-470-")
+
+
+def test_a_bulk_push_lets_the_ssh_connection_wait_for_a_rekey():
+    """A real paramiko Transport (over a socket pair, never started): its senders wait 30 s for a
+    re-key by default, and push_files raises that to REKEY_WAIT_S (a loaded test host's re-key took
+    longer in CI); never lowered; a connector without a paramiko client is left alone."""
+    import socket
+    from types import SimpleNamespace
+
+    import paramiko
+
+    from qwen27b.controller.operations import REKEY_WAIT_S, patient_rekey
+
+    ours, theirs = socket.socketpair()
+    try:
+        transport = paramiko.Transport(ours)
+        assert transport.clear_to_send_timeout == 30.0  # paramiko's default, the attribute it reads
+        connector = SimpleNamespace(client=SimpleNamespace(get_transport=lambda: transport))
+        patient_rekey(connector)
+        assert transport.clear_to_send_timeout == REKEY_WAIT_S >= 120
+        transport.clear_to_send_timeout = 900.0
+        patient_rekey(connector)
+        assert transport.clear_to_send_timeout == 900.0
+        patient_rekey(SimpleNamespace())  # @local, @fake
+        patient_rekey(SimpleNamespace(client=SimpleNamespace(get_transport=lambda: None)))  # not connected
+    finally:
+        ours.close()
+        theirs.close()

@@ -159,6 +159,7 @@ def push_files(
         host.noop(f"{dest_dir}: all {len(wanted)} files match the manifest")
         return
 
+    patient_rekey(getattr(host, "connector", None))  # test hosts have none
     if send and not present:
         yield f"mkdir -p {shlex.quote(dest_dir)}"  # FileHashes cannot tell missing from empty
     if extra:
@@ -185,6 +186,20 @@ def push_files(
 
 
 STAGING_DIR = ".incoming"  # hidden: FileHashes and remove_extra leave it alone
+REKEY_WAIT_S = 300.0
+
+
+def patient_rekey(connector, seconds: float = REKEY_WAIT_S) -> None:
+    """paramiko re-keys an SSH connection every 512 MiB (packet.Packetizer.REKEY_BYTES) and a sender
+    waits at most 30 s for the new keys (Transport.clear_to_send_timeout) before it raises
+    "Key-exchange timed out waiting for key negotiation". Pushing the 878 MiB wheelhouse to a loaded
+    host took longer once (the clean-clone CI of 2026-12-05, a test host's second fresh deploy): the
+    operation failed, and pyinfra offers no setting for it. A bulk push lets the connection wait up to
+    `seconds` instead. Other connectors (@local, @fake) have no paramiko transport: nothing to do."""
+    client = getattr(connector, "client", None)
+    transport = client.get_transport() if client is not None and hasattr(client, "get_transport") else None
+    if transport is not None and getattr(transport, "clear_to_send_timeout", seconds) < seconds:
+        transport.clear_to_send_timeout = seconds
 
 
 def _plain_sudo() -> bool:
