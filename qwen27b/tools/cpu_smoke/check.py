@@ -20,7 +20,7 @@ from qwen27b.controller.cpu_build import (DEFAULT_TORCH_FIND_LINKS, SERVED_MODEL
                                           install_argv, offline_pip_env, post_install_commands,
                                           serve_command, serve_env)
 
-from .common import _find_python, _run, _say, dir_size, human, read_manifest
+from .common import _find_python, _run, _say, dir_size, fetch_clients, human, read_manifest
 from .model import build_model
 from .wheelhouse import build_wheelhouse
 
@@ -184,6 +184,11 @@ def run_check(cache: Path, *, wheelhouse: Path, model_dir: Path, python: str | N
         _run(install_argv(str(venv), str(wheelhouse)), env=offline_pip_env(os.environ))
         results["venv_install_s"] = time.monotonic() - t0
         marker.write_text(VLLM_VERSION + "\n")
+    # the download clients (the `modelscope` CLI): the tests drive them against local hub servers;
+    # also into a venv kept from before they were added
+    if not (venv / "bin" / "modelscope").exists():
+        _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--no-index", "--find-links", str(wheelhouse),
+              *fetch_clients()], env=offline_pip_env(os.environ))
     t0 = time.monotonic()
     for cmd in post_install_commands(str(venv), VLLM_VERSION):
         _run(["sh", "-c", cmd])

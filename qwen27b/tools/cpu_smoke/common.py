@@ -35,6 +35,13 @@ def host_packages() -> tuple[str, ...]:
     return tuple(load_stack()["tools"]["host_packages"])
 
 
+def fetch_clients() -> tuple[str, ...]:
+    """The download clients a release venv gets for its model source (the `modelscope` CLI), from the
+    stack: the wheelhouse carries them so an offline host can use any source."""
+    from qwen27b.plan.stack import load_stack
+    return tuple(c["requirement"] for c in load_stack()["tools"]["fetch_clients"].values())
+
+
 def python_tag(python_version: str = PYTHON_VERSION) -> str:
     """'3.11' -> 'cp311'."""
     major, minor = python_version.split(".")[:2]

