@@ -98,6 +98,10 @@ recorded_hosts = [
     _fake("v100x1-2004-lab-sources", "v100x1-2004", qwen27b_release_mirror="https://gh.mirror.lab/",
           qwen27b_hf_endpoint="https://hf-mirror.lab", qwen27b_pypi_index="https://pypi.mirror.lab/simple/",
           qwen27b_torch_index="https://pypi.mirror.lab/whl/cu128"),
+    # ... and a lab that takes its checkpoint from ModelScope (a mirror of it on the lab network): the
+    # ModelScope ids and revisions, the `modelscope` client pinned into the release venv
+    _fake("v100x1-2004-modelscope", "v100x1-2004", qwen27b_model_source="modelscope",
+          qwen27b_modelscope_endpoint="http://192.168.10.5:8900"),
     # ... and the offline host with every source in the lab, apt too (the mirror's login goes to apt_auth.conf, 0600)
     _fake("v100x1-2004-offline-apt", "v100x1-2004", qwen27b_apt_mirror="http://apt:lab-apt-pw@192.168.10.5:8800/",
           qwen27b_python_mirror="http://192.168.10.5:8800/python", **OFFLINE),

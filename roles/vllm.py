@@ -31,11 +31,23 @@ from ._common import fetch_prefix, needs_restart, note, url_word
 from ._common import ONHOST_SOURCE, release_dir, release_venv, uv_on_host, wheelhouse_dir
 
 
+def extra_requirements(decision: Decision) -> list[str]:
+    """What the release venv gets besides vLLM: the stack's host_packages (by name: vLLM's resolve
+    picks versions) and the download client this host's model source needs (pinned)."""
+    models = [decision.stack.model] + ([decision.stack.draft] if decision.stack.draft else [])
+    return [*decision.stack.tools["host_packages"],
+            *sources.fetch_clients(decision.stack.tools, models, decision.settings)]
+
+
+def _name(requirement: str) -> str:
+    return normalize(requirement.split("==", 1)[0])
+
+
 def _pinned(decision: Decision, pins: dict[str, tuple[str, str]], local: Path) -> list[str]:
     """The build's own requirements, pinned to the wheelhouse's versions (--require-hashes wants
     every requirement `==`); a requirement the wheelhouse lacks fails the host while planning."""
-    wanted = [decision.stack.profile["vllm"]["dist"], *decision.stack.tools["host_packages"]]
-    missing = [name for name in wanted if normalize(name) not in pins]
+    wanted = [decision.stack.profile["vllm"]["dist"], *extra_requirements(decision)]
+    missing = [name for name in wanted if _name(name) not in pins]
     if missing:
         raise ArtifactError(f"the wheelhouse {local} has no wheel for {', '.join(missing)}: rebuild it "
                             "(`python3 -m qwen27b.tools.cpu_smoke wheelhouse`) or point qwen27b_wheelhouse_dir at one")
@@ -44,7 +56,7 @@ def _pinned(decision: Decision, pins: dict[str, tuple[str, str]], local: Path) -
     if vllm_pin.split("==", 1)[1] != version:
         raise ArtifactError(f"the wheelhouse {local} holds {vllm_pin}, the stack wants {wanted[0]}=={version}: "
                             "rebuild it for this stack")
-    return [pins[normalize(name)][0] for name in wanted]
+    return [pins[_name(name)][0] for name in wanted]
 
 
 def _install_commands(decision: Decision, venv: str, uv: str) -> tuple[str, list[str], Path | None]:
@@ -58,7 +70,7 @@ def _install_commands(decision: Decision, venv: str, uv: str) -> tuple[str, list
     start. uv unpacks into a cache on the venv's filesystem and hard-links from it; that cache is
     removed after the install (the venv keeps the files)."""
     vllm, torch = decision.stack.profile["vllm"], decision.stack.profile["torch"]
-    extras = " ".join(shlex.quote(p) for p in decision.stack.tools["host_packages"])
+    extras = " ".join(shlex.quote(p) for p in extra_requirements(decision))
     requirement = shlex.quote(f"{vllm['dist']}=={vllm['version']}")
     target = f"{uv} pip install --python {shlex.quote(venv + '/bin/python')} --no-config --compile-bytecode"
     local = wheelhouse_dir(decision)
@@ -169,7 +181,7 @@ def vllm(decision: Decision) -> None:
     install_onhost(venv)
     vllm_entry = decision.stack.profile["vllm"]
     wanted = {normalize(vllm_entry["dist"]): vllm_entry["version"]}
-    wanted.update({normalize(p): None for p in decision.stack.tools["host_packages"]})
+    wanted.update({_name(p): p.split("==", 1)[1] if "==" in p else None for p in extra_requirements(decision)})
     installed = {normalize(k): v for k, v in (host.get_fact(VenvPackages, venv=venv) or {}).items()}
     missing = [name for name, version in wanted.items() if name not in installed or (version and installed[name] != version)]
     if not missing:

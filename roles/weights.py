@@ -26,7 +26,7 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.files import File
 from pyinfra.operations import files, python, server
 
-from qwen27b.plan import fanout
+from qwen27b.plan import fanout, sources
 from qwen27b.controller import factcache, progress, remote, runstate
 from qwen27b.controller.address import host_address
 from qwen27b.controller.artifacts import cache_root, dir_manifest
@@ -62,31 +62,49 @@ def hub_download_command(prefix: str, venv: str, entry: dict, target: str, token
     return f'HF_TOKEN="$(cat {token_path})" && rm -f {token_path} && export HF_TOKEN && {download}'
 
 
-def _hub(decision: Decision, entry: dict, target: str):
-    """Download on the host with huggingface_hub (in the release venv: vLLM depends on it), which
-    resumes partial files; then record a manifest of what arrived, so later runs verify against it."""
+def modelscope_download_command(prefix: str, venv: str, entry: dict, target: str) -> str:
+    """`modelscope download` of the pinned ModelScope revision (entry: its ModelScope id, stack.on_source);
+    the client checks each file's sha256 against the hub's listing as it arrives."""
+    return (f"{prefix}{venv}/bin/modelscope download {shlex.quote(entry['id'])} "
+            f"--revision {shlex.quote(entry['revision'])} --local-dir {shlex.quote(target)}")
+
+
+def _download(decision: Decision, entry: dict, target: str, source: str):
+    """Download on the host with the hub's own client (`hf` from vLLM's huggingface_hub, or the
+    `modelscope` CLI the vllm role adds for that source), which resumes partial files; then record a
+    manifest of what arrived, so later runs verify against it."""
     # a stat, not FileHashes: hashing 20 GiB of weights would cost every no-op run a minute
     if host.get_fact(File, path=f"{target}/{HUB_MANIFEST}"):
         note(f"weights: {safe_name(entry)} present (recorded in {HUB_MANIFEST})")
         return None
-    token_path = None
-    if decision.settings.hf_token_file:
-        # hostdata already refused a token file readable by others, before any host was touched
-        token_path = decision.stack.layout.hub_token_file
-        secret_file(name="Hugging Face token (0600, removed as the download starts)", dest=token_path,
-                    content=load_secret(decision.settings.hf_token_file, "HF_TOKEN") + "\n")
-    venv = release_venv(decision)
-    # HF_ENDPOINT: a Hugging Face mirror the lab reaches (hostdata refused one with a login: huggingface_hub
-    # builds every file's URL from it and logs them)
-    endpoint = decision.settings.hf_endpoint
-    prefix = fetch_prefix(decision) + (f"HF_ENDPOINT={shlex.quote(endpoint.rstrip('/'))} " if endpoint else "")
-    if endpoint:
-        note(f"weights: {entry['id']}@{entry['revision']} from the hub mirror {endpoint} (qwen27b_hf_endpoint)")
-    return server.shell(name="download from the hub", commands=[
-        hub_download_command(prefix, venv, entry, target, token_path),
-        f"cd {shlex.quote(target)} && find . -maxdepth 1 -type f ! -name '.*' ! -name {HUB_MANIFEST} -printf '%f\\n' | sort | "
-        f"xargs -r -d '\\n' sha256sum > {HUB_MANIFEST}.part && mv -f {HUB_MANIFEST}.part {HUB_MANIFEST}",
-    ])
+    venv, prefix = release_venv(decision), fetch_prefix(decision)
+    if source == "modelscope":
+        # MODELSCOPE_ENDPOINT: ModelScope or a mirror of it (hostdata refused one with a login: the client logs URLs)
+        base = sources.modelscope_base(decision.settings, decision.stack.fetch_sources)
+        note(f"weights: {entry['id']}@{entry['revision']} from ModelScope {base}"
+             + (" (qwen27b_modelscope_endpoint)" if decision.settings.modelscope_endpoint else ""))
+        command = modelscope_download_command(f"{prefix}MODELSCOPE_ENDPOINT={shlex.quote(base)} ", venv, entry, target)
+    else:
+        token_path = None
+        if decision.settings.hf_token_file:
+            # hostdata already refused a token file readable by others, before any host was touched
+            token_path = decision.stack.layout.hub_token_file
+            secret_file(name="Hugging Face token (0600, removed as the download starts)", dest=token_path,
+                        content=load_secret(decision.settings.hf_token_file, "HF_TOKEN") + "\n")
+        # HF_ENDPOINT: a Hugging Face mirror the lab reaches (hostdata refused one with a login: huggingface_hub
+        # builds every file's URL from it and logs them)
+        endpoint = decision.settings.hf_endpoint
+        prefix += f"HF_ENDPOINT={shlex.quote(endpoint.rstrip('/'))} " if endpoint else ""
+        if endpoint:
+            note(f"weights: {entry['id']}@{entry['revision']} from the hub mirror {endpoint} (qwen27b_hf_endpoint)")
+        command = hub_download_command(prefix, venv, entry, target, token_path)
+    manifest = (f"cd {shlex.quote(target)} && find . -maxdepth 1 -type f ! -name '.*' ! -name {HUB_MANIFEST} -printf '%f\\n' | "
+                f"sort | xargs -r -d '\\n' sha256sum > {HUB_MANIFEST}.part && mv -f {HUB_MANIFEST}.part {HUB_MANIFEST}")
+    # two call sites: pyinfra orders operations by where they are called, so one shared call site
+    # would make the two sources one operation across the hosts of a run
+    if source == "modelscope":
+        return server.shell(name="download from ModelScope", commands=[command, manifest])
+    return server.shell(name="download from the hub", commands=[command, manifest])
 
 
 # pyinfra evaluates the deploy file for all hosts at once (gevent; threading is patched): the first
@@ -332,9 +350,10 @@ def _hidden_from_seed(paths: dict, target: str) -> str:
 def place(decision: Decision, entry: dict, link: str, local_dir: str | None) -> None:
     """Queue what puts `entry` at its versioned dir and points `link` at it."""
     settings = decision.settings
-    source = settings.model_source or entry.get("default_source", "hub")
+    source = sources.model_source(entry, settings)
     target = model_dir(decision, entry)
-    on_host = (File, {"path": f"{target}/{HUB_MANIFEST}"}) if source == "hub" else (FileHashes, {"directory": target})
+    on_host = ((File, {"path": f"{target}/{HUB_MANIFEST}"}) if source in ("hub", "modelscope")
+               else (FileHashes, {"directory": target}))
     factcache.prefetch([on_host, (SymlinkTarget, {"path": link}), (Subdirectories, {"path": decision.stack.layout.models})])
     if source == "mirror":
         base = f"{settings.model_mirror.rstrip('/')}/{safe_name(entry)}"
@@ -352,8 +371,8 @@ def place(decision: Decision, entry: dict, link: str, local_dir: str | None) -> 
                                            f"--base {_mirror_base(decision, entry)} --dest {shlex.quote(target)} --manifest {listing}"])
             needs_restart(fetch)
             progress.watch(fetch, host, "weights", [target], _manifest_bytes(manifest))
-    elif source == "hub":
-        download = _hub(decision, entry, target)
+    elif source in ("hub", "modelscope"):
+        download = _download(decision, entry, target, source)
         needs_restart(download)
         progress.watch(download, host, "weights", [target], load_shape(checkpoint_metadata_dir(entry)).weight_bytes)
     else:

@@ -414,3 +414,14 @@ def test_verify_judges_the_hosts_own_method_with_the_fallback():
     nxt, verdict = judge("", zero)
     assert verdict.keep is False and nxt.method == "off" and "mtp accepted 0 of" in nxt.reason
     assert spec_judge(run("v100x4-2204-fresh", {"qwen27b_speculative": "off"})) is None
+
+
+def test_modelscope_for_a_checkpoint_it_has_no_id_for_is_refused_naming_the_key(monkeypatch):
+    """Refused before any host is touched, naming qwen27b_model_source and the other sources."""
+    entry = STACK["models"]["qwen3.8-27b-nvfp4-radixark"]
+    monkeypatch.setitem(STACK["models"], "qwen3.8-27b-nvfp4-radixark", {k: v for k, v in entry.items() if k != "modelscope"})
+    r = refused("v100x4-2204-fresh", {"qwen27b_model_source": "modelscope"})
+    assert r.cause.startswith("qwen27b_model_source: RadixArk/Qwen3.8-27B-NVFP4 has no ModelScope id") and "hub" in r.fix
+    monkeypatch.setitem(STACK["models"], "qwen3.8-27b-nvfp4-radixark", entry)
+    ok = run("v100x4-2204-fresh", {"qwen27b_model_source": "modelscope"})
+    assert ok.stack.model["id"] == entry["modelscope"]["id"] and ok.stack.model["revision"] == entry["modelscope"]["revision"]

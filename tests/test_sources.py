@@ -13,7 +13,7 @@ import pytest
 
 from qwen27b.plan import sources
 from qwen27b.plan.hostdata import BadHostData, settings_for
-from qwen27b.plan.stack import load_stack
+from qwen27b.plan.stack import NoModelScopeId, load_stack, resolve_stack
 from roles.vllm import index_words
 from test_plans import run_pyinfra
 
@@ -93,6 +93,35 @@ def test_fetches_by_default_and_with_every_lab_key():
     assert offline == {"wheels (lab mirror)": "http://m/w/", "org/m (mirror)": "http://m"}
 
 
+def test_a_modelscope_host_fetches_modelscopes_ids_with_its_client():
+    """ModelScope names checkpoints its own way: the stack's `modelscope` id and revision replace the
+    Hub's in everything the host does (the dir name too), the plan's fetch row points at ModelScope
+    (or qwen27b_modelscope_endpoint), and the release venv gets the pinned `modelscope` client."""
+    stack = load_stack()
+    hub = resolve_stack(stack, "sm70")
+    ms = resolve_stack(stack, "sm70", {"model_revision": "abc123"}, model_source="modelscope")
+    assert (ms.model["id"], ms.model["hub_id"]) == (stack["models"][hub.profile["model"]]["modelscope"]["id"], hub.model["id"])
+    assert ms.model["revision"] == "abc123"  # the host's pin applies to the source it fetches from
+    assert resolve_stack(stack, "sm70", model_source="hub").model == hub.model
+    s = settings(model_source="modelscope", modelscope_endpoint="http://ms.lab:8900/")
+    rows = {f.what: (f.url, f.fix) for f in sources.fetches(SRC, hub.profile, s, None, [ms.model], wheels=False)}
+    assert rows == {f"{ms.model['id']} (ModelScope)": (f"http://ms.lab:8900/api/v1/models/{ms.model['id']}",
+                                                       "qwen27b_modelscope_endpoint")}
+    default = sources.fetches(SRC, hub.profile, settings(model_source="modelscope"), None, [ms.model], wheels=False)
+    assert default[0].url.startswith("https://www.modelscope.cn/api/v1/models/")
+    assert sources.fetch_clients(stack["tools"], [ms.model], s) == [stack["tools"]["fetch_clients"]["modelscope"]["requirement"]]
+    assert sources.fetch_clients(stack["tools"], [hub.model], settings()) == []
+
+
+def test_a_checkpoint_without_a_modelscope_id_is_refused_for_that_source():
+    stack = load_stack()
+    stack["models"]["qwen3.8-27b-nvfp4-radixark"] = {k: v for k, v in stack["models"]["qwen3.8-27b-nvfp4-radixark"].items()
+                                                     if k != "modelscope"}
+    with pytest.raises(NoModelScopeId, match="RadixArk/Qwen3.8-27B-NVFP4 has no ModelScope id"):
+        resolve_stack(stack, "sm70", model_source="modelscope")
+    assert resolve_stack(stack, "sm70", model_source="mirror").model["id"] == "RadixArk/Qwen3.8-27B-NVFP4"
+
+
 def test_fetch_lines_hide_passwords():
     lines = sources.fetch_lines(sources.fetches(SRC, load_stack()["profiles"]["sm70"],
                                                 settings(pypi_index="https://u:pw@pi.lab/simple/"), None, []))
@@ -103,6 +132,9 @@ def test_fetch_lines_hide_passwords():
     ("release_mirror", "https://u:pw@gh.lab/", "carries a login"),
     ("hf_endpoint", "https://tok@hf.lab", "carries a login"),
     ("hf_endpoint", "file:///srv/hf", "not a http/https URL"),
+    ("modelscope_endpoint", "https://tok@ms.lab", "carries a login"),
+    ("modelscope_endpoint", "ms.lab:8900", "not a http/https URL"),
+    ("model_source", "modelscop", "is not a model source"),
     ("pypi_index", "https://pi.lab/simple/ --index-url x", "not a http/https URL"),
     ("torch_index", "ftp://pi.lab/cu128", "not a http/https URL"),
     ("apt_mirror", "file:///srv/apt", "not a http/https URL"),

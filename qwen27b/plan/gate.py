@@ -22,7 +22,7 @@ from qwen27b.plan.fanout import SEED_PORT
 from qwen27b.onhost.contract import HEALTH_HTTP_SOCKET, SEED_UNIT
 from qwen27b.plan import engine, sources
 from qwen27b.plan.planner import GiB, Gpu, PlanRefused, ServeInputs, ServePlan, _divides, choose_tp, plan_serve
-from qwen27b.plan.stack import (ResolvedStack, StackError, cc_tuple, checkpoint_metadata_dir, gpu_spec,
+from qwen27b.plan.stack import (NoModelScopeId, ResolvedStack, StackError, cc_tuple, checkpoint_metadata_dir, gpu_spec,
                     os_support, profile_for_compute_capability, resolve_stack, revision_dir_name)
 
 
@@ -860,7 +860,12 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
     _check_tp(host, gpus, settings)
     profile_name = _choose_profile(host, gpus, settings, stack)
     try:
-        rs = resolve_stack(stack, profile_name, settings.stack_overrides, model=settings.model)
+        rs = resolve_stack(stack, profile_name, settings.stack_overrides, model=settings.model,
+                           model_source=settings.model_source)
+    except NoModelScopeId as error:
+        raise RefusedHost(host, f"qwen27b_model_source: {error}",
+                          "use qwen27b_model_source hub (with qwen27b_hf_endpoint for a mirror), mirror or controller, "
+                          "or add the checkpoint's ModelScope id to the stack") from None
     except StackError as error:
         raise RefusedHost(host, f"qwen27b_stack_overrides: {error}", "use keys that exist in qwen27b/plan/stack.yaml") from None
     # From here each check is independent: collect every refusal, so one run names them all.

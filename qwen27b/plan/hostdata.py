@@ -61,6 +61,7 @@ class Settings:
     # (the engine wheel, uv's Python builds), an HF_ENDPOINT for `hf download`, uv's default index and torch's
     release_mirror: str | None = None
     hf_endpoint: str | None = None
+    modelscope_endpoint: str | None = None  # MODELSCOPE_ENDPOINT for `modelscope download` (model_source modelscope)
     pypi_index: str | None = None
     torch_index: str | None = None
     # a base URL standing for archive.ubuntu.com and developer.download.nvidia.com: apt reads only it
@@ -135,6 +136,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "python_mirror": (str,),
     "release_mirror": (str,),
     "hf_endpoint": (str,),
+    "modelscope_endpoint": (str,),
     "pypi_index": (str,),
     "torch_index": (str,),
     "apt_mirror": (str,),
@@ -184,7 +186,7 @@ KEYS = [PREFIX + f.name for f in fields(Settings)] + GATEWAY_KEYS
 # interval of 10**18 s passed and the timer ignored it (systemd takes spans up to ~584 years).
 _RANGES = {"tensor_parallel_size": (1, 64), "min_free_disk_gib": (1, 100_000), "health_interval_s": (1, 86_400),
            "health_failures_before_restart": (1, 1000), "keep_model_revisions": (1, 100), "keep_releases": (1, 100)}
-MODEL_SOURCES = ("hub", "mirror", "controller")
+MODEL_SOURCES = ("hub", "modelscope", "mirror", "controller")
 SPECULATIVE_MODES = ("auto", "mtp", "dflash2", "ngram", "off")
 WEIGHTS_FANOUT = ("none", "tree")  # qwen27b.plan.fanout.MODES
 # The unit drops every capability (CapabilityBoundingSet=), so user qwen27b cannot bind below 1024.
@@ -216,12 +218,13 @@ POSITIVE_FLAGS = ("--tensor-parallel-size", "--max-model-len", "--max-num-seqs",
 # URLs are pasted into shell commands and env files on the host: plain URL characters only.
 URL_KEYS = {"python_mirror": ("http", "https", "file"), "wheel_mirror": ("http", "https", "file"),
             "model_mirror": ("http", "https", "file"), "http_proxy": ("http", "https", "socks5", "socks5h"),
-            "release_mirror": ("http", "https"), "hf_endpoint": ("http", "https"), "pypi_index": ("http", "https"),
+            "release_mirror": ("http", "https"), "hf_endpoint": ("http", "https"),
+            "modelscope_endpoint": ("http", "https"), "pypi_index": ("http", "https"),
             "torch_index": ("http", "https"), "apt_mirror": ("http", "https")}
 # Keys whose URL reaches argv as part of a longer URL (the engine wheel's, the hub's file URLs built by
 # huggingface_hub): a login there would show in `ps`, so these take none (a lab's own mirror needs none;
 # a proxy's login goes in qwen27b_http_proxy, kept in a root-only file)
-NO_LOGIN_URL_KEYS = ("release_mirror", "hf_endpoint")
+NO_LOGIN_URL_KEYS = ("release_mirror", "hf_endpoint", "modelscope_endpoint")
 URL_CHARS = re.compile(r"^[A-Za-z0-9._~:/?#\[\]@%+,=-]+$")
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # An IPv6 zone id (fe80::1%eth0) names an interface (IFNAMSIZ: 15 characters): Python's ipaddress

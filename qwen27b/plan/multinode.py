@@ -292,7 +292,8 @@ def plan_group(name: str, members: list[Member], stack: dict, why: str) -> dict[
     node_gpus = gpus[first.name]
     try:
         profile = _choose_profile(first.name, node_gpus, first.settings, stack)
-        rs = resolve_stack(stack, profile, first.settings.stack_overrides, model=first.settings.model)
+        rs = resolve_stack(stack, profile, first.settings.stack_overrides, model=first.settings.model,
+                           model_source=first.settings.model_source)
     except RefusedHost as refused:
         return _refuse_all(name, members, refused.cause, refused.fix)
     if not rs.build.get("ray_executor"):

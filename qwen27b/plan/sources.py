@@ -86,7 +86,8 @@ def python_source(settings: Settings, src: dict, version: str, cached: tuple[str
 def lab_mirrors(settings: Settings) -> list[str]:
     """The keys that send this host's other fetches to lab sources: the sign of a lab that cannot
     reach the internet (the issue's host: wheel and model mirrors set, no Python mirror)."""
-    keys = [k for k in ("wheel_mirror", "hf_endpoint", "pypi_index", "torch_index") if getattr(settings, k)]
+    keys = [k for k in ("wheel_mirror", "hf_endpoint", "modelscope_endpoint", "pypi_index", "torch_index")
+            if getattr(settings, k)]
     if settings.model_source in ("mirror", "controller"):
         keys.append(f"model_source: {settings.model_source}")
     return ["qwen27b_" + k for k in keys]
@@ -132,6 +133,19 @@ def model_source(entry: dict, settings: Settings) -> str:
 
 def hub_base(settings: Settings, src: dict) -> str:
     return settings.hf_endpoint or src["hub"]["base"]
+
+
+def modelscope_base(settings: Settings, src: dict) -> str:
+    return (settings.modelscope_endpoint or src["modelscope"]["base"]).rstrip("/")
+
+
+def fetch_clients(stack_tools: dict, models: list[dict], settings: Settings) -> list[str]:
+    """The download clients the release venv needs besides vLLM for these checkpoints' source (the
+    `modelscope` CLI; `hf` comes with vLLM): requirements as the stack pins them."""
+    clients = stack_tools.get("fetch_clients") or {}
+    if any(model_source(entry, settings) == "modelscope" for entry in models):
+        return [clients["modelscope"]["requirement"]]
+    return []
 
 
 def apt_url(default: str, settings: Settings) -> str:
@@ -213,6 +227,9 @@ def fetches(src: dict, profile: dict, settings: Settings, python: PythonSource |
         if where == "hub":
             out.append(Fetch(f"{entry['id']} (hub)", hub_base(settings, src).rstrip("/") + f"/api/models/{entry['id']}",
                              src["hub"]["key"]))
+        elif where == "modelscope":
+            out.append(Fetch(f"{entry['id']} (ModelScope)", modelscope_base(settings, src) + f"/api/v1/models/{entry['id']}",
+                             src["modelscope"]["key"]))
         elif where == "mirror" and settings.model_mirror:
             out.append(Fetch(f"{entry['id']} (mirror)", settings.model_mirror, "qwen27b_model_mirror"))
     return out

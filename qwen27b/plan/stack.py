@@ -175,7 +175,24 @@ class ResolvedStack:
         return "; ".join(self.sources.get(i, i) for i in self._ids(source_ids))
 
 
-def resolve_stack(stack: dict, profile_name: str, overrides: dict | None = None, model: str | None = None) -> ResolvedStack:
+class NoModelScopeId(StackError):
+    """qwen27b_model_source is modelscope, but a checkpoint the host serves has no ModelScope id."""
+
+
+def on_source(entry: dict, model_source: str | None) -> dict:
+    """A model entry as fetched from `model_source` (host data; None: the entry's default). ModelScope
+    names checkpoints its own way: its id and revision (the entry's `modelscope`) replace the Hub's,
+    so the dir name, the plan and the download all say what really came; `hub_id` keeps the Hub's."""
+    if (model_source or entry.get("default_source", "hub")) != "modelscope":
+        return entry
+    ms = entry.get("modelscope")
+    if not ms:
+        raise NoModelScopeId(f"{entry['id']} has no ModelScope id in the stack (models: ... modelscope: {{id, revision}})")
+    return {**entry, "id": ms["id"], "revision": ms["revision"], "hub_id": entry["id"]}
+
+
+def resolve_stack(stack: dict, profile_name: str, overrides: dict | None = None, model: str | None = None,
+                  model_source: str | None = None) -> ResolvedStack:
     """Apply a host's overrides to one profile (and to the model/draft entries it names).
 
     Override layout: profile keys at the top level ({"driver": {...}, "serve": {...}}), plus
@@ -184,6 +201,7 @@ def resolve_stack(stack: dict, profile_name: str, overrides: dict | None = None,
     one spelling), and "speculative": {"floors": {...}} for the fallback's two floors (SPEC_FLOOR_KEYS;
     nothing else of the stack's speculative table is a host's to change). Every merged value is held to its allow-list (qwen27b/plan/allowlist.py).
     `model`: a key of the models table to serve instead of the profile's (host data qwen27b_model).
+    `model_source`: host data qwen27b_model_source (`on_source`: ModelScope's ids where it is modelscope).
     """
     overrides = dict(overrides or {})
     if profile_name not in stack["profiles"]:
@@ -209,10 +227,10 @@ def resolve_stack(stack: dict, profile_name: str, overrides: dict | None = None,
             targets = [k for k, v in stack["models"].items() if not v.get("speculative")]
             raise StackError(f"unknown model '{model}'; known: {', '.join(targets)}")
         profile["model"] = model
-    model = merge_overrides(stack["models"][profile["model"]], model_over, "model")
+    model = merge_overrides(on_source(stack["models"][profile["model"]], model_source), model_over, "model")
     draft = None
     if profile.get("draft"):
-        draft = merge_overrides(stack["models"][profile["draft"]], draft_over, "draft")
+        draft = merge_overrides(on_source(stack["models"][profile["draft"]], model_source), draft_over, "draft")
     elif draft_over:
         raise StackError(f"profile '{profile_name}' has no draft model to override")
     _check_allowed(profile, "")

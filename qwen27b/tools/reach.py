@@ -106,7 +106,7 @@ def host_fetches_of(name: str, data: dict, stack: dict, outputs: dict[str, str])
             why = f"the gate refuses it ({refused})"
     seen, out = set(), []
     for profile in ([settings.profile] if settings.profile else [p for p in stack["profiles"] if p != "cpu-smoke"]):
-        rs = resolve_stack(stack, profile, None)
+        rs = resolve_stack(stack, profile, None, model_source=settings.model_source)
         py = sources.python_source(settings, rs.fetch_sources, rs.profile["python"]["version"], python_builds())
         for f in sources.fetches(rs.fetch_sources, rs.profile, settings, py, [rs.model] + ([rs.draft] if rs.draft else [])):
             if f.url not in seen:

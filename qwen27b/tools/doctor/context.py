@@ -87,7 +87,8 @@ class Ctx:
         self.rs = None
         if self.profile_name:
             try:
-                self.rs = resolve_stack(stack, self.profile_name, self.settings.stack_overrides, model=self.settings.model)
+                self.rs = resolve_stack(stack, self.profile_name, self.settings.stack_overrides, model=self.settings.model,
+                                         model_source=self.settings.model_source)
             except StackError:
                 self.rs = None
         self.unit = parse_show(snap.text("systemctl-show.txt") or "")
