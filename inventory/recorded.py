@@ -102,6 +102,11 @@ recorded_hosts = [
     # ModelScope ids and revisions, the `modelscope` client pinned into the release venv
     _fake("v100x1-2004-modelscope", "v100x1-2004", qwen27b_model_source="modelscope",
           qwen27b_modelscope_endpoint="http://192.168.10.5:8900"),
+    # ... and the CPU build from the lab's PyPI mirror (its torch+cpu too: a simple index made from the
+    # wheelhouse, as the e2e serves it), the checkpoint from ModelScope's
+    _fake("debian12-cpu-lab-index", "debian12-cpu", qwen27b_profile="cpu-smoke",
+          qwen27b_pypi_index="http://192.168.10.5:8800/simple/", qwen27b_model_source="modelscope",
+          qwen27b_modelscope_endpoint="http://192.168.10.5:8900"),
     # ... and the offline host with every source in the lab, apt too (the mirror's login goes to apt_auth.conf, 0600)
     _fake("v100x1-2004-offline-apt", "v100x1-2004", qwen27b_apt_mirror="http://apt:lab-apt-pw@192.168.10.5:8800/",
           qwen27b_python_mirror="http://192.168.10.5:8800/python", **OFFLINE),

@@ -241,14 +241,25 @@ def wheelhouse_dir(decision: Decision) -> Path:
     return cache_root() / "wheelhouse" / f"{vllm['dist']}-{vllm['version']}-cp{py.replace('.', '')}"
 
 
+def pushed_wheelhouse(decision: Decision) -> Path | None:
+    """The controller wheelhouse this deploy pushes, or None. The cache's default one (the CPU build's)
+    yields to a source the host data names (qwen27b_wheel_mirror, qwen27b_pypi_index): the deploy
+    fetches from what the settings say; qwen27b_wheelhouse_dir, named too, comes first."""
+    local = wheelhouse_dir(decision)
+    settings = decision.settings
+    if not (local.is_dir() and any(local.glob("*.whl"))):
+        return None
+    return local if settings.wheelhouse_dir or not (settings.wheel_mirror or settings.pypi_index) else None
+
+
 def engine_wheel(decision: Decision) -> tuple:
     """(file, sha256, where from) of the engine wheel this deploy installs, for the release record:
     the pushed wheelhouse's (uv checks it with --require-hashes), else the stack's release URL's when
     pinned with its sha256; () when it installs by name from a lab mirror or an index, where no hash
     is known before it runs (issue 25). The same order of sources as _install_commands."""
     vllm = decision.stack.profile["vllm"]
-    local = wheelhouse_dir(decision)
-    if local.is_dir() and any(local.glob("*.whl")):
+    local = pushed_wheelhouse(decision)
+    if local is not None:
         wheels = {name: digest for name, digest in dir_manifest(local).items()
                   if name.endswith(".whl") and normalize(name.split("-", 1)[0]) == normalize(vllm["dist"])}
         return next(((name, digest, "controller wheelhouse") for name, digest in sorted(wheels.items())), ())

@@ -28,7 +28,7 @@ from qwen27b.plan import sources
 from qwen27b.plan.hostdata import redact_url, url_has_password
 
 from ._common import fetch_prefix, needs_restart, note, url_word
-from ._common import ONHOST_SOURCE, release_dir, release_venv, uv_on_host, wheelhouse_dir
+from ._common import ONHOST_SOURCE, pushed_wheelhouse, release_dir, release_venv, uv_on_host, wheelhouse_dir
 
 
 def extra_requirements(decision: Decision) -> list[str]:
@@ -73,8 +73,8 @@ def _install_commands(decision: Decision, venv: str, uv: str) -> tuple[str, list
     extras = " ".join(shlex.quote(p) for p in extra_requirements(decision))
     requirement = shlex.quote(f"{vllm['dist']}=={vllm['version']}")
     target = f"{uv} pip install --python {shlex.quote(venv + '/bin/python')} --no-config --compile-bytecode"
-    local = wheelhouse_dir(decision)
-    if local.is_dir() and any(local.glob("*.whl")):
+    local = pushed_wheelhouse(decision)
+    if local is not None:
         dest = f"{decision.stack.layout.wheelhouse}/{local.name}"  # hostdata allow-listed the name
         manifest = dir_manifest(local)
         push = push_files(name="push the wheelhouse (fetched once on the controller)", src_dir=str(local),
@@ -99,8 +99,8 @@ def _install_commands(decision: Decision, venv: str, uv: str) -> tuple[str, list
             f"{fetch_prefix(decision)}UV_FIND_LINKS={links} {target}{NETWORK} --no-index {requirement} {extras}"
             if links != mirror else
             f"{fetch_prefix(decision)}{target}{NETWORK} --no-index --find-links {shlex.quote(mirror)} {requirement} {extras}"], None
-    if vllm["build"] == "cpu":
-        raise_missing(local)
+    if vllm["build"] == "cpu" and not decision.settings.pypi_index:
+        raise_missing(wheelhouse_dir(decision))
     commands, settings = [], decision.settings
     pypi_env, pypi_flag = index_words(settings, "pypi_index", "--index-url", "UV_INDEX_URL")
     torch_index = sources.torch_index(decision.stack.profile, settings)
@@ -117,6 +117,8 @@ def _install_commands(decision: Decision, venv: str, uv: str) -> tuple[str, list
         commands.append(f"{prefix}{pypi_env}{target}{pypi_flag} {shlex.quote(url)} {extras}")
     else:
         commands.append(f"{prefix}{pypi_env}{env}{target}{pypi_flag}{flag} {requirement} {extras}")
+    if settings.pypi_index:
+        return f"the index {redact_url(settings.pypi_index)} (qwen27b_pypi_index)", commands, None
     return "upstream index / release URL (no wheelhouse or mirror set)", commands, None
 
 

@@ -391,6 +391,10 @@ def test_vllm_and_torch_are_kept_only_when_the_release_venv_holds_the_planned_bu
     assert f"already in release {d.stack.stack_hash}" in kept.choice("vllm").reason
     assert kept.choice("torch").reason.startswith("torch 2.9.1+cu128 already in release")
     assert mark_installed(kept, {"1cat-vllm": "1.5.0"}).choices == kept.choices  # idempotent
+    # a host switched to ModelScope: the build is there, its client is not: the vllm role installs it
+    ms = run("v100x4-converged", {"qwen27b_model_source": "modelscope"})
+    assert mark_installed(ms, {"1Cat_vLLM": "1.5.0"}).choice("vllm").action == "install"
+    assert mark_installed(ms, {"1Cat_vLLM": "1.5.0", "modelscope_hub": "0.5.1"}).choice("vllm").action == "keep"
 
 
 # --- agent parsers and the speculative fallback on real decisions ---------------------------------------

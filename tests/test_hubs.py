@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -136,5 +137,37 @@ def test_both_hubs_resume_a_file_from_a_range(model, serve, path):
         answer = conn.getresponse()
         assert (answer.status, answer.read()) == (206, (model / "model.safetensors").read_bytes()[1000:])
         conn.close()
+    finally:
+        server.shutdown()
+
+
+def test_a_simple_index_made_from_the_wheelhouse_serves_uv(tmp_path):
+    """The lab PyPI mirror the e2e points qwen27b_pypi_index at: the real uv (the version the hosts
+    get, from the controller cache) resolves and installs a pinned project from it, checking each
+    wheel against the index's #sha256=, and nothing else is asked of the network (--offline is not
+    set, so a missing wheel would fail against this index only)."""
+    from qwen27b.controller.artifacts import uv_binary
+    from qwen27b.plan.stack import load_stack
+    from qwen27b.tools import cpu_smoke
+    from tests.support.pypi_index import serve_index
+
+    wheelhouse = cpu_smoke.default_wheelhouse(cpu_smoke.cache_root())
+    if not (wheelhouse / "manifest.json").is_file():
+        skip_or_fail_setup(f"no wheelhouse at {wheelhouse}: `python3 -m qwen27b.tools.cpu_smoke wheelhouse`")
+    uv = uv_binary(load_stack()["tools"]["uv"]["version"])
+    server = serve_index(wheelhouse, tmp_path / "index")
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/simple/"
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "UV_CACHE_DIR": str(tmp_path / "uv-cache")}
+        subprocess.run([str(uv), "venv", "-q", "--python", sys.executable, str(tmp_path / "v")], env=env, check=True)
+        out = subprocess.run([str(uv), "pip", "install", "--no-config", "--python", str(tmp_path / "v/bin/python"),
+                              "--index-url", url, "modelscope-hub==0.5.1"], env=env, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert (tmp_path / "v/bin/modelscope").exists()
+        fetched = [p for p, m in server.handler.requests if p.startswith("/files/")]
+        assert any("modelscope_hub-0.5.1" in p for p in fetched), server.handler.requests
+        bad = subprocess.run([str(uv), "pip", "install", "--no-config", "--python", str(tmp_path / "v/bin/python"),
+                              "--index-url", url, "not-in-the-wheelhouse"], env=env, capture_output=True, text=True)
+        assert bad.returncode != 0 and "not-in-the-wheelhouse" in bad.stderr
     finally:
         server.shutdown()

@@ -681,12 +681,18 @@ def _on_disk(facts: HostFacts, entry: dict, why: str) -> tuple[str, str]:
 def mark_installed(decision: Decision, venv_packages: dict) -> Decision:
     """The plan's vllm and torch rows once the release venv's wheels are read (VenvPackages of
     release_venv, known only after decide: the release is named by the stack hash). 'keep' when
-    the venv already holds the planned vLLM build, as the vllm role will find it; torch comes with
+    the venv already holds the planned vLLM build and the model source's download client, as the
+    vllm role will find it; torch comes with
     that install (the release is keyed by the stack's torch pin), so it is kept with it."""
     vllm = decision.stack.profile["vllm"]
     have = {normalize(k): v for k, v in venv_packages.items()}
     if have.get(normalize(vllm["dist"])) != vllm["version"]:
         return decision
+    models = [decision.stack.model] + ([decision.stack.draft] if decision.stack.draft else [])
+    for client in sources.fetch_clients(decision.stack.tools, models, decision.settings):
+        name, _, version = client.partition("==")
+        if have.get(normalize(name)) != version:
+            return decision  # the vllm role installs the model source's client: wheels are fetched
     rs, where = decision.stack, f"already in release {decision.stack.stack_hash}"
     torch = rs.profile.get("torch") or {}
     kept = {"vllm": f"build '{vllm['build']}' {where} {rs.cite(vllm['source'])}",

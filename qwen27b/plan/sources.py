@@ -215,7 +215,7 @@ def fetches(src: dict, profile: dict, settings: Settings, python: PythonSource |
     vllm = profile["vllm"]
     if wheels and settings.wheel_mirror:
         out.append(Fetch("wheels (lab mirror)", settings.wheel_mirror, "qwen27b_wheel_mirror"))
-    elif wheels and not settings.wheelhouse_dir and vllm["build"] != "cpu":
+    elif wheels and not settings.wheelhouse_dir and (vllm["build"] != "cpu" or settings.pypi_index):
         index = torch_index(profile, settings)
         if index:
             out.append(Fetch("torch index", index.rstrip("/") + "/", src["torch"]["key"]))

@@ -1,0 +1,131 @@
+"""Checkpoints from the hubs a lab reaches (issue 30), end to end: a serving host re-deployed to take
+its checkpoint from a Hugging Face mirror (`qwen27b_hf_endpoint`), then from a ModelScope endpoint
+(`qwen27b_model_source: modelscope`) that is down first and up after.
+
+Real parts only: the lab's host 1 (left serving by test_ipv6_e2e; run alone, deployed fresh first),
+the real `hf` (vLLM's huggingface_hub in the release venv) and the real `modelscope` CLI (modelscope-hub,
+installed into the release venv from the pushed wheelhouse by this very deploy), each talking to a
+small local server that speaks its protocol (tests/support/hubs.py) through the host's proxy, as every
+fetch of a lab host does; a real vLLM CPU server restarted onto each checkpoint and verified. Each
+deploy fetches only from what its settings say: the servers' request logs and the lab mirror's are
+read after each. A source that is down stops the deploy at its download, the plan named it, and the
+service keeps serving what it served.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+
+from qwen27b.tools import cpu_smoke
+from tests.support.hubs import serve_hf, serve_modelscope
+from tests.support.pypi_index import serve_index
+from test_deploy import deploy, latest_report, make_lab, show
+
+pytestmark = pytest.mark.e2e
+TIMES: dict[str, float] = {}
+MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+HF_REVISION = "e2e-hf-mirror"  # a revision of its own: a new dir, fetched whole from the HF server
+MS_REVISION = "master"  # the stack's ModelScope revision for the CPU model
+
+
+@pytest.fixture(scope="module")
+def hubs(artifacts, tmp_path_factory):
+    """The tiny checkpoint on a Hugging Face-compatible and a ModelScope-compatible server, and the
+    wheelhouse as a PyPI simple index (the lab's PyPI mirror), all on loopback."""
+    hf = serve_hf({(MODEL_ID, HF_REVISION): artifacts})
+    ms = serve_modelscope({(MODEL_ID, MS_REVISION): artifacts})
+    index = serve_index(cpu_smoke.default_wheelhouse(cpu_smoke.cache_root()), tmp_path_factory.mktemp("pypi"))
+    yield {"hf": f"http://127.0.0.1:{hf.server_address[1]}", "hf_server": hf,
+           "ms": f"http://127.0.0.1:{ms.server_address[1]}", "ms_server": ms,
+           "pypi": f"http://127.0.0.1:{index.server_address[1]}/simple/", "pypi_server": index}
+    for server in (hf, ms, index):
+        server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def lab(testhosts, mirror, tmp_path_factory):
+    """Host 1 serving, with the data that keeps its address (IPv6 after test_ipv6_e2e)."""
+    started = time.monotonic()
+    host = testhosts[1]
+    lab = make_lab(host, testhosts.inventory, mirror, tmp_path_factory.mktemp("sources"))
+    try:
+        if host.run("systemctl is-active qwen27b.service", check=False).stdout.strip() != "active":
+            rc, out = deploy(lab)  # this module alone: a fresh host
+            assert rc == 0, out[-4000:]
+            TIMES["fresh deploy (module alone)"] = time.monotonic() - started
+        record = json.loads(host.run("cat /etc/qwen27b/release.json").stdout)
+        lab["same"] = {}
+        if host.address6 and f"[{host.address6}]" in record["url"]:
+            lab["same"] = {"ssh_hostname": host.address6, "qwen27b_bind_address": host.address6}
+        yield lab
+    finally:
+        TIMES["module"] = time.monotonic() - started
+        print("\n" + "\n".join(f"  {what:44} {secs:6.1f} s" for what, secs in TIMES.items()))
+
+
+def _file_gets(server) -> list[str]:
+    return [path for path, method in server.handler.requests if method == "GET" and "safetensors" in path]
+
+
+def _current(lab) -> str:
+    return lab["host"].run("readlink /var/lib/qwen27b/models/current").stdout.strip()
+
+
+def test_a_checkpoint_from_a_hugging_face_mirror(lab, hubs, mirror):
+    """`hf download` on the host, HF_ENDPOINT the lab's mirror: the files come from it, the mirror of
+    qwen27b_model_mirror sees nothing, the service restarts onto the new dir and verifies."""
+    mirror.handler.requests.clear()
+    pid = show(lab, "MainPID")
+    t0 = time.monotonic()
+    rc, out = deploy(lab, {**lab["same"], "qwen27b_model_source": "hub", "qwen27b_hf_endpoint": hubs["hf"],
+                           "qwen27b_stack_overrides": {"model_revision": HF_REVISION}})
+    TIMES["from the HF mirror (download, restart, verify)"] = time.monotonic() - t0
+    assert rc == 0, out[-5000:]
+    assert f"fetch: {MODEL_ID} (hub) <- {hubs['hf']}/api/models/{MODEL_ID}" in out  # the plan said where
+    assert _file_gets(hubs["hf_server"]), hubs["hf_server"].handler.requests
+    assert [p for p, _ in mirror.handler.requests if "SmolLM2" in p] == []
+    assert _current(lab).endswith(f"@{HF_REVISION}")
+    assert lab["host"].run(f"test -s {_current(lab)}/qwen27b-manifest.sha256", check=False).returncode == 0
+    assert show(lab, "MainPID") != pid
+    report = latest_report(lab)
+    assert report["status"] == "ok" and report["completion_tokens"] > 0, report
+
+
+def test_modelscope_down_stops_the_deploy_then_up_serves_its_checkpoint(lab, hubs, mirror):
+    """With the ModelScope endpoint down the deploy stops at its download and the service keeps its
+    checkpoint and process; with it up, the ModelScope revision is fetched and served. The `modelscope`
+    client comes from the lab's PyPI index (qwen27b_pypi_index: the wheelhouse is then not pushed),
+    installed by uv into the release venv for this source."""
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        down = f"http://127.0.0.1:{s.getsockname()[1]}"
+    data = {**lab["same"], "qwen27b_model_source": "modelscope", "qwen27b_pypi_index": hubs["pypi"]}
+    pid, before = show(lab, "MainPID"), _current(lab)
+    t0 = time.monotonic()
+    rc, out = deploy(lab, {**data, "qwen27b_modelscope_endpoint": down})
+    TIMES["ModelScope down (stopped at the download)"] = time.monotonic() - t0
+    assert rc != 0, out[-4000:]
+    assert f"fetch: {MODEL_ID} (ModelScope) <- {down}/api/v1/models/{MODEL_ID}" in out
+    assert "download from ModelScope" in out and down in out, out[-4000:]
+    assert (show(lab, "MainPID"), _current(lab)) == (pid, before)  # still serving what it served
+    assert f"fetch: PyPI (the other wheels) <- {hubs['pypi']}" in out and "push the wheelhouse" not in out
+    wheels = [p for p, _ in hubs["pypi_server"].handler.requests if p.startswith("/files/")]
+    assert [p for p in wheels if "modelscope_hub-0.5.1" in p], hubs["pypi_server"].handler.requests
+    assert lab["host"].run("systemctl is-active qwen27b.service").stdout.strip() == "active"
+
+    mirror.handler.requests.clear()
+    t0 = time.monotonic()
+    rc, out = deploy(lab, {**data, "qwen27b_modelscope_endpoint": hubs["ms"]})
+    TIMES["from ModelScope (client, download, restart, verify)"] = time.monotonic() - t0
+    assert rc == 0, out[-5000:]
+    assert _file_gets(hubs["ms_server"]), hubs["ms_server"].handler.requests
+    assert [p for p, _ in mirror.handler.requests if "SmolLM2" in p] == []
+    assert _current(lab).endswith(f"@{MS_REVISION}")
+    assert lab["host"].run("test -x /opt/qwen27b/current/venv/bin/modelscope", check=False).returncode == 0
+    assert show(lab, "MainPID") != pid
+    report = latest_report(lab)
+    assert report["status"] == "ok" and report["completion_tokens"] > 0, report
