@@ -69,6 +69,16 @@ def modelscope_download_command(prefix: str, venv: str, entry: dict, target: str
             f"--revision {shlex.quote(entry['revision'])} --local-dir {shlex.quote(target)}")
 
 
+def failed_download(where: str, key: str, entry: dict) -> str:
+    """What a failed download ends with: one line naming the source and the key that points it
+    elsewhere (the run summary shows a failed operation's last line; the client's own error, a
+    proxy's HTML page say, is above it). Shell-quoted: the URL is allow-listed, the text is ours."""
+    line = (f"qwen27b: the download of {entry['id']}@{entry['revision']} from {where} failed (the error above says "
+            f"why): check that the source is up and serves that revision, or point {key} (or qwen27b_model_source) "
+            f"at one that does")
+    return f"{{ echo {shlex.quote(line)} >&2; exit 1; }}"
+
+
 def _download(decision: Decision, entry: dict, target: str, source: str):
     """Download on the host with the hub's own client (`hf` from vLLM's huggingface_hub, or the
     `modelscope` CLI the vllm role adds for that source), which resumes partial files; then record a
@@ -84,6 +94,7 @@ def _download(decision: Decision, entry: dict, target: str, source: str):
         note(f"weights: {entry['id']}@{entry['revision']} from ModelScope {base}"
              + (" (qwen27b_modelscope_endpoint)" if decision.settings.modelscope_endpoint else ""))
         command = modelscope_download_command(f"{prefix}MODELSCOPE_ENDPOINT={shlex.quote(base)} ", venv, entry, target)
+        where, key = f"ModelScope at {base}", "qwen27b_modelscope_endpoint"
     else:
         token_path = None
         if decision.settings.hf_token_file:
@@ -98,6 +109,8 @@ def _download(decision: Decision, entry: dict, target: str, source: str):
         if endpoint:
             note(f"weights: {entry['id']}@{entry['revision']} from the hub mirror {endpoint} (qwen27b_hf_endpoint)")
         command = hub_download_command(prefix, venv, entry, target, token_path)
+        where, key = f"the hub at {sources.hub_base(decision.settings, decision.stack.fetch_sources).rstrip('/')}", "qwen27b_hf_endpoint"
+    command += " || " + failed_download(where, key, entry)
     manifest = (f"cd {shlex.quote(target)} && find . -maxdepth 1 -type f ! -name '.*' ! -name {HUB_MANIFEST} -printf '%f\\n' | "
                 f"sort | xargs -r -d '\\n' sha256sum > {HUB_MANIFEST}.part && mv -f {HUB_MANIFEST}.part {HUB_MANIFEST}")
     # two call sites: pyinfra orders operations by where they are called, so one shared call site

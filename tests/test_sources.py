@@ -237,3 +237,21 @@ def test_the_apt_mirror_plan_writes_its_files_and_keeps_its_login_off_the_plan()
                                           "apt reads qwen27b_apt_mirror's list only", "apt-get update (from qwen27b_apt_mirror)",
                                           "base packages")]
     assert order == sorted(order), out[-3000:]
+
+
+def test_a_failed_download_ends_with_one_line_naming_the_source_and_the_key(tmp_path):
+    """The command as planned, run for real by a shell: a client that fails (here a stand-in `hf` that
+    prints a proxy's error page and exits 7) leaves the deploy a last line the run summary shows."""
+    import subprocess
+    from roles.weights import failed_download, hub_download_command
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "hf").write_text("#!/bin/sh\necho '<html>500 Unable to connect</html>' >&2\nexit 7\n")
+    (tmp_path / "bin" / "hf").chmod(0o755)
+    entry = {"id": "org/m", "revision": "r1"}
+    command = hub_download_command("", str(tmp_path), entry, str(tmp_path / "m")) + " || " + \
+        failed_download("the hub at http://hf.lab:8090", "qwen27b_hf_endpoint", entry)
+    run = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+    assert run.returncode == 1
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("qwen27b: the download of org/m@r1 from the hub at http://hf.lab:8090 failed") and \
+        "point qwen27b_hf_endpoint" in last
