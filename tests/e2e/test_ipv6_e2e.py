@@ -21,7 +21,7 @@ import time
 import httpx
 import pytest
 
-from test_deploy import API_KEY, GOOD, PORT, deploy, health_run, latest_report, make_lab, show
+from test_deploy import API_KEY, GOOD, PORT, deploy, health_run, latest_report, make_lab, serving_record, show
 
 pytestmark = pytest.mark.e2e
 TIMES: dict[str, float] = {}
@@ -38,11 +38,7 @@ def v6(testhosts, mirror, tmp_path_factory):
     data = {"qwen27b_weights_fanout": "tree"}  # as test_lifecycle_e2e deployed it
     lab = make_lab(host, testhosts.inventory, mirror, tmp_path_factory.mktemp("ipv6"), data)
     try:
-        if host.run("systemctl is-active qwen27b.service", check=False).stdout.strip() != "active":
-            rc, out = deploy(lab)  # this module alone: a fresh host
-            assert rc == 0, out[-4000:]
-            TIMES["fresh deploy over IPv4 (module alone)"] = time.monotonic() - started
-        record = json.loads(host.run("cat /etc/qwen27b/release.json").stdout)
+        record = serving_record(lab, TIMES, "fresh deploy over IPv4 (module alone)")
         assert record["url"] == f"http://{host.address}:{PORT}", record  # serving on IPv4 before
         revision = record["model_ref"].rsplit("@", 1)[1]
         lab["same"] = {} if revision == GOOD.split("@")[1] else {"qwen27b_stack_overrides": {"model_revision": revision}}

@@ -23,7 +23,7 @@ import pytest
 from qwen27b.tools import cpu_smoke
 from tests.support.hubs import serve_hf, serve_modelscope
 from tests.support.pypi_index import serve_index
-from test_deploy import deploy, latest_report, make_lab, show
+from test_deploy import deploy, latest_report, make_lab, serving_record, show
 
 pytestmark = pytest.mark.e2e
 TIMES: dict[str, float] = {}
@@ -63,11 +63,7 @@ def lab(testhosts, mirror, tmp_path_factory):
     host = testhosts[1]
     lab = make_lab(host, testhosts.inventory, mirror, tmp_path_factory.mktemp("sources"))
     try:
-        if host.run("systemctl is-active qwen27b.service", check=False).stdout.strip() != "active":
-            rc, out = deploy(lab)  # this module alone: a fresh host
-            assert rc == 0, out[-4000:]
-            TIMES["fresh deploy (module alone)"] = time.monotonic() - started
-        record = json.loads(host.run("cat /etc/qwen27b/release.json").stdout)
+        record = serving_record(lab, TIMES)
         lab["same"] = {}
         if host.address6 and f"[{host.address6}]" in record["url"]:
             lab["same"] = {"ssh_hostname": host.address6, "qwen27b_bind_address": host.address6}
