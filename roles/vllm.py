@@ -34,9 +34,7 @@ from ._common import ONHOST_SOURCE, pushed_wheelhouse, release_dir, release_venv
 def extra_requirements(decision: Decision) -> list[str]:
     """What the release venv gets besides vLLM: the stack's host_packages (by name: vLLM's resolve
     picks versions) and the download client this host's model source needs (pinned)."""
-    models = [decision.stack.model] + ([decision.stack.draft] if decision.stack.draft else [])
-    return [*decision.stack.tools["host_packages"],
-            *sources.fetch_clients(decision.stack.tools, models, decision.settings)]
+    return [*decision.stack.tools["host_packages"], *sources.fetch_clients(decision.stack, decision.settings)]
 
 
 def _name(requirement: str) -> str:

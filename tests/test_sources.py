@@ -109,8 +109,8 @@ def test_a_modelscope_host_fetches_modelscopes_ids_with_its_client():
                                                        "qwen27b_modelscope_endpoint")}
     default = sources.fetches(SRC, hub.profile, settings(model_source="modelscope"), None, [ms.model], wheels=False)
     assert default[0].url.startswith("https://www.modelscope.cn/api/v1/models/")
-    assert sources.fetch_clients(stack["tools"], [ms.model], s) == [stack["tools"]["fetch_clients"]["modelscope"]["requirement"]]
-    assert sources.fetch_clients(stack["tools"], [hub.model], settings()) == []
+    assert sources.fetch_clients(ms, s) == [stack["tools"]["fetch_clients"]["modelscope"]["requirement"]]
+    assert sources.fetch_clients(hub, settings()) == []
 
 
 def test_a_checkpoint_without_a_modelscope_id_is_refused_for_that_source():

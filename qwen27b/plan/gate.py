@@ -688,8 +688,7 @@ def mark_installed(decision: Decision, venv_packages: dict) -> Decision:
     have = {normalize(k): v for k, v in venv_packages.items()}
     if have.get(normalize(vllm["dist"])) != vllm["version"]:
         return decision
-    models = [decision.stack.model] + ([decision.stack.draft] if decision.stack.draft else [])
-    for client in sources.fetch_clients(decision.stack.tools, models, decision.settings):
+    for client in sources.fetch_clients(decision.stack, decision.settings):
         name, _, version = client.partition("==")
         if have.get(normalize(name)) != version:
             return decision  # the vllm role installs the model source's client: wheels are fetched

@@ -139,10 +139,12 @@ def modelscope_base(settings: Settings, src: dict) -> str:
     return (settings.modelscope_endpoint or src["modelscope"]["base"]).rstrip("/")
 
 
-def fetch_clients(stack_tools: dict, models: list[dict], settings: Settings) -> list[str]:
-    """The download clients the release venv needs besides vLLM for these checkpoints' source (the
-    `modelscope` CLI; `hf` comes with vLLM): requirements as the stack pins them."""
-    clients = stack_tools.get("fetch_clients") or {}
+def fetch_clients(rs, settings: Settings) -> list[str]:
+    """The download clients the release venv needs besides vLLM for the source of the checkpoints a
+    resolved stack `rs` serves (model and draft; the `modelscope` CLI; `hf` comes with vLLM):
+    requirements as the stack pins them."""
+    clients = rs.tools.get("fetch_clients") or {}
+    models = [rs.model] + ([rs.draft] if rs.draft else [])
     if any(model_source(entry, settings) == "modelscope" for entry in models):
         return [clients["modelscope"]["requirement"]]
     return []
