@@ -16,7 +16,6 @@ URL with its own key (a failed copy switches the whole host back).
 from __future__ import annotations
 
 import functools
-import urllib.parse
 
 import click
 from pyinfra import host, state
@@ -35,7 +34,7 @@ from qwen27b.onhost.unit import journal_tail_command
 from qwen27b.plan.gate import RefusedHost
 from qwen27b.plan.hostdata import instances_of
 from qwen27b.plan.serving import COPIES, kind
-from qwen27b.plan.lifecycle import NoRollback, Record, RollbackPlan, loopback_url, parse_record, plan_rollback, release_record_file, swap_commands
+from qwen27b.plan.lifecycle import NoRollback, Record, RollbackPlan, copy_url, loopback_url, parse_record, plan_rollback, release_record_file, swap_commands
 from qwen27b.plan.stack import health_status_file, load_stack
 
 from ._common import ROLLBACK_DIR, check
@@ -86,13 +85,6 @@ def _verify(plan: RollbackPlan, key_file: str | None, files: list[str], status_f
 def copies_then(copies: list[tuple]) -> list[str]:
     """After the swap on a host serving copies: the restored template read, each copy restarted."""
     return ["systemctl daemon-reload"] + copies_restart([name for name, _, _ in copies])
-
-
-def copy_url(url: str, port: int) -> str:
-    """A copy's URL from the release record's (the first copy's): the same address, the copy's port."""
-    parts = urllib.parse.urlsplit(url)
-    host = parts.netloc.rpartition(":")[0] or parts.netloc
-    return urllib.parse.urlunsplit((parts.scheme, f"{host}:{port}", parts.path, "", ""))
 
 
 def _verify_each_copy(record: Record, copies: list[tuple]) -> str | None:

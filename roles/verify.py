@@ -36,7 +36,8 @@ from qwen27b.controller.render import (HEALTH_UNIT, RESTART_COMMAND, SERVICE_UNI
                                        copy_health_units, instance_unit, layout, render_all)
 from qwen27b.plan import retry
 from qwen27b.plan import regression
-from qwen27b.plan.lifecycle import RECORD_NAME, Record, parse_record, record_text, release_record_file, verify_figures
+from qwen27b.plan.lifecycle import (RECORD_NAME, Record, copy_url, parse_record, record_text, release_record_file, restored,
+                                    verify_figures)
 
 from ._common import ROLLBACK_DIR, KeptFiles, SwitchedLink, api_key, check, note, previous_links
 
@@ -244,13 +245,18 @@ def _copy_row(decision: Decision, copy: Decision) -> V.HostResult:
     return row
 
 
-def _serve_copy(result: V.HostResult, name: str, copy: Decision) -> None:
-    """serving() on one copy: its unit, URL and own key; raises VerifyFailed."""
+def _serve_copy(result: V.HostResult, name: str, copy: Decision, reach: Record | None = None) -> None:
+    """serving() on one copy: its unit, URL and own key; raises VerifyFailed. `reach`: after a
+    rollback, the restored release's record (address, served name, time-out, speculation; the port
+    stays the copy's)."""
     for measured in ("ready_s", "ttft_s", "decode_tok_s", "completion_tokens", "acceptance"):
         setattr(result, measured, None)  # a row verified again (after a rollback) shows that start's numbers
     unit = instance_unit(name)
-    serving(result, api_key(copy), say, functools.partial(unit_state, unit), copy.stack.profile["serve"]["start_timeout_s"],
-            copy.serve.has("--speculative-config"), unit=unit)
+    timeout, speculative = copy.stack.profile["serve"]["start_timeout_s"], copy.serve.has("--speculative-config")
+    if reach is not None:
+        result.url, result.served_name = copy_url(reach.url, copy.serve.value("--port")), reach.served_name
+        timeout, speculative = reach.start_timeout_s, reach.speculative
+    serving(result, api_key(copy), say, functools.partial(unit_state, unit), timeout, speculative, unit=unit)
 
 
 def _copy_failed(result: V.HostResult, decision: Decision, name: str, failure: V.VerifyFailed) -> None:
@@ -296,12 +302,13 @@ def _check_copies(decision: Decision, previous: list[SwitchedLink | KeptFiles]) 
     try:
         if trouble:
             raise V.VerifyFailed(f"restoring the previous release: {trouble}")
+        reach = restored_reach(decision, reached(decision.copies[0][1]))
         for instance, copy in decision.copies:
             row = rows.get(instance.name)
             if row is None:  # a copy after the failed one: its row is made now
                 row = rows[instance.name] = _copy_row(decision, copy)
             try:
-                _serve_copy(row, instance.name, copy)
+                _serve_copy(row, instance.name, copy, reach)
             except V.VerifyFailed as again:
                 raise V.VerifyFailed(f"copy {instance.name}: {again}") from None
             say(f"copy {instance.name} verified on the previous release at {row.url}")
@@ -384,13 +391,33 @@ def judge_release(result: V.HostResult, key: str | None, decision: Decision,
     return comparison if comparison.regressed else None
 
 
+def host_record(decision: Decision) -> Record | None:
+    """The release record on the host now (what runs here), None when absent or unreadable."""
+    try:
+        return parse_record(json.loads("\n".join(_remote(f"cat {release_record_file(decision.stack.paths)}"))))
+    except ValueError:
+        return None
+
+
+def reached(decision: Decision) -> Record:
+    """How this deploy's service (or copy) is reached, in a release record's terms."""
+    serve = decision.serve
+    return Record({}, url=http_base(serve.value('--host'), serve.value('--port')),
+                  served_name=serve.value("--served-model-name"), speculative=serve.has("--speculative-config"),
+                  start_timeout_s=decision.stack.profile["serve"]["start_timeout_s"])
+
+
+def restored_reach(decision: Decision, now: Record) -> Record:
+    """After the rollback's swap: how the restored release is reached (its own record, which the swap
+    put back: URL, served name, start time-out, speculation), `now`'s where it says nothing."""
+    kept = host_record(decision)
+    return restored(kept, now) if kept is not None else now
+
+
 def record_attempts(decision: Decision, attempts: list[retry.Attempt]) -> None:
     """The release record (what runs here) says the flags the last start ran with and every start."""
     path = release_record_file(decision.stack.paths)
-    try:
-        record = parse_record(json.loads("\n".join(_remote(f"cat {path}"))))
-    except ValueError:
-        record = None
+    record = host_record(decision)
     if record is None:
         return
     flags = tuple(f"{f.name} {f.value}" if f.value is not None else f.name for f in decision.serve.flags)
@@ -453,7 +480,6 @@ def _check(decision: Decision, previous: list[SwitchedLink | KeptFiles]) -> None
                           served_name=serve.value("--served-model-name"), url=base)
     runstate.current().results.append(result)
     key = api_key(decision)
-    timing = (decision.stack.profile["serve"]["start_timeout_s"], decision.serve.has("--speculative-config"))
 
     current, failure = _starts(result, key, decision)
     if failure is None:
@@ -482,7 +508,9 @@ def _check(decision: Decision, previous: list[SwitchedLink | KeptFiles]) -> None
     try:
         if trouble:
             raise V.VerifyFailed(f"restoring the previous release: {trouble}")
-        serving(result, key, say, unit_state, *timing)
+        reach = restored_reach(decision, reached(decision))
+        result.url, result.served_name = reach.url, reach.served_name  # the row says what serves now
+        serving(result, key, say, unit_state, reach.start_timeout_s, reach.speculative)
     except V.VerifyFailed as again:
         result.reason += f"; rollback did not recover: {again}"
         raise OperationError(f"verify failed and rollback did not recover: {again}") from None

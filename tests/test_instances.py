@@ -362,11 +362,12 @@ def copies_verify(tmp_path, monkeypatch):
     keys = {"a": _key(tmp_path, "a.key"), "b": _key(tmp_path, "b.key")}
     decision = copies(instances=[{**copy, "api_key_file": keys[copy["name"]]} for copy in TWO])
     run = runstate.RunState()
-    seen = {"commands": [], "served": [], "said": [], "bad": {"b"}, "bad_after": set(), "rolled": False}
+    seen = {"commands": [], "served": [], "reach": [], "said": [], "bad": {"b"}, "bad_after": set(), "rolled": False}
 
     def serving(result, key, say, unit_state, start_timeout_s, speculative, unit="qwen27b.service", **_):
         name = unit.split("@")[1].split(".")[0]
         seen["served"].append((unit, result.url, key, "previous" if seen["rolled"] else "new"))
+        seen["reach"].append((result.served_name, start_timeout_s, speculative))
         if name in (seen["bad_after"] if seen["rolled"] else seen["bad"]):
             raise V.VerifyFailed(f"the service {unit} is failed/failed: it crashed while loading", crashed=True)
         result.ready_s, result.ttft_s, result.decode_tok_s = 1.0, 0.1, 30.0
@@ -432,6 +433,48 @@ def test_a_copy_failing_verify_rolls_the_whole_host_back_and_verifies_each_copy_
     assert run.results[0].health is None
     from roles.verify import verified
     assert verified(run)["gpu-a"][0] == "rolled back"
+
+
+def test_the_rollback_asks_each_copy_what_the_restored_record_says(copies_verify, monkeypatch):
+    """The failed deploy renamed the model, moved the host's address and waited longer: the restored
+    release serves the old name at the old address (its record, which the swap put back, says so),
+    so each copy is verified there, on its own port and with its own key, with the old time-out."""
+    import roles.verify as verify
+    from qwen27b.plan.lifecycle import Record, record_text
+    from pyinfra.api.exceptions import OperationError
+    check, decision, run, seen = copies_verify
+    kept = Record({"/opt/qwen27b/current": "/opt/qwen27b/releases/old"}, model_ref="org/m@old",
+                  url="http://10.9.9.9:8000", served_name="old-name", speculative=False, start_timeout_s=123)
+    monkeypatch.setattr(verify, "_remote", lambda command: seen["commands"].append(command) or
+                        (record_text(kept).splitlines() if seen["rolled"] and "release.json" in command else []))
+    with pytest.raises(OperationError, match="every copy verified: rolled back"):
+        check(decision, _replaced())
+    new_name = decision.copies[0][1].serve.value("--served-model-name")
+    assert new_name != "old-name" and seen["reach"][0][0] == new_name  # the new release was asked its own name
+    assert [url for _, url, _, release in seen["served"] if release == "previous"] == \
+        ["http://10.9.9.9:8000", "http://10.9.9.9:8001"]
+    assert [reach for reach, (_, _, _, release) in zip(seen["reach"], seen["served"]) if release == "previous"] == \
+        [("old-name", 123, False)] * 2
+    assert [key for _, _, key, release in seen["served"] if release == "previous"] == ["sk-a.key", "sk-b.key"]
+    assert [(r.url, r.served_name) for r in run.results] == [("http://10.9.9.9:8000", "old-name"),
+                                                             ("http://10.9.9.9:8001", "old-name")]
+
+
+def test_one_services_rollback_reaches_the_restored_release_by_its_record(monkeypatch):
+    """verify's rollback of one service: the restored record's URL, name, time-out and speculation;
+    this deploy's where the host has no readable record (a host from before records)."""
+    import roles.verify as verify
+    from qwen27b.plan.lifecycle import Record, record_text
+    decision = copies().copies[0][1]
+    now = verify.reached(decision)
+    assert now.served_name == decision.serve.value("--served-model-name") and now.url.endswith(":8000")
+    kept = Record({"/opt/qwen27b/current": "/opt/qwen27b/releases/old"}, url="http://[fd00::5]:8100",
+                  served_name="old", speculative=True, start_timeout_s=900)
+    monkeypatch.setattr(verify, "_remote", lambda command: record_text(kept).splitlines())
+    back = verify.restored_reach(decision, now)
+    assert (back.url, back.served_name, back.speculative, back.start_timeout_s) == ("http://[fd00::5]:8100", "old", True, 900)
+    monkeypatch.setattr(verify, "_remote", lambda command: [])
+    assert verify.restored_reach(decision, now) == now
 
 
 def test_the_first_copy_failing_rolls_back_and_the_second_is_verified_on_the_previous_release(copies_verify):

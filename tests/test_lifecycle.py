@@ -18,7 +18,7 @@ import pytest
 
 from qwen27b.plan.hostdata import BadHostData, settings_for
 from qwen27b.plan.lifecycle import (Installed, NoRollback, Record, UninstallOptions, parse_record, plan_rollback,
-                                    record_text, rollout_batches, stale_dirs, swap_commands, uninstall_plan)
+                                    record_text, restored, rollout_batches, stale_dirs, swap_commands, uninstall_plan)
 from qwen27b.plan.stack import load_stack
 from qwen27b.tools import rollout as R
 
@@ -102,6 +102,20 @@ def test_a_flag_only_rollback_shows_the_flags_it_changes():
     # a kept record from before flags were recorded: nothing is claimed
     assert not [line for line in plan_rollback(now, Record(dict(RUNNING.links)), KEPT, [], FILES).lines(PATHS)
                 if "serve flag" in line]
+
+
+def test_the_restored_release_is_reached_as_its_own_record_says_not_as_the_failed_one():
+    """The deploy that failed renamed the model, moved the port, turned speculation on and waited
+    longer: the release put back is asked at its own address for its own name, with its own time-out
+    (verify's rollback after a failed deploy and the rollback on demand read it alike)."""
+    failed = Record(dict(RUNNING.links), url="http://10.0.0.5:9000", served_name="renamed", speculative=True,
+                    start_timeout_s=1800)
+    kept = Record(dict(KEPT_RECORD.links), model_ref="org/m@rev-a", url="http://10.0.0.5:8000", served_name="m",
+                  speculative=False, start_timeout_s=600)
+    back = restored(kept, failed)
+    assert (back.links, back.url, back.served_name, back.speculative, back.start_timeout_s) == \
+        (kept.links, "http://10.0.0.5:8000", "m", False, 600)
+    assert plan_rollback(failed, kept, KEPT, [], FILES).target == back
 
 
 def test_a_kept_record_made_from_links_only_is_verified_like_the_running_one():

@@ -208,10 +208,25 @@ def plan_rollback(current: Record | None, previous: Record | None, kept: list[st
                          "deploy the release you want instead")
     switch = tuple((link, current.links.get(link, ""), target) for link, target in sorted(previous.links.items())
                    if current.links.get(link) != target)
-    target = Record(previous.links, previous.model_ref or current.model_ref, previous.url or current.url,
-                    previous.served_name or current.served_name, previous.speculative,
-                    previous.start_timeout_s, previous.flags)
-    return RollbackPlan(switch, tuple(serving_files), target, current)
+    return RollbackPlan(switch, tuple(serving_files), restored(previous, current), current)
+
+
+def restored(previous: Record, current: Record) -> Record:
+    """The release a rollback puts back, as verify reaches it: the kept record's links, URL, served
+    name, speculation and start time-out, since the release that is replaced may have changed any
+    of them (asked for the new served name, a restored release that serves fails its check); the
+    running record's model, URL and name where the kept one (made of symlinks before records held
+    them) has none. Used by the rollback on demand and by verify's rollback after a failed deploy."""
+    return Record(previous.links, previous.model_ref or current.model_ref, previous.url or current.url,
+                  previous.served_name or current.served_name, previous.speculative,
+                  previous.start_timeout_s, previous.flags)
+
+
+def copy_url(url: str, port: int | str) -> str:
+    """A copy's URL from the release record's (the first copy's): the same address, the copy's port."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.netloc.rpartition(":")[0] or parts.netloc
+    return urllib.parse.urlunsplit((parts.scheme, f"{host}:{port}", parts.path, "", ""))
 
 
 def swap_commands(links: dict[str, str], serving_files: list[str], kept_dir: str, then: list[str]) -> list[str]:
