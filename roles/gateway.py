@@ -11,9 +11,12 @@ keeping the pool from each backend's health and drains.
 - config rendered from the GatewayPlan (plan/gateway.py checked it across the inventory); the
   client keys and the backends' key in one root 0600 include written as a secret (never argv,
   logs or --diff);
+- with qwen27b_gateway_tls_*: the certificate and its key (a secret) beside the config, nginx
+  listening `ssl`; the lab CA's pair is made and kept on the controller (controller/labca.py);
 - a changed config or key reloads nginx (graceful: requests in flight finish), a changed unit
   restarts it; then the controller checks the gateway: no key refused, /v1/models lists the served
-  name once, a streamed completion through it.
+  name once, a streamed completion through it (over https against the lab CA or the admin's
+  certificate when it speaks TLS).
 """
 
 from __future__ import annotations
@@ -72,7 +75,7 @@ def _directories() -> list[list[str]]:
 def gateway(plan: GatewayPlan) -> None:
     where = G.layout()
     for line in plan.describe()[1:]:
-        note(line.strip())
+        note(line)
     apt_install("nginx and python3 (the gateway)", ["nginx", "python3"], no_recommends=True)
     systemd.service(name=f"the package's {G.DISTRO_UNIT} stopped and disabled (the gateway has its own unit)",
                     service=G.DISTRO_UNIT, running=False, enabled=False)
@@ -80,6 +83,7 @@ def gateway(plan: GatewayPlan) -> None:
     directories(name="gateway directories (owner, group, mode)", specs=_directories())
     code = push_files(name="on-host code (qwen27b-gateway-pool)", src_dir=str(ONHOST_SOURCE),
                       dest_dir=f"{G.LIB_DIR}/qwen27b_onhost", manifest=source_manifest(ONHOST_SOURCE), remove_extra=True)
+    tls = _tls_files(plan, where)  # before the config that names them (a pool reload in between reads it)
     written = {path: files.put(name=f"render {path}", src=StringIO(text), dest=path, user="root", group="root",
                                mode="0644", create_remote_dir=False)
                for path, text in G.render_gateway(plan).items()}
@@ -92,13 +96,27 @@ def gateway(plan: GatewayPlan) -> None:
     started(G.POOL_UNIT, restart=pool_changed, why="its code, config or unit changed")
     if units[0].will_change:
         started(G.GATEWAY_UNIT, restart=True, why="its unit changed")
-    elif written[where["config"]].will_change or keys.will_change or pool_changed:
+    elif written[where["config"]].will_change or keys.will_change or tls or pool_changed:
         # nginx's graceful reload (ExecReload: config test, then SIGHUP): requests in flight finish
         systemd.service(name=f"enable {G.GATEWAY_UNIT}", service=G.GATEWAY_UNIT, running=None, enabled=True)
         server.shell(name=f"reload {G.GATEWAY_UNIT} (config or keys changed; graceful)",
                      commands=[f"systemctl reload-or-restart {G.GATEWAY_UNIT}"])
     else:
         started(G.GATEWAY_UNIT, restart=False, why="")
+
+
+def _tls_files(plan: GatewayPlan, where: dict) -> bool:
+    """The certificate (0644) and its key (a secret: root 0600, never in --diff) when the gateway
+    speaks TLS; removed when it no longer does. Whether either changes (nginx then reloads)."""
+    pair = G.tls_pair(plan)
+    if pair is None:
+        gone = files.file(name="no TLS certificate (plain HTTP)", path=where["tls_cert"], present=False)
+        key_gone = files.file(name="no TLS key (plain HTTP)", path=where["tls_key"], present=False)
+        return gone.will_change or key_gone.will_change
+    cert = files.put(name=f"TLS certificate {where['tls_cert']}", src=StringIO(pair[0].decode()), dest=where["tls_cert"],
+                     user="root", group="root", mode="0644", create_remote_dir=False)
+    key = secret_file(name="TLS key (0600)", dest=where["tls_key"], content=pair[1].decode())
+    return cert.will_change or key.will_change
 
 
 def verify_gateway(plan: GatewayPlan) -> None:
@@ -117,7 +135,9 @@ def _check(plan: GatewayPlan) -> None:
     from pyinfra.api.exceptions import OperationError
 
     address = f"[{plan.address}]" if ":" in plan.address else plan.address
-    base = f"http://{address}:{plan.port}"
+    base = f"{plan.scheme}://{address}:{plan.port}"
+    if plan.tls:  # verified as a client would: against the lab CA, or the admin's certificate
+        V.trust(base, f"{plan.tls.lab_ca_dir}/ca.crt" if plan.tls.lab_ca_dir else plan.tls.cert_file)
     result = V.HostResult(host.name, model="gateway", served_name=plan.served_name or "", url=base)
     runstate.current().results.append(result)
     key = load_secret(plan.key_files[0], SECRET_NAMES["gateway_key_files"])

@@ -499,8 +499,10 @@ def show_planned_operations() -> None:
     try:
         decision = runstate.current().decisions.get(host.name)
         operations = planned_operations(state, host)
-        if decision is None:  # a gateway host: gateway_preflight printed its plan
-            click.echo(format_operation_lines(host.name, operations, verbose=state.print_noop_info), err=True)
+        if decision is None:  # a gateway host: its plan's lines (roles/gateway.py notes), then its operations
+            lines = [text.rstrip("\n") for text, _ in take_notes()]
+            click.echo("\n".join(lines + [format_operation_lines(host.name, operations, verbose=state.print_noop_info)]),
+                       err=True)
         else:
             click.echo(format_plan(decision, take_notes(), operations, verbose=state.print_noop_info), err=True)
         runstate.current().planned.add(host.name)

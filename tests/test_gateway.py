@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import threading
 import time
@@ -157,10 +158,14 @@ def rendered():
         path.chmod(0o600)  # git keeps 0644
     files = {Path(path).name: text for path, text in G.render_gateway(reference_plan()).items()}
     files["keys.conf"] = G.keys_text(reference_plan())
+    from qwen27b.plan.gateway import Tls  # the admin's files: rendering reads neither (the role pushes them)
+    tls = dataclasses.replace(reference_plan(), tls=Tls(cert_file="/srv/lab/gw.crt", key_file="/srv/lab/gw.key"))
+    files["nginx-tls.conf"] = G.render_gateway(tls)[G.layout()["config"]]
     return files
 
 
-@pytest.mark.parametrize("name", ["nginx.conf", "keys.conf", "backends.json", G.GATEWAY_UNIT, G.POOL_UNIT])
+@pytest.mark.parametrize("name", ["nginx.conf", "nginx-tls.conf", "keys.conf", "backends.json", G.GATEWAY_UNIT,
+                                  G.POOL_UNIT])
 def test_rendered_files_match_golden(rendered, name):
     golden = GOLDEN / name
     if os.environ.get("QWEN27B_UPDATE_GOLDEN"):
@@ -473,3 +478,148 @@ def test_the_pool_probes_a_copys_own_health_path(monkeypatch):
     assert P.healthy({"address": "10.0.0.1", "port": 8000, "health_port": 9120}, 1.0)
     assert asked == ["http://10.0.0.2:9120/health/b", "http://10.0.0.2:8002/health",
                      "http://10.0.0.1:9120/health", "http://10.0.0.1:8000/health"]
+
+
+# ---------------------------------------------------------------- TLS (issue 28): the plan, the lab CA, nginx
+
+def issued(tmp_path, address: str = GW, mode: int = 0o600) -> dict:
+    """An admin's certificate and key files for `address` (issued here by a throwaway lab CA)."""
+    from qwen27b.controller import labca
+
+    cert, key = labca.gateway_cert(tmp_path / f"pki-{address}", "gw", [address])
+    (tmp_path / "gw.crt").write_bytes(cert)
+    key_path = tmp_path / "gw.key"
+    key_path.write_bytes(key)
+    key_path.chmod(mode)
+    return {"qwen27b_gateway_tls_cert": str(tmp_path / "gw.crt"), "qwen27b_gateway_tls_key": str(key_path)}
+
+
+def test_tls_from_the_admins_files_or_a_lab_ca_and_the_plan_says_which(tmp_path, keys):
+    plain = plan_of(*lab(keys))
+    assert plain.tls is None and plain.scheme == "http"
+    assert any(line.strip().startswith("plain HTTP: client keys, prompts and answers cross the network unencrypted")
+               for line in plain.describe())
+    files = plan_of(*lab(keys, gateway=issued(tmp_path)))
+    assert files.scheme == "https" and files.tls.cert_file == str(tmp_path / "gw.crt")
+    assert any(f"TLS: the certificate {tmp_path / 'gw.crt'}" in line for line in files.describe())
+    ca = plan_of(*lab(keys, gateway={"qwen27b_gateway_tls_lab_ca": str(tmp_path / "lab-ca")}))
+    assert ca.tls.lab_ca_dir == str(tmp_path / "lab-ca") and not (tmp_path / "lab-ca").exists()  # planning makes nothing
+    assert any(f"clients trust {tmp_path / 'lab-ca'}/ca.crt" in line for line in ca.describe())
+
+
+TLS_REFUSALS = [  # (gateway data, key, text)
+    ({"qwen27b_gateway_tls_cert": "CERT"}, "qwen27b_gateway_tls_key", "TLS needs the certificate and its key"),
+    ({"qwen27b_gateway_tls_key": "KEY"}, "qwen27b_gateway_tls_cert", "TLS needs the certificate and its key"),
+    ({"qwen27b_gateway_tls_cert": "CERT", "qwen27b_gateway_tls_key": "KEY", "qwen27b_gateway_tls_lab_ca": "DIR"},
+     "qwen27b_gateway_tls_lab_ca", "would come from two places"),
+    ("OPEN_KEY", "qwen27b_gateway_tls_key", "mode 644, readable by others"),
+    ("OTHER_ADDRESS", "qwen27b_gateway_tls_cert", f"not the gateway's address {GW}"),
+    ({"qwen27b_gateway_tls_cert": "KEY", "qwen27b_gateway_tls_key": "KEY"}, "qwen27b_gateway_tls_cert", "holds no PEM certificate"),
+    ({"qwen27b_gateway_tls_cert": "CERT", "qwen27b_gateway_tls_key": "CERT_0600"}, "qwen27b_gateway_tls_key", "holds no PEM private key"),
+    ({"qwen27b_gateway_tls_cert": "/nonexistent.crt", "qwen27b_gateway_tls_key": "KEY"}, "qwen27b_gateway_tls_cert", "cannot read"),
+    ({"qwen27b_gateway_tls_lab_ca": "CERT"}, "qwen27b_gateway_tls_lab_ca", "is not a directory"),
+    ({"qwen27b_gateway_tls_lab_ca": 7}, "qwen27b_gateway_tls_lab_ca", "expected str"),
+]
+
+
+@pytest.mark.parametrize("gateway, key, text", TLS_REFUSALS, ids=[f"{r[1]}-{r[2][:20]}" for r in TLS_REFUSALS])
+def test_bad_tls_settings_are_refused_naming_host_key_and_fix(tmp_path, keys, gateway, key, text):
+    files = issued(tmp_path)
+    private_cert = tmp_path / "cert-0600.pem"
+    private_cert.write_bytes(Path(files["qwen27b_gateway_tls_cert"]).read_bytes())
+    private_cert.chmod(0o600)
+    names = {"CERT": files["qwen27b_gateway_tls_cert"], "KEY": files["qwen27b_gateway_tls_key"], "DIR": str(tmp_path),
+             "CERT_0600": str(private_cert)}
+    if gateway == "OPEN_KEY":
+        gateway = issued(tmp_path, mode=0o644)
+    elif gateway == "OTHER_ADDRESS":
+        gateway = issued(tmp_path, address="10.0.0.99")
+    else:
+        gateway = {k: names.get(v, v) for k, v in gateway.items()}
+    with pytest.raises(BadHostData) as error:
+        validate_inventory(*lab(keys, gateway))
+    assert (error.value.host, error.value.key) == ("gw", key) and text in str(error.value), str(error.value)
+    assert "Fix:" in str(error.value) or "did you mean" in str(error.value) or "expected" in str(error.value)
+
+
+def test_the_lab_ca_is_made_once_and_the_gateways_cert_kept_until_its_address_changes(tmp_path):
+    from cryptography import x509
+
+    from qwen27b.controller import labca
+    from qwen27b.plan.gateway import cert_names
+
+    root = tmp_path / "lab-ca"
+    cert, key = labca.gateway_cert(root, "gw", [GW])
+    assert oct(root.stat().st_mode & 0o777) == oct(0o700)
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in root.iterdir()} == {
+        "ca.crt": oct(0o644 & ~_umask()), "ca.key": oct(0o600), "gw.crt": oct(0o644 & ~_umask()), "gw.key": oct(0o600)}
+    assert cert_names(cert) == {GW} and b"PRIVATE KEY-----" in key
+    assert labca.gateway_cert(root, "gw", [GW]) == (cert, key)  # a second run: the same pair, nothing changes
+    ca = (root / "ca.crt").read_bytes()
+    moved, _ = labca.gateway_cert(root, "gw", ["10.0.0.10"])
+    assert cert_names(moved) == {"10.0.0.10"} and (root / "ca.crt").read_bytes() == ca  # the same CA signs it
+    issuer = x509.load_pem_x509_certificate(ca).subject
+    assert x509.load_pem_x509_certificate(moved).issuer == issuer
+    (root / "ca.key").chmod(0o644)
+    with pytest.raises(PermissionError, match="chmod 600"):
+        labca.gateway_cert(root, "gw", [GW])
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@pytest.fixture
+def tls_loopback(tmp_path, keys):
+    """The rendered config with a lab CA's certificate for 127.0.0.1, nginx on loopback, one stub."""
+    from qwen27b.plan.gateway import Tls
+
+    backend = stub("a")
+    port = P_free_port()
+    plan = GatewayPlan("gw", "127.0.0.1", port, (keys["a"],), (Backend("a", "127.0.0.1", backend.server_address[1],
+                       backend.server_address[1]),), keys["backend"], None, 600, Tls(lab_ca_dir=str(tmp_path / "lab-ca")))
+    where = render_scratch(plan, tmp_path / "root")
+    subprocess.run(where["pool"] + ["render"], env=where["env"], check=True, capture_output=True)
+    assert "ssl;" in Path(where["config"]).read_text() and "ssl_certificate_key" in Path(where["config"]).read_text()
+    nginx = subprocess.Popen([nginx_binary(), "-c", where["config"]], stderr=open(tmp_path / "nginx.log", "w"))
+    ca = str(tmp_path / "lab-ca" / "ca.crt")
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(f"https://127.0.0.1:{port}/health", timeout=1, verify=ssl.create_default_context(cafile=ca))
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        yield {"base": f"https://127.0.0.1:{port}", "ca": ca, "port": port, "stub": backend}
+    finally:
+        nginx.terminate()
+        nginx.wait(timeout=10)
+        backend.shutdown()
+
+
+def test_nginx_serves_tls_that_a_client_verifies_with_the_lab_ca_only(tls_loopback):
+    """A real nginx with the rendered TLS lines and the lab CA's certificate: a client trusting the
+    lab CA gets through (the key still swapped for the backends'), one with the system's CAs only
+    refuses the handshake, plain HTTP to the port gets 400, and the verifier's own request (postdeploy,
+    what the deploy's verify uses) trusts it once told the CA."""
+    from qwen27b.controller import postdeploy as V
+
+    base = tls_loopback["base"]
+    with httpx.Client(verify=ssl.create_default_context(cafile=tls_loopback["ca"]), headers={"Authorization": "Bearer client-a-4567"}) as c:
+        answer = c.post(f"{base}/v1/chat/completions", json={})
+        assert answer.status_code == 200 and answer.json()["backend"] == "a"
+    assert tls_loopback["stub"].seen[-1] == "Bearer backend-key-0123"
+    with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+        httpx.get(f"{base}/health", timeout=5)
+    assert httpx.get(f"http://127.0.0.1:{tls_loopback['port']}/health", timeout=5).status_code == 400
+    with pytest.raises(Exception, match="CERTIFICATE_VERIFY_FAILED"):
+        V._request(f"{base}/health", timeout=5)  # noqa: SLF001
+    V.trust(base, tls_loopback["ca"])
+    try:
+        with V._request(f"{base}/health", timeout=5) as response:  # noqa: SLF001
+            assert response.status == 200
+    finally:
+        V.TRUSTED.pop(base)

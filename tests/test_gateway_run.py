@@ -81,3 +81,26 @@ def test_a_deploy_file_that_raises_on_one_host_leaves_no_host_ok(lab):
                      out, re.M), out[-2000:]
     assert re.search(r"^@fake/v100x4-converged\s+not run\s+the deploy file raised on @fake/gw: no operation ran",
                      out, re.M), out[-2000:]
+
+
+def test_a_gateway_with_a_lab_ca_plans_its_certificate_and_never_prints_its_key(lab):
+    """Issue 28's TLS, planned: the lab CA is made on the controller (0600 keys), the gateway's
+    certificate and key are planned (the key as a secret), and with --diff the certificate may show
+    but no line of either private key does. The same run again makes no new CA or certificate."""
+    lab_ca = lab["work"] / "lab-ca"
+    tls = dict(lab, inventory=lab["work"] / "lab-tls.py")
+    tls["inventory"].write_text(lab["inventory"].read_text().replace(
+        "ssh_hostname='192.168.10.9')", f"ssh_hostname='192.168.10.9', qwen27b_gateway_tls_lab_ca={str(lab_ca)!r})"))
+    result = run(tls, ["-m", "pyinfra"], "--dry", "--diff", "-y")
+    out = result.stderr + result.stdout
+    assert result.returncode == 0, out[-4000:]
+    assert "TLS: a certificate for its address signed by the lab CA in" in out, out[-4000:]
+    assert "CHANGE  TLS certificate /etc/qwen27b-gateway/tls.crt" in out and "CHANGE  TLS key (0600)" in out
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in lab_ca.glob("*.key")} == {"ca.key": "0o600", "_fake_gw.key": "0o600"}
+    public = "".join(path.read_text() for path in lab_ca.rglob("*.crt"))  # an EC key's last line is its public point
+    private = [line for path in lab_ca.rglob("*.key") for line in path.read_text().splitlines()
+               if line and not line.startswith("-----") and line not in public]
+    assert private and not [line for line in private if line in out]
+    made = {p: p.read_bytes() for p in lab_ca.rglob("*") if p.is_file()}
+    again = run(tls, ["-m", "pyinfra"], "--dry", "-y")
+    assert again.returncode == 0 and {p: p.read_bytes() for p in lab_ca.rglob("*") if p.is_file()} == made

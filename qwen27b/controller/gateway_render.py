@@ -7,6 +7,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+from pathlib import Path
 
 from qwen27b.controller.render import SANDBOX, render
 from qwen27b.onhost.contract import GATEWAY_UNIT, POOL_UNIT
@@ -62,6 +63,8 @@ def layout(prefix: str = "") -> dict[str, str]:
     return {key: prefix + path for key, path in {
         "config": f"{CONFIG_DIR}/nginx.conf",
         "keys": f"{CONFIG_DIR}/keys.conf",
+        "tls_cert": f"{CONFIG_DIR}/tls.crt",  # qwen27b_gateway_tls_*: the certificate (public)
+        "tls_key": f"{CONFIG_DIR}/tls.key",  # and its key (root 0600, written as a secret)
         "pool_config": f"{CONFIG_DIR}/backends.json",
         "state_dir": STATE_DIR,
         "upstream_file": f"{STATE_DIR}/upstream.conf",
@@ -119,7 +122,11 @@ def nginx_context(plan: GatewayPlan, where: dict, run_as: list[str] | None = Non
         "upstream_file": where["upstream_file"],
         "keepalive": 32,
         "keepalive_timeout_s": 4,
-        "listens": [_listen(plan.address, plan.port)],
+        "listens": [_listen(plan.address, plan.port) + (" ssl" if plan.tls else "")],
+        # TLS 1.2 and 1.3 only, nginx's default ciphers; a session cache spares reconnecting clients a handshake
+        "tls": [f"ssl_certificate {where['tls_cert']};", f"ssl_certificate_key {where['tls_key']};",
+                "ssl_protocols TLSv1.2 TLSv1.3;", "ssl_session_cache shared:qwen27b_tls:1m;",
+                "ssl_session_timeout 1h;"] if plan.tls else [],
         "connect_timeout_s": 2,  # a backend that does not answer SYN in 2 s: try the next one
         "tries": len(plan.backends),  # each backend once
     }
@@ -133,6 +140,18 @@ def keys_text(plan: GatewayPlan) -> str:
               for path in plan.key_files]
     backend = f"Bearer {load_secret(plan.backend_key_file)}" if plan.backend_key_file else ""
     return render("qwen27b-gateway-keys.conf.j2", {"client_keys": client, "backend_authorization": [backend]})
+
+
+def tls_pair(plan: GatewayPlan) -> tuple[bytes, bytes] | None:
+    """(certificate PEM, key PEM) the gateway serves: the admin's files, or the lab CA's pair for the
+    gateway's address (made or reused on the controller: controller/labca.py); None without TLS."""
+    if plan.tls is None:
+        return None
+    if plan.tls.lab_ca_dir:
+        from qwen27b.controller import labca  # noqa: PLC0415 (cryptography: only for a lab CA)
+
+        return labca.gateway_cert(plan.tls.lab_ca_dir, plan.host, [plan.address])
+    return Path(plan.tls.cert_file).expanduser().read_bytes(), Path(plan.tls.key_file).expanduser().read_bytes()
 
 
 def unit_contexts(plan: GatewayPlan, where: dict) -> dict[str, dict]:

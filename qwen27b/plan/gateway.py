@@ -13,7 +13,10 @@ read on the controller, as hostdata reads them).
 from __future__ import annotations
 
 import ipaddress
+import os
+import stat
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from qwen27b.onhost.secretfile import load_secret
 from qwen27b.plan.hostdata import (PREFIX, SECRET_NAMES, BadHostData, Settings, check_secret_file, instances_of, lab_address,
@@ -36,6 +39,22 @@ class Backend:
 
 
 @dataclass(frozen=True)
+class Tls:
+    """How the gateway speaks TLS: the admin's certificate and key files, or a lab CA kept by
+    qwen27b on the controller in `lab_ca_dir` (controller/labca.py) that signs one for its address."""
+    cert_file: str | None = None
+    key_file: str | None = None
+    lab_ca_dir: str | None = None
+
+    def describe(self) -> str:
+        if self.lab_ca_dir:
+            return (f"TLS: a certificate for its address signed by the lab CA in {self.lab_ca_dir} (made once, kept); "
+                    f"clients trust {self.lab_ca_dir}/ca.crt (the openai client and httpx: SSL_CERT_FILE=PATH; "
+                    "curl --cacert PATH)")
+        return f"TLS: the certificate {self.cert_file} and its key (0600 on the gateway, never in a log)"
+
+
+@dataclass(frozen=True)
 class GatewayPlan:
     host: str
     address: str  # the gateway's listen address (and the source its probes come from)
@@ -45,6 +64,11 @@ class GatewayPlan:
     backend_key_file: str | None  # the backends' shared qwen27b_api_key_file, None when they have none
     served_name: str | None  # the backends' qwen27b_served_model_name (None: their profile's default)
     request_timeout_s: int
+    tls: Tls | None = None  # None: plain HTTP (the plan warns)
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
 
     def describe(self) -> list[str]:
         """The plan's lines, each with its reason (printed before anything runs)."""
@@ -57,6 +81,9 @@ class GatewayPlan:
                      + ("the backends' key is added by the gateway, never seen by clients" if self.backend_key_file
                         else "WARNING: the backends have no qwen27b_api_key_file, so anyone on the lab network "
                              "can bypass the gateway's keys"))
+        lines.append(f"  {self.tls.describe()}" if self.tls else
+                     "  plain HTTP: client keys, prompts and answers cross the network unencrypted (fine on a closed "
+                     "lab network; else set qwen27b_gateway_tls_lab_ca, or qwen27b_gateway_tls_cert and _tls_key)")
         return lines
 
 
@@ -145,6 +172,70 @@ def _client_keys(host: str, data: dict) -> tuple[str, ...]:
     return tuple(files)
 
 
+def _pem_file(host: str, key: str, path, marker: str, what: str, private: bool) -> bytes:
+    """A controller-side PEM file: a regular file holding `marker`; a private key 0600."""
+    if not isinstance(path, str):
+        raise BadHostData(host, key, f"{path!r} is not a file path", "give the path as a string")
+    try:
+        st = os.stat(os.path.expanduser(path))
+        data = Path(path).expanduser().read_bytes() if stat.S_ISREG(st.st_mode) else b""
+    except OSError as error:
+        raise BadHostData(host, key, f"cannot read {path}: {error.strerror}", "fix the path") from None
+    if private and stat.S_IMODE(st.st_mode) & 0o077:
+        raise BadHostData(host, key, f"{path} is mode {stat.S_IMODE(st.st_mode):o}, readable by others",
+                          f"chmod 600 {path}")
+    if marker.encode() not in data:
+        raise BadHostData(host, key, f"{path} holds no PEM {what}",
+                          "give the PEM file (-----BEGIN ...-----)")
+    return data
+
+
+def cert_names(pem: bytes) -> set[str]:
+    """The IP addresses and DNS names a PEM certificate (the first in the file) is valid for."""
+    from cryptography import x509  # noqa: PLC0415 (only a gateway with TLS reads a certificate)
+
+    cert = x509.load_pem_x509_certificate(pem)
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return set()
+    return {str(ip) for ip in san.get_values_for_type(x509.IPAddress)} | set(san.get_values_for_type(x509.DNSName))
+
+
+def _tls(host: str, data: dict, address: str) -> Tls | None:
+    """TLS from the admin's files or a lab CA, one or the other; the certificate must name the
+    gateway's address (verify and the lab's clients reach it by that address)."""
+    cert, key, lab_ca = (data.get(PREFIX + name) for name in ("gateway_tls_cert", "gateway_tls_key", "gateway_tls_lab_ca"))
+    if lab_ca is not None:
+        if cert is not None or key is not None:
+            raise BadHostData(host, PREFIX + "gateway_tls_lab_ca", "set with qwen27b_gateway_tls_cert/_tls_key: "
+                              "the certificate would come from two places", "keep the lab CA or your files, not both")
+        if not lab_ca or os.path.exists(os.path.expanduser(lab_ca)) and not os.path.isdir(os.path.expanduser(lab_ca)):
+            raise BadHostData(host, PREFIX + "gateway_tls_lab_ca", f"{lab_ca!r} is not a directory",
+                              "name a directory on the controller for the lab CA (made when absent), "
+                              "e.g. ~/.local/share/qwen27b/lab-ca")
+        return Tls(lab_ca_dir=os.path.expanduser(lab_ca))
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        missing = "gateway_tls_cert" if cert is None else "gateway_tls_key"
+        raise BadHostData(host, PREFIX + missing, "is missing: TLS needs the certificate and its key",
+                          f"set {PREFIX}{missing} too, or qwen27b_gateway_tls_lab_ca instead of both")
+    pem = _pem_file(host, PREFIX + "gateway_tls_cert", cert, "-----BEGIN CERTIFICATE-----", "certificate", private=False)
+    _pem_file(host, PREFIX + "gateway_tls_key", key, "PRIVATE KEY-----", "private key", private=True)
+    try:
+        names = cert_names(pem)
+    except ValueError as error:
+        raise BadHostData(host, PREFIX + "gateway_tls_cert", f"{cert} cannot be read as a certificate ({error})",
+                          "give a PEM certificate") from None
+    if address not in names:
+        raise BadHostData(host, PREFIX + "gateway_tls_cert", f"{cert} is for {', '.join(sorted(names)) or 'no address'}, "
+                          f"not the gateway's address {address}: clients and verify would refuse it",
+                          f"issue it with {address} as an IP subject alternative name, or set "
+                          "qwen27b_gateway_tls_lab_ca to let qwen27b issue one")
+    return Tls(cert_file=cert, key_file=key)
+
+
 def _backend_names(host: str, data: dict, names: list[str], gateways: set[str],
                    workers: set[str] = frozenset()) -> list[str]:
     """The backends: listed, or every host but the gateways and the Ray workers of a serving group
@@ -217,7 +308,8 @@ def plan_gateway(host: str, data: dict, inventory: list[tuple[str, dict]], gatew
                            for path in key_files):
         raise BadHostData(host, PREFIX + "gateway_key_files", "a client key is the backends' API key",
                           "give clients their own keys: the backends' key stays with the gateway")
-    return GatewayPlan(host, address, port, key_files, tuple(backends), backend_key, served, timeout)
+    return GatewayPlan(host, address, port, key_files, tuple(backends), backend_key, served, timeout,
+                       _tls(host, data, address))
 
 
 def plan_gateways(inventory: list[tuple[str, dict]], groups: dict[str, set],

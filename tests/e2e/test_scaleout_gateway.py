@@ -30,6 +30,7 @@ import json
 import os
 import re
 import shlex
+import ssl
 import subprocess
 import sys
 import threading
@@ -95,8 +96,10 @@ def gw(own_testhosts, testhosts, mirror, tmp_path_factory):
         f"_hosts = {{n: {{k: v for k, v in d.items() if k != 'testhost_root'}} for n, d in "
         f"runpy.run_path({str(hosts.lab.inventory)!r})['testhosts']}}\n"
         "EXTRA = json.loads(os.environ.get('QWEN27B_E2E_EXTRA', '{}'))\n"
-        f"qwen27b_gateway = [({gateway.name!r}, {{**_hosts[{gateway.name!r}], **{gateway_data!r}}})]\n"
-        f"backends = [(n, {{**_hosts[n], **{backend_data!r}, **EXTRA}}) for n in {[b.name for b in backends]!r}]\n")
+        "GATEWAY_EXTRA = {k: v for k, v in EXTRA.items() if k.startswith('qwen27b_gateway_')}\n"
+        f"qwen27b_gateway = [({gateway.name!r}, {{**_hosts[{gateway.name!r}], **{gateway_data!r}, **GATEWAY_EXTRA}})]\n"
+        f"backends = [(n, {{**_hosts[n], **{backend_data!r}, **{{k: v for k, v in EXTRA.items() if k not in GATEWAY_EXTRA}}}}) "
+        f"for n in {[b.name for b in backends]!r}]\n")
     return {"inventory": inventory, "work": work, "logs": [], "host": gateway, "backends": backends,
             "base": f"http://{gateway.address}:8000", "figures": {}}
 
@@ -406,6 +409,47 @@ def test_a_rollout_drains_each_backend_first_and_fails_no_request_under_steady_l
           f"second): {load.ok} requests ok, 0 failed, {took:.0f} s")
 
 
+def test_tls_from_a_lab_ca_is_verified_by_the_openai_client_then_plain_http_again(gw):
+    """Issue 28's TLS on real hosts: re-deployed with qwen27b_gateway_tls_lab_ca, the gateway gets a
+    certificate for its address signed by a lab CA made on the controller, and reloads (requests in
+    flight finish: no restart). The deploy's own verify goes over https against that CA; the official
+    openai client trusting it gets a completion and a streamed one; a client with the system's CAs
+    only refuses the gateway, plain HTTP to the port gets nginx's 400; a second run changes nothing.
+    Then the inventory without TLS puts plain HTTP back (the tests after use it) and the files go."""
+    import openai
+
+    host, lab_ca = gw["host"], gw["work"] / "lab-ca"
+    gw["lab_ca"] = lab_ca
+    limit = [str(gw["inventory"]), "deploy.py", "-y", "--limit", host.name]
+    pid = host.run("systemctl show -p MainPID --value qwen27b-gateway").stdout.strip()
+    rc, out = deploy(gw, {"qwen27b_gateway_tls_lab_ca": str(lab_ca)}, argv=limit)
+    assert rc == 0, out[-4000:]
+    base = f"https://{host.address}:8000"
+    assert f"[{host.name}] gateway verified: {NAME} through {base}" in out, out[-3000:]
+    assert f"TLS: a certificate for its address signed by the lab CA in {lab_ca}" in out, out[-3000:]
+    assert host.run("systemctl show -p MainPID --value qwen27b-gateway").stdout.strip() == pid  # reloaded
+    assert oct((lab_ca / "ca.key").stat().st_mode & 0o777) == oct(0o600)
+    key = host.testinfra().file("/etc/qwen27b-gateway/tls.key")
+    assert (key.user, key.mode) == ("root", 0o600)
+    with httpx.Client(verify=ssl.create_default_context(cafile=str(lab_ca / "ca.crt")), timeout=120) as http:
+        chat = openai.OpenAI(base_url=f"{base}/v1", api_key=CLIENT_KEYS[1], http_client=http, max_retries=0).chat
+        done = chat.completions.create(model=NAME, messages=BODY["messages"], max_tokens=8)
+        assert done.usage.completion_tokens > 0 and done.choices[0].finish_reason in ("stop", "length")
+        chunks = list(chat.completions.create(model=NAME, messages=BODY["messages"], max_tokens=8, stream=True,
+                                              stream_options={"include_usage": True}))
+        assert any(c.choices and c.choices[0].delta.content for c in chunks) and chunks[-1].usage.completion_tokens > 0
+    with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+        httpx.get(f"{base}/health", timeout=30)  # the system's CAs only: the lab CA is not among them
+    assert httpx.get(f"http://{host.address}:8000/health", timeout=30).status_code == 400  # plain HTTP to a TLS port
+    rc, out = deploy(gw, {"qwen27b_gateway_tls_lab_ca": str(lab_ca)}, argv=limit)
+    assert rc == 0 and re.search(rf"== {host.name}: \d+ operation\(s\) planned, 0 would change the host", out), out[-3000:]
+    rc, out = deploy(gw, argv=limit)
+    assert rc == 0 and f"through {gw['base']}" in out, out[-3000:]
+    assert host.run("ls /etc/qwen27b-gateway/tls.crt /etc/qwen27b-gateway/tls.key", check=False).returncode != 0
+    with client() as c:
+        assert c.get(f"{gw['base']}/v1/models").status_code == 200
+
+
 def test_fleet_status_shows_the_gateway_and_its_pool(gw):
     """`qwen27b status` over the gateway's inventory: the gateway host is its unit and its pool
     (both backends, none drained after the rollout), the backends their service and health."""
@@ -433,7 +477,12 @@ def test_no_key_anywhere_it_must_not_be(gw):
         "deploy output": "".join(log.read_text() for log in gw["logs"]),
         "reports": "".join(p.read_text() for p in (gw["work"] / "reports").glob("*.json")),
     }
-    leaked = [(where, i) for where, text in places.items() for i, key in enumerate([BACKEND_KEY, *CLIENT_KEYS])
-              if key in text]
+    secrets = [BACKEND_KEY, *CLIENT_KEYS]
+    tls_key = gw.get("lab_ca", gw["work"] / "none") / f"{host.name}.key"
+    if tls_key.exists():  # the gateway's TLS key: its PEM body lines (less its public point, also in the certificate)
+        public = tls_key.with_suffix(".crt").read_text()
+        secrets += [line for line in tls_key.read_text().splitlines()
+                    if line and not line.startswith("-----") and line not in public]
+    leaked = [(where, i) for where, text in places.items() for i, key in enumerate(secrets) if key in text]
     assert leaked == []
     print(f"\ngateway figures: {json.dumps(gw['figures'])}")

@@ -23,6 +23,10 @@ def render_scratch(plan: GatewayPlan, root: Path) -> dict:
     Path(where["config"]).write_text(G.render("qwen27b-gateway.nginx.conf.j2",
                                               G.nginx_context(plan, where, run_as=[], access_log="off")))
     Path(where["keys"]).write_text(G.keys_text(plan))
+    pair = G.tls_pair(plan)
+    if pair:
+        Path(where["tls_cert"]).write_bytes(pair[0])
+        Path(where["tls_key"]).write_bytes(pair[1])
     Path(where["pool_config"]).write_text(G.pool_config(plan, where))
     onhost_lib.install(root / "lib")
     return {**where, "pool": [sys.executable, "-m", G.POOL_MODULE, "--config", where["pool_config"]],
