@@ -146,10 +146,14 @@ def test_an_inventory_without_a_gateway_plans_none(keys):
 # ---------------------------------------------------------------- rendered files
 
 def reference_plan() -> GatewayPlan:
+    """Two keys: team-a limited (60 requests a minute, 2 at once), team-b not."""
+    from qwen27b.plan.gateway import Client
+
     keys = GOLDEN / "keys"
-    return GatewayPlan("gw", GW, 8000, (str(keys / "team-a.key"), str(keys / "team-b.key")),
-                       (Backend("gpu-1", B1, 8000, 9120), Backend("gpu-2", B2, 8001, 9120)),
-                       str(keys / "backend.key"), "qwen3.8-27b", 600)
+    files = (str(keys / "team-a.key"), str(keys / "team-b.key"))
+    return GatewayPlan("gw", GW, 8000, files, (Backend("gpu-1", B1, 8000, 9120), Backend("gpu-2", B2, 8001, 9120)),
+                       str(keys / "backend.key"), "qwen3.8-27b", 600,
+                       clients=(Client("team-a", files[0], 60, 2), Client("team-b", files[1])))
 
 
 @pytest.fixture(scope="module")
@@ -623,3 +627,154 @@ def test_nginx_serves_tls_that_a_client_verifies_with_the_lab_ca_only(tls_loopba
             assert response.status == 200
     finally:
         V.TRUSTED.pop(base)
+
+
+# ---------------------------------------------------------------- named keys, limits, request log (issue 28)
+
+def test_keys_are_named_by_their_file_or_given_a_name_and_limits(tmp_path, keys):
+    plan = plan_of(*lab(keys))
+    assert [(c.name, c.requests_per_minute, c.concurrent) for c in plan.named_clients()] == [("a", None, None),
+                                                                                              ("b", None, None)]
+    given = [{"file": keys["a"], "name": "team-a", "requests_per_minute": 60, "concurrent": 2}, keys["b"]]
+    plan = plan_of(*lab(keys, gateway={"qwen27b_gateway_key_files": given}))
+    assert [(c.name, c.key_file, c.requests_per_minute, c.concurrent) for c in plan.clients] == [
+        ("team-a", keys["a"], 60, 2), ("b", keys["b"], None, None)]
+    assert plan.key_files == (keys["a"], keys["b"])
+    assert any("client keys: team-a (60 requests/min, 2 at once), b (no limit)" in line for line in plan.describe())
+
+
+CLIENT_REFUSALS = [  # (an entry of qwen27b_gateway_key_files, text)
+    ({"file": "A", "name": "a b"}, "is not 1-64 letters"),
+    ({"file": "A", "requests_per_minute": 0}, "requests_per_minute 0 is out of range"),
+    ({"file": "A", "concurrent": "2"}, "concurrent is '2', not a int"),
+    ({"file": "A", "concurent": 2}, "did you mean 'concurrent'?"),
+    ({"name": "x"}, "is neither a file path nor"),
+    ({"file": "A", "name": "b"}, "are both named 'b'"),
+]
+
+
+@pytest.mark.parametrize("entry, text", CLIENT_REFUSALS, ids=[r[1][:24] for r in CLIENT_REFUSALS])
+def test_bad_key_entries_are_refused_naming_the_fix(keys, entry, text):
+    entry = {k: keys["a"] if v == "A" else v for k, v in entry.items()}
+    hosts, groups = lab(keys, gateway={"qwen27b_gateway_key_files": [entry, keys["b"]]})
+    with pytest.raises(BadHostData) as error:
+        validate_inventory(hosts, groups)
+    assert error.value.key == "qwen27b_gateway_key_files" and text in str(error.value), str(error.value)
+    assert "Fix:" in str(error.value)
+
+
+@pytest.fixture
+def limited(tmp_path, keys):
+    """nginx on loopback in front of one stub backend: key a named `team-a`, 2 requests a minute; key
+    b named `team-b`, 1 at once; the request log in a file."""
+    from qwen27b.plan.gateway import Client
+
+    backend = stub("a")
+    port = P_free_port()
+    clients = (Client("team-a", keys["a"], requests_per_minute=2), Client("team-b", keys["b"], concurrent=1))
+    plan = GatewayPlan("gw", "127.0.0.1", port, (keys["a"], keys["b"]),
+                       (Backend("a", "127.0.0.1", backend.server_address[1], backend.server_address[1]),),
+                       keys["backend"], None, 600, clients=clients)
+    log = tmp_path / "requests.log"
+    where = render_scratch(plan, tmp_path / "root", access_log=f"{log} qwen27b")
+    subprocess.run(where["pool"] + ["render"], env=where["env"], check=True, capture_output=True)
+    nginx = subprocess.Popen([nginx_binary(), "-c", where["config"]], stderr=open(tmp_path / "nginx.log", "w"))
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        yield {"base": f"http://127.0.0.1:{port}", "stub": backend, "log": log}
+    finally:
+        nginx.terminate()
+        nginx.wait(timeout=10)
+        backend.shutdown()
+
+
+def post(lb, key: str, body: dict | None = None) -> httpx.Response:
+    return httpx.post(f"{lb['base']}/v1/chat/completions", json=body or {}, timeout=30,
+                      headers={"Authorization": f"Bearer {key}"})
+
+
+def test_a_key_over_its_requests_per_minute_gets_429_with_retry_after_and_the_other_key_does_not(limited):
+    assert [post(limited, "client-a-4567").status_code for _ in range(2)] == [200, 200]
+    over = post(limited, "client-a-4567")
+    assert over.status_code == 429 and over.headers["Retry-After"] == "30"  # 2 a minute: one every 30 s
+    error = over.json()["error"]
+    assert error["code"] == "rate_limit_exceeded" and error["type"] == "rate_limit_error"
+    assert "key team-a is over its limit (requests per minute: REJECTED" in error["message"]
+    assert [post(limited, "client-b-89").status_code for _ in range(3)] == [200, 200, 200]  # team-b: no rate limit
+
+
+def test_a_key_over_its_concurrent_requests_gets_429_while_its_first_runs(limited):
+    limited["stub"].delay = 2.0
+    first = threading.Thread(target=lambda: limited.setdefault("first", post(limited, "client-b-89")))
+    first.start()
+    deadline = time.monotonic() + 5
+    while not limited["stub"].seen and time.monotonic() < deadline:  # the first is on the backend
+        time.sleep(0.05)
+    second = post(limited, "client-b-89")
+    first.join()
+    assert limited["first"].status_code == 200
+    assert second.status_code == 429 and second.headers["Retry-After"] == "1"
+    assert "key team-b is over its limit" in second.json()["error"]["message"]
+    assert "at once: REJECTED" in second.json()["error"]["message"]
+
+
+def test_the_request_log_has_one_json_line_per_request_with_the_keys_name_and_no_key_or_body(limited):
+    marker = "PROMPT-TEXT-THAT-MUST-NOT-BE-LOGGED"
+    answers = [post(limited, "client-a-4567", {"messages": [{"content": marker}]}) for _ in range(3)]
+    answers.append(post(limited, "unknown-key-0"))
+    assert [a.status_code for a in answers] == [200, 200, 429, 401]
+    deadline = time.monotonic() + 5
+    while limited["log"].read_text().count("/v1/chat/completions") < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    text = limited["log"].read_text()
+    lines = [r for r in map(json.loads, text.splitlines()) if r["path"] != "/health"]  # the fixture's readiness probes
+    assert [(r["key"], r["status"], r["limit_requests"]) for r in lines] == [
+        ("team-a", 200, "PASSED"), ("team-a", 200, "PASSED"), ("team-a", 429, "REJECTED"), ("", 401, "")]
+    assert lines[0]["path"] == "/v1/chat/completions" and lines[0]["backend"].startswith("127.0.0.1:")
+    assert lines[0]["request_time"] >= 0 and lines[0]["method"] == "POST"
+    assert not [secret for secret in ("client-a-4567", "unknown-key-0", "backend-key-0123", marker) if secret in text]
+
+
+def test_a_request_refused_for_concurrency_still_counts_toward_the_minute(tmp_path, keys):
+    """nginx checks limit_req before limit_conn: a request over the concurrency limit has taken one of
+    its key's requests of the minute (the e2e test's count of team-b's requests rests on this)."""
+    from qwen27b.plan.gateway import Client
+
+    backend = stub("a")
+    port = P_free_port()
+    plan = GatewayPlan("gw", "127.0.0.1", port, (keys["a"],),
+                       (Backend("a", "127.0.0.1", backend.server_address[1], backend.server_address[1]),),
+                       keys["backend"], None, 600, clients=(Client("team-a", keys["a"], 3, 1),))
+    where = render_scratch(plan, tmp_path / "root")
+    subprocess.run(where["pool"] + ["render"], env=where["env"], check=True, capture_output=True)
+    nginx = subprocess.Popen([nginx_binary(), "-c", where["config"]], stderr=open(tmp_path / "nginx.log", "w"))
+    lb = {"base": f"http://127.0.0.1:{port}"}
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(f"{lb['base']}/health", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        backend.delay = 1.5
+        first = threading.Thread(target=lambda: lb.setdefault("first", post(lb, "client-a-4567")))
+        first.start()
+        while not backend.seen:
+            time.sleep(0.05)
+        second = post(lb, "client-a-4567")
+        first.join()
+        backend.delay = 0.0
+        third, fourth = post(lb, "client-a-4567"), post(lb, "client-a-4567")
+        assert [lb["first"].status_code, second.status_code, third.status_code, fourth.status_code] == [200, 429, 200, 429]
+        assert "at once: REJECTED" in second.text and "requests per minute: REJECTED" in fourth.text
+    finally:
+        nginx.terminate()
+        nginx.wait(timeout=10)
+        backend.shutdown()

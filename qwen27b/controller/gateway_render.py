@@ -127,19 +127,49 @@ def nginx_context(plan: GatewayPlan, where: dict, run_as: list[str] | None = Non
         "tls": [f"ssl_certificate {where['tls_cert']};", f"ssl_certificate_key {where['tls_key']};",
                 "ssl_protocols TLSv1.2 TLSv1.3;", "ssl_session_cache shared:qwen27b_tls:1m;",
                 "ssl_session_timeout 1h;"] if plan.tls else [],
+        "limits_http": limit_lines(plan)["http"],
+        "limits_location": limit_lines(plan)["location"],
         "connect_timeout_s": 2,  # a backend that does not answer SYN in 2 s: try the next one
         "tries": len(plan.backends),  # each backend once
     }
 
 
 def keys_text(plan: GatewayPlan) -> str:
-    """The secret include: client keys (secretfile's characters: safe in nginx's double quotes) and
-    the backends' Authorization header ("" removes the client's header when the backends have no key)."""
+    """The secret include: each client key (secretfile's characters: safe in nginx's double quotes)
+    mapped to its name, and the backends' Authorization header ("" removes the client's header when
+    the backends have no key)."""
     # each key an exact regex: . and + are its only regex characters (secretfile.SECRET_CHARS)
-    client = [re.sub(r"([.+])", r"\\\1", load_secret(path, SECRET_NAMES["gateway_key_files"]))
-              for path in plan.key_files]
+    client = [(re.sub(r"([.+])", r"\\\1", load_secret(c.key_file, SECRET_NAMES["gateway_key_files"])), c.name)
+              for c in plan.named_clients()]
     backend = f"Bearer {load_secret(plan.backend_key_file)}" if plan.backend_key_file else ""
     return render("qwen27b-gateway-keys.conf.j2", {"client_keys": client, "backend_authorization": [backend]})
+
+
+def limit_lines(plan: GatewayPlan) -> dict[str, list[str]]:
+    """nginx's own limits per key name: one zone per distinct limit (a zone has one rate), keyed by a
+    map that gives the name only for the keys with that limit (an empty key is not counted), so each
+    key is held to its own; "http" lines and "location" lines. Over a limit: 429 (limit_*_status),
+    answered by @qwen27b_limited with Retry-After (per key: a minute over its rate, else 1 s)."""
+    clients = plan.named_clients()
+    http, location = [], []
+    for field_name, short in (("requests_per_minute", "rpm"), ("concurrent", "conc")):
+        for value in sorted({getattr(c, field_name) for c in clients if getattr(c, field_name)}):
+            var = f"$qwen27b_{short}_{value}"
+            http.append(" ".join([f"map $qwen27b_client {var} {{ default \"\";",
+                                  *(f"{c.name} {c.name};" for c in clients if getattr(c, field_name) == value), "}"]))
+            zone = f"qwen27b_{short}_{value}"
+            if short == "rpm":
+                http.append(f"limit_req_zone {var} zone={zone}:1m rate={value}r/m;")
+                # nginx spaces requests 60/rate s apart: a burst of rate-1 served at once lets a key
+                # send its minute's requests together, then refills at the rate
+                location.append(f"limit_req zone={zone}" + (f" burst={value - 1} nodelay;" if value > 1 else ";"))
+            else:
+                http.append(f"limit_conn_zone {var} zone={zone}:1m;")
+                location.append(f"limit_conn {zone} {value};")
+    retry = {c.name: -(-60 // c.requests_per_minute) if c.requests_per_minute else 1 for c in clients}
+    http.append(" ".join(["map $qwen27b_client $qwen27b_retry_after { default 1;",
+                          *(f"{name} {seconds};" for name, seconds in sorted(retry.items()) if seconds != 1), "}"]))
+    return {"http": http, "location": location}
 
 
 def tls_pair(plan: GatewayPlan) -> tuple[bytes, bytes] | None:

@@ -12,8 +12,10 @@ read on the controller, as hostdata reads them).
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +38,30 @@ class Backend:
     health_port: int  # qwen27b_health_port (qwen27b-health-http: 200 OK/WARNING, 503 CRITICAL/STALE)
     health_path: str = "/health"  # a copy's verdict: /health/NAME on its host's endpoint
     key_file: str | None = field(default=None, compare=False)  # the key file it serves with (the copy's, or the host's)
+
+
+@dataclass(frozen=True)
+class Client:
+    """A client key of the gateway: its name (in the request log, the limits, the 429's message; never
+    the key), its controller-side file, and its limits (None: none)."""
+    name: str
+    key_file: str
+    requests_per_minute: int | None = None  # more in a minute: 429 with Retry-After
+    concurrent: int | None = None  # more requests at once: 429 (one key cannot take every slot)
+
+    def describe(self) -> str:
+        limits = [f"{self.requests_per_minute} requests/min" if self.requests_per_minute else "",
+                  f"{self.concurrent} at once" if self.concurrent else ""]
+        return f"{self.name} ({', '.join(x for x in limits if x) or 'no limit'})"
+
+
+CLIENT_FIELDS = {"file": str, "name": str, "requests_per_minute": int, "concurrent": int}
+CLIENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def key_name(path: str) -> str:
+    """A key file's default name: its file name less the extension (secrets/team-a.key: team-a)."""
+    return os.path.splitext(os.path.basename(path))[0]
 
 
 @dataclass(frozen=True)
@@ -65,6 +91,10 @@ class GatewayPlan:
     served_name: str | None  # the backends' qwen27b_served_model_name (None: their profile's default)
     request_timeout_s: int
     tls: Tls | None = None  # None: plain HTTP (the plan warns)
+    clients: tuple[Client, ...] = ()  # the keys' names and limits; () : key_files named by their file names
+
+    def named_clients(self) -> tuple[Client, ...]:
+        return self.clients or tuple(Client(key_name(path), path) for path in self.key_files)
 
     @property
     def scheme(self) -> str:
@@ -77,7 +107,7 @@ class GatewayPlan:
         for b in self.backends:
             lines.append(f"  backend {b.name}: {b.address}:{b.port}, health {b.address}:{b.health_port}{b.health_path} "
                          "(in the pool while both answer 200 and it is not drained)")
-        lines.append(f"  client keys: {len(self.key_files)} file(s) held by the gateway only; "
+        lines.append(f"  client keys: {', '.join(c.describe() for c in self.named_clients())}; held by the gateway only; "
                      + ("the backends' key is added by the gateway, never seen by clients" if self.backend_key_file
                         else "WARNING: the backends have no qwen27b_api_key_file, so anyone on the lab network "
                              "can bypass the gateway's keys"))
@@ -153,23 +183,55 @@ def _check_reach(gateway: str, address: str, backend: str, s: Settings) -> None:
                           "the firewall would drop its requests", f"add '{address}/32' to qwen27b_firewall_allow")
 
 
-def _client_keys(host: str, data: dict) -> tuple[str, ...]:
+def _client(host: str, key: str, entry) -> Client:
+    """One entry of qwen27b_gateway_key_files: a file path (named by its file name), or
+    {file, name, requests_per_minute, concurrent} with the name and limits given."""
+    if isinstance(entry, str):
+        entry = {"file": entry}
+    if not isinstance(entry, dict) or not isinstance(entry.get("file"), str):
+        raise BadHostData(host, key, f"{entry!r} is neither a file path nor {{file: PATH, name: ..., ...}}",
+                          "list paths, or {file: 'secrets/team-a.key', name: 'team-a', requests_per_minute: 60, "
+                          "concurrent: 2}")
+    for field_name, value in entry.items():
+        if field_name not in CLIENT_FIELDS:
+            near = difflib.get_close_matches(field_name, CLIENT_FIELDS, n=1)
+            raise BadHostData(host, key, f"{entry['file']}: unknown field {field_name!r}"
+                              + (f" (did you mean {near[0]!r}?)" if near else ""), f"use {', '.join(CLIENT_FIELDS)}")
+        if not isinstance(value, CLIENT_FIELDS[field_name]) or isinstance(value, bool):
+            raise BadHostData(host, key, f"{entry['file']}: {field_name} is {value!r}, not a {CLIENT_FIELDS[field_name].__name__}",
+                              f"give {field_name} as a {CLIENT_FIELDS[field_name].__name__}")
+    name = entry.get("name") or key_name(entry["file"])
+    if not CLIENT_NAME.fullmatch(name):
+        raise BadHostData(host, key, f"{entry['file']}: the name {name!r} is not 1-64 letters, digits, '.', '_', '-' "
+                          "(it goes into nginx's config and the request log)", "give it a name: {file: ..., name: team-a}")
+    for field_name, high in (("requests_per_minute", 60000), ("concurrent", 1000)):
+        value = entry.get(field_name)
+        if value is not None and not 1 <= value <= high:
+            raise BadHostData(host, key, f"{name}: {field_name} {value} is out of range", f"use 1-{high}, or leave it out")
+    check_secret_file(host, key, entry["file"])
+    return Client(name, entry["file"], entry.get("requests_per_minute"), entry.get("concurrent"))
+
+
+def _client_keys(host: str, data: dict) -> tuple[Client, ...]:
     key = PREFIX + "gateway_key_files"
-    files = data.get(key)
-    if not files:
+    entries = data.get(key)
+    if not entries:
         raise BadHostData(host, key, "a gateway needs at least one client key (an open gateway would serve anyone "
                           "on the network)", "list 0600 key files, e.g. ['secrets/team-a.key'] "
                           "(`openssl rand -hex 32 > FILE; chmod 600 FILE`)")
+    clients = [_client(host, key, entry) for entry in entries]
     seen: dict[str, str] = {}
-    for path in files:
-        if not isinstance(path, str):
-            raise BadHostData(host, key, f"{path!r} is not a file path", "list paths as strings")
-        check_secret_file(host, key, path)
-        value = load_secret(path, SECRET_NAMES["gateway_key_files"])
+    names: dict[str, str] = {}
+    for client in clients:
+        value = load_secret(client.key_file, SECRET_NAMES["gateway_key_files"])
         if value in seen:
-            raise BadHostData(host, key, f"{path} holds the same key as {seen[value]}", "give each client its own key")
-        seen[value] = path
-    return tuple(files)
+            raise BadHostData(host, key, f"{client.key_file} holds the same key as {seen[value]}",
+                              "give each client its own key")
+        if client.name in names:
+            raise BadHostData(host, key, f"{client.key_file} and {names[client.name]} are both named {client.name!r}",
+                              "give each key its own name: {file: ..., name: ...}")
+        seen[value], names[client.name] = client.key_file, client.key_file
+    return tuple(clients)
 
 
 def _pem_file(host: str, key: str, path, marker: str, what: str, private: bool) -> bytes:
@@ -297,7 +359,8 @@ def plan_gateway(host: str, data: dict, inventory: list[tuple[str, dict]], gatew
         raise BadHostData(host, PREFIX + "gateway_bind_address", "the gateway's lab address is unknown (ssh_hostname "
                           "is not an IP address)", "set qwen27b_gateway_bind_address to its lab address")
     address = _address(host, "ssh_hostname", address, "set qwen27b_gateway_bind_address to its lab address")
-    key_files = _client_keys(host, data)
+    clients = _client_keys(host, data)
+    key_files = tuple(c.key_file for c in clients)
     workers = {name for name, s in settings.items() if s.node_role == "worker"}
     names = _backend_names(host, data, [name for name, _ in inventory], gateways, workers)
     backends = [backend for name in names for backend in _backend(name, by_name[name], settings[name])]
@@ -309,7 +372,7 @@ def plan_gateway(host: str, data: dict, inventory: list[tuple[str, dict]], gatew
         raise BadHostData(host, PREFIX + "gateway_key_files", "a client key is the backends' API key",
                           "give clients their own keys: the backends' key stays with the gateway")
     return GatewayPlan(host, address, port, key_files, tuple(backends), backend_key, served, timeout,
-                       _tls(host, data, address))
+                       _tls(host, data, address), clients)
 
 
 def plan_gateways(inventory: list[tuple[str, dict]], groups: dict[str, set],

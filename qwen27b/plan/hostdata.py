@@ -174,7 +174,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
 GATEWAY_TYPES: dict[str, tuple[type, ...]] = {
     "gateway_port": (int,),  # where clients reach the lab's one OpenAI endpoint (default 8000)
     "gateway_bind_address": (str,),  # None: the gateway host's lab address
-    "gateway_key_files": (list,),  # controller-side 0600 files, one client key each (required)
+    "gateway_key_files": (list,),  # controller-side 0600 key files, or {file, name, requests_per_minute, concurrent} (required)
     "gateway_backends": (list,),  # inventory host names; None: every host outside the gateway group
     "gateway_request_timeout_s": (int,),  # longest request; also bounds a drain's wait
     "gateway_tls_cert": (str,),  # controller-side PEM certificate (chain) for TLS; with gateway_tls_key

@@ -214,13 +214,23 @@ def test_streaming_and_one_model_through_the_gateway(gw):
     gw["figures"]["stream_ttft_ms"] = round(chat["ttft_s"] * 1000)
 
 
-def test_requests_reach_both_backends(gw):
+def request_log(gw, n: int = 200) -> list[dict]:
+    """The gateway's request log: its last JSON lines in the journal (tag qwen27b_gateway)."""
+    out = gw["host"].run(f"journalctl --no-pager -o cat -t qwen27b_gateway -n {n}", timeout=60).stdout
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def test_requests_reach_both_backends_each_one_log_line_with_its_keys_name(gw):
     with client() as c:
         for _ in range(8):
             assert c.post(f"{gw['base']}/v1/chat/completions", json=BODY).status_code == 200
-    log = gw["host"].run("journalctl --no-pager -t qwen27b_gateway -n 200", timeout=60).stdout
-    used = {b.name for b in gw["backends"] if f"upstream={b.address}:8000" in log}
-    assert used == {b.name for b in gw["backends"]}, log[-2000:]
+    with client(CLIENT_KEYS[1]) as c:
+        assert c.post(f"{gw['base']}/v1/chat/completions", json=BODY).status_code == 200
+    chats = [r for r in request_log(gw) if r["path"] == "/v1/chat/completions"][-9:]
+    used = {b.name for b in gw["backends"] if any(r["backend"] == f"{b.address}:8000" for r in chats)}
+    assert used == {b.name for b in gw["backends"]}, chats
+    assert [r["key"] for r in chats] == ["team-a"] * 8 + ["team-b"] and {r["status"] for r in chats} == {200}, chats
+    assert not [r for r in chats if BODY["messages"][0]["content"] in json.dumps(r)]  # no prompt text
 
 
 def _pool_watch(gw, stop: threading.Event, seen: list) -> None:
@@ -409,20 +419,26 @@ def test_a_rollout_drains_each_backend_first_and_fails_no_request_under_steady_l
           f"second): {load.ok} requests ok, 0 failed, {took:.0f} s")
 
 
-def test_tls_from_a_lab_ca_is_verified_by_the_openai_client_then_plain_http_again(gw):
-    """Issue 28's TLS on real hosts: re-deployed with qwen27b_gateway_tls_lab_ca, the gateway gets a
-    certificate for its address signed by a lab CA made on the controller, and reloads (requests in
-    flight finish: no restart). The deploy's own verify goes over https against that CA; the official
-    openai client trusting it gets a completion and a streamed one; a client with the system's CAs
-    only refuses the gateway, plain HTTP to the port gets nginx's 400; a second run changes nothing.
-    Then the inventory without TLS puts plain HTTP back (the tests after use it) and the files go."""
+def test_tls_from_a_lab_ca_and_a_keys_limits_through_the_openai_client_then_plain_http_again(gw):
+    """Issue 28 on real hosts. Re-deployed with qwen27b_gateway_tls_lab_ca and team-b limited (3
+    requests a minute, 1 at once), the gateway gets a certificate for its address signed by a lab CA
+    made on the controller, and reloads (requests in flight finish: no restart). The deploy's own
+    verify goes over https against that CA; the official openai client trusting it gets a completion
+    and a streamed one; team-b's second request while its first streams gets 429, and its fourth in
+    the minute 429 with Retry-After (the openai client's RateLimitError), each named in the request
+    log; a client with the system's CAs only refuses the gateway, plain HTTP to the port gets nginx's
+    400; a second run changes nothing. Then the first inventory puts plain HTTP back (the tests after
+    use it) and the TLS files go."""
     import openai
 
     host, lab_ca = gw["host"], gw["work"] / "lab-ca"
     gw["lab_ca"] = lab_ca
     limit = [str(gw["inventory"]), "deploy.py", "-y", "--limit", host.name]
+    team_a, team_b = (str(gw["work"] / f"{name}.key") for name in ("team-a", "team-b"))
+    tls = {"qwen27b_gateway_tls_lab_ca": str(lab_ca),
+           "qwen27b_gateway_key_files": [team_a, {"file": team_b, "requests_per_minute": 3, "concurrent": 1}]}
     pid = host.run("systemctl show -p MainPID --value qwen27b-gateway").stdout.strip()
-    rc, out = deploy(gw, {"qwen27b_gateway_tls_lab_ca": str(lab_ca)}, argv=limit)
+    rc, out = deploy(gw, tls, argv=limit)
     assert rc == 0, out[-4000:]
     base = f"https://{host.address}:8000"
     assert f"[{host.name}] gateway verified: {NAME} through {base}" in out, out[-3000:]
@@ -431,17 +447,31 @@ def test_tls_from_a_lab_ca_is_verified_by_the_openai_client_then_plain_http_agai
     assert oct((lab_ca / "ca.key").stat().st_mode & 0o777) == oct(0o600)
     key = host.testinfra().file("/etc/qwen27b-gateway/tls.key")
     assert (key.user, key.mode) == ("root", 0o600)
+    assert "client keys: team-a (no limit), team-b (3 requests/min, 1 at once)" in out, out[-3000:]
     with httpx.Client(verify=ssl.create_default_context(cafile=str(lab_ca / "ca.crt")), timeout=120) as http:
         chat = openai.OpenAI(base_url=f"{base}/v1", api_key=CLIENT_KEYS[1], http_client=http, max_retries=0).chat
         done = chat.completions.create(model=NAME, messages=BODY["messages"], max_tokens=8)
         assert done.usage.completion_tokens > 0 and done.choices[0].finish_reason in ("stop", "length")
-        chunks = list(chat.completions.create(model=NAME, messages=BODY["messages"], max_tokens=8, stream=True,
-                                              stream_options={"include_usage": True}))
+        stream = chat.completions.create(model=NAME, messages=BODY["messages"], max_tokens=64, stream=True,
+                                         stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        chunks = [next(iter(stream))]  # team-b's second request is on a backend, streaming
+        with pytest.raises(openai.RateLimitError) as at_once:
+            chat.completions.create(model=NAME, messages=BODY["messages"], max_tokens=8)
+        chunks += list(stream)
         assert any(c.choices and c.choices[0].delta.content for c in chunks) and chunks[-1].usage.completion_tokens > 0
+        assert "at once: REJECTED" in str(at_once.value) and at_once.value.response.headers["Retry-After"] == "1"
+        with pytest.raises(openai.RateLimitError) as per_minute:  # its 4th in the minute (the 429 counted too)
+            chat.completions.create(model=NAME, messages=BODY["messages"], max_tokens=8)
+        assert "requests per minute: REJECTED" in str(per_minute.value)
+        assert per_minute.value.response.headers["Retry-After"] == "20"  # 3 a minute: one every 20 s
+        other = openai.OpenAI(base_url=f"{base}/v1", api_key=CLIENT_KEYS[0], http_client=http, max_retries=0)
+        assert other.chat.completions.create(model=NAME, messages=BODY["messages"], max_tokens=8).usage.completion_tokens > 0
+    logged = [(r["key"], r["status"]) for r in request_log(gw, 50) if r["path"] == "/v1/chat/completions"][-5:]
+    assert logged == [("team-b", 200), ("team-b", 429), ("team-b", 200), ("team-b", 429), ("team-a", 200)], logged
     with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
         httpx.get(f"{base}/health", timeout=30)  # the system's CAs only: the lab CA is not among them
     assert httpx.get(f"http://{host.address}:8000/health", timeout=30).status_code == 400  # plain HTTP to a TLS port
-    rc, out = deploy(gw, {"qwen27b_gateway_tls_lab_ca": str(lab_ca)}, argv=limit)
+    rc, out = deploy(gw, tls, argv=limit)
     assert rc == 0 and re.search(rf"== {host.name}: \d+ operation\(s\) planned, 0 would change the host", out), out[-3000:]
     rc, out = deploy(gw, argv=limit)
     assert rc == 0 and f"through {gw['base']}" in out, out[-3000:]

@@ -13,15 +13,15 @@ from qwen27b.plan.gateway import GatewayPlan
 from tests.support import onhost_lib
 
 
-def render_scratch(plan: GatewayPlan, root: Path) -> dict:
+def render_scratch(plan: GatewayPlan, root: Path, access_log: str = "off") -> dict:
     """Write the files under `root`; returns the layout plus `pool` (the watcher's argv, less its
-    command) and `env` (PYTHONPATH to the package)."""
+    command) and `env` (PYTHONPATH to the package). `access_log`: nginx's (e.g. "FILE qwen27b")."""
     where = G.layout(str(root))
     for key in ("config", "temp_dir"):
         Path(where[key]).parent.mkdir(parents=True, exist_ok=True)
     Path(where["temp_dir"]).mkdir(exist_ok=True)
     Path(where["config"]).write_text(G.render("qwen27b-gateway.nginx.conf.j2",
-                                              G.nginx_context(plan, where, run_as=[], access_log="off")))
+                                              G.nginx_context(plan, where, run_as=[], access_log=access_log)))
     Path(where["keys"]).write_text(G.keys_text(plan))
     pair = G.tls_pair(plan)
     if pair:
