@@ -295,7 +295,7 @@ def _tls(host: str, data: dict, address: str) -> Tls | None:
                           f"not the gateway's address {address}: clients and verify would refuse it",
                           f"issue it with {address} as an IP subject alternative name, or set "
                           "qwen27b_gateway_tls_lab_ca to let qwen27b issue one")
-    return Tls(cert_file=cert, key_file=key)
+    return Tls(cert_file=os.path.expanduser(cert), key_file=os.path.expanduser(key))
 
 
 def _backend_names(host: str, data: dict, names: list[str], gateways: set[str],

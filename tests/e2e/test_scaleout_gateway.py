@@ -480,6 +480,35 @@ def test_tls_from_a_lab_ca_and_a_keys_limits_through_the_openai_client_then_plai
         assert c.get(f"{gw['base']}/v1/models").status_code == 200
 
 
+def test_a_rotated_key_works_and_a_revoked_one_is_refused_without_a_dropped_request(gw):
+    """Issue 28's key changes, by the inventory and a re-run of the gateway alone, under steady load
+    from team-a: team-b's key is rotated (its entry names a new file, the same name), then revoked
+    (its entry removed). Each re-run reloads nginx gracefully: no request of the load fails, the old
+    key is refused once rotated, the new one works until revoked, team-a is never refused."""
+    host = gw["host"]
+    limit = [str(gw["inventory"]), "deploy.py", "-y", "--limit", host.name]
+    team_a, rotated = str(gw["work"] / "team-a.key"), gw["work"] / "team-b-rotated.key"
+    new_key = "q27-team-b-rotated-" + os.urandom(8).hex()
+    gw.setdefault("more_keys", []).append(new_key)
+    rotated.write_text(new_key + "\n")
+    rotated.chmod(0o600)
+    with Load(gw["base"], threads=2, limit_s=300, pause_s=0.2) as load:
+        rc, out = deploy(gw, {"qwen27b_gateway_key_files": [team_a, {"file": str(rotated), "name": "team-b"}]}, argv=limit)
+        assert rc == 0, out[-4000:]
+        with client(CLIENT_KEYS[1]) as old, client(new_key) as new:
+            assert old.get(f"{gw['base']}/v1/models").status_code == 401
+            assert new.post(f"{gw['base']}/v1/chat/completions", json=BODY).status_code == 200
+        rc, out = deploy(gw, {"qwen27b_gateway_key_files": [team_a]}, argv=limit)
+        assert rc == 0, out[-4000:]
+        with client(new_key) as new:
+            assert new.get(f"{gw['base']}/v1/models").status_code == 401
+    assert load.failed == [] and load.ok > 5, (load.ok, load.failed)
+    assert [r["key"] for r in request_log(gw, 400) if r["status"] == 200 and r["path"] == "/v1/chat/completions"
+            and r["key"] != "team-a"][-1:] == ["team-b"]  # the rotated key's request, under its name
+    rc, out = deploy(gw, argv=limit)  # the first inventory again: team-b's first key
+    assert rc == 0, out[-4000:]
+
+
 def test_fleet_status_shows_the_gateway_and_its_pool(gw):
     """`qwen27b status` over the gateway's inventory: the gateway host is its unit and its pool
     (both backends, none drained after the rollout), the backends their service and health."""
@@ -507,7 +536,7 @@ def test_no_key_anywhere_it_must_not_be(gw):
         "deploy output": "".join(log.read_text() for log in gw["logs"]),
         "reports": "".join(p.read_text() for p in (gw["work"] / "reports").glob("*.json")),
     }
-    secrets = [BACKEND_KEY, *CLIENT_KEYS]
+    secrets = [BACKEND_KEY, *CLIENT_KEYS, *gw.get("more_keys", [])]
     tls_key = gw.get("lab_ca", gw["work"] / "none") / f"{host.name}.key"
     if tls_key.exists():  # the gateway's TLS key: its PEM body lines (less its public point, also in the certificate)
         public = tls_key.with_suffix(".crt").read_text()
