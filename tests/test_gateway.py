@@ -28,7 +28,7 @@ from qwen27b.plan.gateway import Backend, GatewayPlan, plan_gateways
 from qwen27b.plan.hostdata import BadHostData
 from qwen27b.plan.inventory import validate_inventory
 from setupcheck import skip_or_fail_setup
-from tests.support.gateway_lab import render_scratch
+from tests.support.gateway_lab import running_nginx
 
 GOLDEN = Path(__file__).parent / "golden" / "gateway"
 GW, B1, B2 = "10.0.0.9", "10.0.0.21", "10.0.0.22"
@@ -304,24 +304,13 @@ def loopback(tmp_path, keys):
     plan = GatewayPlan("gw", "127.0.0.1", port, (keys["a"],),
                        tuple(Backend(n, "127.0.0.1", s.server_address[1], s.server_address[1]) for n, s in stubs.items()),
                        keys["backend"], None, 600)
-    where = render_scratch(plan, tmp_path / "root")
-    pool, env = where["pool"], where["env"]
-    subprocess.run(pool + ["render"], env=env, check=True, capture_output=True)
-    nginx = subprocess.Popen([nginx_binary(), "-c", where["config"]], stderr=open(tmp_path / "nginx.log", "w"))
     try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        yield {"base": f"http://127.0.0.1:{port}", "stubs": stubs, "config": P.load_config(where["pool_config"]),
-               "pool": lambda *args: subprocess.run(pool + list(args), env=env, capture_output=True, text=True),
-               "key": "client-a-4567"}
+        with running_nginx(plan, tmp_path / "root", nginx_binary()) as where:
+            pool, env = where["pool"], where["env"]
+            yield {"base": where["base"], "stubs": stubs, "config": P.load_config(where["pool_config"]),
+                   "pool": lambda *args: subprocess.run(pool + list(args), env=env, capture_output=True, text=True),
+                   "key": "client-a-4567"}
     finally:
-        nginx.terminate()
-        nginx.wait(timeout=10)
         for s in stubs.values():
             s.shutdown()
 
@@ -584,23 +573,11 @@ def tls_loopback(tmp_path, keys):
     port = P_free_port()
     plan = GatewayPlan("gw", "127.0.0.1", port, (keys["a"],), (Backend("a", "127.0.0.1", backend.server_address[1],
                        backend.server_address[1]),), keys["backend"], None, 600, Tls(lab_ca_dir=str(tmp_path / "lab-ca")))
-    where = render_scratch(plan, tmp_path / "root")
-    subprocess.run(where["pool"] + ["render"], env=where["env"], check=True, capture_output=True)
-    assert "ssl;" in Path(where["config"]).read_text() and "ssl_certificate_key" in Path(where["config"]).read_text()
-    nginx = subprocess.Popen([nginx_binary(), "-c", where["config"]], stderr=open(tmp_path / "nginx.log", "w"))
-    ca = str(tmp_path / "lab-ca" / "ca.crt")
     try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                httpx.get(f"https://127.0.0.1:{port}/health", timeout=1, verify=ssl.create_default_context(cafile=ca))
-                break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        yield {"base": f"https://127.0.0.1:{port}", "ca": ca, "port": port, "stub": backend}
+        with running_nginx(plan, tmp_path / "root", nginx_binary()) as where:
+            assert "ssl;" in Path(where["config"]).read_text() and "ssl_certificate_key" in Path(where["config"]).read_text()
+            yield {"base": where["base"], "ca": str(tmp_path / "lab-ca" / "ca.crt"), "port": port, "stub": backend}
     finally:
-        nginx.terminate()
-        nginx.wait(timeout=10)
         backend.shutdown()
 
 
@@ -676,21 +653,10 @@ def limited(tmp_path, keys):
                        (Backend("a", "127.0.0.1", backend.server_address[1], backend.server_address[1]),),
                        keys["backend"], None, 600, clients=clients)
     log = tmp_path / "requests.log"
-    where = render_scratch(plan, tmp_path / "root", access_log=f"{log} qwen27b")
-    subprocess.run(where["pool"] + ["render"], env=where["env"], check=True, capture_output=True)
-    nginx = subprocess.Popen([nginx_binary(), "-c", where["config"]], stderr=open(tmp_path / "nginx.log", "w"))
     try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        yield {"base": f"http://127.0.0.1:{port}", "stub": backend, "log": log}
+        with running_nginx(plan, tmp_path / "root", nginx_binary(), access_log=f"{log} qwen27b") as where:
+            yield {"base": where["base"], "stub": backend, "log": log}
     finally:
-        nginx.terminate()
-        nginx.wait(timeout=10)
         backend.shutdown()
 
 
@@ -751,18 +717,7 @@ def test_a_request_refused_for_concurrency_still_counts_toward_the_minute(tmp_pa
     plan = GatewayPlan("gw", "127.0.0.1", port, (keys["a"],),
                        (Backend("a", "127.0.0.1", backend.server_address[1], backend.server_address[1]),),
                        keys["backend"], None, 600, clients=(Client("team-a", keys["a"], 3, 1),))
-    where = render_scratch(plan, tmp_path / "root")
-    subprocess.run(where["pool"] + ["render"], env=where["env"], check=True, capture_output=True)
-    nginx = subprocess.Popen([nginx_binary(), "-c", where["config"]], stderr=open(tmp_path / "nginx.log", "w"))
-    lb = {"base": f"http://127.0.0.1:{port}"}
-    try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                httpx.get(f"{lb['base']}/health", timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+    with running_nginx(plan, tmp_path / "root", nginx_binary()) as lb:
         backend.delay = 1.5
         first = threading.Thread(target=lambda: lb.setdefault("first", post(lb, "client-a-4567")))
         first.start()
@@ -774,7 +729,4 @@ def test_a_request_refused_for_concurrency_still_counts_toward_the_minute(tmp_pa
         third, fourth = post(lb, "client-a-4567"), post(lb, "client-a-4567")
         assert [lb["first"].status_code, second.status_code, third.status_code, fourth.status_code] == [200, 429, 200, 429]
         assert "at once: REJECTED" in second.text and "requests per minute: REJECTED" in fourth.text
-    finally:
-        nginx.terminate()
-        nginx.wait(timeout=10)
-        backend.shutdown()
+    backend.shutdown()

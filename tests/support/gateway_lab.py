@@ -4,9 +4,15 @@ watcher's config, the on-host package), for the loopback tests and benchmarks/ga
 
 from __future__ import annotations
 
+import contextlib
 import os
+import ssl
+import subprocess
 import sys
+import time
 from pathlib import Path
+
+import httpx
 
 from qwen27b.controller import gateway_render as G
 from qwen27b.plan.gateway import GatewayPlan
@@ -31,3 +37,27 @@ def render_scratch(plan: GatewayPlan, root: Path, access_log: str = "off") -> di
     onhost_lib.install(root / "lib")
     return {**where, "pool": [sys.executable, "-m", G.POOL_MODULE, "--config", where["pool_config"]],
             "env": {**os.environ, "PYTHONPATH": str(root / "lib")}}
+
+
+@contextlib.contextmanager
+def running_nginx(plan: GatewayPlan, root: Path, nginx: str, access_log: str = "off"):
+    """The files rendered under `root`, the pool's first round, and nginx (as root would run it) on
+    the plan's loopback address until the block ends; yields render_scratch's dict plus `base`
+    (http or https, as the plan says) and, with TLS, `verify` (an SSL context trusting its lab CA)."""
+    where = render_scratch(plan, root, access_log)
+    subprocess.run(where["pool"] + ["render"], env=where["env"], check=True, capture_output=True)
+    verify = ssl.create_default_context(cafile=f"{plan.tls.lab_ca_dir}/ca.crt") if plan.tls else None
+    base = f"{plan.scheme}://{plan.address}:{plan.port}"
+    process = subprocess.Popen([nginx, "-c", where["config"]], stderr=open(root / "nginx.log", "w"))
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(f"{base}/health", timeout=1, verify=verify or True)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        yield {**where, "base": base, "verify": verify}
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
