@@ -14,10 +14,8 @@ import dataclasses
 import functools
 import ipaddress
 import json
-import os
 import shlex
 import time
-from pathlib import Path
 
 import click
 from pyinfra import host
@@ -38,16 +36,16 @@ from qwen27b.plan import retry
 from qwen27b.plan import regression
 from qwen27b.plan.lifecycle import (RECORD_NAME, Record, copy_url, parse_record, record_text, release_record_file, restored,
                                     verify_figures)
+from qwen27b.controller.report import reports_dir
 
 from ._common import ROLLBACK_DIR, KeptFiles, SwitchedLink, api_key, check, note, previous_links
 
-REPORTS = Path(os.environ.get("QWEN27B_REPORTS", "reports"))
 RUN_ID = time.strftime("%Y%m%d-%H%M%S")
 
 
 def finish_run(run: runstate.RunState, results: list[runsummary.Outcome], argv: list[str]) -> None:
     """At exit: the verify table, every host's outcome with the re-run command, one report file."""
-    path = V.write_report(run.results, REPORTS, RUN_ID, runsummary.as_json(results)) if results or run.results else None
+    path = V.write_report(run.results, reports_dir(), RUN_ID, runsummary.as_json(results)) if results or run.results else None
     if run.results:
         click.echo(f"\n--> qwen27b verify report ({path})\n{V.report_table(run.results)}\n", err=True)
     if results:

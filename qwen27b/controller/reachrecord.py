@@ -8,16 +8,16 @@ each host's entry replaced by its latest check; URLs stored without their logins
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 from qwen27b.onhost.statusfile import write_text_atomic
 from qwen27b.plan.hostdata import redact_url
+from qwen27b.controller.report import reports_dir
 
 
 def record_path() -> Path:
-    return Path(os.environ.get("QWEN27B_REPORTS", "reports")) / "reach.json"
+    return reports_dir() / "reach.json"
 
 
 def _load(path: Path) -> dict:

@@ -10,6 +10,12 @@ from pathlib import Path
 
 from qwen27b.plan.gate import Decision, RefusedHost
 
+def reports_dir() -> Path:
+    """Where run reports go and are read from: $QWEN27B_REPORTS, else ./reports (one rule for the
+    deploy, its record of reachable sources and every tool that reads them)."""
+    return Path(os.environ.get("QWEN27B_REPORTS", "reports"))
+
+
 def write_private(path: Path, text: str) -> Path:
     """Write a report file mode 0600 from its first byte (a temp file in the same directory, renamed):
     reports carry journals, hosts and errors that are for the operator, not for every local user."""

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import sys
 import time
@@ -28,6 +27,7 @@ from qwen27b.onhost.contract import SERVICE_UNIT, module_command
 from qwen27b.onhost.qualify import parse_records, render_table
 from qwen27b.plan.hostlayout import HostLayout
 from qwen27b.plan.stack import load_stack
+from qwen27b.controller.report import reports_dir
 
 MINUTES = (0.1, 60.0)  # bounded: a burn-in, not a soak
 SERVING = (f"systemctl list-units --no-legend --plain --state=active,activating {SERVICE_UNIT} 'qwen27b@*.service' "
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     if selected is None:
         return 2
     state, hosts = selected
-    out = args.out or Path(os.environ.get("QWEN27B_REPORTS", "reports")) / time.strftime("qualify-%Y%m%dT%H%M%S")
+    out = args.out or reports_dir() / time.strftime("qualify-%Y%m%dT%H%M%S")
     nonces = {host.name: remote.new_nonce() for host in hosts}
     probes = remote.run_everywhere(state, hosts, lambda host: remote.script(probe_commands(layout), nonces[host.name]))
     problems, chosen = [], []

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -42,7 +41,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qwen27b.controller.report import table
+from qwen27b.controller.report import reports_dir, table
 from qwen27b.plan.hostdata import shown_argv
 from qwen27b.plan.lifecycle import rollout_batches
 from qwen27b.plan.regression import REGRESSED
@@ -226,7 +225,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                         "serve.regression limits) is rolled back at once; default: left on the new release, "
                         "the rollout stops there")
     p.add_argument("--deploy-file", default="deploy.py", help="the deploy file (default deploy.py)")
-    p.add_argument("--reports", type=Path, default=Path(os.environ.get("QWEN27B_REPORTS", "reports")),
+    p.add_argument("--reports", type=Path, default=reports_dir(),
                    help="where the deploy writes its run reports (default $QWEN27B_REPORTS or ./reports)")
     return p.parse_args(argv), extra
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shlex
 import sys
@@ -42,7 +41,7 @@ from pathlib import Path
 
 from qwen27b.controller import remote
 from qwen27b.controller.gateway_render import GATEWAY_UNIT, layout as gateway_layout
-from qwen27b.controller.report import table
+from qwen27b.controller.report import reports_dir, table
 from qwen27b.onhost.contract import SERVICE_UNIT
 from qwen27b.onhost.unit import parse_show, show_command
 from qwen27b.plan.hostlayout import HostLayout
@@ -506,7 +505,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--limit", nargs="+", action="extend", metavar="HOST",
                    help="only these hosts or groups (globs, as pyinfra's --limit)")
     p.add_argument("--json", action="store_true", help="JSON for machines instead of the table")
-    p.add_argument("--reports", type=Path, default=Path(os.environ.get("QWEN27B_REPORTS", "reports")),
+    p.add_argument("--reports", type=Path, default=reports_dir(),
                    help="the deploy reports dir for 'last verify' (default $QWEN27B_REPORTS or ./reports)")
     p.add_argument("--timeout", type=int, default=60, help="seconds per host for the status script (default 60)")
     p.add_argument("--parallel", type=int, metavar="N", help="hosts read at once (as pyinfra's --parallel; "

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -52,6 +51,7 @@ from qwen27b.tools.bench.common import SEED_CONCURRENCY, SEED_OUTPUT_TOKENS, SEE
 from qwen27b.tools.bench.matrix import ab_compare
 from qwen27b.tools.bench.measure import measure
 from qwen27b.tools.bench.output import format_ab, format_table, load_run, write_outputs
+from qwen27b.controller.report import reports_dir
 
 
 def _concurrency(text: str) -> list[int]:
@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inventory", help="the pyinfra inventory for --methods")
     p.add_argument("--host", help="the one host of --inventory that --methods re-deploys and benches")
     p.add_argument("--deploy-file", default="deploy.py", help="the deploy file for --methods (default deploy.py)")
-    p.add_argument("--reports", type=Path, default=Path(os.environ.get("QWEN27B_REPORTS", "reports")),
+    p.add_argument("--reports", type=Path, default=reports_dir(),
                    help="where the deploy writes its run reports (default $QWEN27B_REPORTS or ./reports)")
     return p
 
