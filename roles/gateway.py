@@ -11,6 +11,8 @@ keeping the pool from each backend's health and drains.
 - config rendered from the GatewayPlan (plan/gateway.py checked it across the inventory); the
   client keys and the backends' key in one root 0600 include written as a secret (never argv,
   logs or --diff);
+- usage per key name counted from the responses by nginx's Lua module (libnginx-mod-http-lua, the
+  OS archive's; qwen27b/onhost/qwen27b_gateway_usage.lua), exported on loopback :9121;
 - with qwen27b_gateway_tls_*: the certificate and its key (a secret) beside the config, nginx
   listening `ssl`; the lab CA's pair is made and kept on the controller (controller/labca.py);
 - a changed config or key reloads nginx (graceful: requests in flight finish), a changed unit
@@ -27,6 +29,7 @@ from io import StringIO
 
 import click
 from pyinfra import host, state
+from pyinfra.facts.server import LinuxDistribution
 from pyinfra.operations import files, python, server, systemd
 
 from qwen27b.controller import gateway_render as G
@@ -38,6 +41,7 @@ from qwen27b.onhost.secretfile import load_secret
 from qwen27b.controller import oporder
 from qwen27b.plan.gateway import GatewayPlan, is_gateway, plan_gateways
 from qwen27b.plan.hostdata import SECRET_NAMES
+from qwen27b.plan.stack import load_stack
 
 from ._common import check, dry_run, note
 from ._common import ONHOST_SOURCE, apt_install, service_user, started
@@ -72,21 +76,42 @@ def _directories() -> list[list[str]]:
             [G.LIB_DIR.rsplit("/", 1)[0], "root", "root", "0755"], [G.LIB_DIR, "root", "root", "0755"]]
 
 
+def _usage_available() -> tuple[bool, str]:
+    """(whether this gateway counts tokens per key, the plan's line saying so): nginx's Lua module
+    where the host's OS archive has it (stack tools.nginx_lua)."""
+    lua = load_stack()["tools"]["nginx_lua"]
+    meta = (host.get_fact(LinuxDistribution) or {}).get("release_meta") or {}
+    os_id, version = meta.get("ID"), meta.get("VERSION_ID")
+    if G.usage_available(lua, os_id, version):
+        return True, f"  usage per key: tokens counted from the responses (nginx's Lua module, {lua['package']})"
+    return False, (f"  usage per key: tokens NOT counted on {os_id} {version}: its archive has no {lua['package']} "
+                   f"(it is in {', '.join(lua['on'])}); requests, limits and the request log still work")
+
+
 def gateway(plan: GatewayPlan) -> None:
     where = G.layout()
-    for line in plan.describe()[1:]:
+    usage_on, usage_line = _usage_available()
+    for line in plan.describe()[1:] + [usage_line]:
         note(line)
-    apt_install("nginx and python3 (the gateway)", ["nginx", "python3"], no_recommends=True)
+    if usage_on:
+        apt_install("nginx, its Lua module and python3 (the gateway)", ["nginx", G.LUA_PACKAGE, "python3"],
+                    no_recommends=True)
+    else:
+        apt_install("nginx and python3 (the gateway)", ["nginx", "python3"], no_recommends=True)
     systemd.service(name=f"the package's {G.DISTRO_UNIT} stopped and disabled (the gateway has its own unit)",
                     service=G.DISTRO_UNIT, running=False, enabled=False)
     service_user(G.USER, G.STATE_DIR)
     directories(name="gateway directories (owner, group, mode)", specs=_directories())
     code = push_files(name="on-host code (qwen27b-gateway-pool)", src_dir=str(ONHOST_SOURCE),
                       dest_dir=f"{G.LIB_DIR}/qwen27b_onhost", manifest=source_manifest(ONHOST_SOURCE), remove_extra=True)
+    usage = files.put(name=f"usage per key (nginx's Lua module) {where['usage_lua']}",
+                      src=str(ONHOST_SOURCE / G.USAGE_LUA), dest=where["usage_lua"], user="root", group="root",
+                      mode="0644", create_remote_dir=False) if usage_on else \
+        files.file(name=f"no usage code (no Lua module here) {where['usage_lua']}", path=where["usage_lua"], present=False)
     tls = _tls_files(plan, where)  # before the config that names them (a pool reload in between reads it)
     written = {path: files.put(name=f"render {path}", src=StringIO(text), dest=path, user="root", group="root",
                                mode="0644", create_remote_dir=False)
-               for path, text in G.render_gateway(plan).items()}
+               for path, text in G.render_gateway(plan, usage_on).items()}
     keys = secret_file(name="gateway client keys and the backends' key (0600)", dest=where["keys"],
                        content=G.keys_text(plan))
     units = [written[where["gateway_unit"]], written[where["pool_unit"]]]
@@ -96,7 +121,7 @@ def gateway(plan: GatewayPlan) -> None:
     started(G.POOL_UNIT, restart=pool_changed, why="its code, config or unit changed")
     if units[0].will_change:
         started(G.GATEWAY_UNIT, restart=True, why="its unit changed")
-    elif written[where["config"]].will_change or keys.will_change or tls or pool_changed:
+    elif written[where["config"]].will_change or keys.will_change or tls or usage.will_change or pool_changed:
         # nginx's graceful reload (ExecReload: config test, then SIGHUP): requests in flight finish
         systemd.service(name=f"enable {G.GATEWAY_UNIT}", service=G.GATEWAY_UNIT, running=None, enabled=True)
         server.shell(name=f"reload {G.GATEWAY_UNIT} (config or keys changed; graceful)",

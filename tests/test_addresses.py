@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import json
 import os
 import re
 import shlex
@@ -29,8 +28,6 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from qwen27b.controller.render import firewall_contexts, render
-import qwen27b.controller.gateway_render as G
-import qwen27b.onhost.gateway_pool as P
 from qwen27b.plan import fanout
 from qwen27b.plan.gateway import plan_gateways
 from qwen27b.plan.gate import RefusedHost, decide
@@ -41,6 +38,7 @@ from test_gateway import GW, P_free_port, lab, nginx_binary
 from test_gateway import keys  # noqa: F401 (a fixture)
 from test_injection import STACK, InProcessPlan, check_units, needs_systemd, planner  # noqa: F401 (planner: a fixture)
 from fuzz_budget import examples
+from tests.support.gateway_lab import config_test
 
 HOSTILE_ZONES = ["eth0;touch${IFS}x", "$(id)", "a b", "eth0|nc", "'q", '"q', "`id`", "eth0&&id", "x>y",
                  "0123456789abcdef"]  # 16: longer than an interface name
@@ -211,16 +209,8 @@ def test_gateway_addresses_are_refused_or_plain_and_pass_nginx_t(tmp_path_factor
     for address in [plan.address] + [b.address for b in plan.backends]:
         ip = ipaddress.ip_address(address)
         assert CLEAN.fullmatch(address) and "%" not in address and not ip.is_unspecified and not ip.is_loopback
-    tmp = tmp_path_factory.mktemp("gw")
-    where = G.layout(str(tmp))
-    for key in ("config", "temp_dir", "upstream_file"):
-        Path(where[key]).parent.mkdir(parents=True, exist_ok=True)
-    Path(where["temp_dir"]).mkdir(exist_ok=True)
     local = dataclasses.replace(plan, address="127.0.0.1", port=P_free_port())  # -t binds the listen address
-    Path(where["config"]).write_text(G.render("qwen27b-gateway.nginx.conf.j2", G.nginx_context(local, where, run_as=[])))
-    Path(where["keys"]).write_text(G.keys_text(local))
-    Path(where["upstream_file"]).write_text(P.upstream_text(json.loads(G.pool_config(local, where)), ["gpu-1", "gpu-2"]))
-    result = subprocess.run([nginx_binary(), "-t", "-c", where["config"]], capture_output=True, text=True)
+    result = config_test(local, tmp_path_factory.mktemp("gw"), nginx_binary(), ["gpu-1", "gpu-2"])
     assert result.returncode == 0, result.stderr
 
 

@@ -13,6 +13,7 @@ import os
 import shutil
 import ssl
 import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,7 +29,7 @@ from qwen27b.plan.gateway import Backend, GatewayPlan, plan_gateways
 from qwen27b.plan.hostdata import BadHostData
 from qwen27b.plan.inventory import validate_inventory
 from setupcheck import skip_or_fail_setup
-from tests.support.gateway_lab import running_nginx
+from tests.support.gateway_lab import config_test, running_nginx
 
 GOLDEN = Path(__file__).parent / "golden" / "gateway"
 GW, B1, B2 = "10.0.0.9", "10.0.0.21", "10.0.0.22"
@@ -191,15 +192,8 @@ def nginx_binary() -> str:
 
 
 def test_rendered_config_passes_nginx_t(tmp_path):
-    where = G.layout(str(tmp_path))
-    for key in ("config", "temp_dir", "upstream_file"):
-        Path(where[key]).parent.mkdir(parents=True, exist_ok=True)
-    Path(where["temp_dir"]).mkdir()
     plan = dataclasses.replace(reference_plan(), address="127.0.0.1", port=P_free_port())  # -t binds it
-    Path(where["config"]).write_text(G.render("qwen27b-gateway.nginx.conf.j2", G.nginx_context(plan, where, run_as=[])))
-    Path(where["keys"]).write_text(G.keys_text(plan))
-    Path(where["upstream_file"]).write_text(P.upstream_text(json.loads(G.pool_config(plan, where)), ["gpu-1"]))
-    result = subprocess.run([nginx_binary(), "-t", "-c", where["config"]], capture_output=True, text=True)
+    result = config_test(plan, tmp_path, nginx_binary(), ["gpu-1"])
     assert result.returncode == 0 and "test is successful" in result.stderr, result.stderr
 
 
@@ -257,6 +251,10 @@ def test_upstream_text_keeps_every_server_and_marks_the_ones_out():
 
 # ---------------------------------------------------------------- the watcher and a real nginx
 
+USAGE_JSON = {"usage": {"prompt_tokens": 7, "total_tokens": 12, "completion_tokens": 5, "prompt_tokens_details": None}}
+USAGE_STREAM = {"usage": {"prompt_tokens": 9, "total_tokens": 12, "completion_tokens": 3}}
+
+
 class Stub(BaseHTTPRequestHandler):
     """A backend stand-in: /health 200 unless `sick`, POST answers which backend it was. Each answer
     closes its connection: with keep-alive, Python's http.server was seen (1 run in ~5) dropping a
@@ -283,10 +281,36 @@ class Stub(BaseHTTPRequestHandler):
         self._answer(503 if self.server.sick else 200, {})
 
     def do_POST(self):
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         self.server.seen.append(self.headers.get("Authorization"))
         time.sleep(self.server.delay)
-        self._answer(200, {"backend": self.server.name})
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            body = {}
+        if isinstance(body, dict) and body.get("stream"):
+            return self._stream(bool((body.get("stream_options") or {}).get("include_usage")))
+        pad = "x" * 40000 if isinstance(body, dict) and body.get("big") else ""  # usage past the Lua filter's tail
+        self._answer(200, {"backend": self.server.name, "choices": [{"message": {"content": pad}}], **USAGE_JSON})
+
+    def _stream(self, include_usage: bool) -> None:
+        """An OpenAI stream in three sends (nginx passes each on): chunks with usage null, then
+        the usage chunk when asked for (stream_options.include_usage), then [DONE]."""
+        chunks = [{"choices": [{"delta": {"content": w}}], **({"usage": None} if include_usage else {})}
+                  for w in ("one", "two", "three")]
+        if include_usage:
+            chunks.append({"choices": [], **USAGE_STREAM})
+        parts = [f"data: {json.dumps(c)}\n\n".encode() for c in chunks] + [b"data: [DONE]\n\n"]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(sum(map(len, parts))))
+        self.send_header("Connection", "close")
+        self.close_connection = True
+        self.end_headers()
+        for part in parts:
+            self.wfile.write(part)
+            self.wfile.flush()
+            time.sleep(0.02)
 
 
 def stub(name: str) -> ThreadingHTTPServer:
@@ -655,7 +679,7 @@ def limited(tmp_path, keys):
     log = tmp_path / "requests.log"
     try:
         with running_nginx(plan, tmp_path / "root", nginx_binary(), access_log=f"{log} qwen27b") as where:
-            yield {"base": where["base"], "stub": backend, "log": log}
+            yield {"base": where["base"], "stub": backend, "log": log, "usage": where["usage"]}
     finally:
         backend.shutdown()
 
@@ -730,3 +754,117 @@ def test_a_request_refused_for_concurrency_still_counts_toward_the_minute(tmp_pa
         assert [lb["first"].status_code, second.status_code, third.status_code, fourth.status_code] == [200, 429, 200, 429]
         assert "at once: REJECTED" in second.text and "requests per minute: REJECTED" in fourth.text
     backend.shutdown()
+
+
+def test_usage_per_key_is_counted_from_each_response_and_exported_by_name(tmp_path, keys):
+    """nginx's Lua module on a real nginx: each key's requests and tokens, read from the responses
+    themselves (a completion's usage, a stream's final usage chunk, a usage behind 40 kB of text); a
+    stream without include_usage counts as a request without tokens; an unknown key is not counted.
+    The request log carries each request's tokens; the counters, by key name (never the key), are
+    Prometheus text on the loopback listener."""
+    from qwen27b.plan.gateway import Client
+
+    backend = stub("a")
+    clients = (Client("team-a", keys["a"]), Client("team-b", keys["b"]))
+    plan = GatewayPlan("gw", "127.0.0.1", P_free_port(), (keys["a"], keys["b"]),
+                       (Backend("a", "127.0.0.1", backend.server_address[1], backend.server_address[1]),),
+                       keys["backend"], None, 600, clients=clients)
+    log = tmp_path / "requests.log"
+    with running_nginx(plan, tmp_path / "root", nginx_binary(), access_log=f"{log} qwen27b") as lb:
+        sent = [post(lb, "client-a-4567"), post(lb, "client-a-4567", {"big": True}),
+                post(lb, "client-a-4567", {"stream": True, "stream_options": {"include_usage": True}}),
+                post(lb, "client-b-89", {"stream": True}), post(lb, "unknown-key-0")]
+        assert [r.status_code for r in sent] == [200, 200, 200, 200, 401]
+        assert sent[2].text.count("data: ") == 5 and '"completion_tokens": 3' in sent[2].text  # the stream passed whole
+        metrics = httpx.get(lb["usage"], timeout=5).text
+    counted = {line.split(" ")[0]: float(line.split(" ")[1]) for line in metrics.splitlines() if line.startswith("qwen27b_")}
+    assert {k: v for k, v in counted.items() if "seconds" not in k} == {
+        'qwen27b_gateway_requests_total{key="team-a"}': 3, 'qwen27b_gateway_requests_total{key="team-b"}': 1,
+        'qwen27b_gateway_prompt_tokens_total{key="team-a"}': 7 + 7 + 9,
+        'qwen27b_gateway_completion_tokens_total{key="team-a"}': 5 + 5 + 3}
+    assert counted['qwen27b_gateway_request_seconds_total{key="team-a"}'] >= 0
+    assert "# TYPE qwen27b_gateway_requests_total counter" in metrics
+    assert not [k for k in ("client-a-4567", "client-b-89", "backend-key-0123") if k in metrics]
+    lines = [r for r in map(json.loads, log.read_text().splitlines()) if r["path"] != "/health"]
+    assert [(r["key"], r["prompt_tokens"], r["completion_tokens"]) for r in lines] == [
+        ("team-a", "7", "5"), ("team-a", "7", "5"), ("team-a", "9", "3"), ("team-b", "", ""), ("", "", "")]
+    backend.shutdown()
+
+
+def test_a_429_is_counted_as_limited_for_its_key(limited):
+    for _ in range(3):
+        post(limited, "client-a-4567")
+    metrics = httpx.get(limited["usage"], timeout=5).text
+    assert 'qwen27b_gateway_limited_total{key="team-a"} 1' in metrics
+    assert 'qwen27b_gateway_errors_total{key="team-a"} 1' in metrics
+    assert 'qwen27b_gateway_requests_total{key="team-a"} 3' in metrics
+
+
+def test_usage_over_a_window_is_summed_per_key_from_the_request_log_lines():
+    """`qwen27b-gateway-pool usage` (what `qwen27b gateway usage` runs on each gateway) over lines of
+    the request log: refused and keyless lines left out, tokens summed, 429s counted; the window is
+    allow-listed before it reaches journalctl's argv."""
+    from qwen27b.tools.gateway import usage_table
+
+    lines = ['{"key":"team-a","status":200,"request_time":0.5,"prompt_tokens":"7","completion_tokens":"5"}',
+             '{"key":"team-a","status":429,"request_time":0.0,"prompt_tokens":"","completion_tokens":""}',
+             '{"key":"team-b","status":200,"request_time":1.25,"prompt_tokens":"","completion_tokens":""}',
+             '{"key":"","status":401,"request_time":0.0}', "not json", '["a", "list"]']
+    usage = P.usage_of(lines)
+    assert usage == {"team-a": {"requests": 2, "errors": 1, "limited": 1, "prompt_tokens": 7, "completion_tokens": 5,
+                                "seconds": 0.5},
+                     "team-b": {"requests": 1, "errors": 0, "limited": 0, "prompt_tokens": 0, "completion_tokens": 0,
+                                "seconds": 1.25}}
+    text = usage_table("gw", {"since": "1h", "keys": usage})
+    assert text.splitlines()[0] == "gw: usage per key, last 1h (the request log)"
+    assert text.splitlines()[3].split() == ["team-a", "2", "1", "1", "7", "5", "0.25"]
+    for bad in ("1 hour", "-1h", "1h;id", "0h", "$(id)"):
+        with pytest.raises(SystemExit, match="give N followed by"):
+            P.usage(bad)
+
+
+def test_the_usage_counting_runs_where_memory_cannot_be_made_executable(tmp_path, keys):
+    """The gateway's unit has MemoryDenyWriteExecute=yes; LuaJIT's compiler needs W+X memory and its
+    worker dies when refused ("runtime code generation failed"), after enough requests to make code
+    hot. The rendered config turns the JIT off: under the kernel's own MDWE (prctl, what systemd's
+    setting amounts to) a few hundred requests are all answered and counted."""
+    from tests.support import mdwe_exec
+
+    if not mdwe_exec.supported():
+        pytest.skip("this kernel has no PR_SET_MDWE (Linux 6.3+)")
+    backend = stub("a")
+    plan = GatewayPlan("gw", "127.0.0.1", P_free_port(), (keys["a"],),
+                       (Backend("a", "127.0.0.1", backend.server_address[1], backend.server_address[1]),),
+                       keys["backend"], None, 600)
+    wrapper = [sys.executable, mdwe_exec.__file__, nginx_binary()]
+    with running_nginx(plan, tmp_path / "root", wrapper) as lb:
+        with httpx.Client(timeout=10, headers={"Authorization": "Bearer client-a-4567"}) as c:
+            codes = [c.post(f"{lb['base']}/v1/chat/completions", json={}).status_code for _ in range(300)]
+        metrics = httpx.get(lb["usage"], timeout=5).text
+    backend.shutdown()
+    assert codes == [200] * 300, (codes.count(200), (tmp_path / "root" / "nginx.log").read_text()[-2000:])
+    assert 'qwen27b_gateway_requests_total{key="a"} 300' in metrics
+    assert "runtime code generation failed" not in (tmp_path / "root" / "nginx.log").read_text()
+
+
+def test_where_the_os_has_no_nginx_lua_module_the_config_has_no_lua_and_still_passes_nginx_t(tmp_path):
+    """Ubuntu 22.04's archive has no libnginx-mod-http-lua (stack tools.nginx_lua, with its source):
+    the gateway there serves, limits and logs without token counts; its config names no Lua at all."""
+    from qwen27b.plan.stack import load_stack
+
+    lua = load_stack()["tools"]["nginx_lua"]
+    assert [G.usage_available(lua, *os) for os in (("debian", "12"), ("ubuntu", "20.04"), ("ubuntu", "22.04"),
+                                                    ("ubuntu", "24.04"), (None, None))] == [True, True, False, False, False]
+    plan = dataclasses.replace(reference_plan(), address="127.0.0.1", port=P_free_port())
+    text = G.render_gateway(plan, usage=False)[G.layout()["config"]]
+    assert "lua" not in text.lower() and "load_module" not in text and '"prompt_tokens":"$qwen27b_prompt_tokens"' in text
+    where = G.layout(str(tmp_path))
+    for key in ("config", "temp_dir", "upstream_file"):
+        Path(where[key]).parent.mkdir(parents=True, exist_ok=True)
+    Path(where["temp_dir"]).mkdir()
+    Path(where["config"]).write_text(G.render("qwen27b-gateway.nginx.conf.j2",
+                                              G.nginx_context(plan, where, run_as=[], usage=False)))
+    Path(where["keys"]).write_text(G.keys_text(plan))
+    Path(where["upstream_file"]).write_text(P.upstream_text(json.loads(G.pool_config(plan, where)), ["gpu-1"]))
+    result = subprocess.run([nginx_binary(), "-t", "-c", where["config"]], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

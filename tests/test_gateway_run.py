@@ -63,7 +63,9 @@ def test_a_lab_with_a_gateway_plans_both_hosts(lab):
     assert "Traceback" not in out, out[-4000:]
     gateway = re.search(r"^== @fake/gw: (\d+) operation\(s\) planned, (\d+) would change the host$", out, re.M)
     assert gateway and int(gateway.group(2)) >= 1, out[-4000:]  # a bare box: nginx, the units...
-    assert "CHANGE  nginx and python3 (the gateway)" in out
+    # a 22.04 gateway: its archive has no nginx Lua module, so no token counts, and the plan says so
+    assert "CHANGE  nginx and python3 (the gateway)" in out and "libnginx-mod-http-lua" not in out.split("== @fake/gw: ")[2]
+    assert "usage per key: tokens NOT counted on ubuntu 22.04: its archive has no libnginx-mod-http-lua" in out
     assert re.search(r"^== @fake/v100x4-converged: \d+ operation\(s\) planned", out, re.M)
     assert re.search(r"^--> qwen27b run summary: 2 of 2 host\(s\) ok$", out, re.M), out[-2000:]
     assert re.search(r"^@fake/gw\s+planned\s*$", out, re.M) and re.search(r"^@fake/v100x4-converged\s+planned\s*$",
@@ -89,13 +91,17 @@ def test_a_gateway_with_a_lab_ca_plans_its_certificate_and_never_prints_its_key(
     but no line of either private key does. The same run again makes no new CA or certificate."""
     lab_ca = lab["work"] / "lab-ca"
     tls = dict(lab, inventory=lab["work"] / "lab-tls.py")
-    tls["inventory"].write_text(lab["inventory"].read_text().replace(
-        "ssh_hostname='192.168.10.9')", f"ssh_hostname='192.168.10.9', qwen27b_gateway_tls_lab_ca={str(lab_ca)!r})"))
+    tls["inventory"].write_text(lab["inventory"].read_text().replace(  # a 20.04 gateway: with the Lua module
+        "ssh_hostname='192.168.10.9')", f"ssh_hostname='192.168.10.9', qwen27b_gateway_tls_lab_ca={str(lab_ca)!r})")
+        .replace("'nogpu-2204'", "'v100x1-2004'"))
     result = run(tls, ["-m", "pyinfra"], "--dry", "--diff", "-y")
     out = result.stderr + result.stdout
     assert result.returncode == 0, out[-4000:]
     assert "TLS: a certificate for its address signed by the lab CA in" in out, out[-4000:]
     assert "CHANGE  TLS certificate /etc/qwen27b-gateway/tls.crt" in out and "CHANGE  TLS key (0600)" in out
+    assert "CHANGE  nginx, its Lua module and python3 (the gateway)" in out and "install --no-install-recommends" in out
+    assert "usage per key: tokens counted from the responses (nginx's Lua module, libnginx-mod-http-lua)" in out
+    assert "CHANGE  usage per key (nginx's Lua module) /opt/qwen27b-gateway/lib/qwen27b_gateway_usage.lua" in out
     assert {p.name: oct(p.stat().st_mode & 0o777) for p in lab_ca.glob("*.key")} == {"ca.key": "0o600", "_fake_gw.key": "0o600"}
     public = "".join(path.read_text() for path in lab_ca.rglob("*.crt"))  # an EC key's last line is its public point
     private = [line for path in lab_ca.rglob("*.key") for line in path.read_text().splitlines()

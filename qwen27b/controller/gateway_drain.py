@@ -106,6 +106,11 @@ def undrain(inventory: str, backend: str, wait_in_pool_s: float = 300, check: bo
     return answers
 
 
+def usage(inventory: str, since: str = "1d") -> list[PoolAnswer]:
+    """Every gateway's usage per key name over the window (`qwen27b-gateway-pool usage`)."""
+    return _on_gateways(inventory, ["usage", "--since", since], 300)
+
+
 def status(inventory: str) -> list[PoolAnswer]:
     """Every gateway's pool record: pool, drained, counts (rounds healthy > 0 / unhealthy < 0)."""
     return _on_gateways(inventory, ["status"], 60)

@@ -23,6 +23,10 @@ USER = "qwen27b-gateway"  # nginx's workers; the master stays root to bind and r
 NGINX = "/usr/sbin/nginx"
 PYTHON = "/usr/bin/python3"
 PACKAGES = ["nginx-light", "python3"]  # nginx-light: the core modules (upstream, map, proxy) and nothing more
+LUA_PACKAGE = "libnginx-mod-http-lua"  # nginx's Lua module (and its NDK), from the OS archive: usage per key
+LUA_MODULES = ["/usr/lib/nginx/modules/ndk_http_module.so", "/usr/lib/nginx/modules/ngx_http_lua_module.so"]
+USAGE_LUA = "qwen27b_gateway_usage.lua"  # qwen27b/onhost/: counts each key's tokens from the responses
+USAGE_PORT = 9121  # the usage counters in Prometheus' text format, on loopback
 DISTRO_UNIT = "nginx.service"  # the package's own server (its default site on :80): stopped, disabled
 POOL_MODULE = "qwen27b_onhost.gateway_pool"
 
@@ -73,6 +77,7 @@ def layout(prefix: str = "") -> dict[str, str]:
         "temp_dir": f"{STATE_DIR}/tmp",
         "drain_dir": f"{STATE_DIR}/drained",
         "lib_dir": LIB_DIR,
+        "usage_lua": f"{LIB_DIR}/{USAGE_LUA}",
         "gateway_unit": HostLayout.unit_file(GATEWAY_UNIT),
         "pool_unit": HostLayout.unit_file(POOL_UNIT),
     }.items()}
@@ -106,7 +111,38 @@ def pool_config(plan: GatewayPlan, where: dict) -> str:
     }, indent=2, sort_keys=True) + "\n"
 
 
-def nginx_context(plan: GatewayPlan, where: dict, run_as: list[str] | None = None,
+def usage_available(lua: dict, os_id: str | None, version_id: str | None) -> bool:
+    """Whether the host's OS archive has nginx's Lua module (stack tools.nginx_lua.on, with its
+    source): Ubuntu 22.04's has none, and an OS not listed is not assumed to."""
+    return f"{os_id} {version_id}" in lua["on"]
+
+
+def usage_lines(where: dict, port: int, on: bool) -> dict[str, list[str]]:
+    """nginx's lines for usage per key (qwen27b/onhost/qwen27b_gateway_usage.lua), or none where the
+    OS archive has no Lua module (the gateway then serves, limits and logs without token counts).
+    The code is loaded by the root master (a missing file fails `nginx -t`, not a request) and only
+    interpreted: the unit denies W+X memory, which LuaJIT's compiler would need (its worker dies
+    when mprotect refuses: tests/test_gateway.py)."""
+    if not on:
+        return {"modules": [], "usage_http": [], "usage_server": [], "usage_location": [], "usage_metrics": []}
+    lua = 'require("qwen27b_gateway_usage")'
+    return {
+        "modules": LUA_MODULES,
+        "usage_http": ["# usage per key name (qwen27b_gateway_usage.lua): counted from each response's own usage",
+                       f'lua_package_path "{where["usage_lua"].rsplit("/", 1)[0]}/?.lua;;";',
+                       "lua_shared_dict qwen27b_usage 4m;", f"init_by_lua_block {{ jit.off() {lua} }}"],
+        "usage_server": [f"log_by_lua_block {{ {lua}.log() }}"],
+        "usage_location": [f"body_filter_by_lua_block {{ {lua}.body_filter() }}"],
+        # each key's counters for Prometheus (qwen27b_gateway_*_total{key="NAME"}), on loopback only
+        "usage_metrics": ["# each key's counters for Prometheus (qwen27b_gateway_*_total{key=\"NAME\"}), on loopback only",
+                          "server {", f"    listen 127.0.0.1:{port};", "    access_log off;",
+                          f"    location = /metrics {{ content_by_lua_block {{ {lua}.metrics() }} }}",
+                          "    location / { return 404; }", "}"],
+    }
+
+
+def nginx_context(plan: GatewayPlan, where: dict, run_as: list[str] | None = None, usage_port: int = USAGE_PORT,
+                  usage: bool = True,
                   access_log: str = "syslog:server=unix:/run/systemd/journal/dev-log,nohostname,tag=qwen27b_gateway qwen27b") -> dict:
     return {
         "worker_processes": "auto",
@@ -127,6 +163,7 @@ def nginx_context(plan: GatewayPlan, where: dict, run_as: list[str] | None = Non
         "tls": [f"ssl_certificate {where['tls_cert']};", f"ssl_certificate_key {where['tls_key']};",
                 "ssl_protocols TLSv1.2 TLSv1.3;", "ssl_session_cache shared:qwen27b_tls:1m;",
                 "ssl_session_timeout 1h;"] if plan.tls else [],
+        **usage_lines(where, usage_port, usage),
         "limits_http": limit_lines(plan)["http"],
         "limits_location": limit_lines(plan)["location"],
         "connect_timeout_s": 2,  # a backend that does not answer SYN in 2 s: try the next one
@@ -203,12 +240,13 @@ def unit_contexts(plan: GatewayPlan, where: dict) -> dict[str, dict]:
     }
 
 
-def render_gateway(plan: GatewayPlan) -> dict[str, str]:
-    """Host path -> text of every non-secret file (the keys: keys_text, written as a secret)."""
+def render_gateway(plan: GatewayPlan, usage: bool = True) -> dict[str, str]:
+    """Host path -> text of every non-secret file (the keys: keys_text, written as a secret).
+    `usage`: the host's OS archive has nginx's Lua module (usage_available)."""
     where = layout()
     units = unit_contexts(plan, where)
     return {
-        where["config"]: render("qwen27b-gateway.nginx.conf.j2", nginx_context(plan, where)),
+        where["config"]: render("qwen27b-gateway.nginx.conf.j2", nginx_context(plan, where, usage=usage)),
         where["pool_config"]: pool_config(plan, where),
         where["gateway_unit"]: render("qwen27b-gateway.service.j2", units["qwen27b-gateway.service.j2"]),
         where["pool_unit"]: render("qwen27b-gateway-pool.service.j2", units["qwen27b-gateway-pool.service.j2"]),

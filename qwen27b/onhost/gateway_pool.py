@@ -24,7 +24,7 @@ Runs on the gateway host with the system python3 (3.8 on Ubuntu 20.04): standard
 no import of the package's other modules.
 
     python3 -m qwen27b_onhost.gateway_pool --config /etc/qwen27b-gateway/backends.json watch
-    ... render | status | drain NAME [--wait 600] | undrain NAME
+    ... render | status | drain NAME [--wait 600] | undrain NAME | usage [--since 1d]
 """
 
 from __future__ import annotations
@@ -33,7 +33,9 @@ import argparse
 import fcntl
 import json
 import os
+import re
 import signal
+import subprocess
 import sys
 import time
 import urllib.error
@@ -287,6 +289,45 @@ def status(config: dict) -> int:
     return 0
 
 
+WINDOW = re.compile(r"[1-9][0-9]{0,5}(s|min|h|d)")
+USAGE_FIELDS = ("requests", "errors", "limited", "prompt_tokens", "completion_tokens")
+
+
+def usage_of(lines) -> dict:
+    """Each key name's requests, errors (>= 400), 429s, tokens and seconds, from request-log lines
+    (JSON, nginx's qwen27b log format); lines of no key (refused, /health) are not counted."""
+    keys: dict = {}
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(record, dict) or not record.get("key"):
+            continue
+        row = keys.setdefault(record["key"], {**{f: 0 for f in USAGE_FIELDS}, "seconds": 0.0})
+        status = int(record.get("status") or 0)
+        row["requests"] += 1
+        row["errors"] += status >= 400
+        row["limited"] += status == 429
+        for field in ("prompt_tokens", "completion_tokens"):
+            row[field] += int(record.get(field) or 0)
+        row["seconds"] = round(row["seconds"] + float(record.get("request_time") or 0), 3)
+    return keys
+
+
+def usage(window: str) -> int:
+    """Usage per key over the last `window` (e.g. 1h, 30min, 7d), read from the request log in the
+    journal: kept as long as journald keeps it, where nginx's counters (:9121) restart with nginx."""
+    if not WINDOW.fullmatch(window):
+        raise SystemExit(f"qwen27b-gateway-pool: --since {window!r}: give N followed by s, min, h or d (e.g. 1h)")
+    out = subprocess.run(["journalctl", "--no-pager", "-o", "cat", "-t", "qwen27b_gateway", f"--since=-{window}"],
+                         capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        raise SystemExit(f"qwen27b-gateway-pool: journalctl failed: {out.stderr.strip()[-300:]}")
+    print(json.dumps({"since": window, "keys": usage_of(out.stdout.splitlines())}, sort_keys=True))
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="qwen27b-gateway-pool", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=DEFAULT_CONFIG)
@@ -299,6 +340,8 @@ def main(argv=None) -> int:
     p_drain.add_argument("--wait", type=float, default=600.0, help="seconds to wait for busy workers")
     p_undrain = sub.add_parser("undrain", help="let a drained backend return once healthy")
     p_undrain.add_argument("name")
+    p_usage = sub.add_parser("usage", help="each key's requests and tokens over a window, from the request log")
+    p_usage.add_argument("--since", default="1d", help="N followed by s, min, h or d (default 1d)")
     args = parser.parse_args(argv)
     config = load_config(args.config)
     if args.command == "watch":
@@ -311,6 +354,8 @@ def main(argv=None) -> int:
         return drain(config, args.name, args.wait)
     if args.command == "undrain":
         return undrain(config, args.name)
+    if args.command == "usage":
+        return usage(args.since)
     return status(config)
 
 

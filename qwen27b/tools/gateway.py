@@ -4,6 +4,7 @@ functions: qwen27b/controller/gateway_drain.py).
     qwen27b gateway status INVENTORY                  # each gateway: pool, drained, health rounds
     qwen27b gateway drain INVENTORY HOST [--wait S]   # out of the pool; returns when its requests ended
     qwen27b gateway undrain INVENTORY HOST            # back; returns once it is in the pool (healthy)
+    qwen27b gateway usage INVENTORY [--since 1d]      # each key's requests, 429s and tokens (request log)
 
 Exit code 0 when every gateway did it, 1 otherwise (the reason printed per gateway).
 """
@@ -15,6 +16,19 @@ import json
 import sys
 
 from qwen27b.controller import gateway_drain as D
+from qwen27b.controller.report import table
+
+
+def usage_table(gateway: str, record: dict) -> str:
+    """One gateway's usage per key as a table (the keys' names; never a key)."""
+    rows = [[name, str(u["requests"]), str(u["errors"]), str(u["limited"]), str(u["prompt_tokens"]),
+             str(u["completion_tokens"]), f"{u['seconds'] / u['requests']:.2f}" if u["requests"] else "-"]
+            for name, u in sorted(record.get("keys", {}).items())]
+    head = f"{gateway}: usage per key, last {record.get('since', '?')} (the request log)"
+    if not rows:
+        return f"{head}: no request with a key"
+    return f"{head}\n" + table(["key", "requests", "errors", "429", "prompt tokens", "completion tokens", "mean s"], rows,
+                                [64, 10, 8, 8, 14, 18, 8])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p_status = sub.add_parser("status", help="every gateway's pool")
     p_status.add_argument("inventory")
+    p_usage = sub.add_parser("usage", help="each key's requests and tokens over a window, from every gateway's log")
+    p_usage.add_argument("inventory")
+    p_usage.add_argument("--since", default="1d", help="N followed by s, min, h or d (default 1d)")
     for name, about in (("drain", "take HOST out of every gateway's pool"), ("undrain", "let HOST return")):
         p = sub.add_parser(name, help=about)
         p.add_argument("inventory")
@@ -33,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "status":
             answers = D.status(args.inventory)
+        elif args.command == "usage":
+            answers = D.usage(args.inventory, args.since)
         elif args.command == "drain":
             answers = D.drain(args.inventory, args.host, args.wait, check=False)
         else:
@@ -48,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"gateway": a.gateway, "ok": a.ok, "error": a.error, **a.record}, sort_keys=True))
         elif not a.ok:
             print(f"{a.gateway}: FAILED: {a.error}")
+        elif args.command == "usage":
+            print(usage_table(a.gateway, a.record))
         else:
             pool, drained = ", ".join(a.record.get("pool", [])) or "none", ", ".join(a.record.get("drained", []))
             print(f"{a.gateway}: pool {pool}" + (f"; drained {drained}" if drained else "")

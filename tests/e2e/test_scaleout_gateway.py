@@ -214,6 +214,15 @@ def test_streaming_and_one_model_through_the_gateway(gw):
     gw["figures"]["stream_ttft_ms"] = round(chat["ttft_s"] * 1000)
 
 
+def usage_counters(gw) -> dict[str, float]:
+    """The gateway's usage counters ({'qwen27b_gateway_..._total{key="NAME"}': value}), read on the
+    gateway host from its loopback listener."""
+    text = gw["host"].run("python3 -c 'import urllib.request as u; "
+                          "print(u.urlopen(\"http://127.0.0.1:9121/metrics\", timeout=10).read().decode())'").stdout
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith("qwen27b_gateway_")}
+
+
 def request_log(gw, n: int = 200) -> list[dict]:
     """The gateway's request log: its last JSON lines in the journal (tag qwen27b_gateway)."""
     out = gw["host"].run(f"journalctl --no-pager -o cat -t qwen27b_gateway -n {n}", timeout=60).stdout
@@ -448,6 +457,7 @@ def test_tls_from_a_lab_ca_and_a_keys_limits_through_the_openai_client_then_plai
     key = host.testinfra().file("/etc/qwen27b-gateway/tls.key")
     assert (key.user, key.mode) == ("root", 0o600)
     assert "client keys: team-a (no limit), team-b (3 requests/min, 1 at once)" in out, out[-3000:]
+    before = usage_counters(gw)
     with httpx.Client(verify=ssl.create_default_context(cafile=str(lab_ca / "ca.crt")), timeout=120) as http:
         chat = openai.OpenAI(base_url=f"{base}/v1", api_key=CLIENT_KEYS[1], http_client=http, max_retries=0).chat
         done = chat.completions.create(model=NAME, messages=BODY["messages"], max_tokens=8)
@@ -468,6 +478,17 @@ def test_tls_from_a_lab_ca_and_a_keys_limits_through_the_openai_client_then_plai
         assert other.chat.completions.create(model=NAME, messages=BODY["messages"], max_tokens=8).usage.completion_tokens > 0
     logged = [(r["key"], r["status"]) for r in request_log(gw, 50) if r["path"] == "/v1/chat/completions"][-5:]
     assert logged == [("team-b", 200), ("team-b", 429), ("team-b", 200), ("team-b", 429), ("team-a", 200)], logged
+    # usage per key, counted by the gateway from the responses, equals what vLLM reported to the client
+    after, streamed = usage_counters(gw), chunks[-1].usage
+    grew = {k: after.get(k, 0) - before.get(k, 0) for k in after if k.endswith('{key="team-b"}')}
+    assert grew['qwen27b_gateway_requests_total{key="team-b"}'] == 4
+    assert grew['qwen27b_gateway_limited_total{key="team-b"}'] == 2
+    assert grew['qwen27b_gateway_prompt_tokens_total{key="team-b"}'] == done.usage.prompt_tokens + streamed.prompt_tokens
+    assert grew['qwen27b_gateway_completion_tokens_total{key="team-b"}'] == \
+        done.usage.completion_tokens + streamed.completion_tokens
+    (row,) = gateway_cli(gw, "usage", "--since", "1h")  # the operator's view, from the request log
+    assert row["ok"] and row["keys"]["team-b"]["limited"] >= 2, row
+    assert row["keys"]["team-b"]["completion_tokens"] >= done.usage.completion_tokens + streamed.completion_tokens, row
     with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
         httpx.get(f"{base}/health", timeout=30)  # the system's CAs only: the lab CA is not among them
     assert httpx.get(f"http://{host.address}:8000/health", timeout=30).status_code == 400  # plain HTTP to a TLS port

@@ -5,7 +5,9 @@ watcher's config, the on-host package), for the loopback tests and benchmarks/ga
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import socket
 import ssl
 import subprocess
 import sys
@@ -15,19 +17,29 @@ from pathlib import Path
 import httpx
 
 from qwen27b.controller import gateway_render as G
+from qwen27b.onhost.gateway_pool import upstream_text
 from qwen27b.plan.gateway import GatewayPlan
 from tests.support import onhost_lib
+
+ONHOST = Path(__file__).resolve().parents[2] / "qwen27b" / "onhost"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def render_scratch(plan: GatewayPlan, root: Path, access_log: str = "off") -> dict:
     """Write the files under `root`; returns the layout plus `pool` (the watcher's argv, less its
     command) and `env` (PYTHONPATH to the package). `access_log`: nginx's (e.g. "FILE qwen27b")."""
     where = G.layout(str(root))
+    usage_port = free_port()  # the usage counters' listener, on a port of its own per scratch nginx
     for key in ("config", "temp_dir"):
         Path(where[key]).parent.mkdir(parents=True, exist_ok=True)
     Path(where["temp_dir"]).mkdir(exist_ok=True)
     Path(where["config"]).write_text(G.render("qwen27b-gateway.nginx.conf.j2",
-                                              G.nginx_context(plan, where, run_as=[], access_log=access_log)))
+                                              G.nginx_context(plan, where, run_as=[], access_log=access_log, usage_port=usage_port)))
     Path(where["keys"]).write_text(G.keys_text(plan))
     pair = G.tls_pair(plan)
     if pair:
@@ -35,20 +47,33 @@ def render_scratch(plan: GatewayPlan, root: Path, access_log: str = "off") -> di
         Path(where["tls_key"]).write_bytes(pair[1])
     Path(where["pool_config"]).write_text(G.pool_config(plan, where))
     onhost_lib.install(root / "lib")
-    return {**where, "pool": [sys.executable, "-m", G.POOL_MODULE, "--config", where["pool_config"]],
+    Path(where["usage_lua"]).parent.mkdir(parents=True, exist_ok=True)
+    Path(where["usage_lua"]).write_bytes((ONHOST / G.USAGE_LUA).read_bytes())
+    return {**where, "usage": f"http://127.0.0.1:{usage_port}/metrics", "pool": [sys.executable, "-m", G.POOL_MODULE, "--config", where["pool_config"]],
             "env": {**os.environ, "PYTHONPATH": str(root / "lib")}}
 
 
+def config_test(plan: GatewayPlan, root: Path, nginx: str, pool: list[str]) -> subprocess.CompletedProcess:
+    """`nginx -t` of the files rendered under `root`, the upstream file listing `pool` (-t binds the
+    plan's listen address: give it a free loopback port)."""
+    where = render_scratch(plan, root)
+    Path(where["upstream_file"]).parent.mkdir(parents=True, exist_ok=True)
+    Path(where["upstream_file"]).write_text(upstream_text(json.loads(G.pool_config(plan, where)), pool))
+    return subprocess.run([nginx, "-t", "-c", where["config"]], capture_output=True, text=True)
+
+
 @contextlib.contextmanager
-def running_nginx(plan: GatewayPlan, root: Path, nginx: str, access_log: str = "off"):
+def running_nginx(plan: GatewayPlan, root: Path, nginx: str | list[str], access_log: str = "off"):
     """The files rendered under `root`, the pool's first round, and nginx (as root would run it) on
     the plan's loopback address until the block ends; yields render_scratch's dict plus `base`
-    (http or https, as the plan says) and, with TLS, `verify` (an SSL context trusting its lab CA)."""
+    (http or https, as the plan says) and, with TLS, `verify` (an SSL context trusting its lab CA).
+    `nginx`: its path, or an argv that ends with it (a wrapper that sets up its process first)."""
     where = render_scratch(plan, root, access_log)
     subprocess.run(where["pool"] + ["render"], env=where["env"], check=True, capture_output=True)
     verify = ssl.create_default_context(cafile=f"{plan.tls.lab_ca_dir}/ca.crt") if plan.tls else None
     base = f"{plan.scheme}://{plan.address}:{plan.port}"
-    process = subprocess.Popen([nginx, "-c", where["config"]], stderr=open(root / "nginx.log", "w"))
+    argv = (nginx if isinstance(nginx, list) else [nginx]) + ["-c", where["config"]]  # a list: a wrapper first
+    process = subprocess.Popen(argv, stderr=open(root / "nginx.log", "w"))
     try:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:

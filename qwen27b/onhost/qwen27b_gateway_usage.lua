@@ -1,0 +1,104 @@
+-- qwen27b gateway: tokens used per key name, counted from the responses themselves (issue 28).
+--
+-- Run by nginx's Lua module (libnginx-mod-http-lua, from the OS archive) on the gateway host:
+--   body_filter  keeps the last TAIL bytes of a response and, at its end, reads its last "usage"
+--                object: a completion's, or a stream's final chunk when the client asked for
+--                stream_options.include_usage (a stream without it counts as a request, no tokens);
+--                the two counts go to $qwen27b_prompt_tokens / $qwen27b_completion_tokens (the
+--                request log's fields)
+--   log          adds the request to its key's counters in the shared dict qwen27b_usage
+--   metrics      prints the counters in Prometheus' text format, labelled by key name (never the key)
+-- Why Lua: open-source nginx cannot read a response body otherwise, and a proxy of our own would be
+-- a second hop to keep (docs/scale-out.md). Interpreted only (the unit denies W+X memory: no JIT).
+local M = {}
+
+local TAIL = 16384
+local FIELDS = {
+    {"requests", "qwen27b_gateway_requests_total", "Requests with this client key."},
+    {"errors", "qwen27b_gateway_errors_total", "Requests answered 400 or more (429s included)."},
+    {"limited", "qwen27b_gateway_limited_total", "Requests refused by one of the key's limits (429)."},
+    {"prompt_tokens", "qwen27b_gateway_prompt_tokens_total", "Prompt tokens, from each response's usage."},
+    {"completion_tokens", "qwen27b_gateway_completion_tokens_total", "Completion tokens, from each response's usage."},
+    {"seconds", "qwen27b_gateway_request_seconds_total", "Seconds spent answering the key's requests."},
+}
+
+function M.body_filter()
+    local chunk, eof = ngx.arg[1], ngx.arg[2]
+    local ctx = ngx.ctx
+    if chunk and #chunk > 0 then
+        local tail = (ctx.qwen27b_tail or "") .. chunk
+        if #tail > TAIL then
+            tail = string.sub(tail, -TAIL)
+        end
+        ctx.qwen27b_tail = tail
+    end
+    if not eof then
+        return
+    end
+    local tail, at, from = ctx.qwen27b_tail or "", nil, 1
+    ctx.qwen27b_tail = nil
+    while true do
+        local i = string.find(tail, '"usage"%s*:%s*{', from)
+        if not i then
+            break
+        end
+        at, from = i, i + 1
+    end
+    if at then
+        local usage = string.sub(tail, at, at + 512)
+        ngx.var.qwen27b_prompt_tokens = string.match(usage, '"prompt_tokens"%s*:%s*(%d+)') or ""
+        ngx.var.qwen27b_completion_tokens = string.match(usage, '"completion_tokens"%s*:%s*(%d+)') or ""
+    end
+end
+
+function M.log()
+    local name = ngx.var.qwen27b_client
+    if name == nil or name == "" then
+        return
+    end
+    local counters, status = ngx.shared.qwen27b_usage, ngx.status
+    counters:incr("requests\t" .. name, 1, 0)
+    if status >= 400 then
+        counters:incr("errors\t" .. name, 1, 0)
+    end
+    if status == 429 then
+        counters:incr("limited\t" .. name, 1, 0)
+    end
+    local prompt, completion = tonumber(ngx.var.qwen27b_prompt_tokens), tonumber(ngx.var.qwen27b_completion_tokens)
+    if prompt then
+        counters:incr("prompt_tokens\t" .. name, prompt, 0)
+    end
+    if completion then
+        counters:incr("completion_tokens\t" .. name, completion, 0)
+    end
+    counters:incr("seconds\t" .. name, tonumber(ngx.var.request_time) or 0, 0)
+end
+
+function M.metrics()
+    local counters = ngx.shared.qwen27b_usage
+    local by = {}
+    for _, key in ipairs(counters:get_keys(0)) do
+        local field, name = string.match(key, "^([%a_]+)\t(.+)$")
+        if field then
+            by[field] = by[field] or {}
+            by[field][name] = counters:get(key)
+        end
+    end
+    local out = {}
+    for _, f in ipairs(FIELDS) do
+        out[#out + 1] = "# HELP " .. f[2] .. " " .. f[3]
+        out[#out + 1] = "# TYPE " .. f[2] .. " counter"
+        local names = {}
+        for name in pairs(by[f[1]] or {}) do
+            names[#names + 1] = name
+        end
+        table.sort(names)
+        for _, name in ipairs(names) do
+            out[#out + 1] = string.format('%s{key="%s"} %s', f[2], name, tostring(by[f[1]][name]))
+        end
+    end
+    ngx.header.content_type = "text/plain; version=0.0.4; charset=utf-8"
+    ngx.print(table.concat(out, "\n") .. "\n")
+end
+
+return M
