@@ -39,6 +39,7 @@ from qwen27b.controller.artifacts import source_manifest
 from qwen27b.controller.operations import directories, push_files, secret_file
 from qwen27b.onhost.secretfile import load_secret
 from qwen27b.controller import oporder
+from qwen27b.plan.gate import RefusedHost
 from qwen27b.plan.gateway import GatewayPlan, is_gateway, plan_gateways
 from qwen27b.plan.hostdata import SECRET_NAMES
 from qwen27b.plan.stack import load_stack
@@ -66,6 +67,15 @@ def gateway_preflight() -> GatewayPlan | None:
     plan = plan_gateways(inventory, {h.name: set(h.groups) for h in state.inventory}, settings)[host.name]
     lines = plan.describe()
     note(f"== {host.name}: {lines[0]}\n")
+    budgets = [c.name for c in plan.named_clients() if c.tokens_per_day]
+    if budgets and not _usage_available()[0]:  # a limit nothing would enforce: refused, not ignored
+        from .preflight import refuse  # noqa: PLC0415
+
+        refuse(RefusedHost(host.name, f"tokens_per_day is set for {', '.join(budgets)}, but this host's OS archive has "
+                           "no nginx Lua module to count tokens (stack tools.nginx_lua)",
+                           "remove tokens_per_day from qwen27b_gateway_key_files, or run the gateway on "
+                           "Debian 12 or Ubuntu 20.04"))
+        return None
     return plan if take_lock() else None
 
 

@@ -778,6 +778,7 @@ def test_usage_per_key_is_counted_from_each_response_and_exported_by_name(tmp_pa
         assert sent[2].text.count("data: ") == 5 and '"completion_tokens": 3' in sent[2].text  # the stream passed whole
         metrics = httpx.get(lb["usage"], timeout=5).text
     counted = {line.split(" ")[0]: float(line.split(" ")[1]) for line in metrics.splitlines() if line.startswith("qwen27b_")}
+    assert counted.pop('qwen27b_gateway_tokens_today{key="team-a"}') == 7 + 5 + 7 + 5 + 9 + 3
     assert {k: v for k, v in counted.items() if "seconds" not in k} == {
         'qwen27b_gateway_requests_total{key="team-a"}': 3, 'qwen27b_gateway_requests_total{key="team-b"}': 1,
         'qwen27b_gateway_prompt_tokens_total{key="team-a"}': 7 + 7 + 9,
@@ -868,3 +869,32 @@ def test_where_the_os_has_no_nginx_lua_module_the_config_has_no_lua_and_still_pa
     Path(where["upstream_file"]).write_text(P.upstream_text(json.loads(G.pool_config(plan, where)), ["gpu-1"]))
     result = subprocess.run([nginx_binary(), "-t", "-c", where["config"]], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_key_over_its_tokens_of_the_day_gets_429_until_midnight_and_the_other_key_does_not(tmp_path, keys):
+    """tokens_per_day, on a real nginx with the Lua module: each completion's usage (7 + 5 tokens)
+    adds to the key's day; once over its 20, the key gets OpenAI's 429 with Retry-After (the seconds
+    to midnight UTC), nothing reaches a backend, and the other key goes on. The day's tokens are a
+    gauge by key name."""
+    from qwen27b.plan.gateway import Client
+
+    backend = stub("a")
+    plan = GatewayPlan("gw", "127.0.0.1", P_free_port(), (keys["a"], keys["b"]),
+                       (Backend("a", "127.0.0.1", backend.server_address[1], backend.server_address[1]),),
+                       keys["backend"], None, 600, clients=(Client("team-a", keys["a"], tokens_per_day=20),
+                                                            Client("team-b", keys["b"])))
+    with running_nginx(plan, tmp_path / "root", nginx_binary()) as lb:
+        first, second = post(lb, "client-a-4567"), post(lb, "client-a-4567")  # 12 tokens, then 24: over 20
+        reached = len(backend.seen)
+        over = post(lb, "client-a-4567")
+        assert (first.status_code, second.status_code, over.status_code) == (200, 200, 429)
+        assert len(backend.seen) == reached  # refused at the gateway
+        error = over.json()["error"]
+        assert error["code"] == "rate_limit_exceeded" and "key team-a is over its tokens per day (24 of 20 used)" in error["message"]
+        wait = int(over.headers["Retry-After"])
+        assert 0 < wait <= 86400 and abs(wait - (86400 - int(time.time()) % 86400)) <= 2
+        assert post(lb, "client-b-89").status_code == 200
+        metrics = httpx.get(lb["usage"], timeout=5).text
+    backend.shutdown()
+    assert 'qwen27b_gateway_tokens_today{key="team-a"} 24' in metrics and 'qwen27b_gateway_tokens_today{key="team-b"} 12' in metrics
+    assert 'qwen27b_gateway_limited_total{key="team-a"} 1' in metrics

@@ -110,3 +110,18 @@ def test_a_gateway_with_a_lab_ca_plans_its_certificate_and_never_prints_its_key(
     made = {p: p.read_bytes() for p in lab_ca.rglob("*") if p.is_file()}
     again = run(tls, ["-m", "pyinfra"], "--dry", "-y")
     assert again.returncode == 0 and {p: p.read_bytes() for p in lab_ca.rglob("*") if p.is_file()} == made
+
+
+def test_a_token_budget_on_a_gateway_without_the_lua_module_is_refused_not_ignored(lab):
+    """tokens_per_day needs the token counts of nginx's Lua module, which Ubuntu 22.04's archive lacks:
+    the 22.04 gateway is refused naming the key and the fix, rather than deployed with a budget that
+    nothing would enforce."""
+    budget = dict(lab, inventory=lab["work"] / "lab-budget.py")
+    budget["inventory"].write_text(lab["inventory"].read_text().replace(
+        f"qwen27b_gateway_key_files=[{str(lab['key'])!r}]",
+        f"qwen27b_gateway_key_files=[{{'file': {str(lab['key'])!r}, 'name': 'team', 'tokens_per_day': 100000}}]"))
+    result = run(budget, ["-m", "pyinfra"], "--dry", "-y")
+    out = result.stderr + result.stdout
+    assert result.returncode != 0, out[-3000:]
+    assert "tokens_per_day is set for team, but this host's OS archive has no nginx Lua module" in out, out[-3000:]
+    assert re.search(r"^@fake/gw\s+refused", out, re.M), out[-2000:]

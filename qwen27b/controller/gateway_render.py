@@ -132,7 +132,9 @@ def usage_lines(where: dict, port: int, on: bool) -> dict[str, list[str]]:
                        f'lua_package_path "{where["usage_lua"].rsplit("/", 1)[0]}/?.lua;;";',
                        "lua_shared_dict qwen27b_usage 4m;", f"init_by_lua_block {{ jit.off() {lua} }}"],
         "usage_server": [f"log_by_lua_block {{ {lua}.log() }}"],
-        "usage_location": [f"body_filter_by_lua_block {{ {lua}.body_filter() }}"],
+        # a key over its tokens of the day (map $qwen27b_tokens_per_day) gets 429 until midnight UTC
+        "usage_location": [f"access_by_lua_block {{ {lua}.budget() }}",
+                           f"body_filter_by_lua_block {{ {lua}.body_filter() }}"],
         # each key's counters for Prometheus (qwen27b_gateway_*_total{key="NAME"}), on loopback only
         "usage_metrics": ["# each key's counters for Prometheus (qwen27b_gateway_*_total{key=\"NAME\"}), on loopback only",
                           "server {", f"    listen 127.0.0.1:{port};", "    access_log off;",
@@ -203,6 +205,10 @@ def limit_lines(plan: GatewayPlan) -> dict[str, list[str]]:
             else:
                 http.append(f"limit_conn_zone {var} zone={zone}:1m;")
                 location.append(f"limit_conn {zone} {value};")
+    budgets = [c for c in clients if c.tokens_per_day]
+    if budgets:  # read by the Lua access check (qwen27b_gateway_usage.lua budget())
+        http.append(" ".join(["map $qwen27b_client $qwen27b_tokens_per_day { default \"\";",
+                              *(f"{c.name} {c.tokens_per_day};" for c in budgets), "}"]))
     retry = {c.name: -(-60 // c.requests_per_minute) if c.requests_per_minute else 1 for c in clients}
     http.append(" ".join(["map $qwen27b_client $qwen27b_retry_after { default 1;",
                           *(f"{name} {seconds};" for name, seconds in sorted(retry.items()) if seconds != 1), "}"]))

@@ -7,6 +7,7 @@
 --                the two counts go to $qwen27b_prompt_tokens / $qwen27b_completion_tokens (the
 --                request log's fields)
 --   log          adds the request to its key's counters in the shared dict qwen27b_usage
+--   budget       (access) refuses a key over its tokens_per_day until midnight UTC: 429, Retry-After
 --   metrics      prints the counters in Prometheus' text format, labelled by key name (never the key)
 -- Why Lua: open-source nginx cannot read a response body otherwise, and a proxy of our own would be
 -- a second hop to keep (docs/scale-out.md). Interpreted only (the unit denies W+X memory: no JIT).
@@ -51,6 +52,31 @@ function M.body_filter()
     end
 end
 
+local function day_key(name)
+    return "day\t" .. os.date("!%Y-%m-%d", ngx.time()) .. "\t" .. name
+end
+
+-- access: a key over its tokens of the UTC day ($qwen27b_tokens_per_day, from the key's
+-- tokens_per_day) gets OpenAI's 429 with Retry-After until midnight UTC
+function M.budget()
+    local limit = tonumber(ngx.var.qwen27b_tokens_per_day or "")
+    local name = ngx.var.qwen27b_client
+    if not limit or name == nil or name == "" then
+        return
+    end
+    local used = ngx.shared.qwen27b_usage:get(day_key(name)) or 0
+    if used < limit then
+        return
+    end
+    local wait = 86400 - ngx.time() % 86400
+    ngx.status = 429
+    ngx.header["Retry-After"] = tostring(wait)
+    ngx.header.content_type = "application/json"
+    ngx.say(string.format('{"error": {"message": "key %s is over its tokens per day (%d of %d used); retry after %d s '
+        .. '(midnight UTC)", "type": "rate_limit_error", "code": "rate_limit_exceeded"}}', name, used, limit, wait))
+    return ngx.exit(ngx.HTTP_OK)
+end
+
 function M.log()
     local name = ngx.var.qwen27b_client
     if name == nil or name == "" then
@@ -71,6 +97,9 @@ function M.log()
     if completion then
         counters:incr("completion_tokens\t" .. name, completion, 0)
     end
+    if prompt or completion then  -- today's, for tokens_per_day (kept two days)
+        counters:incr(day_key(name), (prompt or 0) + (completion or 0), 0, 2 * 86400)
+    end
     counters:incr("seconds\t" .. name, tonumber(ngx.var.request_time) or 0, 0)
 end
 
@@ -84,7 +113,20 @@ function M.metrics()
             by[field][name] = counters:get(key)
         end
     end
-    local out = {}
+    local out, today = {}, string.match(day_key(""), "^day\t(.-)\t$")
+    out[#out + 1] = "# HELP qwen27b_gateway_tokens_today Prompt and completion tokens since midnight UTC (tokens_per_day)."
+    out[#out + 1] = "# TYPE qwen27b_gateway_tokens_today gauge"
+    local names = {}
+    for name in pairs(by["day"] or {}) do
+        names[#names + 1] = name
+    end
+    table.sort(names)
+    for _, dated in ipairs(names) do
+        local day, name = string.match(dated, "^(.-)\t(.+)$")
+        if day == today then
+            out[#out + 1] = string.format('qwen27b_gateway_tokens_today{key="%s"} %s', name, tostring(by["day"][dated]))
+        end
+    end
     for _, f in ipairs(FIELDS) do
         out[#out + 1] = "# HELP " .. f[2] .. " " .. f[3]
         out[#out + 1] = "# TYPE " .. f[2] .. " counter"

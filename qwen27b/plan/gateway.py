@@ -48,14 +48,16 @@ class Client:
     key_file: str
     requests_per_minute: int | None = None  # more in a minute: 429 with Retry-After
     concurrent: int | None = None  # more requests at once: 429 (one key cannot take every slot)
+    tokens_per_day: int | None = None  # prompt + completion tokens a UTC day; over it: 429 until midnight
 
     def describe(self) -> str:
         limits = [f"{self.requests_per_minute} requests/min" if self.requests_per_minute else "",
-                  f"{self.concurrent} at once" if self.concurrent else ""]
+                  f"{self.concurrent} at once" if self.concurrent else "",
+                  f"{self.tokens_per_day} tokens/day" if self.tokens_per_day else ""]
         return f"{self.name} ({', '.join(x for x in limits if x) or 'no limit'})"
 
 
-CLIENT_FIELDS = {"file": str, "name": str, "requests_per_minute": int, "concurrent": int}
+CLIENT_FIELDS = {"file": str, "name": str, "requests_per_minute": int, "concurrent": int, "tokens_per_day": int}
 CLIENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
@@ -185,7 +187,7 @@ def _check_reach(gateway: str, address: str, backend: str, s: Settings) -> None:
 
 def _client(host: str, key: str, entry) -> Client:
     """One entry of qwen27b_gateway_key_files: a file path (named by its file name), or
-    {file, name, requests_per_minute, concurrent} with the name and limits given."""
+    {file, name, requests_per_minute, concurrent, tokens_per_day} with the name and limits given."""
     if isinstance(entry, str):
         entry = {"file": entry}
     if not isinstance(entry, dict) or not isinstance(entry.get("file"), str):
@@ -204,12 +206,12 @@ def _client(host: str, key: str, entry) -> Client:
     if not CLIENT_NAME.fullmatch(name):
         raise BadHostData(host, key, f"{entry['file']}: the name {name!r} is not 1-64 letters, digits, '.', '_', '-' "
                           "(it goes into nginx's config and the request log)", "give it a name: {file: ..., name: team-a}")
-    for field_name, high in (("requests_per_minute", 60000), ("concurrent", 1000)):
+    for field_name, high in (("requests_per_minute", 60000), ("concurrent", 1000), ("tokens_per_day", 10**12)):
         value = entry.get(field_name)
         if value is not None and not 1 <= value <= high:
             raise BadHostData(host, key, f"{name}: {field_name} {value} is out of range", f"use 1-{high}, or leave it out")
     check_secret_file(host, key, entry["file"])
-    return Client(name, entry["file"], entry.get("requests_per_minute"), entry.get("concurrent"))
+    return Client(name, entry["file"], entry.get("requests_per_minute"), entry.get("concurrent"), entry.get("tokens_per_day"))
 
 
 def _client_keys(host: str, data: dict) -> tuple[Client, ...]:
