@@ -44,11 +44,20 @@ def test_every_metric_a_rule_reads_exists():
     exported = full_status_names()
     vllm = {p.pattern.split("(")[0].lstrip("^") for p in (verify.SPEC_DRAFT, verify.SPEC_ACCEPTED)}
     vllm.add("vllm:kv_cache_usage_perc")  # doctor's step 4 reads it (docs/doctor.md)
+    exported |= gateway_usage_names()
     for name, rule in rules().items():
         used = set(re.findall(r"\b(qwen27b_[a-z_]+|vllm:[a-z_]+)", rule["expr"]))
         assert used, name
         assert used - exported - vllm == set(), name
         assert {"severity"} <= set(rule["labels"]) and {"summary", "doctor"} <= set(rule["annotations"]), name
+
+
+def gateway_usage_names() -> set[str]:
+    """The gateway's usage series, as its Lua module served them on a real nginx (recorded by
+    tests/test_gateway.py's machinery into tests/fixtures/gateway/usage-metrics.txt)."""
+    from prometheus_client.parser import text_string_to_metric_families
+    text = (ROOT / "tests" / "fixtures" / "gateway" / "usage-metrics.txt").read_text()
+    return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
 
 
 def _promtool() -> str:

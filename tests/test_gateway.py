@@ -147,14 +147,16 @@ def test_an_inventory_without_a_gateway_plans_none(keys):
 # ---------------------------------------------------------------- rendered files
 
 def reference_plan() -> GatewayPlan:
-    """Two keys: team-a limited (60 requests a minute, 2 at once), team-b not."""
+    """Two keys: team-a limited (60 requests a minute, 2 at once, a million tokens a day), team-b
+    not; a Prometheus at 10.0.0.5 may read the usage counters."""
     from qwen27b.plan.gateway import Client
 
     keys = GOLDEN / "keys"
     files = (str(keys / "team-a.key"), str(keys / "team-b.key"))
     return GatewayPlan("gw", GW, 8000, files, (Backend("gpu-1", B1, 8000, 9120), Backend("gpu-2", B2, 8001, 9120)),
                        str(keys / "backend.key"), "qwen3.8-27b", 600,
-                       clients=(Client("team-a", files[0], 60, 2), Client("team-b", files[1])))
+                       clients=(Client("team-a", files[0], 60, 2, 1000000), Client("team-b", files[1])),
+                       metrics_allow=("10.0.0.5/32",))
 
 
 @pytest.fixture(scope="module")
@@ -897,4 +899,9 @@ def test_a_key_over_its_tokens_of_the_day_gets_429_until_midnight_and_the_other_
         metrics = httpx.get(lb["usage"], timeout=5).text
     backend.shutdown()
     assert 'qwen27b_gateway_tokens_today{key="team-a"} 24' in metrics and 'qwen27b_gateway_tokens_today{key="team-b"} 12' in metrics
+    assert 'qwen27b_gateway_tokens_per_day{key="team-a"} 20' in metrics and 'tokens_per_day{key="team-b"}' not in metrics
+    from prometheus_client.parser import text_string_to_metric_families  # the alert rules' recorded names: current
+    recorded = (Path(__file__).parent / "fixtures" / "gateway" / "usage-metrics.txt").read_text()
+    assert {f.name for f in text_string_to_metric_families(metrics)} == \
+        {f.name for f in text_string_to_metric_families(recorded)}
     assert 'qwen27b_gateway_limited_total{key="team-a"} 1' in metrics

@@ -117,7 +117,14 @@ def usage_available(lua: dict, os_id: str | None, version_id: str | None) -> boo
     return f"{os_id} {version_id}" in lua["on"]
 
 
-def usage_lines(where: dict, port: int, on: bool) -> dict[str, list[str]]:
+def lua_budgets(plan: GatewayPlan) -> str:
+    """The keys' tokens_per_day as a Lua table for the config's init (names are 1-64 of
+    A-Za-z0-9._- and budgets integers: plan/gateway.py checked both)."""
+    return "{" + ", ".join(f'["{c.name}"] = {c.tokens_per_day}' for c in plan.named_clients() if c.tokens_per_day) + "}"
+
+
+def usage_lines(where: dict, port: int, on: bool, budgets: str = "{}", listens: tuple = (),
+                allow: tuple = ()) -> dict[str, list[str]]:
     """nginx's lines for usage per key (qwen27b/onhost/qwen27b_gateway_usage.lua), or none where the
     OS archive has no Lua module (the gateway then serves, limits and logs without token counts).
     The code is loaded by the root master (a missing file fails `nginx -t`, not a request) and only
@@ -130,14 +137,18 @@ def usage_lines(where: dict, port: int, on: bool) -> dict[str, list[str]]:
         "modules": LUA_MODULES,
         "usage_http": ["# usage per key name (qwen27b_gateway_usage.lua): counted from each response's own usage",
                        f'lua_package_path "{where["usage_lua"].rsplit("/", 1)[0]}/?.lua;;";',
-                       "lua_shared_dict qwen27b_usage 4m;", f"init_by_lua_block {{ jit.off() {lua} }}"],
+                       "lua_shared_dict qwen27b_usage 4m;", f"init_by_lua_block {{ jit.off() {lua}.budgets = {budgets} }}"],
         "usage_server": [f"log_by_lua_block {{ {lua}.log() }}"],
         # a key over its tokens of the day (map $qwen27b_tokens_per_day) gets 429 until midnight UTC
         "usage_location": [f"access_by_lua_block {{ {lua}.budget() }}",
                            f"body_filter_by_lua_block {{ {lua}.body_filter() }}"],
         # each key's counters for Prometheus (qwen27b_gateway_*_total{key="NAME"}), on loopback only
-        "usage_metrics": ["# each key's counters for Prometheus (qwen27b_gateway_*_total{key=\"NAME\"}), on loopback only",
-                          "server {", f"    listen 127.0.0.1:{port};", "    access_log off;",
+        # on loopback, and on the gateway's address for qwen27b_gateway_metrics_allow only
+        "usage_metrics": ["# each key's counters for Prometheus (qwen27b_gateway_*{key=\"NAME\"}): loopback and "
+                          "qwen27b_gateway_metrics_allow",
+                          "server {", f"    listen 127.0.0.1:{port};",
+                          *(f"    listen {listen};" for listen in listens), "    access_log off;",
+                          *(f"    allow {network};" for network in ("127.0.0.1", *allow)), "    deny all;",
                           f"    location = /metrics {{ content_by_lua_block {{ {lua}.metrics() }} }}",
                           "    location / { return 404; }", "}"],
     }
@@ -165,7 +176,10 @@ def nginx_context(plan: GatewayPlan, where: dict, run_as: list[str] | None = Non
         "tls": [f"ssl_certificate {where['tls_cert']};", f"ssl_certificate_key {where['tls_key']};",
                 "ssl_protocols TLSv1.2 TLSv1.3;", "ssl_session_cache shared:qwen27b_tls:1m;",
                 "ssl_session_timeout 1h;"] if plan.tls else [],
-        **usage_lines(where, usage_port, usage),
+        **usage_lines(where, usage_port, usage, lua_budgets(plan),
+                      # the gateway's address for the lab's Prometheus (a loopback test gateway has it already)
+                      tuple(_listen(plan.address, usage_port) for _ in plan.metrics_allow[:1] if plan.address != "127.0.0.1"),
+                      plan.metrics_allow),
         "limits_http": limit_lines(plan)["http"],
         "limits_location": limit_lines(plan)["location"],
         "connect_timeout_s": 2,  # a backend that does not answer SYN in 2 s: try the next one
@@ -205,10 +219,6 @@ def limit_lines(plan: GatewayPlan) -> dict[str, list[str]]:
             else:
                 http.append(f"limit_conn_zone {var} zone={zone}:1m;")
                 location.append(f"limit_conn {zone} {value};")
-    budgets = [c for c in clients if c.tokens_per_day]
-    if budgets:  # read by the Lua access check (qwen27b_gateway_usage.lua budget())
-        http.append(" ".join(["map $qwen27b_client $qwen27b_tokens_per_day { default \"\";",
-                              *(f"{c.name} {c.tokens_per_day};" for c in budgets), "}"]))
     retry = {c.name: -(-60 // c.requests_per_minute) if c.requests_per_minute else 1 for c in clients}
     http.append(" ".join(["map $qwen27b_client $qwen27b_retry_after { default 1;",
                           *(f"{name} {seconds};" for name, seconds in sorted(retry.items()) if seconds != 1), "}"]))

@@ -11,7 +11,7 @@
 --   metrics      prints the counters in Prometheus' text format, labelled by key name (never the key)
 -- Why Lua: open-source nginx cannot read a response body otherwise, and a proxy of our own would be
 -- a second hop to keep (docs/scale-out.md). Interpreted only (the unit denies W+X memory: no JIT).
-local M = {}
+local M = {budgets = {}}  -- budgets: key name -> tokens_per_day, set by the config's init_by_lua
 
 local TAIL = 16384
 local FIELDS = {
@@ -56,12 +56,12 @@ local function day_key(name)
     return "day\t" .. os.date("!%Y-%m-%d", ngx.time()) .. "\t" .. name
 end
 
--- access: a key over its tokens of the UTC day ($qwen27b_tokens_per_day, from the key's
--- tokens_per_day) gets OpenAI's 429 with Retry-After until midnight UTC
+-- access: a key over its tokens of the UTC day (M.budgets, from the key's tokens_per_day) gets
+-- OpenAI's 429 with Retry-After until midnight UTC
 function M.budget()
-    local limit = tonumber(ngx.var.qwen27b_tokens_per_day or "")
     local name = ngx.var.qwen27b_client
-    if not limit or name == nil or name == "" then
+    local limit = name and M.budgets[name]
+    if not limit then
         return
     end
     local used = ngx.shared.qwen27b_usage:get(day_key(name)) or 0
@@ -126,6 +126,16 @@ function M.metrics()
         if day == today then
             out[#out + 1] = string.format('qwen27b_gateway_tokens_today{key="%s"} %s', name, tostring(by["day"][dated]))
         end
+    end
+    out[#out + 1] = "# HELP qwen27b_gateway_tokens_per_day The key's budget of tokens a UTC day (tokens_per_day)."
+    out[#out + 1] = "# TYPE qwen27b_gateway_tokens_per_day gauge"
+    local budgeted = {}
+    for name in pairs(M.budgets) do
+        budgeted[#budgeted + 1] = name
+    end
+    table.sort(budgeted)
+    for _, name in ipairs(budgeted) do
+        out[#out + 1] = string.format('qwen27b_gateway_tokens_per_day{key="%s"} %d', name, M.budgets[name])
     end
     for _, f in ipairs(FIELDS) do
         out[#out + 1] = "# HELP " .. f[2] .. " " .. f[3]

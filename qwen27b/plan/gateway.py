@@ -94,6 +94,7 @@ class GatewayPlan:
     request_timeout_s: int
     tls: Tls | None = None  # None: plain HTTP (the plan warns)
     clients: tuple[Client, ...] = ()  # the keys' names and limits; () : key_files named by their file names
+    metrics_allow: tuple[str, ...] = ()  # networks whose Prometheus may read the usage counters (:9121)
 
     def named_clients(self) -> tuple[Client, ...]:
         return self.clients or tuple(Client(key_name(path), path) for path in self.key_files)
@@ -374,7 +375,19 @@ def plan_gateway(host: str, data: dict, inventory: list[tuple[str, dict]], gatew
         raise BadHostData(host, PREFIX + "gateway_key_files", "a client key is the backends' API key",
                           "give clients their own keys: the backends' key stays with the gateway")
     return GatewayPlan(host, address, port, key_files, tuple(backends), backend_key, served, timeout,
-                       _tls(host, data, address), clients)
+                       _tls(host, data, address), clients, _metrics_allow(host, data))
+
+
+def _metrics_allow(host: str, data: dict) -> tuple[str, ...]:
+    """qwen27b_gateway_metrics_allow: networks (CIDR) re-printed, as nginx's `allow` takes them."""
+    key = PREFIX + "gateway_metrics_allow"
+    out = []
+    for value in data.get(key) or []:
+        try:
+            out.append(str(ipaddress.ip_network(value, strict=False)))
+        except (TypeError, ValueError):
+            raise BadHostData(host, key, f"{value!r} is not a network", "list networks, e.g. ['10.0.0.5/32']") from None
+    return tuple(out)
 
 
 def plan_gateways(inventory: list[tuple[str, dict]], groups: dict[str, set],

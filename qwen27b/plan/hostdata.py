@@ -177,6 +177,7 @@ GATEWAY_TYPES: dict[str, tuple[type, ...]] = {
     "gateway_key_files": (list,),  # controller-side 0600 key files, or {file, name, requests_per_minute, concurrent} (required)
     "gateway_backends": (list,),  # inventory host names; None: every host outside the gateway group
     "gateway_request_timeout_s": (int,),  # longest request; also bounds a drain's wait
+    "gateway_metrics_allow": (list,),  # networks whose Prometheus may read the usage per key (:9121)
     "gateway_tls_cert": (str,),  # controller-side PEM certificate (chain) for TLS; with gateway_tls_key
     "gateway_tls_key": (str,),  # controller-side 0600 PEM private key of that certificate
     "gateway_tls_lab_ca": (str,),  # controller-side dir of a lab CA made and kept by qwen27b (instead of the two above)
