@@ -861,15 +861,7 @@ def test_where_the_os_has_no_nginx_lua_module_the_config_has_no_lua_and_still_pa
     plan = dataclasses.replace(reference_plan(), address="127.0.0.1", port=P_free_port())
     text = G.render_gateway(plan, usage=False)[G.layout()["config"]]
     assert "lua" not in text.lower() and "load_module" not in text and '"prompt_tokens":"$qwen27b_prompt_tokens"' in text
-    where = G.layout(str(tmp_path))
-    for key in ("config", "temp_dir", "upstream_file"):
-        Path(where[key]).parent.mkdir(parents=True, exist_ok=True)
-    Path(where["temp_dir"]).mkdir()
-    Path(where["config"]).write_text(G.render("qwen27b-gateway.nginx.conf.j2",
-                                              G.nginx_context(plan, where, run_as=[], usage=False)))
-    Path(where["keys"]).write_text(G.keys_text(plan))
-    Path(where["upstream_file"]).write_text(P.upstream_text(json.loads(G.pool_config(plan, where)), ["gpu-1"]))
-    result = subprocess.run([nginx_binary(), "-t", "-c", where["config"]], capture_output=True, text=True)
+    result = config_test(plan, tmp_path, nginx_binary(), ["gpu-1"], usage=False)
     assert result.returncode == 0, result.stderr
 
 

@@ -30,16 +30,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def render_scratch(plan: GatewayPlan, root: Path, access_log: str = "off") -> dict:
+def render_scratch(plan: GatewayPlan, root: Path, access_log: str = "off", usage: bool = True) -> dict:
     """Write the files under `root`; returns the layout plus `pool` (the watcher's argv, less its
-    command) and `env` (PYTHONPATH to the package). `access_log`: nginx's (e.g. "FILE qwen27b")."""
+    command) and `env` (PYTHONPATH to the package). `access_log`: nginx's (e.g. "FILE qwen27b");
+    `usage`: with nginx's Lua module (False: a gateway whose OS archive lacks it)."""
     where = G.layout(str(root))
     usage_port = free_port()  # the usage counters' listener, on a port of its own per scratch nginx
     for key in ("config", "temp_dir"):
         Path(where[key]).parent.mkdir(parents=True, exist_ok=True)
     Path(where["temp_dir"]).mkdir(exist_ok=True)
     Path(where["config"]).write_text(G.render("qwen27b-gateway.nginx.conf.j2",
-                                              G.nginx_context(plan, where, run_as=[], access_log=access_log, usage_port=usage_port)))
+                                              G.nginx_context(plan, where, run_as=[], access_log=access_log, usage_port=usage_port,
+                                                              usage=usage)))
     Path(where["keys"]).write_text(G.keys_text(plan))
     pair = G.tls_pair(plan)
     if pair:
@@ -53,22 +55,22 @@ def render_scratch(plan: GatewayPlan, root: Path, access_log: str = "off") -> di
             "env": {**os.environ, "PYTHONPATH": str(root / "lib")}}
 
 
-def config_test(plan: GatewayPlan, root: Path, nginx: str, pool: list[str]) -> subprocess.CompletedProcess:
+def config_test(plan: GatewayPlan, root: Path, nginx: str, pool: list[str], usage: bool = True) -> subprocess.CompletedProcess:
     """`nginx -t` of the files rendered under `root`, the upstream file listing `pool` (-t binds the
     plan's listen address: give it a free loopback port)."""
-    where = render_scratch(plan, root)
+    where = render_scratch(plan, root, usage=usage)
     Path(where["upstream_file"]).parent.mkdir(parents=True, exist_ok=True)
     Path(where["upstream_file"]).write_text(upstream_text(json.loads(G.pool_config(plan, where)), pool))
     return subprocess.run([nginx, "-t", "-c", where["config"]], capture_output=True, text=True)
 
 
 @contextlib.contextmanager
-def running_nginx(plan: GatewayPlan, root: Path, nginx: str | list[str], access_log: str = "off"):
+def running_nginx(plan: GatewayPlan, root: Path, nginx: str | list[str], access_log: str = "off", usage: bool = True):
     """The files rendered under `root`, the pool's first round, and nginx (as root would run it) on
     the plan's loopback address until the block ends; yields render_scratch's dict plus `base`
     (http or https, as the plan says) and, with TLS, `verify` (an SSL context trusting its lab CA).
     `nginx`: its path, or an argv that ends with it (a wrapper that sets up its process first)."""
-    where = render_scratch(plan, root, access_log)
+    where = render_scratch(plan, root, access_log, usage)
     subprocess.run(where["pool"] + ["render"], env=where["env"], check=True, capture_output=True)
     verify = ssl.create_default_context(cafile=f"{plan.tls.lab_ca_dir}/ca.crt") if plan.tls else None
     base = f"{plan.scheme}://{plan.address}:{plan.port}"
