@@ -92,7 +92,8 @@ def test_every_panel_has_the_datasource_and_a_query_per_host():
 
 def test_every_metric_a_query_reads_exists():
     from test_health_metrics import full_status_names
-    known = full_status_names() | recorded_vllm() | NODE_EXPORTER
+    from test_alert_rules import gateway_usage_names
+    known = full_status_names() | recorded_vllm() | NODE_EXPORTER | gateway_usage_names()
     used = set()
     for title, t in targets():
         names = metric_names(t["expr"])
