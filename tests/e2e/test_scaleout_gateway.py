@@ -36,6 +36,8 @@ import sys
 import threading
 import time
 
+from pathlib import Path
+
 import httpx
 import pytest
 
@@ -443,9 +445,14 @@ def test_tls_from_a_lab_ca_and_a_keys_limits_through_the_openai_client_then_plai
     host, lab_ca = gw["host"], gw["work"] / "lab-ca"
     gw["lab_ca"] = lab_ca
     limit = [str(gw["inventory"]), "deploy.py", "-y", "--limit", host.name]
-    team_a, team_b = (str(gw["work"] / f"{name}.key") for name in ("team-a", "team-b"))
+    team_a, team_b, team_c = (str(gw["work"] / f"{name}.key") for name in ("team-a", "team-b", "team-c"))
+    key_c = "q27-team-c-" + os.urandom(8).hex()
+    gw.setdefault("more_keys", []).append(key_c)
+    Path(team_c).write_text(key_c + "\n")
+    Path(team_c).chmod(0o600)
     tls = {"qwen27b_gateway_tls_lab_ca": str(lab_ca),
-           "qwen27b_gateway_key_files": [team_a, {"file": team_b, "requests_per_minute": 3, "concurrent": 1}]}
+           "qwen27b_gateway_key_files": [team_a, {"file": team_b, "requests_per_minute": 3, "concurrent": 1},
+                                         {"file": team_c, "tokens_per_day": 1}]}
     pid = host.run("systemctl show -p MainPID --value qwen27b-gateway").stdout.strip()
     rc, out = deploy(gw, tls, argv=limit)
     assert rc == 0, out[-4000:]
@@ -456,7 +463,7 @@ def test_tls_from_a_lab_ca_and_a_keys_limits_through_the_openai_client_then_plai
     assert oct((lab_ca / "ca.key").stat().st_mode & 0o777) == oct(0o600)
     key = host.testinfra().file("/etc/qwen27b-gateway/tls.key")
     assert (key.user, key.mode) == ("root", 0o600)
-    assert "client keys: team-a (no limit), team-b (3 requests/min, 1 at once)" in out, out[-3000:]
+    assert "client keys: team-a (no limit), team-b (3 requests/min, 1 at once), team-c (1 tokens/day)" in out, out[-3000:]
     before = usage_counters(gw)
     with httpx.Client(verify=ssl.create_default_context(cafile=str(lab_ca / "ca.crt")), timeout=120) as http:
         chat = openai.OpenAI(base_url=f"{base}/v1", api_key=CLIENT_KEYS[1], http_client=http, max_retries=0).chat
@@ -474,10 +481,19 @@ def test_tls_from_a_lab_ca_and_a_keys_limits_through_the_openai_client_then_plai
             chat.completions.create(model=NAME, messages=BODY["messages"], max_tokens=8)
         assert "requests per minute: REJECTED" in str(per_minute.value)
         assert per_minute.value.response.headers["Retry-After"] == "20"  # 3 a minute: one every 20 s
-        other = openai.OpenAI(base_url=f"{base}/v1", api_key=CLIENT_KEYS[0], http_client=http, max_retries=0)
-        assert other.chat.completions.create(model=NAME, messages=BODY["messages"], max_tokens=8).usage.completion_tokens > 0
-    logged = [(r["key"], r["status"]) for r in request_log(gw, 50) if r["path"] == "/v1/chat/completions"][-5:]
-    assert logged == [("team-b", 200), ("team-b", 429), ("team-b", 200), ("team-b", 429), ("team-a", 200)], logged
+        other = openai.OpenAI(base_url=f"{base}/v1", api_key=CLIENT_KEYS[0], http_client=http, max_retries=0).chat
+        plain_a = other.completions.create(model=NAME, messages=BODY["messages"], max_tokens=8)
+        streamed_a = list(other.completions.create(model=NAME, messages=BODY["messages"], max_tokens=8, stream=True,
+                                                   stream_options={"include_usage": True}))[-1].usage
+        budgeted = openai.OpenAI(base_url=f"{base}/v1", api_key=key_c, http_client=http, max_retries=0).chat
+        assert budgeted.completions.create(model=NAME, messages=BODY["messages"], max_tokens=8).usage.completion_tokens > 0
+        with pytest.raises(openai.RateLimitError) as per_day:  # its one token of the day is spent
+            budgeted.completions.create(model=NAME, messages=BODY["messages"], max_tokens=8)
+        assert "key team-c is over its tokens per day" in str(per_day.value)
+        assert 0 < int(per_day.value.response.headers["Retry-After"]) <= 86400  # until midnight UTC
+    logged = [(r["key"], r["status"]) for r in request_log(gw, 50) if r["path"] == "/v1/chat/completions"][-8:]
+    assert logged == [("team-b", 200), ("team-b", 429), ("team-b", 200), ("team-b", 429), ("team-a", 200),
+                      ("team-a", 200), ("team-c", 200), ("team-c", 429)], logged
     # usage per key, counted by the gateway from the responses, equals what vLLM reported to the client
     after, streamed = usage_counters(gw), chunks[-1].usage
     grew = {k: after.get(k, 0) - before.get(k, 0) for k in after if k.endswith('{key="team-b"}')}
@@ -486,6 +502,10 @@ def test_tls_from_a_lab_ca_and_a_keys_limits_through_the_openai_client_then_plai
     assert grew['qwen27b_gateway_prompt_tokens_total{key="team-b"}'] == done.usage.prompt_tokens + streamed.prompt_tokens
     assert grew['qwen27b_gateway_completion_tokens_total{key="team-b"}'] == \
         done.usage.completion_tokens + streamed.completion_tokens
+    for name, answers in (("team-a", (plain_a.usage, streamed_a)),):  # the other key, a completion and a stream
+        for kind in ("prompt_tokens", "completion_tokens"):
+            counted = after[f'qwen27b_gateway_{kind}_total{{key="{name}"}}'] - before[f'qwen27b_gateway_{kind}_total{{key="{name}"}}']
+            assert counted == sum(getattr(u, kind) for u in answers), (name, kind, counted, answers)
     (row,) = gateway_cli(gw, "usage", "--since", "1h")  # the operator's view, from the request log
     assert row["ok"] and row["keys"]["team-b"]["limited"] >= 2, row
     assert row["keys"]["team-b"]["completion_tokens"] >= done.usage.completion_tokens + streamed.completion_tokens, row
