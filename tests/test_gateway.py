@@ -897,3 +897,23 @@ def test_a_key_over_its_tokens_of_the_day_gets_429_until_midnight_and_the_other_
     assert {f.name for f in text_string_to_metric_families(metrics)} == \
         {f.name for f in text_string_to_metric_families(recorded)}
     assert 'qwen27b_gateway_limited_total{key="team-a"} 1' in metrics
+
+
+def test_qwen27b_usage_prints_each_gateways_table_or_json(monkeypatch, capsys):
+    """`qwen27b usage INVENTORY --since 2h [--json]`: what each gateway's `usage` answered (stood in
+    here: the SSH path is drain's, tested in the e2e tier), as a table per gateway or JSON lines."""
+    from qwen27b.controller import gateway_drain as D
+    from qwen27b.tools import cli
+
+    asked = []
+    record = {"since": "2h", "keys": {"team-a": {"requests": 4, "errors": 1, "limited": 1, "prompt_tokens": 30,
+                                                 "completion_tokens": 12, "seconds": 2.0}}}
+    monkeypatch.setattr(D, "usage", lambda inventory, since: asked.append((inventory, since))
+                        or [D.PoolAnswer("gw", True, record)])
+    assert cli.main(["usage", "lab.py", "--since", "2h"]) == 0
+    out = capsys.readouterr().out
+    assert asked == [("lab.py", "2h")] and "gw: usage per key, last 2h (the request log)" in out
+    assert out.splitlines()[3].split() == ["team-a", "4", "1", "1", "30", "12", "0.50"]
+    assert cli.main(["usage", "lab.py", "--json"]) == 0
+    line = json.loads(capsys.readouterr().out)
+    assert line["gateway"] == "gw" and line["keys"]["team-a"]["completion_tokens"] == 12 and asked[-1] == ("lab.py", "1d")

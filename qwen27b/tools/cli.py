@@ -7,6 +7,7 @@
     qwen27b qualify ...   a bounded burn-in of every GPU before it serves (qwen27b.tools.qualify)
     qwen27b status ...    one line per host of the fleet, read in parallel (qwen27b.tools.status)
     qwen27b gateway ...   a backend in or out of every gateway's pool (qwen27b.tools.gateway)
+    qwen27b usage ...     each gateway key's requests and tokens over a window (qwen27b.tools.usage)
     qwen27b rollout ...   a rolling upgrade, canary first, batch by batch (qwen27b.tools.rollout)
     qwen27b rollback ...  hosts back to their previous release, verified (rollback.py)
     qwen27b uninstall ... remove what the deploy made, listed first (uninstall.py)
@@ -27,6 +28,7 @@ COMMANDS = {
     "reach": ("qwen27b.tools.reach", "from each host, a HEAD request to each source its plan fetches from"),
     "status": ("qwen27b.tools.status", "service, health, release, model, GPUs, last verify of every host"),
     "gateway": ("qwen27b.tools.gateway", "drain / undrain a backend at every gateway, or show the pools"),
+    "usage": ("qwen27b.tools.usage", "each gateway key's requests, 429s and tokens over a window"),
     "rollout": ("qwen27b.tools.rollout", "a rolling upgrade: canary first, each batch verified before the next"),
     "rollback": ("qwen27b.tools.rollback", "switch hosts back to their previous release and verify it"),
     "uninstall": ("qwen27b.tools.uninstall", "remove what the deploy made, each removal listed first"),
