@@ -103,9 +103,10 @@ def gateway(plan: GatewayPlan) -> None:
     usage_on, usage_line = _usage_available()
     for line in plan.describe()[1:] + [usage_line]:
         note(line)
+    new_module = False  # a module nginx did not load before is loaded by a restart, not a reload
     if usage_on:
-        apt_install("nginx, its Lua module and python3 (the gateway)", ["nginx", G.LUA_PACKAGE, "python3"],
-                    no_recommends=True)
+        new_module = apt_install("nginx, its Lua module and python3 (the gateway)", ["nginx", G.LUA_PACKAGE, "python3"],
+                                 no_recommends=True)
     else:
         apt_install("nginx and python3 (the gateway)", ["nginx", "python3"], no_recommends=True)
     systemd.service(name=f"the package's {G.DISTRO_UNIT} stopped and disabled (the gateway has its own unit)",
@@ -129,8 +130,9 @@ def gateway(plan: GatewayPlan) -> None:
         systemd.daemon_reload(name="systemd daemon-reload (a gateway unit changed)")
     pool_changed = code.will_change or written[where["pool_config"]].will_change or units[1].will_change
     started(G.POOL_UNIT, restart=pool_changed, why="its code, config or unit changed")
-    if units[0].will_change:
-        started(G.GATEWAY_UNIT, restart=True, why="its unit changed")
+    if units[0].will_change or new_module:
+        started(G.GATEWAY_UNIT, restart=True, why="its unit changed" if units[0].will_change else
+                "nginx's Lua module was installed (a module loads at start)")
     elif written[where["config"]].will_change or keys.will_change or tls or usage.will_change or pool_changed:
         # nginx's graceful reload (ExecReload: config test, then SIGHUP): requests in flight finish
         systemd.service(name=f"enable {G.GATEWAY_UNIT}", service=G.GATEWAY_UNIT, running=None, enabled=True)
