@@ -755,6 +755,8 @@ def test_a_request_refused_for_concurrency_still_counts_toward_the_minute(tmp_pa
         third, fourth = post(lb, "client-a-4567"), post(lb, "client-a-4567")
         assert [lb["first"].status_code, second.status_code, third.status_code, fourth.status_code] == [200, 429, 200, 429]
         assert "at once: REJECTED" in second.text and "requests per minute: REJECTED" in fourth.text
+        # Retry-After says which: 1 s over the concurrency, the rate's spacing (60/3) over the rate
+        assert (second.headers["Retry-After"], fourth.headers["Retry-After"]) == ("1", "20")
     backend.shutdown()
 
 

@@ -202,7 +202,7 @@ def limit_lines(plan: GatewayPlan) -> dict[str, list[str]]:
     """nginx's own limits per key name: one zone per distinct limit (a zone has one rate), keyed by a
     map that gives the name only for the keys with that limit (an empty key is not counted), so each
     key is held to its own; "http" lines and "location" lines. Over a limit: 429 (limit_*_status),
-    answered by @qwen27b_limited with Retry-After (per key: a minute over its rate, else 1 s)."""
+    answered by @qwen27b_limited with Retry-After (60/rate s over a rate, 1 s over a concurrency)."""
     clients = plan.named_clients()
     http, location = [], []
     for field_name, short in (("requests_per_minute", "rpm"), ("concurrent", "conc")):
@@ -219,9 +219,11 @@ def limit_lines(plan: GatewayPlan) -> dict[str, list[str]]:
             else:
                 http.append(f"limit_conn_zone {var} zone={zone}:1m;")
                 location.append(f"limit_conn {zone} {value};")
-    retry = {c.name: -(-60 // c.requests_per_minute) if c.requests_per_minute else 1 for c in clients}
-    http.append(" ".join(["map $qwen27b_client $qwen27b_retry_after { default 1;",
-                          *(f"{name} {seconds};" for name, seconds in sorted(retry.items()) if seconds != 1), "}"]))
+    # Retry-After: over its rate, the key's spacing (60/rate s); over its concurrency, 1 s
+    retry = {c.name: -(-60 // c.requests_per_minute) for c in clients if c.requests_per_minute}
+    http.append(" ".join(['map "$limit_req_status:$qwen27b_client" $qwen27b_retry_after { default 1;',
+                          *(f'"REJECTED:{name}" {seconds};' for name, seconds in sorted(retry.items()) if seconds != 1),
+                          "}"]))
     return {"http": http, "location": location}
 
 

@@ -454,67 +454,69 @@ def test_tls_from_a_lab_ca_and_a_keys_limits_through_the_openai_client_then_plai
            "qwen27b_gateway_key_files": [team_a, {"file": team_b, "requests_per_minute": 3, "concurrent": 1},
                                          {"file": team_c, "tokens_per_day": 1}]}
     pid = host.run("systemctl show -p MainPID --value qwen27b-gateway").stdout.strip()
-    rc, out = deploy(gw, tls, argv=limit)
-    assert rc == 0, out[-4000:]
-    base = f"https://{host.address}:8000"
-    assert f"[{host.name}] gateway verified: {NAME} through {base}" in out, out[-3000:]
-    assert f"TLS: a certificate for its address signed by the lab CA in {lab_ca}" in out, out[-3000:]
-    assert host.run("systemctl show -p MainPID --value qwen27b-gateway").stdout.strip() == pid  # reloaded
-    assert oct((lab_ca / "ca.key").stat().st_mode & 0o777) == oct(0o600)
-    key = host.testinfra().file("/etc/qwen27b-gateway/tls.key")
-    assert (key.user, key.mode) == ("root", 0o600)
-    assert "client keys: team-a (no limit), team-b (3 requests/min, 1 at once), team-c (1 tokens/day)" in out, out[-3000:]
-    before = usage_counters(gw)
-    with httpx.Client(verify=ssl.create_default_context(cafile=str(lab_ca / "ca.crt")), timeout=120) as http:
-        chat = openai.OpenAI(base_url=f"{base}/v1", api_key=CLIENT_KEYS[1], http_client=http, max_retries=0).chat
-        done = chat.completions.create(model=NAME, messages=BODY["messages"], max_tokens=8)
-        assert done.usage.completion_tokens > 0 and done.choices[0].finish_reason in ("stop", "length")
-        stream = chat.completions.create(model=NAME, messages=BODY["messages"], max_tokens=64, stream=True,
-                                         stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
-        chunks = [next(iter(stream))]  # team-b's second request is on a backend, streaming
-        with pytest.raises(openai.RateLimitError) as at_once:
-            chat.completions.create(model=NAME, messages=BODY["messages"], max_tokens=8)
-        chunks += list(stream)
-        assert any(c.choices and c.choices[0].delta.content for c in chunks) and chunks[-1].usage.completion_tokens > 0
-        assert "at once: REJECTED" in str(at_once.value) and at_once.value.response.headers["Retry-After"] == "1"
-        with pytest.raises(openai.RateLimitError) as per_minute:  # its 4th in the minute (the 429 counted too)
-            chat.completions.create(model=NAME, messages=BODY["messages"], max_tokens=8)
-        assert "requests per minute: REJECTED" in str(per_minute.value)
-        assert per_minute.value.response.headers["Retry-After"] == "20"  # 3 a minute: one every 20 s
-        other = openai.OpenAI(base_url=f"{base}/v1", api_key=CLIENT_KEYS[0], http_client=http, max_retries=0).chat
-        plain_a = other.completions.create(model=NAME, messages=BODY["messages"], max_tokens=8)
-        streamed_a = list(other.completions.create(model=NAME, messages=BODY["messages"], max_tokens=8, stream=True,
-                                                   stream_options={"include_usage": True}))[-1].usage
-        budgeted = openai.OpenAI(base_url=f"{base}/v1", api_key=key_c, http_client=http, max_retries=0).chat
-        assert budgeted.completions.create(model=NAME, messages=BODY["messages"], max_tokens=8).usage.completion_tokens > 0
-        with pytest.raises(openai.RateLimitError) as per_day:  # its one token of the day is spent
-            budgeted.completions.create(model=NAME, messages=BODY["messages"], max_tokens=8)
-        assert "key team-c is over its tokens per day" in str(per_day.value)
-        assert 0 < int(per_day.value.response.headers["Retry-After"]) <= 86400  # until midnight UTC
-    logged = [(r["key"], r["status"]) for r in request_log(gw, 50) if r["path"] == "/v1/chat/completions"][-8:]
-    assert logged == [("team-b", 200), ("team-b", 429), ("team-b", 200), ("team-b", 429), ("team-a", 200),
-                      ("team-a", 200), ("team-c", 200), ("team-c", 429)], logged
-    # usage per key, counted by the gateway from the responses, equals what vLLM reported to the client
-    after, streamed = usage_counters(gw), chunks[-1].usage
-    grew = {k: after.get(k, 0) - before.get(k, 0) for k in after if k.endswith('{key="team-b"}')}
-    assert grew['qwen27b_gateway_requests_total{key="team-b"}'] == 4
-    assert grew['qwen27b_gateway_limited_total{key="team-b"}'] == 2
-    assert grew['qwen27b_gateway_prompt_tokens_total{key="team-b"}'] == done.usage.prompt_tokens + streamed.prompt_tokens
-    assert grew['qwen27b_gateway_completion_tokens_total{key="team-b"}'] == \
-        done.usage.completion_tokens + streamed.completion_tokens
-    for name, answers in (("team-a", (plain_a.usage, streamed_a)),):  # the other key, a completion and a stream
-        for kind in ("prompt_tokens", "completion_tokens"):
-            counted = after[f'qwen27b_gateway_{kind}_total{{key="{name}"}}'] - before[f'qwen27b_gateway_{kind}_total{{key="{name}"}}']
-            assert counted == sum(getattr(u, kind) for u in answers), (name, kind, counted, answers)
-    (row,) = gateway_cli(gw, "usage", "--since", "1h")  # the operator's view, from the request log
-    assert row["ok"] and row["keys"]["team-b"]["limited"] >= 2, row
-    assert row["keys"]["team-b"]["completion_tokens"] >= done.usage.completion_tokens + streamed.completion_tokens, row
-    with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
-        httpx.get(f"{base}/health", timeout=30)  # the system's CAs only: the lab CA is not among them
-    assert httpx.get(f"http://{host.address}:8000/health", timeout=30).status_code == 400  # plain HTTP to a TLS port
-    rc, out = deploy(gw, tls, argv=limit)
-    assert rc == 0 and re.search(rf"== {host.name}: \d+ operation\(s\) planned, 0 would change the host", out), out[-3000:]
-    rc, out = deploy(gw, argv=limit)
+    try:
+        rc, out = deploy(gw, tls, argv=limit)
+        assert rc == 0, out[-4000:]
+        base = f"https://{host.address}:8000"
+        assert f"[{host.name}] gateway verified: {NAME} through {base}" in out, out[-3000:]
+        assert f"TLS: a certificate for its address signed by the lab CA in {lab_ca}" in out, out[-3000:]
+        assert host.run("systemctl show -p MainPID --value qwen27b-gateway").stdout.strip() == pid  # reloaded
+        assert oct((lab_ca / "ca.key").stat().st_mode & 0o777) == oct(0o600)
+        key = host.testinfra().file("/etc/qwen27b-gateway/tls.key")
+        assert (key.user, key.mode) == ("root", 0o600)
+        assert "client keys: team-a (no limit), team-b (3 requests/min, 1 at once), team-c (1 tokens/day)" in out, out[-3000:]
+        before = usage_counters(gw)
+        with httpx.Client(verify=ssl.create_default_context(cafile=str(lab_ca / "ca.crt")), timeout=120) as http:
+            chat = openai.OpenAI(base_url=f"{base}/v1", api_key=CLIENT_KEYS[1], http_client=http, max_retries=0).chat
+            done = chat.completions.create(model=NAME, messages=BODY["messages"], max_tokens=8)
+            assert done.usage.completion_tokens > 0 and done.choices[0].finish_reason in ("stop", "length")
+            stream = chat.completions.create(model=NAME, messages=BODY["messages"], max_tokens=64, stream=True,
+                                             stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+            chunks = [next(iter(stream))]  # team-b's second request is on a backend, streaming
+            with pytest.raises(openai.RateLimitError) as at_once:
+                chat.completions.create(model=NAME, messages=BODY["messages"], max_tokens=8)
+            chunks += list(stream)
+            assert any(c.choices and c.choices[0].delta.content for c in chunks) and chunks[-1].usage.completion_tokens > 0
+            assert "at once: REJECTED" in str(at_once.value) and at_once.value.response.headers["Retry-After"] == "1"
+            with pytest.raises(openai.RateLimitError) as per_minute:  # its 4th in the minute (the 429 counted too)
+                chat.completions.create(model=NAME, messages=BODY["messages"], max_tokens=8)
+            assert "requests per minute: REJECTED" in str(per_minute.value)
+            assert per_minute.value.response.headers["Retry-After"] == "20"  # 3 a minute: one every 20 s
+            other = openai.OpenAI(base_url=f"{base}/v1", api_key=CLIENT_KEYS[0], http_client=http, max_retries=0).chat
+            plain_a = other.completions.create(model=NAME, messages=BODY["messages"], max_tokens=8)
+            streamed_a = list(other.completions.create(model=NAME, messages=BODY["messages"], max_tokens=8, stream=True,
+                                                       stream_options={"include_usage": True}))[-1].usage
+            budgeted = openai.OpenAI(base_url=f"{base}/v1", api_key=key_c, http_client=http, max_retries=0).chat
+            assert budgeted.completions.create(model=NAME, messages=BODY["messages"], max_tokens=8).usage.completion_tokens > 0
+            with pytest.raises(openai.RateLimitError) as per_day:  # its one token of the day is spent
+                budgeted.completions.create(model=NAME, messages=BODY["messages"], max_tokens=8)
+            assert "key team-c is over its tokens per day" in str(per_day.value)
+            assert 0 < int(per_day.value.response.headers["Retry-After"]) <= 86400  # until midnight UTC
+        logged = [(r["key"], r["status"]) for r in request_log(gw, 50) if r["path"] == "/v1/chat/completions"][-8:]
+        assert logged == [("team-b", 200), ("team-b", 429), ("team-b", 200), ("team-b", 429), ("team-a", 200),
+                          ("team-a", 200), ("team-c", 200), ("team-c", 429)], logged
+        # usage per key, counted by the gateway from the responses, equals what vLLM reported to the client
+        after, streamed = usage_counters(gw), chunks[-1].usage
+        grew = {k: after.get(k, 0) - before.get(k, 0) for k in after if k.endswith('{key="team-b"}')}
+        assert grew['qwen27b_gateway_requests_total{key="team-b"}'] == 4
+        assert grew['qwen27b_gateway_limited_total{key="team-b"}'] == 2
+        assert grew['qwen27b_gateway_prompt_tokens_total{key="team-b"}'] == done.usage.prompt_tokens + streamed.prompt_tokens
+        assert grew['qwen27b_gateway_completion_tokens_total{key="team-b"}'] == \
+            done.usage.completion_tokens + streamed.completion_tokens
+        for name, answers in (("team-a", (plain_a.usage, streamed_a)),):  # the other key, a completion and a stream
+            for kind in ("prompt_tokens", "completion_tokens"):
+                counted = after[f'qwen27b_gateway_{kind}_total{{key="{name}"}}'] - before[f'qwen27b_gateway_{kind}_total{{key="{name}"}}']
+                assert counted == sum(getattr(u, kind) for u in answers), (name, kind, counted, answers)
+        (row,) = gateway_cli(gw, "usage", "--since", "1h")  # the operator's view, from the request log
+        assert row["ok"] and row["keys"]["team-b"]["limited"] >= 2, row
+        assert row["keys"]["team-b"]["completion_tokens"] >= done.usage.completion_tokens + streamed.completion_tokens, row
+        with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+            httpx.get(f"{base}/health", timeout=30)  # the system's CAs only: the lab CA is not among them
+        assert httpx.get(f"http://{host.address}:8000/health", timeout=30).status_code == 400  # plain HTTP to a TLS port
+        rc, out = deploy(gw, tls, argv=limit)
+        assert rc == 0 and re.search(rf"== {host.name}: \d+ operation\(s\) planned, 0 would change the host", out), out[-3000:]
+    finally:  # the tests after use plain HTTP: back to the first inventory whatever failed above
+        rc, out = deploy(gw, argv=limit)
     assert rc == 0 and f"through {gw['base']}" in out, out[-3000:]
     assert host.run("ls /etc/qwen27b-gateway/tls.crt /etc/qwen27b-gateway/tls.key", check=False).returncode != 0
     with client() as c:
