@@ -180,8 +180,7 @@ def nginx_context(plan: GatewayPlan, where: dict, run_as: list[str] | None = Non
                       # the gateway's address for the lab's Prometheus (a loopback test gateway has it already)
                       tuple(_listen(plan.address, usage_port) for _ in plan.metrics_allow[:1] if plan.address != "127.0.0.1"),
                       plan.metrics_allow),
-        "limits_http": limit_lines(plan)["http"],
-        "limits_location": limit_lines(plan)["location"],
+        **{f"limits_{where_}": lines for where_, lines in limit_lines(plan).items()},  # "http", "location"
         "connect_timeout_s": 2,  # a backend that does not answer SYN in 2 s: try the next one
         "tries": len(plan.backends),  # each backend once
     }
