@@ -24,7 +24,7 @@ from tests.support import onhost_lib
 
 NOW = 1_780_000_000.0
 INTERVAL = 30
-FIELDS = {"verdict", "code", "time", "age_s", "findings", "unit_state", "consecutive_failures"}
+FIELDS = {"verdict", "code", "time", "age_s", "findings", "unit_state", "consecutive_failures", "slots"}
 
 
 def status(code: int = 0, age: float = 5, **extra) -> dict:
@@ -58,6 +58,8 @@ def test_body_carries_findings_as_level_and_text_and_the_watchdogs_view():
                                 {"level": "CRITICAL", "text": "restart loop"}]  # no internal "kind"
     assert body["unit_state"] == "active" and body["consecutive_failures"] == 2
     assert "url" not in body and "gpu" not in body and "history" not in body
+    assert body["slots"] is None  # a status of an older qwen27b-health: the gateway's fair share waits
+    assert answer({**status(0), "slots": 4})[1]["slots"] == 4
 
 
 @pytest.mark.parametrize("age", [endpoint.STALE_FACTOR * INTERVAL + 1, 3600, -(endpoint.STALE_FACTOR * INTERVAL + 1)])

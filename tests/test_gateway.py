@@ -148,7 +148,7 @@ def test_an_inventory_without_a_gateway_plans_none(keys):
 
 def reference_plan() -> GatewayPlan:
     """Two keys: team-a limited (60 requests a minute, 2 at once, a million tokens a day), team-b
-    not; a Prometheus at 10.0.0.5 may read the usage counters."""
+    not; fair share on; a Prometheus at 10.0.0.5 may read the usage counters."""
     from qwen27b.plan.gateway import Client
 
     keys = GOLDEN / "keys"
@@ -156,7 +156,7 @@ def reference_plan() -> GatewayPlan:
     return GatewayPlan("gw", GW, 8000, files, (Backend("gpu-1", B1, 8000, 9120), Backend("gpu-2", B2, 8001, 9120)),
                        str(keys / "backend.key"), "qwen3.8-27b", 600,
                        clients=(Client("team-a", files[0], 60, 2, 1000000), Client("team-b", files[1])),
-                       metrics_allow=("10.0.0.5/32",))
+                       metrics_allow=("10.0.0.5/32",), fair_share=True)
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +166,8 @@ def rendered():
     files = {Path(path).name: text for path, text in G.render_gateway(reference_plan()).items()}
     files["keys.conf"] = G.keys_text(reference_plan())
     from qwen27b.plan.gateway import Tls  # the admin's files: rendering reads neither (the role pushes them)
-    tls = dataclasses.replace(reference_plan(), tls=Tls(cert_file="/srv/lab/gw.crt", key_file="/srv/lab/gw.key"))
+    tls = dataclasses.replace(reference_plan(), tls=Tls(cert_file="/srv/lab/gw.crt", key_file="/srv/lab/gw.key"),
+                              log_bodies=True)  # and the bodies kept in the request log
     files["nginx-tls.conf"] = G.render_gateway(tls)[G.layout()["config"]]
     return files
 
@@ -280,7 +281,8 @@ class Stub(BaseHTTPRequestHandler):
 
     def do_GET(self):
         self.server.got.append((self.path, self.headers.get("Authorization")))
-        self._answer(503 if self.server.sick else 200, {})
+        # as qwen27b-health-http answers: the engine's slots (--max-num-seqs) when it knows them
+        self._answer(503 if self.server.sick else 200, {"slots": self.server.slots} if self.server.slots else {})
 
     def do_POST(self):
         raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
@@ -317,7 +319,7 @@ class Stub(BaseHTTPRequestHandler):
 
 def stub(name: str) -> ThreadingHTTPServer:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Stub)
-    server.name, server.sick, server.seen, server.delay, server.got = name, False, [], 0.0, []
+    server.name, server.sick, server.seen, server.delay, server.got, server.slots = name, False, [], 0.0, [], None
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
@@ -492,11 +494,36 @@ def test_each_copy_of_a_host_is_a_backend_on_its_port_and_health_path(keys):
 
 def test_the_pool_probes_a_copys_own_health_path(monkeypatch):
     asked = []
-    monkeypatch.setattr(P, "probe", lambda url, timeout: asked.append(url) or True)
-    assert P.healthy({"address": "10.0.0.2", "port": 8002, "health_port": 9120, "health_path": "/health/b"}, 1.0)
+    monkeypatch.setattr(P, "probe", lambda url, timeout: asked.append(url) or (True, {"slots": 2}))
+    assert P.verdict({"address": "10.0.0.2", "port": 8002, "health_port": 9120, "health_path": "/health/b"}, 1.0) == (True, 2)
     assert P.healthy({"address": "10.0.0.1", "port": 8000, "health_port": 9120}, 1.0)
     assert asked == ["http://10.0.0.2:9120/health/b", "http://10.0.0.2:8002/health",
                      "http://10.0.0.1:9120/health", "http://10.0.0.1:8000/health"]
+
+
+@pytest.mark.parametrize("body, slots", [({"slots": 4}, 4), ({}, None), ({"slots": None}, None), ({"slots": "4"}, None),
+                                         ({"slots": True}, None), ({"slots": 0}, None), ({"slots": 10**9}, None)])
+def test_a_backends_slots_are_taken_from_its_health_answer_only_as_a_sane_whole_number(monkeypatch, body, slots):
+    monkeypatch.setattr(P, "probe", lambda url, timeout: (True, body))
+    assert P.verdict({"address": "10.0.0.1", "port": 8000, "health_port": 9120}, 1.0) == (True, slots)
+
+
+@pytest.mark.parametrize("on, pool, slots, share", [
+    (True, ["a", "b"], {"a": 4, "b": 4}, 7),  # 8 slots: one key at most 7, one always left for another
+    (True, ["a"], {"a": 4, "b": 4}, 3),  # b out of the pool: its slots do not count
+    (True, ["a"], {"a": 1}, 1),  # one slot: shared in turn
+    (True, ["a", "b"], {"a": 4}, None),  # b has not said (an older qwen27b-health): no limit
+    (False, ["a", "b"], {"a": 4, "b": 4}, None),  # off
+    (True, [], {}, None),
+])
+def test_each_keys_fair_share_is_the_pools_slots_less_one(on, pool, slots, share):
+    config = {"fair_share": on}
+    assert P.fair_share(config, pool, slots) == share
+    text = P.fair_text(config, pool, slots)
+    if share is None:
+        assert "limit_conn qwen27b_fair" not in text and "# no limit: " in text
+    else:
+        assert text.splitlines()[1:] == [f"set $qwen27b_fair_share {share};", f"limit_conn qwen27b_fair {share};"]
 
 
 # ---------------------------------------------------------------- TLS (issue 28): the plan, the lab CA, nginx
@@ -644,6 +671,21 @@ def test_keys_are_named_by_their_file_or_given_a_name_and_limits(tmp_path, keys)
         ("team-a", keys["a"], 60, 2), ("b", keys["b"], None, None)]
     assert plan.key_files == (keys["a"], keys["b"])
     assert any("client keys: team-a (60 requests/min, 2 at once), b (no limit)" in line for line in plan.describe())
+
+
+def test_fair_share_is_on_for_two_keys_unless_turned_off_and_bodies_are_logged_only_when_asked(keys):
+    plan = plan_of(*lab(keys))
+    assert plan.fair_share and not plan.log_bodies
+    assert any("fair share: a key may hold at most the pool's slots less one" in line for line in plan.describe())
+    assert any("no prompt or answer text: qwen27b_gateway_log_bodies keeps them" in line for line in plan.describe())
+    one_key = plan_of(*lab(keys, gateway={"qwen27b_gateway_key_files": [keys["a"]]}))
+    assert not one_key.fair_share and any("fair share: off (one client key)" in line for line in one_key.describe())
+    off = plan_of(*lab(keys, gateway={"qwen27b_gateway_fair_share": False, "qwen27b_gateway_log_bodies": True}))
+    assert not off.fair_share and off.log_bodies
+    assert any("fair share: off (qwen27b_gateway_fair_share: false)" in line for line in off.describe())
+    assert any("WARNING: with each request's body" in line for line in off.describe())
+    with pytest.raises(BadHostData, match="qwen27b_gateway_log_bodies"):
+        plan_of(*lab(keys, gateway={"qwen27b_gateway_log_bodies": "yes"}))
 
 
 CLIENT_REFUSALS = [  # (an entry of qwen27b_gateway_key_files, text)
@@ -879,7 +921,8 @@ def test_a_key_over_its_tokens_of_the_day_gets_429_until_midnight_and_the_other_
                        (Backend("a", "127.0.0.1", backend.server_address[1], backend.server_address[1]),),
                        keys["backend"], None, 600, clients=(Client("team-a", keys["a"], tokens_per_day=20),
                                                             Client("team-b", keys["b"])))
-    with running_nginx(plan, tmp_path / "root", nginx_binary()) as lb:
+    log = tmp_path / "requests.log"
+    with running_nginx(plan, tmp_path / "root", nginx_binary(), access_log=f"{log} qwen27b") as lb:
         first, second = post(lb, "client-a-4567"), post(lb, "client-a-4567")  # 12 tokens, then 24: over 20
         reached = len(backend.seen)
         over = post(lb, "client-a-4567")
@@ -899,6 +942,65 @@ def test_a_key_over_its_tokens_of_the_day_gets_429_until_midnight_and_the_other_
     assert {f.name for f in text_string_to_metric_families(metrics)} == \
         {f.name for f in text_string_to_metric_families(recorded)}
     assert 'qwen27b_gateway_limited_total{key="team-a"} 1' in metrics
+    lines = [r for r in map(json.loads, log.read_text().splitlines()) if r["path"] != "/health"]  # the log says which limit
+    assert [(r["key"], r["status"], r["limit_tokens"]) for r in lines] == [
+        ("team-a", 200, "PASSED"), ("team-a", 200, "PASSED"), ("team-a", 429, "REJECTED"), ("team-b", 200, "")]
+
+
+def two_keys_on_one_stub(keys, backend, **plan) -> GatewayPlan:
+    from qwen27b.plan.gateway import Client
+
+    return GatewayPlan("gw", "127.0.0.1", P_free_port(), (keys["a"], keys["b"]),
+                       (Backend("a", "127.0.0.1", backend.server_address[1], backend.server_address[1]),),
+                       keys["backend"], None, 600, clients=(Client("team-a", keys["a"]), Client("team-b", keys["b"])),
+                       **plan)
+
+
+def test_with_fair_share_no_key_holds_every_slot_of_the_pool_and_another_key_gets_one(tmp_path, keys):
+    """Fair share on a real nginx: the backend's health answer says 2 slots, so the watcher's first
+    round gives each key 1 at once. While team-a's first request runs, its second is refused (429,
+    Retry-After 1; the answer and the request log name the fair share) and team-b's goes through."""
+    backend = stub("a")
+    backend.slots = 2
+    log = tmp_path / "requests.log"
+    plan = two_keys_on_one_stub(keys, backend, fair_share=True)
+    with running_nginx(plan, tmp_path / "root", nginx_binary(), access_log=f"{log} qwen27b") as lb:
+        assert Path(lb["fair_file"]).read_text().splitlines()[1:] == ["set $qwen27b_fair_share 1;",
+                                                                       "limit_conn qwen27b_fair 1;"]
+        backend.delay = 1.5
+        first = threading.Thread(target=lambda: lb.setdefault("first", post(lb, "client-a-4567")))
+        first.start()
+        deadline = time.monotonic() + 5
+        while not backend.seen and time.monotonic() < deadline:  # the first is on the backend
+            time.sleep(0.05)
+        second, other = post(lb, "client-a-4567"), post(lb, "client-b-89")
+        first.join()
+    backend.shutdown()
+    assert (lb["first"].status_code, second.status_code, other.status_code) == (200, 429, 200)
+    assert second.headers["Retry-After"] == "1" and "fair share of the pool: 1 at once" in second.json()["error"]["message"]
+    lines = [r for r in map(json.loads, log.read_text().splitlines()) if r["path"] != "/health"]
+    assert sorted((r["key"], r["status"], r["limit_concurrent"], r["fair_share"]) for r in lines) == [
+        ("team-a", 200, "PASSED", "1"), ("team-a", 429, "REJECTED", "1"), ("team-b", 200, "PASSED", "1")]
+
+
+def test_with_log_bodies_the_request_log_keeps_each_prompt_and_the_start_of_its_answer(tmp_path, keys):
+    """qwen27b_gateway_log_bodies on a real nginx: the request's body and the answer's (nginx's Lua
+    module keeps its first 64 KiB) are in the request log line, JSON-escaped; the keys never are."""
+    backend = stub("a")
+    log = tmp_path / "requests.log"
+    marker = 'PROMPT "quoted" \\ and 中文'
+    with running_nginx(two_keys_on_one_stub(keys, backend, log_bodies=True), tmp_path / "root", nginx_binary(),
+                       access_log=f"{log} qwen27b") as lb:
+        assert post(lb, "client-a-4567", {"messages": [{"content": marker}]}).status_code == 200
+        answer = post(lb, "client-b-89", {"big": True})  # 40 kB: under the 64 KiB kept
+        assert answer.status_code == 200
+    backend.shutdown()
+    text = log.read_text()
+    first, big = [r for r in map(json.loads, text.splitlines()) if r["path"] != "/health"]
+    assert json.loads(first["request_body"]) == {"messages": [{"content": marker}]}
+    assert json.loads(first["response_body"])["usage"]["prompt_tokens"] == 7 and first["prompt_tokens"] == "7"
+    assert big["response_body"] == answer.text and big["completion_tokens"] == "5"
+    assert not [k for k in ("client-a-4567", "client-b-89", "backend-key-0123") if k in text]
 
 
 def test_qwen27b_usage_prints_each_gateways_table_or_json(monkeypatch, capsys):

@@ -425,8 +425,8 @@ def test_cli_writes_the_textfile_and_counts_xids_across_runs(cli, tmp_path):
     statusfile.write_status(str(cli.status), {"time": "2026-12-02T14:32:00+00:00", "consecutive_failures": 0})
     args = ("--url", closed_url(), "--no-restart", "--timeout", "2", "--model-ref", "org/m@abc")
     for _ in range(2):  # the second run finds no new Xid lines: the counter stays, never resets
-        rc, out, err, s = cli(*args, env={"FAKE_KERNEL": str(kernel), "QWEN27B_SPECULATIVE": "mtp:7"})
-        assert rc == 2 and err == ""
+        rc, out, err, s = cli(*args, env={"FAKE_KERNEL": str(kernel), "QWEN27B_SPECULATIVE": "mtp:7", "QWEN27B_SLOTS": "4"})
+        assert rc == 2 and err == "" and s["slots"] == 4  # the engine's --max-num-seqs, for the gateway's fair share
         prom = cli.textfile / "qwen27b.prom"
         assert [p.name for p in cli.textfile.iterdir()] == ["qwen27b.prom"] and prom.stat().st_mode & 0o777 == 0o644
         samples = {(x.name, tuple(sorted(x.labels.items()))): x.value

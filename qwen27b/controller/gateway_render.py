@@ -72,7 +72,8 @@ def layout(prefix: str = "") -> dict[str, str]:
         "pool_config": f"{CONFIG_DIR}/backends.json",
         "state_dir": STATE_DIR,
         "upstream_file": f"{STATE_DIR}/upstream.conf",
-        "pool_file": f"{STATE_DIR}/pool.json",  # the watcher's record: pool, drained (qwen27b status reads it)
+        "pool_file": f"{STATE_DIR}/pool.json",
+        "fair_file": f"{STATE_DIR}/fair.conf",  # the watcher's fair share of the pool's slots per key (an include)  # the watcher's record: pool, drained (qwen27b status reads it)
         "pid_file": f"{STATE_DIR}/nginx.pid",
         "temp_dir": f"{STATE_DIR}/tmp",
         "drain_dir": f"{STATE_DIR}/drained",
@@ -99,6 +100,8 @@ def pool_config(plan: GatewayPlan, where: dict) -> str:
         "pool_file": where["pool_file"],
         "pid_file": where["pid_file"],
         "drain_dir": where["drain_dir"],
+        # each key at most the in-pool backends' slots (their health endpoints' "slots") less one
+        "fair_share": plan.fair_share, "fair_file": where["fair_file"],
         # a copy's verdict is on its own path of its host's endpoint (the pool's default: /health)
         "backends": [{"name": b.name, "address": b.address, "port": b.port, "health_port": b.health_port,
                       **({"health_path": b.health_path} if b.health_path != "/health" else {})}
@@ -124,7 +127,7 @@ def lua_budgets(plan: GatewayPlan) -> str:
 
 
 def usage_lines(where: dict, port: int, on: bool, budgets: str = "{}", listens: tuple = (),
-                allow: tuple = ()) -> dict[str, list[str]]:
+                allow: tuple = (), log_bodies: bool = False) -> dict[str, list[str]]:
     """nginx's lines for usage per key (qwen27b/onhost/qwen27b_gateway_usage.lua), or none where the
     OS archive has no Lua module (the gateway then serves, limits and logs without token counts).
     The code is loaded by the root master (a missing file fails `nginx -t`, not a request) and only
@@ -137,7 +140,8 @@ def usage_lines(where: dict, port: int, on: bool, budgets: str = "{}", listens: 
         "modules": LUA_MODULES,
         "usage_http": ["# usage per key name (qwen27b_gateway_usage.lua): counted from each response's own usage",
                        f'lua_package_path "{where["usage_lua"].rsplit("/", 1)[0]}/?.lua;;";',
-                       "lua_shared_dict qwen27b_usage 4m;", f"init_by_lua_block {{ jit.off() {lua}.budgets = {budgets} }}"],
+                       "lua_shared_dict qwen27b_usage 4m;", f"init_by_lua_block {{ jit.off() local usage = {lua} usage.budgets = {budgets} "
+                       f"usage.log_bodies = {'true' if log_bodies else 'false'} }}"],
         "usage_server": [f"log_by_lua_block {{ {lua}.log() }}"],
         # a key over its tokens of the day (map $qwen27b_tokens_per_day) gets 429 until midnight UTC
         "usage_location": [f"access_by_lua_block {{ {lua}.budget() }}",
@@ -179,7 +183,13 @@ def nginx_context(plan: GatewayPlan, where: dict, run_as: list[str] | None = Non
         **usage_lines(where, usage_port, usage, lua_budgets(plan),
                       # the gateway's address for the lab's Prometheus (a loopback test gateway has it already)
                       tuple(_listen(plan.address, usage_port) for _ in plan.metrics_allow[:1] if plan.address != "127.0.0.1"),
-                      plan.metrics_allow),
+                      plan.metrics_allow, plan.log_bodies),
+        # qwen27b_gateway_log_bodies: each request's body (kept in memory up to 128 KiB: nginx logs
+        # none it wrote to a temp file) and, where Lua counts usage, the first 64 KiB of its answer
+        "log_bodies": [',"request_body":"$request_body","response_body":"$qwen27b_response_body"'] if plan.log_bodies else [],
+        "body_buffer": ["client_body_buffer_size 128k;"] if plan.log_bodies else [],
+        # the watcher's `limit_conn qwen27b_fair N;` for the pool's slots of the moment (pool_config)
+        "fair": [f"include {where['fair_file']};"] if plan.fair_share else [],
         **{f"limits_{where_}": lines for where_, lines in limit_lines(plan).items()},  # "http", "location"
         "connect_timeout_s": 2,  # a backend that does not answer SYN in 2 s: try the next one
         "tries": len(plan.backends),  # each backend once
@@ -218,6 +228,8 @@ def limit_lines(plan: GatewayPlan) -> dict[str, list[str]]:
             else:
                 http.append(f"limit_conn_zone {var} zone={zone}:1m;")
                 location.append(f"limit_conn {zone} {value};")
+    if plan.fair_share:  # every named key, counted together per key: the watcher's include sets the number
+        http.append("limit_conn_zone $qwen27b_client zone=qwen27b_fair:1m;")
     # Retry-After: over its rate, the key's spacing (60/rate s); over its concurrency, 1 s
     retry = {c.name: -(-60 // c.requests_per_minute) for c in clients if c.requests_per_minute}
     http.append(" ".join(['map "$limit_req_status:$qwen27b_client" $qwen27b_retry_after { default 1;',

@@ -16,7 +16,7 @@ from qwen27b.plan.gate import Decision
 from qwen27b.onhost.contract import (COPIES_ENV, COPY_ENV, FIREWALL_UNIT, GPUS_ENV, HEALTH_HTTP_SOCKET,
                                      HEALTH_HTTP_TEMPLATE, HEALTH_TIMER, HEALTH_UNIT,
                                      IDLE_PROBE_DEADLINE_ENV, IDLE_PROBE_EVERY_ENV, INSTANCE_TEMPLATE, MODEL_REF_ENV,
-                                     QUIET_ENV, SPECULATIVE_ENV, RAY_UNIT, SERVICE_UNIT, STALL_AFTER_ENV, TEXTFILE_DIR,
+                                     QUIET_ENV, SLOTS_ENV, SPECULATIVE_ENV, RAY_UNIT, SERVICE_UNIT, STALL_AFTER_ENV, TEXTFILE_DIR,
                                      lib_dir, module_argv)
 from qwen27b.plan.hostdata import NODE_EXPORTER_PORT, NODE_EXPORTER_UNIT, http_base
 from qwen27b.plan.hostlayout import UNIT_DIR, HostLayout
@@ -340,6 +340,8 @@ def health_context(decision: Decision, where: dict, service_unit: str, health_un
         # journal gets one line a check, the table when the verdict changes
         "health_env": [(QUIET_ENV, "1"), (MODEL_REF_ENV, model_ref),
                        (SPECULATIVE_ENV, f"{serve.spec.method}:{serve.spec.depth}" if serve.spec.on else "off")]
+        # what the engine runs at once, for /health and the gateway's fair share (digits only)
+        + [(SLOTS_ENV, seqs) for seqs in [serve.value("--max-num-seqs")] if seqs and seqs.isdigit()]
         + liveness_env(decision.stack.profile["serve"].get("liveness") or {}) + list(health_env),
         # the check must get CPU when the service takes it all (a CPU build under load starved it
         # for tens of seconds, close to timeout_s): CPUWeight where systemd runs the cpu controller

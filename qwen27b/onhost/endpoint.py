@@ -46,7 +46,9 @@ def _body(verdict: str, code: int, findings: list[dict], status: dict | None = N
     status = status or {}
     return {"verdict": verdict, "code": code, "time": status.get("time"),
             "age_s": None if age_s is None else round(age_s, 1), "findings": findings,
-            "unit_state": status.get("unit_state"), "consecutive_failures": status.get("consecutive_failures")}
+            "unit_state": status.get("unit_state"), "consecutive_failures": status.get("consecutive_failures"),
+            # the engine's --max-num-seqs (the gateway's fair share sums them)
+            "slots": status.get("slots") if type(status.get("slots")) is int else None}
 
 
 def _findings(status: dict) -> list[dict]:

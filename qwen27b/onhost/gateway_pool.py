@@ -11,6 +11,10 @@ and nothing else:
   and vLLM's own /health (:8000, open without the key); a backend leaves the pool after `fall`
   failed rounds in a row and returns after `rise` good ones;
 - a backend named in the drain directory stays out whatever its health (`drain NAME`);
+- fair share (config "fair_share"): each backend's health endpoint says its slots (the
+  --max-num-seqs it runs with); the watcher writes `limit_conn qwen27b_fair N;` with N the
+  in-pool backends' slots less one into nginx's fair file, so no key holds every slot (nginx's
+  limit_conn does the counting; only the number changes with the pool);
 - when the pool changed it rewrites nginx's upstream file (`server ADDR:PORT;` or `... down;`)
   and sends nginx's master SIGHUP: nginx's graceful reload, new workers use the new pool while
   the old ones finish the requests they hold. `drain NAME --wait S` waits for those old workers
@@ -56,6 +60,8 @@ def load_config(path: str) -> dict:
     config.setdefault("drain_dir", os.path.join(state_dir, "drained"))
     config.setdefault("lock_file", os.path.join(state_dir, "pool.lock"))
     config.setdefault("pid_file", os.path.join(state_dir, "nginx.pid"))
+    config.setdefault("fair_file", os.path.join(state_dir, "fair.conf"))
+    config.setdefault("fair_share", False)
     for key, default in (("interval_s", 1.0), ("timeout_s", 1.0), ("fall", 2), ("rise", 2),
                          ("max_fails", 1), ("fail_timeout_s", 5)):
         config.setdefault(key, default)
@@ -106,29 +112,65 @@ def upstream_text(config: dict, pool: list) -> str:
     return "\n".join(lines) + "\n"
 
 
+def fair_share(config: dict, pool: list, slots: dict):
+    """Each key's most requests at once: the in-pool backends' slots less one, so another key always
+    finds a slot (at least 1: a single slot is shared in turn). None while fair share is off or a
+    backend in the pool has not said its slots (an older qwen27b-health): nothing is refused then."""
+    known = [slots.get(name) for name in pool]
+    if not config["fair_share"] or not known or None in known:
+        return None
+    return max(1, sum(known) - 1)
+
+
+def fair_text(config: dict, pool: list, slots: dict) -> str:
+    """nginx's fair-share lines, included in the keyed location (limit_conn counts per key name)."""
+    head = "# Written by qwen27b-gateway-pool: each key's fair share of the pool's slots (limit_conn)."
+    share = fair_share(config, pool, slots)
+    if share is None:
+        why = "off" if not config["fair_share"] else "the slots of " + ", ".join(
+            n for n in pool if slots.get(n) is None) + " are not known yet"
+        return f"{head}\n# no limit: {why}\n"
+    return f"{head}\nset $qwen27b_fair_share {share};\nlimit_conn qwen27b_fair {share};\n"
+
+
 # ------------------------------------------------------------------ host I/O
 
-def probe(url: str, timeout: float) -> bool:
+def probe(url: str, timeout: float) -> tuple[bool, dict]:
+    """(answered 200, its JSON object or {})."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (http to the lab)
-            return response.status == 200
+            ok, body = response.status == 200, response.read(65536)
     except (urllib.error.URLError, OSError, ValueError):
-        return False
+        return False, {}
+    try:
+        data = json.loads(body or b"{}")
+    except ValueError:
+        data = {}
+    return ok, data if isinstance(data, dict) else {}
 
 
-def healthy(backend: dict, timeout: float) -> bool:
-    """The backend's verdict (qwen27b-health-http: 200 for OK/WARNING) and vLLM answering."""
+def verdict(backend: dict, timeout: float) -> tuple[bool, int | None]:
+    """(healthy, slots): the backend's verdict (qwen27b-health-http: 200 for OK/WARNING) and vLLM
+    answering; the slots its health endpoint reports (its --max-num-seqs), None when it says none."""
     host = backend["address"]
     host = f"[{host}]" if ":" in host else host
     # a copy of qwen27b_instances: its own verdict at /health/NAME of its host's endpoint
-    return (probe(f"http://{host}:{backend['health_port']}{backend.get('health_path', '/health')}", timeout)
-            and probe(f"http://{host}:{backend['port']}/health", timeout))
+    ok, body = probe(f"http://{host}:{backend['health_port']}{backend.get('health_path', '/health')}", timeout)
+    slots = body.get("slots")
+    slots = slots if type(slots) is int and 0 < slots <= 100000 else None
+    return ok and probe(f"http://{host}:{backend['port']}/health", timeout)[0], slots
 
 
-def probe_all(config: dict, pool: ThreadPoolExecutor) -> dict:
+def healthy(backend: dict, timeout: float) -> bool:
+    return verdict(backend, timeout)[0]
+
+
+def probe_all(config: dict, pool: ThreadPoolExecutor) -> tuple[dict, dict]:
+    """({name: healthy}, {name: slots}) for every backend, probed side by side."""
     names = [b["name"] for b in config["backends"]]
-    results = pool.map(lambda b: healthy(b, config["timeout_s"]), config["backends"])
-    return dict(zip(names, results))
+    results = list(pool.map(lambda b: verdict(b, config["timeout_s"]), config["backends"]))
+    return ({n: ok for n, (ok, _) in zip(names, results)},
+            {n: slots for n, (_, slots) in zip(names, results) if slots is not None})
 
 
 def drained_names(config: dict) -> set:
@@ -180,9 +222,23 @@ def workers_of(master: int) -> set:
     return children
 
 
-def apply(config: dict, counts: dict | None = None, drain: str | None = None, undrain: str | None = None) -> dict:
+def _rewrite(path: str, text: str) -> bool:
+    """Write `text` to `path` unless it already holds it; whether it changed."""
+    try:
+        with open(path) as fh:
+            if fh.read() == text:
+                return False
+    except OSError:
+        pass
+    write_atomic(path, text)
+    return True
+
+
+def apply(config: dict, counts: dict | None = None, drain: str | None = None, undrain: str | None = None,
+          slots: dict | None = None) -> dict:
     """Under the pool lock: mark or unmark a drain, then the pool from the counts (None: the last
-    ones recorded) and the drains; the upstream file rewritten and nginx reloaded when it changed,
+    ones recorded) and the drains, the fair share from the backends' slots (None: the last ones);
+    the upstream and fair files rewritten and nginx reloaded when they changed,
     the master's workers of that moment recorded (the ones a drain waits for). Returns the pool
     record (also written to pool_file)."""
     os.makedirs(os.path.dirname(config["lock_file"]), exist_ok=True)
@@ -190,6 +246,7 @@ def apply(config: dict, counts: dict | None = None, drain: str | None = None, un
         fcntl.flock(lock, fcntl.LOCK_EX)
         before = read_json(config["pool_file"], {})
         counts = before.get("counts", {}) if counts is None else counts
+        slots = before.get("slots", {}) if slots is None else slots
         if drain:
             os.makedirs(config["drain_dir"], mode=0o700, exist_ok=True)
             open(os.path.join(config["drain_dir"], drain), "a").close()
@@ -201,27 +258,24 @@ def apply(config: dict, counts: dict | None = None, drain: str | None = None, un
         drained = drained_names(config)
         pool, failed_open = members(config["backends"], counts, set(before.get("pool", [])), drained,
                                     config["fall"], config["rise"])
-        text = upstream_text(config, pool)
-        try:
-            with open(config["upstream_file"]) as fh:
-                changed = fh.read() != text
-        except OSError:
-            changed = True
+        changed = _rewrite(config["upstream_file"], upstream_text(config, pool))
+        changed = _rewrite(config["fair_file"], fair_text(config, pool, slots)) or changed
         old_workers = []
         if changed:
-            write_atomic(config["upstream_file"], text)
             master = nginx_master(config)
             if master is not None:
                 old_workers = sorted(workers_of(master))
                 os.kill(master, signal.SIGHUP)
-        record = {"pool": pool, "failed_open": failed_open, "drained": sorted(drained), "counts": counts,
+        record = {"pool": pool, "failed_open": failed_open, "drained": sorted(drained), "counts": counts, "slots": slots,
+                  "fair_share": fair_share(config, pool, slots),
                   "changed_at": time.time() if changed else before.get("changed_at"),
                   "old_workers": old_workers if changed else before.get("old_workers", [])}
         write_atomic(config["pool_file"], json.dumps(record, sort_keys=True) + "\n")
     if changed:
         out = sorted(set(b["name"] for b in config["backends"]) - set(pool))
         say(f"pool: {', '.join(pool) or 'none'}" + (f"; out: {', '.join(out)}" if out else "")
-            + (" (none healthy: failing open)" if failed_open else ""))
+            + (" (none healthy: failing open)" if failed_open else "")
+            + (f"; fair share: {record['fair_share']} at once per key" if record["fair_share"] else ""))
     return record
 
 
@@ -238,8 +292,9 @@ def watch(config: dict, rounds: int | None = None) -> None:
     with ThreadPoolExecutor(max_workers=max(1, len(config["backends"]))) as pool:
         while rounds is None or done < rounds:
             started = time.monotonic()
-            counts = next_counts(counts, probe_all(config, pool))
-            apply(config, counts)
+            probes, slots = probe_all(config, pool)
+            counts = next_counts(counts, probes)
+            apply(config, counts, slots=slots)
             done += 1
             time.sleep(max(0.0, config["interval_s"] - (time.monotonic() - started)))
 
@@ -247,8 +302,8 @@ def watch(config: dict, rounds: int | None = None) -> None:
 def render(config: dict) -> None:
     """One round (nginx's ExecStartPre): the upstream file exists before nginx reads it."""
     with ThreadPoolExecutor(max_workers=max(1, len(config["backends"]))) as pool:
-        probes = probe_all(config, pool)
-    apply(config, {name: (config["rise"] if ok else -config["fall"]) for name, ok in probes.items()})
+        probes, slots = probe_all(config, pool)
+    apply(config, {name: (config["rise"] if ok else -config["fall"]) for name, ok in probes.items()}, slots=slots)
 
 
 def _backend(config: dict, name: str) -> str:

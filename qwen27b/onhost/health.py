@@ -24,7 +24,7 @@ import time
 import httpx
 
 from .contract import (COPY_ENV, GPUS_ENV, CRITICAL, ENGINE_STALLED_FINDING, IDLE_PROBE_DEADLINE_ENV, IDLE_PROBE_EVERY_ENV, INFO, LEVELS,
-                       MODEL_REF_ENV, SPECULATIVE_ENV, OK, QUIET_ENV, RESTART_LOOP_FINDING, RESTART_REQUEST_ENV,
+                       MODEL_REF_ENV, SLOTS_ENV, SPECULATIVE_ENV, OK, QUIET_ENV, RESTART_LOOP_FINDING, RESTART_REQUEST_ENV,
                        SERVICE_UNIT, STALL_AFTER_ENV, TEXTFILE_DIR, TEXTFILE_DIR_ENV, TEXTFILE_NAME, UNKNOWN, WARNING,
                        XID_ADVICE, XID_FATAL, restart_loop, NEEDS, NEEDS_HUMAN_FINDING, NEEDS_REBOOT_FINDING,
                        XID_NEEDS)
@@ -375,6 +375,7 @@ def check(args: argparse.Namespace, now: float | None = None) -> dict:
         "health_status": health["status"],
         "models": models["ids"],
         "served_name": args.served_name,
+        "slots": getattr(args, "slots", None),  # requests the engine runs at once (the gateway's fair share)
         "gpu": gpus,
         "gpu_note": gpu_note,
         "xids": xids,
@@ -492,6 +493,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--speculative", default=os.environ.get(SPECULATIVE_ENV) or None,
                    help=f"the speculative method in use (mtp:7, dflash2:7, off), for qwen27b_build_info "
                         f"(default ${SPECULATIVE_ENV})")
+    p.add_argument("--slots", type=int, default=int(os.environ[SLOTS_ENV]) if os.environ.get(SLOTS_ENV, "").isdigit()
+                   else None, help=f"requests the engine runs at once (its --max-num-seqs), for the health "
+                                   f"endpoint and the gateway's fair share (default ${SLOTS_ENV})")
     p.add_argument("--stall-after-s", type=float, default=float(os.environ.get(STALL_AFTER_ENV) or 120),
                    help="requests waiting on an unmoved token counter this long is CRITICAL 'engine stalled' "
                         f"(default ${STALL_AFTER_ENV} or 120)")

@@ -7,13 +7,17 @@
 --                the two counts go to $qwen27b_prompt_tokens / $qwen27b_completion_tokens (the
 --                request log's fields)
 --   log          adds the request to its key's counters in the shared dict qwen27b_usage
---   budget       (access) refuses a key over its tokens_per_day until midnight UTC: 429, Retry-After
+--                with log_bodies (qwen27b_gateway_log_bodies) it also keeps the first HEAD bytes of the
+--                answer for the request log ($qwen27b_response_body)
+--   budget       (access) refuses a key over its tokens_per_day until midnight UTC: 429, Retry-After;
+--                $qwen27b_limit_tokens says PASSED or REJECTED in the request log
 --   metrics      prints the counters in Prometheus' text format, labelled by key name (never the key)
 -- Why Lua: open-source nginx cannot read a response body otherwise, and a proxy of our own would be
 -- a second hop to keep (docs/scale-out.md). Interpreted only (the unit denies W+X memory: no JIT).
-local M = {budgets = {}}  -- budgets: key name -> tokens_per_day, set by the config's init_by_lua
+local M = {budgets = {}, log_bodies = false}  -- budgets: key name -> tokens_per_day; both set by the config's init_by_lua
 
 local TAIL = 16384
+local HEAD = 65536  -- the answer's start kept for the request log (journald takes a line this long)
 local FIELDS = {
     {"requests", "qwen27b_gateway_requests_total", "Requests with this client key."},
     {"errors", "qwen27b_gateway_errors_total", "Requests answered 400 or more (429s included)."},
@@ -32,12 +36,19 @@ function M.body_filter()
             tail = string.sub(tail, -TAIL)
         end
         ctx.qwen27b_tail = tail
+        local head = ctx.qwen27b_head or ""
+        if M.log_bodies and #head < HEAD then
+            ctx.qwen27b_head = head .. string.sub(chunk, 1, HEAD - #head)
+        end
     end
     if not eof then
         return
     end
     local tail, at, from = ctx.qwen27b_tail or "", nil, 1
     ctx.qwen27b_tail = nil
+    if M.log_bodies then
+        ngx.var.qwen27b_response_body = ctx.qwen27b_head or ""
+    end
     while true do
         local i = string.find(tail, '"usage"%s*:%s*{', from)
         if not i then
@@ -66,8 +77,10 @@ function M.budget()
     end
     local used = ngx.shared.qwen27b_usage:get(day_key(name)) or 0
     if used < limit then
+        ngx.var.qwen27b_limit_tokens = "PASSED"
         return
     end
+    ngx.var.qwen27b_limit_tokens = "REJECTED"
     local wait = 86400 - ngx.time() % 86400
     ngx.status = 429
     ngx.header["Retry-After"] = tostring(wait)

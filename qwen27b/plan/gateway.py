@@ -95,6 +95,8 @@ class GatewayPlan:
     tls: Tls | None = None  # None: plain HTTP (the plan warns)
     clients: tuple[Client, ...] = ()  # the keys' names and limits; () : key_files named by their file names
     metrics_allow: tuple[str, ...] = ()  # networks whose Prometheus may read the usage counters (:9121)
+    fair_share: bool = False  # no key may hold every slot of the pool (qwen27b_gateway_fair_share, 2+ keys)
+    log_bodies: bool = False  # the request log keeps each request's body and its answer's (qwen27b_gateway_log_bodies)
 
     def named_clients(self) -> tuple[Client, ...]:
         return self.clients or tuple(Client(key_name(path), path) for path in self.key_files)
@@ -114,6 +116,17 @@ class GatewayPlan:
                      + ("the backends' key is added by the gateway, never seen by clients" if self.backend_key_file
                         else "WARNING: the backends have no qwen27b_api_key_file, so anyone on the lab network "
                              "can bypass the gateway's keys"))
+        lines.append("  fair share: a key may hold at most the pool's slots less one at once (each backend's "
+                     "--max-num-seqs, from its health endpoint), so another key always finds one; over it: 429 "
+                     "with Retry-After 1 (qwen27b_gateway_fair_share: false to let one key take them all)"
+                     if self.fair_share else
+                     "  fair share: off (" + ("one client key" if len(self.named_clients()) < 2
+                                             else "qwen27b_gateway_fair_share: false") + ")")
+        lines.append("  request log: one JSON line per request in the gateway's journal; WARNING: with each "
+                     "request's body and the start of its answer (qwen27b_gateway_log_bodies): prompts and "
+                     "answers are readable by whoever reads that journal" if self.log_bodies else
+                     "  request log: one JSON line per request in the gateway's journal (key name, status, tokens, "
+                     "latency, backend; no prompt or answer text: qwen27b_gateway_log_bodies keeps them)")
         lines.append(f"  {self.tls.describe()}" if self.tls else
                      "  plain HTTP: client keys, prompts and answers cross the network unencrypted (fine on a closed "
                      "lab network; else set qwen27b_gateway_tls_lab_ca, or qwen27b_gateway_tls_cert and _tls_key)")
@@ -374,8 +387,11 @@ def plan_gateway(host: str, data: dict, inventory: list[tuple[str, dict]], gatew
                            for path in key_files):
         raise BadHostData(host, PREFIX + "gateway_key_files", "a client key is the backends' API key",
                           "give clients their own keys: the backends' key stays with the gateway")
+    fair = data.get(PREFIX + "gateway_fair_share")
     return GatewayPlan(host, address, port, key_files, tuple(backends), backend_key, served, timeout,
-                       _tls(host, data, address), clients, _metrics_allow(host, data))
+                       _tls(host, data, address), clients, _metrics_allow(host, data),
+                       fair_share=(fair is not False) and len(clients) > 1,
+                       log_bodies=data.get(PREFIX + "gateway_log_bodies") is True)
 
 
 def _metrics_allow(host: str, data: dict) -> tuple[str, ...]:

@@ -181,6 +181,8 @@ GATEWAY_TYPES: dict[str, tuple[type, ...]] = {
     "gateway_tls_cert": (str,),  # controller-side PEM certificate (chain) for TLS; with gateway_tls_key
     "gateway_tls_key": (str,),  # controller-side 0600 PEM private key of that certificate
     "gateway_tls_lab_ca": (str,),  # controller-side dir of a lab CA made and kept by qwen27b (instead of the two above)
+    "gateway_fair_share": (bool,),  # default true: with 2+ keys, no key holds every slot of the pool
+    "gateway_log_bodies": (bool,),  # default false: the request log keeps prompts and answers (privacy!)
 }
 PREFIX = "qwen27b_"
 OPEN_API = "none"  # qwen27b_api_key_file: none, the explicit choice of an API without a key

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 
 from qwen27b.controller import gateway_render as G
-from qwen27b.onhost.gateway_pool import upstream_text
+from qwen27b.onhost.gateway_pool import fair_text, upstream_text
 from qwen27b.plan.gateway import GatewayPlan
 from tests.support import onhost_lib
 
@@ -60,7 +60,9 @@ def config_test(plan: GatewayPlan, root: Path, nginx: str, pool: list[str], usag
     plan's listen address: give it a free loopback port)."""
     where = render_scratch(plan, root, usage=usage)
     Path(where["upstream_file"]).parent.mkdir(parents=True, exist_ok=True)
-    Path(where["upstream_file"]).write_text(upstream_text(json.loads(G.pool_config(plan, where)), pool))
+    config = json.loads(G.pool_config(plan, where))
+    Path(where["upstream_file"]).write_text(upstream_text(config, pool))
+    Path(where["fair_file"]).write_text(fair_text(config, pool, {name: 4 for name in pool}))
     return subprocess.run([nginx, "-t", "-c", where["config"]], capture_output=True, text=True)
 
 
