@@ -128,16 +128,18 @@ def answered(r: httpx.Response) -> bool:
 
 class Load:
     """Bounded steady load from the controller: `threads` clients sending chat completions to the
-    gateway until stopped (or `limit_s`); every failure kept with its time (no client retry)."""
+    gateway until stopped (or `limit_s`), thread i with key keys[i % len(keys)] (the gateway's fair
+    share holds one key to the pool's slots less one); every failure kept with its time (no client retry)."""
 
-    def __init__(self, base: str, threads: int = 2, limit_s: float = 600, pause_s: float = 0.0):
+    def __init__(self, base: str, threads: int = 2, limit_s: float = 600, pause_s: float = 0.0,
+                 keys: tuple = CLIENT_KEYS[:1]):
         self.base, self.stop, self.deadline = base, threading.Event(), time.monotonic() + limit_s
         self.pause_s = pause_s
         self.ok, self.failed, self.lock = 0, [], threading.Lock()
-        self.threads = [threading.Thread(target=self._run) for _ in range(threads)]
+        self.threads = [threading.Thread(target=self._run, args=(keys[i % len(keys)],)) for i in range(threads)]
 
-    def _run(self) -> None:
-        with client() as c:
+    def _run(self, key: str) -> None:
+        with client(key) as c:
             while not self.stop.is_set() and time.monotonic() < self.deadline:
                 try:
                     r = c.post(f"{self.base}/v1/chat/completions", json=BODY)
@@ -275,10 +277,17 @@ def _returned(gw, victim, within_s: float) -> bool:
 def test_a_killed_backend_leaves_the_pool_under_load_without_failed_requests_and_returns(gw):
     victim = gw["backends"][1]
     stop, seen = threading.Event(), []
+    # fair share: each backend's /health says its slots (--max-num-seqs); each key may hold the sum less one
+    deadline = time.monotonic() + 60
+    while (record := pool(gw)).get("fair_share") is None and time.monotonic() < deadline:
+        time.sleep(2)
+    assert sorted(record.get("slots") or {}) == sorted(b.name for b in gw["backends"]), record
+    assert record["fair_share"] == sum(record["slots"].values()) - 1, record
     watcher = threading.Thread(target=_pool_watch, args=(gw, stop, seen))
     watcher.start()
     try:
-        with Load(gw["base"], threads=4, limit_s=120) as load:
+        # two keys, two clients each: with one backend left, each key's share (its slots less one) still holds two
+        with Load(gw["base"], threads=4, limit_s=120, keys=CLIENT_KEYS[:2]) as load:
             time.sleep(5)
             killed_at = time.monotonic()
             victim.run("kill -9 $(systemctl show -p MainPID --value qwen27b.service)")
