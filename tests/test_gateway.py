@@ -29,7 +29,7 @@ from qwen27b.plan.gateway import Backend, GatewayPlan, plan_gateways
 from qwen27b.plan.hostdata import BadHostData
 from qwen27b.plan.inventory import validate_inventory
 from setupcheck import skip_or_fail_setup
-from tests.support.gateway_lab import config_test, running_nginx
+from tests.support.gateway_lab import config_test, render_scratch, running_nginx
 
 GOLDEN = Path(__file__).parent / "golden" / "gateway"
 GW, B1, B2 = "10.0.0.9", "10.0.0.21", "10.0.0.22"
@@ -201,6 +201,19 @@ def test_rendered_config_passes_nginx_t(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_the_config_passes_nginx_t_before_the_watcher_has_written_the_fair_share(tmp_path):
+    """An upgraded gateway reloads (ExecReload: nginx -t) maybe before the restarted watcher's first
+    round: the fair-share include must not be required to exist yet."""
+    plan = dataclasses.replace(reference_plan(), address="127.0.0.1", port=P_free_port())
+    assert plan.fair_share
+    where = render_scratch(plan, tmp_path)
+    Path(where["upstream_file"]).parent.mkdir(parents=True, exist_ok=True)
+    Path(where["upstream_file"]).write_text(P.upstream_text(json.loads(G.pool_config(plan, where)), ["gpu-1"]))
+    assert not Path(where["fair_file"]).exists()
+    result = subprocess.run([nginx_binary(), "-t", "-c", where["config"]], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
 def test_units_pass_systemd_analyze_verify(tmp_path, rendered):
     for name in (G.GATEWAY_UNIT, G.POOL_UNIT):
         (tmp_path / name).write_text(rendered[name])

@@ -188,8 +188,9 @@ def nginx_context(plan: GatewayPlan, where: dict, run_as: list[str] | None = Non
         # none it wrote to a temp file) and, where Lua counts usage, the first 64 KiB of its answer
         "log_bodies": [',"request_body":"$request_body","response_body":"$qwen27b_response_body"'] if plan.log_bodies else [],
         "body_buffer": ["client_body_buffer_size 128k;"] if plan.log_bodies else [],
-        # the watcher's `limit_conn qwen27b_fair N;` for the pool's slots of the moment (pool_config)
-        "fair": [f"include {where['fair_file']};"] if plan.fair_share else [],
+        # the watcher's `limit_conn qwen27b_fair N;` for the pool's slots of the moment (pool_config);
+        # included by a glob ([.]), which nginx -t passes while the watcher has not written it yet
+        "fair": [f"include {where['fair_file'].replace('.conf', '[.]conf')};"] if plan.fair_share else [],
         **{f"limits_{where_}": lines for where_, lines in limit_lines(plan).items()},  # "http", "location"
         "connect_timeout_s": 2,  # a backend that does not answer SYN in 2 s: try the next one
         "tries": len(plan.backends),  # each backend once
