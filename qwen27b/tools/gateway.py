@@ -71,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
             print(usage_table(a.gateway, a.record))
         else:
             pool, drained = ", ".join(a.record.get("pool", [])) or "none", ", ".join(a.record.get("drained", []))
+            share = a.record.get("fair_share")
             print(f"{a.gateway}: pool {pool}" + (f"; drained {drained}" if drained else "")
+                  + (f"; fair share {share} at once per key" if share else "")
                   + (f"; waited {a.record['waited_s']} s" if "waited_s" in a.record else ""))
     return 0 if all(a.ok for a in answers) else 1
 
