@@ -521,6 +521,25 @@ def test_a_backends_slots_are_taken_from_its_health_answer_only_as_a_sane_whole_
     assert P.verdict({"address": "10.0.0.1", "port": 8000, "health_port": 9120}, 1.0) == (True, slots)
 
 
+def test_the_watcher_keeps_a_backends_slots_when_a_probe_of_it_fails(tmp_path, monkeypatch):
+    """A health probe that timed out says no slots: the fair share (and nginx's config) stays."""
+    config = P.load_config(str(write_pool_config(tmp_path)))
+    rounds = iter([({"a": True, "b": True}, {"a": 4, "b": 4}), ({"a": True, "b": False}, {"a": 4})])
+    monkeypatch.setattr(P, "probe_all", lambda config, pool: next(rounds))
+    monkeypatch.setattr(P.time, "sleep", lambda s: None)
+    P.watch(config, rounds=2)
+    record = P.read_json(config["pool_file"], {})
+    assert record["slots"] == {"a": 4, "b": 4} and record["fair_share"] == 7
+
+
+def write_pool_config(tmp_path: Path) -> Path:
+    path = tmp_path / "backends.json"
+    path.write_text(json.dumps({"state_dir": str(tmp_path / "state"), "fair_share": True,
+                                "backends": [{"name": n, "address": "10.0.0.1", "port": p, "health_port": 9120}
+                                             for n, p in (("a", 8000), ("b", 8001))]}))
+    return path
+
+
 @pytest.mark.parametrize("on, pool, slots, share", [
     (True, ["a", "b"], {"a": 4, "b": 4}, 7),  # 8 slots: one key at most 7, one always left for another
     (True, ["a"], {"a": 4, "b": 4}, 3),  # b out of the pool: its slots do not count

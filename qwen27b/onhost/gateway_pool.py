@@ -287,13 +287,17 @@ def say(text: str) -> None:
 
 def watch(config: dict, rounds: int | None = None) -> None:
     """Probe, apply, sleep; forever (or `rounds` times)."""
-    counts = read_json(config["pool_file"], {}).get("counts", {})
+    record = read_json(config["pool_file"], {})
+    counts, slots = record.get("counts", {}), record.get("slots") or {}
     done = 0
     with ThreadPoolExecutor(max_workers=max(1, len(config["backends"]))) as pool:
         while rounds is None or done < rounds:
             started = time.monotonic()
-            probes, slots = probe_all(config, pool)
+            probes, said = probe_all(config, pool)
             counts = next_counts(counts, probes)
+            # a backend's slots are kept until it says others: a probe that timed out on a loaded
+            # host must not drop the fair share and reload nginx twice
+            slots = {**slots, **said}
             apply(config, counts, slots=slots)
             done += 1
             time.sleep(max(0.0, config["interval_s"] - (time.monotonic() - started)))
