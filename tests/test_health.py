@@ -425,7 +425,10 @@ def test_cli_writes_the_textfile_and_counts_xids_across_runs(cli, tmp_path):
     statusfile.write_status(str(cli.status), {"time": "2026-12-02T14:32:00+00:00", "consecutive_failures": 0})
     args = ("--url", closed_url(), "--no-restart", "--timeout", "2", "--model-ref", "org/m@abc")
     for _ in range(2):  # the second run finds no new Xid lines: the counter stays, never resets
-        rc, out, err, s = cli(*args, env={"FAKE_KERNEL": str(kernel), "QWEN27B_SPECULATIVE": "mtp:7", "QWEN27B_SLOTS": "4"})
+        record = tmp_path / "release.json"  # the one service's slots: its release record's --max-num-seqs
+        record.write_text(json.dumps({"links": {}, "flags": ["--max-model-len 2048", "--max-num-seqs 4", "--enforce-eager"]}))
+        rc, out, err, s = cli(*args, env={"FAKE_KERNEL": str(kernel), "QWEN27B_SPECULATIVE": "mtp:7",
+                                          "QWEN27B_RELEASE_RECORD": str(record)})
         assert rc == 2 and err == "" and s["slots"] == 4  # the engine's --max-num-seqs, for the gateway's fair share
         prom = cli.textfile / "qwen27b.prom"
         assert [p.name for p in cli.textfile.iterdir()] == ["qwen27b.prom"] and prom.stat().st_mode & 0o777 == 0o644
@@ -647,3 +650,18 @@ def test_gpus_that_are_not_indices_are_refused(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         hc.parse_args(["--url", "http://127.0.0.1:1", "--gpus", "0,x"])
     assert "--gpus must be GPU indices" in capsys.readouterr().err
+
+
+def test_the_engines_slots_come_from_a_copys_own_value_or_the_release_records_flags(tmp_path):
+    """/health's "slots" (the gateway's fair share): a copy's QWEN27B_SLOTS, else the release record's
+    --max-num-seqs (a rollback restores the record, so the check follows it); None when neither says."""
+    from qwen27b.onhost.health import engine_slots
+
+    record = tmp_path / "release.json"
+    record.write_text(json.dumps({"flags": ["--max-num-seqs 2", "--port 8000"]}))
+    assert engine_slots(3, str(record)) == 3
+    assert engine_slots(None, str(record)) == 2
+    assert engine_slots(None, None) is None and engine_slots(None, str(tmp_path / "absent.json")) is None
+    for text in ("not json", json.dumps({"links": {}}), json.dumps({"flags": ["--max-num-seqs x"]}), json.dumps([1])):
+        record.write_text(text)
+        assert engine_slots(None, str(record)) is None

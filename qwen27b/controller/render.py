@@ -16,7 +16,7 @@ from qwen27b.plan.gate import Decision
 from qwen27b.onhost.contract import (COPIES_ENV, COPY_ENV, FIREWALL_UNIT, GPUS_ENV, HEALTH_HTTP_SOCKET,
                                      HEALTH_HTTP_TEMPLATE, HEALTH_TIMER, HEALTH_UNIT,
                                      IDLE_PROBE_DEADLINE_ENV, IDLE_PROBE_EVERY_ENV, INSTANCE_TEMPLATE, MODEL_REF_ENV,
-                                     QUIET_ENV, SLOTS_ENV, SPECULATIVE_ENV, RAY_UNIT, SERVICE_UNIT, STALL_AFTER_ENV, TEXTFILE_DIR,
+                                     QUIET_ENV, RELEASE_RECORD_ENV, SLOTS_ENV, SPECULATIVE_ENV, RAY_UNIT, SERVICE_UNIT, STALL_AFTER_ENV, TEXTFILE_DIR,
                                      lib_dir, module_argv)
 from qwen27b.plan.hostdata import NODE_EXPORTER_PORT, NODE_EXPORTER_UNIT, http_base
 from qwen27b.plan.hostlayout import UNIT_DIR, HostLayout
@@ -299,8 +299,10 @@ def contexts(decision: Decision, prefix: str = "") -> dict[str, dict]:
     }
     if decision.group is not None:
         service["after"] = service["after"] + [RAY_UNIT]
+    # what the engine runs at once (/health's slots, the gateway's fair share): from the release record
     health = health_context(decision, where, SERVICE_UNIT, HEALTH_UNIT, base_url,
-                            serve.value("--served-model-name"), service["model_ref"])
+                            serve.value("--served-model-name"), service["model_ref"],
+                            ((RELEASE_RECORD_ENV, HostLayout.of(decision.stack.paths).release_record),))
     endpoint = endpoint_context(decision, where, address)
     return {
         "qwen27b.service.j2": service,
@@ -340,8 +342,6 @@ def health_context(decision: Decision, where: dict, service_unit: str, health_un
         # journal gets one line a check, the table when the verdict changes
         "health_env": [(QUIET_ENV, "1"), (MODEL_REF_ENV, model_ref),
                        (SPECULATIVE_ENV, f"{serve.spec.method}:{serve.spec.depth}" if serve.spec.on else "off")]
-        # what the engine runs at once, for /health and the gateway's fair share (digits only)
-        + [(SLOTS_ENV, seqs) for seqs in [serve.value("--max-num-seqs")] if seqs and seqs.isdigit()]
         + liveness_env(decision.stack.profile["serve"].get("liveness") or {}) + list(health_env),
         # the check must get CPU when the service takes it all (a CPU build under load starved it
         # for tens of seconds, close to timeout_s): CPUWeight where systemd runs the cpu controller
@@ -618,6 +618,8 @@ def instance_health_contexts(decision: Decision, prefix: str = "") -> dict[str, 
         serve, model = copy.serve, decision.stack.model
         env = [(COPY_ENV, instance.name)] + ([(GPUS_ENV, ",".join(str(g.index) for g in serving_gpus(copy)))]
                                              if copy.gpus else [])
+        # what the copy runs at once, for /health/NAME and the gateway's fair share (digits only)
+        env += [(SLOTS_ENV, seqs) for seqs in [serve.value("--max-num-seqs")] if seqs and seqs.isdigit()]
         health = health_context(copy, where, instance_unit(instance.name), copy_health_units(instance.name)[0],
                                 http_base(serve.value("--host"), serve.value("--port")),
                                 serve.value("--served-model-name"), unit_text(f"{model['id']}@{model['revision']}"),

@@ -155,7 +155,10 @@ def textfile_name(copy: str | None) -> str:
 
 QUIET_ENV, TEXTFILE_DIR_ENV, MODEL_REF_ENV = "QWEN27B_HEALTH_QUIET", "QWEN27B_HEALTH_TEXTFILE_DIR", "QWEN27B_MODEL_REF"
 SPECULATIVE_ENV = "QWEN27B_SPECULATIVE"  # the speculative method in use, "mtp:7" / "dflash2:7" / "off" (qwen27b_build_info)
-SLOTS_ENV = "QWEN27B_SLOTS"  # the engine's --max-num-seqs: /health says it, the gateway's fair share sums it
+SLOTS_ENV = "QWEN27B_SLOTS"  # a copy's --max-num-seqs: /health says it, the gateway's fair share sums it
+# the one service's: read from its release record at each check (a rollback restores the record, not
+# the health unit: a per-release value in the unit would outlive the release it was rendered for)
+RELEASE_RECORD_ENV = "QWEN27B_RELEASE_RECORD"
 # the engine's forward-progress bounds (stack file `liveness`), from the environment for the reason above
 STALL_AFTER_ENV, IDLE_PROBE_EVERY_ENV, IDLE_PROBE_DEADLINE_ENV = (
     "QWEN27B_STALL_AFTER_S", "QWEN27B_IDLE_PROBE_EVERY_S", "QWEN27B_IDLE_PROBE_DEADLINE_S")

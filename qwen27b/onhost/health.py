@@ -24,7 +24,7 @@ import time
 import httpx
 
 from .contract import (COPY_ENV, GPUS_ENV, CRITICAL, ENGINE_STALLED_FINDING, IDLE_PROBE_DEADLINE_ENV, IDLE_PROBE_EVERY_ENV, INFO, LEVELS,
-                       MODEL_REF_ENV, SLOTS_ENV, SPECULATIVE_ENV, OK, QUIET_ENV, RESTART_LOOP_FINDING, RESTART_REQUEST_ENV,
+                       MODEL_REF_ENV, RELEASE_RECORD_ENV, SLOTS_ENV, SPECULATIVE_ENV, OK, QUIET_ENV, RESTART_LOOP_FINDING, RESTART_REQUEST_ENV,
                        SERVICE_UNIT, STALL_AFTER_ENV, TEXTFILE_DIR, TEXTFILE_DIR_ENV, TEXTFILE_NAME, UNKNOWN, WARNING,
                        XID_ADVICE, XID_FATAL, restart_loop, NEEDS, NEEDS_HUMAN_FINDING, NEEDS_REBOOT_FINDING,
                        XID_NEEDS)
@@ -375,7 +375,7 @@ def check(args: argparse.Namespace, now: float | None = None) -> dict:
         "health_status": health["status"],
         "models": models["ids"],
         "served_name": args.served_name,
-        "slots": getattr(args, "slots", None),  # requests the engine runs at once (the gateway's fair share)
+        "slots": engine_slots(getattr(args, "slots", None), getattr(args, "release_record", None)),
         "gpu": gpus,
         "gpu_note": gpu_note,
         "xids": xids,
@@ -393,6 +393,21 @@ def check(args: argparse.Namespace, now: float | None = None) -> dict:
         "last_restart": last_restart,
         "history": push_history(prev.get("history"), stamp, code),
     }
+
+
+def engine_slots(given: int | None, record_file: str | None) -> int | None:
+    """Requests the engine runs at once (its --max-num-seqs; the gateway's fair share sums them):
+    given (a copy's), else the release record's flags (the one service's: a rollback restores the
+    record); None when neither says."""
+    if given is not None or not record_file:
+        return given
+    try:
+        with open(record_file) as fh:
+            flags = json.load(fh).get("flags") or []
+    except (OSError, ValueError, AttributeError):
+        return None
+    values = [str(f).split()[1] for f in flags if str(f).startswith("--max-num-seqs ") and len(str(f).split()) == 2]
+    return int(values[0]) if values and values[0].isdigit() else None
 
 
 def verdict_changed(s: dict) -> bool:
@@ -496,6 +511,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--slots", type=int, default=int(os.environ[SLOTS_ENV]) if os.environ.get(SLOTS_ENV, "").isdigit()
                    else None, help=f"requests the engine runs at once (its --max-num-seqs), for the health "
                                    f"endpoint and the gateway's fair share (default ${SLOTS_ENV})")
+    p.add_argument("--release-record", default=os.environ.get(RELEASE_RECORD_ENV) or None, metavar="FILE",
+                   help=f"the release record whose --max-num-seqs is the engine's slots when --slots is not given "
+                        f"(default ${RELEASE_RECORD_ENV})")
     p.add_argument("--stall-after-s", type=float, default=float(os.environ.get(STALL_AFTER_ENV) or 120),
                    help="requests waiting on an unmoved token counter this long is CRITICAL 'engine stalled' "
                         f"(default ${STALL_AFTER_ENV} or 120)")
