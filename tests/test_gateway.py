@@ -306,18 +306,19 @@ class Stub(BaseHTTPRequestHandler):
         except ValueError:
             body = {}
         if isinstance(body, dict) and body.get("stream"):
-            return self._stream(bool((body.get("stream_options") or {}).get("include_usage")))
+            return self._stream(bool((body.get("stream_options") or {}).get("include_usage")), bool(body.get("linger")))
         pad = "x" * 40000 if isinstance(body, dict) and body.get("big") else ""  # usage past the Lua filter's tail
         self._answer(200, {"backend": self.server.name, "choices": [{"message": {"content": pad}}], **USAGE_JSON})
 
-    def _stream(self, include_usage: bool) -> None:
+    def _stream(self, include_usage: bool, linger: bool = False) -> None:
         """An OpenAI stream in three sends (nginx passes each on): chunks with usage null, then
-        the usage chunk when asked for (stream_options.include_usage), then [DONE]."""
+        the usage chunk when asked for (stream_options.include_usage), then [DONE]; `linger`: the
+        response's last byte a second after [DONE] (a client may be gone by then)."""
         chunks = [{"choices": [{"delta": {"content": w}}], **({"usage": None} if include_usage else {})}
                   for w in ("one", "two", "three")]
         if include_usage:
             chunks.append({"choices": [], **USAGE_STREAM})
-        parts = [f"data: {json.dumps(c)}\n\n".encode() for c in chunks] + [b"data: [DONE]\n\n"]
+        parts = [f"data: {json.dumps(c)}\n\n".encode() for c in chunks] + [b"data: [DONE]\n\n"] + ([b"\n"] if linger else [])
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Content-Length", str(sum(map(len, parts))))
@@ -325,6 +326,8 @@ class Stub(BaseHTTPRequestHandler):
         self.close_connection = True
         self.end_headers()
         for part in parts:
+            if linger and part == b"\n":
+                time.sleep(1.0)
             self.wfile.write(part)
             self.wfile.flush()
             time.sleep(0.02)
@@ -868,6 +871,32 @@ def test_usage_per_key_is_counted_from_each_response_and_exported_by_name(tmp_pa
     assert [(r["key"], r["prompt_tokens"], r["completion_tokens"]) for r in lines] == [
         ("team-a", "7", "5"), ("team-a", "7", "5"), ("team-a", "9", "3"), ("team-b", "", ""), ("", "", "")]
     backend.shutdown()
+
+
+def test_a_streams_tokens_count_when_its_client_closes_right_after_done(tmp_path, keys):
+    """The openai client may close its connection as soon as it has read a stream's [DONE], before
+    nginx has the response's last buffer: the request then ends without the body filter's end of
+    stream. The usage chunk had passed, so its tokens count (a real nginx; the stub sends its last
+    byte a second after [DONE])."""
+    backend = stub("a")
+    plan = two_keys_on_one_stub(keys, backend)
+    with running_nginx(plan, tmp_path / "root", nginx_binary()) as lb:
+        body = {"stream": True, "stream_options": {"include_usage": True}, "linger": True}
+        with httpx.stream("POST", f"{lb['base']}/v1/chat/completions", json=body, timeout=30,
+                          headers={"Authorization": "Bearer client-a-4567"}) as r:
+            lines = []
+            for line in r.iter_lines():
+                lines.append(line)
+                if line == "data: [DONE]":
+                    break  # and close, as a client done with the stream does
+        assert '"completion_tokens": 3' in "".join(lines)
+        deadline, metrics = time.monotonic() + 10, ""
+        while 'qwen27b_gateway_completion_tokens_total{key="team-a"}' not in metrics and time.monotonic() < deadline:
+            time.sleep(0.2)
+            metrics = httpx.get(lb["usage"], timeout=5).text
+    backend.shutdown()
+    assert 'qwen27b_gateway_prompt_tokens_total{key="team-a"} 9' in metrics, metrics
+    assert 'qwen27b_gateway_completion_tokens_total{key="team-a"} 3' in metrics, metrics
 
 
 def test_a_429_is_counted_as_limited_for_its_key(limited):

@@ -1,14 +1,13 @@
 -- qwen27b gateway: tokens used per key name, counted from the responses themselves (issue 28).
 --
 -- Run by nginx's Lua module (libnginx-mod-http-lua, from the OS archive) on the gateway host:
---   body_filter  keeps the last TAIL bytes of a response and, at its end, reads its last "usage"
---                object: a completion's, or a stream's final chunk when the client asked for
---                stream_options.include_usage (a stream without it counts as a request, no tokens);
---                the two counts go to $qwen27b_prompt_tokens / $qwen27b_completion_tokens (the
---                request log's fields)
+--   body_filter  reads the last "usage" object of a response as it passes: a completion's, or a
+--                stream's final chunk when the client asked for stream_options.include_usage (a
+--                stream without it counts as a request, no tokens); the two counts go to
+--                $qwen27b_prompt_tokens / $qwen27b_completion_tokens (the request log's fields);
+--                with log_bodies (qwen27b_gateway_log_bodies) it also keeps the first HEAD bytes of
+--                the answer for the request log ($qwen27b_response_body)
 --   log          adds the request to its key's counters in the shared dict qwen27b_usage
---                with log_bodies (qwen27b_gateway_log_bodies) it also keeps the first HEAD bytes of the
---                answer for the request log ($qwen27b_response_body)
 --   budget       (access) refuses a key over its tokens_per_day until midnight UTC: 429, Retry-After;
 --                $qwen27b_limit_tokens says PASSED or REJECTED in the request log
 --   metrics      prints the counters in Prometheus' text format, labelled by key name (never the key)
@@ -16,7 +15,7 @@
 -- a second hop to keep (docs/scale-out.md). Interpreted only (the unit denies W+X memory: no JIT).
 local M = {budgets = {}, log_bodies = false}  -- budgets: key name -> tokens_per_day; both set by the config's init_by_lua
 
-local TAIL = 16384
+local OVERLAP = 600  -- the end of what passed, kept to read a usage object split across two buffers
 local HEAD = 65536  -- the answer's start kept for the request log (journald takes a line this long)
 local FIELDS = {
     {"requests", "qwen27b_gateway_requests_total", "Requests with this client key."},
@@ -27,39 +26,47 @@ local FIELDS = {
     {"seconds", "qwen27b_gateway_request_seconds_total", "Seconds spent answering the key's requests."},
 }
 
-function M.body_filter()
-    local chunk, eof = ngx.arg[1], ngx.arg[2]
-    local ctx = ngx.ctx
-    if chunk and #chunk > 0 then
-        local tail = (ctx.qwen27b_tail or "") .. chunk
-        if #tail > TAIL then
-            tail = string.sub(tail, -TAIL)
-        end
-        ctx.qwen27b_tail = tail
-        local head = ctx.qwen27b_head or ""
-        if M.log_bodies and #head < HEAD then
-            ctx.qwen27b_head = head .. string.sub(chunk, 1, HEAD - #head)
-        end
-    end
-    if not eof then
-        return
-    end
-    local tail, at, from = ctx.qwen27b_tail or "", nil, 1
-    ctx.qwen27b_tail = nil
-    if M.log_bodies then
-        ngx.var.qwen27b_response_body = ctx.qwen27b_head or ""
-    end
+-- the last usage object in `text` into the request's two variables (a later, fuller one wins)
+local function read_usage(text)
+    local at, from = nil, 1
     while true do
-        local i = string.find(tail, '"usage"%s*:%s*{', from)
+        local i = string.find(text, '"usage"%s*:%s*{', from)
         if not i then
             break
         end
         at, from = i, i + 1
     end
-    if at then
-        local usage = string.sub(tail, at, at + 512)
-        ngx.var.qwen27b_prompt_tokens = string.match(usage, '"prompt_tokens"%s*:%s*(%d+)') or ""
-        ngx.var.qwen27b_completion_tokens = string.match(usage, '"completion_tokens"%s*:%s*(%d+)') or ""
+    if not at then
+        return
+    end
+    local usage = string.sub(text, at, at + 512)
+    local prompt = string.match(usage, '"prompt_tokens"%s*:%s*(%d+)')
+    local completion = string.match(usage, '"completion_tokens"%s*:%s*(%d+)')
+    if prompt or completion then
+        ngx.var.qwen27b_prompt_tokens = prompt or ""
+        ngx.var.qwen27b_completion_tokens = completion or ""
+    end
+end
+
+function M.body_filter()
+    local chunk, eof = ngx.arg[1], ngx.arg[2]
+    local ctx = ngx.ctx
+    if chunk and #chunk > 0 then
+        local before = ctx.qwen27b_tail or ""
+        -- read as it passes (with the end of what came before: an object split across two buffers):
+        -- a client that closes right after a stream's [DONE] ends the request before nginx has the
+        -- response's last buffer, and the tokens it was sent must still count
+        local window = before .. chunk
+        read_usage(window)
+        ctx.qwen27b_tail = string.sub(window, -OVERLAP)
+        local head = ctx.qwen27b_head or ""
+        if M.log_bodies and #head < HEAD then
+            ctx.qwen27b_head = head .. string.sub(chunk, 1, HEAD - #head)
+            ngx.var.qwen27b_response_body = ctx.qwen27b_head
+        end
+    end
+    if eof then
+        ctx.qwen27b_tail = nil
     end
 end
 

@@ -520,7 +520,7 @@ def test_tls_from_a_lab_ca_and_a_keys_limits_through_the_openai_client_then_plai
                 counted = after[f'qwen27b_gateway_{kind}_total{{key="{name}"}}'] - before[f'qwen27b_gateway_{kind}_total{{key="{name}"}}']
                 assert counted == sum(getattr(u, kind) for u in answers), (
                     name, kind, counted, answers, [r for r in request_log(gw, 50) if r["key"] == name][-4:],
-                    gw["host"].run("journalctl --no-pager -o cat -u qwen27b-gateway-pool -u qwen27b-gateway -n 40").stdout)
+                    gw["host"].run("journalctl --no-pager -o cat -u qwen27b-gateway-pool -u qwen27b-gateway -n 40 | cat -v").stdout)
         (row,) = gateway_cli(gw, "usage", "--since", "1h")  # the operator's view, from the request log
         assert row["ok"] and row["keys"]["team-b"]["limited"] >= 2, row
         assert row["keys"]["team-b"]["completion_tokens"] >= done.usage.completion_tokens + streamed.completion_tokens, row
