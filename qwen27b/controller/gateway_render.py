@@ -72,8 +72,8 @@ def layout(prefix: str = "") -> dict[str, str]:
         "pool_config": f"{CONFIG_DIR}/backends.json",
         "state_dir": STATE_DIR,
         "upstream_file": f"{STATE_DIR}/upstream.conf",
-        "pool_file": f"{STATE_DIR}/pool.json",
-        "fair_file": f"{STATE_DIR}/fair.conf",  # the watcher's fair share of the pool's slots per key (an include)  # the watcher's record: pool, drained (qwen27b status reads it)
+        "pool_file": f"{STATE_DIR}/pool.json",  # the watcher's record: pool, drained (qwen27b status reads it)
+        "fair_file": f"{STATE_DIR}/fair.conf",  # the watcher's fair share of the pool's slots per key (an include)
         "pid_file": f"{STATE_DIR}/nginx.pid",
         "temp_dir": f"{STATE_DIR}/tmp",
         "drain_dir": f"{STATE_DIR}/drained",
