@@ -11,8 +11,8 @@ on, each leaving the state the next one needs (docs/testhosts.md, "One lab"):
     test_lifecycle_e2e      hosts 1 (A) and 2 (B): day two, B uninstalled at its end
     test_ipv6_e2e           host 1: A moved to its IPv6 address (one restart), left there
     test_sources_e2e        host 1: its checkpoint from an HF mirror, then from ModelScope (down, then up)
-    test_instances_e2e      host 0: from one service to two copies
-    test_scaleout_gateway   last, on three fresh hosts of its own (the lab's services stopped first)
+    test_scaleout_gateway   host 2 (B) the gateway, hosts 0 and 1 its backends (re-keyed, not reinstalled)
+    test_instances_e2e      host 0: from one service (a gateway backend) to two copies, last
 
 Every module still runs alone: its first deploy is then a fresh one. The controller's artifacts
 (wheelhouse, tiny model) and the loopback mirror are built once per run (session fixtures here).
@@ -39,7 +39,7 @@ from revisions import GOOD, GOOD_B
 
 E2E_DIR = Path(__file__).resolve().parent
 LAB_ORDER = ["test_testhosts", "test_deploy", "test_doctor_e2e", "test_faults", "test_prometheus_e2e",
-             "test_lifecycle_e2e", "test_ipv6_e2e", "test_sources_e2e", "test_instances_e2e", "test_scaleout_gateway"]
+             "test_lifecycle_e2e", "test_ipv6_e2e", "test_sources_e2e", "test_scaleout_gateway", "test_instances_e2e"]
 LAB_HOSTS = 3  # host 0 the deployed one; 1 and 2 the lifecycle's pair
 
 

@@ -3,11 +3,12 @@ qwen27b_gateway), the CPU smoke profile on the other two (real vLLM, SmolLM2-135
 `pyinfra <inventory> deploy.py -y`, as a lab would run it, as root (the other modules deploy as
 admin+sudo: both ways proven).
 
-Three fresh hosts of the module's own, last in the tier (tests/e2e/conftest.py LAB_ORDER), the
-lab's services stopped first (memory). The backends are installed fresh here: re-keying the lab's
-already-serving hosts as backends in the same run that starts the gateway once ended with each
-backend's first restart dying and verify rolling it back (the stop-34 clean-clone run; its journal
-was flooded by the pool's /health probes): kept apart until that is understood (closing note).
+The tier's one lab (tests/e2e/conftest.py LAB_ORDER, issue 31): the gateway goes on host 2 (the
+lifecycle's B, which that module leaves uninstalled); its backends are hosts 0 and 1, both already
+serving (the deployed host after doctor, faults and Prometheus; the lifecycle's A after IPv6 and the
+sources), so the first deploy re-keys and re-renders them (one restart each) rather than installing
+again: a lab putting a gateway in front of hosts it already runs. The copies module follows on host
+0. Run alone, the module's first deploy installs both backends fresh.
 
 Three hosts rather than the gateway beside a backend: the inventory keeps one qwen27b deployment
 per machine, and the gateway is cheap (nginx ~10 MB, the watcher ~15 MB: docs/scale-out.md); the
@@ -73,18 +74,17 @@ ROLLOUT_OVERRIDES = {"serve": {**WATCH["qwen27b_stack_overrides"]["serve"],
 
 
 @pytest.fixture(scope="module")
-def gw(own_testhosts, testhosts, mirror, tmp_path_factory):
-    """An inventory: host 0 in the qwen27b_gateway group, hosts 1 and 2 its backends; key files 0600."""
-    for host in testhosts:  # the lab's modules are done: their vLLM servers leave the memory to these
-        host.run("systemctl stop 'qwen27b*.service' 'qwen27b@*.service' 2>/dev/null; true", check=False, timeout=120)
-    hosts = own_testhosts(3, link_peers=True, name="gateway")
+def gw(testhosts, mirror, tmp_path_factory):
+    """An inventory: host 2 in the qwen27b_gateway group, hosts 0 and 1 its backends; key files 0600.
+    After the module the gateway's units stop: its pool's probes leave the copies module's host 0 alone."""
+    hosts = testhosts
     work = tmp_path_factory.mktemp("gateway")
     files = {}
     for name, key in [("backend", BACKEND_KEY), ("team-a", CLIENT_KEYS[0]), ("team-b", f"OPENAI_API_KEY={CLIENT_KEYS[1]}")]:
         files[name] = work / f"{name}.key"
         files[name].write_text(key + "\n")
         files[name].chmod(0o600)
-    gateway, backends = hosts[0], [hosts[1], hosts[2]]
+    gateway, backends = hosts[2], [hosts[0], hosts[1]]
     backend_data = {"qwen27b_profile": "cpu-smoke", "qwen27b_model_source": "mirror",
                     "qwen27b_model_mirror": f"http://127.0.0.1:{mirror.server_address[1]}",
                     "qwen27b_http_proxy": "http://127.0.0.1:3128", "qwen27b_api_key_file": str(files["backend"]),
@@ -102,8 +102,9 @@ def gw(own_testhosts, testhosts, mirror, tmp_path_factory):
         f"qwen27b_gateway = [({gateway.name!r}, {{**_hosts[{gateway.name!r}], **{gateway_data!r}, **GATEWAY_EXTRA}})]\n"
         f"backends = [(n, {{**_hosts[n], **{backend_data!r}, **{{k: v for k, v in EXTRA.items() if k not in GATEWAY_EXTRA}}}}) "
         f"for n in {[b.name for b in backends]!r}]\n")
-    return {"inventory": inventory, "work": work, "logs": [], "host": gateway, "backends": backends,
-            "base": f"http://{gateway.address}:8000", "figures": {}}
+    yield {"inventory": inventory, "work": work, "logs": [], "host": gateway, "backends": backends,
+           "base": f"http://{gateway.address}:8000", "figures": {}}
+    gateway.run("systemctl stop qwen27b-gateway-pool.service qwen27b-gateway.service", check=False, timeout=120)
 
 
 def client(key: str | None = CLIENT_KEYS[0], timeout: float = 120) -> httpx.Client:
