@@ -123,13 +123,19 @@ def serving(result: V.HostResult, key: str | None, say, unit_state, start_timeou
     `watch`: the start-up watchdog (wait_ready). `probe`: the method's own measuring completion (stack
     speculative.<method>.probe: n-gram drafts nothing on the chat), sent between the scrapes too."""
     base = result.url
-    try:
-        result.ready_s = V.wait_ready(base, start_timeout_s, say, unit_state, tick=_load_tick(host.name, unit),
-                                      watch=watch)
-    finally:
-        progress.done(host.name)  # loaded (or not): the checks that follow say their own lines
-    # the rest of the start budget: the unit's warm-up completion (ExecStartPost) runs after /health answers
-    V.wait_active(unit_state, deadline_s=max(60.0, start_timeout_s - result.ready_s))
+    for chance in (1, 2):  # one death during start-up is waited out; the second is a crash loop
+        try:
+            try:
+                result.ready_s = V.wait_ready(base, start_timeout_s, say, unit_state, tick=_load_tick(host.name, unit),
+                                              watch=watch)
+            finally:
+                progress.done(host.name)  # loaded (or not): the checks that follow say their own lines
+            # the rest of the start budget: the unit's warm-up completion (ExecStartPost) runs after /health answers
+            V.wait_active(unit_state, deadline_s=max(60.0, start_timeout_s - result.ready_s))
+            break
+        except V.VerifyFailed as failure:
+            if not failure.crashed or chance == 2 or not _starting_again(result, unit):
+                raise
     V.check_models(base, result.served_name, key)
     before = V.scrape(base, key) if speculative else None
     chat = V.chat_stream(base, result.served_name, key)
@@ -182,6 +188,25 @@ def spec_probe(decision: Decision) -> dict | None:
 
 def _unit_properties(unit: str = SERVICE_UNIT) -> dict:
     return parse_show("\n".join(_remote(show_command(unit, UNIT_PROPERTIES))))
+
+
+def _starting_again(result: V.HostResult, unit: str, timeout_s: float = 120) -> bool:
+    """The service died during start-up: True once systemd has it starting again after one automatic
+    restart (a fluke, e.g. memory or a port the stopped process had not released yet: the restart is
+    what Restart=on-failure is for), noted in result.died_at_start; False once a crash loop is evident
+    (a second death, or the start limit) or after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        props = _unit_properties(unit)
+        if crash_loop(props):
+            return False
+        if props.get("SubState") in ("start", "start-post", "running") and props.get("NRestarts", "0") not in ("", "0"):
+            result.died_at_start = (f"{unit} died once during start-up and systemd restarted it "
+                                    f"(NRestarts {props['NRestarts']}): read `journalctl -u {unit}`")
+            say(f"{result.died_at_start}; waiting for that start (a second death is a crash loop)")
+            return True
+        time.sleep(2)
+    return False
 
 
 def _until_restart_loop_is_evident(say, timeout_s: float = 120, unit: str = SERVICE_UNIT) -> None:

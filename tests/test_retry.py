@@ -373,3 +373,59 @@ def test_verify_judges_ngram_on_its_probe_between_the_scrapes_and_falls_back_to_
     assert result.attempts[0]["measured"]["acceptance"] == (a1 - a0) / (d1 - d0)
     assert f"ngram accepted {a1 - a0:.0f} of {d1 - d0:.0f} drafted" in result.attempts[0]["why"]
     assert verify.spec_probe(run("v100x4-2204-fresh")) is None  # mtp drafts on any text: the chat alone
+
+
+CRASHED = "the service exits during start-up (unit activating/auto-restart): see its journal"
+
+
+def _starts_of(monkeypatch, verify, V, waits, views):
+    """verify.serving() with wait_ready answering `waits` in turn (a float: ready; an exception: raised)
+    and systemd's view of the unit `views` in turn (`systemctl show` properties, as a host reports them)."""
+    waits, views = iter(waits), iter(views)
+
+    def wait_ready(*args, **kwargs):
+        step = next(waits)
+        if isinstance(step, Exception):
+            raise step
+        return step
+
+    monkeypatch.setattr(V, "wait_ready", wait_ready)
+    monkeypatch.setattr(verify, "_unit_properties", lambda unit="qwen27b.service": next(views))
+    monkeypatch.setattr(verify.time, "sleep", lambda s: None)
+    return V.HostResult("gpu-a", url="http://10.0.0.1:8000", served_name="m")
+
+
+DIED = {"ActiveState": "activating", "SubState": "auto-restart", "Result": "exit-code", "NRestarts": "1"}
+AGAIN = {"ActiveState": "activating", "SubState": "start", "Result": "success", "NRestarts": "1"}
+
+
+def test_one_death_during_start_up_is_waited_out_and_named_in_the_report(host_reads, monkeypatch):
+    """A re-keyed host's first start died once and systemd's restart served (the e2e gateway on the
+    lab's hosts, 2026-12-05): verify waits for that start instead of rolling a serving release back."""
+    from qwen27b.controller import postdeploy as V
+    verify, seen = host_reads
+    result = _starts_of(monkeypatch, verify, V, [V.VerifyFailed(CRASHED, crashed=True), 1.5], [DIED, DIED, AGAIN])
+    verify.serving(result, "k", seen["said"].append, lambda: "active/running", 600, False)
+    assert result.ready_s == 1.5 and result.ttft_s == 0.1
+    assert result.died_at_start == ("qwen27b.service died once during start-up and systemd restarted it (NRestarts 1): "
+                                    "read `journalctl -u qwen27b.service`")
+    assert any("a second death is a crash loop" in line for line in seen["said"])
+
+
+def test_a_second_death_or_an_evident_loop_fails_verify_as_a_crash(host_reads, monkeypatch):
+    from qwen27b.controller import postdeploy as V
+    verify, seen = host_reads
+    crash = V.VerifyFailed(CRASHED, crashed=True)
+    result = _starts_of(monkeypatch, verify, V, [crash, crash], [DIED, AGAIN])
+    with pytest.raises(V.VerifyFailed, match="exits during start-up") as second:
+        verify.serving(result, "k", seen["said"].append, lambda: "active/running", 600, False)
+    assert second.value.crashed and result.died_at_start  # the first death noted, the second raised
+    looping = {**DIED, "NRestarts": "2"}  # systemd already restarted it twice: no waiting
+    result = _starts_of(monkeypatch, verify, V, [crash], [looping])
+    with pytest.raises(V.VerifyFailed, match="exits during start-up"):
+        verify.serving(result, "k", seen["said"].append, lambda: "active/running", 600, False)
+    assert not result.died_at_start
+    slow = V.VerifyFailed("not ready after 600 s (GET http://10.0.0.1:8000/health)")  # not a crash: no wait
+    result = _starts_of(monkeypatch, verify, V, [slow], [])
+    with pytest.raises(V.VerifyFailed, match="not ready"):
+        verify.serving(result, "k", seen["said"].append, lambda: "active/running", 600, False)

@@ -58,6 +58,7 @@ class HostResult:
     journal: list[str] = field(default_factory=list)
     health: dict | None = None
     unit: dict | None = None  # systemd's view when verify failed (ActiveState, Result, NRestarts...)
+    died_at_start: str = ""  # the service died once while starting and systemd's restart served (roles/verify.py)
 
 
 TRUSTED: dict[str, ssl.SSLContext] = {}  # an https base URL -> the context that verifies it (trust())
