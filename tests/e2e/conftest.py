@@ -195,30 +195,6 @@ def mirror(artifacts, tmp_path_factory):
     server.shutdown()
 
 
-@pytest.fixture(scope="module")
-def own_testhosts():
-    """Test hosts of a module's own, beside the lab's: `own_testhosts(n, link_peers=True)` ->
-    E2EHosts, all torn down after the module (the gateway's three: see LAB_ORDER)."""
-    reason = _skip_reason()
-    if reason:
-        skip_or_fail_setup(reason)
-    made: list[NspawnHosts] = []
-
-    def make(n: int, link_peers: bool = False, name: str = "own") -> E2EHosts:
-        lab = NspawnHosts(profile=f"pytest-{os.getpid()}-{name}{len(made)}")
-        made.append(lab)
-        lab.up(n)
-        if link_peers:
-            lab.link_peers()
-        return E2EHosts(lab, _e2e_hosts(lab))
-
-    try:
-        yield make
-    finally:
-        for lab in made:
-            lab.down()
-
-
 @pytest.fixture(scope="session")
 def testhost(testhosts) -> E2EHost:
     """The first test host."""
