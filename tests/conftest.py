@@ -32,11 +32,19 @@ FAST_MODULES = {
     "test_templates", "test_templates_multinode",  # templates
 }
 
+# `./run tests` runs the unit tier as two processes side by side, one per core (issue 31): the tests
+# on real servers (marker `servers`: every test of the shared vLLM server, so one process starts it,
+# and the modules driving nginx, Prometheus and the hubs' stand-ins) and the rest.
+SERVER_MODULES = {"test_gateway", "test_gateway_run", "test_prometheus_pipeline", "test_hubs"}
+
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if Path(str(item.fspath)).stem in FAST_MODULES:
+        stem = Path(str(item.fspath)).stem
+        if stem in FAST_MODULES:
             item.add_marker(pytest.mark.fast)
+        if stem in SERVER_MODULES or "vllm_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.servers)
 
 
 VLLM_SERVED_NAME = "smollm2-135m"
