@@ -134,10 +134,10 @@ def serving(result: V.HostResult, key: str | None, say, unit_state, start_timeou
             V.wait_active(unit_state, deadline_s=max(60.0, start_timeout_s - result.ready_s))
             break
         except V.VerifyFailed as failure:
-            if failure.crashed and chance == 2:
-                result.died_at_start = ""  # no fluke: a crash loop, which the report's reason names
-            if not failure.crashed or chance == 2 or not _starting_again(result, unit):
-                raise
+            if failure.crashed and chance == 1 and _starting_again(result, unit):
+                continue
+            result.died_at_start = ""  # not a fluke (a crash loop, named by the report's reason) or no death
+            raise
     V.check_models(base, result.served_name, key)
     before = V.scrape(base, key) if speculative else None
     chat = V.chat_stream(base, result.served_name, key)
