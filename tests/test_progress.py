@@ -127,3 +127,32 @@ def test_the_load_tick_reads_the_named_unit_and_draws_its_line(monkeypatch):
     assert drawn == [("gpu-a", "load     loading weights: shards 2/5, 45 s (unit activating/start-post)")]
     monkeypatch.setattr(verify.progress, "drawing", lambda: False)
     assert verify._load_tick("gpu-a") is None  # not a terminal: no line, no remote read
+
+
+def test_verify_sees_a_started_server_within_one_poll_of_its_health(monkeypatch):
+    """wait_ready on a clock of its own: /health answers 503 until the server's 31st second, then 200.
+    verify must see it within READY_POLL_MAX_S (2 s); with the old backoff to 10 s it saw it at
+    40.8 s (the clean-clone run's reports: starts of ~25-31 s seen at 30.8 or 40.8 s)."""
+    now = [0.0]
+    monkeypatch.setattr(V.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(V.time, "sleep", lambda s: now.__setitem__(0, now[0] + s))
+
+    class Answer:
+        def __init__(self, status):
+            self.status = status
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    def health(url, timeout=10, **kwargs):
+        assert url == "http://h:8000/health"
+        return Answer(200 if now[0] >= 31 else 503)
+
+    monkeypatch.setattr(V, "_request", health)
+    said = []
+    elapsed = V.wait_ready("http://h:8000", 600, say=said.append)
+    assert 31 <= elapsed <= 33
+    assert said and all(line.startswith("loading weights... ") for line in said) and len(said) <= 4

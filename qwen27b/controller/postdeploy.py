@@ -25,6 +25,10 @@ SPEC_DRAFT = re.compile(r"^vllm:spec_decode_num_draft_tokens_total(?:\{[^}]*\})?
 SPEC_ACCEPTED = re.compile(r"^vllm:spec_decode_num_accepted_tokens_total(?:\{[^}]*\})?\s+([0-9.eE+-]+)$", re.M)
 
 
+#: The longest pause between two GETs of /health while a server starts. A GET costs the server
+#: nothing; a longer pause only delays verify's answer: with a backoff to 10 s the CPU profile's
+#: ~25-30 s starts were seen ready at 30.8 or 40.8 s (the clean-clone run's reports, 2026-12-06).
+READY_POLL_MAX_S = 2.0
 CRASHED = ("auto-restart", "failed")  # systemd sub-states of a unit whose process died
 
 
@@ -90,9 +94,9 @@ def _fail_if_crashed(unit: str | None) -> None:
 
 
 def wait_ready(base: str, deadline_s: float, say=print, state=lambda: None, tick=None, watch=None) -> float:
-    """Poll /health with backoff until 200 or the deadline; say progress every ~10 s. With `tick`
-    (a terminal draws the host's progress line): every ~2 s `tick(elapsed)` draws it and returns the
-    unit's state, instead of the lines said. With `watch` (the start-up watchdog): every ~10 s
+    """Poll /health (after 1, 1.5, then every READY_POLL_MAX_S s) until 200 or the deadline; say
+    progress every ~10 s. With `tick` (a terminal draws the host's progress line): at each poll
+    `tick(elapsed)` draws it and returns the unit's state, instead of the lines said. With `watch` (the start-up watchdog): every ~10 s
     `watch(elapsed)` returns the evidence that the start makes no progress (plan/retry.py), or None."""
     started = time.monotonic()
     delay, last_said, last_watched = 1.0, 0.0, 0.0
@@ -118,8 +122,8 @@ def wait_ready(base: str, deadline_s: float, say=print, state=lambda: None, tick
             _fail_if_crashed(unit)
             say(f"loading weights... {elapsed:.0f} s" + (f" (unit {unit})" if unit else ""))
             last_said = elapsed
-        time.sleep(min(delay, 2.0) if tick is not None else delay)
-        delay = min(delay * 1.5, 10)
+        time.sleep(delay)
+        delay = min(delay * 1.5, READY_POLL_MAX_S)
 
 
 SHARDS = re.compile(r"checkpoint shards[^:]*:\s*\d+% Completed \| (\d+)/(\d+)")
