@@ -26,7 +26,7 @@ from qwen27b.controller import progress, runstate, runsummary
 from qwen27b.controller.remote import on_host
 from qwen27b.controller import postdeploy as V
 from qwen27b.onhost.contract import RESTART_LOOP_FINDING, UNIT_PROPERTIES, crash_loop
-from qwen27b.onhost.unit import journal_tail_command, parse_show, show_command
+from qwen27b.onhost.unit import invocation_word, journal_tail_command, parse_show, show_command, state_command
 from qwen27b.plan.gate import Decision
 from qwen27b.plan.hostdata import http_base
 from qwen27b.plan.hostlayout import HostLayout
@@ -100,11 +100,9 @@ def _load_tick(name: str, unit: str = SERVICE_UNIT):
     """On a terminal: the host's line while vLLM loads (its shard count from this start's journal)."""
     if not progress.drawing():
         return None
-    invocation = f"$(systemctl show -p InvocationID --value {unit})"
-
     def tick(elapsed: float) -> str:
-        lines = _remote(f"systemctl show -p ActiveState,SubState --value {unit} | paste -sd/; "
-                        f"journalctl -o cat --no-pager _SYSTEMD_INVOCATION_ID={invocation} 2>/dev/null "
+        lines = _remote(f"{state_command(unit)}; "
+                        f"journalctl -o cat --no-pager _SYSTEMD_INVOCATION_ID={invocation_word(unit)} 2>/dev/null "
                         "| grep -a 'checkpoint shards' | tail -n1")
         state_now = lines[0] if lines else ""
         progress.show(name, V.load_line(elapsed, V.shards(lines[-1] if len(lines) > 1 else ""), state_now))
@@ -257,7 +255,7 @@ def say(message: str) -> None:
 
 
 def unit_state(unit: str = SERVICE_UNIT) -> str:
-    return " ".join(_remote(f"systemctl show -p ActiveState,SubState --value {unit} | paste -sd/"))
+    return " ".join(_remote(state_command(unit)))
 
 
 def _copy_row(decision: Decision, copy: Decision) -> V.HostResult:
@@ -354,9 +352,8 @@ def watchdog(decision: Decision, unit: str = SERVICE_UNIT):
         return None
 
     def watch(_elapsed: float) -> str | None:
-        lines = _remote(f"date +%s.%N; systemctl show -p ActiveState,SubState --value {unit} | paste -sd/; "
-                        f"journalctl -o short-unix --no-pager -n 200 "
-                        f"_SYSTEMD_INVOCATION_ID=$(systemctl show -p InvocationID --value {unit}) 2>/dev/null")
+        lines = _remote(f"date +%s.%N; {state_command(unit)}; journalctl -o short-unix --no-pager -n 200 "
+                        f"_SYSTEMD_INVOCATION_ID={invocation_word(unit)} 2>/dev/null")
         try:
             now = float(lines[0])
         except (IndexError, ValueError):

@@ -17,6 +17,7 @@ from pyinfra.api.facts import FactBase
 
 from qwen27b.controller.facts import FactParseError
 from qwen27b.controller.hostlock import LOCK_FILE
+from qwen27b.onhost.unit import show_command
 from qwen27b.plan.distname import normalize
 from qwen27b.plan.hostdata import INSTANCE_NAME
 
@@ -445,10 +446,11 @@ class DeployedState(FactBase):
 
     def command(self, paths: list[str], units: list[str], accounts: list[str], nft_table: str) -> str:
         q = shlex.quote
+        state = show_command('"$u"', ("ActiveState",), value=True, expand=True)
         return (f"for p in {' '.join(q(p) for p in paths)}; do if [ -e \"$p\" ] || [ -L \"$p\" ]; then "
                 "printf 'path %s %s\\n' \"$(stat -c %U:%G -- \"$p\")\" \"$p\"; fi; done; "
                 f"for u in {' '.join(q(u) for u in units)}; do "
-                "printf 'unit %s %s\\n' \"$u\" \"$(systemctl show -p ActiveState --value \"$u\" 2>/dev/null)\"; done; "
+                f"printf 'unit %s %s\\n' \"$u\" \"$({state} 2>/dev/null)\"; done; "
                 f"for a in {' '.join(q(a) for a in accounts)}; do getent passwd \"$a\" >/dev/null && echo \"user $a\"; "
                 "getent group \"$a\" >/dev/null && echo \"group $a\"; done; "
                 f"if command -v nft >/dev/null 2>&1 && nft list table {nft_table} >/dev/null 2>&1; then "

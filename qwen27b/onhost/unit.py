@@ -10,15 +10,29 @@ from collections.abc import Iterable
 from .contract import UNIT_PROPERTIES
 from .statusfile import write_text_atomic
 
-def show_argv(unit: str, properties: Iterable[str]) -> list[str]:
-    """`systemctl show -p A,B UNIT`: the one way a unit's properties are asked for (the health check
-    here; verify, doctor and status from the controller), read back by parse_show."""
-    return ["systemctl", "show", "-p", ",".join(properties), unit]
+def show_argv(unit: str, properties: Iterable[str], value: bool = False) -> list[str]:
+    """`systemctl show -p A,B [--value] UNIT`: the one way a unit's properties are asked for (the
+    health check here; verify, doctor, status and the uninstall's fact from the controller), read
+    back by parse_show (Key=Value lines) or, with `value`, as the bare values one per line."""
+    return ["systemctl", "show", "-p", ",".join(properties), *(["--value"] if value else []), unit]
 
 
-def show_command(unit: str, properties: Iterable[str]) -> str:
-    """show_argv as a shell command (a unit name holds no character the shell treats specially)."""
-    return shlex.join(show_argv(unit, properties))
+def show_command(unit: str, properties: Iterable[str], value: bool = False, expand: bool = False) -> str:
+    """show_argv as a shell command, `unit` quoted; with `expand`, `unit` is a shell word the shell
+    must expand (a loop's "qwen27b@$n.service") and is passed as it is."""
+    *head, _ = show_argv(unit, properties, value)
+    return f"{shlex.join(head)} {unit if expand else shlex.quote(unit)}"
+
+
+def state_command(unit: str) -> str:
+    """The unit's state on one line, as verify and its progress line say it: "activating/start"."""
+    return f"{show_command(unit, ('ActiveState', 'SubState'), value=True)} | paste -sd/"
+
+
+def invocation_word(unit: str) -> str:
+    """The unit's current InvocationID as a shell word, to read this start's journal only
+    (`journalctl _SYSTEMD_INVOCATION_ID=...`)."""
+    return f"$({show_command(unit, ('InvocationID',), value=True)})"
 
 
 # vLLM's access-log line of a /health probe: `INFO:     10.0.0.1:42322 - "GET /health HTTP/1.1" 200 OK`

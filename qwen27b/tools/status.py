@@ -89,10 +89,10 @@ def copies_command(paths: dict, wants: str = WANTS_DIR) -> str:
     q = shlex.quote
     prefix, _, suffix = HostLayout.of(paths).copy_health_status("NAME").partition("NAME")
     status = f"{q(prefix)}\"$n\"{q(suffix)}"
-    props = " ".join(f"-p {p}" for p in UNIT_PROPS)
+    copy_unit = show_command('"qwen27b@$n.service"', UNIT_PROPS, expand=True)  # the loop's copy $n
     return (f"for f in {q(wants)}/qwen27b@*.service; do [ -e \"$f\" ] || continue; "
             "n=${f##*/qwen27b@}; n=${n%.service}; echo \"copy $n\"; "
-            f"systemctl show {props} \"qwen27b@$n.service\" 2>/dev/null | sed 's/^/unit /'; "
+            f"{copy_unit} 2>/dev/null | sed 's/^/unit /'; "
             f"printf 'health '; head -c {HEALTH_MAX_BYTES} {status} 2>&1 | tr -d '\\n'; echo; done")
 
 
