@@ -41,7 +41,7 @@ from qwen27b.controller.address import host_address, unknown_address
 from qwen27b.plan.hostdata import PREFIX, BadHostData, Settings, lab_address, node_address, with_lab_key
 from qwen27b.plan.inventory import check_listed_once, validate_inventory
 from qwen27b.controller.opsplan import planned_operations
-from qwen27b.controller.remote import SUDO_PASSWORD_NEEDED
+from qwen27b.controller.remote import SUDO_PASSWORD_NEEDED, no_delay
 from qwen27b.controller.report import format_operation_lines, format_plan, format_refusal
 from qwen27b.plan.stack import load_stack
 from qwen27b.plan.serving import GROUP, decide, kind
@@ -101,19 +101,23 @@ def watch_connections() -> None:
     could be reached still ends with a summary: pyinfra stops ("No hosts remaining!") before the
     deploy file, and so preflight, ever runs. paramiko's own tracebacks of a failed handshake
     (printed by Python's last-resort log handler) are dropped: pyinfra's line per host and the
-    summary say it; `--debug-all` still shows them. Only for runs of this project's deploy.py."""
+    summary say it; `--debug-all` still shows them. Only for runs of this project's deploy.py. For
+    every run (rollback and uninstall too): each SSH connection without Nagle's waits (_NoDelay)."""
     check_inventory_file()
-    if not _runs_deploy_py(sys.argv):
-        return
-    logging.getLogger("paramiko").addHandler(logging.NullHandler())
+    deploy_run = _runs_deploy_py(sys.argv)
     run_state = ctx_state.get()
     init = run_state.init  # callbacks can be added only once pyinfra has initialised the State
 
     def init_and_watch(*args, **kwargs):
         init(*args, **kwargs)
-        run_state.add_callback_handler(_ConnectErrors())
+        run_state.add_callback_handler(_NoDelay())  # every run: deploy, rollback, uninstall
+        if deploy_run:
+            run_state.add_callback_handler(_ConnectErrors())
 
     run_state.init = init_and_watch  # this State only (an instance attribute), as factcache hooks get_fact
+    if not deploy_run:
+        return
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())
     _run.update(state=run_state, argv=list(sys.argv), main=gevent.getcurrent())
     atexit.register(_finish_unstarted_run)
 
@@ -137,6 +141,14 @@ def check_inventory_file() -> None:
         return groups
 
     cli_inventory._get_groups_from_filename = read_and_check
+
+
+class _NoDelay(BaseStateCallback):
+    """Each SSH connection without Nagle's 40-ms waits (controller/remote.no_delay)."""
+
+    @staticmethod
+    def host_connect(state, host) -> None:
+        no_delay(host.connector)
 
 
 class _ConnectErrors(BaseStateCallback):

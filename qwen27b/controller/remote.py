@@ -20,6 +20,7 @@ import fnmatch
 import os
 import re
 import secrets
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -170,6 +171,28 @@ def on_host(host, command, *, state=None, connector: dict | None = None, via=Non
                                            **executor)
 
 
+def no_delay(connector) -> bool:
+    """TCP_NODELAY on an SSH connection's own socket; True once set.
+
+    Why: neither paramiko nor pyinfra sets a socket option, so Nagle's algorithm holds each small SSH
+    packet until the one before is acknowledged, and Linux delays that acknowledgement up to 40 ms:
+    every remote command paid it. Measured on a test host over a paramiko connection as pyinfra's
+    (`sudo -H -n sh -c true`, median of 20, 2026-12-06): 52-64 ms with Nagle, 10-18 ms without; a
+    no-op deploy runs ~110 commands per host. OpenSSH's own client sets it for sessions too. Other
+    connectors (@local, @fake, @docker) and a connection through a ProxyCommand or a jump host have
+    no TCP socket here: nothing to do."""
+    client = getattr(connector, "client", None)
+    transport = client.get_transport() if client is not None and hasattr(client, "get_transport") else None
+    sock = getattr(transport, "sock", None)
+    if not isinstance(sock, socket.socket) or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return False
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except OSError:
+        return False
+    return True
+
+
 def side_connection(host):
     """A second SSH connection to `host` (None for other connectors, or when it cannot be made),
     for commands run while one of pyinfra's operations runs on the first.
@@ -188,6 +211,7 @@ def side_connection(host):
         connection.connect()
     except Exception:  # noqa: BLE001 - a side connection is an extra: the caller goes without
         return None
+    no_delay(connection)
     return connection
 
 
@@ -211,6 +235,7 @@ def run_command(state, host, command: str, timeout: int = 60, stdin: str | None 
     except Exception as error:  # a connector may raise anything for bad host data
         answer.error, answer.unreachable = f"{type(error).__name__}: {_one_line(error)}", True
     if answer.error is None:
+        no_delay(host.connector)
         options = {"_timeout": timeout, **({"_stdin": stdin} if stdin is not None else {})}
         try:
             ok, output = on_host(host, command, state=state, **options)
