@@ -190,36 +190,47 @@ def _unit_properties(unit: str = SERVICE_UNIT) -> dict:
     return parse_show("\n".join(_remote(show_command(unit, UNIT_PROPERTIES))))
 
 
+def _restart_watch(unit: str, timeout_s: float = 120, starting_counts: bool = False, said=None) -> dict | None:
+    """Watch systemd restart a unit that died during start-up, every 2 s for up to `timeout_s`: its
+    properties once a crash loop is evident (a second death, or the start limit), or, with
+    `starting_counts`, once it is starting again after one automatic restart; None at the deadline.
+    `said(properties)` whenever its restart count or sub-state changes meanwhile."""
+    deadline, last = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        props = _unit_properties(unit)
+        if crash_loop(props):
+            return props
+        if starting_counts and props.get("SubState") in ("start", "start-post", "running") \
+                and props.get("NRestarts", "0") not in ("", "0"):
+            return props
+        now = (props.get("NRestarts"), props.get("SubState"))
+        if said is not None and now != last:
+            said(props)
+        last = now
+        time.sleep(2)
+    return None
+
+
 def _starting_again(result: V.HostResult, unit: str, timeout_s: float = 120) -> bool:
     """The service died during start-up: True once systemd has it starting again after one automatic
     restart (a fluke, e.g. memory or a port the stopped process had not released yet: the restart is
     what Restart=on-failure is for), noted in result.died_at_start; False once a crash loop is evident
     (a second death, or the start limit) or after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        props = _unit_properties(unit)
-        if crash_loop(props):
-            return False
-        if props.get("SubState") in ("start", "start-post", "running") and props.get("NRestarts", "0") not in ("", "0"):
-            result.died_at_start = (f"{unit} died once during start-up and systemd restarted it "
-                                    f"(NRestarts {props['NRestarts']}): read `journalctl -u {unit}`")
-            say(f"{result.died_at_start}; waiting for that start (a second death is a crash loop)")
-            return True
-        time.sleep(2)
-    return False
+    props = _restart_watch(unit, timeout_s, starting_counts=True)
+    if props is None or crash_loop(props):
+        return False
+    result.died_at_start = (f"{unit} died once during start-up and systemd restarted it "
+                            f"(NRestarts {props['NRestarts']}): read `journalctl -u {unit}`")
+    say(f"{result.died_at_start}; waiting for that start (a second death is a crash loop)")
+    return True
 
 
 def _until_restart_loop_is_evident(say, timeout_s: float = 120, unit: str = SERVICE_UNIT) -> None:
     """A unit that died once may be a fluke: wait (bounded) for systemd's second automatic restart or
     its start limit, so the report, the health check and systemd name the same crash loop."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        props = _unit_properties(unit)
-        if crash_loop(props):
-            return
-        say(f"the service died during start-up; watching systemd restart it "
-            f"({props.get('NRestarts', '?')} restart(s), {props.get('SubState', '?')})")
-        time.sleep(5)
+    _restart_watch(unit, timeout_s, said=lambda props: say(
+        f"the service died during start-up; watching systemd restart it "
+        f"({props.get('NRestarts', '?')} restart(s), {props.get('SubState', '?')})"))
 
 
 def _health_verdict(status_file: str, result: V.HostResult, unit: str = SERVICE_UNIT,

@@ -430,3 +430,19 @@ def test_a_second_death_or_an_evident_loop_fails_verify_as_a_crash(host_reads, m
     result = _starts_of(monkeypatch, verify, V, [slow], [])
     with pytest.raises(V.VerifyFailed, match="not ready"):
         verify.serving(result, "k", seen["said"].append, lambda: "active/running", 600, False)
+
+
+def test_the_crash_loop_watch_says_each_change_once_and_ends_once_the_loop_is_evident(host_reads, monkeypatch):
+    """After a failed start verify watches systemd restart the unit until the loop is evident (the
+    report, the health check and systemd then name the same crash loop): one line per change of its
+    restart count or state, not one per poll; the first death alone is no loop."""
+    from qwen27b.controller import postdeploy as V
+    verify, seen = host_reads
+    looping = {**DIED, "NRestarts": "2"}
+    _starts_of(monkeypatch, verify, V, [], [])
+    views = iter([DIED, DIED, AGAIN, AGAIN, AGAIN, looping, {"NRestarts": "read after the loop"}])
+    monkeypatch.setattr(verify, "_unit_properties", lambda unit="qwen27b.service": next(views))
+    verify._until_restart_loop_is_evident(seen["said"].append)
+    assert seen["said"] == ["the service died during start-up; watching systemd restart it (1 restart(s), auto-restart)",
+                            "the service died during start-up; watching systemd restart it (1 restart(s), start)"]
+    assert next(views) == {"NRestarts": "read after the loop"}  # it stopped at the loop
