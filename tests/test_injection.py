@@ -146,6 +146,8 @@ def test_model_revision_in_two_spellings_is_refused_not_one_silently_winning():
     ({"serve": {"env": {"A": "1\nLD_PRELOAD=/x"}}}, "serve.env"),
     ({"serve": {"env": {"A": "$HOME"}}}, "serve.env"),
     ({"serve": {"env": {"a b": "1"}}}, "serve.env"),
+    ({"serve": {"quiet_endpoints": ["/health", "/x --trust-remote-code"]}}, "serve.quiet_endpoints"),
+    ({"serve": {"quiet_endpoints": ["/health,/v1"]}}, "serve.quiet_endpoints"),  # one path each: the join is ours
     ({"model": {"served_name": "x %n"}}, "model.served_name"),
     ({"model": {"revision": "-rf"}}, "model.revision"),
     ({"model": {"metadata": "../../etc"}}, "model.metadata"),

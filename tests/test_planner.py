@@ -134,6 +134,16 @@ def test_tiny_model_on_cpu():
     assert plan.memory.kv_room == 1 * GiB  # the fixed CPU KV space
 
 
+@pytest.mark.parametrize("profile", ["sm70", "sm75plus", "cpu-smoke"])
+def test_probes_and_scrapes_stay_out_of_vllms_access_log(profile):
+    """A gateway pool probes each backend every second and Prometheus scrapes /metrics: one journal
+    line each without this flag, which every build of the stack takes [vllm-quiet-probes]."""
+    cpu = profile == "cpu-smoke"
+    plan = plan_serve(inputs(profile=profile, **({"gpus": [], "ram": 8 * GiB} if cpu else {})))
+    flag = {f.name: f for f in plan.flags}["--disable-access-log-for-endpoints"]
+    assert flag.value == "/health,/metrics,/ping" and flag.reason.endswith("[vllm-quiet-probes]")
+
+
 def test_tiny_model_refused_on_a_small_box():
     with pytest.raises(PlanRefused, match="too little memory on host RAM"):
         plan_serve(inputs(profile="cpu-smoke", gpus=[], ram=3 * GiB))

@@ -74,7 +74,8 @@ def format_decision(d: Decision) -> str:
                       f"sized on its own GPUs (qwen27b_instances)", ""]
         parts.append(table(["vllm serve flag", "value", "why"],
                            [[f.name + (" (pinned)" if f.pinned else ""), f.value if f.value is not None else "(on)",
-                             f.reason] for f in copy.serve.flags], [28, 44, 60]))
+                             f.reason] for f in copy.serve.flags],
+                           [max([28] + [len(f.name) for f in copy.serve.flags]), 44, 60]))  # a flag is never cut
         parts += ["", table(["memory plan", "size"], [list(r) for r in copy.serve.memory.rows()], [34, 20])]
         if instance is not None and instance != d.copies[-1][0]:
             parts.append("")

@@ -76,6 +76,9 @@ STACK_RULES: dict[str, Rule] = {
     "serve.kv_cache_source": _SOURCE,
     "speculative_auto": Rule(r"mtp|dflash2", "a speculative method the planner may pick (plan/engine.py)", "mtp"),
     "serve.headroom_source": _SOURCE,
+    "serve.quiet_endpoints": Rule(r"/[A-Za-z0-9_/-]{0,63}", "a URL path in --disable-access-log-for-endpoints "
+                                  "(joined with ',' in ExecStart)", "/health"),
+    "serve.quiet_endpoints_source": _SOURCE,
     "serve.liveness.source": _SOURCE,
     "serve.warmup.source": _SOURCE,
     "serve.regression.source": _SOURCE,

@@ -410,6 +410,9 @@ def plan_serve(inp: ServeInputs) -> ServePlan:
         add("--attention-backend", serve["attention_backend"],
             f"the sm_70 build's attention kernels (also non-causal, as the DFlash draft needs) {cite('1cat-vllm')}")
     add("--kv-cache-dtype", *engine.kv_cache_dtype(inp.stack, inp.target, bool(inp.gpus)))
+    if serve.get("quiet_endpoints"):
+        add("--disable-access-log-for-endpoints", ",".join(serve["quiet_endpoints"]),
+            f"no access-log line for a pool's probe each second or a scrape {cite(serve.get('quiet_endpoints_source'))}")
     if serve.get("enforce_eager"):
         add("--enforce-eager", None, f"start-up in under a minute instead of minutes of compiling {cite(serve.get('source'))}")
     spec = inp.speculation
