@@ -96,8 +96,9 @@ def _fail_if_crashed(unit: str | None) -> None:
 def wait_ready(base: str, deadline_s: float, say=print, state=lambda: None, tick=None, watch=None) -> float:
     """Poll /health (after 1, 1.5, then every READY_POLL_MAX_S s) until 200 or the deadline; say
     progress every ~10 s. With `tick` (a terminal draws the host's progress line): at each poll
-    `tick(elapsed)` draws it and returns the unit's state, instead of the lines said. With `watch` (the start-up watchdog): every ~10 s
-    `watch(elapsed)` returns the evidence that the start makes no progress (plan/retry.py), or None."""
+    `tick(elapsed)` draws it and returns the unit's state, instead of the lines said. With `watch`
+    (the start-up watchdog): every ~10 s `watch(elapsed)` returns the evidence that the start makes
+    no progress (plan/retry.py), or None."""
     started = time.monotonic()
     delay, last_said, last_watched = 1.0, 0.0, 0.0
     while True:
