@@ -41,7 +41,7 @@ from qwen27b.controller.address import host_address, unknown_address
 from qwen27b.plan.hostdata import PREFIX, BadHostData, Settings, lab_address, node_address, with_lab_key
 from qwen27b.plan.inventory import check_listed_once, validate_inventory
 from qwen27b.controller.opsplan import planned_operations
-from qwen27b.controller.remote import SUDO_PASSWORD_NEEDED, no_delay
+from qwen27b.controller.remote import SUDO_PASSWORD_NEEDED, no_delay_on_connect
 from qwen27b.controller.report import format_operation_lines, format_plan, format_refusal
 from qwen27b.plan.stack import load_stack
 from qwen27b.plan.serving import GROUP, decide, kind
@@ -102,7 +102,7 @@ def watch_connections() -> None:
     deploy file, and so preflight, ever runs. paramiko's own tracebacks of a failed handshake
     (printed by Python's last-resort log handler) are dropped: pyinfra's line per host and the
     summary say it; `--debug-all` still shows them. Only for runs of this project's deploy.py. For
-    every run (rollback and uninstall too): each SSH connection without Nagle's waits (_NoDelay)."""
+    every run (rollback and uninstall too): each SSH connection without Nagle's waits (remote.no_delay)."""
     check_inventory_file()
     deploy_run = _runs_deploy_py(sys.argv)
     run_state = ctx_state.get()
@@ -110,7 +110,7 @@ def watch_connections() -> None:
 
     def init_and_watch(*args, **kwargs):
         init(*args, **kwargs)
-        run_state.add_callback_handler(_NoDelay())  # every run: deploy, rollback, uninstall
+        no_delay_on_connect(run_state)  # every run: deploy, rollback, uninstall
         if deploy_run:
             run_state.add_callback_handler(_ConnectErrors())
 
@@ -141,14 +141,6 @@ def check_inventory_file() -> None:
         return groups
 
     cli_inventory._get_groups_from_filename = read_and_check
-
-
-class _NoDelay(BaseStateCallback):
-    """Each SSH connection without Nagle's 40-ms waits (controller/remote.no_delay)."""
-
-    @staticmethod
-    def host_connect(state, host) -> None:
-        no_delay(host.connector)
 
 
 class _ConnectErrors(BaseStateCallback):

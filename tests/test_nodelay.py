@@ -1,5 +1,5 @@
 """Each SSH connection without Nagle's algorithm (controller/remote.no_delay, hooked in by config.py
-through roles/preflight.watch_connections): paramiko and pyinfra set no socket option, and each
+through roles/preflight.watch_connections, and by load_inventory for the tools): paramiko and pyinfra set no socket option, and each
 remote command waited up to 40 ms for a delayed acknowledgement (52-64 ms a command on a test host,
 10-18 ms with TCP_NODELAY; the figures are in docs/deploy-bench.md, not asserted here).
 
@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import paramiko
 import pytest
 
+from qwen27b.controller import remote
 from qwen27b.controller.remote import no_delay
 
 
@@ -54,7 +55,7 @@ def test_every_run_sets_each_host_no_delay_as_it_connects(monkeypatch, deploy_fi
     from roles import preflight
 
     seen = []
-    monkeypatch.setattr(preflight, "no_delay", seen.append)
+    monkeypatch.setattr(remote, "no_delay", seen.append)
     monkeypatch.setattr(preflight, "check_inventory_file", lambda: None)
     monkeypatch.setattr(preflight, "_run", {})
     monkeypatch.setattr(preflight.atexit, "register", lambda *a, **k: None)
@@ -67,3 +68,14 @@ def test_every_run_sets_each_host_no_delay_as_it_connects(monkeypatch, deploy_fi
         local = inventory.get_host("@local")
         local.connect()
     assert seen == [local.connector]
+
+
+def test_the_tools_set_each_host_no_delay_as_it_connects(monkeypatch, tmp_path):
+    """`qwen27b status`, doctor, the gateway's drain...: their State comes from load_inventory, and a
+    command run there connects the host through pyinfra (run_command)."""
+    seen = []
+    monkeypatch.setattr(remote, "no_delay", seen.append)
+    (tmp_path / "inventory.py").write_text('hosts = ["@local"]\n')
+    state, hosts = remote.load_inventory(str(tmp_path / "inventory.py"), cwd=str(tmp_path))
+    answer = remote.run_command(state, hosts[0], "true")
+    assert answer.ok and seen == [hosts[0].connector]

@@ -102,6 +102,7 @@ def load_inventory(path: str, limit: list[str] | None = None, cwd: str | None = 
             chosen.update(matched)
         hosts = [h for h in hosts if h in chosen]
     state.init(inventory, Config(PARALLEL=parallel) if parallel else Config(), initial_limit=hosts if limit else None)
+    no_delay_on_connect(state)
     return state, hosts
 
 
@@ -193,6 +194,19 @@ def no_delay(connector) -> bool:
     return True
 
 
+def no_delay_on_connect(state) -> None:
+    """no_delay for every host `state` connects from now on (a pyinfra callback on host_connect):
+    the deploy's State (config.py, roles/preflight.watch_connections) and the tools' (load_inventory)."""
+    from pyinfra.api.state import BaseStateCallback
+
+    class NoDelay(BaseStateCallback):
+        @staticmethod
+        def host_connect(state, host) -> None:
+            no_delay(host.connector)
+
+    state.add_callback_handler(NoDelay())
+
+
 def side_connection(host):
     """A second SSH connection to `host` (None for other connectors, or when it cannot be made),
     for commands run while one of pyinfra's operations runs on the first.
@@ -235,7 +249,6 @@ def run_command(state, host, command: str, timeout: int = 60, stdin: str | None 
     except Exception as error:  # a connector may raise anything for bad host data
         answer.error, answer.unreachable = f"{type(error).__name__}: {_one_line(error)}", True
     if answer.error is None:
-        no_delay(host.connector)
         options = {"_timeout": timeout, **({"_stdin": stdin} if stdin is not None else {})}
         try:
             ok, output = on_host(host, command, state=state, **options)
