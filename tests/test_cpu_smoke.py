@@ -204,8 +204,17 @@ def test_serve_command_argv():
     assert pairs["--dtype"] == "bfloat16"
     assert pairs["--max-model-len"] == "2048"
     assert pairs["--max-num-seqs"] == "4"
-    assert argv[-1] == "--enforce-eager"
+    assert "--enforce-eager" in argv and pairs["--distributed-executor-backend"] == "uni"
     assert all(isinstance(a, str) for a in argv)
+
+
+def test_the_local_server_starts_as_the_cpu_profile_plans():
+    """The unit tier's server (this argv and env) and the deployed CPU smoke service (the stack's
+    profile, through the planner) run vLLM's worker the same way: one fact, two users."""
+    from qwen27b.plan.stack import load_stack
+    serve = load_stack()["profiles"]["cpu-smoke"]["serve"]
+    assert cb.ONE_PROCESS_WORKER_FLAG == ("--distributed-executor-backend", serve["executor"])
+    assert cb.ONE_PROCESS_WORKER_ENV.items() <= {k: str(v) for k, v in serve["env"].items()}.items()
 
 
 def test_serve_command_defaults():
@@ -222,6 +231,7 @@ def test_serve_env():
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "VLLM_CACHE_ROOT": "/var/cache/vllm",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     }
     assert all(isinstance(v, str) for v in env.values())
 

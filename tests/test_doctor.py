@@ -21,7 +21,7 @@ from qwen27b.onhost.unit import parse_show
 from qwen27b.tools import cli
 
 from qwen27b.tools import doctor
-from qwen27b.tools.doctor import FAIL, INFO, OK, SKIP, WARN, HostSnapshot, collection, context, diagnose, journal, parse
+from qwen27b.tools.doctor import FAIL, INFO, OK, SKIP, WARN, HostSnapshot, collection, context, diagnose, journal, model, parse
 from qwen27b.plan import gate
 from qwen27b.plan.hostdata import settings_for
 from qwen27b.plan.stack import load_stack
@@ -135,17 +135,18 @@ def test_recovered_failure_is_a_warning_in_its_step():
 
 def test_real_restored_host_keeps_the_injected_faults_as_history():
     """Serving again after the injected faults and a deliberate start: all ok, the failures before
-    that start are one line of history (info), not a warning (journal.txt only: split at 'Starting')."""
+    that start are one line of history (info), not a warning (journal.txt only: split at 'Starting';
+    the bad flag's 300 lines of usage leave only its own run in the 400-entry window)."""
     rep = report("real-cpu-restored")
     assert rep.first_failure is None and rep.status == OK
     assert rep.headline().startswith("doctor: all ")
     assert verdicts(rep, 1)["service"] == OK
     history = next(c for c in rep.checks if c.check == "journal: history")
     assert history.verdict == INFO and history.step == 1
-    assert "3 earlier run(s)" in history.evidence and "max_position_embeddings -> step 4" in history.evidence
-    assert "journal: max len beyond model" not in verdicts(rep, 4)  # history is not judged again in its step
+    assert "1 earlier run(s)" in history.evidence and "rejected a command-line flag -> step 4" in history.evidence
+    assert "journal: bad flag" not in verdicts(rep, 4)  # history is not judged again in its step
     assert verdicts(rep, 4)["flags vs plan"] == OK  # the drop-in is gone
-    assert rep.symptom["state"] == "serving" and rep.symptom["history"] == 3
+    assert rep.symptom["state"] == "serving" and rep.symptom["history"] == 1
 
 
 def test_real_shutdown_noise_is_not_a_failure():
@@ -451,7 +452,7 @@ def test_real_invocations_recorded_on_a_test_host():
     assert ctx.view.current is ctx.runs[-1] and ctx.view.current.invocation == ctx.unit["InvocationID"]
     assert ctx.view.chain == [ctx.view.current] and ctx.view.failing is ctx.view.current
     assert [r.cause.pattern.kind if r.cause else None for r in ctx.view.history] == [
-        None, "module_missing", "max_len_beyond_model"]  # the oldest cut by the window: failed, no cause seen
+        "bad_config", "module_missing", "max_len_beyond_model"]  # the first fault's run is beyond the window
     rep = report("real-cpu-bad-flag")
     history = next(c for c in rep.checks if c.check == "journal: history")
     assert history.verdict == INFO and "3 earlier run(s)" in history.evidence and "-> step 4" in history.evidence
@@ -574,6 +575,31 @@ def test_snapshot_keeps_journal_json_compact(tmp_path):
     saved = (tmp_path / "h" / "journal.json").read_text()
     assert "__CURSOR" not in saved and "_SYSTEMD_INVOCATION_ID" in saved
     assert diagnose(HostSnapshot.load(tmp_path / "h"), STACK).as_dict() == diagnose(snap, STACK).as_dict()
+
+
+def test_a_saved_host_with_an_api_key_replays_as_it_was_checked(tmp_path):
+    """A live doctor plans with the deploy's key file (the lab key, apikey.py): the route guard's
+    --middleware. Its saved snapshot keeps that there was a key file, never its path or contents,
+    and its replay plans the same (before, the replay of a healthy saved host warned 'flags vs plan')."""
+    key = tmp_path / "api.key"
+    key.write_text("VLLM_API_KEY=sk-qwen27b-test-only-0123456789\n")
+    key.chmod(0o600)
+    live = HostSnapshot.load(JOURNALS / "real-cpu-healthy")
+    live.data = {**live.data, "qwen27b_api_key_file": str(key)}
+    assert diagnose(live, STACK).status == OK
+    live.save(tmp_path / "saved")
+    saved = (tmp_path / "saved" / "snapshot.json").read_text()
+    assert str(key) not in saved and "sk-qwen27b" not in saved
+    assert json.loads(saved)["data"]["qwen27b_api_key_file"] == model.KEPT_ON_CONTROLLER
+    replay = HostSnapshot.load(tmp_path / "saved")
+    ctx = context.Ctx(replay, STACK)
+    assert ctx.settings_error is None and ctx.settings.api_key_file == model.KEPT_ON_CONTROLLER
+    assert diagnose(replay, STACK).as_dict() == diagnose(live, STACK).as_dict()
+    # without the key the plan has no route guard, and the running --middleware is a difference
+    open_api = HostSnapshot.load(tmp_path / "saved")
+    open_api.data = {k: v for k, v in open_api.data.items() if k != "qwen27b_api_key_file"}
+    (check,) = [c for c in diagnose(open_api, STACK).checks if c.check == "flags vs plan"]
+    assert check.verdict == WARN and "--middleware: running" in check.evidence
 
 
 def test_collection_reads_invocation_ids():

@@ -130,18 +130,28 @@ def test_tiny_model_on_cpu():
     assert not plan.has("--tensor-parallel-size") and not plan.has("--speculative-config")
     assert plan.value("--dtype") == "bfloat16" and plan.has("--enforce-eager")
     assert plan.value("--max-model-len") == "2048" and not plan.has("--mamba-cache-mode")
-    assert plan.env == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    assert plan.env == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+                        "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     assert plan.memory.kv_room == 1 * GiB  # the fixed CPU KV space
+    # the worker in the engine core's process: vLLM's CPU platform keeps `uni` only with the variable 0
+    executor = {f.name: f for f in plan.flags}["--distributed-executor-backend"]
+    assert executor.value == "uni" and executor.reason.endswith("[cpu-uni-executor]")
+
+
+@pytest.mark.parametrize("profile", ["sm70", "sm75plus"])
+def test_gpu_profiles_leave_vllms_executor_to_vllm(profile):
+    """One GPU: vLLM's own uni executor; a TP group: its multiprocess one. Neither profile pins it."""
+    plan = plan_serve(inputs(profile=profile))
+    assert not plan.has("--distributed-executor-backend") and "VLLM_ENABLE_V1_MULTIPROCESSING" not in plan.env
 
 
 @pytest.mark.parametrize("profile", ["sm70", "sm75plus"])
 def test_probes_and_scrapes_stay_out_of_vllms_access_log(profile):
     """A gateway pool probes each backend every second and Prometheus scrapes /metrics: one journal
-    line each without this flag, which the GPU builds take [vllm-quiet-probes]. The CPU smoke
-    profile leaves it out while doctor's real CPU recordings predate it (stack.yaml says so)."""
-    flag = {f.name: f for f in plan_serve(inputs(profile=profile)).flags}["--disable-access-log-for-endpoints"]
-    assert flag.value == "/health,/metrics,/ping" and flag.reason.endswith("[vllm-quiet-probes]")
-    assert not plan_serve(inputs(profile="cpu-smoke", gpus=[], ram=8 * GiB)).has("--disable-access-log-for-endpoints")
+    line each without this flag, which every build takes [vllm-quiet-probes]."""
+    for plan in plan_serve(inputs(profile=profile)), plan_serve(inputs(profile="cpu-smoke", gpus=[], ram=8 * GiB)):
+        flag = {f.name: f for f in plan.flags}["--disable-access-log-for-endpoints"]
+        assert flag.value == "/health,/metrics,/ping" and flag.reason.endswith("[vllm-quiet-probes]")
 
 
 def test_tiny_model_refused_on_a_small_box():

@@ -52,6 +52,12 @@ SERVE_MAX_MODEL_LEN = 2048
 SERVE_MAX_NUM_SEQS = 4
 #: KV cache on CPU, in GiB (VLLM_CPU_KVCACHE_SPACE).
 KV_CACHE_GIB = 1
+#: The worker inside the engine-core process: two processes, not three (the stack's CPU smoke
+#: profile, serve.executor and serve.env, [cpu-uni-executor]; tests/test_cpu_smoke.py keeps the two
+#: alike). vLLM's CPU platform turns ``uni`` back into its multiprocess executor unless the
+#: variable is 0 too.
+ONE_PROCESS_WORKER_FLAG = ("--distributed-executor-backend", "uni")
+ONE_PROCESS_WORKER_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 SHA256SUMS = "SHA256SUMS"
 
@@ -130,6 +136,8 @@ def serve_command(venv: str, model_dir: str, served_name: str = SERVED_MODEL_NAM
     - ``--enforce-eager``: start-up to /health 33-45 s; without it torch.compile made it
       119-174 s and its cache reload failed, recompiling on every start.  (The V100 profile
       must NOT do this: CUDA graphs matter there.)
+    - ``--distributed-executor-backend uni`` (with :data:`ONE_PROCESS_WORKER_ENV`): no third process
+      importing torch and vLLM again; start-up 27-35 -> 19-20 s here (benchmarks/cpu_start.py).
     """
     return [f"{venv}/bin/vllm", "serve", model_dir,
             "--served-model-name", served_name,
@@ -137,7 +145,7 @@ def serve_command(venv: str, model_dir: str, served_name: str = SERVED_MODEL_NAM
             "--dtype", SERVE_DTYPE,
             "--max-model-len", str(SERVE_MAX_MODEL_LEN),
             "--max-num-seqs", str(SERVE_MAX_NUM_SEQS),
-            "--enforce-eager"]
+            "--enforce-eager", *ONE_PROCESS_WORKER_FLAG]
 
 
 def serve_env(cache_dir: str) -> dict[str, str]:
@@ -148,6 +156,8 @@ def serve_env(cache_dir: str) -> dict[str, str]:
     - HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE: the model is a local dir; hosts have no hub.
     - VLLM_NO_USAGE_STATS / DO_NOT_TRACK: no telemetry calls from an offline host.
     - VLLM_CACHE_ROOT: a writable dir owned by the service (default is ~/.cache/vllm).
+    - VLLM_ENABLE_V1_MULTIPROCESSING=0: with ``--distributed-executor-backend uni``, the worker in
+      the engine-core process (:data:`ONE_PROCESS_WORKER_FLAG`).
     """
     return {
         "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB),
@@ -156,6 +166,7 @@ def serve_env(cache_dir: str) -> dict[str, str]:
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "VLLM_CACHE_ROOT": str(cache_dir),
+        **ONE_PROCESS_WORKER_ENV,
     }
 
 

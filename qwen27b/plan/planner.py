@@ -413,6 +413,9 @@ def plan_serve(inp: ServeInputs) -> ServePlan:
     if serve.get("quiet_endpoints"):
         add("--disable-access-log-for-endpoints", ",".join(serve["quiet_endpoints"]),
             f"no access-log line for a pool's probe each second or a scrape {cite(serve.get('quiet_endpoints_source'))}")
+    if serve.get("executor"):
+        add("--distributed-executor-backend", serve["executor"],
+            f"the worker inside the engine-core process: one process fewer to start {cite(serve.get('executor_source'))}")
     if serve.get("enforce_eager"):
         add("--enforce-eager", None, f"start-up in under a minute instead of minutes of compiling {cite(serve.get('source'))}")
     spec = inp.speculation

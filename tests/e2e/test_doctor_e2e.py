@@ -168,7 +168,9 @@ def deployed(lab):
     TIMES["deploy"] = time.monotonic() - started
     assert rc == 0, out[-4000:]
     wait_healthy(lab["base"])
-    host.run("systemctl stop qwen27b-health.timer")
+    # one health check run to its end (a oneshot: start returns when it is done) before the timer is
+    # paused: a fresh deploy can finish before the timer's first check (status then has no verdict)
+    host.run("systemctl start qwen27b-health.service; systemctl stop qwen27b-health.timer", timeout=120)
     try:
         yield lab
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 from qwen27b.controller import facts as F
 from qwen27b.controller.gate_facts import build_host_facts
@@ -19,7 +20,7 @@ from qwen27b.plan.serving import decide
 from qwen27b.plan.stack import StackError, gpu_spec, profile_for_compute_capability, resolve_stack
 
 from .journal import Finding, JournalView, Run, journal_entries, journal_lines, split_invocations, split_runs
-from .model import COPY_ENV, FAIL, STEPS, WARN, Check, HostSnapshot
+from .model import COPY_ENV, FAIL, KEPT_ON_CONTROLLER, SECRET_FILE_KEYS, STEPS, WARN, Check, HostSnapshot
 from .parse import env_file, expand_env, parse_metrics, parse_model, running_flags
 
 
@@ -59,8 +60,11 @@ class Ctx:
         self.snap, self.stack = snap, stack
         self.data = snap.data or {}
         self.settings_error: str | None = None
+        # a saved snapshot's secret files stayed on the controller that saved it: planned with, not read
+        kept = {k: KEPT_ON_CONTROLLER for k in SECRET_FILE_KEYS if self.data.get(k) == KEPT_ON_CONTROLLER}
         try:
-            self.settings = settings_for(snap.host, self.data)
+            self.settings = settings_for(snap.host, {k: v for k, v in self.data.items() if k not in kept})
+            self.settings = replace(self.settings, **{k[len("qwen27b_"):]: v for k, v in kept.items()})
         except BadHostData as error:
             self.settings, self.settings_error = Settings(profile=self.data.get("qwen27b_profile")), str(error)
         self.facts = host_facts(snap)

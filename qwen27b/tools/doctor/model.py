@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from qwen27b.onhost.contract import SERVICE_UNIT
-from qwen27b.plan.hostdata import INSTANCE_NAME, INSTANCES_KEY, URL_KEYS, redact_url
+from qwen27b.plan.hostdata import INSTANCE_NAME, INSTANCES_KEY, OPEN_API, URL_KEYS, redact_url
 
 from .journal import compact_journal_json
 from .parse import METRIC_FAMILIES
@@ -39,6 +39,12 @@ def plain_key(key: str) -> str:
     """journal@b.json -> journal.json (what a key holds, whichever copy it is of)."""
     stem, dot, ext = key.rpartition(".")
     return f"{stem.split('@', 1)[0]}{dot}{ext}" if "@" in stem else key
+
+
+#: A saved snapshot's value for a controller-side secret file: the deploy had one, its path and
+#: contents stayed behind (context.Ctx plans with it as the deploy did, without reading it).
+KEPT_ON_CONTROLLER = "(kept on the controller)"
+SECRET_FILE_KEYS = ("qwen27b_api_key_file", "qwen27b_hf_token_file")
 
 
 @dataclass
@@ -102,10 +108,13 @@ class HostSnapshot:
             elif plain_key(key) == "journal.json":
                 text = compact_journal_json(text)
             (directory / key).write_text(text + ("\n" if text and not text.endswith("\n") else ""), encoding="utf-8")
-        # the host data that drives decisions; controller-side secret file paths stay behind
+        # the host data that drives decisions (URL passwords as ***); a controller-side secret file
+        # is kept as the fact that there was one (the plan's route guard comes with the API key)
         data = {k: redact_url(v) if isinstance(v, str) and k[len("qwen27b_"):] in URL_KEYS else v
-                for k, v in self.data.items() if k.startswith(("qwen27b_", "ssh_hostname"))
-                and k not in ("qwen27b_api_key_file", "qwen27b_hf_token_file")}  # URL passwords as ***
+                for k, v in self.data.items() if k.startswith(("qwen27b_", "ssh_hostname"))}
+        for key in SECRET_FILE_KEYS:
+            if data.get(key) not in (None, OPEN_API):
+                data[key] = KEPT_ON_CONTROLLER
         meta = {"host": self.host, "codes": {k: v for k, v in self.codes.items() if v}, "error": self.error,
                 "data": data, "reached": self.reached}
         (directory / "snapshot.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
