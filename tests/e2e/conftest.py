@@ -63,6 +63,26 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
+MODULE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Each e2e module's wall time (setup, call and teardown of its tests, its module fixtures' too)."""
+    path = Path(report.fspath)
+    if path.parent.name == E2E_DIR.name:
+        MODULE_SECONDS[path.stem] = MODULE_SECONDS.get(path.stem, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Issue 31's figures per module, as docs/testhosts.md gives them: one table, not the durations' list."""
+    if not MODULE_SECONDS:
+        return
+    terminalreporter.section("e2e time per module (s)")
+    for module, seconds in sorted(MODULE_SECONDS.items(), key=lambda item: -item[1]):
+        terminalreporter.write_line(f"{module:28} {seconds:7.0f}")
+    terminalreporter.write_line(f"{'all':28} {sum(MODULE_SECONDS.values()):7.0f}")
+
+
 @dataclass
 class E2EHost:
     name: str
