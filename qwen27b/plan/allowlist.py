@@ -79,8 +79,8 @@ STACK_RULES: dict[str, Rule] = {
     "serve.quiet_endpoints": Rule(r"/[A-Za-z0-9_/-]{0,63}", "a URL path in --disable-access-log-for-endpoints "
                                   "(joined with ',' in ExecStart)", "/health"),
     "serve.quiet_endpoints_source": _SOURCE,
-    "serve.executor": Rule(r"uni|mp", "--distributed-executor-backend in ExecStart (one host's executor; a serving "
-                           "group's ray comes from plan/multinode.py)", "uni"),
+    "serve.executor": Rule(r"uni|mp", "--distributed-executor-backend in ExecStart (the CPU profile only: "
+                           "no profile a serving group can use has it)", "uni"),
     "serve.executor_source": _SOURCE,
     "serve.liveness.source": _SOURCE,
     "serve.warmup.source": _SOURCE,

@@ -158,8 +158,6 @@ class Pipeline:
         serve, stage = min(plans, key=tightness)
         flags: list[Flag] = []
         for flag in serve.flags:
-            if flag.name == "--distributed-executor-backend":
-                continue  # one host's executor (stack serve.executor): the group's is Ray, below
             flags.append(flag)
             if flag.name == "--tensor-parallel-size":
                 flags.append(Flag("--pipeline-parallel-size", str(self.size),

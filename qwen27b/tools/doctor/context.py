@@ -13,7 +13,7 @@ from qwen27b.onhost.gpu import own_xids
 from qwen27b.onhost.unit import parse_show
 from qwen27b.plan.gate import HostFacts, RefusedHost
 from qwen27b.controller.address import STATED as ADDRESS_REASON
-from qwen27b.plan.hostdata import BadHostData, Settings, lab_address, settings_for
+from qwen27b.plan.hostdata import PREFIX, BadHostData, Settings, lab_address, settings_for
 
 REACHED_REASON = "the address the controller's SSH connection reached the host at, not every interface"
 from qwen27b.plan.serving import decide
@@ -61,10 +61,10 @@ class Ctx:
         self.data = snap.data or {}
         self.settings_error: str | None = None
         # a saved snapshot's secret files stayed on the controller that saved it: planned with, not read
-        kept = {k: KEPT_ON_CONTROLLER for k in SECRET_FILE_KEYS if self.data.get(k) == KEPT_ON_CONTROLLER}
+        kept = [k for k in SECRET_FILE_KEYS if self.data.get(k) == KEPT_ON_CONTROLLER]
         try:
             self.settings = settings_for(snap.host, {k: v for k, v in self.data.items() if k not in kept})
-            self.settings = replace(self.settings, **{k[len("qwen27b_"):]: v for k, v in kept.items()})
+            self.settings = replace(self.settings, **{k[len(PREFIX):]: KEPT_ON_CONTROLLER for k in kept})
         except BadHostData as error:
             self.settings, self.settings_error = Settings(profile=self.data.get("qwen27b_profile")), str(error)
         self.facts = host_facts(snap)
