@@ -210,11 +210,12 @@ def test_serve_command_argv():
 
 def test_the_local_server_starts_as_the_cpu_profile_plans():
     """The unit tier's server (this argv and env) and the deployed CPU smoke service (the stack's
-    profile, through the planner) run vLLM's worker the same way: one fact, two users."""
+    profile, through the planner) run vLLM's worker and its OpenMP threads the same way: one fact, two users."""
     from qwen27b.plan.stack import load_stack
     serve = load_stack()["profiles"]["cpu-smoke"]["serve"]
     assert cb.ONE_PROCESS_WORKER_FLAG == ("--distributed-executor-backend", serve["executor"])
     assert cb.ONE_PROCESS_WORKER_ENV.items() <= {k: str(v) for k, v in serve["env"].items()}.items()
+    assert cb.ONE_OMP_THREAD_ENV == {"OMP_NUM_THREADS": str(serve["omp_threads"])}
 
 
 def test_serve_command_defaults():
@@ -232,6 +233,7 @@ def test_serve_env():
         "DO_NOT_TRACK": "1",
         "VLLM_CACHE_ROOT": "/var/cache/vllm",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "OMP_NUM_THREADS": "1",
     }
     assert all(isinstance(v, str) for v in env.values())
 

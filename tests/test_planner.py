@@ -131,7 +131,8 @@ def test_tiny_model_on_cpu():
     assert plan.value("--dtype") == "bfloat16" and plan.has("--enforce-eager")
     assert plan.value("--max-model-len") == "2048" and not plan.has("--mamba-cache-mode")
     assert plan.env == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-                        "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+                        "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
+    assert any(n.startswith("OMP_NUM_THREADS=1:") and n.endswith("[cpu-one-omp-thread]") for n in plan.notes)
     assert plan.memory.kv_room == 1 * GiB  # the fixed CPU KV space
     # the worker in the engine core's process: vLLM's CPU platform keeps `uni` only with the variable 0
     executor = {f.name: f for f in plan.flags}["--distributed-executor-backend"]

@@ -58,6 +58,9 @@ KV_CACHE_GIB = 1
 #: variable is 0 too.
 ONE_PROCESS_WORKER_FLAG = ("--distributed-executor-backend", "uni")
 ONE_PROCESS_WORKER_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+#: One OpenMP thread, as the stack's CPU smoke profile runs its engine (serve.omp_threads,
+#: [cpu-one-omp-thread]): two spinning threads cost 4x the CPU on shared cores.
+ONE_OMP_THREAD_ENV = {"OMP_NUM_THREADS": "1"}
 
 SHA256SUMS = "SHA256SUMS"
 
@@ -158,6 +161,7 @@ def serve_env(cache_dir: str) -> dict[str, str]:
     - VLLM_CACHE_ROOT: a writable dir owned by the service (default is ~/.cache/vllm).
     - VLLM_ENABLE_V1_MULTIPROCESSING=0: with ``--distributed-executor-backend uni``, the worker in
       the engine-core process (:data:`ONE_PROCESS_WORKER_FLAG`).
+    - OMP_NUM_THREADS=1: :data:`ONE_OMP_THREAD_ENV`.
     """
     return {
         "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB),
@@ -167,6 +171,7 @@ def serve_env(cache_dir: str) -> dict[str, str]:
         "DO_NOT_TRACK": "1",
         "VLLM_CACHE_ROOT": str(cache_dir),
         **ONE_PROCESS_WORKER_ENV,
+        **ONE_OMP_THREAD_ENV,
     }
 
 

@@ -82,6 +82,7 @@ STACK_RULES: dict[str, Rule] = {
     "serve.executor": Rule(r"uni|mp", "--distributed-executor-backend in ExecStart (the CPU profile only: "
                            "no profile a serving group can use has it)", "uni"),
     "serve.executor_source": _SOURCE,
+    "serve.omp_threads_source": _SOURCE,
     "serve.liveness.source": _SOURCE,
     "serve.warmup.source": _SOURCE,
     "serve.regression.source": _SOURCE,

@@ -450,6 +450,10 @@ def plan_serve(inp: ServeInputs) -> ServePlan:
         flags.append(Flag(name, None if value is True else str(value), "pinned in host data (qwen27b_serve_flags)", True))
 
     env = {str(k): str(v) for k, v in (serve.get("env") or {}).items()}
+    if serve.get("omp_threads"):
+        env["OMP_NUM_THREADS"] = str(int(serve["omp_threads"]))
+        notes.append(f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']}: the engine's OpenMP threads; more spin at each "
+                     f"barrier and on shared cores wait for each other {cite(serve.get('omp_threads_source'))}")
     if inp.gpus:
         env.update(all_reduce.env)
     notes.append("API key: VLLM_API_KEY from a 0600 env file, never a flag (flags show in ps and systemctl status)")

@@ -1,10 +1,11 @@
 """Fixtures for end-to-end tests on throwaway real hosts (tests.support.testhosts).
 
-One lab for the whole tier (issue 31): `testhosts` (session scope) boots three Debian 12 hosts
-running real systemd in systemd-nspawn, each in its own network namespace, reachable over SSH and
-reaching each other as on a lab LAN, and always tears them down again (also on failure, Ctrl-C or
-SIGTERM). $QWEN27B_TESTHOSTS_N sets another count. The modules run in LAB_ORDER and pass the hosts
-on, each leaving the state the next one needs (docs/testhosts.md, "One lab"):
+One lab for the whole tier (issue 31): `testhosts` (session scope) boots as many Debian 12 hosts as
+the selected modules need (LAB_HOSTS: three for the whole tier), running real systemd in
+systemd-nspawn, each in its own network namespace, reachable over SSH and reaching each other as on a
+lab LAN, and always tears them down again (also on failure, Ctrl-C or SIGTERM). $QWEN27B_TESTHOSTS_N
+sets another count. The modules run in LAB_ORDER and pass the hosts on, each leaving the state the
+next one needs (docs/testhosts.md, "One lab"):
 
     test_testhosts          the harness itself, first: a broken harness fails in a minute
     test_deploy ..          host 0: the fresh deploy as admin+sudo, then doctor, faults, Prometheus
@@ -14,8 +15,9 @@ on, each leaving the state the next one needs (docs/testhosts.md, "One lab"):
     test_scaleout_gateway   host 2 (B) the gateway, hosts 0 and 1 its backends (re-keyed, not reinstalled)
     test_instances_e2e      host 0: from one service (a gateway backend) to two copies, last
 
-Every module still runs alone: its first deploy is then a fresh one. The controller's artifacts
-(wheelhouse, tiny model) and the loopback mirror are built once per run (session fixtures here).
+Every module still runs alone: its first deploy is then a fresh one, on a lab of the hosts it needs.
+The controller's artifacts (wheelhouse, tiny model) and the loopback mirror are built once per run
+(session fixtures here).
 
 Each pytest process uses its own profile (state dir), so it does not touch hosts brought up
 with the CLI (`python3 -m tests.support.testhosts up`), nor those of another pytest run.
@@ -40,7 +42,13 @@ from revisions import GOOD, GOOD_B
 E2E_DIR = Path(__file__).resolve().parent
 LAB_ORDER = ["test_testhosts", "test_deploy", "test_doctor_e2e", "test_faults", "test_prometheus_e2e",
              "test_lifecycle_e2e", "test_ipv6_e2e", "test_sources_e2e", "test_scaleout_gateway", "test_instances_e2e"]
-LAB_HOSTS = 3  # host 0 the deployed one; 1 and 2 the lifecycle's pair
+# hosts a module needs (host 0 alone unless named): the lab boots as many as its collected modules need
+LAB_HOSTS = {"test_lifecycle_e2e": 3, "test_ipv6_e2e": 2, "test_sources_e2e": 2, "test_scaleout_gateway": 3}
+
+
+def lab_size(module_names) -> int:
+    """How many hosts the collected e2e modules need (at least one)."""
+    return max([1] + [LAB_HOSTS.get(name, 1) for name in module_names])
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -174,7 +182,8 @@ def testhosts(request) -> E2EHosts:
     reason = _skip_reason()
     if reason:
         skip_or_fail_setup(reason)
-    n = int(getattr(request, "param", None) or os.environ.get("QWEN27B_TESTHOSTS_N", str(LAB_HOSTS)))
+    needed = lab_size({Path(str(item.fspath)).stem for item in request.session.items})
+    n = int(getattr(request, "param", None) or os.environ.get("QWEN27B_TESTHOSTS_N", str(needed)))
     lab = NspawnHosts(profile=f"pytest-{os.getpid()}-{n}")
     old = None
     try:
