@@ -16,7 +16,7 @@ next one needs (docs/testhosts.md, "One lab"):
     test_instances_e2e      host 0: from one service (a gateway backend) to two copies, last
 
 Every module still runs alone: its first deploy is then a fresh one, on a lab of the hosts it needs.
-`QWEN27B_E2E_PROCESSES=2 ./run tests` runs the tier as two processes side by side, each with its own
+`./run tests` runs the tier as two processes side by side (QWEN27B_E2E_PROCESSES=1: one), each with its own
 lab: host 0's chain (HOST0_CHAIN, marker host0_chain: the harness, deploy, doctor, faults,
 Prometheus, copies) and the rest (the lifecycle's pair, IPv6, the sources, the gateway, whose host 0
 is then a fresh backend).
@@ -48,7 +48,7 @@ LAB_ORDER = ["test_testhosts", "test_deploy", "test_doctor_e2e", "test_faults", 
              "test_lifecycle_e2e", "test_ipv6_e2e", "test_sources_e2e", "test_scaleout_gateway", "test_instances_e2e"]
 # hosts a module needs (host 0 alone unless named): the lab boots as many as its collected modules need
 LAB_HOSTS = {"test_lifecycle_e2e": 3, "test_ipv6_e2e": 2, "test_sources_e2e": 2, "test_scaleout_gateway": 3}
-# `QWEN27B_E2E_PROCESSES=2 ./run tests` runs the tier as two pytest processes side by side (e2e_tier),
+# `./run tests` runs the tier as two pytest processes side by side (e2e_tier; QWEN27B_E2E_PROCESSES=1: one),
 # each with its own lab: host 0's chain (marker host0_chain) in one, the rest (the lifecycle's pair,
 # IPv6, the sources and the gateway, whose host 0 is then a fresh backend) in the other
 HOST0_CHAIN = ["test_testhosts", "test_deploy", "test_doctor_e2e", "test_faults", "test_prometheus_e2e",
