@@ -116,6 +116,11 @@ class E2EHost:
         """Run a shell command on the host over SSH (CompletedProcess, text)."""
         return self.lab.ssh(self.name, command, check=check, timeout=timeout)
 
+    def log_in_again(self) -> None:
+        """The next command logs in afresh: commands share one SSH connection (testhosts' ssh.MUX),
+        whose PAM session read /etc/environment once, when it was opened."""
+        self.lab.end_shared_connection(self.lab.host(self.name))
+
     def ssh_argv(self, *cmd: str) -> list[str]:
         """`ssh -F ssh_config NAME CMD...` (plain OpenSSH, no config of the user's)."""
         return self.lab.ssh_argv(self.name, *cmd)

@@ -233,6 +233,7 @@ def test_one_proxy_setting_reaches_apt_uv_and_the_fetch(lab):
     own = ["/etc/apt/apt.conf.d/80qwen27b-testhost-proxy", "/etc/pip.conf", "/etc/environment"]
     assert 'Acquire::http::Proxy "http://127.0.0.1:3128";' in host.run(f"cat {APT_PROXY_CONF}").stdout
     host.run(" && ".join(f"mv {p} {p}.hidden" for p in own))
+    host.log_in_again()  # a login without /etc/environment's proxy
     try:
         assert host.run("apt-get update -qq", check=False, timeout=300).returncode == 0
         host.run(f"mv {APT_PROXY_CONF} {APT_PROXY_CONF}.hidden")
@@ -251,6 +252,7 @@ def test_one_proxy_setting_reaches_apt_uv_and_the_fetch(lab):
         assert alone.returncode != 0, alone.stdout + alone.stderr
     finally:
         host.run(" ; ".join(f"mv {p}.hidden {p}" for p in own), check=False)
+        host.log_in_again()
 
 
 def test_host_state(lab):

@@ -244,6 +244,7 @@ def test_reset_up_down_leave_nothing(testhosts):
         assert h["name"] not in [x.name for x in testhosts]  # separate name and subnet
         name = h["name"]
         assert lab.ssh(name, "hostname").stdout.strip() == name
+        assert len(list(lab.mux_dir.iterdir())) == 1  # the tests' commands share one connection (ssh.MUX)
         lab.ssh(name, "touch /root/leftover")
         t0 = time.monotonic()
         lab.reset(name)
@@ -266,7 +267,7 @@ def test_reset_up_down_leave_nothing(testhosts):
     assert not left, f"still running after down: {left}"
     assert name not in _run(["ip", "netns", "list"]).stdout.split()
     assert _run(["ip", "link", "show", "dev", f"v{name}"]).returncode != 0
-    assert not root.exists() and not state_dir.exists()
+    assert not root.exists() and not state_dir.exists() and not lab.mux_dir.exists()
     lab.down()  # idempotent
     # the session's own hosts were not touched
     assert testhosts[0].run("true", check=False).returncode == 0

@@ -192,6 +192,7 @@ done
         if self.ssh_config.exists():
             _run(self.ssh_argv(h["name"], "systemctl poweroff --no-block"), check=False,
                  timeout=20)
+            self.end_shared_connection(h)
         return True
 
     def _running_pids(self, h: dict) -> list[int]:

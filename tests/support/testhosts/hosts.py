@@ -137,6 +137,7 @@ class NspawnHosts(Containers, ProxyNetwork):
         leftover = {k: p for k, p in self.pids().items() if pid_alive(p)}
         if leftover:
             raise TestHostsError(f"processes still running after down: {leftover}")
+        shutil.rmtree(self.mux_dir, ignore_errors=True)  # the masters ended with their hosts
         if self.state_dir.exists():
             self._keep_logs()
             _rm_root(self.state_dir)
