@@ -37,12 +37,20 @@ PORT = 8000
 SUDO = {"ssh_user": ADMIN_USER, "_sudo": True}  # README's "Using it on your lab": a sudo user, not root
 
 
+# The figures verify measures when a deploy replaces the release (roles/verify.judge_release), on one
+# run of 16 tokens per prompt rather than the CPU profile's 3 x 32: ~3 CPU-s a deploy instead of ~9 on
+# the shared 2 cores (issue 31). The measuring and the comparison still run on every such deploy; the
+# lifecycle module, whose tests judge regressions and the noise figures, keeps the stack's limits.
+QUICK_FIGURES = {"serve": {"regression": {"max_tokens": 16, "repeats": 1}}}
+
+
 def make_lab(testhost, hosts_inventory, mirror, work, data: dict | None = None, sudo: bool = True,
-             names: list[str] | None = None) -> dict:
+             names: list[str] | None = None, figures: dict | None = QUICK_FIGURES) -> dict:
     """An inventory of the test hosts `names` (default: `testhost` alone, `lab["host"]`) out of
     `hosts_inventory` (the session lab's): the CPU smoke profile, the mirror, an API key file (0600),
     plus `data` for every host. `sudo`: deployed the way README tells labs to, as the non-root `admin`
-    with `_sudo = True` (issue 32); else as root."""
+    with `_sudo = True` (issue 32); else as root. `figures`: stack overrides every run of it merges
+    under a test's own `qwen27b_stack_overrides` (QUICK_FIGURES; None: the stack's)."""
     key_file = work / "api.key"
     key_file.write_text(API_KEY + "\n")
     key_file.chmod(0o600)
@@ -57,6 +65,10 @@ def make_lab(testhost, hosts_inventory, mirror, work, data: dict | None = None, 
         f"_hosts = runpy.run_path({str(hosts_inventory)!r})['testhosts']\n"
         f"DATA = {host_data!r}\n"
         "EXTRA = json.loads(os.environ.get('QWEN27B_E2E_EXTRA', '{}'))\n"
+        f"FIGURES = {figures or {}!r}\n"
+        "if FIGURES:  # under the test's own overrides, which win\n"
+        "    over = EXTRA.get('qwen27b_stack_overrides') or {}\n"
+        "    EXTRA['qwen27b_stack_overrides'] = {**FIGURES, **over, 'serve': {**FIGURES['serve'], **over.get('serve', {})}}\n"
         f"NAMES = {list(names or [testhost.name])!r}\n"
         "lab = [(name, {**{k: v for k, v in data.items() if k != 'testhost_root'}, **DATA, **EXTRA})\n"
         "       for name, data in _hosts if name in NAMES]\n")

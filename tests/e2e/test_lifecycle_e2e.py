@@ -56,7 +56,7 @@ def fleet(testhosts, mirror, tmp_path_factory):
     try:
         a, b = testhosts[1], testhosts[2]
         lab = make_lab(a, testhosts.inventory, mirror, tmp_path_factory.mktemp("fleet"),
-                       {"qwen27b_weights_fanout": "tree"}, names=[a.name, b.name])
+                       {"qwen27b_weights_fanout": "tree"}, names=[a.name, b.name], figures=None)
         lab.update(a=a, b=b, base_b=f"http://{b.address}:{PORT}")
         TIMES["two hosts up"] = time.monotonic() - started
         yield lab
