@@ -665,3 +665,22 @@ def test_the_engines_slots_come_from_a_copys_own_value_or_the_release_records_fl
     for text in ("not json", json.dumps({"links": {}}), json.dumps({"flags": ["--max-num-seqs x"]}), json.dumps([1])):
         record.write_text(text)
         assert engine_slots(None, str(record)) is None
+
+
+def test_a_hung_server_costs_the_probe_one_timeout_not_two():
+    """A real listening socket that never answers (a SIGSTOPped vLLM: the kernel still accepts the
+    connection, nobody reads it): /health and /v1/models time out together, so a run of the check
+    takes one --timeout, and each reading names its own timeout."""
+    import socket
+    import time
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        url = f"http://127.0.0.1:{server.getsockname()[1]}"
+        t0 = time.monotonic()
+        health, models = hc.probe(url, "k", timeout=1.5)
+        took = time.monotonic() - t0
+    assert health["status"] is None and health["error"].startswith("ReadTimeout"), health
+    assert models["status"] is None and models["error"].startswith("ReadTimeout"), models
+    assert 1.4 < took < 2.6, took  # in turn: 3 s

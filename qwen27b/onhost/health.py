@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 
 import httpx
@@ -228,14 +229,17 @@ def restart_decision(*, code: int, failures: int, restart_after: int, last_resta
 def probe(url: str, key: str | None, timeout: float) -> tuple[dict, dict]:
     """GET /health (open) and /v1/models (guarded by --api-key) -> (health, models).
 
-    Errors are recorded as the exception's class and text; httpx's messages name the URL but
-    never the request headers, so the key cannot leak through them.
+    Both at once: a hung server (its process stopped, its socket still accepting) costs the run one
+    timeout, not one per request, so a watchdog of K runs acts K timeouts sooner. Errors are recorded
+    as the exception's class and text; httpx's messages name the URL but never the request headers,
+    so the key cannot leak through them.
     """
     base = url.rstrip("/")
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     health: dict = {"status": None, "latency_ms": None, "error": None}
     models: dict = {"status": None, "ids": None, "error": None}
-    with httpx.Client(timeout=httpx.Timeout(timeout), trust_env=False) as client:
+
+    def get_health(client: httpx.Client) -> None:
         t0 = time.monotonic()
         try:
             resp = client.get(f"{base}/health")
@@ -243,6 +247,8 @@ def probe(url: str, key: str | None, timeout: float) -> tuple[dict, dict]:
             health["latency_ms"] = round((time.monotonic() - t0) * 1000, 1)
         except httpx.HTTPError as e:
             health["error"] = f"{type(e).__name__}: {e}"
+
+    def get_models(client: httpx.Client) -> None:
         try:
             resp = client.get(f"{base}/v1/models", headers=headers)
             models["status"] = resp.status_code
@@ -250,6 +256,12 @@ def probe(url: str, key: str | None, timeout: float) -> tuple[dict, dict]:
                 models["ids"] = [m.get("id") for m in resp.json().get("data", [])]
         except (httpx.HTTPError, ValueError, AttributeError) as e:
             models["error"] = f"{type(e).__name__}: {e}"
+
+    with httpx.Client(timeout=httpx.Timeout(timeout), trust_env=False) as client:
+        beside = threading.Thread(target=get_models, args=(client,), daemon=True)
+        beside.start()
+        get_health(client)
+        beside.join()
     return health, models
 
 
