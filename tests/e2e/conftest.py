@@ -117,7 +117,7 @@ class E2EHost:
         return self.lab.ssh(self.name, command, check=check, timeout=timeout)
 
     def log_in_again(self) -> None:
-        """The next command logs in afresh: commands share one SSH connection (testhosts' ssh.MUX),
+        """The next command logs in afresh: commands share one SSH connection (testhosts' ssh.mux_options),
         whose PAM session read /etc/environment once, when it was opened."""
         self.lab.end_shared_connection(self.lab.host(self.name))
 

@@ -329,7 +329,7 @@ CHECKS_DIR = "/var/tmp/q27-load-checks"
 
 def _start_health_checks_on_host(lab) -> Path:
     """Run the health check back to back ON the host, as its timer runs it (`systemctl start
-    qwen27b-health.service`), each run's systemd Result, wall time and status file kept in CHECKS_DIR;
+    qwen27b-health.service`), each run's systemd Result, exit status, wall time and status file kept in CHECKS_DIR;
     returns that directory as the controller sees it (the test host's root is a directory here).
 
     Nothing the load test counts goes through SSH while the load runs: under 16 streams on 2 cores
@@ -337,9 +337,10 @@ def _start_health_checks_on_host(lab) -> Path:
     passed, and the test failed on its own instrument."""
     script = (f"rm -rf {CHECKS_DIR}; mkdir -p {CHECKS_DIR}; i=0; while :; do i=$((i+1)); "
               "b=$(date +%s.%N); systemctl start qwen27b-health.service; "
-              "r=$(systemctl show -p Result --value qwen27b-health.service); e=$(date +%s.%N); "
+              "r=$(systemctl show -p Result --value qwen27b-health.service); "
+              "x=$(systemctl show -p ExecMainStatus --value qwen27b-health.service); e=$(date +%s.%N); "
               f"cp /var/lib/qwen27b/health.json {CHECKS_DIR}/$i.json.tmp; "
-              f"printf '%s %s %s\\n' \"$b\" \"$e\" \"$r\" > {CHECKS_DIR}/$i.run; "
+              f"printf '%s %s %s %s\\n' \"$b\" \"$e\" \"$r\" \"$x\" > {CHECKS_DIR}/$i.run; "
               f"mv {CHECKS_DIR}/$i.json.tmp {CHECKS_DIR}/$i.json; sleep 5; done")
     lab["host"].run(f"systemd-run --unit={LOAD_CHECKS} --collect --quiet sh -c {shlex.quote(script)}")
     root = lab["host"].lab.host(lab["host"].name)["root"]
@@ -351,9 +352,9 @@ def _finished_checks(checks_dir: Path, before: float | None = None) -> list[dict
     the controller's realtime clock), each its status file plus Result and wall time."""
     checks = []
     for status in sorted(checks_dir.glob("*.json"), key=lambda p: int(p.stem)):
-        began, ended, result = (checks_dir / f"{status.stem}.run").read_text().split()
-        if result == "exit-code" and float(ended) - float(began) < 0.5:
-            continue  # systemd could not start it (the nspawn hosts' 219/CGROUP race, health_run): it never ran
+        began, ended, result, status_code = (checks_dir / f"{status.stem}.run").read_text().split()
+        if status_code == "219":
+            continue  # 219/CGROUP: systemd could not start it (the nspawn hosts' race, health_run): it never ran
         if before is None or float(ended) <= before:
             checks.append({**json.loads(status.read_text()), "result": result,
                            "wall_s": float(ended) - float(began)})

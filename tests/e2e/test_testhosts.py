@@ -244,7 +244,7 @@ def test_reset_up_down_leave_nothing(testhosts):
         assert h["name"] not in [x.name for x in testhosts]  # separate name and subnet
         name = h["name"]
         assert lab.ssh(name, "hostname").stdout.strip() == name
-        assert len(list(lab.mux_dir.iterdir())) == 1  # the tests' commands share one connection (ssh.MUX)
+        assert len(list(lab.mux_dir.iterdir())) == 1  # the tests' commands share one connection (ssh.mux_options)
         lab.ssh(name, "touch /root/leftover")
         t0 = time.monotonic()
         lab.reset(name)

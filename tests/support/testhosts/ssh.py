@@ -15,7 +15,7 @@ ADMIN_USER = "admin"  # a non-root SSH user with passwordless sudo on every test
 PASSWORD_SUDO_USER = "pwadmin"  # and one whose sudo asks for a password
 
 
-def MUX(mux_dir: Path) -> list[str]:
+def mux_options(mux_dir: Path) -> list[str]:
     """One shared connection per host (OpenSSH's ControlMaster), for the tests' many short commands:
     a fresh login costs the 2 shared cores ~0.14 CPU-s and 0.24 s (key exchange, sshd's re-exec, a
     PAM session and logind's scope on the host), a command over the shared one ~0.02 CPU-s and 0.02 s
@@ -125,7 +125,7 @@ class SshAccess(ProfileState):
                         "    User root", f"    IdentityFile {self.key}", "    IdentitiesOnly yes",
                         f"    UserKnownHostsFile {self.known_hosts}",
                         "    GlobalKnownHostsFile /dev/null", "    StrictHostKeyChecking yes",
-                        "    BatchMode yes", "    ConnectTimeout 5", "    LogLevel ERROR", *MUX(self.mux_dir), ""]
+                        "    BatchMode yes", "    ConnectTimeout 5", "    LogLevel ERROR", *mux_options(self.mux_dir), ""]
             data = {
                 "ssh_hostname": h["address"], "ssh_user": "root", "ssh_key": str(self.key),
                 "ssh_known_hosts_file": str(self.known_hosts),

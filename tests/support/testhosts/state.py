@@ -31,7 +31,7 @@ class ProfileState:
         if len(str(self.proxy_sock)) > 100:  # sun_path limit
             self.proxy_sock = Path("/tmp") / (
                 "qwen27b-" + hashlib.sha1(str(self.state_dir).encode()).hexdigest()[:12] + ".sock")
-        # OpenSSH's shared connections (ssh.MUX): a socket per host, named by a 40-character hash plus
+        # OpenSSH's shared connections (ssh.mux_options): a socket per host, named by a 40-character hash plus
         # a 17-character suffix while it is made, inside sun_path's 108 bytes: a short dir of its own
         self.mux_dir = Path("/tmp") / ("qwen27b-mux-" + hashlib.sha1(str(self.state_dir).encode()).hexdigest()[:12])
 
