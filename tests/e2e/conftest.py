@@ -9,17 +9,19 @@ next one needs (docs/testhosts.md, "One lab"):
 
     test_testhosts          the harness itself, first: a broken harness fails in a minute
     test_deploy ..          host 0: the fresh deploy as admin+sudo, then doctor, faults, Prometheus
-    test_lifecycle_e2e      hosts 1 (A) and 2 (B): day two, B uninstalled at its end
+    test_lifecycle_e2e      hosts 1 (A) and 2 (B): day two, both left serving
     test_ipv6_e2e           host 1: A moved to its IPv6 address (one restart), left there
     test_sources_e2e        host 1: its checkpoint from an HF mirror, then from ModelScope (down, then up)
-    test_scaleout_gateway   host 2 (B) the gateway, hosts 0 and 1 its backends (re-keyed, not reinstalled)
-    test_instances_e2e      host 0: from one service (a gateway backend) to two copies, last
+    test_scaleout_gateway   hosts 1 and 2 (A, B) its backends (re-keyed, not reinstalled); the gateway on
+                            host 0 where host 0's chain is not in the run, else on a fourth host (3)
+    test_instances_e2e      host 0: from one service to two copies
+    test_uninstall_e2e      host 2: B (a gateway backend) uninstalled, last
 
 Every module still runs alone: its first deploy is then a fresh one, on a lab of the hosts it needs.
 `./run tests` runs the tier as two processes side by side (QWEN27B_E2E_PROCESSES=1: one), each with its own
 lab: host 0's chain (HOST0_CHAIN, marker host0_chain: the harness, deploy, doctor, faults,
-Prometheus, copies) and the rest (the lifecycle's pair, IPv6, the sources, the gateway, whose host 0
-is then a fresh backend).
+Prometheus, copies; one host) and the rest (the lifecycle's pair, IPv6, the sources, the gateway on the
+bare host 0, the uninstall; three hosts). No module installs a host that another one installed before.
 The controller's artifacts (wheelhouse, tiny model) and the loopback mirror are built once per
 process (session fixtures here; `./run` checks the artifacts once before both start).
 
@@ -45,19 +47,34 @@ from revisions import GOOD, GOOD_B
 
 E2E_DIR = Path(__file__).resolve().parent
 LAB_ORDER = ["test_testhosts", "test_deploy", "test_doctor_e2e", "test_faults", "test_prometheus_e2e",
-             "test_lifecycle_e2e", "test_ipv6_e2e", "test_sources_e2e", "test_scaleout_gateway", "test_instances_e2e"]
+             "test_lifecycle_e2e", "test_ipv6_e2e", "test_sources_e2e", "test_scaleout_gateway", "test_instances_e2e",
+             "test_uninstall_e2e"]
 # hosts a module needs (host 0 alone unless named): the lab boots as many as its collected modules need
-LAB_HOSTS = {"test_lifecycle_e2e": 3, "test_ipv6_e2e": 2, "test_sources_e2e": 2, "test_scaleout_gateway": 3}
+LAB_HOSTS = {"test_lifecycle_e2e": 3, "test_ipv6_e2e": 2, "test_sources_e2e": 2, "test_scaleout_gateway": 3,
+             "test_uninstall_e2e": 3}
 # `./run tests` runs the tier as two pytest processes side by side (e2e_tier; QWEN27B_E2E_PROCESSES=1: one),
 # each with its own lab: host 0's chain (marker host0_chain) in one, the rest (the lifecycle's pair,
-# IPv6, the sources and the gateway, whose host 0 is then a fresh backend) in the other
+# IPv6, the sources, the gateway on the bare host 0, the uninstall) in the other
 HOST0_CHAIN = ["test_testhosts", "test_deploy", "test_doctor_e2e", "test_faults", "test_prometheus_e2e",
                "test_instances_e2e"]
 
 
+def gateway_host_index(module_names) -> int:
+    """Where the gateway goes: host 0 when no module serving on host 0 is in the run (the second
+    process's lab, or the gateway module alone), else a host of its own after the lifecycle's pair."""
+    return 3 if set(module_names) & (set(HOST0_CHAIN) - {"test_testhosts"}) else 0
+
+
 def lab_size(module_names) -> int:
     """How many hosts the collected e2e modules need (at least one)."""
-    return max([1] + [LAB_HOSTS.get(name, 1) for name in module_names])
+    needed = [LAB_HOSTS.get(name, 1) for name in module_names]
+    if "test_scaleout_gateway" in module_names:
+        needed.append(gateway_host_index(module_names) + 1)
+    return max([1] + needed)
+
+
+def _collected_modules(session) -> set[str]:
+    return {Path(str(item.fspath)).stem for item in session.items}
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -199,7 +216,7 @@ def testhosts(request) -> E2EHosts:
     reason = _skip_reason()
     if reason:
         skip_or_fail_setup(reason)
-    needed = lab_size({Path(str(item.fspath)).stem for item in request.session.items})
+    needed = lab_size(_collected_modules(request.session))
     n = int(getattr(request, "param", None) or os.environ.get("QWEN27B_TESTHOSTS_N", str(needed)))
     lab = NspawnHosts(profile=f"pytest-{os.getpid()}-{n}")
     old = None
@@ -245,6 +262,12 @@ def mirror(artifacts, tmp_path_factory):
 def testhost(testhosts) -> E2EHost:
     """The first test host."""
     return testhosts[0]
+
+
+@pytest.fixture(scope="session")
+def gateway_host(testhosts, request) -> E2EHost:
+    """The host the gateway goes on (gateway_host_index)."""
+    return testhosts[gateway_host_index(_collected_modules(request.session))]
 
 
 @pytest.fixture

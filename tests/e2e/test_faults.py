@@ -11,10 +11,12 @@ before it is allowed to finish:
     the disk fills mid-download -> "disk full" with the space to free; same
     space freed, re-run -> resumes with a Range request, verifies, switches, serves REV_B
 
-then: a bad flag crash-loops the service (systemd, the health check and the report say the same
-sentence; rollback restores the previous release), a bounded load (no outage misread, no restart),
+then: n-gram speculation below its floor falls back to off, `qwen27b bench --methods`, a bounded
+load (no outage misread, no restart),
 `systemd-analyze security`, the optional firewall rule, and a many-host run with an unreachable
-host (the summary, the exit code, the --limit re-run). Each step asserts what the user sees.
+host (the summary, the exit code, the --limit re-run). Each step asserts what the user sees. A bad
+flag's crash loop rolled back by verify is the lifecycle module's failing rollout (issue 31: one crash
+loop for both) and the copies module's failed upgrade.
 """
 
 from __future__ import annotations
@@ -217,34 +219,6 @@ def test_after_freeing_space_the_rerun_resumes_verifies_and_switches(lab, mirror
     assert rc == 0 and re.search(r"planned, 0 would change the host", out), out[-3000:]
 
 
-def test_a_crash_loop_is_named_alike_by_systemd_health_and_report_and_rolled_back(lab, serving):
-    """A bad flag (and, after the upgrade above, a model switch back to GOOD): the service exits at
-    start-up, again and again."""
-    before = lab["host"].run(f"readlink {MODELS}/current").stdout.strip()
-    rc, out = deploy(lab, {"qwen27b_serve_flags": {"--dtype": "float7"}})
-    assert rc != 0
-    report = latest_report(lab)
-    assert report["status"] == "rolled back", report["reason"]
-    sentences = [f["text"] for f in report["health"]["findings"] if "is not serving: " in f["text"]]
-    assert sentences and report["reason"] == f"rolled back: {sentences[0]}"  # the report quotes the health check
-    systemd = report["health"]["systemd"]  # `systemctl show` as the health check read it
-    assert f"Result={systemd['Result']}" in sentences[0] or systemd["Result"] == "start-limit-hit"
-    counted = re.search(r"restarted it (\d+) times|after (\d+) automatic restart", sentences[0])
-    restarts = int(counted.group(1) or counted.group(2))
-    assert restarts >= 2 and restarts == int(systemd["NRestarts"])
-    assert int(report["unit"]["NRestarts"]) >= 2  # verify's own read, just before
-    assert "crash loop" in sentences[0] or "start limit hit" in sentences[0]
-    assert report["journal"] and report["ttft_s"] > 0  # the previous release answered after the rollback
-    # the evidence is there under sudo too (issue 32: read without it, the journal said "-- No entries --")
-    assert not any("No entries" in line for line in report["journal"]), report["journal"][-3:]
-    assert any("float7" in line for line in report["journal"]), "the journal shows the bad flag's error"
-    host = lab["host"]
-    assert host.run(f"test -e {ROLLBACK_PREV}", check=False).returncode != 0, "kept after the rollback"
-    assert "float7" not in host.run("systemctl show -p ExecStart --value qwen27b.service").stdout
-    assert host.run(f"readlink {MODELS}/current").stdout.strip() == before
-    wait_healthy(lab["base"])
-
-
 # The n-gram start's floor above anything the tiny model accepts (its probe, stack speculative.ngram.probe,
 # drafted 84 tokens and accepted 48 when recorded); the acceptance itself is the engine's /metrics counters.
 NGRAM_FLOORS = {"speculative": {"floors": {"min_acceptance": 0.99}}}
@@ -323,6 +297,9 @@ def _stream(base: str, stop: threading.Event, deadline: float) -> tuple[int, int
     return done, errors
 
 
+# the load's shortest span: three checks under it are what count (each ~5-10 s on the loaded 2 cores);
+# 60 s before issue 31, the same verdicts in half the time of 16 streams taking both cores
+LOAD_FLOOR_S = 30
 LOAD_CHECKS = "q27-load-checks"  # the transient unit on the host that runs the counted health checks
 CHECKS_DIR = "/var/tmp/q27-load-checks"
 
@@ -339,6 +316,7 @@ def _start_health_checks_on_host(lab) -> Path:
               "b=$(date +%s.%N); systemctl start qwen27b-health.service; "
               "r=$(systemctl show -p Result --value qwen27b-health.service); "
               "x=$(systemctl show -p ExecMainStatus --value qwen27b-health.service); e=$(date +%s.%N); "
+              f"[ \"$r\" = success ] || journalctl -u qwen27b-health.service -o cat -n 40 > {CHECKS_DIR}/$i.err; "
               f"cp /var/lib/qwen27b/health.json {CHECKS_DIR}/$i.json.tmp; "
               f"printf '%s %s %s %s\\n' \"$b\" \"$e\" \"$r\" \"$x\" > {CHECKS_DIR}/$i.run; "
               f"mv {CHECKS_DIR}/$i.json.tmp {CHECKS_DIR}/$i.json; sleep 5; done")
@@ -356,13 +334,14 @@ def _finished_checks(checks_dir: Path, before: float | None = None) -> list[dict
         if status_code == "219":
             continue  # 219/CGROUP: systemd could not start it (the nspawn hosts' race, health_run): it never ran
         if before is None or float(ended) <= before:
-            checks.append({**json.loads(status.read_text()), "result": result,
-                           "wall_s": float(ended) - float(began)})
+            err = checks_dir / f"{status.stem}.err"  # the check's journal, kept for a run that failed
+            checks.append({**json.loads(status.read_text()), "result": result, "status": status_code,
+                           "wall_s": float(ended) - float(began), "journal": err.read_text()[-3000:] if err.exists() else ""})
     return checks
 
 
 def test_under_bounded_load_health_checks_see_no_outage_and_nothing_restarts(lab, serving):
-    """16 concurrent streams from the controller for at least 60 s and until three health checks have
+    """16 concurrent streams from the controller for at least LOAD_FLOOR_S and until three health checks have
     run (bounded: 480 s). Each check runs on the host as its timer runs it, back to back; on a CPU
     host the streams take every core, so a check may start slowly: what counts is its verdict and that
     its unit never timed out. The controller counts the checks by reading their records from the test
@@ -375,7 +354,7 @@ def test_under_bounded_load_health_checks_see_no_outage_and_nothing_restarts(lab
             with ThreadPoolExecutor(16) as pool:
                 loads = [pool.submit(_stream, lab["base"], stop, started + 480) for _ in range(16)]
                 try:
-                    while ((len(_finished_checks(checks_dir)) < 3 or time.monotonic() < started + 60)
+                    while ((len(_finished_checks(checks_dir)) < 3 or time.monotonic() < started + LOAD_FLOOR_S)
                            and time.monotonic() < started + 480):
                         time.sleep(2)
                 finally:
@@ -389,8 +368,9 @@ def test_under_bounded_load_health_checks_see_no_outage_and_nothing_restarts(lab
     done, errors = sum(r[0] for r in results), sum(r[1] for r in results)
     assert done > 16 and errors == 0, (done, errors)
     assert len(checks) >= 3, f"{len(checks)} health checks in {seconds:.0f} s: {[c['wall_s'] for c in checks]}"
-    bad = [(c["code"], c["result"], c["wall_s"], c["findings"]) for c in checks if c["code"] >= 2 or c["result"] != "success"]
-    assert not bad, f"{len(bad)} of {len(checks)} checks: {bad}"  # code, systemd's result, seconds, findings
+    bad = [(c["code"], c["result"], c["status"], c["wall_s"], c["findings"], c["journal"])
+           for c in checks if c["code"] >= 2 or c["result"] != "success"]
+    assert not bad, f"{len(bad)} of {len(checks)} checks: {bad}"  # code, systemd's result and status, seconds, findings, journal
     assert len({c["time"] for c in checks}) == len(checks)  # each a fresh run, not a stale status file
     assert (show(lab, "MainPID"), show(lab, "NRestarts")) == (pid, restarts)
     lab["measured_load"] = {"requests": done, "seconds": seconds,

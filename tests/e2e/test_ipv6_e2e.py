@@ -8,8 +8,8 @@ Real parts only: the lab's host 1 (the lifecycle's A, left serving by test_lifec
 deployed fresh over IPv4 first), its namespace's unique-local address (tests/support/testhosts
 network.py), pyinfra's SSH connector over IPv6, a real vLLM CPU server bound to the address, the
 health check as its timer runs it, the controller's verify and a real client over IPv6. One
-re-deploy, one restart. Nothing after it uses host 1 (conftest's LAB_ORDER: the copies are on host 0,
-the gateway has hosts of its own and stops the lab's services by name), so it stays on IPv6.
+re-deploy, one restart. It stays on IPv6 for the sources module (which keeps the address); the
+gateway module re-deploys it as a backend on its IPv4 lab address (conftest's LAB_ORDER).
 """
 
 from __future__ import annotations

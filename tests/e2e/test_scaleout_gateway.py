@@ -3,12 +3,13 @@ qwen27b_gateway), the CPU smoke profile on the other two (real vLLM, SmolLM2-135
 `pyinfra <inventory> deploy.py -y`, as a lab would run it, as root (the other modules deploy as
 admin+sudo: both ways proven).
 
-The tier's one lab (tests/e2e/conftest.py LAB_ORDER, issue 31): the gateway goes on host 2 (the
-lifecycle's B, which that module leaves uninstalled); its backends are hosts 0 and 1, both already
-serving (the deployed host after doctor, faults and Prometheus; the lifecycle's A after IPv6 and the
-sources), so the first deploy re-keys and re-renders them (one restart each) rather than installing
-again: a lab putting a gateway in front of hosts it already runs. The copies module follows on host
-0. Run alone, the module's first deploy installs both backends fresh.
+The tier's one lab (tests/e2e/conftest.py LAB_ORDER, issue 31): the backends are hosts 1 and 2, the
+lifecycle's pair, both already serving (A after IPv6 and the sources, B after its rollback), so the
+first deploy re-keys and re-renders them (one restart each) rather than installing again: a lab
+putting a gateway in front of hosts it already runs. The gateway goes on a bare host: host 0 where
+host 0's chain runs in the other process (./run tests), else a fourth host (conftest's
+gateway_host). The uninstall module follows on B. Run alone, the module's first deploy installs both
+backends fresh.
 
 Three hosts rather than the gateway beside a backend: the inventory keeps one qwen27b deployment
 per machine, and the gateway is cheap (nginx ~10 MB, the watcher ~15 MB: docs/scale-out.md); the
@@ -61,22 +62,24 @@ IDLE_PROBE_EVERY_S = 20
 # the stall named after ~10-20 s, the third CRITICAL run 20 s later, the stop (30 s at most): a restart
 # by then, with room for a loaded machine (one on a test host alone took 62 s)
 RESTART_WITHIN_S = 300
+# the frozen engine's load: two clients, each a request every ~2 s (0.5 s before issue 31; the
+# other backend then served ~4 a second for minutes, on the cores the rest of the tier shares)
+FREEZE_PAUSE_S = 2.0
+# This module proves the drain, not speed: verify measures on prompt sets of its own (fewer tokens, one
+# run; a set is its prompts and max_tokens), so a backend's first deploy here is not compared with the
+# figures the lifecycle module left on it, nor the rollout's release with the first deploy's (NO_BASELINE):
+# one run under the other backend's paced load measured an equal release TTFT +817% once (CI of
+# 2026-12-06), past the CPU profile's +300%, and stopped the rollout. The comparison is the lifecycle module's.
+LIVENESS = {"liveness": {"stall_after_s": STALL_AFTER_S, "idle_probe_every_s": IDLE_PROBE_EVERY_S}}
 WATCH = {"qwen27b_health_interval_s": 10,
-         "qwen27b_stack_overrides": {"serve": {"liveness": {"stall_after_s": STALL_AFTER_S,
-                                                             "idle_probe_every_s": IDLE_PROBE_EVERY_S}}}}
-
-# This module proves the drain, not speed: verify measures the rollout's release on a prompt set of its
-# own (fewer tokens, one run), so it is not compared with the first deploy's figures (NO_BASELINE). The
-# comparison is the lifecycle module's; here the other backend's paced load made an equal release
-# measure TTFT +817% once (CI of 2026-12-06), past the CPU profile's +300%, and stop the rollout.
-ROLLOUT_OVERRIDES = {"serve": {**WATCH["qwen27b_stack_overrides"]["serve"],
-                               "regression": {"max_tokens": 16, "repeats": 1}}}
+         "qwen27b_stack_overrides": {"serve": {**LIVENESS, "regression": {"max_tokens": 16, "repeats": 1}}}}
+ROLLOUT_OVERRIDES = {"serve": {**LIVENESS, "regression": {"max_tokens": 12, "repeats": 1}}}
 
 
 @pytest.fixture(scope="module")
-def gw(testhosts, mirror, tmp_path_factory):
-    """An inventory: host 2 in the qwen27b_gateway group, hosts 0 and 1 its backends; key files 0600.
-    After the module the gateway's units stop: its pool's probes leave the copies module's host 0 alone."""
+def gw(testhosts, gateway_host, mirror, tmp_path_factory):
+    """An inventory: the gateway host in the qwen27b_gateway group, hosts 1 and 2 its backends; key files
+    0600. After the module the gateway's units stop: its pool's probes leave the backends alone."""
     hosts = testhosts
     work = tmp_path_factory.mktemp("gateway")
     files = {}
@@ -84,7 +87,7 @@ def gw(testhosts, mirror, tmp_path_factory):
         files[name] = work / f"{name}.key"
         files[name].write_text(key + "\n")
         files[name].chmod(0o600)
-    gateway, backends = hosts[2], [hosts[0], hosts[1]]
+    gateway, backends = gateway_host, [hosts[1], hosts[2]]
     backend_data = {"qwen27b_profile": "cpu-smoke", "qwen27b_model_source": "mirror",
                     "qwen27b_model_mirror": f"http://127.0.0.1:{mirror.server_address[1]}",
                     "qwen27b_http_proxy": "http://127.0.0.1:3128", "qwen27b_api_key_file": str(files["backend"]),
@@ -350,7 +353,7 @@ def test_a_frozen_engine_is_named_stalled_dropped_from_the_pool_restarted_and_re
     watcher = threading.Thread(target=_pool_watch, args=(gw, stop, seen))
     watcher.start()
     try:
-        with Load(gw["base"], threads=2, limit_s=600, pause_s=0.5) as load:
+        with Load(gw["base"], threads=2, limit_s=600, pause_s=FREEZE_PAUSE_S) as load:
             time.sleep(5)
             _generating(victim)
             frozen_at = time.monotonic()
