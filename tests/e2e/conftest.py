@@ -8,9 +8,9 @@ sets another count. The modules run in LAB_ORDER and pass the hosts on, each lea
 next one needs (docs/testhosts.md, "One lab"):
 
     test_testhosts          the harness itself, first: a broken harness fails in a minute
-    test_deploy ..          host 0: the fresh deploy as admin+sudo, then doctor, faults, Prometheus
+    test_deploy ..          host 0: the fresh deploy as admin+sudo, then doctor, faults, IPv6 (one restart
+                            onto its IPv6 address), Prometheus (back on IPv4, with node_exporter)
     test_lifecycle_e2e      hosts 1 (A) and 2 (B): day two, both left serving
-    test_ipv6_e2e           host 1: A moved to its IPv6 address (one restart), left there
     test_sources_e2e        host 1: its checkpoint from an HF mirror, then from ModelScope (down, then up)
     test_scaleout_gateway   hosts 1 and 2 (A, B) its backends (re-keyed, not reinstalled); the gateway on
                             host 0 where host 0's chain is not in the run, else on a fourth host (3)
@@ -19,9 +19,9 @@ next one needs (docs/testhosts.md, "One lab"):
 
 Every module still runs alone: its first deploy is then a fresh one, on a lab of the hosts it needs.
 `./run tests` runs the tier as two processes side by side (QWEN27B_E2E_PROCESSES=1: one), each with its own
-lab: host 0's chain (HOST0_CHAIN, marker host0_chain: the harness, deploy, doctor, faults,
-Prometheus, copies; one host) and the rest (the lifecycle's pair, IPv6, the sources, the gateway on the
-bare host 0, the uninstall; three hosts). No module installs a host that another one installed before.
+lab: host 0's chain (HOST0_CHAIN, marker host0_chain: the harness, deploy, doctor, faults, IPv6,
+Prometheus, copies; one host) and the rest (the lifecycle's pair, the sources, the gateway on the bare
+host 0, the uninstall; three hosts). No module installs a host that another one installed before.
 The controller's artifacts (wheelhouse, tiny model) and the loopback mirror are built once per
 process (session fixtures here; `./run` checks the artifacts once before both start).
 
@@ -46,16 +46,15 @@ from setupcheck import skip_or_fail_setup
 from revisions import GOOD, GOOD_B
 
 E2E_DIR = Path(__file__).resolve().parent
-LAB_ORDER = ["test_testhosts", "test_deploy", "test_doctor_e2e", "test_faults", "test_prometheus_e2e",
-             "test_lifecycle_e2e", "test_ipv6_e2e", "test_sources_e2e", "test_scaleout_gateway", "test_instances_e2e",
+LAB_ORDER = ["test_testhosts", "test_deploy", "test_doctor_e2e", "test_faults", "test_ipv6_e2e", "test_prometheus_e2e",
+             "test_lifecycle_e2e", "test_sources_e2e", "test_scaleout_gateway", "test_instances_e2e",
              "test_uninstall_e2e"]
 # hosts a module needs (host 0 alone unless named): the lab boots as many as its collected modules need
-LAB_HOSTS = {"test_lifecycle_e2e": 3, "test_ipv6_e2e": 2, "test_sources_e2e": 2, "test_scaleout_gateway": 3,
-             "test_uninstall_e2e": 3}
+LAB_HOSTS = {"test_lifecycle_e2e": 3, "test_sources_e2e": 2, "test_scaleout_gateway": 3, "test_uninstall_e2e": 3}
 # `./run tests` runs the tier as two pytest processes side by side (e2e_tier; QWEN27B_E2E_PROCESSES=1: one),
 # each with its own lab: host 0's chain (marker host0_chain) in one, the rest (the lifecycle's pair,
-# IPv6, the sources, the gateway on the bare host 0, the uninstall) in the other
-HOST0_CHAIN = ["test_testhosts", "test_deploy", "test_doctor_e2e", "test_faults", "test_prometheus_e2e",
+# the sources, the gateway on the bare host 0, the uninstall) in the other
+HOST0_CHAIN = ["test_testhosts", "test_deploy", "test_doctor_e2e", "test_faults", "test_ipv6_e2e", "test_prometheus_e2e",
                "test_instances_e2e"]
 
 

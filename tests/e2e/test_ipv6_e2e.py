@@ -4,12 +4,12 @@ and `ssh_hostname` set to its IPv6 address, written bare in the inventory as a p
 check's --url and release.json held `http://fd00:231:2::2:8000`, which curl and httpx reject: the
 unit never finished starting.
 
-Real parts only: the lab's host 1 (the lifecycle's A, left serving by test_lifecycle_e2e; run alone,
-deployed fresh over IPv4 first), its namespace's unique-local address (tests/support/testhosts
-network.py), pyinfra's SSH connector over IPv6, a real vLLM CPU server bound to the address, the
-health check as its timer runs it, the controller's verify and a real client over IPv6. One
-re-deploy, one restart. It stays on IPv6 for the sources module (which keeps the address); the
-gateway module re-deploys it as a backend on its IPv4 lab address (conftest's LAB_ORDER).
+Real parts only: the lab's host 0 (left serving by test_faults; run alone, deployed fresh over IPv4
+first), its namespace's unique-local address (tests/support/testhosts network.py), pyinfra's SSH
+connector over IPv6, a real vLLM CPU server bound to the address, the health check as its timer runs
+it, the controller's verify and a real client over IPv6. One re-deploy, one restart. The Prometheus
+module after it re-deploys the host on its IPv4 lab address with node_exporter, a restart it makes
+anyway (conftest's LAB_ORDER): IPv6 costs host 0's chain no start of its own.
 """
 
 from __future__ import annotations
@@ -29,14 +29,13 @@ HEALTH_PORT = 9120  # qwen27b_health_port's default
 
 
 @pytest.fixture(scope="module")
-def v6(testhosts, mirror, tmp_path_factory):
-    """Host 1 serving over IPv4, with the lifecycle's data and the revision it runs (REV_B after
-    test_lifecycle_e2e), so that the re-deploy changes the address only."""
+def v6(testhost, mirror, tmp_path_factory):
+    """Host 0 serving over IPv4, with the revision it runs (REV_B after test_faults), so that the
+    re-deploy changes the address only."""
     started = time.monotonic()
-    host = testhosts[1]
+    host = testhost
     assert host.address6, "the test hosts have no IPv6 address (tests/support/testhosts/network.py)"
-    data = {"qwen27b_weights_fanout": "tree"}  # as test_lifecycle_e2e deployed it
-    lab = make_lab(host, testhosts.inventory, mirror, tmp_path_factory.mktemp("ipv6"), data)
+    lab = make_lab(host, host.lab.inventory, mirror, tmp_path_factory.mktemp("ipv6"))
     try:
         record = serving_record(lab, TIMES, "fresh deploy over IPv4 (module alone)")
         assert record["url"] == f"http://{host.address}:{PORT}", record  # serving on IPv4 before

@@ -2,8 +2,8 @@
 its checkpoint from a Hugging Face mirror (`qwen27b_hf_endpoint`), then from a ModelScope endpoint
 (`qwen27b_model_source: modelscope`) that is down first and up after.
 
-Real parts only: the lab's host 1 (left serving by test_ipv6_e2e; run alone, deployed fresh first),
-the real `hf` (vLLM's huggingface_hub in the release venv) and the real `modelscope` CLI (modelscope-hub,
+Real parts only: the lab's host 1 (the lifecycle's A, left serving by it; run alone, deployed fresh
+first; on IPv6, were it moved there, it keeps that address), the real `hf` (vLLM's huggingface_hub in the release venv) and the real `modelscope` CLI (modelscope-hub,
 installed into the release venv from the pushed wheelhouse by this very deploy), each talking to a
 small local server that speaks its protocol (tests/support/hubs.py) through the host's proxy, as every
 fetch of a lab host does; a real vLLM CPU server restarted onto each checkpoint and verified. Each
@@ -58,7 +58,7 @@ def hubs(artifacts, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lab(testhosts, mirror, tmp_path_factory):
-    """Host 1 serving, with the data that keeps its address (IPv6 after test_ipv6_e2e)."""
+    """Host 1 serving, with the data that keeps its address (IPv6, were it moved there)."""
     started = time.monotonic()
     host = testhosts[1]
     lab = make_lab(host, testhosts.inventory, mirror, tmp_path_factory.mktemp("sources"))
