@@ -65,6 +65,9 @@ RESTART_WITHIN_S = 300
 # the frozen engine's load: two clients, each a request every ~2 s (0.5 s before issue 31; the
 # other backend then served ~4 a second for minutes, on the cores the rest of the tier shares)
 FREEZE_PAUSE_S = 2.0
+# the killed backend's four clients: a request each every ~0.5 s (back to back before issue 31: both
+# backends' engines, then the survivor's, took the shared cores whole for the test's 20 s)
+KILL_PAUSE_S = 0.5
 # This module proves the drain, not speed: verify measures on prompt sets of its own (fewer tokens, one
 # run; a set is its prompts and max_tokens), so a backend's first deploy here is not compared with the
 # figures the lifecycle module left on it, nor the rollout's release with the first deploy's (NO_BASELINE):
@@ -291,7 +294,7 @@ def test_a_killed_backend_leaves_the_pool_under_load_without_failed_requests_and
     watcher.start()
     try:
         # two keys, two clients each: with one backend left, each key's share (its slots less one) still holds two
-        with Load(gw["base"], threads=4, limit_s=120, keys=CLIENT_KEYS[:2]) as load:
+        with Load(gw["base"], threads=4, limit_s=120, pause_s=KILL_PAUSE_S, keys=CLIENT_KEYS[:2]) as load:
             time.sleep(5)
             killed_at = time.monotonic()
             victim.run("kill -9 $(systemctl show -p MainPID --value qwen27b.service)")
