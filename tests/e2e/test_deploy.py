@@ -35,6 +35,8 @@ ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "q27-e2e-" + os.urandom(8).hex()
 PORT = 8000
 SUDO = {"ssh_user": ADMIN_USER, "_sudo": True}  # README's "Using it on your lab": a sudo user, not root
+# the kept release a deploy set aside (roles/service.py) until the new one verified or was rolled back
+ROLLBACK_PREV = "/etc/qwen27b/rollback.prev"
 
 
 # The figures verify measures when a deploy replaces the release (roles/verify.judge_release), on one

@@ -35,14 +35,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from test_deploy import (API_KEY, GOOD, GOOD_B, PORT, PROGRESS, REV_B, deploy, lab,  # noqa: F401
+from test_deploy import (API_KEY, GOOD, GOOD_B, PORT, PROGRESS, REV_B, ROLLBACK_PREV, deploy, lab,  # noqa: F401
                          latest_report, show, timer_paused, wait_healthy, health_run)
 
 pytestmark = pytest.mark.e2e
 MODELS = "/var/lib/qwen27b/models"
 UPGRADE = {"qwen27b_stack_overrides": {"model_revision": REV_B}}
 WEIGHTS = "model.safetensors"
-ROLLBACK_PREV = "/etc/qwen27b/rollback.prev"
 FETCH_OP = "fetch the checkpoint from the mirror"
 # bytes/s from the mirror during the interrupted fetches: ~180 s for the 269 MB file, so each of the
 # three interruptions finds the file still arriving on a loaded 2-core CI machine. The throttle

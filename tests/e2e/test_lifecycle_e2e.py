@@ -14,7 +14,7 @@ the loopback mirror with the good checkpoint under two revisions, GOOD and REV_B
                                                              each compared with its previous release: passed
     the verify measurement again on A, twice               -> the noise figures (docs/lifecycle.md)
     qwen27b rollout (REV_B + a bad flag)                  -> stops at A, A rolled back, B untouched
-    qwen27b rollout (REV_B, 8 OpenMP threads) --rollback-on-regression
+    qwen27b rollout (REV_B, a token a step) --rollback-on-regression
                                                           -> A measured slower, rolled back; B untouched
     qwen27b rollback --limit B                            -> B back on GOOD, verified; REV_B kept
     a no-op deploy of A with stale dirs planted           -> keeps N, never the current or previous
@@ -37,14 +37,13 @@ import pytest
 from qwen27b.controller import postdeploy as V
 from qwen27b.plan import regression
 from qwen27b.plan.stack import load_stack
-from test_deploy import (API_KEY, GOOD, GOOD_B, PORT, REV_B, deploy, make_lab,  # noqa: F401
+from test_deploy import (API_KEY, GOOD, GOOD_B, PORT, REV_B, ROLLBACK_PREV, deploy, make_lab,  # noqa: F401
                          show, wait_healthy)
 
 pytestmark = pytest.mark.e2e
 MODELS = "/var/lib/qwen27b/models"
 UPGRADE = {"qwen27b_stack_overrides": {"model_revision": REV_B}}
 WEIGHTS = "model.safetensors"
-ROLLBACK_PREV = "/etc/qwen27b/rollback.prev"
 TIMES: dict[str, float] = {}
 CLI = "qwen27b.tools.cli"
 NOISE: list[dict] = []  # comparisons of one release with itself (plan/regression.py), printed for the docs

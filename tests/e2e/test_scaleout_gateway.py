@@ -4,7 +4,7 @@ qwen27b_gateway), the CPU smoke profile on the other two (real vLLM, SmolLM2-135
 admin+sudo: both ways proven).
 
 The tier's one lab (tests/e2e/conftest.py LAB_ORDER, issue 31): the backends are hosts 1 and 2, the
-lifecycle's pair, both already serving (A after IPv6 and the sources, B after its rollback), so the
+lifecycle's pair, both already serving (A after the sources, B after its rollback), so the
 first deploy re-keys and re-renders them (one restart each) rather than installing again: a lab
 putting a gateway in front of hosts it already runs. The gateway goes on a bare host: host 0 where
 host 0's chain runs in the other process (./run tests), else a fourth host (conftest's
