@@ -5,9 +5,11 @@
 
 Preflight reads facts and decides everything (printed with reasons); a refused host gets no
 operations. The roles then run in the order the stack is built. Hosts of the `qwen27b_gateway`
-group get the gateway role instead (roles/gateway.py).
+group get the gateway role instead (roles/gateway.py), and its chat page with qwen27b_chat_page
+(roles/chat_page.py).
 """
 
+from roles.chat_page import chat_page
 from roles.cuda import cuda
 from roles.dflash import dflash
 from roles.firewall import firewall
@@ -31,7 +33,7 @@ decision = None if gateway_host() else preflight()
 if decision is not None:
     planned = run_roles(decision, ROLES)
 else:
-    planned = gateway_plan is not None and run_roles(gateway_plan, [gateway])
+    planned = gateway_plan is not None and run_roles(gateway_plan, [gateway, chat_page])
 if planned:
     # one line for every host, so one operation: a gateway's check below runs after every backend's verify
     release_lock()

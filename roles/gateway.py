@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import urllib.error
+from dataclasses import replace
 from io import StringIO
 
 import click
@@ -32,6 +33,8 @@ from pyinfra import host, state
 from pyinfra.facts.server import LinuxDistribution
 from pyinfra.operations import files, python, server, systemd
 
+from qwen27b.controller import apikey
+from qwen27b.controller import chat_page_render as P
 from qwen27b.controller import gateway_render as G
 from qwen27b.controller import postdeploy as V
 from qwen27b.controller import runstate
@@ -48,6 +51,7 @@ from ._common import check, dry_run, note
 from ._common import ONHOST_SOURCE, apt_install, service_user, started
 
 READY_TIMEOUT_S = 900  # the backends of the same run load their weights first (minutes on V100)
+PAGE_READY_TIMEOUT_S = 300  # Open WebUI's first start: imports and its database migrations (25-60 s here)
 
 
 def gateway_host() -> bool:
@@ -65,6 +69,8 @@ def gateway_preflight() -> GatewayPlan | None:
     settings = inventory_settings()
     inventory = [(h.name, dict(h.data.dict())) for h in state.inventory]
     plan = plan_gateways(inventory, {h.name: set(h.groups) for h in state.inventory}, settings)[host.name]
+    if plan.chat_page:
+        plan = _chat_page_secrets(plan)
     lines = plan.describe()
     note(f"== {host.name}: {lines[0]}\n")
     budgets = [c.name for c in plan.named_clients() if c.tokens_per_day]
@@ -77,6 +83,22 @@ def gateway_preflight() -> GatewayPlan | None:
                            "Debian 12 or Ubuntu 20.04"))
         return None
     return plan if take_lock() else None
+
+
+def _chat_page_secrets(plan: GatewayPlan) -> GatewayPlan:
+    """The chat page's secret files on the controller, made once (controller/apikey.py): the plan
+    carries their directory, never a value."""
+    from .preflight import BadInventory, _run  # noqa: PLC0415
+
+    directory = apikey.chat_page_dir(_run.get("inventory_file"), host.name)
+    try:
+        made = apikey.ensure_chat_page(directory)
+    except OSError as error:
+        raise BadInventory(f"the chat page's secrets cannot be made at {directory}: {error.strerror}. Fix: set "
+                           f"{apikey.STATE_ENV} to a writable directory") from None
+    if made:
+        note(f"chat page: made {', '.join(made)} in {apikey.shown(directory)} (0600)", always=True)
+    return replace(plan, chat_page=replace(plan.chat_page, secrets_dir=str(directory)))
 
 
 def _directories() -> list[list[str]]:
@@ -195,9 +217,32 @@ def _check(plan: GatewayPlan) -> None:
         result.ttft_s, result.decode_tok_s = chat["ttft_s"], chat["decode_tok_s"]
         result.completion_tokens, result.status = chat["completion_tokens"], "ok"
         say(f"gateway verified: {names[0]} through {base}, TTFT {result.ttft_s * 1000:.0f} ms")
+        if plan.chat_page:
+            _check_page(plan, names[0], say)
     except V.VerifyFailed as failure:
         result.status, result.reason = "failed", str(failure)
         raise OperationError(f"gateway verify failed: {failure}") from None
+
+
+def _check_page(plan: GatewayPlan, served: str, say) -> None:
+    """The chat page as its admin meets it: up behind nginx, the admin signs in, the page lists the
+    served model (its requests reach the gateway with the page's key)."""
+    base = P.page_url(plan)
+    if plan.tls:
+        V.trust(base, f"{plan.tls.lab_ca_dir}/ca.crt" if plan.tls.lab_ca_dir else plan.tls.cert_file)
+    V.wait_ready(base, PAGE_READY_TIMEOUT_S, say)
+    password = load_secret(str(P.password_file(plan)))
+    try:
+        with V._request(f"{base}/api/v1/auths/signin", body={"email": plan.chat_page.admin_email,  # noqa: SLF001
+                                                             "password": password}) as response:
+            token = json.load(response)["token"]
+    except (urllib.error.HTTPError, OSError, ValueError, KeyError) as error:
+        raise V.VerifyFailed(f"the chat page's admin {plan.chat_page.admin_email} cannot sign in at {base}: {error} "
+                             f"(an earlier admin password stays the page's: see {P.password_file(plan)})") from None
+    models = [m.get("id") for m in _get(f"{base}/api/models", token).get("data", [])]
+    if served not in models:
+        raise V.VerifyFailed(f"the chat page at {base} lists {models}, not {served}: it does not reach the gateway")
+    say(f"chat page verified: {base}/ (the admin signs in; it lists {served})")
 
 
 def _status(url: str, key: str | None) -> int:

@@ -26,6 +26,7 @@ from qwen27b.controller.report import format_operations
 from qwen27b.onhost.contract import TEXTFILE_DIR, TEXTFILE_NAME
 from qwen27b.plan.lifecycle import (GATEWAY_USER, LOCK_DIR, NFT_TABLE, SERVICE_UNITS, Installed, UninstallOptions, probe_paths,
                                     uninstall_plan)
+from qwen27b.plan.chatpage import USER as CHAT_PAGE_USER
 from qwen27b.plan.stack import load_stack
 
 from .preflight import inventory_settings, release_lock, take_lock
@@ -39,11 +40,12 @@ def uninstall() -> bool:
     settings = inventory_settings()[host.name]  # bad inventory stops the run before any fact is read
     paths = load_stack()["paths"]
     probe = {"paths": probe_paths(paths, UNIT_DIR, TEXTFILE), "units": list(SERVICE_UNITS),
-             "accounts": [HostLayout.of(paths).service_user, GATEWAY_USER], "nft_table": NFT_TABLE}
+             "accounts": [HostLayout.of(paths).service_user, GATEWAY_USER, CHAT_PAGE_USER], "nft_table": NFT_TABLE}
     factcache.prefetch([(DeployedState, probe), (HeldPackages, {}), (NvidiaCudaPackages, {})])
     have = Installed(**host.get_fact(DeployedState, **probe), held=host.get_fact(HeldPackages) or [],
                      packages=host.get_fact(NvidiaCudaPackages) or {})
-    options = UninstallOptions(weights=settings.uninstall_weights, driver=settings.uninstall_driver)
+    options = UninstallOptions(weights=settings.uninstall_weights, driver=settings.uninstall_driver,
+                               chat_data=settings.uninstall_chat_data)
     removals, kept = uninstall_plan(have, paths, options, UNIT_DIR, TEXTFILE)
     lines = [f"== {host.name}: uninstall plan ({len(removals)} removal(s))"]
     lines += [f"   remove {r.what}: {r.why}" for r in removals] or ["   nothing (more) to remove on this host"]

@@ -11,6 +11,7 @@ to serve an open API. The key is never printed: the plan names its file.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from pathlib import Path
 
@@ -20,27 +21,56 @@ STATE_ENV = "QWEN27B_STATE_DIR"
 KEY_NAME = "api.key"
 
 
-def key_file(inventory_file: str | None) -> Path:
-    """Where the lab key is: $QWEN27B_STATE_DIR, else `.qwen27b/` beside the inventory file (the
-    working directory when the inventory is no file: `pyinfra host1,host2 ...`)."""
+def state_dir(inventory_file: str | None) -> Path:
+    """The controller's state beside the inventory: $QWEN27B_STATE_DIR, else `.qwen27b/` beside the
+    inventory file (the working directory when the inventory is no file: `pyinfra host1,host2 ...`)."""
     base = os.environ.get(STATE_ENV)
     if not base:
         inventory = Path(inventory_file) if inventory_file else None
         base = (inventory.resolve().parent if inventory and inventory.is_file() else Path.cwd()) / ".qwen27b"
-    return Path(base) / KEY_NAME
+    return Path(base)
 
 
-def ensure(path: Path) -> bool:
+def key_file(inventory_file: str | None) -> Path:
+    """Where the lab key is (state_dir)."""
+    return state_dir(inventory_file) / KEY_NAME
+
+
+def ensure(path: Path, text: str | None = None) -> bool:
     """Make the key file once (True), or leave the one there (False). O_EXCL: two runs at once make
-    one key; O_NOFOLLOW: a symlink put there is not written through."""
+    one key; O_NOFOLLOW: a symlink put there is not written through. `text`: the file's line (default
+    a new lab key)."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
         return False
     with os.fdopen(fd, "w", encoding="ascii") as fh:
-        fh.write(f"VLLM_API_KEY=sk-qwen27b-{secrets.token_urlsafe(32)}\n")
+        fh.write(text or f"VLLM_API_KEY={new_key()}\n")
     return True
+
+
+def new_key() -> str:
+    return f"sk-qwen27b-{secrets.token_urlsafe(32)}"
+
+
+# the chat page's secrets on the controller (issue 29), one directory per gateway host: the page's own
+# gateway key, the admin account's first password (the admin reads it here), Open WebUI's session secret
+CHAT_PAGE_FILES = {"page_key": "page.key", "admin_password": "admin.password", "session_secret": "session.secret"}
+
+
+def chat_page_dir(inventory_file: str | None, host: str) -> Path:
+    return state_dir(inventory_file) / "chat-page" / re.sub(r"[^A-Za-z0-9._-]", "_", host)
+
+
+def ensure_chat_page(directory: Path) -> list[str]:
+    """Make whichever of the page's secret files is missing (each once, 0600); their names."""
+    made = []
+    for name, file_name in CHAT_PAGE_FILES.items():
+        value = new_key() if name == "page_key" else secrets.token_urlsafe(24)
+        if ensure(directory / file_name, value + "\n"):
+            made.append(file_name)
+    return made
 
 
 def lab_data(data: dict, inventory_file: str | None) -> dict:

@@ -12,7 +12,8 @@ from pathlib import Path
 from qwen27b.controller.render import SANDBOX, render
 from qwen27b.onhost.contract import GATEWAY_UNIT, POOL_UNIT
 from qwen27b.onhost.secretfile import load_secret
-from qwen27b.plan.gateway import GatewayPlan
+from qwen27b.controller import chat_page_render as P
+from qwen27b.plan.gateway import USAGE_PORT, GatewayPlan, listen_on
 from qwen27b.plan.hostlayout import HostLayout
 from qwen27b.plan.hostdata import SECRET_NAMES
 
@@ -26,7 +27,6 @@ PACKAGES = ["nginx-light", "python3"]  # nginx-light: the core modules (upstream
 LUA_PACKAGE = "libnginx-mod-http-lua"  # nginx's Lua module (and its NDK), from the OS archive: usage per key
 LUA_MODULES = ["/usr/lib/nginx/modules/ndk_http_module.so", "/usr/lib/nginx/modules/ngx_http_lua_module.so"]
 USAGE_LUA = "qwen27b_gateway_usage.lua"  # qwen27b/onhost/: counts each key's tokens from the responses
-USAGE_PORT = 9121  # the usage counters in Prometheus' text format, on loopback
 DISTRO_UNIT = "nginx.service"  # the package's own server (its default site on :80): stopped, disabled
 POOL_MODULE = "qwen27b_onhost.gateway_pool"
 
@@ -82,10 +82,6 @@ def layout(prefix: str = "") -> dict[str, str]:
         "gateway_unit": HostLayout.unit_file(GATEWAY_UNIT),
         "pool_unit": HostLayout.unit_file(POOL_UNIT),
     }.items()}
-
-
-def _listen(address: str, port: int) -> str:
-    return f"[{address}]:{port}" if ipaddress.ip_address(address).version == 6 else f"{address}:{port}"
 
 
 def pool_argv(command: str, where: dict) -> list[str]:
@@ -175,14 +171,14 @@ def nginx_context(plan: GatewayPlan, where: dict, run_as: list[str] | None = Non
         "upstream_file": where["upstream_file"],
         "keepalive": 32,
         "keepalive_timeout_s": 4,
-        "listens": [_listen(plan.address, plan.port) + (" ssl" if plan.tls else "")],
+        "listens": [listen_on(plan.address, plan.port) + (" ssl" if plan.tls else "")],
         # TLS 1.2 and 1.3 only, nginx's default ciphers; a session cache spares reconnecting clients a handshake
         "tls": [f"ssl_certificate {where['tls_cert']};", f"ssl_certificate_key {where['tls_key']};",
                 "ssl_protocols TLSv1.2 TLSv1.3;", "ssl_session_cache shared:qwen27b_tls:1m;",
                 "ssl_session_timeout 1h;"] if plan.tls else [],
         **usage_lines(where, usage_port, usage, lua_budgets(plan),
                       # the gateway's address for the lab's Prometheus (a loopback test gateway has it already)
-                      tuple(_listen(plan.address, usage_port) for _ in plan.metrics_allow[:1] if plan.address != "127.0.0.1"),
+                      tuple(listen_on(plan.address, usage_port) for _ in plan.metrics_allow[:1] if plan.address != "127.0.0.1"),
                       plan.metrics_allow, plan.log_bodies),
         # qwen27b_gateway_log_bodies: each request's body (kept in memory up to 128 KiB: nginx logs
         # none it wrote to a temp file) and, where Lua counts usage, the first 64 KiB of its answer
@@ -194,6 +190,7 @@ def nginx_context(plan: GatewayPlan, where: dict, run_as: list[str] | None = Non
         **{f"limits_{where_}": lines for where_, lines in limit_lines(plan).items()},  # "http", "location"
         "connect_timeout_s": 2,  # a backend that does not answer SYN in 2 s: try the next one
         "tries": len(plan.backends),  # each backend once
+        **P.nginx_lines(plan, where),  # the chat page (qwen27b_chat_page): its server, the page's listener
     }
 
 
@@ -205,7 +202,10 @@ def keys_text(plan: GatewayPlan) -> str:
     client = [(re.sub(r"([.+])", r"\\\1", load_secret(c.key_file, SECRET_NAMES["gateway_key_files"])), c.name)
               for c in plan.named_clients()]
     backend = f"Bearer {load_secret(plan.backend_key_file)}" if plan.backend_key_file else ""
-    return render("qwen27b-gateway-keys.conf.j2", {"client_keys": client, "backend_authorization": [backend]})
+    page = P.keys_lines(plan) if plan.chat_page else []  # then the keys' map sets $qwen27b_key_client
+    return render("qwen27b-gateway-keys.conf.j2", {"client_keys": client, "backend_authorization": [backend],
+                                                   "client_var": "qwen27b_key_client" if page else "qwen27b_client",
+                                                   "page": page})
 
 
 def limit_lines(plan: GatewayPlan) -> dict[str, list[str]]:
@@ -252,7 +252,7 @@ def tls_pair(plan: GatewayPlan) -> tuple[bytes, bytes] | None:
 
 
 def unit_contexts(plan: GatewayPlan, where: dict) -> dict[str, dict]:
-    listen = _listen(plan.address, plan.port)
+    listen = listen_on(plan.address, plan.port)
     allow = ["localhost"] + sorted({f"{b.address}/{32 if ipaddress.ip_address(b.address).version == 4 else 128}"
                                     for b in plan.backends})
     return {

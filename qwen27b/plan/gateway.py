@@ -21,11 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qwen27b.onhost.secretfile import load_secret
-from qwen27b.plan.hostdata import (PREFIX, SECRET_NAMES, BadHostData, Settings, check_secret_file, instances_of, lab_address,
+from qwen27b.plan.chatpage import HOUSEKEEPING, ChatPage, plan_chat_page
+from qwen27b.plan.hostdata import (GATEWAY_KEYS, PREFIX, SECRET_NAMES, BadHostData, Settings, check_secret_file, instances_of, lab_address,
                                    parse_address)
 
 GROUP = "qwen27b_gateway"
 DEFAULT_PORT = 8000
+USAGE_PORT = 9121  # the usage counters in Prometheus' text format (loopback; the gateway's address for metrics_allow)
 DEFAULT_REQUEST_TIMEOUT_S = 600  # a long generation on a loaded V100; also a drain's longest wait
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 
@@ -97,6 +99,7 @@ class GatewayPlan:
     metrics_allow: tuple[str, ...] = ()  # networks whose Prometheus may read the usage counters (:9121)
     fair_share: bool = False  # no key may hold every slot of the pool (qwen27b_gateway_fair_share, 2+ keys)
     log_bodies: bool = False  # the request log keeps each request's body and its answer's (qwen27b_gateway_log_bodies)
+    chat_page: ChatPage | None = None  # Open WebUI behind this nginx (qwen27b_chat_page; plan/chatpage.py)
 
     def named_clients(self) -> tuple[Client, ...]:
         return self.clients or tuple(Client(key_name(path), path) for path in self.key_files)
@@ -131,6 +134,11 @@ class GatewayPlan:
                      "  plain HTTP: client keys, prompts and answers cross the network unencrypted (fine on a closed "
                      "lab network; else set qwen27b_gateway_tls_lab_ca, or qwen27b_gateway_tls_cert and _tls_key)")
         return lines
+
+
+def listen_on(address: str, port: int) -> str:
+    """ADDRESS:PORT as nginx's listen and a URL take it (an IPv6 address in brackets)."""
+    return f"[{address}]:{port}" if ipaddress.ip_address(address).version == 6 else f"{address}:{port}"
 
 
 def is_gateway(groups: set | list | tuple) -> bool:
@@ -388,10 +396,15 @@ def plan_gateway(host: str, data: dict, inventory: list[tuple[str, dict]], gatew
         raise BadHostData(host, PREFIX + "gateway_key_files", "a client key is the backends' API key",
                           "give clients their own keys: the backends' key stays with the gateway")
     fair = data.get(PREFIX + "gateway_fair_share")
+    page = plan_chat_page(host, data, [c.name for c in clients],
+                          {port: "the gateway's API", **({USAGE_PORT: "the usage counters"} if data.get(PREFIX + "gateway_metrics_allow") else {})})
+    if page and HOUSEKEEPING in {c.name for c in clients}:
+        raise BadHostData(host, PREFIX + "gateway_key_files", f"a key is named {HOUSEKEEPING!r}, the name the chat page's "
+                          "own requests count under", "give that key another name: {file: ..., name: ...}")
     return GatewayPlan(host, address, port, key_files, tuple(backends), backend_key, served, timeout,
                        _tls(host, data, address), clients, _metrics_allow(host, data),
                        fair_share=(fair is not False) and len(clients) > 1,
-                       log_bodies=data.get(PREFIX + "gateway_log_bodies") is True)
+                       log_bodies=data.get(PREFIX + "gateway_log_bodies") is True, chat_page=page)
 
 
 def _metrics_allow(host: str, data: dict) -> tuple[str, ...]:
@@ -412,7 +425,7 @@ def plan_gateways(inventory: list[tuple[str, dict]], groups: dict[str, set],
     be silently ignored)."""
     gateways = {name for name, _ in inventory if is_gateway(groups.get(name, ()))}
     for name, data in inventory:
-        stray = [key for key in data if key.startswith(PREFIX + "gateway_") and data[key] is not None]
+        stray = [key for key in data if key in GATEWAY_KEYS and data[key] is not None]
         if stray and name not in gateways:
             raise BadHostData(name, stray[0], f"only hosts of the {GROUP} group read it",
                               f"put {name} in the {GROUP} group, or remove the key")

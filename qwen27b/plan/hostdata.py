@@ -104,6 +104,7 @@ class Settings:
     ecc: str | None = None  # "on": nvidia-smi -e 1 where ECC is off (after a reboot); None: left as found
     uninstall_weights: bool = False  # the model revisions under /var/lib/qwen27b/models (20+ GiB) too
     uninstall_driver: bool = False  # unhold and purge the NVIDIA driver packages, remove the nouveau blacklist
+    uninstall_chat_data: bool = False  # a gateway's chat page: its users and chats too
 
     @property
     def speculative_mode(self) -> str:
@@ -168,6 +169,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "ecc": (str, bool),  # YAML 1.1 reads a bare `on` as True
     "uninstall_weights": (bool,),
     "uninstall_driver": (bool,),
+    "uninstall_chat_data": (bool,),
 }
 # Keys read on the gateway hosts only (the qwen27b_gateway group): their meaning and the checks
 # across hosts are in qwen27b/plan/gateway.py; typed here like every other key.
@@ -183,6 +185,11 @@ GATEWAY_TYPES: dict[str, tuple[type, ...]] = {
     "gateway_tls_lab_ca": (str,),  # controller-side dir of a lab CA made and kept by qwen27b (instead of the two above)
     "gateway_fair_share": (bool,),  # default true: with 2+ keys, no key holds every slot of the pool
     "gateway_log_bodies": (bool,),  # default false: the request log keeps prompts and answers (privacy!)
+    # the chat page on the gateway host (qwen27b/plan/chatpage.py)
+    "chat_page": (bool,),  # default false: Open WebUI behind the gateway's nginx
+    "chat_page_port": (int,),  # on the gateway's address (default 8080)
+    "chat_page_admin_email": (str,),  # the admin account the deploy makes (default admin@qwen27b.lab)
+    "chat_page_accounts": (dict,),  # {page account e-mail: gateway key name}
 }
 PREFIX = "qwen27b_"
 OPEN_API = "none"  # qwen27b_api_key_file: none, the explicit choice of an API without a key

@@ -21,9 +21,10 @@ import shlex
 import urllib.parse
 from dataclasses import dataclass, field
 
-from qwen27b.onhost.contract import (FIREWALL_UNIT, GATEWAY_UNIT, HEALTH_HTTP_SOCKET, HEALTH_HTTP_TEMPLATE, HEALTH_TIMER,
+from qwen27b.onhost.contract import (CHAT_PAGE_UNIT, FIREWALL_UNIT, GATEWAY_UNIT, HEALTH_HTTP_SOCKET, HEALTH_HTTP_TEMPLATE, HEALTH_TIMER,
                                      HEALTH_UNIT, INSTANCE_TEMPLATE, POOL_UNIT, RAY_UNIT, SEED_UNIT, SERVICE_UNIT)
 
+from qwen27b.plan import chatpage
 from qwen27b.plan.hostlayout import RECORD_NAME, ROLLBACK_SUBDIR, HostLayout  # noqa: F401 (RECORD_NAME, ROLLBACK_SUBDIR: their importers)
 
 
@@ -263,6 +264,7 @@ def stale_dirs(paths: list[str], current: str, protected: set[str] | frozenset[s
 class UninstallOptions:
     weights: bool = False  # qwen27b_uninstall_weights: the model revisions too (20+ GiB)
     driver: bool = False  # qwen27b_uninstall_driver: unhold and purge the NVIDIA driver, the nouveau blacklist
+    chat_data: bool = False  # qwen27b_uninstall_chat_data: the chat page's users and chats too
 
 
 @dataclass(frozen=True)
@@ -286,13 +288,16 @@ class Installed:
     packages: dict[str, str] = field(default_factory=dict)  # installed driver/CUDA package -> version
 
 
-SERVICE_UNITS = (HEALTH_TIMER, HEALTH_HTTP_SOCKET, SERVICE_UNIT, HEALTH_UNIT, RAY_UNIT, SEED_UNIT, GATEWAY_UNIT, POOL_UNIT,
-                 FIREWALL_UNIT)  # stopped in this order
+SERVICE_UNITS = (HEALTH_TIMER, HEALTH_HTTP_SOCKET, SERVICE_UNIT, HEALTH_UNIT, RAY_UNIT, SEED_UNIT, CHAT_PAGE_UNIT, GATEWAY_UNIT,
+                 POOL_UNIT, FIREWALL_UNIT)  # stopped in this order
 UNIT_FILES = (SERVICE_UNIT, HEALTH_UNIT, HEALTH_TIMER, HEALTH_HTTP_SOCKET, HEALTH_HTTP_TEMPLATE, RAY_UNIT, GATEWAY_UNIT,
-              POOL_UNIT, FIREWALL_UNIT, f"{SERVICE_UNIT}.d", INSTANCE_TEMPLATE)
+              POOL_UNIT, CHAT_PAGE_UNIT, FIREWALL_UNIT, f"{SERVICE_UNIT}.d", INSTANCE_TEMPLATE)
 # a gateway host's own (roles/gateway.py; controller/gateway_render.py names them): its nginx package stays
 GATEWAY_DIRS = ("/opt/qwen27b-gateway", "/etc/qwen27b-gateway", "/var/lib/qwen27b-gateway")
 GATEWAY_USER = "qwen27b-gateway"
+# a gateway's chat page (roles/chat_page.py): its venvs and environment go; its users and chats (and
+# the user that owns them) only with qwen27b_uninstall_chat_data
+CHAT_PAGE_DIRS = (chatpage.ROOT, chatpage.CONFIG_DIR)
 NFT_TABLE = "inet qwen27b"
 DRIVER_PACKAGE = re.compile(r"^(?:nvidia-|libnvidia-|xserver-xorg-video-nvidia)")
 NOUVEAU_BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
@@ -321,7 +326,8 @@ def probe_paths(paths: dict, unit_dir: str, textfile: str) -> list[str]:
     """Every path the uninstall looks for (the DeployedState fact's argument)."""
     at = HostLayout.of(paths)
     return ([at.root, at.config, at.state, at.models, *_beside_weights(paths), CUDA_PROFILE,
-             textfile, textfile.rsplit("/", 1)[0], NOUVEAU_BLACKLIST, MOK_CONFIG, *GATEWAY_DIRS, APT_PROXY_CONF,
+             textfile, textfile.rsplit("/", 1)[0], NOUVEAU_BLACKLIST, MOK_CONFIG, *GATEWAY_DIRS, *CHAT_PAGE_DIRS,
+             chatpage.STATE_DIR, APT_PROXY_CONF,
              APT_PROXY_AUTH, APT_MIRROR_CONF, APT_MIRROR_LIST, APT_MIRROR_PARTS, APT_MIRROR_AUTH]
             + [f"{unit_dir}/{name}" for name in UNIT_FILES])
 
@@ -371,7 +377,8 @@ def uninstall_plan(have: Installed, paths: dict, options: UninstallOptions, unit
                       (APT_MIRROR_LIST, "qwen27b_apt_mirror's source list"),
                       (APT_MIRROR_PARTS, "qwen27b_apt_mirror's (empty) source parts dir"),
                       (APT_MIRROR_AUTH, "apt's login to qwen27b_apt_mirror (its password)"),
-                      *((path, "the gateway's code, config and keys, state") for path in GATEWAY_DIRS)):
+                      *((path, "the gateway's code, config and keys, state") for path in GATEWAY_DIRS),
+                      *((path, "the chat page's venv, uv, wheelhouse and environment") for path in CHAT_PAGE_DIRS)):
         if path in have.paths:
             removals.append(Removal(path, why, (f"rm -rf {q(path)}",)))
     state, models = at.state, at.models
@@ -405,6 +412,7 @@ def uninstall_plan(have: Installed, paths: dict, options: UninstallOptions, unit
         removals.append(Removal(f"gateway user {GATEWAY_USER}", "nginx's workers on a gateway host (its group goes with it)",
                                 (f"userdel {q(GATEWAY_USER)}", f"getent group {q(GATEWAY_USER)} >/dev/null && "
                                  f"groupdel {q(GATEWAY_USER)} || true")))
+    removals += _chat_data(have, options)
     removals += _driver(have, options)
     if not options.driver:
         driver = sorted(name for name in have.packages if DRIVER_PACKAGE.match(name))
@@ -413,7 +421,28 @@ def uninstall_plan(have: Installed, paths: dict, options: UninstallOptions, unit
             kept.append("the NVIDIA driver" + (f" ({', '.join(held)} held)" if held else "")
                         + (", the nouveau blacklist" if NOUVEAU_BLACKLIST in have.paths else "")
                         + ": set qwen27b_uninstall_driver=true to unhold and purge them")
-    return removals, kept
+    return removals, kept + chat_data_kept(have, options)
+
+
+def _chat_data(have: Installed, options: UninstallOptions) -> list[Removal]:
+    """The chat page's users and chats (and the user owning them): with qwen27b_uninstall_chat_data."""
+    q, out = shlex.quote, []
+    if options.chat_data and chatpage.STATE_DIR in have.paths:
+        out.append(Removal(chatpage.STATE_DIR, "the chat page's users and chats (qwen27b_uninstall_chat_data)",
+                           (f"rm -rf {q(chatpage.STATE_DIR)}",)))
+    if chatpage.USER in have.users and (options.chat_data or chatpage.STATE_DIR not in have.paths):
+        out.append(Removal(f"chat page user {chatpage.USER}", "Open WebUI's (its group goes with it)",
+                           (f"userdel {q(chatpage.USER)}",
+                            f"getent group {q(chatpage.USER)} >/dev/null && groupdel {q(chatpage.USER)} || true")))
+    return out
+
+
+def chat_data_kept(have: Installed, options: UninstallOptions) -> list[str]:
+    if options.chat_data or chatpage.STATE_DIR not in have.paths:
+        return []
+    return [f"{chatpage.STATE_DIR} and its owner {chatpage.USER}: the chat page's users and chats (set "
+            "qwen27b_uninstall_chat_data=true, `qwen27b uninstall --chat-data`, to remove them; a later deploy "
+            "serves them again)"]
 
 
 def _driver(have: Installed, options: UninstallOptions) -> list[Removal]:

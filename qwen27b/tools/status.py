@@ -42,7 +42,7 @@ from pathlib import Path
 from qwen27b.controller import remote
 from qwen27b.controller.gateway_render import GATEWAY_UNIT, layout as gateway_layout
 from qwen27b.controller.report import reports_dir, table
-from qwen27b.onhost.contract import SERVICE_UNIT
+from qwen27b.onhost.contract import CHAT_PAGE_UNIT, SERVICE_UNIT
 from qwen27b.onhost.unit import parse_show, show_command
 from qwen27b.plan.hostlayout import HostLayout
 from qwen27b.plan.stack import load_stack
@@ -72,6 +72,8 @@ def commands(paths: dict) -> dict[str, str]:
         # a gateway host (the qwen27b_gateway group) has these instead of the service and its health
         "gateway": remote.guard("systemctl", show_command(GATEWAY_UNIT, UNIT_PROPS)),
         "pool": f"head -c {HEALTH_MAX_BYTES} {q(gateway_layout()['pool_file'])}",
+        # its chat page (qwen27b_chat_page): the unit's state, and its URL from the unit's description
+        "page": remote.guard("systemctl", show_command(CHAT_PAGE_UNIT, UNIT_PROPS + ("Description",))),
         "copies": copies_command(paths),
     }
 
@@ -281,8 +283,10 @@ def power_cell(row: HostStatus) -> str:
     return "; ".join(parts)
 
 
-def _parse_gateway(row: HostStatus, unit: str | None, pool: str | None, pool_code: int | None) -> None:
-    """A host whose gateway unit is loaded: its state and its pool file (the watcher's record)."""
+def _parse_gateway(row: HostStatus, unit: str | None, pool: str | None, pool_code: int | None,
+                   page_text: str | None = None) -> None:
+    """A host whose gateway unit is loaded: its state, its pool file (the watcher's record) and its
+    chat page's unit (qwen27b_chat_page), if any."""
     props = parse_show(unit or "") if unit and unit.strip() != remote.NOCMD else {}
     if props.get("LoadState") != "loaded":
         return
@@ -292,6 +296,11 @@ def _parse_gateway(row: HostStatus, unit: str | None, pool: str | None, pool_cod
         record = json.loads(pool or "") if not pool_code else None
     except ValueError:
         record = None
+    page = parse_show(page_text or "") if page_text and page_text.strip() != remote.NOCMD else {}
+    if page.get("LoadState") == "loaded":
+        url = re.search(r"https?://\S+/", page.get("Description", ""))
+        row.gateway["page"] = {"active": page.get("ActiveState", "unknown"), "sub": page.get("SubState", ""),
+                               "url": url.group(0) if url else ""}
     if isinstance(record, dict) and isinstance(record.get("pool"), list):
         row.gateway.update(pool=[str(p) for p in record["pool"]], drained=[str(d) for d in record.get("drained") or []],
                            failed_open=bool(record.get("failed_open")))
@@ -330,7 +339,7 @@ def parse(host: str, outputs: dict[str, str], codes: dict[str, int], paths: dict
     _parse_gpus(row, outputs.get("gpus"), codes.get("gpus"))
     _parse_power(row, outputs.get("power"), codes.get("power"))
     _parse_engine(row, outputs.get("engine"), codes.get("engine"))
-    _parse_gateway(row, outputs.get("gateway"), outputs.get("pool"), codes.get("pool"))
+    _parse_gateway(row, outputs.get("gateway"), outputs.get("pool"), codes.get("pool"), outputs.get("page"))
     _parse_copies(row, outputs.get("copies"), now)
     return row
 
@@ -443,6 +452,9 @@ def copy_cells(host: HostStatus, copy: HostStatus) -> list[str]:
 def _gateway_cells(g: dict) -> list[str]:
     """service, health (the pool), release, model, gpus of a gateway host's row."""
     service = "gateway " + "/".join(p for p in (g["active"], g["sub"]) if p)
+    if g.get("page"):
+        page = g["page"]
+        service += f"; chat page {'/'.join(p for p in (page['active'], page['sub']) if p)} {page['url']}".rstrip()
     if g["pool"] is None:
         pool = "pool unknown (no pool file)"
     else:

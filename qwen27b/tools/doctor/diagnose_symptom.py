@@ -6,7 +6,7 @@ from __future__ import annotations
 from qwen27b.controller.remote import SUDO_PASSWORD_NEEDED
 
 from .context import Ctx, run_failure
-from .model import FAIL, INFO, OK, SKIP, WARN, Check
+from .model import CHAT_PAGE_KEY, FAIL, INFO, OK, SKIP, WARN, Check
 
 
 def _history_check(ctx: Ctx) -> Check:
@@ -110,3 +110,21 @@ def step1(ctx: Ctx) -> list[Check]:
     if view.history:
         checks.append(_history_check(ctx))
     return checks
+
+
+def chat_page_check(ctx: Ctx) -> list[Check]:
+    """The chat page (a gateway host with qwen27b_chat_page): its unit runs and Open WebUI answers
+    /health on loopback. No check where there is no page and none is asked for."""
+    lines = (ctx.snap.text(CHAT_PAGE_KEY) or "").splitlines()
+    props = dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("Journal="))
+    wanted = ctx.snap.data.get("qwen27b_chat_page") is True
+    if props.get("LoadState") != "loaded":
+        return [Check(1, "chat page", FAIL, "qwen27b_chat_page is set, but qwen27b-chat-page.service is not installed",
+                      "run the deploy for this gateway host")] if wanted else []
+    state = f"{props.get('ActiveState', '?')}/{props.get('SubState', '?')}"
+    journal = " | ".join(line[len("Journal="):] for line in lines if line.startswith("Journal="))[-400:]
+    if props.get("ActiveState") == "active" and props.get("Health") == "200":
+        return [Check(1, "chat page", OK, f"{state}; Open WebUI answers /health on loopback")]
+    return [Check(1, "chat page", FAIL, f"{state}, {props.get('NRestarts', '0')} restart(s), /health on loopback "
+                  f"answers {props.get('Health', '?')} (000: not listening); last journal lines: {journal or 'none'}",
+                  "read `journalctl -u qwen27b-chat-page -n 100`; a page still starting answers within a minute")]

@@ -9,7 +9,7 @@ from .diagnose_environment import step3
 from .diagnose_inputs import step2
 from .diagnose_limits import step5
 from .diagnose_parameters import step4
-from .diagnose_symptom import step1
+from .diagnose_symptom import chat_page_check, step1
 from .model import STEPS, HostSnapshot, Report
 
 
@@ -35,4 +35,6 @@ def _chain(snap: HostSnapshot, stack: dict) -> Report:
     checks = []
     for number, step in enumerate((step1, step2, step3, step4, step5), 1):
         checks += guarded(number, STEPS[number], step, ctx)
+        if number == 1 and not snap.copy:
+            checks += guarded(1, STEPS[1], chat_page_check, ctx)
     return Report(host, checks, getattr(ctx, "symptom", {}), unit=snap.unit_name)
