@@ -230,7 +230,7 @@ def _check_page(plan: GatewayPlan, served: str, say) -> None:
     base = P.page_url(plan)
     if plan.tls:
         V.trust(base, f"{plan.tls.lab_ca_dir}/ca.crt" if plan.tls.lab_ca_dir else plan.tls.cert_file)
-    V.wait_ready(base, PAGE_READY_TIMEOUT_S, say)
+    V.wait_ready(base, PAGE_READY_TIMEOUT_S, lambda line: say(line.replace("loading weights", "chat page starting")))
     password = load_secret(str(P.password_file(plan)))
     try:
         with V._request(f"{base}/api/v1/auths/signin", body={"email": plan.chat_page.admin_email,  # noqa: SLF001

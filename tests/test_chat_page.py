@@ -191,3 +191,18 @@ def test_status_shows_the_pages_unit_and_address_beside_the_gateway():
                    "Description=qwen27b chat page at https://10.0.0.9:8080/ (Open WebUI 0.12.4 on 127.0.0.1:8081)\n")
     assert row.gateway["page"] == {"active": "active", "sub": "running", "url": "https://10.0.0.9:8080/"}
     assert _gateway_cells(row.gateway)[0] == "gateway active/running; chat page active/running https://10.0.0.9:8080/"
+
+
+def test_the_key_command_writes_a_new_key_once_and_prints_only_its_inventory_entry(tmp_path, capsys):
+    from qwen27b.onhost.secretfile import load_secret
+    from qwen27b.tools.cli import main
+
+    path = tmp_path / "secrets" / "alice.key"
+    assert main(["key", "new", str(path)]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out) == {"file": str(path), "name": "alice"} and path.stat().st_mode & 0o777 == 0o600
+    key = load_secret(str(path))
+    assert key.startswith("sk-qwen27b-") and key not in out.out + out.err
+    assert main(["key", "new", str(path)]) == 1 and load_secret(str(path)) == key  # never overwritten
+    assert "never overwritten" in capsys.readouterr().err
+    assert main(["key", "new", str(tmp_path / "b.key"), "--name", "bad name"]) == 2

@@ -90,6 +90,10 @@ def env_text(plan: GatewayPlan, where: dict) -> str:
         "ENABLE_OLLAMA_API": "false", "ENABLE_OPENAI_API": "true",
         "OPENAI_API_BASE_URL": api_base(plan), "OPENAI_API_KEY": secrets["page_key"],
         "ENABLE_FORWARD_USER_INFO_HEADERS": "true",
+        # every account sees the served model (without it only admins see a model no one granted);
+        # tools described in the prompt, not sent as OpenAI tools with tool_choice auto (an engine
+        # without --enable-auto-tool-choice answers those 400)
+        "BYPASS_MODEL_ACCESS_CONTROL": "true", "DEFAULT_MODEL_PARAMS": """'{"function_calling": "legacy"}'""",
         **({"DEFAULT_MODELS": plan.served_name} if plan.served_name else {}),
         # offline: no telemetry, update check, model download, web search or sharing
         "OFFLINE_MODE": "true", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",

@@ -242,7 +242,7 @@ def _client_keys(host: str, data: dict) -> tuple[Client, ...]:
     if not entries:
         raise BadHostData(host, key, "a gateway needs at least one client key (an open gateway would serve anyone "
                           "on the network)", "list 0600 key files, e.g. ['secrets/team-a.key'] "
-                          "(`openssl rand -hex 32 > FILE; chmod 600 FILE`)")
+                          "(`qwen27b key new FILE`, or `openssl rand -hex 32 > FILE; chmod 600 FILE`)")
     clients = [_client(host, key, entry) for entry in entries]
     seen: dict[str, str] = {}
     names: dict[str, str] = {}

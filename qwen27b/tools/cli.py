@@ -28,6 +28,7 @@ COMMANDS = {
     "reach": ("qwen27b.tools.reach", "from each host, a HEAD request to each source its plan fetches from"),
     "status": ("qwen27b.tools.status", "service, health, release, model, GPUs, last verify of every host"),
     "gateway": ("qwen27b.tools.gateway", "drain / undrain a backend at every gateway, or show the pools"),
+    "key": ("qwen27b.tools.key", "a new gateway client key in a 0600 file (an API user or a chat page account)"),
     "usage": ("qwen27b.tools.usage", "each gateway key's requests, 429s and tokens over a window"),
     "rollout": ("qwen27b.tools.rollout", "a rolling upgrade: canary first, each batch verified before the next"),
     "rollback": ("qwen27b.tools.rollback", "switch hosts back to their previous release and verify it"),

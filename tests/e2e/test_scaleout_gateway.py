@@ -104,13 +104,14 @@ def gw(testhosts, gateway_host, mirror, tmp_path_factory):
         f"_hosts = {{n: {{k: v for k, v in d.items() if k != 'testhost_root'}} for n, d in "
         f"runpy.run_path({str(hosts.lab.inventory)!r})['testhosts']}}\n"
         "EXTRA = json.loads(os.environ.get('QWEN27B_E2E_EXTRA', '{}'))\n"
-        "GATEWAY_EXTRA = {k: v for k, v in EXTRA.items() if k.startswith('qwen27b_gateway_')}\n"
+        "GATEWAY_EXTRA = {k: v for k, v in EXTRA.items() if k.startswith(('qwen27b_gateway_', 'qwen27b_chat_page'))}\n"
         f"qwen27b_gateway = [({gateway.name!r}, {{**_hosts[{gateway.name!r}], **{gateway_data!r}, **GATEWAY_EXTRA}})]\n"
         f"backends = [(n, {{**_hosts[n], **{backend_data!r}, **{{k: v for k, v in EXTRA.items() if k not in GATEWAY_EXTRA}}}}) "
         f"for n in {[b.name for b in backends]!r}]\n")
     yield {"inventory": inventory, "work": work, "logs": [], "host": gateway, "backends": backends,
            "base": f"http://{gateway.address}:8000", "figures": {}}
-    gateway.run("systemctl stop qwen27b-gateway-pool.service qwen27b-gateway.service", check=False, timeout=120)
+    gateway.run("systemctl stop qwen27b-chat-page.service qwen27b-gateway-pool.service qwen27b-gateway.service",
+                check=False, timeout=120)
 
 
 def client(key: str | None = CLIENT_KEYS[0], timeout: float = 120) -> httpx.Client:
@@ -588,12 +589,76 @@ def test_fleet_status_shows_the_gateway_and_its_pool(gw):
         assert row["health"] in ("OK", "WARNING"), row
 
 
+PAGE_ACCOUNT = {"name": "Alice", "email": "alice@lab.example", "password": "alice-" + os.urandom(6).hex()}
+SCREENSHOT = ROOT / "reports" / "e2e" / "chat-page.png"
+
+
+def test_the_chat_page_signs_in_streams_an_answer_and_counts_it_under_the_accounts_key(gw):
+    """Issue 29: qwen27b_chat_page on the gateway, a re-run of the gateway alone. Open WebUI installs
+    from the controller's wheelhouse and verifies (the admin signs in, the page lists the model); the
+    admin adds Alice through the page's API; Alice signs in in a real headless Chromium (Debian's), sends
+    a message and sees a streamed answer from the tiny model; `qwen27b usage` counts it under the key
+    her account maps to. The page's key works only from the gateway host itself; a second run changes
+    nothing; `qwen27b status` shows the page. A screenshot goes to reports/e2e/chat-page.png."""
+    from qwen27b.controller.chat_page_render import wheelhouse_dir
+    from qwen27b.onhost.secretfile import load_secret
+    from qwen27b.tools.chat_page import build
+    from tests.support.browser import add_user, chat_in_browser
+
+    build(wheelhouse_dir(), ["/opt/wheels"])  # ./run builds it first; a module run alone may not have
+    host = gw["host"]
+    alice_key = "q27-alice-" + os.urandom(8).hex()
+    alice_file = gw["work"] / "alice.key"
+    alice_file.write_text(alice_key + "\n")
+    alice_file.chmod(0o600)
+    extra = {"qwen27b_gateway_key_files": [str(gw["work"] / "team-a.key"), str(gw["work"] / "team-b.key"),
+                                           {"file": str(alice_file), "name": "alice"}],
+             "qwen27b_chat_page": True, "qwen27b_chat_page_accounts": {PAGE_ACCOUNT["email"]: "alice"}}
+    limit = [str(gw["inventory"]), "deploy.py", "-y", "--limit", host.name]
+    started = time.monotonic()
+    rc, out = deploy(gw, extra, argv=limit)
+    gw["figures"]["chat_page_deploy_s"] = round(time.monotonic() - started)
+    assert rc == 0, out[-5000:]
+    assert f"[{host.name}] chat page verified: http://{host.address}:8080/" in out, out[-3000:]
+    secrets_dir = gw["work"] / ".qwen27b" / "chat-page" / host.name
+    page_key, admin_password = (load_secret(str(secrets_dir / name)) for name in ("page.key", "admin.password"))
+    gw.setdefault("more_keys", []).extend([alice_key, page_key, admin_password, PAGE_ACCOUNT["password"],
+                                           load_secret(str(secrets_dir / "session.secret"))])
+    assert (secrets_dir / "admin.password").stat().st_mode & 0o077 == 0
+    page = f"http://{host.address}:8080"
+    add_user(page, "admin@qwen27b.lab", admin_password, **PAGE_ACCOUNT)
+    started = time.monotonic()
+    chat = chat_in_browser(page, PAGE_ACCOUNT["email"], PAGE_ACCOUNT["password"], "Say hello in five words.", SCREENSHOT)
+    gw["figures"]["chat_page_browser_s"] = round(time.monotonic() - started)
+    assert chat["answer"].strip() and chat["chunks_seen"] >= 2, chat
+    usage = {a["gateway"]: a for a in gateway_cli(gw, "usage")}[host.name]
+    alice = usage["keys"].get("alice", {})
+    assert alice.get("requests", 0) >= 1, usage
+    # the page's key is the page's, on its host: from anywhere else it names nobody
+    with httpx.Client(timeout=30, headers={"Authorization": f"Bearer {page_key}",
+                                           "X-OpenWebUI-User-Email": PAGE_ACCOUNT["email"]}) as c:
+        assert c.post(f"{gw['base']}/v1/chat/completions", json=BODY).status_code in (401, 403)
+    unit = host.testinfra().service("qwen27b-chat-page")
+    assert unit.is_enabled and unit.is_running
+    env = host.testinfra().file("/etc/qwen27b-chat/page.env")
+    assert (env.user, env.mode) == ("root", 0o600)
+    pid = host.run("systemctl show -p MainPID --value qwen27b-chat-page").stdout.strip()
+    rc, out = deploy(gw, extra, argv=limit)
+    assert rc == 0, out[-4000:]
+    assert re.search(rf"== {host.name}: \d+ operation\(s\) planned, 0 would change the host", out), out[-3000:]
+    assert host.run("systemctl show -p MainPID --value qwen27b-chat-page").stdout.strip() == pid
+    rc, out = deploy(gw, argv=["status", str(gw["inventory"]), "--json"], module="qwen27b.tools.cli")
+    g = {row["host"]: row for row in json.loads(out[out.index("{"):])["hosts"]}[host.name]["gateway"]
+    assert g["page"] == {"active": "active", "sub": "running", "url": f"{page}/"}, g
+
+
 def test_no_key_anywhere_it_must_not_be(gw):
     host = gw["host"]
     places = {
         "nginx.conf": host.run("cat /etc/qwen27b-gateway/nginx.conf").stdout,
         "pool config": host.run("cat /etc/qwen27b-gateway/backends.json").stdout,
-        "units": host.run("systemctl cat qwen27b-gateway qwen27b-gateway-pool").stdout,
+        "units": host.run("systemctl cat qwen27b-gateway qwen27b-gateway-pool qwen27b-chat-page", check=False).stdout,
+        "chat page journal": host.run("journalctl --no-pager -u qwen27b-chat-page", timeout=60).stdout,
         "process list": host.run("ps -eo args").stdout,
         "journal": host.run("journalctl --no-pager -t qwen27b_gateway -u qwen27b-gateway -u qwen27b-gateway-pool",
                             timeout=60).stdout,
