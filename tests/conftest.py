@@ -38,7 +38,7 @@ FAST_MODULES = {
 # servers) and the rest. Measured 2026-12-07 (stop 48): 220 s beside 269 s with the mirror's three
 # modules (~21 s) among the rest.
 SERVER_MODULES = {"test_gateway", "test_gateway_run", "test_prometheus_pipeline", "test_hubs",
-                  "test_fetch", "test_mirror_bounds", "test_seed"}
+                  "test_fetch", "test_mirror_bounds", "test_seed", "test_chat_page"}
 
 
 def pytest_collection_modifyitems(config, items):

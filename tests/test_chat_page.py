@@ -98,6 +98,17 @@ def test_the_pages_files_keep_its_secrets_in_its_env_file_and_the_keys_include_o
     assert "IPAddressDeny=any" in unit and "User=qwen27b-chat" in unit and "qwen27b chat page at http://10.0.0.9:8080/" in unit
 
 
+def test_the_page_speaks_tls_whenever_the_gateway_does(keys, tmp_path):
+    from qwen27b.plan.gateway import Tls
+
+    plan = page_plan(keys, tmp_path, tls=Tls(lab_ca_dir=str(tmp_path / "ca")))
+    config = G.render_gateway(plan)[G.layout()["config"]]
+    page_server = config[config.index("# the chat page (qwen27b_chat_page)"):]
+    assert "listen 10.0.0.9:8080 ssl;" in page_server and "ssl_certificate /etc/qwen27b-gateway/tls.crt;" in page_server
+    assert "WEBUI_URL=https://10.0.0.9:8080" in P.env_text(plan, P.layout("0.12.4", "3.11"))
+    assert "OPENAI_API_BASE_URL=http://127.0.0.1:8000/v1" in P.env_text(plan, P.layout("0.12.4", "3.11"))  # loopback
+
+
 def test_a_gateway_with_the_page_passes_nginx_t_and_its_unit_systemd_analyze(keys, tmp_path):
     plan = page_plan(keys, tmp_path, address="127.0.0.1", port=P_free_port())
     result = config_test(plan, tmp_path / "root", nginx_binary(), ["gpu-1"])

@@ -23,7 +23,8 @@ requests counted, the pool's failover time measured; it returns when healthy) ->
 engine core frozen under load (its health check names the stall and restarts it; the pool drops
 and regains it) -> a rolling restart of
 both backends, each drained first through the rollout's seam (gateway_drain), under steady load:
-no failed request -> no key anywhere it must not be. The figures print (-s) and go to docs/scale-out.md.
+no failed request -> TLS, limits, rotated keys -> the fleet status -> the chat page (issue 29: Open WebUI
+installed and verified, Alice in Chromium, her usage under her key) -> no key anywhere it must not be. The figures print (-s) and go to docs/scale-out.md.
 """
 
 from __future__ import annotations
