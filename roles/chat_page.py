@@ -28,7 +28,7 @@ from qwen27b.controller import chat_page_render as P
 from qwen27b.controller import progress
 from qwen27b.controller.artifacts import constraints_text, dir_manifest, uv_binary, wheel_pins
 from qwen27b.controller.operations import directories, push_files, secret_file
-from qwen27b.onhost.contract import CHAT_PAGE_UNIT
+from qwen27b.plan.chatpage import UNIT as CHAT_PAGE_UNIT
 from qwen27b.plan.distname import normalize
 from qwen27b.plan.gateway import GatewayPlan
 from qwen27b.plan.stack import load_stack

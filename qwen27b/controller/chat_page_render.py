@@ -12,7 +12,8 @@ from qwen27b.controller.apikey import CHAT_PAGE_FILES
 from qwen27b.controller.artifacts import cache_root
 from qwen27b.controller.render import SANDBOX, render
 from qwen27b.onhost.secretfile import load_secret
-from qwen27b.onhost.contract import CHAT_PAGE_UNIT, GATEWAY_UNIT
+from qwen27b.onhost.contract import GATEWAY_UNIT
+from qwen27b.plan.chatpage import UNIT as CHAT_PAGE_UNIT
 from qwen27b.plan.chatpage import CONFIG_DIR, HOUSEKEEPING, ROOT, STATE_DIR, USER
 from qwen27b.plan.gateway import GatewayPlan, listen_on
 from qwen27b.plan.hostlayout import HostLayout

@@ -62,7 +62,6 @@ SEED_UNIT = "qwen27b-seed.service"
 FIREWALL_UNIT = "qwen27b-firewall.service"
 GATEWAY_UNIT = "qwen27b-gateway.service"
 POOL_UNIT = "qwen27b-gateway-pool.service"
-CHAT_PAGE_UNIT = "qwen27b-chat-page.service"  # Open WebUI on a gateway host (qwen27b_chat_page)
 
 
 def http_base(address: str, port: int) -> str:

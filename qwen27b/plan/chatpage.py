@@ -26,6 +26,9 @@ HOUSEKEEPING = "chat-page"  # the name the page's requests without an account co
 EMAIL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._%+-]{0,63}@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+")
 # where it lives on the gateway host (controller/chat_page_render.py lays out the rest; uninstall reads these)
 USER = "qwen27b-chat"
+# its unit: here rather than in onhost/contract.py, which is pushed to (and hashed on) every serving host
+# while no on-host code reads this name
+UNIT = "qwen27b-chat-page.service"
 ROOT = "/opt/qwen27b-chat"  # its venv per version, uv, the pushed wheelhouse
 CONFIG_DIR = "/etc/qwen27b-chat"  # its environment (a secret)
 STATE_DIR = "/var/lib/qwen27b-chat"  # its users and chats (SQLite): kept by uninstall unless asked

@@ -21,7 +21,7 @@ import shlex
 import urllib.parse
 from dataclasses import dataclass, field
 
-from qwen27b.onhost.contract import (CHAT_PAGE_UNIT, FIREWALL_UNIT, GATEWAY_UNIT, HEALTH_HTTP_SOCKET, HEALTH_HTTP_TEMPLATE, HEALTH_TIMER,
+from qwen27b.onhost.contract import (FIREWALL_UNIT, GATEWAY_UNIT, HEALTH_HTTP_SOCKET, HEALTH_HTTP_TEMPLATE, HEALTH_TIMER,
                                      HEALTH_UNIT, INSTANCE_TEMPLATE, POOL_UNIT, RAY_UNIT, SEED_UNIT, SERVICE_UNIT)
 
 from qwen27b.plan import chatpage
@@ -288,10 +288,10 @@ class Installed:
     packages: dict[str, str] = field(default_factory=dict)  # installed driver/CUDA package -> version
 
 
-SERVICE_UNITS = (HEALTH_TIMER, HEALTH_HTTP_SOCKET, SERVICE_UNIT, HEALTH_UNIT, RAY_UNIT, SEED_UNIT, CHAT_PAGE_UNIT, GATEWAY_UNIT,
+SERVICE_UNITS = (HEALTH_TIMER, HEALTH_HTTP_SOCKET, SERVICE_UNIT, HEALTH_UNIT, RAY_UNIT, SEED_UNIT, chatpage.UNIT, GATEWAY_UNIT,
                  POOL_UNIT, FIREWALL_UNIT)  # stopped in this order
 UNIT_FILES = (SERVICE_UNIT, HEALTH_UNIT, HEALTH_TIMER, HEALTH_HTTP_SOCKET, HEALTH_HTTP_TEMPLATE, RAY_UNIT, GATEWAY_UNIT,
-              POOL_UNIT, CHAT_PAGE_UNIT, FIREWALL_UNIT, f"{SERVICE_UNIT}.d", INSTANCE_TEMPLATE)
+              POOL_UNIT, chatpage.UNIT, FIREWALL_UNIT, f"{SERVICE_UNIT}.d", INSTANCE_TEMPLATE)
 # a gateway host's own (roles/gateway.py; controller/gateway_render.py names them): its nginx package stays
 GATEWAY_DIRS = ("/opt/qwen27b-gateway", "/etc/qwen27b-gateway", "/var/lib/qwen27b-gateway")
 GATEWAY_USER = "qwen27b-gateway"

@@ -42,7 +42,8 @@ from pathlib import Path
 from qwen27b.controller import remote
 from qwen27b.controller.gateway_render import GATEWAY_UNIT, layout as gateway_layout
 from qwen27b.controller.report import reports_dir, table
-from qwen27b.onhost.contract import CHAT_PAGE_UNIT, SERVICE_UNIT
+from qwen27b.onhost.contract import SERVICE_UNIT
+from qwen27b.plan.chatpage import UNIT as CHAT_PAGE_UNIT
 from qwen27b.onhost.unit import parse_show, show_command
 from qwen27b.plan.hostlayout import HostLayout
 from qwen27b.plan.stack import load_stack

@@ -5,9 +5,11 @@ streamed answer. `add_user` makes a non-admin account through Open WebUI's admin
 What the flow needs from Open WebUI's environment: an admin from WEBUI_ADMIN_EMAIL/PASSWORD (the
 page then shows the sign-in form, not onboarding); BYPASS_MODEL_ACCESS_CONTROL=true (else a plain
 user is offered no model: only admins see a model without an access grant);
-DEFAULT_MODEL_PARAMS={"function_calling":"legacy"} (else every chat from the page carries Open
-WebUI's built-in tools with tool_choice "auto", which a vLLM without --enable-auto-tool-choice
-answers with HTTP 400).
+DEFAULT_MODEL_PARAMS={"function_calling":"legacy","max_tokens":64}: "legacy" keeps Open WebUI's
+built-in tools out of the request (with them it sends tool_choice "auto", which a vLLM without
+--enable-auto-tool-choice answers with HTTP 400), max_tokens stops SmolLM2's rambling (once it ran
+to the 2048-token context: 88 s and 42 s of Chromium CPU). Open WebUI also refuses a 16th sign-in
+of one email within 3 minutes (HTTP 429, not configurable): add_user's admin sign-in counts.
 
 HTTPS with a lab CA: Chromium on Linux takes extra roots only from an NSS database (certutil, of
 libnss3-tools) or a system-wide policy file. Instead Python verifies the server's certificate
@@ -15,7 +17,8 @@ against `ca_file` (chain, host name, dates) and Chromium gets exactly that certi
 through --ignore-certificate-errors-spki-list; ignore_https_errors stays False, so a server that
 presents any other certificate still fails in the browser (NET::ERR_CERT_AUTHORITY_INVALID).
 
-Manual run (an Open WebUI on 18080 and its backend up):
+Manual run (Open WebUI and its backend up; --add-user EMAIL:PASSWORD first makes that plain user
+with the admin given and chats as it; --ca-file for https):
     .venv/bin/python -m tests.support.browser http://127.0.0.1:18080 admin@lab.test adminpass123
 """
 
@@ -118,8 +121,11 @@ def chat_in_browser(page_url: str, email: str, password: str, prompt: str, scree
             page.fill("#email", email)
             page.fill("#password", password)
             page.get_by_role("button", name="Sign in", exact=True).click()
-            # the chat page is up when its input is; a wrong password leaves the form with a toast
-            page.locator("#chat-input").wait_for(timeout=left_ms())
+            # the chat page is up when its input is; a refusal leaves the form and an error toast
+            # (a wrong password, or "API rate limit exceeded": 15 sign-ins an email in 3 minutes)
+            refused = page.locator("[data-sonner-toast][data-type=error]")
+            page.locator("#chat-input").or_(refused).first.wait_for(timeout=left_ms())
+            assert not refused.count(), f"sign-in refused: {refused.first.inner_text()!r}"
 
             step = "dismiss the first-login modal"
             # an admin gets the changelog once (until their settings hold this version; its button
@@ -162,7 +168,7 @@ def chat_in_browser(page_url: str, email: str, password: str, prompt: str, scree
             text = answer.inner_text().strip()
             lens = page.evaluate("window.__answerLens")
             assert text, "the answer is empty"
-            assert len(lens) >= 2, f"the answer did not stream: its length went {lens}"
+            assert len(lens) >= 2 and max(lens) > lens[0], f"the answer did not stream: its lengths {lens}"
             model = page.locator("#response-message-model-name").last.inner_text().strip()
             cpu = _cpu_seconds(profile)
             page.screenshot(path=str(screenshot), full_page=True)
@@ -182,10 +188,12 @@ def chat_in_browser(page_url: str, email: str, password: str, prompt: str, scree
 
 
 def add_user(page_url: str, admin_email: str, admin_password: str, name: str, email: str, password: str,
-             role: str = "user", ca_file: str | None = None) -> dict:
+             role: str = "user", params: dict | None = None, ca_file: str | None = None) -> dict:
     """A user made by the admin (POST /api/v1/auths/add, the admin's bearer token), with role
     "user": the endpoint's default role is "pending", whom the page keeps waiting for approval.
-    Returns Open WebUI's answer (id, email, role, token)."""
+    `params` (e.g. {"max_tokens": 64}) go into the new user's settings, where the page's chat
+    controls keep them: the page sends them with each of that user's messages (they win over the
+    model's defaults). Returns Open WebUI's answer (id, email, role, token)."""
     verify = ssl.create_default_context(cafile=ca_file) if ca_file else True
     with httpx.Client(base_url=page_url.rstrip("/"), verify=verify, timeout=30) as http:
         r = http.post("/api/v1/auths/signin", json={"email": admin_email, "password": admin_password})
@@ -193,7 +201,12 @@ def add_user(page_url: str, admin_email: str, admin_password: str, name: str, em
         r = http.post("/api/v1/auths/add", headers={"Authorization": f"Bearer {r.json()['token']}"},
                       json={"name": name, "email": email, "password": password, "role": role})
         assert r.status_code == 200, f"add user {email}: HTTP {r.status_code} {r.text[:300]}"
-        return r.json()
+        made = r.json()
+        if params:
+            r = http.post("/api/v1/users/user/settings/update", json={"ui": {"params": params}},
+                          headers={"Authorization": f"Bearer {made['token']}"})
+            assert r.status_code == 200, f"settings of {email}: HTTP {r.status_code} {r.text[:300]}"
+        return made
 
 
 if __name__ == "__main__":
@@ -209,11 +222,13 @@ if __name__ == "__main__":
     ap.add_argument("--ca-file")
     ap.add_argument("--add-user", metavar="EMAIL:PASSWORD",
                     help="first make this non-admin user (as the admin given), then chat as it")
+    ap.add_argument("--max-tokens", type=int, help="the added user's max_tokens (its chat settings)")
     a = ap.parse_args()
     email, password = a.email, a.password
     if a.add_user:
         email, password = a.add_user.split(":", 1)
-        made = add_user(a.url, a.email, a.password, email.split("@")[0], email, password, ca_file=a.ca_file)
+        made = add_user(a.url, a.email, a.password, email.split("@")[0], email, password, ca_file=a.ca_file,
+                        params={"max_tokens": a.max_tokens} if a.max_tokens else None)
         print("added", made["email"], made["role"])
     t0 = time.monotonic()
     out = chat_in_browser(a.url, email, password, a.prompt, a.screenshot, ca_file=a.ca_file)

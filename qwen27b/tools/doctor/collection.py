@@ -9,7 +9,7 @@ import shlex
 
 from qwen27b.controller import facts as F
 from qwen27b.controller import remote
-from qwen27b.onhost.contract import CHAT_PAGE_UNIT
+from qwen27b.plan.chatpage import UNIT as CHAT_PAGE_UNIT
 from qwen27b.onhost.unit import parse_show, show_command
 from qwen27b.plan.hostlayout import HostLayout
 
