@@ -627,7 +627,9 @@ def test_the_chat_page_signs_in_streams_an_answer_and_counts_it_under_the_accoun
                                            load_secret(str(secrets_dir / "session.secret"))])
     assert (secrets_dir / "admin.password").stat().st_mode & 0o077 == 0
     page = f"http://{host.address}:8080"
-    add_user(page, "admin@qwen27b.lab", admin_password, **PAGE_ACCOUNT)
+    # Alice's own setting, as a person sets it in the page: the tiny model once rambled to its whole
+    # context (88 s of Chromium on 2 cores); the gateway counts her requests either way
+    add_user(page, "admin@qwen27b.lab", admin_password, **PAGE_ACCOUNT, params={"max_tokens": 64})
     started = time.monotonic()
     chat = chat_in_browser(page, PAGE_ACCOUNT["email"], PAGE_ACCOUNT["password"], "Say hello in five words.", SCREENSHOT)
     gw["figures"]["chat_page_browser_s"] = round(time.monotonic() - started)

@@ -5,11 +5,12 @@ streamed answer. `add_user` makes a non-admin account through Open WebUI's admin
 What the flow needs from Open WebUI's environment: an admin from WEBUI_ADMIN_EMAIL/PASSWORD (the
 page then shows the sign-in form, not onboarding); BYPASS_MODEL_ACCESS_CONTROL=true (else a plain
 user is offered no model: only admins see a model without an access grant);
-DEFAULT_MODEL_PARAMS={"function_calling":"legacy","max_tokens":64}: "legacy" keeps Open WebUI's
-built-in tools out of the request (with them it sends tool_choice "auto", which a vLLM without
---enable-auto-tool-choice answers with HTTP 400), max_tokens stops SmolLM2's rambling (once it ran
-to the 2048-token context: 88 s and 42 s of Chromium CPU). Open WebUI also refuses a 16th sign-in
-of one email within 3 minutes (HTTP 429, not configurable): add_user's admin sign-in counts.
+DEFAULT_MODEL_PARAMS={"function_calling":"legacy"} (else Open WebUI sends its built-in tools with
+tool_choice "auto", which a vLLM without --enable-auto-tool-choice answers with HTTP 400).
+With the 135M model, cap the answer: add_user(..., params={"max_tokens": 64}) (or "max_tokens" in
+DEFAULT_MODEL_PARAMS); uncapped it once rambled to the 2048-token context: 88 s, 42 s of Chromium CPU.
+Open WebUI refuses a 16th sign-in of one email within 3 minutes (HTTP 429, "API rate limit
+exceeded"; not configurable, refused tries count too, a restart clears it); add_user's counts.
 
 HTTPS with a lab CA: Chromium on Linux takes extra roots only from an NSS database (certutil, of
 libnss3-tools) or a system-wide policy file. Instead Python verifies the server's certificate
@@ -27,6 +28,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import json
 import os
 import socket
 import ssl
@@ -42,17 +44,11 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
-# Collects the last answer's text length at every DOM change, so growth between two of the
-# test's own polls is not missed (the 135M model may stream a short answer in well under a second).
-_WATCH_JS = """() => {
-  window.__answerLens = [];
-  new MutationObserver(() => {
-    const all = document.querySelectorAll('#response-content-container');
-    const n = all.length ? all[all.length - 1].innerText.trim().length : 0;
-    const lens = window.__answerLens;
-    if (n > 0 && n !== lens[lens.length - 1]) lens.push(n);
-  }).observe(document.body, {childList: true, subtree: true, characterData: true});
-}"""
+# How the page gets the answer: socket.io events over its websocket, one per streamed piece, as
+# 42["events",{..."data":{"type":"response:completion","data":{"type":"response.output_text.delta",
+# ..."delta":"Hel"}}}]. They are counted off the wire: the page renders at most once an animation
+# frame, so a short answer's pieces, arriving a few ms apart, often show up in the DOM all at once.
+DELTA = '"response.output_text.delta"'
 
 
 def _pinned_spki(page_url: str, ca_file: str) -> str:
@@ -112,6 +108,9 @@ def chat_in_browser(page_url: str, email: str, password: str, prompt: str, scree
             profile, executable_path=CHROMIUM, headless=True, args=args, ignore_https_errors=False,
             viewport={"width": 1280, "height": 900}, locale="en-US")
         page = ctx.pages[0] if ctx.pages else ctx.new_page()
+        frames: list[str] = []  # the answer's delta events, as the page received them
+        page.on("websocket", lambda ws: ws.on(
+            "framereceived", lambda f: frames.append(f) if isinstance(f, str) and DELTA in f else None))
         try:
             step = "open the sign-in page"
             page.goto(page_url.rstrip("/") + "/auth", timeout=left_ms())
@@ -152,9 +151,9 @@ def chat_in_browser(page_url: str, email: str, password: str, prompt: str, scree
             assert label.startswith("Selected model:"), f"no model selected; the picker says {label!r}"
 
             step = "send the prompt"
-            page.evaluate(_WATCH_JS)
             page.locator("#chat-input").click()
             page.keyboard.type(prompt)
+            frames.clear()
             page.locator("#send-message-button").click()  # enabled once the input holds text
             sent = time.monotonic()
 
@@ -166,13 +165,14 @@ def chat_in_browser(page_url: str, email: str, password: str, prompt: str, scree
             page.get_by_role("button", name="Stop", exact=True).wait_for(state="hidden", timeout=left_ms())
             seconds = time.monotonic() - sent
             text = answer.inner_text().strip()
-            lens = page.evaluate("window.__answerLens")
+            events = [json.loads(f[f.index("["):])[1]["data"]["data"] for f in frames]  # past socket.io's 42
+            pieces = [e["delta"] for e in events if e.get("delta")]
             assert text, "the answer is empty"
-            assert len(lens) >= 2 and max(lens) > lens[0], f"the answer did not stream: its lengths {lens}"
+            assert len(pieces) >= 2, f"the answer did not stream: the page got it in {len(pieces)} piece(s)"
             model = page.locator("#response-message-model-name").last.inner_text().strip()
             cpu = _cpu_seconds(profile)
             page.screenshot(path=str(screenshot), full_page=True)
-            return {"answer": text, "chunks_seen": len(lens), "seconds": round(seconds, 2),
+            return {"answer": text, "chunks_seen": len(pieces), "seconds": round(seconds, 2),
                     "model": model, "chromium_cpu_s": round(cpu, 2)}
         except Exception as e:
             with contextlib.suppress(Exception):
@@ -211,7 +211,6 @@ def add_user(page_url: str, admin_email: str, admin_password: str, name: str, em
 
 if __name__ == "__main__":
     import argparse
-    import json
 
     ap = argparse.ArgumentParser(description="Chat once through Open WebUI in headless Chromium.")
     ap.add_argument("url")
