@@ -4,7 +4,8 @@ people who never touch curl (plan/chatpage.py says how accounts become gateway k
 - its wheels from the controller's wheelhouse (`python3 -m qwen27b.tools.chat_page wheelhouse`),
   pushed and installed offline with uv (--no-index, every wheel's sha256 checked) into a venv of its
   own per version under /opt/qwen27b-chat, once: a later run finds the install's marker and skips it;
-- Python 3.11 found by uv on the host (Debian 12's), else uv's managed build;
+- Python 3.11 found by uv on the host (Debian 12's), else uv's managed build (from GitHub: the plan
+  says so for a host without it);
 - its environment written as a secret (the page's gateway key, the admin's first password, the
   session secret: files the gateway's preflight made on the controller, never printed);
 - its hardened unit `qwen27b-chat-page.service` (user qwen27b-chat, loopback only), data in a
@@ -53,6 +54,7 @@ def chat_page(plan: GatewayPlan) -> None:
         [where["data_dir"], P.USER, P.USER, "0700"]])
     fresh = not host.get_fact(File, path=where["installed"])
     if fresh:
+        _python_note(spec)
         _install(spec, where)
     else:
         note(f"chat page: Open WebUI {spec['version']} installed in {where['venv']}")
@@ -98,6 +100,19 @@ def _install(spec: dict, where: dict) -> None:
                      f"--compile-bytecode --no-index --find-links {where['wheelhouse']} --require-hashes "
                      f"--constraints {constraints} {' '.join(shlex.quote(w) for w in wanted)} && rm -rf {cache}",
                      f"touch {where['installed']}"])
+
+
+def _python_note(spec: dict) -> None:
+    """Where the page's Python comes from: the host's own (Debian 12's python3.11), else uv downloads
+    its managed build from GitHub during the install, which an offline gateway cannot do: said in the
+    plan, with what to do, before anything runs."""
+    python = f"/usr/bin/python{spec['python']}"
+    if host.get_fact(File, path=python):
+        note(f"chat page: Python {spec['python']} is the host's own ({python})")
+        return
+    note(f"chat page: no {python} on this host (Ubuntu 20.04/22.04 have none): uv downloads its managed Python "
+         f"{spec['python']} from GitHub during the install; an offline gateway needs python{spec['python']} "
+         "installed first (a lab apt mirror, e.g. the deadsnakes PPA's), or a Debian 12 gateway", always=True)
 
 
 def _off(where: dict) -> None:

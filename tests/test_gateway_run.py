@@ -125,3 +125,25 @@ def test_a_token_budget_on_a_gateway_without_the_lua_module_is_refused_not_ignor
     assert result.returncode != 0, out[-3000:]
     assert "tokens_per_day is set for team, but this host's OS archive has no nginx Lua module" in out, out[-3000:]
     assert re.search(r"^@fake/gw\s+refused", out, re.M), out[-2000:]
+
+
+def test_a_gateway_with_the_chat_page_plans_it_and_says_where_its_python_and_wheels_come_from(lab):
+    """Issue 29, planned on the recorded 22.04 gateway (no python3.11 there): the page's plan lines, the
+    note that uv would download Python 3.11 from GitHub (what an offline gateway needs instead), the
+    wheelhouse this controller lacks named with the command that builds it, the page's secrets made once
+    on the controller and never printed, and the page's unit and environment planned."""
+    page = dict(lab, inventory=lab["work"] / "lab-page.py")
+    page["inventory"].write_text(lab["inventory"].read_text().replace(
+        "ssh_hostname='192.168.10.9')", "ssh_hostname='192.168.10.9', qwen27b_chat_page=True)"))
+    result = run(page, ["-m", "pyinfra"], "--dry", "--diff", "-y")
+    out = result.stderr + result.stdout
+    assert result.returncode == 0, out[-4000:]
+    for line in ("chat page: Open WebUI 0.12.4 at http://192.168.10.9:8080/",
+                 "chat page: no /usr/bin/python3.11 on this host (Ubuntu 20.04/22.04 have none): uv downloads",
+                 "build it first: python3 -m qwen27b.tools.chat_page wheelhouse",
+                 "CHANGE  chat page environment (0600: its gateway key, the admin's first password)",
+                 "CHANGE  render /etc/systemd/system/qwen27b-chat-page.service"):
+        assert line in out, (line, out[-4000:])
+    secrets = sorted((lab["work"] / ".qwen27b" / "chat-page" / "_fake_gw").iterdir())
+    assert [p.name for p in secrets] == ["admin.password", "page.key", "session.secret"]
+    assert not [p.name for p in secrets if p.read_text().strip() in out]
