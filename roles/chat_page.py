@@ -39,7 +39,7 @@ from ._common import dry_run, note, service_user, started
 
 def chat_page(plan: GatewayPlan) -> None:
     spec = load_stack()["tools"]["chat_page"]
-    where = P.layout(spec["version"], spec["python"])
+    where = P.layout(spec["version"])
     if plan.chat_page is None:
         _off(where)
         return
@@ -49,7 +49,7 @@ def chat_page(plan: GatewayPlan) -> None:
     service_user(P.USER, P.STATE_DIR)
     directories(name="chat page directories (owner, group, mode)", specs=[
         [P.ROOT, "root", "root", "0755"], [f"{P.ROOT}/bin", "root", "root", "0755"],
-        [f"{P.ROOT}/wheelhouse", "root", "root", "0755"], [where["release"], "root", "root", "0755"],
+        [where["wheelhouse_root"], "root", "root", "0755"], [where["release"], "root", "root", "0755"],
         [P.CONFIG_DIR, "root", "root", "0755"], [P.STATE_DIR, P.USER, P.USER, "0700"],
         [where["data_dir"], P.USER, P.USER, "0700"]])
     fresh = not host.get_fact(File, path=where["installed"])
@@ -82,11 +82,11 @@ def _install(spec: dict, where: dict) -> None:
     uv_version = load_stack()["tools"]["uv"]["version"]
     files.put(name="uv binary (from the controller cache)", src=str(uv_binary(uv_version)), dest=where["uv"],
               user="root", group="root", mode="0755")
-    manifest = dir_manifest(local)
+    manifest, dest = dir_manifest(local), f"{where['wheelhouse_root']}/{local.name}"
     push = push_files(name="push the chat page's wheelhouse (fetched once on the controller)", src_dir=str(local),
-                      dest_dir=where["wheelhouse"], manifest=manifest)
-    progress.watch(push, host, "wheels", [where["wheelhouse"]], sum(p.stat().st_size for p in local.glob("*.whl")))
-    constraints = f"{where['wheelhouse']}.constraints.txt"
+                      dest_dir=dest, manifest=manifest)
+    progress.watch(push, host, "wheels", [dest], sum(p.stat().st_size for p in local.glob("*.whl")))
+    constraints = f"{dest}.constraints.txt"
     files.put(name="the chat page wheelhouse's pins and hashes (uv --require-hashes)",
               src=StringIO(constraints_text(manifest)), dest=constraints, mode="0644")
     pins = wheel_pins(manifest)
@@ -97,7 +97,7 @@ def _install(spec: dict, where: dict) -> None:
                      f"UV_PYTHON_INSTALL_DIR={P.ROOT}/python {uv} venv --no-config --clear --python "
                      f"{shlex.quote(spec['python'])} {venv}",
                      f"rm -rf {cache} && UV_CACHE_DIR={cache} {uv} pip install --python {venv}/bin/python --no-config "
-                     f"--compile-bytecode --no-index --find-links {where['wheelhouse']} --require-hashes "
+                     f"--compile-bytecode --no-index --find-links {dest} --require-hashes "
                      f"--constraints {constraints} {' '.join(shlex.quote(w) for w in wanted)} && rm -rf {cache}",
                      f"touch {where['installed']}"])
 

@@ -196,7 +196,7 @@ def _check(plan: GatewayPlan) -> None:
     address = f"[{plan.address}]" if ":" in plan.address else plan.address
     base = f"{plan.scheme}://{address}:{plan.port}"
     if plan.tls:  # verified as a client would: against the lab CA, or the admin's certificate
-        V.trust(base, f"{plan.tls.lab_ca_dir}/ca.crt" if plan.tls.lab_ca_dir else plan.tls.cert_file)
+        V.trust(base, _trust_anchor(plan))
     result = V.HostResult(host.name, model="gateway", served_name=plan.served_name or "", url=base)
     runstate.current().results.append(result)
     key = load_secret(plan.key_files[0], SECRET_NAMES["gateway_key_files"])
@@ -224,12 +224,17 @@ def _check(plan: GatewayPlan) -> None:
         raise OperationError(f"gateway verify failed: {failure}") from None
 
 
+def _trust_anchor(plan: GatewayPlan) -> str:
+    """What a client of this gateway trusts: the lab CA's certificate, or the admin's certificate file."""
+    return f"{plan.tls.lab_ca_dir}/ca.crt" if plan.tls.lab_ca_dir else plan.tls.cert_file
+
+
 def _check_page(plan: GatewayPlan, served: str, say) -> None:
     """The chat page as its admin meets it: up behind nginx, the admin signs in, the page lists the
     served model (its requests reach the gateway with the page's key)."""
     base = P.page_url(plan)
     if plan.tls:
-        V.trust(base, f"{plan.tls.lab_ca_dir}/ca.crt" if plan.tls.lab_ca_dir else plan.tls.cert_file)
+        V.trust(base, _trust_anchor(plan))
     V.wait_ready(base, PAGE_READY_TIMEOUT_S, lambda line: say(line.replace("loading weights", "chat page starting")))
     password = load_secret(str(P.password_file(plan)))
     try:

@@ -78,7 +78,7 @@ def page_plan(keys, tmp_path, address: str = "10.0.0.9", port: int = 8000, tls=N
 
 def test_the_pages_files_keep_its_secrets_in_its_env_file_and_the_keys_include_only(keys, tmp_path):
     plan = page_plan(keys, tmp_path)
-    where = P.layout("0.12.4", "3.11")
+    where = P.layout("0.12.4")
     secrets = P.page_secrets(plan)
     env = P.env_text(plan, where)
     for line in ("ENABLE_SIGNUP=false", "WEBUI_AUTH=true", "ENABLE_FORWARD_USER_INFO_HEADERS=true", "OFFLINE_MODE=true",
@@ -105,8 +105,8 @@ def test_the_page_speaks_tls_whenever_the_gateway_does(keys, tmp_path):
     config = G.render_gateway(plan)[G.layout()["config"]]
     page_server = config[config.index("# the chat page (qwen27b_chat_page)"):]
     assert "listen 10.0.0.9:8080 ssl;" in page_server and "ssl_certificate /etc/qwen27b-gateway/tls.crt;" in page_server
-    assert "WEBUI_URL=https://10.0.0.9:8080" in P.env_text(plan, P.layout("0.12.4", "3.11"))
-    assert "OPENAI_API_BASE_URL=http://127.0.0.1:8000/v1" in P.env_text(plan, P.layout("0.12.4", "3.11"))  # loopback
+    assert "WEBUI_URL=https://10.0.0.9:8080" in P.env_text(plan, P.layout("0.12.4"))
+    assert "OPENAI_API_BASE_URL=http://127.0.0.1:8000/v1" in P.env_text(plan, P.layout("0.12.4"))  # loopback
 
 
 def test_a_gateway_with_the_page_passes_nginx_t_and_its_unit_systemd_analyze(keys, tmp_path):
@@ -117,7 +117,7 @@ def test_a_gateway_with_the_page_passes_nginx_t_and_its_unit_systemd_analyze(key
     if analyze is None:
         pytest.skip("systemd-analyze missing (./run tests installs systemd)")
     unit = tmp_path / "qwen27b-chat-page.service"
-    unit.write_text(P.unit_text(plan, P.layout("0.12.4", "3.11"), "0.12.4", 8081).replace("/opt/qwen27b-chat/open-webui-0.12.4/venv/bin/open-webui", "/bin/true"))
+    unit.write_text(P.unit_text(plan, P.layout("0.12.4"), "0.12.4", 8081).replace("/opt/qwen27b-chat/open-webui-0.12.4/venv/bin/open-webui", "/bin/true"))
     verify = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True)
     assert not [line for line in verify.stderr.splitlines() if "qwen27b-chat-page" in line and "User" not in line], verify.stderr
 

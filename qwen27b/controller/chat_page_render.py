@@ -5,12 +5,11 @@ computed here; the templates only loop. Why each Open WebUI variable: stack sour
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from qwen27b.controller.apikey import CHAT_PAGE_FILES
 from qwen27b.controller.artifacts import cache_root
-from qwen27b.controller.render import SANDBOX, render
+from qwen27b.controller.render import SANDBOX, nginx_regex_literal, render
 from qwen27b.onhost.secretfile import load_secret
 from qwen27b.onhost.contract import GATEWAY_UNIT
 from qwen27b.plan.chatpage import UNIT as CHAT_PAGE_UNIT
@@ -32,13 +31,14 @@ HARDENING = SANDBOX + [
 LEFT_OFF = [("MemoryDenyWriteExecute= is off", "torch and onnxruntime, imported at start, may map code they generate")]
 
 
-def layout(version: str, python: str) -> dict[str, str]:
-    """Host paths of the page (a new version gets a new venv beside the old one)."""
+def layout(version: str) -> dict[str, str]:
+    """Host paths of the page (a new version gets a new venv beside the old one; the pushed wheelhouse
+    goes under `wheelhouse_root`, named as the controller's)."""
     release = f"{ROOT}/open-webui-{version}"
     return {
         "root": ROOT, "release": release, "venv": f"{release}/venv",
         "installed": f"{release}/venv/.qwen27b-installed",  # written after a whole install (the next run skips it)
-        "wheelhouse": f"{ROOT}/wheelhouse/open-webui-{version}-cp{python.replace('.', '')}",
+        "wheelhouse_root": f"{ROOT}/wheelhouse",
         "uv": f"{ROOT}/bin/uv", "install_cache": f"{ROOT}/.uv-cache",
         "config_dir": CONFIG_DIR, "env_file": f"{CONFIG_DIR}/page.env",
         "state_dir": STATE_DIR, "data_dir": f"{STATE_DIR}/data",
@@ -166,8 +166,8 @@ def keys_lines(plan: GatewayPlan) -> list[str]:
     $qwen27b_key_client): the page's key counts as the account's gateway key, by the e-mail in
     Open WebUI's header, only from loopback; without an account (the page's own model list) as
     chat-page; any account may list the model (the page shows it), an unmapped one nothing else."""
-    key = re.sub(r"([.+])", r"\\\1", page_secrets(plan)["page_key"])
-    accounts = [(re.sub(r"([.+])", r"\\\1", email), name) for email, name in plan.chat_page.accounts]
+    key = nginx_regex_literal(page_secrets(plan)["page_key"])
+    accounts = [(nginx_regex_literal(email), name) for email, name in plan.chat_page.accounts]
     return [
         "# the chat page's key (from loopback only) and its accounts (qwen27b_chat_page_accounts)",
         f'map $http_authorization $qwen27b_page_key {{ default ""; "~^Bearer {key}$" 1; }}',

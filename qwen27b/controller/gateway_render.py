@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import re
 from pathlib import Path
 
-from qwen27b.controller.render import SANDBOX, render
+from qwen27b.controller.render import SANDBOX, nginx_regex_literal, render
 from qwen27b.onhost.contract import GATEWAY_UNIT, POOL_UNIT
 from qwen27b.onhost.secretfile import load_secret
 from qwen27b.controller import chat_page_render as P
@@ -199,7 +198,7 @@ def keys_text(plan: GatewayPlan) -> str:
     mapped to its name, and the backends' Authorization header ("" removes the client's header when
     the backends have no key)."""
     # each key an exact regex: . and + are its only regex characters (secretfile.SECRET_CHARS)
-    client = [(re.sub(r"([.+])", r"\\\1", load_secret(c.key_file, SECRET_NAMES["gateway_key_files"])), c.name)
+    client = [(nginx_regex_literal(load_secret(c.key_file, SECRET_NAMES["gateway_key_files"])), c.name)
               for c in plan.named_clients()]
     backend = f"Bearer {load_secret(plan.backend_key_file)}" if plan.backend_key_file else ""
     page = P.keys_lines(plan) if plan.chat_page else []  # then the keys' map sets $qwen27b_key_client

@@ -123,6 +123,12 @@ JOURNAL_GROUP = "systemd-journal"  # reads the whole journal (kernel Xid lines);
 API_KEY_CREDENTIAL = "api-key"
 
 
+def nginx_regex_literal(value: str) -> str:
+    """A key or an allow-listed e-mail as an exact nginx regex: `.` and `+` are the only regex
+    characters their allow-lists admit (secretfile.SECRET_CHARS, plan/chatpage.EMAIL)."""
+    return re.sub(r"([.+])", r"\\\1", value)
+
+
 def systemd_quote(arg: str) -> str:
     """One ExecStart argument: single-quoted when needed; % and $ escaped for systemd."""
     arg = str(arg).replace("%", "%%").replace("$", "$$")
