@@ -135,7 +135,9 @@ def push_files(
     `sha256sum` pass over the directory), each upload lands in ``NAME.part`` and is renamed over
     ``NAME`` only after its sha256 matches the manifest, so an interrupted or corrupt transfer
     (or a corrupt controller copy: the controller files are not re-hashed here) never replaces a
-    good file and fails the operation naming the file.
+    good file and fails the operation naming the file. Under plain sudo the SSH user uploads into a
+    staging dir it can reach (staging_dir) and root moves each verified file into place; an upload
+    that fails tells the run summary why (CheckedUpload).
     """
 
     wanted = _check_manifest(manifest)
