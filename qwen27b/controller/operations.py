@@ -9,6 +9,7 @@ case in tests/operations/<op>/, run by tests/test_operations.py.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import posixpath
@@ -19,6 +20,7 @@ from pyinfra import host, state
 from pyinfra.api import FileUploadCommand, StringCommand, operation
 from pyinfra.api.exceptions import OperationError, OperationValueError
 
+from qwen27b.controller import runstate
 from qwen27b.controller.facts import HeldPackages
 from qwen27b.controller.host_facts import DirectoryStates, FileHashes, SecretFileState, SymlinkTarget
 
@@ -178,8 +180,7 @@ def push_files(
     # file into place: on the same filesystem the rename is free.
     staging = None
     if send and _plain_sudo():
-        levels = _levels(dest_dir)
-        staging = staging_dir(dest_dir, host.get_fact(DirectoryStates, paths=levels) or [])
+        staging = staging_dir(dest_dir, host.get_fact(DirectoryStates, paths=_levels(dest_dir)) or [])
         q = shlex.quote(staging)
         yield f'rm -rf {q} && mkdir -m 0700 {q} && chown "$SUDO_USER" {q}'
     op_hash = getattr(host, "current_op_hash", None)
@@ -254,8 +255,6 @@ class CheckedUpload(FileUploadCommand):
         try:
             return super().execute(state_now, host_now, connector_arguments)
         except OSError as error:
-            from qwen27b.controller import runstate
-
             runstate.of(state_now).upload_errors[(host_now.name, self.op_hash)] = upload_failure(
                 error, str(self.src), self.dest, getattr(host_now.data, "ssh_user", None))
             raise  # pyinfra logs it and fails the operation, as before
@@ -263,14 +262,15 @@ class CheckedUpload(FileUploadCommand):
 
 def upload_failure(error: OSError, src: str, dest: str, ssh_user: str | None) -> str:
     """One line for the run summary: which upload failed, why, and what to do."""
-    what = f"uploading {posixpath.basename(str(src))} to {dest} failed: {error.strerror or error}"
+    cause = " ".join(str(error.strerror or error).split())  # @local's: cp's stderr, with its newline
+    what = f"uploading {posixpath.basename(str(src))} to {dest} failed: {cause}"
     where = posixpath.dirname(dest)
     if isinstance(error, PermissionError):
         who = f"the SSH user {ssh_user}" if ssh_user else "the SSH user"
         return (f"{what}: {who} cannot write {where} or cannot reach it (a directory above it does not let "
                 f"that user search it, e.g. mode 0750). Fix: make {where} writable and every directory above it "
                 "searchable (o+x) for that user, or connect as root; then re-run")
-    if getattr(error, "errno", None) == 28:  # ENOSPC
+    if error.errno == errno.ENOSPC:
         return f"{what}: free space on the host's filesystem of {where}, then re-run (files already verified stay)"
     return f"{what}: check {where} on the host, then re-run"
 
