@@ -87,9 +87,6 @@ REFUSALS = [  # (gateway data, backend 1 data, refused host, key, text)
     ({"qwen27b_gateway_key_files": "K"}, {}, "gw", "qwen27b_gateway_key_files", "mode 644"),
     ({"qwen27b_gateway_key_files": "SAME"}, {}, "gw", "qwen27b_gateway_key_files", "holds the same key"),
     ({"qwen27b_gateway_key_files": "BACKEND"}, {}, "gw", "qwen27b_gateway_key_files", "is the backends' API key"),
-    ({}, {"qwen27b_metrics_allow": ["10.9.0.0/16"]}, "gpu-1", "qwen27b_metrics_allow", f"add '{GW}/32'"),
-    ({}, {"qwen27b_metrics_allow": None}, "gpu-1", "qwen27b_metrics_allow", "could not read this host's health"),
-    ({}, {"qwen27b_firewall_allow": [f"{B1}/32"]}, "gpu-1", "qwen27b_firewall_allow", "the firewall would drop"),
     ({}, {"qwen27b_served_model_name": "other"}, "gw", "qwen27b_served_model_name", "serve different names"),
     ({}, "OTHER_KEY", "gw", "qwen27b_api_key_file", "do not share one API key"),
     ({"qwen27b_gateway_backends": ["gpu-1", "gpu-9"]}, {}, "gw", "qwen27b_gateway_backends", "'gpu-9' is not a host"),
@@ -117,6 +114,28 @@ def test_bad_gateway_inventories_are_refused_naming_host_key_and_fix(tmp_path, k
         validate_inventory(*lab(keys, gateway, b1))
     assert (error.value.host, error.value.key) == (refused, key) and text in str(error.value), str(error.value)
     assert "Fix:" in str(error.value)
+
+
+@pytest.mark.parametrize("b1, expected, added", [
+    ({"qwen27b_metrics_allow": ["10.9.0.0/16"]}, {"metrics_allow": ["10.9.0.0/16", f"{GW}/32"], "firewall_allow": None},
+     ["metrics_allow"]),
+    ({"qwen27b_metrics_allow": None}, {"metrics_allow": [f"{GW}/32"], "firewall_allow": None}, ["metrics_allow"]),
+    ({"qwen27b_firewall_allow": [f"{B1}/32"]}, {"metrics_allow": [f"{GW}/32"], "firewall_allow": [f"{B1}/32", f"{GW}/32"]},
+     ["firewall_allow"]),
+])
+def test_the_gateways_address_is_added_to_a_backends_allow_lists_and_the_plan_says_so(keys, b1, expected, added):
+    """Issue 48 item 5: a backend whose allow-list lacks its gateway (both in the inventory) gets the
+    gateway's address added (its deploy's settings), and the gateway's plan line of that backend says
+    so; the other backend, which has it, is left as it is and its line says nothing."""
+    hosts, groups = lab(keys, b1=b1)
+    settings = validate_inventory(hosts, groups)
+    assert {k: getattr(settings["gpu-1"], k) for k in expected} == expected
+    assert settings["gpu-2"].metrics_allow == [f"{GW}/32"] and settings["gpu-2"].firewall_allow is None
+    lines = plan_gateways(hosts, groups, settings)["gw"].describe()
+    mine = next(line for line in lines if line.startswith("  backend gpu-1:"))
+    for key in expected:
+        assert (f"qwen27b_{key} += {GW}/32 (the gateway's address, added" in mine) == (key in added), mine
+    assert "added" not in next(line for line in lines if line.startswith("  backend gpu-2:"))
 
 
 def test_a_serving_groups_worker_is_no_backend_and_cannot_be_listed(keys):

@@ -17,7 +17,7 @@ import ipaddress
 import os
 import re
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from qwen27b.onhost.secretfile import load_secret
@@ -40,6 +40,9 @@ class Backend:
     health_port: int  # qwen27b_health_port (qwen27b-health-http: 200 OK/WARNING, 503 CRITICAL/STALE)
     health_path: str = "/health"  # a copy's verdict: /health/NAME on its host's endpoint
     key_file: str | None = field(default=None, compare=False)  # the key file it serves with (the copy's, or the host's)
+    # what the deploy adds to this host's allow-lists for the gateway (key -> network; plan line, gateway_needs)
+    added: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    host: str = field(default="", compare=False)  # the inventory host (a copy's: HOST of HOST.NAME)
 
 
 @dataclass(frozen=True)
@@ -113,8 +116,9 @@ class GatewayPlan:
         lines = [f"gateway: nginx on {self.address}:{self.port} in front of {len(self.backends)} backend(s) "
                  "(nginx's upstream module: one OpenAI address; docs/scale-out.md)"]
         for b in self.backends:
+            added = "".join(f"; {key} += {network} (the gateway's address, added: {NEEDS[key]})" for key, network in b.added)
             lines.append(f"  backend {b.name}: {b.address}:{b.port}, health {b.address}:{b.health_port}{b.health_path} "
-                         "(in the pool while both answer 200 and it is not drained)")
+                         f"(in the pool while both answer 200 and it is not drained){added}")
         lines.append(f"  client keys: {', '.join(c.describe() for c in self.named_clients())}; held by the gateway only; "
                      + ("the backends' key is added by the gateway, never seen by clients" if self.backend_key_file
                         else "WARNING: the backends have no qwen27b_api_key_file, so anyone on the lab network "
@@ -195,16 +199,38 @@ def _covered(address: str, networks: list | None) -> bool:
     return any(ip in ipaddress.ip_network(n, strict=False) for n in networks or [])
 
 
-def _check_reach(gateway: str, address: str, backend: str, s: Settings) -> None:
-    """The gateway must reach the backend's health endpoint (open to loopback, the host itself and
-    qwen27b_metrics_allow only) and, with a firewall rule, its port."""
-    if not _covered(address, s.metrics_allow):
-        raise BadHostData(backend, "qwen27b_metrics_allow", f"the gateway {gateway} ({address}) is not in it: "
-                          "it could not read this host's health endpoint, and would never put it in its pool",
-                          f"add '{address}/32' to qwen27b_metrics_allow")
-    if s.firewall_allow is not None and not _covered(address, s.firewall_allow):
-        raise BadHostData(backend, "qwen27b_firewall_allow", f"the gateway {gateway} ({address}) is not in it: "
-                          "the firewall would drop its requests", f"add '{address}/32' to qwen27b_firewall_allow")
+NEEDS = {"qwen27b_metrics_allow": "it reads this host's health endpoint",
+         "qwen27b_firewall_allow": "it sends this host's requests"}
+
+
+def _reach(address: str, data: dict) -> tuple[tuple[str, str], ...]:
+    """What the gateway at `address` needs added to a backend's allow-lists: its health endpoint
+    (open to loopback, the host itself and qwen27b_metrics_allow only) and, with a firewall rule,
+    its port. Filled in by gateway_needs (both hosts are in the inventory), never refused. Read from
+    the host data as written (checked by settings_for), so a plan made from the filled-in settings
+    still says what was added."""
+    network = str(ipaddress.ip_network(address))
+    out = []
+    if not _covered(address, data.get(PREFIX + "metrics_allow")):
+        out.append(("qwen27b_metrics_allow", network))
+    if data.get(PREFIX + "firewall_allow") is not None and not _covered(address, data[PREFIX + "firewall_allow"]):
+        out.append(("qwen27b_firewall_allow", network))
+    return tuple(out)
+
+
+def gateway_needs(plans: dict[str, "GatewayPlan"], settings: dict[str, Settings]) -> dict[str, Settings]:
+    """Each backend's settings with its gateways' addresses added to the allow-lists that lack them
+    (each GatewayPlan's backend line says which)."""
+    out = dict(settings)
+    for plan in plans.values():
+        for backend in plan.backends:
+            host = backend.host or backend.name
+            for key, network in backend.added:
+                field_name = key[len(PREFIX):]
+                have = list(getattr(out[host], field_name) or [])
+                if network not in have:
+                    out[host] = replace(out[host], **{field_name: have + [network]})
+    return out
 
 
 def _client(host: str, key: str, entry) -> Client:
@@ -387,9 +413,8 @@ def plan_gateway(host: str, data: dict, inventory: list[tuple[str, dict]], gatew
     key_files = tuple(c.key_file for c in clients)
     workers = {name for name, s in settings.items() if s.node_role == "worker"}
     names = _backend_names(host, data, [name for name, _ in inventory], gateways, workers)
-    backends = [backend for name in names for backend in _backend(name, by_name[name], settings[name])]
-    for name in names:
-        _check_reach(host, address, name, settings[name])
+    backends = [replace(backend, added=_reach(address, by_name[name]), host=name)
+                for name in names for backend in _backend(name, by_name[name], settings[name])]
     backend_key, served = _shared(host, names, settings, backends)
     if backend_key and any(load_secret(path, SECRET_NAMES["gateway_key_files"]) == load_secret(backend_key)
                            for path in key_files):
