@@ -25,6 +25,7 @@ import pytest
 from qwen27b.controller import gateway_render as G
 from qwen27b.controller.gateway_drain import pool_command
 from qwen27b.onhost import gateway_pool as P
+from qwen27b.onhost.secretfile import load_secret
 from qwen27b.plan.gateway import Backend, GatewayPlan, plan_gateways
 from qwen27b.plan.hostdata import BadHostData
 from qwen27b.plan.inventory import validate_inventory
@@ -313,6 +314,8 @@ class Stub(BaseHTTPRequestHandler):
 
     def do_GET(self):
         self.server.got.append((self.path, self.headers.get("Authorization")))
+        if self.path == "/v1/models":  # as vLLM lists its one served name
+            return self._answer(200, {"object": "list", "data": [{"id": "qwen-stub", "object": "model"}]})
         # as qwen27b-health-http answers: the engine's slots (--max-num-seqs) when it knows them
         self._answer(503 if self.server.sick else 200, {"slots": self.server.slots} if self.server.slots else {})
 
@@ -1101,3 +1104,51 @@ def test_qwen27b_usage_prints_each_gateways_table_or_json(monkeypatch, capsys):
     assert cli.main(["usage", "lab.py", "--json"]) == 0
     line = json.loads(capsys.readouterr().out)
     assert line["gateway"] == "gw" and line["keys"]["team-a"]["completion_tokens"] == 12 and asked[-1] == ("lab.py", "1d")
+
+
+def test_the_gateways_verify_uses_its_own_key_never_a_clients(tmp_path, keys, monkeypatch):
+    """Issue 48 item 7: the deploy's verify of the gateway (roles/gateway._check, run as it is against
+    a real nginx on loopback) sends the gateway's own verify key: its requests count as qwen27b-verify
+    in the request log, none as the first client's, and that client's 1 request a minute is still
+    hers to use after it. The verify key is in the keys include under its own name, never a limit's."""
+    from types import SimpleNamespace
+
+    import roles.gateway as R
+    from qwen27b.controller import apikey
+    from qwen27b.plan.gateway import VERIFY, Client
+
+    backend = stub("a")
+    port = P_free_port()
+    verify_file, made = apikey.ensure_gateway_verify(tmp_path / "state" / "gateway" / "gw")
+    assert made and oct(verify_file.stat().st_mode & 0o777) == "0o600"
+    assert apikey.ensure_gateway_verify(tmp_path / "state" / "gateway" / "gw") == (verify_file, False)  # kept
+    clients = (Client("team-a", keys["a"], requests_per_minute=1), Client("team-b", keys["b"]))
+    plan = GatewayPlan("gw", "127.0.0.1", port, (keys["a"], keys["b"]),
+                       (Backend("a", "127.0.0.1", backend.server_address[1], backend.server_address[1]),),
+                       keys["backend"], None, 600, clients=clients, verify_key_file=str(verify_file))
+    assert any(f"counted as {VERIFY}" in line for line in plan.describe())
+    assert f'"{VERIFY}"' in G.keys_text(plan) and VERIFY not in "".join(sum(G.limit_lines(plan).values(), []))
+    results = SimpleNamespace(results=[])
+    monkeypatch.setattr(R, "host", SimpleNamespace(name="gw"))
+    monkeypatch.setattr(R.runstate, "current", lambda: results)
+    log = tmp_path / "requests.log"
+    try:
+        with running_nginx(plan, tmp_path / "root", nginx_binary(), access_log=f"{log} qwen27b") as where:
+            R._check.__wrapped__(plan)
+            assert results.results[0].status == "ok", results.results[0]
+            assert httpx.post(f"{where['base']}/v1/chat/completions", json={}, timeout=30,
+                              headers={"Authorization": "Bearer client-a-4567"}).status_code == 200
+    finally:
+        backend.shutdown()
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    keyed = [(r["key"], r["path"]) for r in lines if r["path"] != "/health"]
+    assert ("", "/v1/models") in keyed  # verify's keyless request, refused
+    assert [k for k, path in keyed if k] == [VERIFY, VERIFY, "team-a"], keyed
+    text = log.read_text()
+    assert load_secret(str(verify_file)) not in text
+
+
+def test_a_client_key_named_as_the_verify_key_is_refused(keys):
+    hosts, groups = lab(keys, gateway={"qwen27b_gateway_key_files": [{"file": keys["a"], "name": "qwen27b-verify"}]})
+    with pytest.raises(BadHostData, match="the deploy's own verify requests count under"):
+        validate_inventory(hosts, groups)

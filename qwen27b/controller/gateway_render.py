@@ -12,7 +12,7 @@ from qwen27b.controller.render import SANDBOX, nginx_regex_literal, render
 from qwen27b.onhost.contract import GATEWAY_UNIT, POOL_UNIT
 from qwen27b.onhost.secretfile import load_secret
 from qwen27b.controller import chat_page_render as P
-from qwen27b.plan.gateway import USAGE_PORT, GatewayPlan, listen_on
+from qwen27b.plan.gateway import USAGE_PORT, VERIFY, GatewayPlan, listen_on
 from qwen27b.plan.hostlayout import HostLayout
 from qwen27b.plan.hostdata import SECRET_NAMES
 
@@ -200,6 +200,8 @@ def keys_text(plan: GatewayPlan) -> str:
     # each key an exact regex: . and + are its only regex characters (secretfile.SECRET_CHARS)
     client = [(nginx_regex_literal(load_secret(c.key_file, SECRET_NAMES["gateway_key_files"])), c.name)
               for c in plan.named_clients()]
+    if plan.verify_key_file:  # the deploy's verify: its own name, no limit, never a client's count
+        client.append((nginx_regex_literal(load_secret(plan.verify_key_file)), VERIFY))
     backend = f"Bearer {load_secret(plan.backend_key_file)}" if plan.backend_key_file else ""
     page = P.keys_lines(plan) if plan.chat_page else []  # then the keys' map sets $qwen27b_key_client
     return render("qwen27b-gateway-keys.conf.j2", {"client_keys": client, "backend_authorization": [backend],

@@ -28,6 +28,7 @@ from qwen27b.plan.hostdata import (GATEWAY_KEYS, PREFIX, SECRET_NAMES, BadHostDa
 GROUP = "qwen27b_gateway"
 DEFAULT_PORT = 8000
 USAGE_PORT = 9121  # the usage counters in Prometheus' text format (loopback; the gateway's address for metrics_allow)
+VERIFY = "qwen27b-verify"  # the name the deploy's own verify requests count under (its own key, never a client's)
 DEFAULT_REQUEST_TIMEOUT_S = 600  # a long generation on a loaded V100; also a drain's longest wait
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 
@@ -103,6 +104,9 @@ class GatewayPlan:
     fair_share: bool = False  # no key may hold every slot of the pool (qwen27b_gateway_fair_share, 2+ keys)
     log_bodies: bool = False  # the request log keeps each request's body and its answer's (qwen27b_gateway_log_bodies)
     chat_page: ChatPage | None = None  # Open WebUI behind this nginx (qwen27b_chat_page; plan/chatpage.py)
+    # the deploy's verify key on the controller (apikey.ensure_gateway_verify, set by the gateway's
+    # preflight): its requests count under VERIFY, never in a client's usage or against its limits
+    verify_key_file: str | None = None
 
     def named_clients(self) -> tuple[Client, ...]:
         return self.clients or tuple(Client(key_name(path), path) for path in self.key_files)
@@ -134,6 +138,9 @@ class GatewayPlan:
                      "answers are readable by whoever reads that journal" if self.log_bodies else
                      "  request log: one JSON line per request in the gateway's journal (key name, status, tokens, "
                      "latency, backend; no prompt or answer text: qwen27b_gateway_log_bodies keeps them)")
+        if self.verify_key_file:
+            lines.append(f"  verify: with its own key ({self.verify_key_file}, made once, 0600), counted as {VERIFY}: "
+                         "never a client's usage or limits")
         lines.append(f"  {self.tls.describe()}" if self.tls else
                      "  plain HTTP: client keys, prompts and answers cross the network unencrypted (fine on a closed "
                      "lab network; else set qwen27b_gateway_tls_lab_ca, or qwen27b_gateway_tls_cert and _tls_key)")
@@ -423,6 +430,9 @@ def plan_gateway(host: str, data: dict, inventory: list[tuple[str, dict]], gatew
     fair = data.get(PREFIX + "gateway_fair_share")
     page = plan_chat_page(host, data, [c.name for c in clients],
                           {port: "the gateway's API", **({USAGE_PORT: "the usage counters"} if data.get(PREFIX + "gateway_metrics_allow") else {})})
+    if VERIFY in {c.name for c in clients}:
+        raise BadHostData(host, PREFIX + "gateway_key_files", f"a key is named {VERIFY!r}, the name the deploy's own "
+                          "verify requests count under", "give that key another name: {file: ..., name: ...}")
     if page and HOUSEKEEPING in {c.name for c in clients}:
         raise BadHostData(host, PREFIX + "gateway_key_files", f"a key is named {HOUSEKEEPING!r}, the name the chat page's "
                           "own requests count under", "give that key another name: {file: ..., name: ...}")
