@@ -234,10 +234,35 @@ def limit_lines(plan: GatewayPlan) -> dict[str, list[str]]:
         http.append("limit_conn_zone $qwen27b_client zone=qwen27b_fair:1m;")
     # Retry-After: over its rate, the key's spacing (60/rate s); over its concurrency, 1 s
     retry = {c.name: -(-60 // c.requests_per_minute) for c in clients if c.requests_per_minute}
+    http.append(over_map(plan))
     http.append(" ".join(['map "$limit_req_status:$qwen27b_client" $qwen27b_retry_after { default 1;',
                           *(f'"REJECTED:{name}" {seconds};' for name, seconds in sorted(retry.items()) if seconds != 1),
                           "}"]))
     return {"http": http, "location": location}
+
+
+def _times(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what.replace('request', 'requests')}"
+
+
+def over_map(plan: GatewayPlan) -> str:
+    """$qwen27b_over: which limit a 429 of nginx's is for, in words (the answer's message): nginx's
+    own $limit_req_status / $limit_conn_status are empty for a limit it did not check (a request
+    over the rate never reaches limit_conn) and say nothing of the numbers. The key's own limit
+    first, then the pool's fair share (its number set by the watcher's include)."""
+    fair = "its fair share of the pool's slots ($qwen27b_fair_share at once)"
+    entries = []
+    for c in plan.named_clients():
+        name = nginx_regex_literal(c.name)
+        if c.requests_per_minute:
+            entries.append(f'"~^REJECTED[|][^|]*[|]{name}$" "its {_times(c.requests_per_minute, "request")} per minute";')
+        if c.concurrent:
+            entries.append(f'"~^[^|]*[|]REJECTED[|]{name}$" "its {_times(c.concurrent, "request")} at once'
+                           + (f' or {fair}";' if plan.fair_share else '";'))
+    if plan.fair_share:
+        entries.append(f'"~^[^|]*[|]REJECTED[|]" "{fair}";')
+    return " ".join(['map "$limit_req_status|$limit_conn_status|$qwen27b_client" $qwen27b_over {',
+                     'default "one of its limits";', *entries, "}"])
 
 
 def tls_pair(plan: GatewayPlan) -> tuple[bytes, bytes] | None:
