@@ -1153,3 +1153,29 @@ def test_a_client_key_named_as_the_verify_key_is_refused(keys):
     hosts, groups = lab(keys, gateway={"qwen27b_gateway_key_files": [{"file": keys["a"], "name": "qwen27b-verify"}]})
     with pytest.raises(BadHostData, match="the deploy's own verify requests count under"):
         validate_inventory(hosts, groups)
+
+
+@pytest.mark.parametrize("given, sent", [("10m", "10min"), ("30min", "30min"), ("2h", "2h"), ("45s", "45s"), ("7d", "7d")])
+def test_qwen27b_usage_takes_m_for_minutes_and_sends_what_journalctl_and_older_gateways_read(monkeypatch, given, sent):
+    """Issue 48 item 8: `--since 10m` was refused by the gateway after connecting; now accepted here,
+    and sent spelt out (10min) so a gateway's older on-host code reads it too."""
+    from qwen27b.controller import gateway_drain as D
+    from qwen27b.tools import cli
+
+    asked = []
+    monkeypatch.setattr(D, "usage", lambda inventory, since: asked.append(since) or [D.PoolAnswer("gw", True, {"keys": {}})])
+    assert cli.main(["usage", "lab.py", "--since", given]) == 0 and asked == [sent]
+    assert P.parse_window(given) == sent
+
+
+@pytest.mark.parametrize("given", ["10", "10x", "0m", "1mo", "-1h", "1h;id", ""])
+def test_a_bad_usage_window_is_refused_before_any_gateway_is_reached(monkeypatch, capsys, given):
+    from qwen27b.controller import gateway_drain as D
+    from qwen27b.tools import cli
+
+    monkeypatch.setattr(D, "usage", lambda *a: pytest.fail("a gateway was reached"))
+    with pytest.raises(SystemExit) as done:
+        cli.main(["usage", "lab.py", f"--since={given}"])
+    assert done.value.code == 2 and "give N followed by s, m (or min), h or d" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="give N followed by"):
+        P.usage(given)  # the on-host module refuses it too, before journalctl
