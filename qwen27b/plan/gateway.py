@@ -454,6 +454,20 @@ def _metrics_allow(host: str, data: dict) -> tuple[str, ...]:
     return tuple(out)
 
 
+def uninstall_notes(plans: dict[str, GatewayPlan], host: str) -> list[str]:
+    """What uninstalling `host` leaves at the gateways that list it as a backend (their plans): the
+    gateway keeps it in its backend list until the gateway is deployed without it."""
+    out = []
+    for gateway, plan in plans.items():
+        mine = [b.name for b in plan.backends if (b.host or b.name) == host]
+        if mine and gateway != host:
+            out.append(f"gateway {gateway} lists {', '.join(mine)} as backend(s): once the service is gone its watcher "
+                       "takes them out of the pool (clients get the other backends, no error), but they stay in its "
+                       f"backend list; to drop them, take {host} out of the inventory (or out of {gateway}'s "
+                       f"qwen27b_gateway_backends) and deploy the gateway: pyinfra INVENTORY deploy.py -y --limit {gateway}")
+    return out
+
+
 def plan_gateways(inventory: list[tuple[str, dict]], groups: dict[str, set],
                   settings: dict[str, Settings]) -> dict[str, GatewayPlan]:
     """Every gateway host's plan; gateway keys on a host outside the group are refused (they would
