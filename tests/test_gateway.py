@@ -1165,7 +1165,9 @@ def test_qwen27b_usage_takes_m_for_minutes_and_sends_what_journalctl_and_older_g
     asked = []
     monkeypatch.setattr(D, "usage", lambda inventory, since: asked.append(since) or [D.PoolAnswer("gw", True, {"keys": {}})])
     assert cli.main(["usage", "lab.py", "--since", given]) == 0 and asked == [sent]
-    assert P.parse_window(given) == sent
+    from qwen27b.tools.gateway import parse_window
+
+    assert parse_window(given) == sent
 
 
 @pytest.mark.parametrize("given", ["10", "10x", "0m", "1mo", "-1h", "1h;id", ""])

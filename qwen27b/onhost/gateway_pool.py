@@ -348,18 +348,7 @@ def status(config: dict) -> int:
     return 0
 
 
-WINDOW = re.compile(r"([1-9][0-9]{0,5})(s|m|min|h|d)")
-WINDOW_HELP = "N followed by s, m (or min), h or d (default 1d)"
-
-
-def parse_window(value: str) -> str:
-    """A --since window as journalctl takes it (10m -> 10min: journalctl reads "m" as minutes too,
-    spelt out so a gateway's older copy of this module, which knows "min" only, reads it the same).
-    ValueError names what is accepted."""
-    match = WINDOW.fullmatch(value or "")
-    if not match:
-        raise ValueError(f"--since {value!r}: give N followed by s, m (or min), h or d, e.g. 10m, 1h, 7d")
-    return match.group(1) + ("min" if match.group(2) == "m" else match.group(2))
+WINDOW = re.compile(r"[1-9][0-9]{0,5}(s|min|h|d)")
 USAGE_FIELDS = ("requests", "errors", "limited", "prompt_tokens", "completion_tokens")
 
 
@@ -388,10 +377,8 @@ def usage_of(lines) -> dict:
 def usage(window: str) -> int:
     """Usage per key over the last `window` (e.g. 1h, 30min, 7d), read from the request log in the
     journal: kept as long as journald keeps it, where nginx's counters (:9121) restart with nginx."""
-    try:
-        window = parse_window(window)
-    except ValueError as error:
-        raise SystemExit(f"qwen27b-gateway-pool: {error}") from None
+    if not WINDOW.fullmatch(window):
+        raise SystemExit(f"qwen27b-gateway-pool: --since {window!r}: give N followed by s, min, h or d (e.g. 1h)")
     out = subprocess.run(["journalctl", "--no-pager", "-o", "cat", "-t", "qwen27b_gateway", f"--since=-{window}"],
                          capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
@@ -413,7 +400,7 @@ def main(argv=None) -> int:
     p_undrain = sub.add_parser("undrain", help="let a drained backend return once healthy")
     p_undrain.add_argument("name")
     p_usage = sub.add_parser("usage", help="each key's requests and tokens over a window, from the request log")
-    p_usage.add_argument("--since", default="1d", help=WINDOW_HELP)
+    p_usage.add_argument("--since", default="1d", help="N followed by s, min, h or d (default 1d)")
     args = parser.parse_args(argv)
     config = load_config(args.config)
     if args.command == "watch":

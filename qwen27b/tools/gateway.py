@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 from qwen27b.controller import gateway_drain as D
 from qwen27b.controller.report import table
-from qwen27b.onhost import gateway_pool as P
 
 
 def usage_table(gateway: str, record: dict) -> str:
@@ -32,10 +32,25 @@ def usage_table(gateway: str, record: dict) -> str:
                                 [64, 10, 8, 8, 14, 18, 8])
 
 
+WINDOW = re.compile(r"([1-9][0-9]{0,5})(s|m|min|h|d)")
+WINDOW_HELP = "N followed by s, m (or min), h or d (default 1d)"
+
+
+def parse_window(value: str) -> str:
+    """A --since window as the gateway's on-host `usage` and journalctl take it: 10m is sent as
+    10min (the on-host module, qwen27b/onhost/gateway_pool.py WINDOW, knows 'min' only; it is left
+    as it is, since a change would be pushed to, and hashed on, every serving host). ValueError
+    names what is accepted."""
+    match = WINDOW.fullmatch(value or "")
+    if not match:
+        raise ValueError(f"--since {value!r}: give N followed by s, m (or min), h or d, e.g. 10m, 1h, 7d")
+    return match.group(1) + ("min" if match.group(2) == "m" else match.group(2))
+
+
 def _since(value: str) -> str:
     """--since, checked here before any gateway is reached (argparse's usage error, exit 2)."""
     try:
-        return P.parse_window(value)
+        return parse_window(value)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 
@@ -48,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     p_status.add_argument("inventory")
     p_usage = sub.add_parser("usage", help="each key's requests and tokens over a window, from every gateway's log")
     p_usage.add_argument("inventory")
-    p_usage.add_argument("--since", default="1d", type=_since, help=P.WINDOW_HELP + "; checked before connecting")
+    p_usage.add_argument("--since", default="1d", type=_since, help=WINDOW_HELP + "; checked before connecting")
     for name, about in (("drain", "take HOST out of every gateway's pool"), ("undrain", "let HOST return")):
         p = sub.add_parser(name, help=about)
         p.add_argument("inventory")
