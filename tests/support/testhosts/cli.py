@@ -51,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     p_check = sub.add_parser("check", help="apt-get update and pip download six inside")
     p_check.add_argument("name", nargs="?")
     sub.add_parser("paths", help="print the inventory / ssh_config / key paths")
+    p_labinv = sub.add_parser("lab-inventory", help="write README's lab inventory for the profile's hosts "
+                              "(the admin sudo account, a gateway) into DIR (./run up N)")
+    p_labinv.add_argument("dir", type=Path)
     args = ap.parse_args(argv)
 
     explicit = args.profile or os.environ.get("QWEN27B_TESTHOSTS_PROFILE")
@@ -104,6 +107,18 @@ def main(argv: list[str] | None = None) -> int:
                               "ls /tmp/q27t-dl; rm -rf /tmp/q27t-check /tmp/q27t-dl", timeout=300)
                 print(f"{name}: apt-get update ok ({t1 - t0:.1f}s), pip download six ok "
                       f"({time.monotonic() - t1:.1f}s)")
+            return 0
+        if args.cmd == "lab-inventory":
+            from .labinventory import write_lab
+            if len(lab.hosts) < 2:
+                raise TestHostsError(f"profile {profile!r} has {len(lab.hosts)} host(s): a lab needs two (`up -n 2`)")
+            inventory = write_lab(lab, args.dir)
+            hosts = lab.hosts
+            print(f"inventory:  {inventory}  (groups serving: {', '.join(h['name'] for h in hosts[:-1])}; "
+                  f"qwen27b_gateway: {hosts[-1]['name']}; as admin with sudo)\n"
+                  f"ssh_config: {inventory.parent / 'ssh_config'}\n"
+                  f"e.g.:       pyinfra {inventory} deploy.py --dry -v\n"
+                  f"            ssh -F {inventory.parent / 'ssh_config'} {hosts[0]['name']} sudo systemctl status qwen27b")
             return 0
         if args.cmd == "paths":
             print(f"inventory {lab.inventory}\nssh_config {lab.ssh_config}\n"
