@@ -283,3 +283,12 @@ def test_wheelhouse_versions():
 
 def test_manifest_check_command_quotes():
     assert cb.manifest_check_command("/a b") == "cd '/a b' && sha256sum --quiet --strict -c SHA256SUMS"
+
+
+def test_the_converter_venv_is_not_byte_compiled(tmp_path):
+    """issue 48: the throwaway converter venv skips pip's byte-compiling of torch and transformers"""
+    from qwen27b.tools.cpu_smoke.model import converter_install_argv
+    argv = converter_install_argv(tmp_path / "venv", ["/wh", "/opt/wheels"], ["torch==2.13.0+cpu", "gguf==0.19.0"])
+    assert argv[:4] == [str(tmp_path / "venv/bin/python"), "-m", "pip", "install"] and "--no-compile" in argv
+    assert argv[-2:] == ["torch==2.13.0+cpu", "gguf==0.19.0"]
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--find-links"] == ["/wh", "/opt/wheels"]

@@ -54,6 +54,16 @@ def _model_meta() -> dict:
             "dtype": "bfloat16", "served_name": SERVED_MODEL_NAME}
 
 
+def converter_install_argv(venv: Path, find_links: Sequence[str], reqs: Sequence[str]) -> list[str]:
+    """pip install of the converter's requirements into its throwaway venv. --no-compile: each file
+    is imported once, then the venv is deleted; byte-compiling torch and transformers cost the
+    bare-machine demo tens of seconds of its 2 cores (issue 48)."""
+    argv = [str(venv / "bin/python"), "-m", "pip", "install", "--progress-bar", "off", "--no-compile"]
+    for fl in find_links:
+        argv += ["--find-links", fl]
+    return argv + list(reqs)
+
+
 def build_model(dest: Path, cache: Path, *, python: str | None = None,
                 find_links: Sequence[str] = DEFAULT_TORCH_FIND_LINKS,
                 wheelhouse: Path | None = None, force: bool = False,
@@ -97,10 +107,7 @@ def build_model(dest: Path, cache: Path, *, python: str | None = None,
             if "transformers" in versions:
                 reqs[1] = f"transformers=={versions['transformers']}"
             links = [str(wheelhouse), *links]
-        argv = [str(venv / "bin/python"), "-m", "pip", "install", "--progress-bar", "off"]
-        for fl in links:
-            argv += ["--find-links", fl]
-        _run(argv + reqs)
+        _run(converter_install_argv(venv, links, reqs))
 
         # 3. convert (dequantize to bf16), into a fresh dir, then swap into place.
         out = tmp / "out"
