@@ -55,6 +55,21 @@ def _since(value: str) -> str:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def answer_line(gateway: str, record: dict) -> str:
+    """One gateway's answer to status, drain or undrain. status's record lists the drained backends;
+    drain's and undrain's name their backend and say whether it is drained now (a bool)."""
+    pool = ", ".join(record.get("pool", [])) or "none"
+    drained = record.get("drained", [])
+    if isinstance(drained, bool):
+        drained = record.get("backend", "") if drained else ""
+    else:
+        drained = ", ".join(drained)
+    share = record.get("fair_share")
+    return (f"{gateway}: pool {pool}" + (f"; drained {drained}" if drained else "")
+            + (f"; fair share {share} at once per key" if share else "")
+            + (f"; waited {record['waited_s']} s" if "waited_s" in record else ""))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="qwen27b gateway", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="one JSON object per gateway")
@@ -94,11 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "usage":
             print(usage_table(a.gateway, a.record))
         else:
-            pool, drained = ", ".join(a.record.get("pool", [])) or "none", ", ".join(a.record.get("drained", []))
-            share = a.record.get("fair_share")
-            print(f"{a.gateway}: pool {pool}" + (f"; drained {drained}" if drained else "")
-                  + (f"; fair share {share} at once per key" if share else "")
-                  + (f"; waited {a.record['waited_s']} s" if "waited_s" in a.record else ""))
+            print(answer_line(a.gateway, a.record))
     return 0 if all(a.ok for a in answers) else 1
 
 
