@@ -25,7 +25,7 @@ def run_functions(tmp_path: Path, calls: str) -> list[str]:
         os.symlink(shutil.which(tool), bindir / tool)
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
-    for exe in ("python", "pip"):  # the venv's: log; `python -c "import ..."` fails (nothing installed)
+    for exe in ("python", "pip", "pyinfra"):  # the venv's: log; `python -c "import ..."` fails (nothing installed)
         stub = venv / "bin" / exe
         stub.write_text(f'#!/bin/sh\necho "{exe} $*" >> "{log}"\n[ "$1" = -c ] && exit 1\nexit 0\n')
         stub.chmod(0o755)
@@ -75,3 +75,24 @@ def test_down_without_a_name_stops_only_the_demo_and_the_lab(tmp_path):
     downs = [line for line in calls if "tests.support.testhosts" in line]
     assert downs == ["python -m tests.support.testhosts --profile demo down",
                      "python -m tests.support.testhosts --profile lab down"], calls
+
+
+def test_the_demo_end_to_end_installs_nothing_of_the_tests(tmp_path):
+    """`./run demo` as a whole: the test host booted (profile demo) beside the artifacts, the deploy,
+    the summary; no apt-get, no test extra, no chat page."""
+    calls = run_functions(tmp_path, "main demo")
+    text = "\n".join(calls)
+    assert not [line for line in calls if line.startswith("apt-get")] and ".[test]" not in text, text
+    assert "chat_page" not in text, text
+    for expected in ("python -m tests.support.testhosts --profile demo up", "python -m qwen27b.tools.cpu_smoke model",
+                     "pyinfra inventory/testhost.py deploy.py -y", "python -m qwen27b.tools.demo_summary"):
+        assert expected in calls, (expected, text)
+    assert calls.index("pyinfra inventory/testhost.py deploy.py -y") > max(
+        calls.index("python -m tests.support.testhosts --profile demo up"), calls.index("python -m qwen27b.tools.cpu_smoke model"))
+
+
+def test_up_boots_linked_hosts_in_the_lab_profile_and_writes_the_inventory(tmp_path):
+    calls = run_functions(tmp_path, "main up 3")
+    assert "python -m tests.support.testhosts --profile lab up -n 3 --link-peers" in calls, calls
+    assert calls[-1] == "python -m tests.support.testhosts --profile lab lab-inventory inventory/testlab", calls
+    assert not [line for line in calls if line.startswith("apt-get")], calls
