@@ -8,6 +8,8 @@ namespace each, reached over SSH (pyinfra, testinfra, plain ssh).
     python3 -m tests.support.testhosts reset NAME      # fresh root from the cached tarball, reboot
     python3 -m tests.support.testhosts check [NAME]    # apt-get update + pip download six inside
     python3 -m tests.support.testhosts down            # stop everything, delete roots (keeps cache)
+    python3 -m tests.support.testhosts --profile lab lab-inventory DIR  # README's lab inventory
+                                   # (admin + sudo, a gateway; labinventory.py): what `./run up N` writes
 
 Needs root (network namespaces, veth, nspawn). Stdlib only. See docs/testhosts.md.
 Parts: rootfs (the cached pristine root), network (namespaces, veths, the proxy), ssh (keys,
