@@ -30,6 +30,7 @@ FAST_MODULES = {
     "test_driverbuild", "test_occupants", "test_unknown_memory", "test_cuda_repo_driver",
     "test_planner", "test_checkpoint", "test_instances", "test_multinode",  # the planner
     "test_templates", "test_templates_multinode",  # templates
+    "test_verify_check",  # which check verify runs (the figures or liveness), pure
 }
 
 # `./run tests` runs the unit tier as two processes side by side, one per core (issue 31): the tests
