@@ -48,6 +48,8 @@ recorded_hosts = [
     _fake("centos7"),
     _fake("v100x1-secureboot"),
     _fake("h200"),
+    _fake("h100"),  # a real H100 (2026-12-07): every fact from its raw bytes, escape codes in `topo -m` included
+    _fake("h100-b"),  # a second machine of that image: every fact, the disk included, from one machine
     _fake("v100x1-open-loaded"),
     _fake("v100x2-open-unloaded", qwen27b_skip_reboot=True),
     _fake("v100x2-r470"),

@@ -44,7 +44,6 @@ from qwen27b.onhost.secretfile import load_secret
 from qwen27b.controller import oporder
 from qwen27b.plan.gate import RefusedHost
 from qwen27b.plan.gateway import GatewayPlan, is_gateway, plan_gateways
-from qwen27b.plan.hostdata import SECRET_NAMES
 from qwen27b.plan.stack import load_stack
 
 from ._common import check, dry_run, note
@@ -71,6 +70,7 @@ def gateway_preflight() -> GatewayPlan | None:
     plan = plan_gateways(inventory, {h.name: set(h.groups) for h in state.inventory}, settings)[host.name]
     if plan.chat_page:
         plan = _chat_page_secrets(plan)
+    plan = _verify_key(plan)
     lines = plan.describe()
     note(f"== {host.name}: {lines[0]}\n")
     budgets = [c.name for c in plan.named_clients() if c.tokens_per_day]
@@ -99,6 +99,19 @@ def _chat_page_secrets(plan: GatewayPlan) -> GatewayPlan:
     if made:
         note(f"chat page: made {', '.join(made)} in {apikey.shown(directory)} (0600)", always=True)
     return replace(plan, chat_page=replace(plan.chat_page, secrets_dir=str(directory)))
+
+
+def _verify_key(plan: GatewayPlan) -> GatewayPlan:
+    """The gateway's own key for the deploy's verify, on the controller (made once): its requests
+    count under plan.VERIFY, never in the first client's usage or against her limits."""
+    from .preflight import BadInventory, _run  # noqa: PLC0415
+
+    try:
+        path, _ = apikey.ensure_gateway_verify(apikey.gateway_dir(_run.get("inventory_file"), host.name))
+    except OSError as error:
+        raise BadInventory(f"the gateway's verify key cannot be made: {error.strerror}. Fix: set "
+                           f"{apikey.STATE_ENV} to a writable directory") from None
+    return replace(plan, verify_key_file=str(path))
 
 
 def _directories() -> list[list[str]]:
@@ -199,7 +212,9 @@ def _check(plan: GatewayPlan) -> None:
         V.trust(base, _trust_anchor(plan))
     result = V.HostResult(host.name, model="gateway", served_name=plan.served_name or "", url=base)
     runstate.current().results.append(result)
-    key = load_secret(plan.key_files[0], SECRET_NAMES["gateway_key_files"])
+    if not plan.verify_key_file:  # the preflight sets it: a client's key would count in her usage and limits
+        raise OperationError("gateway verify: no verify key in the plan (the gateway's preflight makes it)")
+    key = load_secret(plan.verify_key_file)
 
     def say(message: str) -> None:
         click.echo(f"    [{host.name}] {message}", err=True)

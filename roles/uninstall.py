@@ -27,6 +27,7 @@ from qwen27b.onhost.contract import TEXTFILE_DIR, TEXTFILE_NAME
 from qwen27b.plan.lifecycle import (GATEWAY_USER, LOCK_DIR, NFT_TABLE, SERVICE_UNITS, Installed, UninstallOptions, probe_paths,
                                     uninstall_plan)
 from qwen27b.plan.chatpage import USER as CHAT_PAGE_USER
+from qwen27b.plan.gateway import plan_gateways, uninstall_notes
 from qwen27b.plan.stack import load_stack
 
 from .preflight import inventory_settings, release_lock, take_lock
@@ -50,6 +51,10 @@ def uninstall() -> bool:
     lines = [f"== {host.name}: uninstall plan ({len(removals)} removal(s))"]
     lines += [f"   remove {r.what}: {r.why}" for r in removals] or ["   nothing (more) to remove on this host"]
     lines += [f"   keep   {what}" for what in kept]
+    if removals:  # a gateway's backend list is the gateway's: said here, changed by deploying the gateway
+        plans = plan_gateways([(h.name, dict(h.data.dict())) for h in state.inventory],
+                              {h.name: set(h.groups) for h in state.inventory}, inventory_settings())
+        lines += [f"   note   {note}" for note in uninstall_notes(plans, host.name)]
     if removals and take_lock():
         for removal in removals:
             server.shell(name=f"uninstall: {removal.what}", commands=list(removal.commands))

@@ -36,7 +36,7 @@ from qwen27b.plan.hostdata import Settings, redact_url
 from qwen27b.controller.host_facts import FileHashes, Subdirectories, SymlinkTarget
 from qwen27b.onhost.contract import lib_dir, module_argv, module_command
 from qwen27b.onhost.secretfile import load_secret
-from qwen27b.controller.operations import push_files, secret_file, symlink_switch
+from qwen27b.controller.operations import push_files, secret_file, staging_candidates, symlink_switch
 from qwen27b.plan.checkpoint import load_shape
 from qwen27b.plan.stack import HostLayout, checkpoint_metadata_dir, revision_dir_name
 
@@ -398,7 +398,9 @@ def place(decision: Decision, entry: dict, link: str, local_dir: str | None) -> 
         push = push_files(name="push the checkpoint (verified by sha256)", src_dir=str(local), dest_dir=target,
                           manifest=dir_manifest(local))
         needs_restart(push)
-        progress.watch(push, host, "weights", [target], sum(p.stat().st_size for p in local.iterdir() if p.is_file()))
+        # the files arrive in a staging dir first under sudo (push_files): counted there too
+        progress.watch(push, host, "weights", [target, *staging_candidates(target)],
+                       sum(p.stat().st_size for p in local.iterdir() if p.is_file()))
     previous = host.get_fact(SymlinkTarget, path=link)
     if previous != target:
         remember_previous(link, previous)

@@ -291,7 +291,7 @@ def _check_shape(fact, value):
 
 def _parse_or_error(fact, output):
     try:
-        value = fact.parser(output)
+        value = fact().process(output)  # the parser as pyinfra and doctor reach it
     except FactParseError:
         return
     _check_shape(fact, value)
@@ -386,7 +386,7 @@ def test_mutated_recordings_are_parsed_or_refused(case):
 
 def test_unmutated_recordings_parse():
     for fact, lines in RECORDED:
-        _check_shape(fact, fact.parser(lines))
+        _check_shape(fact, fact().process(lines))
 
 
 # --- GpuTopology on genuine texts (tests/fixtures/topology/README.md names each source) ----------
@@ -474,3 +474,56 @@ def test_gpu_wear_reads_each_gpu_and_the_remap_rows():
                                                             "failure": False}}
     assert G.parse_gpu_wear(['Field "retired_pages.sbe" is not a valid field to query.']) is None
     assert G.parse_gpu_wear(["Failed to initialize NVML: Driver/library version mismatch"]) is None
+
+
+# --- what a real host prints around the text (issue 57) -------------------------------------------
+
+def _host_outputs():
+    """(host, fact, lines) for every fact file of every recorded host that has output to parse."""
+    for host_dir in sorted(d for d in HOSTS.iterdir() if d.is_dir()):
+        for fact in ALL_FACTS:
+            path = host_dir / SNAPSHOT_NAMES[fact]
+            if path.is_file():
+                lines = path.read_bytes().decode("utf-8").split("\n")
+                lines = lines[:-1] if lines and lines[-1] == "" else lines
+                if lines and lines != [NOCMD]:
+                    yield host_dir.name, fact, lines
+
+
+RECORDED_OUTPUTS = list(_host_outputs())
+# What terminals and tools add that a person never sees: underline/bold/colour around a line or a word
+# (nvidia-smi R580's `topo -m` header), CRLF line ends, an OSC window title, trailing blanks.
+DRESSINGS = {
+    "underlined": lambda line: f"\x1b[4m{line}\x1b[0m" if line else line,
+    "coloured words": lambda line: re.sub(r"(\S+)", "\x1b[1;32m\\1\x1b[m", line, count=1),
+    "crlf": lambda line: line + "\r",
+    "osc title": lambda line: "\x1b]0;nvidia-smi\x07" + line,
+    "trailing blanks": lambda line: line + " \t ",
+}
+
+
+@pytest.mark.parametrize("dressing", DRESSINGS)
+def test_every_recorded_output_parses_the_same_however_it_is_dressed(dressing):
+    """Every fact of every recorded host reads the same value from its output with escape sequences,
+    carriage returns or trailing blanks added to every line: no real host's bytes fail a fact."""
+    dress = DRESSINGS[dressing]
+    checked = 0
+    for host, fact, lines in RECORDED_OUTPUTS:
+        plain = fact().process(lines)
+        assert fact().process([dress(line) for line in lines]) == plain, (host, fact.__name__)
+        checked += 1
+    assert checked > 400  # every host's facts, not an empty set
+
+
+def test_the_topology_reads_tabs_and_spaces_alike():
+    """`topo -m` separates its cells with tabs; text copied out of a web page has spaces: both read."""
+    for host, fact, lines in RECORDED_OUTPUTS:
+        if fact is F.GpuTopology:
+            spaced = [re.sub(r"\t", "    ", line) for line in lines]
+            tabbed = [re.sub(r"(?<=\S) {2,}(?=\S)", "\t", line) for line in lines]
+            assert fact().process(spaced) == fact().process(tabbed) == fact().process(lines), host
+
+
+def test_terminal_text_applies_what_a_terminal_shows():
+    assert H.terminal_text(["\t\x1b[4mGPU0\tCPU Affinity\x1b[0m", "a\r", "50%\r100%", "\x1b]8;;http://x\x1b\\link\x1b]8;;\x1b\\"]) \
+        == ["\tGPU0\tCPU Affinity", "a", "100%", "link"]

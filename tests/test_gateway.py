@@ -25,6 +25,7 @@ import pytest
 from qwen27b.controller import gateway_render as G
 from qwen27b.controller.gateway_drain import pool_command
 from qwen27b.onhost import gateway_pool as P
+from qwen27b.onhost.secretfile import load_secret
 from qwen27b.plan.gateway import Backend, GatewayPlan, plan_gateways
 from qwen27b.plan.hostdata import BadHostData
 from qwen27b.plan.inventory import validate_inventory
@@ -87,9 +88,6 @@ REFUSALS = [  # (gateway data, backend 1 data, refused host, key, text)
     ({"qwen27b_gateway_key_files": "K"}, {}, "gw", "qwen27b_gateway_key_files", "mode 644"),
     ({"qwen27b_gateway_key_files": "SAME"}, {}, "gw", "qwen27b_gateway_key_files", "holds the same key"),
     ({"qwen27b_gateway_key_files": "BACKEND"}, {}, "gw", "qwen27b_gateway_key_files", "is the backends' API key"),
-    ({}, {"qwen27b_metrics_allow": ["10.9.0.0/16"]}, "gpu-1", "qwen27b_metrics_allow", f"add '{GW}/32'"),
-    ({}, {"qwen27b_metrics_allow": None}, "gpu-1", "qwen27b_metrics_allow", "could not read this host's health"),
-    ({}, {"qwen27b_firewall_allow": [f"{B1}/32"]}, "gpu-1", "qwen27b_firewall_allow", "the firewall would drop"),
     ({}, {"qwen27b_served_model_name": "other"}, "gw", "qwen27b_served_model_name", "serve different names"),
     ({}, "OTHER_KEY", "gw", "qwen27b_api_key_file", "do not share one API key"),
     ({"qwen27b_gateway_backends": ["gpu-1", "gpu-9"]}, {}, "gw", "qwen27b_gateway_backends", "'gpu-9' is not a host"),
@@ -117,6 +115,28 @@ def test_bad_gateway_inventories_are_refused_naming_host_key_and_fix(tmp_path, k
         validate_inventory(*lab(keys, gateway, b1))
     assert (error.value.host, error.value.key) == (refused, key) and text in str(error.value), str(error.value)
     assert "Fix:" in str(error.value)
+
+
+@pytest.mark.parametrize("b1, expected, added", [
+    ({"qwen27b_metrics_allow": ["10.9.0.0/16"]}, {"metrics_allow": ["10.9.0.0/16", f"{GW}/32"], "firewall_allow": None},
+     ["metrics_allow"]),
+    ({"qwen27b_metrics_allow": None}, {"metrics_allow": [f"{GW}/32"], "firewall_allow": None}, ["metrics_allow"]),
+    ({"qwen27b_firewall_allow": [f"{B1}/32"]}, {"metrics_allow": [f"{GW}/32"], "firewall_allow": [f"{B1}/32", f"{GW}/32"]},
+     ["firewall_allow"]),
+])
+def test_the_gateways_address_is_added_to_a_backends_allow_lists_and_the_plan_says_so(keys, b1, expected, added):
+    """Issue 48 item 5: a backend whose allow-list lacks its gateway (both in the inventory) gets the
+    gateway's address added (its deploy's settings), and the gateway's plan line of that backend says
+    so; the other backend, which has it, is left as it is and its line says nothing."""
+    hosts, groups = lab(keys, b1=b1)
+    settings = validate_inventory(hosts, groups)
+    assert {k: getattr(settings["gpu-1"], k) for k in expected} == expected
+    assert settings["gpu-2"].metrics_allow == [f"{GW}/32"] and settings["gpu-2"].firewall_allow is None
+    lines = plan_gateways(hosts, groups, settings)["gw"].describe()
+    mine = next(line for line in lines if line.startswith("  backend gpu-1:"))
+    for key in expected:
+        assert (f"qwen27b_{key} += {GW}/32 (the gateway's address, added" in mine) == (key in added), mine
+    assert "added" not in next(line for line in lines if line.startswith("  backend gpu-2:"))
 
 
 def test_a_serving_groups_worker_is_no_backend_and_cannot_be_listed(keys):
@@ -294,6 +314,8 @@ class Stub(BaseHTTPRequestHandler):
 
     def do_GET(self):
         self.server.got.append((self.path, self.headers.get("Authorization")))
+        if self.path == "/v1/models":  # as vLLM lists its one served name
+            return self._answer(200, {"object": "list", "data": [{"id": "qwen-stub", "object": "model"}]})
         # as qwen27b-health-http answers: the engine's slots (--max-num-seqs) when it knows them
         self._answer(503 if self.server.sick else 200, {"slots": self.server.slots} if self.server.slots else {})
 
@@ -774,7 +796,7 @@ def test_a_key_over_its_requests_per_minute_gets_429_with_retry_after_and_the_ot
     assert over.status_code == 429 and over.headers["Retry-After"] == "30"  # 2 a minute: one every 30 s
     error = over.json()["error"]
     assert error["code"] == "rate_limit_exceeded" and error["type"] == "rate_limit_error"
-    assert "key team-a is over its limit (requests per minute: REJECTED" in error["message"]
+    assert error["message"] == "key team-a is over its 2 requests per minute; retry after 30 s"  # no raw nginx variables
     assert [post(limited, "client-b-89").status_code for _ in range(3)] == [200, 200, 200]  # team-b: no rate limit
 
 
@@ -789,8 +811,7 @@ def test_a_key_over_its_concurrent_requests_gets_429_while_its_first_runs(limite
     first.join()
     assert limited["first"].status_code == 200
     assert second.status_code == 429 and second.headers["Retry-After"] == "1"
-    assert "key team-b is over its limit" in second.json()["error"]["message"]
-    assert "at once: REJECTED" in second.json()["error"]["message"]
+    assert second.json()["error"]["message"] == "key team-b is over its 1 request at once; retry after 1 s"
 
 
 def test_the_request_log_has_one_json_line_per_request_with_the_keys_name_and_no_key_or_body(limited):
@@ -831,7 +852,8 @@ def test_a_request_refused_for_concurrency_still_counts_toward_the_minute(tmp_pa
         backend.delay = 0.0
         third, fourth = post(lb, "client-a-4567"), post(lb, "client-a-4567")
         assert [lb["first"].status_code, second.status_code, third.status_code, fourth.status_code] == [200, 429, 200, 429]
-        assert "at once: REJECTED" in second.text and "requests per minute: REJECTED" in fourth.text
+        assert second.json()["error"]["message"] == "key team-a is over its 1 request at once; retry after 1 s"
+        assert fourth.json()["error"]["message"] == "key team-a is over its 3 requests per minute; retry after 20 s"
         # Retry-After says which: 1 s over the concurrency, the rate's spacing (60/3) over the rate
         assert (second.headers["Retry-After"], fourth.headers["Retry-After"]) == ("1", "20")
     backend.shutdown()
@@ -1038,7 +1060,8 @@ def test_with_fair_share_no_key_holds_every_slot_of_the_pool_and_another_key_get
         first.join()
     backend.shutdown()
     assert (lb["first"].status_code, second.status_code, other.status_code) == (200, 429, 200)
-    assert second.headers["Retry-After"] == "1" and "fair share of the pool: 1 at once" in second.json()["error"]["message"]
+    assert second.headers["Retry-After"] == "1" and second.json()["error"]["message"] == (
+        "key team-a is over its fair share of the pool's slots (1 at once); retry after 1 s")
     lines = [r for r in map(json.loads, log.read_text().splitlines()) if r["path"] != "/health"]
     assert sorted((r["key"], r["status"], r["limit_concurrent"], r["fair_share"]) for r in lines) == [
         ("team-a", 200, "PASSED", "1"), ("team-a", 429, "REJECTED", "1"), ("team-b", 200, "PASSED", "1")]
@@ -1082,3 +1105,79 @@ def test_qwen27b_usage_prints_each_gateways_table_or_json(monkeypatch, capsys):
     assert cli.main(["usage", "lab.py", "--json"]) == 0
     line = json.loads(capsys.readouterr().out)
     assert line["gateway"] == "gw" and line["keys"]["team-a"]["completion_tokens"] == 12 and asked[-1] == ("lab.py", "1d")
+
+
+def test_the_gateways_verify_uses_its_own_key_never_a_clients(tmp_path, keys, monkeypatch):
+    """Issue 48 item 7: the deploy's verify of the gateway (roles/gateway._check, run as it is against
+    a real nginx on loopback) sends the gateway's own verify key: its requests count as qwen27b-verify
+    in the request log, none as the first client's, and that client's 1 request a minute is still
+    hers to use after it. The verify key is in the keys include under its own name, never a limit's."""
+    from types import SimpleNamespace
+
+    import roles.gateway as R
+    from qwen27b.controller import apikey
+    from qwen27b.plan.gateway import VERIFY, Client
+
+    backend = stub("a")
+    port = P_free_port()
+    verify_file, made = apikey.ensure_gateway_verify(tmp_path / "state" / "gateway" / "gw")
+    assert made and oct(verify_file.stat().st_mode & 0o777) == "0o600"
+    assert apikey.ensure_gateway_verify(tmp_path / "state" / "gateway" / "gw") == (verify_file, False)  # kept
+    clients = (Client("team-a", keys["a"], requests_per_minute=1), Client("team-b", keys["b"]))
+    plan = GatewayPlan("gw", "127.0.0.1", port, (keys["a"], keys["b"]),
+                       (Backend("a", "127.0.0.1", backend.server_address[1], backend.server_address[1]),),
+                       keys["backend"], None, 600, clients=clients, verify_key_file=str(verify_file))
+    assert any(f"counted as {VERIFY}" in line for line in plan.describe())
+    assert f'"{VERIFY}"' in G.keys_text(plan) and VERIFY not in "".join(sum(G.limit_lines(plan).values(), []))
+    results = SimpleNamespace(results=[])
+    monkeypatch.setattr(R, "host", SimpleNamespace(name="gw"))
+    monkeypatch.setattr(R.runstate, "current", lambda: results)
+    log = tmp_path / "requests.log"
+    try:
+        with running_nginx(plan, tmp_path / "root", nginx_binary(), access_log=f"{log} qwen27b") as where:
+            R._check.__wrapped__(plan)
+            assert results.results[0].status == "ok", results.results[0]
+            assert httpx.post(f"{where['base']}/v1/chat/completions", json={}, timeout=30,
+                              headers={"Authorization": "Bearer client-a-4567"}).status_code == 200
+    finally:
+        backend.shutdown()
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    keyed = [(r["key"], r["path"]) for r in lines if r["path"] != "/health"]
+    assert ("", "/v1/models") in keyed  # verify's keyless request, refused
+    assert [k for k, path in keyed if k] == [VERIFY, VERIFY, "team-a"], keyed
+    text = log.read_text()
+    assert load_secret(str(verify_file)) not in text
+
+
+def test_a_client_key_named_as_the_verify_key_is_refused(keys):
+    hosts, groups = lab(keys, gateway={"qwen27b_gateway_key_files": [{"file": keys["a"], "name": "qwen27b-verify"}]})
+    with pytest.raises(BadHostData, match="the deploy's own verify requests count under"):
+        validate_inventory(hosts, groups)
+
+
+@pytest.mark.parametrize("given, sent", [("10m", "10min"), ("30min", "30min"), ("2h", "2h"), ("45s", "45s"), ("7d", "7d")])
+def test_qwen27b_usage_takes_m_for_minutes_and_sends_what_journalctl_and_older_gateways_read(monkeypatch, given, sent):
+    """Issue 48 item 8: `--since 10m` was refused by the gateway after connecting; now accepted here,
+    and sent spelt out (10min) so a gateway's older on-host code reads it too."""
+    from qwen27b.controller import gateway_drain as D
+    from qwen27b.tools import cli
+
+    asked = []
+    monkeypatch.setattr(D, "usage", lambda inventory, since: asked.append(since) or [D.PoolAnswer("gw", True, {"keys": {}})])
+    assert cli.main(["usage", "lab.py", "--since", given]) == 0 and asked == [sent]
+    from qwen27b.tools.gateway import parse_window
+
+    assert parse_window(given) == sent
+
+
+@pytest.mark.parametrize("given", ["10", "10x", "0m", "1mo", "-1h", "1h;id", ""])
+def test_a_bad_usage_window_is_refused_before_any_gateway_is_reached(monkeypatch, capsys, given):
+    from qwen27b.controller import gateway_drain as D
+    from qwen27b.tools import cli
+
+    monkeypatch.setattr(D, "usage", lambda *a: pytest.fail("a gateway was reached"))
+    with pytest.raises(SystemExit) as done:
+        cli.main(["usage", "lab.py", f"--since={given}"])
+    assert done.value.code == 2 and "give N followed by s, m (or min), h or d" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="give N followed by"):
+        P.usage(given)  # the on-host module refuses it too, before journalctl

@@ -25,7 +25,7 @@ from qwen27b.onhost import statusfile
 from tests.support import onhost_lib
 
 HEALTH_PY = Path(hc.__file__)
-FIXTURES = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures"
+H200_GENUINE = Path(__file__).resolve().parent / "fixtures" / "hosts" / "h200" / "genuine"  # a copy of shared/fixtures/nvidia-h200
 
 # Real kernel-line shapes: journalctl -o short-iso, dmesg --time-format=iso, older drivers.
 KERNEL_LOG = """\
@@ -181,21 +181,20 @@ def test_status_file_atomic_and_tolerant(tmp_path):
 # ---------------------------------------------------------------------------- NVML (real pynvml, faked driver)
 
 def _h200_reading():
-    """The genuine H200 NVML output recorded in shared/fixtures (falls back to its known values)."""
+    """The genuine H200 NVML output (tests/fixtures/hosts/h200/genuine/pynvml.txt: a clone has no ../shared)."""
     vals = {"name": "NVIDIA H200", "mem": (150754820096, 644939776, 150109880320), "temp": 32,
             "throttle": 0x1, "ecc": 0}
-    src = FIXTURES / "nvidia-h200" / "pynvml.txt"
-    if src.exists():
-        for line in src.read_text().splitlines():
-            key, _, rest = line.partition(" ")
-            if key == "name":
-                vals["name"] = rest
-            elif key == "mem":
-                vals["mem"] = tuple(int(v) for v in rest.split())
-            elif key in ("temp", "ecc"):
-                vals[key] = int(rest)
-            elif key == "throttle":
-                vals["throttle"] = int(rest, 16)
+    src = H200_GENUINE / "pynvml.txt"
+    for line in src.read_text().splitlines():
+        key, _, rest = line.partition(" ")
+        if key == "name":
+            vals["name"] = rest
+        elif key == "mem":
+            vals["mem"] = tuple(int(v) for v in rest.split())
+        elif key in ("temp", "ecc"):
+            vals[key] = int(rest)
+        elif key == "throttle":
+            vals["throttle"] = int(rest, 16)
     return vals
 
 

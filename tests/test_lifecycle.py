@@ -304,6 +304,26 @@ def test_rollout_stops_at_the_first_failed_host_and_names_it(tmp_path):
     assert "not started: d (still on their release)" in text
 
 
+def test_a_rollout_counts_the_gateway_as_verified_never_as_upgraded(tmp_path):
+    """Issue 48 item 8: 'rollout done: 3 host(s) upgraded' counted the gateway host, which has no
+    release to upgrade (its deploy re-renders its config and verifies it as a client)."""
+    runs = _Deploys(tmp_path / "reports", {})
+    result = R.rollout("inv.py", [["a"], ["gw", "b"]], [], tmp_path / "reports", run=runs, say=lambda text: None,
+                       gateways={"gw"})
+    text = R.summary(result)
+    assert result.ok and text.splitlines()[0] == ("--> rollout done: 2 host(s) upgraded and verified, batch by batch; "
+                                                  "gateway gw verified (no release to upgrade)")
+    assert [r.detail for r in result.rows] == ["", R.GATEWAY_DETAIL, ""]
+
+
+def test_rollout_help_shows_the_pyinfra_arguments_after_two_dashes(capsys):
+    """The README's `qwen27b rollout INVENTORY ... -- --data KEY=VALUE` form, in --help too."""
+    with pytest.raises(SystemExit):
+        R.parse_args(["--help"])
+    out = capsys.readouterr().out
+    assert "[-- PYINFRA_ARGS ...]" in out and "-- --data KEY=VALUE" in out and "qwen27b_stack_overrides=" in out
+
+
 def test_rollout_without_a_report_counts_the_batch_failed(tmp_path):
     result = R.rollout("inv.py", [["a"], ["b"]], [], tmp_path / "reports",
                        run=lambda argv: subprocess.CompletedProcess(argv, 1), say=lambda text: None)

@@ -152,3 +152,30 @@ def test_a_second_uninstall_changes_nothing(tmp_path):
     rc, out = plan(tmp_path, "uninstall.py", None, ["unit qwen27b.service inactive", "unit qwen27b-seed.service inactive"])
     assert rc == 0 and "   nothing (more) to remove on this host" in out
     assert ops(out) == [f"== {HOST}: 0 operation(s) planned, 0 would change the host"]
+
+
+def test_uninstall_of_a_gateways_backend_says_what_the_gateway_keeps(tmp_path):
+    """Issue 48 item 8: uninstalling a backend said nothing of the gateway, which keeps it in its
+    backend list: the plan now says so and how to drop it (the real `pyinfra --dry --limit`)."""
+    key = tmp_path / "team-a.key"
+    key.write_text("team-a-key-0123\n")
+    key.chmod(0o600)
+    inventory = tmp_path / "inv.py"
+    answers = {"DeployedState": DEPLOYED}
+    inventory.write_text(
+        "from inventory.recorded import _fake\n"
+        "from qwen27b.controller import host_facts\n"
+        "from tests.support.recorded import fake_match\n"
+        "_name, _data = _fake('v100x4-converged', ssh_hostname='10.0.0.5')\n"
+        f"_data['fake_responses'] = {{fake_match(getattr(host_facts, k)): v for k, v in {answers!r}.items()}} | _data['fake_responses']\n"
+        "hosts = [(_name, _data)]\n"
+        f"qwen27b_gateway = [('@fake/gw', {{'ssh_hostname': '10.0.0.9', 'qwen27b_gateway_key_files': [{str(key)!r}]}})]\n")
+    result = run_pyinfra(str(inventory), "uninstall.py", "--dry", "-y", "--limit", HOST,
+                         QWEN27B_REPORTS=str(tmp_path / "reports"))
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert (f"   note   gateway @fake/gw lists {HOST} as backend(s): once the service is gone its watcher takes them "
+            "out of the pool") in result.stderr, result.stderr[-3000:]
+    assert "deploy the gateway: pyinfra INVENTORY deploy.py -y --limit @fake/gw" in result.stderr
+    (tmp_path / "alone").mkdir()
+    rc, out = plan(tmp_path / "alone", "uninstall.py", None, DEPLOYED)
+    assert rc == 0 and "   note   gateway" not in out  # no gateway in the inventory: no note

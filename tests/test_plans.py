@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).parent / "golden"
 HOSTS = ["v100x4-2204-fresh", "v100x1-2004", "v100x2-16gb", "v100x2-mixed", "v100x2-mixed-32gb-only", "v100x4-converged", "t4x1-2204", "a100x2-2204",
-         "nogpu-2204", "centos7", "v100x1-secureboot", "h200", "v100x1-open-loaded", "v100x2-open-unloaded",
+         "nogpu-2204", "centos7", "v100x1-secureboot", "h200", "h100", "h100-b", "v100x1-open-loaded", "v100x2-open-unloaded",
          "v100x2-r470", "v100x2-r470-held", "v100x4-pg500", "v100x4-noheaders", "v100x4-converged-8g",
          # issue 24: a failed driver build, a newer kernel installed but not booted
          "v100x4-dkms-failed", "v100x4-newer-kernel", "v100x2-old-vllm", "v100x1-pg500", "v100x2-cuda-drivers",

@@ -7,11 +7,13 @@ from pathlib import Path
 import pytest
 from pyinfra.api import Config, Inventory, State, StringCommand
 from pyinfra.api.connect import connect_all
+from pyinfra.api.exceptions import PyinfraError
 from pyinfra.facts.server import Arch, LinuxDistribution
 
 from qwen27b.controller import facts as F
 from qwen27b.controller.facts import ALL_FACTS, SNAPSHOT_NAMES
-from tests.support.recorded import fake_match, fake_responses, recorded_facts
+from tests.support.recorded import (NOT_RECORDED_FILE, connector_lines, fake_match, fake_responses, not_recorded,
+                                    recorded_facts)
 
 TESTS = Path(__file__).parent
 HOSTS_DIR = TESTS / "fixtures" / "hosts"
@@ -59,8 +61,9 @@ def fake_host(name: str):
 
 
 def recorded_lines(name: str, fact) -> list[str] | None:
+    """The file's lines as a connector hands them over (a CR or an escape stays in its line)."""
     path = HOSTS_DIR / name / SNAPSHOT_NAMES[fact]
-    return path.read_text(encoding="utf-8").splitlines() if path.is_file() else None
+    return connector_lines(path.read_bytes().decode("utf-8")) if path.is_file() else None
 
 
 # --- the host directories ------------------------------------------------------------------------
@@ -69,7 +72,7 @@ def recorded_lines(name: str, fact) -> list[str] | None:
 def test_all_hosts_present():
     assert set(HOSTS) == {
         "v100x4-2204-fresh", "v100x1-2004", "v100x2-16gb", "v100x4-converged", "v100x4-degraded",
-        "v100x1-secureboot", "t4x1-2204", "a100x2-2204", "nogpu-2204", "centos7", "debian12-cpu", "h200",
+        "v100x1-secureboot", "t4x1-2204", "a100x2-2204", "nogpu-2204", "centos7", "debian12-cpu", "h200", "h100", "h100-b",
         "v100x1-open-loaded", "v100x2-open-unloaded", "v100x2-r470", "v100x4-pg500", "v100x4-noheaders",
         "v100x4-converged-8g", "v100x4-copies-converged", "v100x4-copies-drop-b", "v100x4-copies-to-one", "v100x2-pcie", "v100x4-pcie", "v100x8-sxm2-dgx1",
         "mixed-3090-v100x2",
@@ -85,10 +88,10 @@ def test_host_dir_holds_only_known_files(name):
     host_dir = HOSTS_DIR / name
     readme = (host_dir / "README.md").read_text(encoding="utf-8")
     assert "Stands for" in readme
-    allowed = RECORDED_NAMES | {"README.md", "extra.yaml"}
+    allowed = RECORDED_NAMES | {"README.md", "extra.yaml", NOT_RECORDED_FILE}
     for path in host_dir.iterdir():
         if path.is_dir():
-            assert (name, path.name) == ("h200", "genuine"), path
+            assert (name, path.name) in {("h200", "genuine"), ("h100", "genuine"), ("h100-b", "genuine")}, path
         elif path.suffix != ".py":  # a script that writes extra.yaml may live beside it
             assert path.name in allowed, f"{path}: not a SNAPSHOT_NAMES file name (typo?)"
 
@@ -100,8 +103,55 @@ def test_fake_responses_loads(name):
     assert recorded, name
     for fact in recorded:
         assert responses[fake_match(fact)] == recorded_lines(name, fact)
+    absent = not_recorded(HOSTS_DIR / name)
     for fact in set(ALL_FACTS) - set(recorded):
+        assert SNAPSHOT_NAMES[fact] in absent, f"{name}: {fact.__name__} neither recorded nor in {NOT_RECORDED_FILE}"
         assert fake_match(fact) not in responses
+
+
+@pytest.mark.parametrize("name", HOSTS)
+def test_every_fact_is_recorded_or_named_absent_with_a_reason(name):
+    """Issue 57: a recorded host answers each fact from its file, or says why it does not."""
+    recorded = {SNAPSHOT_NAMES[fact] for fact in recorded_facts(HOSTS_DIR / name)}
+    absent = not_recorded(HOSTS_DIR / name)
+    assert recorded | set(absent) == RECORDED_NAMES and not recorded & set(absent)
+    assert all(len(why) > 10 for why in absent.values())
+
+
+def test_a_fact_nobody_recorded_fails_the_host_naming_it(tmp_path, caplog):
+    """A recorded host once answered every command it had no recording for with empty success: a
+    one-GPU H100 without `topo -m` looked like a host without links (issue 57). Now pyinfra's own
+    read fails, and what it prints names the fact and the file."""
+    (tmp_path / SNAPSHOT_NAMES[F.OsRelease]).write_text("ID=ubuntu\nVERSION_ID=\"24.04\"\n")
+    (tmp_path / NOT_RECORDED_FILE).write_text(f"{SNAPSHOT_NAMES[F.XidErrors]} no kernel log on that machine\n")
+    responses = fake_responses(tmp_path)
+    topo = responses[fake_match(F.GpuTopology)]
+    assert topo["success"] is False and "GpuTopology" in topo["stderr"][0] and "nvidia-smi-topo.txt" in topo["stderr"][0]
+    assert fake_match(F.XidErrors) not in responses  # named absent: empty success, the fact's default
+    data = {"fake_responses": responses, "fake_delay": 0, "fake_delay_jitter": 0}
+    inventory = Inventory(([("@fake/unrecorded", data)], {}))
+    state = State(inventory, Config())
+    connect_all(state)
+    host = inventory.get_host("@fake/unrecorded")
+    assert host.get_fact(F.OsRelease)["version_id"] == "24.04"
+    assert host.get_fact(F.XidErrors) == []
+    with pytest.raises(PyinfraError, match="No hosts remaining"):  # the one host failed
+        host.get_fact(F.GpuTopology)
+    assert host in state.failed_hosts
+    assert "no recording of fact GpuTopology (nvidia-smi-topo.txt)" in caplog.text
+    assert "could not load fact: qwen27b.controller.facts.GpuTopology" in caplog.text
+
+
+@pytest.mark.parametrize("text, why", [
+    ("nvidia-smi-topo.tx not read\n", "no fact's snapshot file"),
+    ("os-release\n", "say why"),
+    ("meminfo was never there\n", "recorded after all"),
+])
+def test_a_wrong_not_recorded_line_is_refused(tmp_path, text, why):
+    (tmp_path / "meminfo").write_text("MemTotal: 1 kB\n")
+    (tmp_path / NOT_RECORDED_FILE).write_text(text)
+    with pytest.raises(ValueError, match=why):
+        fake_responses(tmp_path)
 
 
 @pytest.mark.parametrize("name", HOSTS)
@@ -181,6 +231,13 @@ EXPECTED = {
                     sb="unsupported", python={"3.6"}, packages=set(), held=[]),
     "debian12-cpu": dict(os=("debian", "12"), pci=[], smi=0, module=None, sb="unsupported", python={"3.11"},
                          packages=set(), held=[]),
+    "h100": dict(os=("ubuntu", "24.04"), kernel="6.18.44-fc-v1294-gpu", pci=[], smi=1,
+                 module=("open", "580.159.04"), nouveau=False, sb="unsupported", python={"3.12"}, xid=[],
+                 held=["libcublas-13-0", "libcublas-dev-13-0", "libcudnn9-cuda-13", "libnccl-dev", "libnccl2"],
+                 links=[["X"]]),
+    "h100-b": dict(os=("ubuntu", "24.04"), kernel="6.18.44-fc-v1272-gpu", pci=[], smi=1,
+                   module=("open", "580.159.04"), nouveau=False, sb="unsupported", python={"3.12"}, xid=[],
+                   free_tb=0.0687, ram_gib=126, links=[["X"]]),
     "h200": dict(os=("ubuntu", "24.04"), kernel="6.18.44-fc-v973-gpu", pci=[], smi=1,
                  module=("open", "580.159.04"), nouveau=False, sb="unsupported", python={"3.12"}, xid=[],
                  packages=set(), held=[]),
@@ -299,6 +356,52 @@ def test_h200_fact_files_come_from_the_genuine_recording():
         assert value in genuine_row or f"{value} MiB" in genuine_row, value
 
 
+# Raw recordings of real machines: every fact command run on the host (`/bin/sh -c`, no TTY), with
+# its exit code, stdout and stderr, and what the fact's process() made of it there.
+GENUINE = sorted(HOSTS_DIR.glob("*/genuine/facts.json"))
+
+
+def test_a_genuine_recording_is_there():
+    assert {"h100", "h100-b"} <= {path.parent.parent.name for path in GENUINE}
+
+
+@pytest.mark.parametrize("recording", GENUINE, ids=[path.parent.parent.name for path in GENUINE])
+def test_every_fact_of_a_genuine_recording_parses_with_its_own_process(recording):
+    """Issue 57: the H100's `topo -m` underlined its header with escape codes even into a pipe, and its
+    GpuTopology failed where every hand-copied fixture had parsed. Every fact a real machine answered
+    parses now, and what parsed there parses to the same value here."""
+    raw = json.loads(recording.read_text(encoding="utf-8"))
+    fixed = {fact.__name__ for fact in ALL_FACTS if not getattr(fact, "path_arg", None)}
+    assert fixed <= set(raw), f"facts the recording lacks: {sorted(fixed - set(raw))}"
+    for name, answer in raw.items():
+        fact = getattr(F, name)
+        lines = connector_lines(answer["stdout"])
+        value = fact().process(lines) if lines else fact.default()  # pyinfra's read: no output, the default
+        if answer.get("ok"):  # parsed on the host too (h100-b's host had no qwen27b to parse with)
+            assert repr(value) == answer["parsed"], name
+
+
+def test_the_h100s_one_gpu_topology_is_read():
+    """One GPU: the header's next columns are CPU and NUMA affinity, the row is X alone: no links."""
+    host = fake_host("h100")
+    assert host.get_fact(F.GpuTopology) == {"gpus": [0], "links": [["X"]], "p2p_read": [["X"]]}
+
+
+@pytest.mark.parametrize("name", ["h100", "h100-b"])
+def test_genuine_hosts_fact_files_are_the_recorded_bytes(name):
+    """Each fact file is the host's stdout for that command, byte for byte (from_genuine.py wrote them)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("from_genuine", HOSTS_DIR / "from_genuine.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    files = module.fact_files(name)
+    assert len(files) == len(ALL_FACTS) - len(not_recorded(HOSTS_DIR / name))
+    for file_name, text in files.items():
+        assert (HOSTS_DIR / name / file_name).read_bytes() == text.encode("utf-8"), file_name
+    assert "\x1b[4m" in files[SNAPSHOT_NAMES[F.GpuTopology]]  # the escapes stayed
+
+
 # --- pyinfra's own facts from extra.yaml ---------------------------------------------------------
 
 
@@ -338,14 +441,14 @@ def test_nocmd_empty_absent_and_extra(tmp_path):
         "  stdout: aarch64\n"
     )
     responses = fake_responses(tmp_path)
-    keys = list(responses)
+    keys = [key for key, value in responses.items() if not (isinstance(value, dict) and "stderr" in value)]
     assert keys[:2] == [fake_match(F.NvidiaGpus), fake_match(F.XidErrors)]  # facts first, then extra
     assert responses[fake_match(F.NvidiaGpus)] == [NOCMD]
     assert responses[fake_match(F.XidErrors)] == []
     assert isinstance(keys[2], re.Pattern) and keys[2].pattern == "^systemctl is-active qwen27b$"
     assert responses[keys[2]] == {"stdout": ["inactive"], "success": False}
     assert responses["uname -m"] == {"stdout": ["aarch64"], "success": True}
-    assert len(responses) == 4
+    assert len(responses) == len(ALL_FACTS) + 2  # every other fact: a failing answer naming it
 
 
 def test_bad_extra_yaml_is_refused(tmp_path):

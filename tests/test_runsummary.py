@@ -70,3 +70,32 @@ def test_a_run_pyinfra_itself_stopped_is_never_ok(tmp_path):
     assert "qwen27b run summary: 0 of 1 host(s) ok" in result.stderr, result.stderr[-3000:]
     assert ("@local  failed   the run stopped during 'upload over a connection that drops' (pyinfra's error is "
             "above): re-run to finish, done work is kept") in result.stderr
+
+
+def test_a_failed_upload_names_its_cause_and_fix_in_the_summary(tmp_path):
+    """Issue 48: an upload the connector fails by raising (paramiko's SFTP: PermissionError) leaves
+    pyinfra no output for the operation, and the summary said only "at 'push the checkpoint': ".
+    The real CLI over @local, whose `cp` into a missing directory raises the same way."""
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
+    env.update(PYTHONPATH=str(ROOT), TARGET_DIR=str(tmp_path), QWEN27B_REPORTS=str(tmp_path / "reports"))
+    result = subprocess.run([sys.executable, "-m", "pyinfra", "@local", str(ROOT / "tests/data/upload_error_deploy.py"),
+                             "-y"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    line = next((l for l in result.stderr.splitlines() if l.startswith("@local  failed")), "")
+    dest = f"{tmp_path}/missing/model.safetensors.part"
+    assert line.startswith(f"@local  failed   at 'push the checkpoint': uploading upload_error_deploy.py to {dest} "
+                           "failed: "), result.stderr[-3000:]
+    assert "No such file or directory" in line and line.endswith(f"check {tmp_path}/missing on the host, then re-run")
+
+
+def test_an_upload_the_ssh_user_may_not_make_says_who_cannot_reach_what_and_the_fix():
+    """paramiko's SFTP raises PermissionError(13, 'Permission denied'), naming no path."""
+    from qwen27b.controller.operations import upload_failure
+
+    text = upload_failure(PermissionError(13, "Permission denied"), "/ctl/model.safetensors",
+                          "/var/lib/qwen27b/models/m/.incoming/model.safetensors.part", "admin")
+    assert text.startswith("uploading model.safetensors to /var/lib/qwen27b/models/m/.incoming/model.safetensors.part "
+                           "failed: Permission denied: the SSH user admin cannot write /var/lib/qwen27b/models/m/.incoming")
+    assert "Fix: " in text and "searchable (o+x)" in text and text.endswith("then re-run")
+    full = upload_failure(OSError(28, "No space left on device"), "/ctl/a", "/opt/x/a.part", None)
+    assert "free space on the host's filesystem of /opt/x" in full

@@ -23,6 +23,19 @@ def _source_ids(node):
             yield from _source_ids(item)
 
 
+def test_every_file_a_source_names_is_in_the_repository(stack):
+    """A plan prints each cited source's text: a path in it (docs/x.md, qwen27b/...) must be a file of
+    this repository, where its reader can open it (issue 48: the plan cited shared/design/CPU_VLLM.md)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    named = {path.rstrip(".,:;)") for text in stack["sources"].values()
+             for path in re.findall(r"(?<![\w/.])((?:docs|qwen27b|roles|shared|benchmarks|templates|tests)/[\w./*-]+)", text)}
+    assert named, "no source names a repository path (the pattern is wrong)"
+    assert {p for p in named if not list(root.glob(p))} == set()
+
+
 def test_every_cited_source_id_is_defined(stack):
     cited = set(_source_ids({k: v for k, v in stack.items() if k != "sources"}))
     bare = {s for s in cited if " " not in s}  # free-text sources (with spaces) cite themselves

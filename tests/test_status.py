@@ -353,3 +353,37 @@ def test_no_copies_and_a_forged_copy_line(tmp_path):
 def dataclasses_asdict(row):
     from dataclasses import asdict
     return asdict(row)
+
+
+UNIT_TEXT = """[Service]
+EnvironmentFile=/etc/qwen27b/qwen27b.env
+ExecStart=/opt/qwen27b/releases/9c1e5f0a7b23/venv/bin/python -m vllm.entrypoints.openai.api_server \\
+    --model /var/lib/qwen27b/models/current \\
+    --host {host} \\
+    --port 8000 \\
+    --max-num-seqs {seqs} \\
+    --enforce-eager
+ExecStartPost=/opt/qwen27b/current/venv/bin/qwen27b-ready
+Restart=on-failure
+"""
+
+
+def test_one_release_with_different_flags_after_a_rollback_is_shown(tmp_path):
+    """Issue 48 item 8: two hosts on one release looked alike, though a rollback had left one on the
+    previous deploy's flags. The unit's flags are read (the real sed of `flags_command` on a unit as
+    render.py writes it), the host's own address and port left out, and a note names the difference."""
+    outputs, codes = remote.parse_script_output((RECORDED / "v100x4-serving.txt").read_text(encoding="utf-8"), NONCE)
+    rows = []
+    for name, host, seqs in (("gpu-1", "10.0.0.21", 4), ("gpu-2", "10.0.0.22", 8), ("gpu-3", "10.0.0.23", 4)):
+        unit = tmp_path / f"{name}.service"
+        unit.write_text(UNIT_TEXT.format(host=host, seqs=seqs))
+        read = subprocess.run(["sh", "-c", status.flags_command(str(unit))], capture_output=True, text=True)
+        rows.append(status.parse(name, {**outputs, "flags": read.stdout}, {**codes, "flags": read.returncode}, PATHS))
+    assert rows[0].flags == ["--model /var/lib/qwen27b/models/current", "--max-num-seqs 4", "--enforce-eager"]
+    assert {r.release for r in rows} == {"9c1e5f0a7b23"}
+    assert status.flag_notes(rows) == [
+        "release 9c1e5f0a7b23 runs with different flags on gpu-1, gpu-2, gpu-3: gpu-1: --max-num-seqs 4; "
+        "gpu-2: --max-num-seqs 8; gpu-3: --max-num-seqs 4 (a rollback restores the previous deploy's flags; "
+        "a deploy renders the inventory's again)"]
+    assert status.flag_notes([rows[0], rows[2]]) == []  # one release, one set of flags (addresses differ): no note
+    assert status.flag_notes([rows[0], status.HostStatus("old")]) == []  # a host whose flags were not read

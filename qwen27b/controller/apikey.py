@@ -73,6 +73,19 @@ def ensure_chat_page(directory: Path) -> list[str]:
     return made
 
 
+VERIFY_FILE = "verify.key"  # a gateway's own key for the deploy's verify (never a client's)
+
+
+def gateway_dir(inventory_file: str | None, host: str) -> Path:
+    return state_dir(inventory_file) / "gateway" / re.sub(r"[^A-Za-z0-9._-]", "_", host)
+
+
+def ensure_gateway_verify(directory: Path) -> tuple[Path, bool]:
+    """The gateway's verify key (made once, 0600): (its file, whether it was made now)."""
+    path = directory / VERIFY_FILE
+    return path, ensure(path, new_key() + "\n")
+
+
 def lab_data(data: dict, inventory_file: str | None) -> dict:
     """A host's data as a deploy reads it: with the lab key's file when it names none and the key
     exists (the operator tools read it, never make it)."""

@@ -38,8 +38,9 @@ class FactParseError(hostfacts_parse.FactParseError, FactProcessError):
 
 
 class _ParsedFact(FactBase):
-    """A fact whose output its `parser` (a pure function of qwen27b/plan) reads, and whose command
-    is its `_command` unless it builds one from an argument (DiskFree, ModelsOnDisk)."""
+    """A fact whose output its `parser` (a pure function of qwen27b/plan) reads as a terminal would
+    show it (escape sequences and carriage returns applied: hostfacts_parse.terminal_text), and whose
+    command is its `_command` unless it builds one from an argument (DiskFree, ModelsOnDisk)."""
 
     _command: str
     parser: Callable[[list[str]], Any]
@@ -58,7 +59,7 @@ class _ParsedFact(FactBase):
 
     def process(self, output: list[str]) -> Any:
         try:
-            return self.parser(output)
+            return self.parser(hostfacts_parse.terminal_text(output))
         except hostfacts_parse.FactParseError as error:
             raised = FactParseError(error.fact, error.lineno, error.expected, error.got)
             raise raised.with_traceback(error.__traceback__) from None

@@ -12,7 +12,7 @@ from qwen27b.controller.render import SANDBOX, nginx_regex_literal, render
 from qwen27b.onhost.contract import GATEWAY_UNIT, POOL_UNIT
 from qwen27b.onhost.secretfile import load_secret
 from qwen27b.controller import chat_page_render as P
-from qwen27b.plan.gateway import USAGE_PORT, GatewayPlan, listen_on
+from qwen27b.plan.gateway import USAGE_PORT, VERIFY, GatewayPlan, listen_on
 from qwen27b.plan.hostlayout import HostLayout
 from qwen27b.plan.hostdata import SECRET_NAMES
 
@@ -200,6 +200,8 @@ def keys_text(plan: GatewayPlan) -> str:
     # each key an exact regex: . and + are its only regex characters (secretfile.SECRET_CHARS)
     client = [(nginx_regex_literal(load_secret(c.key_file, SECRET_NAMES["gateway_key_files"])), c.name)
               for c in plan.named_clients()]
+    if plan.verify_key_file:  # the deploy's verify: its own name, no limit, never a client's count
+        client.append((nginx_regex_literal(load_secret(plan.verify_key_file)), VERIFY))
     backend = f"Bearer {load_secret(plan.backend_key_file)}" if plan.backend_key_file else ""
     page = P.keys_lines(plan) if plan.chat_page else []  # then the keys' map sets $qwen27b_key_client
     return render("qwen27b-gateway-keys.conf.j2", {"client_keys": client, "backend_authorization": [backend],
@@ -232,10 +234,35 @@ def limit_lines(plan: GatewayPlan) -> dict[str, list[str]]:
         http.append("limit_conn_zone $qwen27b_client zone=qwen27b_fair:1m;")
     # Retry-After: over its rate, the key's spacing (60/rate s); over its concurrency, 1 s
     retry = {c.name: -(-60 // c.requests_per_minute) for c in clients if c.requests_per_minute}
+    http.append(over_map(plan))
     http.append(" ".join(['map "$limit_req_status:$qwen27b_client" $qwen27b_retry_after { default 1;',
                           *(f'"REJECTED:{name}" {seconds};' for name, seconds in sorted(retry.items()) if seconds != 1),
                           "}"]))
     return {"http": http, "location": location}
+
+
+def _times(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what.replace('request', 'requests')}"
+
+
+def over_map(plan: GatewayPlan) -> str:
+    """$qwen27b_over: which limit a 429 of nginx's is for, in words (the answer's message): nginx's
+    own $limit_req_status / $limit_conn_status are empty for a limit it did not check (a request
+    over the rate never reaches limit_conn) and say nothing of the numbers. The key's own limit
+    first, then the pool's fair share (its number set by the watcher's include)."""
+    fair = "its fair share of the pool's slots ($qwen27b_fair_share at once)"
+    entries = []
+    for c in plan.named_clients():
+        name = nginx_regex_literal(c.name)
+        if c.requests_per_minute:
+            entries.append(f'"~^REJECTED[|][^|]*[|]{name}$" "its {_times(c.requests_per_minute, "request")} per minute";')
+        if c.concurrent:
+            entries.append(f'"~^[^|]*[|]REJECTED[|]{name}$" "its {_times(c.concurrent, "request")} at once'
+                           + (f' or {fair}";' if plan.fair_share else '";'))
+    if plan.fair_share:
+        entries.append(f'"~^[^|]*[|]REJECTED[|]" "{fair}";')
+    return " ".join(['map "$limit_req_status|$limit_conn_status|$qwen27b_client" $qwen27b_over {',
+                     'default "one of its limits";', *entries, "}"])
 
 
 def tls_pair(plan: GatewayPlan) -> tuple[bytes, bytes] | None:

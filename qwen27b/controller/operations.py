@@ -9,6 +9,7 @@ case in tests/operations/<op>/, run by tests/test_operations.py.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import posixpath
@@ -19,6 +20,7 @@ from pyinfra import host, state
 from pyinfra.api import FileUploadCommand, StringCommand, operation
 from pyinfra.api.exceptions import OperationError, OperationValueError
 
+from qwen27b.controller import runstate
 from qwen27b.controller.facts import HeldPackages
 from qwen27b.controller.host_facts import DirectoryStates, FileHashes, SecretFileState, SymlinkTarget
 
@@ -89,18 +91,22 @@ def _check_manifest(manifest: dict[str, str]) -> dict[str, str]:
     return checked
 
 
-def _verify_then_rename(part: str, final: str, name: str, digest: str, mode: str, owner: str = "") -> str:
+def _verify_then_rename(part: str, final: str, name: str, digest: str, mode: str, owner: str = "",
+                        beside: str | None = None) -> str:
     # Hash the part from stdin, not with `sha256sum -c FILE-LIST`: the check file format escapes
     # names with a backslash or newline, so a plain comparison of the hex digest is simpler to trust.
     # rename(2) within one filesystem is atomic: readers see the old file or the verified new one.
     # `owner`: a part the SSH user uploaded (a sudo host's staging dir) becomes root's first.
+    # `beside`: a part staged outside final's dir goes there first (hidden), then is renamed over final.
     q = shlex.quote
     before = f"push_files: {name}: uploaded sha256"
     after = f"is not the manifest sha256 {digest} (corrupt source file or transfer); {final} is unchanged"
     chown = f"chown {owner} {q(part)} && " if owner else ""
+    move = (f"mv -f {q(part)} {q(beside)} && mv -f {q(beside)} {q(final)}" if beside
+            else f"mv -f {q(part)} {q(final)}")
     return (
         f"h=$(sha256sum < {q(part)}) && h=${{h%% *}} && "
-        f'if [ "$h" = {digest} ]; then {chown}chmod {mode} {q(part)} && mv -f {q(part)} {q(final)}; '
+        f'if [ "$h" = {digest} ]; then {chown}chmod {mode} {q(part)} && {move}; '
         f"else rm -f {q(part)}; printf '%s %s %s\\n' {q(before)} \"$h\" {q(after)} >&2; exit 1; fi"
     )
 
@@ -131,7 +137,9 @@ def push_files(
     `sha256sum` pass over the directory), each upload lands in ``NAME.part`` and is renamed over
     ``NAME`` only after its sha256 matches the manifest, so an interrupted or corrupt transfer
     (or a corrupt controller copy: the controller files are not re-hashed here) never replaces a
-    good file and fails the operation naming the file.
+    good file and fails the operation naming the file. Under plain sudo the SSH user uploads into a
+    staging dir it can reach (staging_dir) and root moves each verified file into place; an upload
+    that fails tells the run summary why (CheckedUpload).
     """
 
     wanted = _check_manifest(manifest)
@@ -166,26 +174,107 @@ def push_files(
         yield "rm -f " + " ".join(shlex.quote(posixpath.join(dest_dir, name)) for name in extra)
     # Under plain sudo, pyinfra's SSH connector uploads to /tmp and `cp`s into place: every byte
     # written twice (the 878 MiB wheelhouse, ~20% of a fresh deploy, issue 32). Instead the SSH user
-    # uploads straight into a staging dir beside the files (same filesystem), and the rename is free.
-    staging = posixpath.join(dest_dir, STAGING_DIR) if send and _plain_sudo() else None
-    if staging:
+    # uploads straight into a staging dir root made for it (0700, its own), as near the files as it
+    # can reach (issue 48: the checkpoint's dir lies under /var/lib/qwen27b, 0750, which the SSH user
+    # cannot traverse; staging there failed with Permission denied), and root renames each verified
+    # file into place: on the same filesystem the rename is free.
+    staging = None
+    if send and _plain_sudo():
+        staging = staging_dir(dest_dir, host.get_fact(DirectoryStates, paths=_levels(dest_dir)) or [])
         q = shlex.quote(staging)
         yield f'rm -rf {q} && mkdir -m 0700 {q} && chown "$SUDO_USER" {q}'
+    op_hash = getattr(host, "current_op_hash", None)
     for name in send:
         final = posixpath.join(dest_dir, name)
         if staging:
             part = posixpath.join(staging, name + ".part")
-            yield FileUploadCommand(os.path.join(src_dir, name), part, _sudo=False)
-            yield _verify_then_rename(part, final, name, wanted[name], mode, owner="root:root")
+            yield CheckedUpload(os.path.join(src_dir, name), part, op_hash=op_hash, _sudo=False)
+            # staged outside dest_dir: moved beside the file first (a copy if another filesystem),
+            # then renamed over it, so readers never see a partial file
+            beside = None if posixpath.dirname(staging) == dest_dir else posixpath.join(dest_dir, f".{name}.part")
+            yield _verify_then_rename(part, final, name, wanted[name], mode, owner="root:root", beside=beside)
         else:
             part = final + ".part"
-            yield FileUploadCommand(os.path.join(src_dir, name), part)
+            yield CheckedUpload(os.path.join(src_dir, name), part, op_hash=op_hash)
             yield _verify_then_rename(part, final, name, wanted[name], mode)
     if staging:
         yield f"rm -rf {shlex.quote(staging)}"
 
 
 STAGING_DIR = ".incoming"  # hidden: FileHashes and remove_extra leave it alone
+STAGING_PREFIX = ".qwen27b-incoming-"  # + a short id of the destination: a staging dir outside it
+
+
+def _levels(path: str) -> list[str]:
+    """"/var/lib/x" -> ["/", "/var", "/var/lib", "/var/lib/x"]."""
+    levels, parts = ["/"], [part for part in path.split("/") if part]
+    for n in range(1, len(parts) + 1):
+        levels.append("/" + "/".join(parts[:n]))
+    return levels
+
+
+def staging_candidates(dest_dir: str) -> list[str]:
+    """Every place push_files may stage uploads for `dest_dir` under plain sudo (staging_dir picks one):
+    what a progress probe counts besides the destination while the files arrive."""
+    dest_dir = posixpath.normpath(dest_dir)
+    outside = STAGING_PREFIX + hashlib.sha256(dest_dir.encode()).hexdigest()[:12]
+    return [posixpath.join(dest_dir, STAGING_DIR)] + [posixpath.join(level, outside) for level in _levels(dest_dir)[:-1]]
+
+
+def staging_dir(dest_dir: str, states: list) -> str:
+    """Where the SSH user uploads for `dest_dir` under plain sudo: `dest_dir/.incoming` when every
+    directory down to it lets others search it (o+x: /opt/qwen27b/wheelhouse), else a hidden dir in
+    the deepest such ancestor (/var/lib for the checkpoint under /var/lib/qwen27b, 0750). `states`:
+    DirectoryStates of _levels(dest_dir). A level that is missing (made by this run's `mkdir -p`), not
+    a directory (a symlink: its target's mode is unknown) or not searchable by others ends the walk:
+    the SSH user may be neither its owner nor in its group."""
+    levels = _levels(dest_dir)
+    reached = "/"
+    for level, state_now in zip(levels, states):
+        if (state_now is None or state_now.get("type") != "directory"
+                or not int(state_now.get("mode", "0"), 8) & 0o001):
+            break
+        reached = level
+    candidates = staging_candidates(dest_dir)
+    if reached == dest_dir:
+        return candidates[0]
+    return candidates[1 + levels.index(reached)]
+
+
+class CheckedUpload(FileUploadCommand):
+    """pyinfra's upload, whose failure the run summary can explain: the connector raises (an SFTP
+    PermissionError, a full disk) and pyinfra logs one line but records no output for the operation,
+    so the summary's detail was empty. The cause, with its fix, is kept for runsummary by host and
+    operation (runstate.upload_errors)."""
+
+    def __init__(self, src, dest, op_hash: str | None = None, **kwargs):
+        super().__init__(src, dest, **kwargs)
+        self.op_hash = op_hash
+
+    def execute(self, state_now, host_now, connector_arguments):
+        try:
+            return super().execute(state_now, host_now, connector_arguments)
+        except OSError as error:
+            runstate.of(state_now).upload_errors[(host_now.name, self.op_hash)] = upload_failure(
+                error, str(self.src), self.dest, getattr(host_now.data, "ssh_user", None))
+            raise  # pyinfra logs it and fails the operation, as before
+
+
+def upload_failure(error: OSError, src: str, dest: str, ssh_user: str | None) -> str:
+    """One line for the run summary: which upload failed, why, and what to do."""
+    cause = " ".join(str(error.strerror or error).split())  # @local's: cp's stderr, with its newline
+    what = f"uploading {posixpath.basename(str(src))} to {dest} failed: {cause}"
+    where = posixpath.dirname(dest)
+    if isinstance(error, PermissionError):
+        who = f"the SSH user {ssh_user}" if ssh_user else "the SSH user"
+        return (f"{what}: {who} cannot write {where} or cannot reach it (a directory above it does not let "
+                f"that user search it, e.g. mode 0750). Fix: make {where} writable and every directory above it "
+                "searchable (o+x) for that user, or connect as root; then re-run")
+    if error.errno == errno.ENOSPC:
+        return f"{what}: free space on the host's filesystem of {where}, then re-run (files already verified stay)"
+    return f"{what}: check {where} on the host, then re-run"
+
+
 REKEY_WAIT_S = 300.0
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import asdict, dataclass
 
+from qwen27b.controller import runstate
 from qwen27b.plan.hostdata import shown_argv
 
 OK_STATUSES = ("ok", "planned")  # planned: a --dry run, nothing executed
@@ -30,21 +31,27 @@ class Outcome:
         return self.status not in OK_STATUSES
 
 
-def _operations(state, host):
-    """(operation name, its OperationMeta) for each operation queued for this host, in run order."""
+def _operations(state, host, with_hash: bool = False):
+    """(operation name, its OperationMeta) for each operation queued for this host, in run order
+    (`with_hash`: and its hash last)."""
     for op_hash in state.get_op_order():
         data = state.ops.get(host, {}).get(op_hash)
         if data is not None:
-            yield ", ".join(sorted(state.op_meta[op_hash].names)), data.operation_meta
+            name = ", ".join(sorted(state.op_meta[op_hash].names))
+            yield (name, data.operation_meta, op_hash) if with_hash else (name, data.operation_meta)
 
 
 def _failed_operation(state, host) -> tuple[str, str] | None:
-    """(operation name, last lines of its output) of the operation that failed on this host."""
-    for name, meta in _operations(state, host):
+    """(operation name, last lines of its output) of the operation that failed on this host. An
+    upload that raised (an SFTP PermissionError) leaves no output: its cause and fix, as
+    operations.CheckedUpload kept them, take the output's place."""
+    for name, meta, op_hash in _operations(state, host, with_hash=True):
         if meta.is_complete() and not meta.did_succeed():
             output = getattr(meta, "_combined_output", None)  # pyinfra's CommandOutput of OutputLine
             lines = [getattr(item, "line", str(item)) for item in (output or [])]
-            return name, " ".join(str(line).strip() for line in lines[-3:])[-300:]
+            text = " ".join(str(line).strip() for line in lines[-3:])[-300:]
+            upload = runstate.of(state).upload_errors.get((host.name, op_hash))
+            return name, upload or text
     return None
 
 

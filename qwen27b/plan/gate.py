@@ -952,7 +952,7 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
                 refusals.append(RefusedHost(host, refused.cause, fix))
 
     glibc_warning = check(binary_needs_check, host, facts.glibc, rs)
-    disk_warning = None
+    disk_warning = f"free disk at {rs.layout.models} not read: the download is not checked against the room for it"
     if facts.disk is not None and facts.disk.get("free_bytes") is not None:
         disk_warning = check(_check_disk, host, facts, rs, settings,
                              [(rs.model, target)] + ([(rs.draft, draft)] if draft else []))

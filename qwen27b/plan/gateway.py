@@ -17,7 +17,7 @@ import ipaddress
 import os
 import re
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from qwen27b.onhost.secretfile import load_secret
@@ -28,6 +28,7 @@ from qwen27b.plan.hostdata import (GATEWAY_KEYS, PREFIX, SECRET_NAMES, BadHostDa
 GROUP = "qwen27b_gateway"
 DEFAULT_PORT = 8000
 USAGE_PORT = 9121  # the usage counters in Prometheus' text format (loopback; the gateway's address for metrics_allow)
+VERIFY = "qwen27b-verify"  # the name the deploy's own verify requests count under (its own key, never a client's)
 DEFAULT_REQUEST_TIMEOUT_S = 600  # a long generation on a loaded V100; also a drain's longest wait
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 
@@ -40,6 +41,9 @@ class Backend:
     health_port: int  # qwen27b_health_port (qwen27b-health-http: 200 OK/WARNING, 503 CRITICAL/STALE)
     health_path: str = "/health"  # a copy's verdict: /health/NAME on its host's endpoint
     key_file: str | None = field(default=None, compare=False)  # the key file it serves with (the copy's, or the host's)
+    # what the deploy adds to this host's allow-lists for the gateway (key -> network; plan line, gateway_needs)
+    added: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    host: str = field(default="", compare=False)  # the inventory host (a copy's: HOST of HOST.NAME)
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,9 @@ class GatewayPlan:
     fair_share: bool = False  # no key may hold every slot of the pool (qwen27b_gateway_fair_share, 2+ keys)
     log_bodies: bool = False  # the request log keeps each request's body and its answer's (qwen27b_gateway_log_bodies)
     chat_page: ChatPage | None = None  # Open WebUI behind this nginx (qwen27b_chat_page; plan/chatpage.py)
+    # the deploy's verify key on the controller (apikey.ensure_gateway_verify, set by the gateway's
+    # preflight): its requests count under VERIFY, never in a client's usage or against its limits
+    verify_key_file: str | None = None
 
     def named_clients(self) -> tuple[Client, ...]:
         return self.clients or tuple(Client(key_name(path), path) for path in self.key_files)
@@ -113,8 +120,9 @@ class GatewayPlan:
         lines = [f"gateway: nginx on {self.address}:{self.port} in front of {len(self.backends)} backend(s) "
                  "(nginx's upstream module: one OpenAI address; docs/scale-out.md)"]
         for b in self.backends:
+            added = "".join(f"; {key} += {network} (the gateway's address, added: {NEEDS[key]})" for key, network in b.added)
             lines.append(f"  backend {b.name}: {b.address}:{b.port}, health {b.address}:{b.health_port}{b.health_path} "
-                         "(in the pool while both answer 200 and it is not drained)")
+                         f"(in the pool while both answer 200 and it is not drained){added}")
         lines.append(f"  client keys: {', '.join(c.describe() for c in self.named_clients())}; held by the gateway only; "
                      + ("the backends' key is added by the gateway, never seen by clients" if self.backend_key_file
                         else "WARNING: the backends have no qwen27b_api_key_file, so anyone on the lab network "
@@ -130,6 +138,9 @@ class GatewayPlan:
                      "answers are readable by whoever reads that journal" if self.log_bodies else
                      "  request log: one JSON line per request in the gateway's journal (key name, status, tokens, "
                      "latency, backend; no prompt or answer text: qwen27b_gateway_log_bodies keeps them)")
+        if self.verify_key_file:
+            lines.append(f"  verify: with its own key ({self.verify_key_file}, made once, 0600), counted as {VERIFY}: "
+                         "never a client's usage or limits")
         lines.append(f"  {self.tls.describe()}" if self.tls else
                      "  plain HTTP: client keys, prompts and answers cross the network unencrypted (fine on a closed "
                      "lab network; else set qwen27b_gateway_tls_lab_ca, or qwen27b_gateway_tls_cert and _tls_key)")
@@ -195,16 +206,38 @@ def _covered(address: str, networks: list | None) -> bool:
     return any(ip in ipaddress.ip_network(n, strict=False) for n in networks or [])
 
 
-def _check_reach(gateway: str, address: str, backend: str, s: Settings) -> None:
-    """The gateway must reach the backend's health endpoint (open to loopback, the host itself and
-    qwen27b_metrics_allow only) and, with a firewall rule, its port."""
-    if not _covered(address, s.metrics_allow):
-        raise BadHostData(backend, "qwen27b_metrics_allow", f"the gateway {gateway} ({address}) is not in it: "
-                          "it could not read this host's health endpoint, and would never put it in its pool",
-                          f"add '{address}/32' to qwen27b_metrics_allow")
-    if s.firewall_allow is not None and not _covered(address, s.firewall_allow):
-        raise BadHostData(backend, "qwen27b_firewall_allow", f"the gateway {gateway} ({address}) is not in it: "
-                          "the firewall would drop its requests", f"add '{address}/32' to qwen27b_firewall_allow")
+NEEDS = {"qwen27b_metrics_allow": "it reads this host's health endpoint",
+         "qwen27b_firewall_allow": "it sends this host's requests"}
+
+
+def _reach(address: str, data: dict) -> tuple[tuple[str, str], ...]:
+    """What the gateway at `address` needs added to a backend's allow-lists: its health endpoint
+    (open to loopback, the host itself and qwen27b_metrics_allow only) and, with a firewall rule,
+    its port. Filled in by gateway_needs (both hosts are in the inventory), never refused. Read from
+    the host data as written (checked by settings_for), so a plan made from the filled-in settings
+    still says what was added."""
+    network = str(ipaddress.ip_network(address))
+    out = []
+    if not _covered(address, data.get(PREFIX + "metrics_allow")):
+        out.append(("qwen27b_metrics_allow", network))
+    if data.get(PREFIX + "firewall_allow") is not None and not _covered(address, data[PREFIX + "firewall_allow"]):
+        out.append(("qwen27b_firewall_allow", network))
+    return tuple(out)
+
+
+def gateway_needs(plans: dict[str, "GatewayPlan"], settings: dict[str, Settings]) -> dict[str, Settings]:
+    """Each backend's settings with its gateways' addresses added to the allow-lists that lack them
+    (each GatewayPlan's backend line says which)."""
+    out = dict(settings)
+    for plan in plans.values():
+        for backend in plan.backends:
+            host = backend.host or backend.name
+            for key, network in backend.added:
+                field_name = key[len(PREFIX):]
+                have = list(getattr(out[host], field_name) or [])
+                if network not in have:
+                    out[host] = replace(out[host], **{field_name: have + [network]})
+    return out
 
 
 def _client(host: str, key: str, entry) -> Client:
@@ -387,9 +420,8 @@ def plan_gateway(host: str, data: dict, inventory: list[tuple[str, dict]], gatew
     key_files = tuple(c.key_file for c in clients)
     workers = {name for name, s in settings.items() if s.node_role == "worker"}
     names = _backend_names(host, data, [name for name, _ in inventory], gateways, workers)
-    backends = [backend for name in names for backend in _backend(name, by_name[name], settings[name])]
-    for name in names:
-        _check_reach(host, address, name, settings[name])
+    backends = [replace(backend, added=_reach(address, by_name[name]), host=name)
+                for name in names for backend in _backend(name, by_name[name], settings[name])]
     backend_key, served = _shared(host, names, settings, backends)
     if backend_key and any(load_secret(path, SECRET_NAMES["gateway_key_files"]) == load_secret(backend_key)
                            for path in key_files):
@@ -398,6 +430,9 @@ def plan_gateway(host: str, data: dict, inventory: list[tuple[str, dict]], gatew
     fair = data.get(PREFIX + "gateway_fair_share")
     page = plan_chat_page(host, data, [c.name for c in clients],
                           {port: "the gateway's API", **({USAGE_PORT: "the usage counters"} if data.get(PREFIX + "gateway_metrics_allow") else {})})
+    if VERIFY in {c.name for c in clients}:
+        raise BadHostData(host, PREFIX + "gateway_key_files", f"a key is named {VERIFY!r}, the name the deploy's own "
+                          "verify requests count under", "give that key another name: {file: ..., name: ...}")
     if page and HOUSEKEEPING in {c.name for c in clients}:
         raise BadHostData(host, PREFIX + "gateway_key_files", f"a key is named {HOUSEKEEPING!r}, the name the chat page's "
                           "own requests count under", "give that key another name: {file: ..., name: ...}")
@@ -417,6 +452,20 @@ def _metrics_allow(host: str, data: dict) -> tuple[str, ...]:
         except (TypeError, ValueError):
             raise BadHostData(host, key, f"{value!r} is not a network", "list networks, e.g. ['10.0.0.5/32']") from None
     return tuple(out)
+
+
+def uninstall_notes(plans: dict[str, GatewayPlan], host: str) -> list[str]:
+    """What uninstalling `host` leaves at the gateways that list it as a backend (their plans): the
+    gateway keeps it in its backend list until the gateway is deployed without it."""
+    out = []
+    for gateway, plan in plans.items():
+        mine = [b.name for b in plan.backends if (b.host or b.name) == host]
+        if mine and gateway != host:
+            out.append(f"gateway {gateway} lists {', '.join(mine)} as backend(s): once the service is gone its watcher "
+                       "takes them out of the pool (clients get the other backends, no error), but they stay in its "
+                       f"backend list; to drop them, take {host} out of the inventory (or out of {gateway}'s "
+                       f"qwen27b_gateway_backends) and deploy the gateway: pyinfra INVENTORY deploy.py -y --limit {gateway}")
+    return out
 
 
 def plan_gateways(inventory: list[tuple[str, dict]], groups: dict[str, set],

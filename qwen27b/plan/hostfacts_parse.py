@@ -30,6 +30,24 @@ class FactParseError(Exception):
         return (type(self), (self.fact, self.lineno, self.expected, self.got))
 
 
+# What a terminal tool may print around its text even into a pipe: nvidia-smi R580 underlines the
+# header of `topo -m` with ESC[4m ... ESC[0m (the H100 of 2026-12-07, issue 57). CSI sequences (colour,
+# underline, cursor), OSC sequences (titles, links; ended by BEL or ESC \\) and two-byte escapes.
+_TERMINAL_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+
+
+def terminal_text(output: list[str]) -> list[str]:
+    """The lines as a person reads them on a terminal: escape sequences removed, and a carriage
+    return's overwrite applied (a line ending in CR, from CRLF output, is the text before it; text
+    after a CR inside a line replaces what came before, as a progress line does). Every fact's
+    parser reads this (controller/facts.py _ParsedFact.process), so no real host's bytes fail a fact."""
+    cleaned = []
+    for line in output:
+        line = _TERMINAL_ESCAPE.sub("", line).rstrip("\r")
+        cleaned.append(line.rsplit("\r", 1)[-1])
+    return cleaned
+
+
 def numbered_lines(output: list[str]) -> list[tuple[int, str]]:
     """Numbered (1-based) non-blank lines, trailing whitespace removed."""
     return [(n, line.rstrip()) for n, line in enumerate(output, 1) if line.strip()]
@@ -153,7 +171,7 @@ _DF_LINE = re.compile(
 def parse_disk_free(output: list[str]) -> dict:
     """The asked path, the existing ancestor measured, its mount, size and free bytes (df -P -B1)."""
     fact = "DiskFree"
-    lines = [(n, line) for n, line in enumerate(output, 1)]
+    lines = [(n, line.rstrip()) for n, line in enumerate(output, 1)]  # qwen27b's paths never end in a blank
     expected = ("'path ...'", "'checked ...'", "the df -P header", "one df -P line")
     if len(lines) != 4:
         n, line = lines[-1] if lines else (None, None)

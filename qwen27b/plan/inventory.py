@@ -5,7 +5,7 @@ what the members of a serving group must share. One host's own data is hostdata.
 
 from __future__ import annotations
 
-from qwen27b.plan.gateway import plan_gateways
+from qwen27b.plan.gateway import gateway_needs, plan_gateways
 from qwen27b.plan.hostdata import PREFIX, BadHostData, Settings, node_address, settings_for
 from qwen27b.plan.stack import load_stack
 
@@ -16,9 +16,11 @@ GROUP_SHARED = ("profile", "stack_overrides", "serve_flags", "tensor_parallel_si
 
 def validate_inventory(hosts: list[tuple[str, dict]], groups: dict[str, set] | None = None) -> dict[str, Settings]:
     """Check every host's data and what hosts share (ports on one machine, the gateways' backends)
-    before any is touched. `groups`: host name -> its inventory groups (the gateway group)."""
+    before any is touched. `groups`: host name -> its inventory groups (the gateway group). A
+    backend's settings come back with what its gateway needs added (gateway.gateway_needs)."""
     settings = {name: settings_for(name, data) for name, data in hosts}
-    plan_gateways(hosts, groups or {}, settings)
+    # a backend's allow-lists get its gateway's address where they lack it (the gateway's plan says so)
+    settings = gateway_needs(plan_gateways(hosts, groups or {}, settings), settings)
     seen: dict[tuple[str, int], str] = {}
     machines: dict[tuple[str, object], str] = {}
     for name, data in hosts:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import runpy
+import shlex
 import subprocess
 import urllib.request
 from pathlib import Path
@@ -20,6 +21,17 @@ from qwen27b.plan.stack import api_key_env_file, load_stack
 DEMO_INVENTORY = "inventory/testhost.py"
 
 
+def client_lines(key_path: str, url: str) -> list[str]:
+    """How a client uses the key (its file named, the key never printed): the openai client reads
+    OPENAI_API_KEY and OPENAI_BASE_URL, curl takes the header."""
+    key = f"$(sed 's/^VLLM_API_KEY=//' {shlex.quote(key_path)})"
+    return [f"export OPENAI_API_KEY=\"{key}\" OPENAI_BASE_URL={shlex.quote(url + '/v1')}",
+            "python3 -c 'from openai import OpenAI; c = OpenAI(); m = c.models.list().data[0].id; "
+            "print(c.chat.completions.create(model=m, messages=[{\"role\": \"user\", \"content\": \"Hi\"}], "
+            "max_tokens=16).choices[0].message.content)'",
+            f"curl -H \"Authorization: Bearer {key}\" {shlex.quote(url + '/v1/models')}"]
+
+
 def main() -> None:
     state = cache_root() / "testhosts" / "demo"
     hosts = runpy.run_path(str(state / "inventory.py"))["testhosts"]
@@ -27,8 +39,9 @@ def main() -> None:
     key = load_secret(str(lab_key)) if lab_key.is_file() else None
     on_host_key = api_key_env_file(load_stack()["paths"])
     if key:
-        print(f"\n--> the API is guarded by the lab key in {shown(lab_key)} (never printed); clients send\n"
-              f"    curl -H \"Authorization: Bearer $(sed 's/^VLLM_API_KEY=//' {shown(lab_key)})\" URL/v1/models")
+        url = f"http://{hosts[0][1]['ssh_hostname']}:8000" if hosts else "URL"
+        print(f"\n--> the API is guarded by the lab key in {shown(lab_key)} (never printed); with the openai client "
+              "(pip install openai), or curl:\n" + "\n".join(f"    {line}" for line in client_lines(shown(lab_key), url)))
     for name, data in hosts:
         print(f"\n--> {name}: systemctl status qwen27b")
         subprocess.run(["ssh", "-F", str(state / "ssh_config"), name,

@@ -4,7 +4,7 @@ functions: qwen27b/controller/gateway_drain.py).
     qwen27b gateway status INVENTORY                  # each gateway: pool, drained, health rounds
     qwen27b gateway drain INVENTORY HOST [--wait S]   # out of the pool; returns when its requests ended
     qwen27b gateway undrain INVENTORY HOST            # back; returns once it is in the pool (healthy)
-    qwen27b gateway usage INVENTORY [--since 1d]      # each key's requests, 429s and tokens (request log)
+    qwen27b gateway usage INVENTORY [--since 1d]      # each key's requests, 429s and tokens (request log; 10m, 1h, 7d)
 
 Exit code 0 when every gateway did it, 1 otherwise (the reason printed per gateway).
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 from qwen27b.controller import gateway_drain as D
@@ -31,6 +32,29 @@ def usage_table(gateway: str, record: dict) -> str:
                                 [64, 10, 8, 8, 14, 18, 8])
 
 
+WINDOW = re.compile(r"([1-9][0-9]{0,5})(s|m|min|h|d)")
+WINDOW_HELP = "N followed by s, m (or min), h or d (default 1d)"
+
+
+def parse_window(value: str) -> str:
+    """A --since window as the gateway's on-host `usage` and journalctl take it: 10m is sent as
+    10min (the on-host module, qwen27b/onhost/gateway_pool.py WINDOW, knows 'min' only; it is left
+    as it is, since a change would be pushed to, and hashed on, every serving host). ValueError
+    names what is accepted."""
+    match = WINDOW.fullmatch(value or "")
+    if not match:
+        raise ValueError(f"--since {value!r}: give N followed by s, m (or min), h or d, e.g. 10m, 1h, 7d")
+    return match.group(1) + ("min" if match.group(2) == "m" else match.group(2))
+
+
+def _since(value: str) -> str:
+    """--since, checked here before any gateway is reached (argparse's usage error, exit 2)."""
+    try:
+        return parse_window(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="qwen27b gateway", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="one JSON object per gateway")
@@ -39,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     p_status.add_argument("inventory")
     p_usage = sub.add_parser("usage", help="each key's requests and tokens over a window, from every gateway's log")
     p_usage.add_argument("inventory")
-    p_usage.add_argument("--since", default="1d", help="N followed by s, min, h or d (default 1d)")
+    p_usage.add_argument("--since", default="1d", type=_since, help=WINDOW_HELP + "; checked before connecting")
     for name, about in (("drain", "take HOST out of every gateway's pool"), ("undrain", "let HOST return")):
         p = sub.add_parser(name, help=about)
         p.add_argument("inventory")

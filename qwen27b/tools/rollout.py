@@ -110,6 +110,7 @@ class Rollout:
     batches: list[list[str]]
     rows: list[HostRow] = field(default_factory=list)
     stopped_at: str | None = None  # the first failed host
+    gateways: set[str] = field(default_factory=set)  # hosts of the qwen27b_gateway group: no release to upgrade
 
     @property
     def ok(self) -> bool:
@@ -155,11 +156,16 @@ def batch_rows(number: int, batch: list[str], report: dict | None, code: int) ->
     return rows
 
 
+GATEWAY_DETAIL = "gateway: no release to upgrade (its config re-rendered where it changed, verified as a client)"
+
+
 def rollout(inventory: str, batches: list[list[str]], extra: list[str], reports: Path, hooks: Hooks | None = None,
-            deploy_file: str = "deploy.py", run=subprocess.run, say=print) -> Rollout:
-    """Deploy batch after batch; stop after the first batch with a host that is not ok."""
+            deploy_file: str = "deploy.py", run=subprocess.run, say=print,
+            gateways: set[str] | frozenset[str] = frozenset()) -> Rollout:
+    """Deploy batch after batch; stop after the first batch with a host that is not ok. `gateways`:
+    the gateway hosts among them (deployed and verified too, but never counted as upgraded)."""
     hooks = hooks or Hooks()
-    result = Rollout(batches)
+    result = Rollout(batches, gateways=set(gateways))
     for number, batch in enumerate(batches, 1):
         label = "canary" if number == 1 and len(batches) > 1 else f"batch {number}/{len(batches)}"
         say(f"--> rollout {label}: {', '.join(batch)}")
@@ -181,6 +187,8 @@ def rollout(inventory: str, batches: list[list[str]], extra: list[str], reports:
                 code = 1
         for row in rows:
             row.seconds = round(time.monotonic() - started, 1)
+            if row.host in result.gateways and row.outcome == "ok" and not row.detail:
+                row.detail = GATEWAY_DETAIL
         result.rows += rows
         bad = [r for r in rows if r.outcome != "ok"]
         if bad or code != 0:
@@ -197,7 +205,10 @@ def summary(result: Rollout) -> str:
     text += "".join(f"\nvs previous release: {r.host}: {r.comparison.get('text', '')}"
                     for r in result.rows if r.comparison)
     if result.ok:
-        return f"--> rollout done: {len(result.rows)} host(s) upgraded and verified, batch by batch\n{text}"
+        gateways = [r.host for r in result.rows if r.host in result.gateways]
+        upgraded = len(result.rows) - len(gateways)
+        return (f"--> rollout done: {upgraded} host(s) upgraded and verified, batch by batch"
+                + (f"; gateway {', '.join(gateways)} verified (no release to upgrade)" if gateways else "") + f"\n{text}")
     failed = next(r for r in result.rows if r.host == result.stopped_at)
     left = [r.host for r in result.rows if r.outcome == "not started"]
     why = failed.detail.removeprefix(f"{failed.outcome}: ") or "see the output above"
@@ -213,7 +224,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
     p = argparse.ArgumentParser(prog="qwen27b rollout", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                usage="%(prog)s INVENTORY [options] [-- PYINFRA_ARGS ...]",
+                                epilog="arguments after `--` go to every batch's pyinfra run, e.g.\n"
+                                       "  qwen27b rollout inventory/mylab.py --canary gpu-c -- --data "
+                                       "qwen27b_stack_overrides='{\"model_revision\": \"REV\"}'\n"
+                                       "  qwen27b rollout inventory/mylab.py -- --data KEY=VALUE --data KEY2=VALUE2")
     p.add_argument("inventory", help="pyinfra inventory file (as for deploy.py)")
     p.add_argument("--limit", nargs="+", action="extend", metavar="HOST", help="only these hosts or groups (globs)")
     p.add_argument("--canary", nargs="+", action="extend", metavar="HOST",
@@ -283,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
             print("    pyinfra " + shlex.join(shown_argv(pyinfra_argv(args.inventory, args.deploy_file, batch, extra)[3:])))
         return 0
     result = rollout(args.inventory, batches, extra, args.reports, GatewayHooks(args.inventory, gateways, backends),
-                     deploy_file=args.deploy_file)
+                     deploy_file=args.deploy_file, gateways=gateways)
     print("\n" + summary(result))
     return 0 if result.ok else 1
 

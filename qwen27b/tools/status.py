@@ -11,8 +11,9 @@ the verify role writes no marker on the host), with its comparison against the h
 release (decode tok/s, TTFT, acceptance: qwen27b/plan/regression.py), figures below the table. A
 gateway host (the qwen27b_gateway group) shows its gateway unit and its pool instead: the backends
 in it and those drained. A host serving copies (qwen27b_instances) gets a row per copy below its
-own: qwen27b@NAME.service's state and its health check's verdict (health@NAME.json). doctor stays
-the deep, one-host tool.
+own: qwen27b@NAME.service's state and its health check's verdict (health@NAME.json). Hosts on one
+release whose units start vLLM with different flags (a rollback restores the previous deploy's) get a
+NOTE naming the flags that differ. doctor stays the deep, one-host tool.
 
 Hosts are reached through pyinfra's own connectors with the inventory read as the deploy reads
 it (qwen27b.controller.remote): ssh_port, ssh_user, ssh_key, ssh_password, _sudo, @local, @fake. One
@@ -67,6 +68,8 @@ def commands(paths: dict) -> dict[str, str]:
         "model": f"readlink {q(at.current_model)}",
         # the engine flags the unit was rendered with: the speculative method in use and the agent parsers
         "engine": f"grep -h -e --speculative-config -e --reasoning-parser {q(SERVICE_UNIT_FILE)}",
+        # every engine flag the unit starts vLLM with: one release, different flags after a rollback
+        "flags": flags_command(SERVICE_UNIT_FILE),
         "gpus": remote.guard("nvidia-smi", "timeout 20 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader"),
         # persistence, power cap and ECC as qwen27b-gpu-power.service left them (issue 27)
         "power": remote.guard("nvidia-smi", f"timeout 20 nvidia-smi --query-gpu={POWER_FIELDS} --format=csv,noheader,nounits"),
@@ -79,6 +82,12 @@ def commands(paths: dict) -> dict[str, str]:
     }
 
 
+def flags_command(unit_file: str) -> str:
+    """The unit's ExecStart, one flag a line (render.py writes `--name value \\` lines), up to ExecStartPost."""
+    return f"sed -n '/^ExecStart=/,/^ExecStartPost=/p' {shlex.quote(unit_file)}"
+
+
+HOST_FLAGS = ("--host", "--port")  # a host's own address and port: expected to differ between hosts
 COPY_NAME = re.compile(r"^[a-z0-9-]{1,16}$")  # qwen27b.plan.hostdata.INSTANCE_NAME
 
 
@@ -117,6 +126,7 @@ class HostStatus:
     health_note: str = ""  # why the verdict is unknown
     speculative: str = "unknown"  # from the unit's --speculative-config: "mtp k=7", "dflash2 k=7", "off"
     agent_parsers: bool | None = None  # the unit has --reasoning-parser
+    flags: list[str] = field(default_factory=list)  # the unit's engine flags ("--name value"), less HOST_FLAGS
     release: str = "none"
     release_path: str = ""
     model: str = "none"  # org/name@revision
@@ -231,6 +241,34 @@ def _parse_engine(row: HostStatus, text: str | None, code: int | None) -> None:
     row.speculative = f"{method} k={config.get('num_speculative_tokens')}"
 
 
+def _parse_flags(row: HostStatus, text: str | None, code: int | None) -> None:
+    """flags_command's lines -> the unit's engine flags as rendered, less the host's own address and port."""
+    if text is None or code != 0:
+        return
+    lines = [line.strip().removesuffix("\\").strip() for line in text.splitlines()]
+    row.flags = [line for line in lines if line.startswith("--") and line.split(" ", 1)[0] not in HOST_FLAGS]
+
+
+def flag_notes(rows: list[HostStatus]) -> list[str]:
+    """One note per release that hosts serve with different flags (a rollback restores the previous
+    deploy's unit, flags included, while another host keeps the inventory's): the flags not common
+    to them all, per host."""
+    by_release: dict[str, list[HostStatus]] = {}
+    for row in rows:
+        if not row.failed and row.flags and row.release not in ("none", "unknown", ""):
+            by_release.setdefault(row.release, []).append(row)
+    notes = []
+    for release, group in by_release.items():
+        if len({tuple(r.flags) for r in group}) < 2:
+            continue
+        common = set.intersection(*(set(r.flags) for r in group))
+        each = "; ".join(f"{r.host}: {' '.join(f for f in r.flags if f not in common) or '(none of the others)'}"
+                         for r in group)
+        notes.append(f"release {release} runs with different flags on {', '.join(r.host for r in group)}: {each} "
+                     "(a rollback restores the previous deploy's flags; a deploy renders the inventory's again)")
+    return notes
+
+
 def _parse_gpus(row: HostStatus, text: str | None, code: int | None) -> None:
     if text is None or text.strip() == remote.NOCMD:
         return
@@ -340,6 +378,7 @@ def parse(host: str, outputs: dict[str, str], codes: dict[str, int], paths: dict
     _parse_gpus(row, outputs.get("gpus"), codes.get("gpus"))
     _parse_power(row, outputs.get("power"), codes.get("power"))
     _parse_engine(row, outputs.get("engine"), codes.get("engine"))
+    _parse_flags(row, outputs.get("flags"), codes.get("flags"))
     _parse_gateway(row, outputs.get("gateway"), outputs.get("pool"), codes.get("pool"), outputs.get("page"))
     _parse_copies(row, outputs.get("copies"), now)
     return row
@@ -544,11 +583,12 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.monotonic() - started
     code = 1 if any(r.failed for r in rows) else 0
     if args.json:
-        print(json.dumps({"hosts": [asdict(r) for r in rows], "elapsed_s": round(elapsed, 3), "exit_code": code},
-                         indent=2, ensure_ascii=False))
+        print(json.dumps({"hosts": [asdict(r) for r in rows], "flag_notes": flag_notes(rows),
+                          "elapsed_s": round(elapsed, 3), "exit_code": code}, indent=2, ensure_ascii=False))
     else:
         print(status_table(rows))
         print()
+        print("".join(f"NOTE: {note}\n" for note in flag_notes(rows)), end="")
         print(comparisons(rows), end="")
         print(footer(rows, elapsed))
     return code

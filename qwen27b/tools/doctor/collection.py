@@ -14,6 +14,9 @@ from qwen27b.onhost.unit import parse_show, show_command
 from qwen27b.plan.hostlayout import HostLayout
 
 from qwen27b.controller.address import host_address
+from qwen27b.plan.gateway import is_gateway
+
+from . import gateway
 
 from .model import CHAT_PAGE_KEY, COPIES_KEY, COPY_ENV, UNIT, HostSnapshot, copy_key, copy_unit
 from .parse import env_file, expand_env, running_flags
@@ -188,7 +191,12 @@ def read_host(state, host, stack: dict, timeout: int = 300) -> HostSnapshot:
     """Read one host: phase 1 (unit, journal, model, venv, facts, the copies enabled), on a host
     serving copies each copy's unit, journal and env file, then /health and /metrics on the host
     itself (where the service's, or each copy's, bind address is reachable), over one connection."""
-    snap = HostSnapshot(host=host.name, data=dict(host.data.dict()), reached=host_address(host)[0])
+    snap = HostSnapshot(host=host.name, data=dict(host.data.dict()), reached=host_address(host)[0],
+                        gateway=is_gateway(host.groups))
+    if snap.gateway:  # its nginx, pool, usage counters and chat page (doctor/gateway.py), nothing of a service
+        snap.outputs, snap.codes, snap.error = run_phase(state, host, gateway.commands(stack, snap.data, snap.reached),
+                                                         timeout)
+        return snap
     snap.outputs, snap.codes, snap.error = run_phase(state, host, commands(stack), timeout)
     if snap.error:
         return snap
@@ -217,4 +225,5 @@ def read_host(state, host, stack: dict, timeout: int = 300) -> HostSnapshot:
 def collect(state, hosts, stack: dict, timeout: int = 300) -> list[HostSnapshot]:
     """Every host at once on pyinfra's pool (remote.on_every_host), snapshots in inventory order."""
     return remote.on_every_host(state, hosts, lambda host: read_host(state, host, stack, timeout),
-                                lambda host, why: HostSnapshot(host=host.name, data=dict(host.data.dict()), error=why))
+                                lambda host, why: HostSnapshot(host=host.name, data=dict(host.data.dict()), error=why,
+                                                               gateway=is_gateway(host.groups)))

@@ -10,6 +10,7 @@ from .diagnose_inputs import step2
 from .diagnose_limits import step5
 from .diagnose_parameters import step4
 from .diagnose_symptom import chat_page_check, step1
+from .gateway import report as gateway_report
 from .model import STEPS, HostSnapshot, Report
 
 
@@ -20,6 +21,8 @@ def diagnose(snap: HostSnapshot, stack: dict | None = None) -> Report:
     copies (qwen27b_instances) is judged copy by copy: the chain on each copy's unit, journal, flags,
     GPUs, /health and /metrics, a report each under its name (`Report.copies`, HOST/NAME)."""
     stack = stack or load_stack()
+    if snap.gateway:  # no service, model or venv there: its nginx, pool, usage counters and chat page
+        return gateway_report(snap)
     names = [] if snap.error else snap.copy_names()
     if names:
         return Report(snap.host, [], copies={name: _chain(snap.for_copy(name), stack) for name in names})

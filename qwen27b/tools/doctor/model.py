@@ -61,6 +61,7 @@ class HostSnapshot:
     error: str | None = None
     reached: str | None = None  # the address the SSH connection reached (the plan's bind address without one in data)
     copy: str | None = None  # set on a copy's view of its host's snapshot (for_copy)
+    gateway: bool = False  # a host of the qwen27b_gateway group: judged by doctor/gateway.py, not the serving chain
 
     @property
     def unit_name(self) -> str:
@@ -117,7 +118,7 @@ class HostSnapshot:
             if data.get(key) not in (None, OPEN_API):
                 data[key] = KEPT_ON_CONTROLLER
         meta = {"host": self.host, "codes": {k: v for k, v in self.codes.items() if v}, "error": self.error,
-                "data": data, "reached": self.reached}
+                "data": data, "reached": self.reached, **({"gateway": True} if self.gateway else {})}
         (directory / "snapshot.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
 
     @classmethod
@@ -144,7 +145,8 @@ class HostSnapshot:
         codes.update(meta.get("codes", {}))
         data = {**base.data, **meta.get("data", {})}
         return cls(host=meta.get("host") or base.host or directory.name, outputs=outputs, codes=codes, data=data,
-                   error=meta.get("error"), reached=meta.get("reached", base.reached))
+                   error=meta.get("error"), reached=meta.get("reached", base.reached),
+                   gateway=bool(meta.get("gateway", base.gateway)))
 
 
 @dataclass
