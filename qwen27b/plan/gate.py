@@ -721,7 +721,7 @@ def mark_installed(decision: Decision, venv_packages: dict) -> Decision:
     return replace(decision, choices=choices)
 
 
-def _larger_gpus_alone(inp: ServeInputs) -> str | None:
+def _larger_gpus_alone(inp: ServeInputs, settings: Settings) -> str | None:
     """Mixed cards (32 GB + 16 GB V100s): a TP group is sized by its smallest GPU, so the larger cards
     alone may fit where all of them together do not. Then the fix names them as qwen27b_gpu_indices."""
     sizes = {g.memory_mib for g in inp.gpus}
@@ -729,7 +729,7 @@ def _larger_gpus_alone(inp: ServeInputs) -> str | None:
         return None
     larger = [g for g in inp.gpus if g.memory_mib == max(sizes)]
     try:
-        plan = plan_serve(replace(inp, gpus=larger))
+        plan = _plan_or_drop_draft(replace(inp, gpus=larger), settings)
     except PlanRefused:
         return None
     return (f"serve on the {len(larger)} GPU(s) with {max(sizes)} MiB alone (they fit: TP "
@@ -738,7 +738,7 @@ def _larger_gpus_alone(inp: ServeInputs) -> str | None:
 
 
 def _unknown_memory(inp: ServeInputs, facts: HostFacts, stack: dict, driver: DriverPlan | None,
-                    refused: PlanRefused) -> tuple[ServePlan, str] | None:
+                    refused: PlanRefused, settings: Settings) -> tuple[ServePlan, str] | None:
     """A Volta board whose PCI name says no memory size (Tesla PG500-216) is counted at the smallest
     V100 until a driver answers: refused for memory there, the driver that would show its real size
     is never installed. Then this run installs the driver only; the serving is shown at the largest
@@ -751,7 +751,7 @@ def _unknown_memory(inp: ServeInputs, facts: HostFacts, stack: dict, driver: Dri
         return None
     largest = max(stack["volta_pci"]["reported_memory_mib"].values())
     try:
-        plan = plan_serve(replace(inp, gpus=[replace(g, memory_mib=largest) for g in inp.gpus]))
+        plan = _plan_or_drop_draft(replace(inp, gpus=[replace(g, memory_mib=largest) for g in inp.gpus]), settings)
     except PlanRefused:
         return None
     return plan, (f"the memory of {inp.gpus[0].name} is unknown until the driver answers (its PCI name says no size; "
@@ -957,11 +957,11 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
     try:
         serve = pipeline.plan(serve_inputs) if pipeline is not None else _plan_or_drop_draft(serve_inputs, settings)
     except PlanRefused as refused:
-        driver_first = None if pipeline is not None else _unknown_memory(serve_inputs, facts, stack, driver, refused)
+        driver_first = None if pipeline is not None else _unknown_memory(serve_inputs, facts, stack, driver, refused, settings)
         if driver_first is not None:
             serve = driver_first[0]
         else:
-            larger = None if pipeline is not None else _larger_gpus_alone(serve_inputs)
+            larger = None if pipeline is not None else _larger_gpus_alone(serve_inputs, settings)
             fix = f"{larger}; or {refused.fix}" if larger else refused.fix
             if left_out:  # the worn GPUs' fix is what brings the room back
                 refusals.append(RefusedHost(host, "; ".join(f"{w.gpu} should not serve: {w.cause}" for w in left_out)

@@ -320,8 +320,10 @@ def _all_reduce(inp: ServeInputs, group: list[int], add, notes: list[str]):
     return decision
 
 
-def _profile_flags(serve: dict, add, cite) -> None:
-    """The engine vendor's release-profile settings that size nothing here: each as the profile has it."""
+def _profile_flags(serve: dict, add, cite, draft_used: bool) -> None:
+    """The engine vendor's release-profile settings that size nothing here: each as the profile has it;
+    --trust-remote-code (code from the checkpoints runs in the engine) only where its reason, the
+    DFlash2 draft, is served."""
     why = cite(serve.get("profile_source"))
     if serve.get("block_size"):
         add("--block-size", int(serve["block_size"]), f"the vendor's release profile's KV block (tokens) {why}")
@@ -331,7 +333,7 @@ def _profile_flags(serve: dict, add, cite) -> None:
     if serve.get("default_chat_template_kwargs"):
         add("--default-chat-template-kwargs", json.dumps(serve["default_chat_template_kwargs"], separators=(",", ":")),
             f"the vendor's release profile: thinking off unless a request turns it on {why}")
-    if serve.get("trust_remote_code"):
+    if serve.get("trust_remote_code") and draft_used:
         add("--trust-remote-code", None, f"the vendor's release profile (the DFlash2 draft's model class) {why}")
 
 
@@ -391,11 +393,12 @@ def plan_serve(inp: ServeInputs) -> ServePlan:
                      f"KV room holds {budget.kv_tokens:,} tokens")
             fix = "lower the pinned values or remove the pins and let the planner choose"
         else:
-            cause = (f"too little memory on {where}: weights {budget.weights / GiB:.1f} GiB + draft "
-                     f"{budget.draft / GiB:.1f} GiB + runtime {(budget.overhead + budget.cuda_graphs) / GiB:.1f} GiB "
-                     f"(of {budget.usable / GiB:.1f} GiB usable) leave no room for a {MIN_MODEL_LEN}-token KV cache "
-                     f"({needed / GiB:.1f} GiB before KV)")
-            fix = "use more or larger GPUs (a higher TP size), or turn off speculative decoding (qwen27b_speculative=False)"
+            draft = f" + draft {budget.draft / GiB:.1f} GiB" if budget.draft else ""  # none when no draft is planned
+            cause = (f"too little memory on {where}: weights {budget.weights / GiB:.1f} GiB{draft} + runtime "
+                     f"{(budget.overhead + budget.cuda_graphs) / GiB:.1f} GiB (of {budget.usable / GiB:.1f} GiB usable) "
+                     f"leave no room for a {MIN_MODEL_LEN}-token KV cache ({needed / GiB:.1f} GiB before KV)")
+            fix = "use more or larger GPUs (a higher TP size)" + (
+                ", or turn off speculative decoding (qwen27b_speculative=False)" if draft else "")
         raise PlanRefused(cause, fix)
     config, budget = chosen
 
@@ -419,15 +422,18 @@ def plan_serve(inp: ServeInputs) -> ServePlan:
 
     add("--max-model-len", config["max_len"],
         sized("max_len", f"KV room holds {budget.kv_tokens:,} tokens per {'GPU' if inp.gpus else 'host'}"))
+    full = (f"every sequence planned at full context: {start['seqs']} x {config['max_len']:,} tokens of KV, "
+            f"{budget.kv_tokens:,} fit; " if config["seqs"] < start["seqs"] and "seqs" not in pinned
+            and start["seqs"] * config["max_len"] > budget.kv_tokens else "")
     add("--max-num-seqs", config["seqs"],
-        sized("seqs", f"recurrent state {budget.recurrent_state / MiB:.0f} MiB for this many sequences"))
+        sized("seqs", f"{full}recurrent state {budget.recurrent_state / MiB:.0f} MiB for this many sequences"))
     add("--max-num-batched-tokens", config["batched"],
         sized("batched", f"activations {budget.activations / MiB:.0f} MiB"))
     if serve.get("attention_backend"):
         add("--attention-backend", serve["attention_backend"],
             f"the sm_70 build's attention kernels (also non-causal, as the DFlash draft needs) {cite('1cat-vllm')}")
     add("--kv-cache-dtype", *engine.kv_cache_dtype(inp.stack, inp.target, bool(inp.gpus)))
-    _profile_flags(serve, add, cite)
+    _profile_flags(serve, add, cite, inp.draft is not None and inp.speculation.method == "dflash2")
     if serve.get("quiet_endpoints"):
         add("--disable-access-log-for-endpoints", ",".join(serve["quiet_endpoints"]),
             f"no access-log line for a pool's probe each second or a scrape {cite(serve.get('quiet_endpoints_source'))}")
@@ -474,6 +480,11 @@ def plan_serve(inp: ServeInputs) -> ServePlan:
                      f"barrier and on shared cores wait for each other {cite(serve.get('omp_threads_source'))}")
     if inp.gpus:
         env.update(all_reduce.env)
+        cuda = inp.stack.profile.get("cuda") or {}
+        if cuda.get("needed_by_vllm"):  # the engine compiles at first use: with this toolkit, not /usr/local/cuda's
+            env["CUDA_HOME"] = f"/usr/local/cuda-{cuda['toolkit']}"
+            notes.append(f"CUDA_HOME={env['CUDA_HOME']}: the engine's kernels built at first use take this toolkit's "
+                         f"nvcc, never another one /usr/local/cuda may point at {cite(cuda.get('source'))}")
     switch = engine.quant_lm_head_switch(inp.stack) if spec.method == "dflash2" and inp.target.lm_head_quantized else None
     if switch and inp.draft is not None:
         env[switch["env"]] = str(switch["value"])
