@@ -78,7 +78,7 @@ def commands(plans, hosts=None) -> list[tuple[str, str, int, list[str]]]:
 
 
 def test_plans_are_there_to_check(plans):
-    planned = {"v100x4-2204-fresh", "v100x1-2004", "v100x4-converged", "a100x2-2204", "h200", "v100x1-open-loaded",
+    planned = {"v100x4-2204-fresh", "v100x1-2004", "v100x4-converged", "a100x2-2204", "h200", "h100", "v100x1-open-loaded",
                "v100x2-open-unloaded", "v100x2-r470", "v100x2-r470-held", "v100x2-mixed", "v100x2-mixed-32gb-only", "v100x4-pg500", "v100x4-newer-kernel", "v100x1-pg500", "v100x2-cuda-drivers",
                "v100x4-converged-8g", "v100x2-16gb",
                "cuda-repo", "pinned-wheel",
@@ -211,9 +211,8 @@ ROUTES = [
     pytest.param("apt", None, id="apt-packages-signed-repos"),
     pytest.param("uv-python", None, id="uv-managed-python"),
     pytest.param("pip-url", {"pinned-wheel"}, id="wheel-url-with-pinned-sha256"),
-    pytest.param("pip-url", None, id="wheel-url-with-the-stacks-default", marks=pytest.mark.xfail(strict=True, reason=(
-        "GAP (reported): stack.yaml has vllm.sha256: null for the 1Cat-vLLM wheel, so `pip install <url>` runs without "
-        "#sha256= (the plan warns; pin it with qwen27b_stack_overrides {'vllm': {'sha256': ...}})"))),
+    # the 1Cat-vLLM 1.5.1 wheel's sha256 is in stack.yaml (issue 49; from the vendor's runtimes.py, verified: false)
+    pytest.param("pip-url", None, id="wheel-url-with-the-stacks-default"),
     pytest.param("pip-index", None, id="pip-from-an-index", marks=pytest.mark.xfail(strict=True, reason=(
         "GAP (reported): torch from the PyTorch cu128 index, upstream vllm and PyPI's dflash install by name from an "
         "index, with TLS but without --require-hashes"))),
