@@ -61,9 +61,10 @@ def test_not_elf_and_truncated_are_refused():
         version_needs(BCRYPT_SO.read_bytes()[:200])
 
 
-def fake_wheel(tmp_path: Path, name: str = "1cat_vllm-1.5.0-cp312-cp312-linux_x86_64.whl") -> Path:
-    """A wheel holding real shared objects (bcrypt's needs GLIBC_2.34), a linker script and Python."""
-    wheel = tmp_path / name
+def fake_wheel(tmp_path: Path, name: str | None = None) -> Path:
+    """A wheel holding real shared objects (bcrypt's needs GLIBC_2.34), a linker script and Python;
+    named as the sm70 profile's wheel unless `name` says otherwise."""
+    wheel = tmp_path / (name or STACK["profiles"]["sm70"]["vllm"]["filename"])
     with zipfile.ZipFile(wheel, "w") as z:
         z.write(BCRYPT_SO, "vllm/_C.abi3.so")
         z.write(NUMPY_SO, "vllm.libs/libextra-1234abcd.so.1.0")
