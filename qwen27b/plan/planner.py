@@ -211,7 +211,12 @@ def _budget(inp: ServeInputs, tp: int, util: float, max_len: int, seqs: int, bat
     draft_split = 1 if inp.stack.build.get("draft_on_every_card") else tp  # 1Cat loads the drafter whole per card
     kv_per_token = inp.target.kv_bytes_per_token(tp, kvb)
     if use_draft:
-        kv_per_token += inp.draft.kv_bytes_per_token(draft_split, kvb)
+        # the draft's own KV dtype (speculative.kv_cache_dtype): `auto` is counted in the activation dtype,
+        # not the target's fp8: whether 1Cat keeps a draft's KV at fp8 is not published, and the larger
+        # figure cannot plan more sequences than the cards hold
+        draft_kv = ((inp.stack.draft or {}).get("speculative") or {}).get("kv_cache_dtype", "auto")
+        draft_kvb = DTYPE_BYTES[_act_dtype(inp)] if draft_kv == "auto" else DTYPE_BYTES.get(draft_kv, 2)
+        kv_per_token += inp.draft.kv_bytes_per_token(draft_split, draft_kvb)
     if method == "mtp" and inp.target.full_attention_layers:  # each MTP layer keeps its own attention KV
         kv_per_token += inp.target.mtp_layers * inp.target.kv_bytes_per_token(tp, kvb) // inp.target.full_attention_layers
     activations = int(batched * inp.target.intermediate_size * 2 * act_bytes / tp * serve.get("activation_factor", 2.0))
