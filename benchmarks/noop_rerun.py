@@ -27,13 +27,20 @@ to loopback), so no HTTP check is in these figures.
 Real hosts (b): `--real N` (N <= 3) boots N Debian 12 systemd test hosts (tests.support.testhosts,
 own profile, always torn down), serves the tiny SmolLM2 model from a loopback mirror reached
 through the hosts' proxy, deploys the CPU smoke profile once (timed: the first deploy), then
-times `--reruns K` no-op re-runs on the first 1, ..., N hosts, each checked to plan 0 changes.
-Needs root and the controller cache (`./run demo` or `python3 -m qwen27b.tools.cpu_smoke wheelhouse`
-and `... model` build it; this script builds what is missing).
+times `--reruns K` no-op re-runs on the first 1, ..., N hosts, each checked to plan 0 changes; each
+run's line names the check verify ran (issue 48: a run that changed nothing that serves checks
+liveness, a 1-token answer; the first deploy measured the figures). Needs root and the controller
+cache: $QWEN27B_CACHE, else ~/.cache/qwen27b (`./run demo` or `python3 -m qwen27b.tools.cpu_smoke
+wheelhouse` and `... model` build it; this script builds what is missing there, and hands
+QWEN27B_CACHE to every run):
+
+    sudo QWEN27B_CACHE=/path/to/cache .venv/bin/python benchmarks/noop_rerun.py --skip-fake --real 1 --reruns 5
 
 Every configuration also gets one extra, instrumented run (the same CLI in-process, with the
-connectors' run_shell_command and the verify check timed): remote commands per host, how many
-distinct, the time spent in them, in verify, and the slowest commands. The timed runs themselves
+connectors' run_shell_command, the verify check and its readiness-and-answer part timed): remote
+commands per host, how many distinct, the time spent in them, in verify, and the slowest commands.
+It must be the no-op run the timed ones are (exit 0, 0 changes): one that failed stops the script
+with its output instead of printing a table. The timed runs themselves
 are plain `python -m pyinfra` processes (whole process: interpreter start, imports, connect,
 facts, operations, disconnect). `--pyinfra-args` adds CLI options to every run (both kinds).
 A benchmark that prints tables, not a test. docs/deploy-bench.md has the measured tables.
@@ -83,7 +90,7 @@ def _shim(stats_path: str, pyinfra_args: list[str]) -> None:
     from pyinfra.connectors.ssh import SSHConnector
 
     hosts: dict[str, dict] = defaultdict(lambda: {"commands": 0, "remote_s": 0.0, "distinct": {}, "verify_s": 0.0,
-                                                  "calls": [], "by_command": {}})
+                                                  "answer_s": 0.0, "check": "-", "calls": [], "by_command": {}})
 
     def _reading_fact() -> str:
         """The fact class whose read runs this command ('-' for an operation's own command)."""
@@ -123,17 +130,27 @@ def _shim(stats_path: str, pyinfra_args: list[str]) -> None:
     wrap(SSHConnector)
     import roles.verify as verify_role
 
-    check = verify_role._check
+    check, serving = verify_role._check, verify_role.serving
 
-    def timed_check(*args, **kwargs):
-        from pyinfra import host
+    # `state` and `host` named, as roles/_common.check's wrapper names them: pyinfra's FunctionCommand hands
+    # them in only to a function whose signature has both (a bare *args got neither, and the check failed
+    # with a TypeError: the instrumented real-host runs crashed at verify)
+    def timed_check(state, host, *args, **kwargs):
         t0 = _time.perf_counter()
         try:
-            return check(*args, **kwargs)
+            return check(state, host, *args, **kwargs)
         finally:
             hosts[host.name]["verify_s"] += _time.perf_counter() - t0
 
-    verify_role._check = timed_check
+    def timed_serving(result, *args, **kwargs):  # readiness, /v1/models and the answer (figures or liveness)
+        t0 = _time.perf_counter()
+        try:
+            return serving(result, *args, **kwargs)
+        finally:
+            hosts[result.host]["answer_s"] += _time.perf_counter() - t0
+            hosts[result.host]["check"] = getattr(result, "check", "") or "figures"  # a tree before issue 48: figures
+
+    verify_role._check, verify_role.serving = timed_check, timed_serving
     from pyinfra_cli.main import main
 
     imported = _time.perf_counter()
@@ -145,7 +162,8 @@ def _shim(stats_path: str, pyinfra_args: list[str]) -> None:
             slowest = sorted(distinct.items(), key=lambda kv: -kv[1][1])[:5]
             repeated = sorted(((n, c) for c, (n, _) in distinct.items() if n > 1), reverse=True)[:6]
             out["hosts"][name] = {"commands": rec["commands"], "distinct": len(distinct), "remote_s": rec["remote_s"],
-                                  "verify_s": rec["verify_s"], "call_median_s": statistics.median(rec["calls"]),
+                                  "verify_s": rec["verify_s"], "answer_s": rec["answer_s"], "check": rec["check"],
+                                  "call_median_s": statistics.median(rec["calls"]),
                                   "call_min_s": min(rec["calls"]),
                                   "slowest": [(c, n, round(t, 3)) for c, (n, t) in slowest],
                                   "repeated": [(c, n) for n, c in repeated], "by_command": rec["by_command"]}
@@ -158,7 +176,9 @@ def _shim(stats_path: str, pyinfra_args: list[str]) -> None:
 
 # --------------------------------------------------------------------------- helpers
 def clean_env(root: Path = ROOT, **extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "SSL_CERT_FILE", "TERM")}
+    """The runs' environment: this one's basics and QWEN27B_CACHE (the controller cache the deploy pushes
+    the wheelhouse and the model from, as --real built or found it), nothing else of the caller's."""
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "SSL_CERT_FILE", "TERM", "QWEN27B_CACHE")}
     env.setdefault("LANG", "C.UTF-8")
     env.update(PYTHONPATH=str(root), PYTHONUNBUFFERED="1", **extra)
     return env
@@ -181,13 +201,27 @@ def _child_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def instrumented(inventory: Path, env: dict, work: Path, tag: str, timeout: float = 900, root: Path = ROOT) -> dict:
+def instrumented(inventory: Path, env: dict, work: Path, tag: str, n: int, timeout: float = 900,
+                 root: Path = ROOT) -> dict:
+    """One instrumented run's stats; a run that is not the no-op run it should be (it failed, e.g. at
+    verify, or changed a host) stops the benchmark with its output: no table is printed from it."""
     stats = work / f"stats-{tag}.json"
+    log = work / f"instrumented-{tag}.log"
     argv = [sys.executable, str(Path(__file__).resolve()), "_shim", str(stats), *EXTRA_ARGS, str(inventory), "deploy.py",
             "-y"]
-    with open(work / f"instrumented-{tag}.log", "w") as out:
-        subprocess.run(argv, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
+    with open(log, "w") as out:
+        rc = subprocess.run(argv, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout).returncode
+    check_noop(rc, log.read_text(errors="replace"), n, f"instrumented run {tag}")
     return json.loads(stats.read_text()) if stats.exists() else {}
+
+
+def checks_ran(out: str) -> str:
+    """Which check verify ran on each host, from the run summary's detail (issue 48): liveness or
+    figures, '-' where the summary names neither (a tree before issue 48 measured the figures on every run)."""
+    summary = out.rsplit("--> qwen27b run summary:", 1)[-1].split("\n\n", 1)[0].splitlines()[3:]
+    kinds = ["liveness" if " liveness check " in f" {line} " else "figures" if "figures measured" in line else "-"
+             for line in summary if line.strip()]
+    return ", ".join(sorted(set(kinds))) or "-"
 
 
 def only_unverified(out: str) -> bool:
@@ -211,8 +245,9 @@ def summarise(stats: dict) -> dict:
         return {}
     mean = lambda key: statistics.mean(h[key] for h in hosts)  # noqa: E731
     return {"commands": mean("commands"), "distinct": mean("distinct"), "remote_s": mean("remote_s"),
-            "verify_s": mean("verify_s"), "call_median_s": mean("call_median_s"), "call_min_s": mean("call_min_s"),
-            "startup_s": stats["startup_s"], "example": hosts[0]}
+            "verify_s": mean("verify_s"), "answer_s": mean("answer_s"), "check": ", ".join(sorted({h["check"] for h in hosts})),
+            "call_median_s": mean("call_median_s"), "call_min_s": mean("call_min_s"),
+            "startup_s": stats["startup_s"], "wall_s": stats["wall_s"], "example": hosts[0]}
 
 
 def loadavg() -> str:
@@ -226,15 +261,16 @@ def fmt_range(samples: list[float]) -> str:
 def print_breakdowns(rows: list[dict], title: str) -> None:
     print(f"\n{title}: one instrumented run per configuration (same CLI, in-process)")
     print("| configuration | run wall s | interpreter + imports s | remote commands / host (distinct) "
-          "| time in remote commands / host s | per command ms median (min) | verify / host s |")
-    print("|---|---|---|---|---|---|---|")
+          "| time in remote commands / host s | per command ms median (min) | verify / host s "
+          "| of which readiness + /v1/models + the answer s | verify's check |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         s = row.get("breakdown") or {}
         if not s:
             continue
         print(f"| {row['label']} | {row['instr_wall']:.2f} | {s['startup_s']:.2f} | {s['commands']:.0f} ({s['distinct']:.0f}) "
               f"| {s['remote_s']:.2f} | {s['call_median_s'] * 1000:.1f} ({s['call_min_s'] * 1000:.1f}) "
-              f"| {s['verify_s']:.2f} |")
+              f"| {s['verify_s']:.2f} | {s['answer_s']:.2f} | {s['check']} |")
     example = next((r["breakdown"]["example"] for r in rows if r.get("breakdown")), None)
     if example:
         print("\n  most repeated remote commands on one host (times per run):")
@@ -274,7 +310,7 @@ def fake_scale(sizes: list[int], repeats: int, latencies_ms: list[float], work: 
                           f"{cpu:.2f} s CPU", flush=True)
             for tag, tree in trees:
                 t0 = time.perf_counter()
-                stats = instrumented(inventory, envs[tag], work, f"{name}{tag.strip()}", root=tree)
+                stats = instrumented(inventory, envs[tag], work, f"{name}{tag.strip()}", n, root=tree)
                 rows.append({"n": n, "latency": latency, "tree": tag, "walls": timed[tag][0], "cpus": timed[tag][1],
                              "label": f"@fake N={n}, {latency:g} ms/cmd{tag}", "breakdown": summarise(stats),
                              "instr_wall": time.perf_counter() - t0})
@@ -310,7 +346,7 @@ def command_table(trees: list[Path], work: Path) -> None:
         env = clean_env(tree, NOOP_BENCH_N="1", NOOP_BENCH_DELAY_S="0", QWEN27B_REPORTS=str(work / "reports"))
         _, rc, out, _ = run_pyinfra(inventory, env, work / f"commands-{i}.log", root=tree)
         check_noop(rc, out, 1, f"{tree}")
-        stats = instrumented(inventory, env, work, f"commands-{i}", root=tree)
+        stats = instrumented(inventory, env, work, f"commands-{i}", 1, root=tree)
         by_command = next(iter(stats["hosts"].values()))["by_command"]
         runs.append({re.sub(r"pid=\d+ start=\d+", "pid=P start=S", c): e for c, e in by_command.items()})  # the lock's owner
     rows = sorted(set().union(*runs), key=lambda c: (-sum(sum(r.get(c, {}).get("stages", {}).values()) for r in runs), c))
@@ -411,11 +447,12 @@ def real_hosts(n: int, reruns: int, work: Path, base: Path | None = None) -> lis
                     check_noop(rc, out, k, f"real N={k}{tag}")
                     timed[tag][0].append(wall)
                     timed[tag][1].append(cpu)
-                    print(f"  real N={k}{tag} no-op re-run {repeat + 1}: {wall:.2f} s wall, {cpu:.2f} s CPU", flush=True)
+                    print(f"  real N={k}{tag} no-op re-run {repeat + 1}: {wall:.2f} s wall, {cpu:.2f} s CPU, "
+                          f"verify's check: {checks_ran(out)} (load {loadavg()})", flush=True)
             for tag, tree in trees:
                 env = {**clean_env(tree, QWEN27B_REPORTS=str(work / "reports")), "NOOP_BENCH_N": str(k)}
                 t0 = time.perf_counter()
-                stats = instrumented(inventory, env, work, f"real-{k}{tag.strip()}", root=tree)
+                stats = instrumented(inventory, env, work, f"real-{k}{tag.strip()}", k, root=tree)
                 rows.append({"n": k, "tree": tag, "walls": timed[tag][0], "cpus": timed[tag][1],
                              "first": first if k == n and not tag else None, "label": f"real N={k}{tag}",
                              "breakdown": summarise(stats), "instr_wall": time.perf_counter() - t0})
@@ -466,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["_shim"]:
         _shim(argv[1], argv[2:])
         return 0
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1,10,50", help="@fake host counts (default 1,10,50)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per @fake size (default 3)")
     parser.add_argument("--latency-ms", default="0",

@@ -122,14 +122,21 @@ def shell_word(settings: Settings, name: str) -> str:
     return url_word(settings, name) if url_has_password(url) else shlex.quote(url)
 
 
-def needs_restart(op) -> None:
-    """Remember an operation whose change means the service must restart (weights, release)."""
+def needs_restart(op, what: str = "the weights") -> None:
+    """Remember an operation whose change means the service must restart, and `what` it changes (the
+    weights, the model link, the on-host code): verify says so when it measures the figures again."""
     if op is not None:
-        runstate.current().restart_ops.setdefault(host.name, []).append(op)
+        runstate.current().restart_ops.setdefault(host.name, []).append((what, op))
+
+
+def restart_reasons() -> list[str]:
+    """What the operations whose change restarts the service change on this run, each named once (taken once)."""
+    changed = [what for what, op in runstate.current().restart_ops.pop(host.name, []) if op.will_change]
+    return list(dict.fromkeys(changed))
 
 
 def restart_needed() -> bool:
-    return any(op.will_change for op in runstate.current().restart_ops.pop(host.name, []))
+    return bool(restart_reasons())
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """CUDA toolkit from NVIDIA's repo (cuda-keyring, pinned toolkit, PATH file), only where the vLLM
-build needs a compiler; the V100 build ships its CUDA 12.8 runtime in its wheels and needs none.
+build needs a compiler (the V100 build 1Cat 1.5.1 does: its TileLang kernels are built at first use;
+the service's CUDA_HOME names the toolkit, planner.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,16 @@ from qwen27b.plan.lifecycle import APT_MIRROR_AUTH
 
 from ._common import fetch_prefix, note
 from ._common import apt_install, apt_lock_option
+
+
+CUDA_PROFILE = "/etc/profile.d/qwen27b-cuda.sh"
+
+
+def cuda_profile_script(cuda_entry: dict) -> str:
+    """The login shells' PATH file for the stack's toolkit."""
+    cuda_dir = shlex.quote(f"/usr/local/cuda-{cuda_entry['toolkit']}")  # allow-listed: digits and a dot
+    return (f"export PATH={cuda_dir}/bin:$PATH\n"
+            f"export LD_LIBRARY_PATH={cuda_dir}/lib64${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}\n")
 
 
 def cuda(decision: Decision) -> None:
@@ -51,8 +62,6 @@ def cuda(decision: Decision) -> None:
                      commands=[f"DEBIAN_FRONTEND=noninteractive apt-get -y {apt_lock_option()} install "
                                f"{shlex.quote('/tmp/' + keyring)}"])
     apt_install("CUDA toolkit", [cuda_entry["package"]])
-    cuda_dir = shlex.quote(f"/usr/local/cuda-{cuda_entry['toolkit']}")  # allow-listed: digits and a dot
-    files.put(name="CUDA on PATH for login shells", dest="/etc/profile.d/qwen27b-cuda.sh", mode="0644",
-              src=StringIO(f"export PATH={cuda_dir}/bin:$PATH\n"
-                           f"export LD_LIBRARY_PATH={cuda_dir}/lib64${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}\n"))
+    files.put(name="CUDA on PATH for login shells", dest=CUDA_PROFILE, mode="0644",
+              src=StringIO(cuda_profile_script(cuda_entry)))
 

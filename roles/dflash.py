@@ -25,7 +25,11 @@ def dflash(decision: Decision) -> None:
         note(f"dflash: skipped - {why}")
         return
     place(decision, decision.stack.draft, decision.draft_path, decision.settings.draft_local_dir)
-    note(f"dflash: --speculative-config {decision.serve.value('--speculative-config')}")
+    if decision.serve.has("--speculative-config"):
+        note(f"dflash: --speculative-config {decision.serve.value('--speculative-config')}")
+    else:  # the flags that verified were carried over (a retry fell back): the draft stays placed
+        note(f"dflash: draft placed, unused on this start: speculative {decision.serve.spec.method}, "
+             f"{decision.serve.spec.reason}")
     if decision.settings.dflash_cli:
         venv = release_venv(decision)
         if "dflash" not in (host.get_fact(VenvPackages, venv=venv) or {}):

@@ -53,7 +53,7 @@ def multinode(decision: Decision) -> None:
     if group.role == "head":
         # the service role restarts qwen27b.service, and with it this unit (PartOf=), when either changed
         for op in changed:
-            needs_restart(op)
+            needs_restart(op, "the Ray install or unit")
         if unit.will_change:
             systemd.daemon_reload(name="systemd daemon-reload (Ray unit changed)")
         return

@@ -29,7 +29,8 @@ from pyinfra.operations import server
 from qwen27b.controller import facts as F
 from qwen27b.controller import apikey, factcache, hostlock, oporder, progress
 from qwen27b.controller import reachrecord, runstate, runsummary
-from qwen27b.controller.artifacts import ArtifactError, fetch_python_build, python_builds, python_downloaded
+from qwen27b.controller.artifacts import (ArtifactError, fetch_python_build, python_builds, python_downloaded,
+                                         wheel_needs_cached)
 from qwen27b.plan.elfneeds import wheel_needs
 from qwen27b.plan.gate import (Decision, HostFacts, RefusedHost, binary_needs_check, host_fetches, mark_installed,
                              with_cached_python)
@@ -382,8 +383,9 @@ DRY_REACH_TIMEOUT_S = 5.0  # per HEAD request, as `qwen27b reach`'s default
 
 @functools.lru_cache(maxsize=8)
 def _wheel_needs(path: str, size: int, mtime_ns: int) -> dict:
-    """elfneeds.wheel_needs, once per wheel file (size and mtime in the key): not once per host."""
-    return wheel_needs(Path(path))
+    """elfneeds.wheel_needs, once per wheel file (size and mtime in the key): not once per host, and
+    kept in the controller cache, not once per run (artifacts.wheel_needs_cached)."""
+    return wheel_needs_cached(Path(path), wheel_needs)
 
 
 def check_wheel_binary(decision: Decision) -> None:

@@ -15,7 +15,6 @@ from io import StringIO
 
 from pyinfra import host
 from pyinfra.facts.files import Sha1File
-
 from pyinfra.operations import files, server, systemd
 
 from qwen27b.plan.gate import Decision
@@ -25,16 +24,15 @@ from qwen27b.plan.hostlayout import UNIT_DIR, HostLayout
 from qwen27b.controller import factcache, runstate
 from qwen27b.controller.host_facts import InstalledCopies, SecretFileState, Subdirectories, SymlinkTarget
 from qwen27b.controller.operations import secret_file, symlink_switch
+from qwen27b.controller.verifyplan import changed_names
 from qwen27b.controller.render import (HEALTH_HTTP_SERVICE, HEALTH_HTTP_SOCKET, HEALTH_TIMER, HEALTH_UNIT, INSTANCE_UNIT,
                                        RESTART_COMMAND, SERVICE_UNIT, copies_serving_files, copy_health_units,
                                        instance_files, instance_unit, layout, render_all, render_instances,
                                        serving_files)
-
 from qwen27b.plan.lifecycle import RECORD_NAME, Record, record_text, release_record_file
 
-from ._common import (ROLLBACK_DIR, api_key, note, prune_dirs, remember_kept, remember_previous, restart_needed,
-                      running_record)
-from ._common import engine_wheel, model_dir, release_dir, started
+from ._common import (ROLLBACK_DIR, api_key, engine_wheel, model_dir, note, prune_dirs, release_dir, remember_kept,
+                      remember_previous, restart_reasons, running_record, started)
 
 
 def _will_change(rendered: dict, targets) -> bool:
@@ -113,10 +111,11 @@ def service(decision: Decision) -> None:
                decision.settings.keep_releases)
     if any(op.will_change for op in written[1:1 + units]):
         systemd.daemon_reload(name="systemd daemon-reload (a unit file changed)")
-    # env, main unit, API key: the health units never restart vLLM
-    serving = [written[0], written[1]] + written[1 + units:]
-    started(SERVICE_UNIT, any(op.will_change for op in serving) or release.will_change or restart_needed(),
-            "config, release or weights changed", RESTART_COMMAND)
+    # env, main unit, API key, release, weights...: what serves (the health units never restart vLLM); verify's check
+    changes = changed_names([("the env file", written[0]), ("the unit (its flags)", written[1]), ("the release", release)]
+                            + [("the API key", op) for op in written[1 + units:]]) + restart_reasons()
+    runstate.current().serving_changes[host.name] = {SERVICE_UNIT: tuple(changes)}
+    started(SERVICE_UNIT, bool(changes), "config, release or weights changed", RESTART_COMMAND)
     systemd.service(name=f"{HEALTH_TIMER} enabled and running", service=HEALTH_TIMER, running=True, enabled=True)
     health_endpoint(dict(zip((template for template, _ in targets), written))["qwen27b-health-http.socket.j2"])
 
@@ -287,11 +286,13 @@ def service_copies(decision: Decision) -> None:
                decision.settings.keep_releases)
     if any(written[unit].will_change for unit in [INSTANCE_UNIT] + health):
         systemd.daemon_reload(name="systemd daemon-reload (a unit file changed)")
-    shared = written[INSTANCE_UNIT].will_change or release.will_change or restart_needed()
+    shared = changed_names([("the unit (its flags)", written[INSTANCE_UNIT]), ("the release", release)]) + restart_reasons()
     for instance, _ in decision.copies:
         unit = instance_unit(instance.name)
-        own = [written[f"{instance.name}.env"]] + ([written[instance.name]] if instance.name in keys else [])
-        started(unit, shared or any(op.will_change for op in own), "config, release or weights changed",
+        own = [("the copy's env file", written[f"{instance.name}.env"])] + ([("the API key", written[instance.name])]
+                                                                            if instance.name in keys else [])
+        changes = runstate.current().serving_changes.setdefault(host.name, {})[unit] = tuple(shared + changed_names(own))
+        started(unit, bool(changes), "config, release or weights changed",
                 f"systemctl stop {unit}; systemctl reset-failed {unit}; systemctl start --no-block {unit}")
         timer = copy_health_units(instance.name)[1]
         systemd.service(name=f"{timer} enabled and running", service=timer, running=True, enabled=True)

@@ -1,7 +1,9 @@
 """Verify, from the controller: wait for readiness (with progress), the served name in
 /v1/models, a streamed chat completion (TTFT, tokens/s) and, with DFlash2 on, the speculative
-acceptance rate (~0 is a known V100 failure, 1Cat-vLLM issue 478). A failure marks the host
-failed and attaches the unit's journal and the health status to the run report.
+acceptance rate (~0 is a known V100 failure, 1Cat-vLLM issue 478). A run that changed nothing that
+serves checks liveness instead (a 1-token answer, no figures: qwen27b/controller/verifyplan.py);
+the summary says which check ran. A failure marks the host failed and attaches the unit's journal
+and the health status to the run report.
 
 It runs on every deploy: it is a check, not a change (the plan counts it apart). A host that fails
 it after a deploy that replaced its release goes back to the kept one, a host serving copies as a
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import ipaddress
 import json
 import shlex
 import time
@@ -23,6 +24,8 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python
 
 from qwen27b.controller import progress, runstate, runsummary
+from qwen27b.controller.verifyplan import FIGURES, LIVENESS, Check, spec_judge, spec_probe, summary_detail, \
+    unverifiable, which_check
 from qwen27b.controller.remote import on_host
 from qwen27b.controller import postdeploy as V
 from qwen27b.onhost.contract import RESTART_LOOP_FINDING, UNIT_PROPERTIES, crash_loop
@@ -53,7 +56,9 @@ def finish_run(run: runstate.RunState, results: list[runsummary.Outcome], argv: 
 
 
 def verified(run: runstate.RunState) -> dict[str, tuple[str, str]]:
-    return {r.host: (r.status, r.reason) for r in run.results}
+    """Host -> (status, the summary's detail: for an ok row, which check ran)."""
+    return {r.host: (r.status, summary_detail(r.status, r.reason, r.check, r.changed, r.ttft_s, r.decode_tok_s))
+            for r in run.results}
 
 
 def _remote(command: str) -> list[str]:
@@ -112,10 +117,12 @@ def _load_tick(name: str, unit: str = SERVICE_UNIT):
 
 
 def serving(result: V.HostResult, key: str | None, say, unit_state, start_timeout_s: int, speculative: bool,
-            unit: str = SERVICE_UNIT, judge=None, watch=None, probe: dict | None = None) -> retry.Failure | None:
+            unit: str = SERVICE_UNIT, judge=None, watch=None, probe: dict | None = None,
+            check: Check = Check(FIGURES)) -> retry.Failure | None:
     """Ready at result.url, result.served_name listed, one streamed completion, with speculative
     decoding the acceptance: fills result, raises VerifyFailed. (The rollback deploy verifies the
-    release it switched to with this too.) `judge(before, after)` (the /metrics texts around the
+    release it switched to with this too.) `check` LIVENESS (nothing that serves changed): a 1-token
+    answer instead of the completion and acceptance. `judge(before, after)` (the /metrics texts around the
     completion) -> (the next SpecChoice or None, engine.Verdict): the stack's floors, reported; a
     method below its floor is returned as the retry.Failure a restart on the next method fixes.
     `watch`: the start-up watchdog (wait_ready). `probe`: the method's own measuring completion (stack
@@ -137,6 +144,10 @@ def serving(result: V.HostResult, key: str | None, say, unit_state, start_timeou
             result.died_at_start = ""  # not a fluke (a crash loop, named by the report's reason) or no death
             raise
     V.check_models(base, result.served_name, key)
+    result.check, result.changed = check.kind, None if check.changed is None else list(check.changed)
+    if check.kind == LIVENESS:
+        result.completion_tokens = V.answer_one_token(base, result.served_name, key)
+        return None
     before = V.scrape(base, key) if speculative else None
     chat = V.chat_stream(base, result.served_name, key)
     result.ttft_s, result.decode_tok_s = chat["ttft_s"], chat["decode_tok_s"]
@@ -162,28 +173,6 @@ def serving(result: V.HostResult, key: str | None, say, unit_state, start_timeou
     if slow is not None:
         say(f"speculation below the stack's floor: {switch}")
     return slow
-
-
-def spec_judge(decision: Decision, tried: list[str] | tuple = ()):
-    """The fallback decision (plan/engine.py fallback) for this host's method, as verify's judge.
-    `tried`: the methods this deploy already dropped."""
-    spec = decision.serve.spec
-    if not spec.on:
-        return None
-    from qwen27b.plan import engine
-    from qwen27b.plan.checkpoint import load_shape
-    from qwen27b.plan.stack import checkpoint_metadata_dir
-    target = load_shape(checkpoint_metadata_dir(decision.stack.model))
-    serve = decision.serve
-    tp = int(serve.value("--tensor-parallel-size")) if serve.has("--tensor-parallel-size") else 1
-    max_len = int(serve.value("--max-model-len"))
-    return functools.partial(engine.fallback, decision.stack, target, spec, list(tried), tp, max_len)
-
-
-def spec_probe(decision: Decision) -> dict | None:
-    """The stack's measuring completion for this host's method (speculative.<method>.probe), if any."""
-    spec = decision.serve.spec
-    return (decision.stack.speculative.get(spec.method) or {}).get("probe") if spec.on else None
 
 
 def _unit_properties(unit: str = SERVICE_UNIT) -> dict:
@@ -279,10 +268,11 @@ def _copy_row(decision: Decision, copy: Decision) -> V.HostResult:
     return row
 
 
-def _serve_copy(result: V.HostResult, name: str, copy: Decision, reach: Record | None = None) -> None:
+def _serve_copy(result: V.HostResult, name: str, copy: Decision, reach: Record | None = None,
+                check: Check = Check(FIGURES)) -> None:
     """serving() on one copy: its unit, URL and own key; raises VerifyFailed. `reach`: after a
     rollback, the restored release's record (address, served name, time-out, speculation; the port
-    stays the copy's)."""
+    stays the copy's). `check`: the copy's (which_check)."""
     for measured in ("ready_s", "ttft_s", "decode_tok_s", "completion_tokens", "acceptance"):
         setattr(result, measured, None)  # a row verified again (after a rollback) shows that start's numbers
     unit = instance_unit(name)
@@ -290,7 +280,15 @@ def _serve_copy(result: V.HostResult, name: str, copy: Decision, reach: Record |
     if reach is not None:
         result.url, result.served_name = copy_url(reach.url, copy.serve.value("--port")), reach.served_name
         timeout, speculative = reach.start_timeout_s, reach.speculative
-    serving(result, api_key(copy), say, functools.partial(unit_state, unit), timeout, speculative, unit=unit)
+    serving(result, api_key(copy), say, functools.partial(unit_state, unit), timeout, speculative, unit=unit,
+            check=check)
+
+
+def _answered(result: V.HostResult) -> str:
+    """What verify's line says the check found: the figures, or the liveness answer."""
+    if result.check == LIVENESS:
+        return "liveness: /health, /v1/models and a 1-token answer (nothing that serves changed: no new figures)"
+    return f"TTFT {result.ttft_s * 1000:.0f} ms, {result.decode_tok_s or 0:.1f} tok/s"
 
 
 def _copy_failed(result: V.HostResult, decision: Decision, name: str, failure: V.VerifyFailed) -> None:
@@ -307,7 +305,7 @@ def _copy_failed(result: V.HostResult, decision: Decision, name: str, failure: V
 
 
 @check
-def _check_copies(decision: Decision, previous: list[SwitchedLink | KeptFiles]) -> None:
+def _check_copies(decision: Decision, previous: list[SwitchedLink | KeptFiles], checks: dict | None = None) -> None:
     """Each copy (qwen27b_instances) at its own URL with its own key, one report row each. The copies
     share one release, so a copy that fails after a deploy that replaced something rolls the whole
     host back, as one service is (the swap `qwen27b rollback` makes): the kept env files, template
@@ -317,13 +315,12 @@ def _check_copies(decision: Decision, previous: list[SwitchedLink | KeptFiles]) 
     for instance, copy in decision.copies:
         result = rows[instance.name] = _copy_row(decision, copy)
         try:
-            _serve_copy(result, instance.name, copy)
+            _serve_copy(result, instance.name, copy, check=(checks or {}).get(instance.name, Check(FIGURES)))
         except V.VerifyFailed as failure:
             _copy_failed(result, decision, instance.name, failure)
             break
         result.status = "ok"
-        say(f"copy {instance.name} verified at {result.url}: TTFT {result.ttft_s * 1000:.0f} ms, "
-            f"{result.decode_tok_s or 0:.1f} tok/s")
+        say(f"copy {instance.name} verified at {result.url}: {_answered(result)}")
     else:
         _remote(f"rm -rf {ROLLBACK_DIR}.prev")  # every copy verified: the release this one replaced is the rollback target
         return
@@ -459,9 +456,11 @@ def record_attempts(decision: Decision, attempts: list[retry.Attempt]) -> None:
     on_host(host, f"cat > {path}.retry && mv -f {path}.retry {path}", _stdin=record_text(record))
 
 
-def _starts(result: V.HostResult, key: str | None, decision: Decision) -> tuple[Decision, V.VerifyFailed | None]:
+def _starts(result: V.HostResult, key: str | None, decision: Decision,
+            check: Check = Check(FIGURES)) -> tuple[Decision, V.VerifyFailed | None]:
     """Verify, and after a failure a changed flag fixes (plan/retry.py), restart with it and verify
     again, at most the stack's retry.max_attempts starts. Every start goes into result.attempts.
+    `check`: the first start's (which_check); a restart with changed flags measures the figures.
     Returns the decision the host runs now and the last start's failure (None: verified)."""
     attempts, tried, current = [], [], decision
     while True:
@@ -469,7 +468,7 @@ def _starts(result: V.HostResult, key: str | None, decision: Decision) -> tuple[
         try:
             slow = serving(result, key, say, unit_state, current.stack.profile["serve"]["start_timeout_s"],
                            current.serve.has("--speculative-config"), judge=spec_judge(current, tried),
-                           watch=watchdog(current), probe=spec_probe(current))
+                           watch=watchdog(current), probe=spec_probe(current), check=check)
         except V.VerifyFailed as error:
             failure, slow = error, error.retry
             if slow is not None and slow.kind == retry.STALLED:
@@ -495,7 +494,7 @@ def _starts(result: V.HostResult, key: str | None, decision: Decision) -> tuple[
             break
         for name in ("ready_s", "ttft_s", "decode_tok_s", "completion_tokens", "acceptance"):
             setattr(result, name, None)
-        result.speculation = ""
+        result.speculation, check = "", Check(FIGURES, ("the unit's flags (a retry)",))
     if len(attempts) > 1:
         result.attempts = [a.as_json() for a in attempts]
         if failure is None:
@@ -506,7 +505,7 @@ def _starts(result: V.HostResult, key: str | None, decision: Decision) -> tuple[
 
 
 @check
-def _check(decision: Decision, previous: list[SwitchedLink | KeptFiles]) -> None:
+def _check(decision: Decision, previous: list[SwitchedLink | KeptFiles], check: Check = Check(FIGURES)) -> None:
     serve, model = decision.serve, decision.stack.model
     base = http_base(serve.value('--host'), serve.value('--port'))
     result = V.HostResult(host.name, model=model["id"], revision=model["revision"],
@@ -514,9 +513,9 @@ def _check(decision: Decision, previous: list[SwitchedLink | KeptFiles]) -> None
     runstate.current().results.append(result)
     key = api_key(decision)
 
-    current, failure = _starts(result, key, decision)
+    current, failure = _starts(result, key, decision, check)
     if failure is None:
-        say(f"verified: TTFT {result.ttft_s * 1000:.0f} ms, {result.decode_tok_s or 0:.1f} tok/s")
+        say(f"verified: {_answered(result)}")
         try:
             regressed = judge_release(result, key, current, previous)
         except V.VerifyFailed as error:
@@ -552,25 +551,20 @@ def _check(decision: Decision, previous: list[SwitchedLink | KeptFiles]) -> None
     raise OperationError(f"verify failed, the previous release was restored and verified: {result.reason}")
 
 
-def unverifiable(decision: Decision) -> str | None:
-    """Why verify cannot run from the controller (the service listens on loopback only), or None."""
-    address = decision.serve.value("--host")
-    if not ipaddress.ip_address(address).is_loopback:
-        return None
-    return (f"not verified: the service listens on {address} only, which the controller cannot reach; set "
-            "qwen27b_bind_address to an address the controller reaches")
-
-
 def _unverified(state, host, reason: str) -> bool:
     """Fail the host with the reason (a False status: pyinfra adds no traceback, as it does for a raise)."""
     click.echo(f"    [{host.name}] {reason}", err=True)
     return False
 
 
+VERIFY_OP = "verify: readiness, /v1/models, an answer (the figures after a change to what serves, else liveness)"
+
+
 def verify(decision: Decision) -> None:
     """Queue the verify check. A service the controller cannot reach still gets the operation: it
     fails the host with the reason, so the run exits non-zero and its summary says `unverified`
-    (an endpoint nobody checked is never reported ok)."""
+    (an endpoint nobody checked is never reported ok). Which check runs (verifyplan.which_check) is
+    decided here, from what the service role saw change, and said in the host's plan."""
     if decision.group is not None and decision.group.role == "worker":
         note(f"verify: the worker of serving group '{decision.group.name}' is verified through its head "
              f"({decision.group.head_address}): the API answers only once every stage is up")
@@ -579,20 +573,23 @@ def verify(decision: Decision) -> None:
     if reason:
         note(f"verify: {reason}", always=True)
         runstate.current().unverified[host.name] = reason
-        python.call(name="verify: readiness, /v1/models, streamed completion, acceptance", function=_unverified,
-                    reason=reason)
+        python.call(name=VERIFY_OP, function=_unverified, reason=reason)
         return
+    changes = runstate.current().serving_changes.get(host.name, {})
     if decision.copies:
+        checks = {i.name: which_check(changes.get(instance_unit(i.name))) for i, _ in decision.copies}
+        for name, check in checks.items():
+            note(check.plan_line().replace("verify: ", f"verify: copy {name}: ", 1))
         # one name on every host: pyinfra merges the names an operation has on different hosts (one with
         # copies a and b beside one with a only printed both); the report names each copy's row
-        check = python.call(name="verify: each copy at its own URL with its own key: readiness, "
-                            "/v1/models, streamed completion, acceptance", function=_check_copies, decision=decision,
-                            previous=previous_links())
-        progress.watch_self(check, host)
+        op = python.call(name=f"verify: each copy at its own URL with its own key: {VERIFY_OP[len('verify: '):]}",
+                         function=_check_copies, decision=decision, previous=previous_links(), checks=checks)
+        progress.watch_self(op, host)
         return
     if decision.group is None:
         for line in retry.plan_notes(decision.stack, decision.serve):
             note(line)
-    check = python.call(name="verify: readiness, /v1/models, streamed completion, acceptance", function=_check,
-                        decision=decision, previous=previous_links())
-    progress.watch_self(check, host)
+    check = which_check(changes.get(SERVICE_UNIT))
+    note(check.plan_line())
+    op = python.call(name=VERIFY_OP, function=_check, decision=decision, previous=previous_links(), check=check)
+    progress.watch_self(op, host)

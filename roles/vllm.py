@@ -169,7 +169,7 @@ def install_onhost(venv: str) -> None:
     changed package restarts the service."""
     needs_restart(push_files(name="on-host code (health check, route guard, fetch, seed)", src_dir=str(ONHOST_SOURCE),
                              dest_dir=f"{lib_dir(venv)}/{PACKAGE}", manifest=source_manifest(ONHOST_SOURCE),
-                             remove_extra=True))
+                             remove_extra=True), "the on-host code")
     files.put(name="qwen27b-health command", src=StringIO(wrapper_script(venv)), dest=f"{venv}/bin/qwen27b-health",
               mode="0755")
 

@@ -404,7 +404,8 @@ def place(decision: Decision, entry: dict, link: str, local_dir: str | None) -> 
     previous = host.get_fact(SymlinkTarget, path=link)
     if previous != target:
         remember_previous(link, previous)
-    needs_restart(symlink_switch(name=f"switch {link.rsplit('/', 1)[-1]} symlink", link=link, target=target))
+    needs_restart(symlink_switch(name=f"switch {link.rsplit('/', 1)[-1]} symlink", link=link, target=target),
+                  "the model link")
     _prune(decision, entry, target, previous)
 
 

@@ -31,6 +31,7 @@ FAST_MODULES = {
     "test_planner", "test_checkpoint", "test_instances", "test_multinode",  # the planner
     "test_templates", "test_templates_multinode",  # templates
     "test_run_script", "test_lab_inventory",  # ./run demo/up/down (issue 48)
+    "test_verify_check",  # which check verify runs (the figures or liveness), pure
 }
 
 # `./run tests` runs the unit tier as two processes side by side, one per core (issue 31): the tests

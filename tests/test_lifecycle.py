@@ -377,8 +377,10 @@ def test_the_record_a_v100_deploy_writes_names_release_model_and_draft():
     decision = decide("gpu-a", recorded_facts("v100x4-converged"), load_stack(), settings_for("gpu-a", {"ssh_hostname": "10.0.0.5"}),
                       bind_address="10.0.0.5")
     record = release_record(decision)
-    assert set(record.links) == {REL, MODEL}  # MTP (the sm70 default): the checkpoint's own layer, no draft link
-    assert record.links[MODEL] == f"{PATHS['models']}/RadixArk--Qwen3.8-27B-NVFP4@main"
+    draft = f"{PATHS['models']}/draft"  # the DFlash2 draft of the vendor's profile (issue 49): its own link
+    assert set(record.links) == {REL, MODEL, draft}
+    assert record.links[MODEL] == f"{PATHS['models']}/QUASAR-QAT--Qwen3.8-27B-QUASAR-NVFP4@main"
+    assert record.links[draft] == f"{PATHS['models']}/incoai--Qwen3.8-27B-DFlash2@dedf8df68adfb1afeaf7b7480c0a0243108177b4"
     assert (record.url, record.served_name, record.speculative) == ("http://10.0.0.5:8000", "qwen3.8-27b", True)
     assert parse_record(json.loads(record_text(record))) == record
 

@@ -33,6 +33,16 @@ DEPLOYED = ["path root:root /opt/qwen27b", "path root:root /etc/qwen27b", "path 
             "unit qwen27b-firewall.service inactive", "user qwen27b", "group qwen27b"]
 
 
+def converged_inventory(answers: dict) -> str:
+    """An inventory of the converged recorded host whose host_facts (by class name) answer `answers` first."""
+    return ("from inventory.recorded import _fake\n"
+            "from qwen27b.controller import host_facts\n"
+            "from tests.support.recorded import fake_match\n"
+            "_name, _data = _fake('v100x4-converged', ssh_hostname='10.0.0.5')\n"
+            f"_data['fake_responses'] = {{fake_match(getattr(host_facts, k)): v for k, v in {answers!r}.items()}} | _data['fake_responses']\n"
+            "hosts = [(_name, _data)]\n")
+
+
 def plan(tmp_path, deploy_file: str, records: dict | None = None, deployed: list[str] | None = None, *data: str):
     """(exit code, the host's plan block and the run summary) of `pyinfra INV FILE --dry` on the converged host."""
     inventory = tmp_path / "inv.py"
@@ -41,13 +51,7 @@ def plan(tmp_path, deploy_file: str, records: dict | None = None, deployed: list
         answers["ReleaseRecords"] = [json.dumps(records)]
     if deployed is not None:
         answers["DeployedState"] = deployed
-    inventory.write_text(
-        "from inventory.recorded import _fake\n"
-        "from qwen27b.controller import host_facts\n"
-        "from tests.support.recorded import fake_match\n"
-        "_name, _data = _fake('v100x4-converged', ssh_hostname='10.0.0.5')\n"
-        f"_data['fake_responses'] = {{fake_match(getattr(host_facts, k)): v for k, v in {answers!r}.items()}} | _data['fake_responses']\n"
-        "hosts = [(_name, _data)]\n")
+    inventory.write_text(converged_inventory(answers))
     extra = [part for item in data for part in ("--data", item)]
     result = run_pyinfra(str(inventory), deploy_file, "--dry", "-y", *extra, QWEN27B_REPORTS=str(tmp_path / "reports"))
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
@@ -162,13 +166,7 @@ def test_uninstall_of_a_gateways_backend_says_what_the_gateway_keeps(tmp_path):
     key.chmod(0o600)
     inventory = tmp_path / "inv.py"
     answers = {"DeployedState": DEPLOYED}
-    inventory.write_text(
-        "from inventory.recorded import _fake\n"
-        "from qwen27b.controller import host_facts\n"
-        "from tests.support.recorded import fake_match\n"
-        "_name, _data = _fake('v100x4-converged', ssh_hostname='10.0.0.5')\n"
-        f"_data['fake_responses'] = {{fake_match(getattr(host_facts, k)): v for k, v in {answers!r}.items()}} | _data['fake_responses']\n"
-        "hosts = [(_name, _data)]\n"
+    inventory.write_text(converged_inventory(answers) +
         f"qwen27b_gateway = [('@fake/gw', {{'ssh_hostname': '10.0.0.9', 'qwen27b_gateway_key_files': [{str(key)!r}]}})]\n")
     result = run_pyinfra(str(inventory), "uninstall.py", "--dry", "-y", "--limit", HOST,
                          QWEN27B_REPORTS=str(tmp_path / "reports"))

@@ -35,7 +35,7 @@ def test_the_layout_is_what_the_hosts_fetch(tmp_path, capsys):
     assert rc == 0, out
     entry = resolve_stack(load_stack(), "sm70", {"model_revision": "abc123"}).model
     name = revision_dir_name(entry)
-    assert name == "RadixArk--Qwen3.8-27B-NVFP4@abc123" and (dest / name / "manifest.json").is_file()
+    assert name == "QUASAR-QAT--Qwen3.8-27B-QUASAR-NVFP4@abc123" and (dest / name / "manifest.json").is_file()
     assert (dest / "python" / "20251014" / archive.name).read_bytes() == b"tarball"
     assert "qwen27b_model_mirror: http://MIRROR:PORT" in out and "qwen27b_wheel_mirror: http://MIRROR:PORT/wheels/" in out
 

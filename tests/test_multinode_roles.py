@@ -56,7 +56,7 @@ def test_fresh_worker_gets_ray_its_env_and_a_running_ray_worker_but_no_api(plann
     data, decisions = members("v100x2-16gb")
     ops = plan(planner, "v100x2-16gb", data["worker"], decisions["worker"])
     assert ops["Ray into the release venv (vLLM's executor across hosts)"] == [
-        "/opt/qwen27b/releases/bc7b88da5403/venv/bin/python -m pip install 'ray[cgraph]>=2.48'"]
+        "/opt/qwen27b/releases/cc145ac8918e/venv/bin/python -m pip install 'ray[cgraph]>=2.48'"]
     assert f"render {UNIT_FILE}" in ops and "render /etc/qwen27b/qwen27b.env" in ops
     assert ops[f"restart {RAY_UNIT} (the Ray worker: config, release or weights changed)"] == [
         f"systemctl restart --no-block {RAY_UNIT}"]

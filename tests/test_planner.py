@@ -18,10 +18,18 @@ def v100s(n, gb=32):
     return [Gpu(i, name, gpu_spec(STACK, name=name)["memory_mib"], "7.0") for i in range(n)]
 
 
+# The memory mechanics below were written against these serve values (fp16 KV, an 8k context, a 0.88
+# cap); they keep them, so each figure stays a hand-checkable one. The vendor's release profile, the
+# sm70 default since issue 49, is planned by test_the_vendors_release_profile_* below.
+MECHANICS = {"serve": {"kv_cache_dtype": "float16", "max_model_len": 8192, "gpu_memory_utilization": 0.88}}
+
+
 def inputs(profile="sm70", gpus=None, pins=None, speculative=True, prefix=True, overrides=None, ram=None,
            model="qwen3.8-27b-nvfp4"):
     """The memory tests plan the ModelOpt checkpoint with its DFlash2 draft (a ServeInputs without
     `spec`); the sm70 default checkpoint and the method choice are tested in test_engine.py."""
+    if profile == "sm70" and overrides is None:
+        overrides = MECHANICS
     rs = resolve_stack(STACK, profile, overrides, model=None if profile == "cpu-smoke" else model)
     target = load_shape(checkpoint_metadata_dir(rs.model))
     draft = load_shape(checkpoint_metadata_dir(rs.draft)) if rs.draft and speculative else None
@@ -40,15 +48,41 @@ def test_4x_v100_32gb_uses_tp4_and_the_stack_defaults():
     assert (plan.value("--max-model-len"), plan.value("--max-num-seqs"), plan.value("--max-num-batched-tokens")) == ("8192", "4", "8192")
     spec = json.loads(plan.value("--speculative-config"))
     assert spec == {"method": "dflash", "model": "/var/lib/qwen27b/models/draft", "num_speculative_tokens": 7,
-                    "draft_sample_method": "probabilistic", "kv_cache_dtype": "auto"}
+                    "draft_sample_method": "probabilistic", "kv_cache_dtype": "auto", "attention_backend": "FLASH_ATTN_V100"}
     assert json.loads(plan.value("--limit-mm-per-prompt")) == {"image": 0, "video": 0}
     assert plan.value("--mamba-cache-mode") == "align" and plan.has("--enable-prefix-caching")
     m = plan.memory
     assert m.weights == round(20.4 * GiB) // 4
-    assert m.kv_bytes_per_token == 16 * 1024 + 5 * 1 * 256 * 2 * 2  # target full-attn + draft layers, per GPU
-    assert m.kv_tokens > 500_000
+    # the target's full-attention KV split by TP, the draft's whole: 1Cat loads the drafter on every card
+    assert m.kv_bytes_per_token == 16 * 1024 + 5 * 4 * 256 * 2 * 2
+    assert m.draft == plan_serve(inputs(gpus=v100s(1))).memory.draft == 3_848_817_896
+    assert m.kv_tokens > 450_000
     assert all(f.reason for f in plan.flags), "every flag says why"
     assert "--api-key" not in plan.argv()
+
+
+def test_the_vendors_release_profile_on_4x_v100_32gb():
+    """Issue 49: the sm70 default as 1Cat's release profile has it; the one knob our KV rule moves
+    (every admitted sequence at the full context: 4 x 262,144 tokens do not fit) is lowered and says so."""
+    rs = resolve_stack(STACK, "sm70")
+    target, draft = load_shape(checkpoint_metadata_dir(rs.model)), load_shape(checkpoint_metadata_dir(rs.draft))
+    plan = plan_serve(ServeInputs(stack=rs, gpus=v100s(4), target=target, draft=draft, model_path="/m", draft_path="/d",
+                                  served_name="qwen3.8-27b", bind_address="10.0.0.5", bind_reason="test", port=8000,
+                                  speculative=True, prefix_caching=True, pins={}))
+    values = {f: plan.value(f) for f in ("--tensor-parallel-size", "--dtype", "--kv-cache-dtype", "--max-model-len",
+                                         "--gpu-memory-utilization", "--max-num-batched-tokens", "--block-size",
+                                         "--mamba-block-size", "--default-chat-template-kwargs")}
+    assert values == {"--tensor-parallel-size": "4", "--dtype": "float16", "--kv-cache-dtype": "fp8_e5m2",
+                      "--max-model-len": "262144", "--gpu-memory-utilization": "0.8", "--max-num-batched-tokens": "8192",
+                      "--block-size": "2048", "--mamba-block-size": "8192",
+                      "--default-chat-template-kwargs": '{"enable_thinking":false}'}
+    assert plan.has("--trust-remote-code") and plan.has("--mamba-cache-mode")
+    seqs = {f.name: f for f in plan.flags}["--max-num-seqs"]
+    assert seqs.value == "2" and seqs.reason.startswith("lowered from 4 to fit memory")
+    # the target's fp8 KV split by TP; the draft's whole, at fp16 (its `auto`: counted large)
+    assert plan.memory.kv_tokens >= 2 * 262144 and plan.memory.kv_bytes_per_token == 16 * 256 * 2 + 5 * 4 * 256 * 2 * 2
+    assert plan.memory.draft == draft.weight_bytes  # whole on every card
+    assert json.loads(plan.value("--speculative-config"))["attention_backend"] == "FLASH_ATTN_V100"
 
 
 def test_1x_v100_32gb_fits_at_the_default_length_with_a_small_kv():

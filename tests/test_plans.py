@@ -107,10 +107,13 @@ def test_plan_matches_golden(dry_run, host):
 
 def test_fresh_v100_plan_shows_the_volta_stack(dry_run):
     plan = re.sub(r" +", " ", host_plan(dry_run.stderr, "v100x4-2204-fresh"))  # column widths aside
-    for needle in ("nvidia-driver-580-server", "cuda-toolkit-12-8", "12.8", "python install 3.12",
-                   "1cat_vllm==1.5.0", "--dtype float16", "FLASH_ATTN_V100",
-                   '{"method":"mtp","num_speculative_tokens":7}', "--tensor-parallel-size 4",
-                   "--kv-cache-dtype float16", "KV capacity", "left for KV cache",
+    for needle in ("nvidia-driver-580-server", "cuda install cuda-toolkit-12-8", "TileLang", "python install 3.12",
+                   "1cat_vllm==1.5.1", "--dtype float16", "FLASH_ATTN_V100", "QUASAR-QAT/Qwen3.8-27B-QUASAR-NVFP4@main",
+                   '{"method":"dflash","model":"/var/lib/qwen27b/models/draft","num_speculative_tokens":7,',
+                   "incoai/Qwen3.8-27B-DFlash2@dedf8df68adfb1afeaf7b7480c0a0243108177b4",
+                   "--tensor-parallel-size 4", "--max-model-len 262144", "--gpu-memory-utilization 0.8",
+                   "--kv-cache-dtype fp8_e5m2", "--block-size 2048", "--mamba-block-size 8192",
+                   "KV capacity", "left for KV cache", "CUDA_HOME=/usr/local/cuda-12.8",
                    "--disable-custom-all-reduce (on) TP 4, GPU links not read"):
         assert needle in plan, needle
 
@@ -228,25 +231,29 @@ def converged_plan_with_dirs(tmp_path, directory: str, listing: list[str], recor
     return host_plan(result.stderr, "v100x4-converged")
 
 
+DRAFT_REVISION = "dedf8df68adfb1afeaf7b7480c0a0243108177b4"  # the vendor's release profile pins it
+CURRENT_RELEASE = "cc145ac8918e"  # v100x4-converged's release (its extra.yaml, tests/fixtures/hosts)
+
+
 def test_old_model_revisions_are_pruned_but_the_rollback_target_stays(tmp_path):
     """The converged host, recorded with three older revisions of its checkpoint on disk."""
     plan = converged_plan_with_dirs(tmp_path, "/var/lib/qwen27b/models", [
-        "1764000000 RadixArk--Qwen3.8-27B-NVFP4@zzzoldest", "1764000100 RadixArk--Qwen3.8-27B-NVFP4@aaaolder",
-        "1764000200 RadixArk--Qwen3.8-27B-NVFP4@0000newer", "1764000300 RadixArk--Qwen3.8-27B-NVFP4@main",
-        "1764000400 incoai--Qwen3.8-27B-DFlash2@main", "1764000500 unrelated@x"])
+        "1764000000 QUASAR-QAT--Qwen3.8-27B-QUASAR-NVFP4@zzzoldest", "1764000100 QUASAR-QAT--Qwen3.8-27B-QUASAR-NVFP4@aaaolder",
+        "1764000200 QUASAR-QAT--Qwen3.8-27B-QUASAR-NVFP4@0000newer", "1764000300 QUASAR-QAT--Qwen3.8-27B-QUASAR-NVFP4@main",
+        f"1764000400 incoai--Qwen3.8-27B-DFlash2@{DRAFT_REVISION}", "1764000500 unrelated@x"])
     prune = [line for line in plan.splitlines() if "$ rm -rf" in line]
     # nothing is replaced on this run: one old revision (the newest, 0000newer) stays for rollback
-    assert prune == ["            $ rm -rf -- /var/lib/qwen27b/models/RadixArk--Qwen3.8-27B-NVFP4@zzzoldest "
-                     "/var/lib/qwen27b/models/RadixArk--Qwen3.8-27B-NVFP4@aaaolder"], plan[-2500:]
+    assert prune == ["            $ rm -rf -- /var/lib/qwen27b/models/QUASAR-QAT--Qwen3.8-27B-QUASAR-NVFP4@zzzoldest "
+                     "/var/lib/qwen27b/models/QUASAR-QAT--Qwen3.8-27B-QUASAR-NVFP4@aaaolder"], plan[-2500:]
 
 
 def test_old_releases_are_pruned_never_the_current_nor_the_previous(tmp_path):
-    """The converged host (current release bc7b88da5403, nothing replaced on this run), recorded
+    """The converged host (current release CURRENT_RELEASE, nothing replaced on this run), recorded
     with three older release dirs: with qwen27b_keep_releases=1 the newest old one stays for a
     rollback, the two older go, oldest first; the current one never (stale_dirs below covers the
     previous one of an upgrade)."""
     plan = converged_plan_with_dirs(tmp_path, "/opt/qwen27b/releases", [
-        "1764000000 aaaa00000001", "1764000100 aaaa00000002", "1764000200 aaaa00000003", "1764000300 bc7b88da5403"])
+        "1764000000 aaaa00000001", "1764000100 aaaa00000002", "1764000200 aaaa00000003", f"1764000300 {CURRENT_RELEASE}"])
     prune = [line.strip() for line in plan.splitlines() if "$ rm -rf -- /opt/qwen27b/releases" in line]
     assert prune == ["$ rm -rf -- /opt/qwen27b/releases/aaaa00000001 /opt/qwen27b/releases/aaaa00000002"], plan[-3000:]
 
@@ -259,7 +266,7 @@ def test_the_release_kept_on_the_host_for_rollback_is_never_pruned(tmp_path):
     records = json.dumps({"current": None, "kept": ["qwen27b.env", "qwen27b.service", "release.json"], "missing": [],
                           "previous": {"links": {"/opt/qwen27b/current": "/opt/qwen27b/releases/aaaa00000001"}}})
     plan = converged_plan_with_dirs(tmp_path, "/opt/qwen27b/releases", [
-        "1764000000 aaaa00000001", "1764000100 aaaa00000002", "1764000200 aaaa00000003", "1764000300 bc7b88da5403"],
+        "1764000000 aaaa00000001", "1764000100 aaaa00000002", "1764000200 aaaa00000003", f"1764000300 {CURRENT_RELEASE}"],
         records)
     prune = [line.strip() for line in plan.splitlines() if "$ rm -rf -- /opt/qwen27b/releases" in line]
     assert prune == ["$ rm -rf -- /opt/qwen27b/releases/aaaa00000002 /opt/qwen27b/releases/aaaa00000003"], plan[-3000:]
@@ -343,8 +350,8 @@ def test_a_normal_run_prints_what_changes_and_v_the_whole_plan(dry_run):
     assert counted, converged
     every_op = re.findall(r"^   (?:CHANGE|ok    )  ", GOLDEN.joinpath("v100x4-converged.txt").read_text(), re.M)
     assert int(counted.group(1)) == len(every_op)  # the count is the -v plan's operations, none hidden
-    assert "WARNING: model RadixArk/Qwen3.8-27B-NVFP4 follows the moving branch 'main'" in converged
-    assert "WARNING: draft" not in converged  # MTP: no draft in use, none to pin
+    assert "WARNING: model QUASAR-QAT/Qwen3.8-27B-QUASAR-NVFP4 follows the moving branch 'main'" in converged
+    assert "WARNING: draft" not in converged  # the DFlash2 draft is pinned (the vendor's release profile)
     assert "verify: not verified: the service listens on 127.0.0.1 only" in converged  # a note for the reader
     fresh = host_plan(out, "v100x4-2204-fresh")
     assert "install  action" in fresh and "vllm serve flag" in fresh and "memory plan" in fresh

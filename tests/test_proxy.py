@@ -48,7 +48,8 @@ PLAIN = ("http_proxy=http://proxy.lab:3128 https_proxy=http://proxy.lab:3128 HTT
 @pytest.fixture(scope="module")
 def run():
     work = Path(tempfile.mkdtemp(prefix="qwen27b-proxy-"))
-    for name in ("RadixArk--Qwen3.8-27B-NVFP4@main", "incoai--Qwen3.8-27B-DFlash2@main"):  # the mirror's manifests
+    for name in ("QUASAR-QAT--Qwen3.8-27B-QUASAR-NVFP4@main",  # the mirror's manifests (the sm70 default, issue 49)
+                 "incoai--Qwen3.8-27B-DFlash2@dedf8df68adfb1afeaf7b7480c0a0243108177b4"):
         (work / "mirror" / name).mkdir(parents=True)
         (work / "mirror" / name / "model.safetensors").write_bytes(b"w" * 1000)
         dir_manifest(work / "mirror" / name)

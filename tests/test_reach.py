@@ -88,15 +88,16 @@ def test_the_sources_probed_are_the_plans_for_a_recorded_host():
     fetches, note = reach.host_fetches_of("v100x1-2004", data, stack, recorded_outputs("v100x1-2004"))
     assert note is None
     assert [f.url for f in fetches] == [
+        "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2004/x86_64/",  # 1.5.1's JIT needs nvcc 12.8
         "https://github.com/astral-sh/python-build-standalone/releases/download/",  # 20.04 ships 3.8: uv installs 3.12
         "http://192.168.10.5:8800/wheels/",
-        "http://192.168.10.5:8090/api/models/RadixArk/Qwen3.8-27B-NVFP4"]
+        "http://192.168.10.5:8090/api/models/QUASAR-QAT/Qwen3.8-27B-QUASAR-NVFP4"]  # one 32 GB card: no draft fits
     rows = reach.rows_for("v100x1-2004", fetches, "", error="unreachable")
-    assert [r.fix for r in rows] == ["qwen27b_python_mirror, qwen27b_release_mirror or the controller cache",
+    assert [r.fix for r in rows] == ["qwen27b_apt_mirror", "qwen27b_python_mirror, qwen27b_release_mirror or the controller cache",
                                      "qwen27b_wheel_mirror", "qwen27b_hf_endpoint"]
     table = reach.reach_table(rows).splitlines()
     assert table[0].split() == ["source", "host", "result", "fix", "(setting)"]
-    assert sum("v100x1-2004  unreachable" in line for line in table) == 3
+    assert sum("v100x1-2004  unreachable" in line for line in table) == 4
 
 
 def test_a_refused_host_is_probed_for_every_gpu_profiles_sources():
@@ -151,7 +152,7 @@ def test_a_dry_run_checks_each_source_from_the_host_before_anything_is_installed
     from test_plans import run_pyinfra
     answers = [json.dumps({"name": "Python 3.12 (uv)", "error": "URLError: [Errno 101] Network is unreachable"}),
                json.dumps({"name": "wheels (lab mirror)", "status": 200}),
-               json.dumps({"name": "RadixArk/Qwen3.8-27B-NVFP4 (hub)", "status": 404})]
+               json.dumps({"name": "QUASAR-QAT/Qwen3.8-27B-QUASAR-NVFP4 (hub)", "status": 404})]
     (tmp_path / "inv.py").write_text(DRY_INVENTORY.replace("{ANSWERS!r}", repr(answers)))
     result = run_pyinfra(str(tmp_path / "inv.py"), "deploy.py", "--dry", "-y", QWEN27B_DRY_REACH="1",
                          QWEN27B_REPORTS=str(tmp_path / "reports"))
@@ -161,11 +162,13 @@ def test_a_dry_run_checks_each_source_from_the_host_before_anything_is_installed
     assert lines == [
         "reach: Ubuntu archive (apt) <- http://apt:***@192.168.10.5:8800/ubuntu/: not checked: its login would reach "
         "the probe's command line; run `qwen27b reach`",
+        "reach: CUDA apt repository <- http://apt:***@192.168.10.5:8800/compute/cuda/repos/ubuntu2004/x86_64/: not "
+        "checked: its login would reach the probe's command line; run `qwen27b reach`",
         "reach: Python 3.12 (uv) <- https://github.com/astral-sh/python-build-standalone/releases/download/: URLError: "
         "[Errno 101] Network is unreachable (fix: qwen27b_python_mirror, qwen27b_release_mirror or the controller cache)",
         "reach: wheels (lab mirror) <- http://192.168.10.5:8800/wheels/: reached (HTTP 200)",
-        "reach: RadixArk/Qwen3.8-27B-NVFP4 (hub) <- http://192.168.10.5:8090/api/models/RadixArk/Qwen3.8-27B-NVFP4: "
-        "reached (HTTP 404)"], out[-3000:]
+        "reach: QUASAR-QAT/Qwen3.8-27B-QUASAR-NVFP4 (hub) <- http://192.168.10.5:8090/api/models/QUASAR-QAT/"
+        "Qwen3.8-27B-QUASAR-NVFP4: reached (HTTP 404)"], out[-3000:]
     assert out.index("reach: Python 3.12") < out.index("base packages")
     assert "this host could not reach github.com" in " ".join(out.split())
     record = json.loads((tmp_path / "reports" / "reach.json").read_text())["hosts"]["@fake/lab"]

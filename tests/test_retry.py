@@ -29,14 +29,14 @@ def _failure(decision, before="", after=ZERO, tried=()):
 # --- the planner ------------------------------------------------------------------------------------
 
 def test_a_method_below_its_floor_restarts_on_the_next_choice_with_the_measured_reason():
-    decision = run("v100x4-2204-fresh")  # MTP at TP 4; DFlash2 ruled out there (#478): next is off
-    assert decision.serve.spec.method == "mtp"
+    decision = run("v100x4-2204-fresh")  # DFlash2 at TP 4; QUASAR has no MTP layers: next is off
+    assert decision.serve.spec.method == "dflash2"
     failure, verdict = _failure(decision)
     serve, why = retry.plan_retry(decision.stack, decision.serve, decision.draft_path, failure, 1)
-    assert verdict.keep is False and "mtp accepted 0 of 4200 drafted tokens" in why and "speculative off" in why
+    assert verdict.keep is False and "dflash2 accepted 0 of 4200 drafted tokens" in why and "speculative off" in why
     assert not serve.has("--speculative-config") and serve.spec.method == "off"
     assert [f.name for f in serve.flags] == [f.name for f in decision.serve.flags if f.name != "--speculative-config"]
-    assert retry.flags_tried(decision.serve).startswith("speculative mtp (k=")
+    assert retry.flags_tried(decision.serve).startswith("speculative dflash2 (k=")
 
 
 def test_the_next_method_is_rendered_and_the_last_start_allowed_is_always_off():
@@ -60,8 +60,8 @@ def test_real_ngram_counters_below_a_floor_derived_from_them_move_on():
     start, greedy = (_text(f"metrics-cpu-0.32.0-ngram-{n}.txt") for n in ("0-start", "1-after-greedy"))
     (d0, a0), (d1, a1) = _counters(start), _counters(greedy)
     measured = (a1 - a0) / (d1 - d0)
-    rs = dataclasses.replace(decision.stack, speculative={**decision.stack.speculative, "mtp": {
-        **decision.stack.speculative["mtp"], "min_acceptance": measured + 0.01}})
+    rs = dataclasses.replace(decision.stack, speculative={**decision.stack.speculative, "dflash2": {
+        **(decision.stack.speculative.get("dflash2") or {}), "min_acceptance": measured + 0.01}})
     failure, verdict = _failure(dataclasses.replace(decision, stack=rs), start, greedy)
     assert verdict.acceptance == measured and failure.next.method == "off"
     serve, why = retry.plan_retry(rs, decision.serve, decision.draft_path, failure, 1)
@@ -167,7 +167,7 @@ def test_verify_restarts_on_the_next_choice_and_reports_every_start(host_reads):
     drafted, accepted = _counters(ZERO)
     first, second = result.attempts
     assert first["outcome"] == "failed" and first["measured"]["acceptance"] == accepted / drafted
-    assert f"mtp accepted {accepted:.0f} of {drafted:.0f}" in first["why"] and first["flags"].startswith("speculative mtp")
+    assert f"dflash2 accepted {accepted:.0f} of {drafted:.0f}" in first["why"] and first["flags"].startswith("speculative dflash2")
     assert second == {"number": 2, "flags": retry.flags_tried(running.serve), "outcome": "verified",
                       "measured": {"ready_s": 1.0, "decode_tok_s": 30.0, "acceptance": None}, "why": "verified"}
     assert result.reason.startswith("verified on start 2 of 2") and "below the floor" in result.reason
@@ -219,7 +219,7 @@ def test_a_failure_no_flag_fixes_is_returned_as_it_was_with_one_start(host_reads
 def test_the_plan_says_what_verify_will_retry():
     nvlink = run("v100x4-converged")
     lines = retry.plan_notes(nvlink.stack, nvlink.serve)
-    assert lines[0].startswith("retry: mtp measured below its acceptance floor") and "[retry-ours]" in lines[0]
+    assert lines[0].startswith("retry: dflash2 measured below its acceptance floor") and "[retry-ours]" in lines[0]
     assert "--disable-custom-all-reduce (on at TP 4 here)" in lines[1] and "1cat-652" in lines[1]
     pcie = run("v100x4-pcie")
     assert "no flag to retry with" in retry.plan_notes(pcie.stack, pcie.serve)[-1]
@@ -262,7 +262,7 @@ def test_a_redeploy_of_the_same_plan_starts_on_the_flags_that_verified():
     retried, flags, attempts = _retried_record(decision, failure)
     serve, why = retry.carry_over(decision.stack, decision.serve, decision.draft_path, tuple(flags), attempts)
     assert retry._flag_lines(serve) == flags and serve.spec.method == "off"
-    assert why.startswith("retry: starting on speculative off") and "mtp accepted 0 of 4200" in why
+    assert why.startswith("retry: starting on speculative off") and "dflash2 accepted 0 of 4200" in why
     stalled = retry.Failure(retry.STALLED, "start-up made no progress for 600 s")
     nvlink = run("v100x4-converged")
     _, flags, attempts = _retried_record(nvlink, stalled)
@@ -372,7 +372,7 @@ def test_verify_judges_ngram_on_its_probe_between_the_scrapes_and_falls_back_to_
     (d0, a0), (d1, a1) = _counters(start), _counters(greedy)
     assert result.attempts[0]["measured"]["acceptance"] == (a1 - a0) / (d1 - d0)
     assert f"ngram accepted {a1 - a0:.0f} of {d1 - d0:.0f} drafted" in result.attempts[0]["why"]
-    assert verify.spec_probe(run("v100x4-2204-fresh")) is None  # mtp drafts on any text: the chat alone
+    assert verify.spec_probe(run("v100x4-2204-fresh")) is None  # dflash2 drafts on any text: the chat alone
 
 
 CRASHED = "the service exits during start-up (unit activating/auto-restart): see its journal"

@@ -78,7 +78,8 @@ def commands(plans, hosts=None) -> list[tuple[str, str, int, list[str]]]:
 
 
 def test_plans_are_there_to_check(plans):
-    planned = {"v100x4-2204-fresh", "v100x1-2004", "v100x4-converged", "a100x2-2204", "h200", "v100x1-open-loaded",
+    planned = {"v100x4-2204-fresh", "v100x1-2004", "v100x4-converged", "a100x2-2204", "h200", "h100", "h100-b",
+               "v100x1-open-loaded",
                "v100x2-open-unloaded", "v100x2-r470", "v100x2-r470-held", "v100x2-mixed", "v100x2-mixed-32gb-only", "v100x4-pg500", "v100x4-newer-kernel", "v100x1-pg500", "v100x2-cuda-drivers",
                "v100x4-converged-8g", "v100x2-16gb",
                "cuda-repo", "pinned-wheel",

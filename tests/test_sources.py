@@ -115,11 +115,11 @@ def test_a_modelscope_host_fetches_modelscopes_ids_with_its_client():
 
 def test_a_checkpoint_without_a_modelscope_id_is_refused_for_that_source():
     stack = load_stack()
-    stack["models"]["qwen3.8-27b-nvfp4-radixark"] = {k: v for k, v in stack["models"]["qwen3.8-27b-nvfp4-radixark"].items()
-                                                     if k != "modelscope"}
-    with pytest.raises(NoModelScopeId, match="RadixArk/Qwen3.8-27B-NVFP4 has no ModelScope id"):
+    stack["models"]["qwen3.8-27b-nvfp4-quasar"] = {k: v for k, v in stack["models"]["qwen3.8-27b-nvfp4-quasar"].items()
+                                                   if k != "modelscope"}
+    with pytest.raises(NoModelScopeId, match="QUASAR-QAT/Qwen3.8-27B-QUASAR-NVFP4 has no ModelScope id"):
         resolve_stack(stack, "sm70", model_source="modelscope")
-    assert resolve_stack(stack, "sm70", model_source="mirror").model["id"] == "RadixArk/Qwen3.8-27B-NVFP4"
+    assert resolve_stack(stack, "sm70", model_source="mirror").model["id"] == "QUASAR-QAT/Qwen3.8-27B-QUASAR-NVFP4"
 
 
 def test_fetch_lines_hide_passwords():

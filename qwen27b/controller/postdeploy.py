@@ -1,5 +1,6 @@
 """Post-deploy verification from the controller: readiness, /v1/models, a streamed completion,
-speculative acceptance; and the per-run report (JSON + a table).
+speculative acceptance (the figures), or a 1-token answer (liveness, when the run changed nothing
+that serves: qwen27b/controller/verifyplan.py); and the per-run report (JSON + a table).
 
 Stdlib HTTP (urllib) on purpose: this runs inside pyinfra's gevent-patched process.
 """
@@ -54,6 +55,8 @@ class HostResult:
     decode_tok_s: float | None = None
     completion_tokens: int | None = None
     acceptance: float | None = None
+    check: str = ""  # the check that ran: figures | liveness (verifyplan.py); "" when verify did not get that far
+    changed: list[str] | None = None  # what this run changed that serves (the figures' why; None: not known)
     speculation: str = ""  # the method's acceptance against the stack's floors, and the next method if below
     attempts: list[dict] = field(default_factory=list)  # each start this deploy (plan/retry.py Attempt), when retried
     figures: dict | None = None  # the release's figures on the stack's prompt set (plan/regression.py figures)
@@ -219,6 +222,24 @@ def chat_stream(base: str, served_name: str, api_key: str | None, max_tokens: in
     return {"ttft_s": first - started, "decode_tok_s": decode, "completion_tokens": tokens, "text": "".join(text)}
 
 
+def answer_one_token(base: str, served_name: str, api_key: str | None, timeout: float = 600) -> int:
+    """The liveness check's answer: one chat completion of at most one token, not streamed: the model
+    answers, not only the server; no figure is measured. Returns the tokens generated (>= 1)."""
+    body = {"model": served_name, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 1}
+    try:
+        with _request(f"{base}/v1/chat/completions", api_key, body, timeout=timeout) as response:
+            answer = json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        raise VerifyFailed(f"the 1-token completion answered {error.code}"
+                           + (" (API key rejected)" if error.code == 401 else f": {error.read()[:200]!r}")) from None
+    except (OSError, ValueError) as error:
+        raise VerifyFailed(f"the 1-token completion failed: {error}") from None
+    tokens = int((answer.get("usage") or {}).get("completion_tokens") or 0) if isinstance(answer, dict) else 0
+    if tokens < 1 or not answer.get("choices"):
+        raise VerifyFailed(f"the 1-token completion returned no token: {json.dumps(answer)[:200]}")
+    return tokens
+
+
 def measure(base: str, served_name: str, api_key: str | None, limits: dict) -> list[dict]:
     """The regression figures' runs (stack serve.regression): every prompt of the fixed set, `repeats`
     rounds, one greedy streamed completion of `max_tokens` each; the unit's warm-up ran before."""
@@ -264,9 +285,9 @@ def scrape(base: str, api_key: str | None = None) -> str:
 
 
 def report_table(results: list[HostResult]) -> str:
-    rows = [["host", "status", "model", "revision", "TTFT", "tok/s", "acceptance", "reason"]]
+    rows = [["host", "status", "check", "model", "revision", "TTFT", "tok/s", "acceptance", "reason"]]
     for r in results:
-        rows.append([r.host, r.status, r.served_name or r.model, r.revision,
+        rows.append([r.host, r.status, r.check or "-", r.served_name or r.model, r.revision,
                      f"{r.ttft_s * 1000:.0f} ms" if r.ttft_s is not None else "-",
                      f"{r.decode_tok_s:.1f}" if r.decode_tok_s is not None else "-",
                      f"{r.acceptance:.0%}" if r.acceptance is not None else "-", r.reason[:60]])

@@ -26,7 +26,8 @@ class RunState:
     unverified: dict[str, str] = field(default_factory=dict)  # host name -> why verify cannot reach its service
     interrupted_at: dict[str, str] = field(default_factory=dict)  # host name -> the operation Ctrl-C stopped
     notes: dict[str, list[str]] = field(default_factory=dict)  # host name -> plan notes, printed as one block
-    restart_ops: dict[str, list] = field(default_factory=dict)  # host name -> operations whose change restarts
+    restart_ops: dict[str, list] = field(default_factory=dict)  # host name -> (what, operation) whose change restarts
+    serving_changes: dict[str, dict] = field(default_factory=dict)  # host name -> unit -> what its restart changes (roles/service.py; verify's check)
     previous: dict[str, list] = field(default_factory=dict)  # host name -> what its rollback undoes (roles/_common)
     results: list = field(default_factory=list)  # postdeploy.HostResult of each verified host
     carried: dict[str, tuple] = field(default_factory=dict)  # host name -> the release record's attempts its flags came from (plan/retry.py carry_over)

@@ -40,7 +40,8 @@ STACK_RULES: dict[str, Rule] = {
     "driver.package": _DEB,
     "driver.source": _SOURCE,
     "cuda.toolkit": Rule(r"[0-9]{1,2}\.[0-9]{1,2}", "the PATH line of /etc/profile.d/qwen27b-cuda.sh (sourced by login "
-                         "shells) and the gate's major-version check", "12.8"),
+                         "shells), the service env's CUDA_HOME and the gate's major-version check", "12.8"),
+    "cuda.why": _TEXT,
     "cuda.package": _DEB,
     "cuda.keyring_deb": Rule(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}\.deb", "a file name under /tmp in the download and in "
                              "`dpkg -i`", "cuda-keyring_1.1-1_all.deb"),
@@ -74,6 +75,7 @@ STACK_RULES: dict[str, Rule] = {
                                  "the planner's KV bytes per token", "auto"),
     "serve.source": _SOURCE,
     "serve.kv_cache_source": _SOURCE,
+    "serve.profile_source": _SOURCE,
     "speculative_auto": Rule(r"mtp|dflash2", "a speculative method the planner may pick (plan/engine.py)", "mtp"),
     "serve.headroom_source": _SOURCE,
     "serve.quiet_endpoints": Rule(r"/[A-Za-z0-9_/-]{0,63}", "a URL path in --disable-access-log-for-endpoints "

@@ -20,6 +20,10 @@ def kv_cache_dtype(stack: ResolvedStack, target: ModelShape, on_gpu: bool) -> tu
     value = serve.get("kv_cache_dtype", "auto")
     sources = serve.get("kv_cache_source")
     asked = f"; this checkpoint asks for {target.kv_cache_quant} KV, overridden" if target.kv_cache_quant else ""
+    if sources and value.startswith("fp8"):
+        return value, (f"{value} KV, set explicitly as the engine vendor's release profile does: its DFlash2 "
+                       f"verification is built on it, and it halves the KV per token (262,144 tokens of context); "
+                       f"never 'auto', which follows a checkpoint's FP8-KV directive{asked} {stack.cite(sources)}")
     if sources and value != "auto":
         return value, (f"{value} KV set explicitly, never 'auto': 'auto' follows a checkpoint's FP8-KV directive, and "
                        f"FP8 KV takes a slower scalar paged-attention path on sm_70{asked} {stack.cite(sources)}")
@@ -70,9 +74,22 @@ def cannot_run(method: str, stack: ResolvedStack, target: ModelShape) -> str | N
         return f"profile {stack.profile_name} has no DFlash2 draft"
     if method == "ngram" and not stack.speculative.get("ngram"):
         return "the stack has no speculative.ngram entry"
-    if method == "dflash2" and target.lm_head_quantized:
+    if method == "dflash2" and target.lm_head_quantized and not quant_lm_head_switch(stack):
+        switch = stack.build.get("quant_lm_head_dflash2")
+        newer = (f"; vLLM build '{stack.profile['vllm']['build']}' {switch['versions']} opts in with "
+                 f"{switch['env']} {stack.cite(switch.get('source'))}, this profile has {stack.profile['vllm']['version']}"
+                 if switch else "")
         return (f"{stack.model['id']} quantizes its lm_head, which the DFlash2 draft shares: "
-                f"{stack.source_text('dflash-dense-head')}")
+                f"{stack.source_text('dflash-dense-head')}{newer}")
+    return None
+
+
+def quant_lm_head_switch(stack: ResolvedStack) -> dict | None:
+    """The build's opt-in for DFlash2 beside a quantized lm_head (1Cat PR 451), where this profile's
+    version carries it; None elsewhere."""
+    switch = stack.build.get("quant_lm_head_dflash2")
+    if switch and _version_in(str(stack.profile["vllm"]["version"]), switch.get("versions")):
+        return switch
     return None
 
 
@@ -144,6 +161,8 @@ def speculative_config(stack: ResolvedStack, choice: SpecChoice, draft_path: str
     for key in ("draft_sample_method", "kv_cache_dtype"):
         if spec.get(key):
             config[key] = spec[key]
+    if stack.profile["serve"].get("attention_backend"):  # the draft's attention as the target's [1cat-release-profile]
+        config["attention_backend"] = stack.profile["serve"]["attention_backend"]
     return config
 
 

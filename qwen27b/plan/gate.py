@@ -312,6 +312,24 @@ def _speculation(host: str, rs: ResolvedStack, gpus: list[Gpu], target: ModelSha
         raise RefusedHost(host, refused.cause, refused.fix) from None
 
 
+def _plan_or_drop_draft(inp: ServeInputs, settings: Settings) -> ServePlan:
+    """The plan; where auto chose DFlash2 and its draft does not fit (1Cat loads it whole on every
+    card: 2x V100-16GB), the plan with the next method of the profile's list, saying why (issue 49)."""
+    try:
+        return plan_serve(inp)
+    except PlanRefused as refused:
+        if not (inp.draft is not None and inp.spec.method == "dflash2" and settings.speculative_mode == "auto"):
+            raise
+        whole = " whole on every card" if inp.stack.build.get("draft_on_every_card") else ""
+        why = (f"the DFlash2 draft ({inp.draft.weight_bytes / GiB:.2f} GiB{whole}"
+               f"{' ' + inp.stack.cite(inp.stack.build.get('draft_on_every_card_source')) if whole else ''}) "
+               f"does not fit: {refused.cause}")
+        tp = int(inp.pins.get("--tensor-parallel-size") or choose_tp(inp.gpus, inp.target, None)[0]) if inp.gpus else 1
+        spec = engine.next_method(inp.stack, inp.target, ["dflash2"], tp,
+                                  int(inp.pins.get("--max-model-len") or inp.stack.profile["serve"]["max_model_len"]), why)
+        return plan_serve(replace(inp, draft=None, draft_path=None, spec=spec, speculative=spec.on))
+
+
 def _agent_parsers(host: str, rs: ResolvedStack, settings: Settings) -> engine.AgentParsers:
     """Reasoning and tool-call parsers (plan/engine.py) for qwen27b_agent_parsers."""
     try:
@@ -592,7 +610,8 @@ def _choices(facts: HostFacts, rs: ResolvedStack, settings: Settings, driver: Dr
     if cuda:
         if cuda.get("needed_by_vllm"):
             action = "keep" if cuda["package"] in facts.packages else "install"
-            out.append(Choice("cuda", cuda["package"], rs.cite(cuda["source"]), action))
+            out.append(Choice("cuda", cuda["package"], f"{cuda['why']} {rs.cite(cuda['source'])}" if cuda.get("why")
+                              else rs.cite(cuda["source"]), action))
         else:
             found = sorted(f"{name} {ver}" for name, ver in facts.packages.items() if _TOOLKIT_PACKAGE.match(name))
             left = (f"; the installed {', '.join(found)} is left alone: nothing here compiles against it"
@@ -702,7 +721,7 @@ def mark_installed(decision: Decision, venv_packages: dict) -> Decision:
     return replace(decision, choices=choices)
 
 
-def _larger_gpus_alone(inp: ServeInputs) -> str | None:
+def _larger_gpus_alone(inp: ServeInputs, settings: Settings) -> str | None:
     """Mixed cards (32 GB + 16 GB V100s): a TP group is sized by its smallest GPU, so the larger cards
     alone may fit where all of them together do not. Then the fix names them as qwen27b_gpu_indices."""
     sizes = {g.memory_mib for g in inp.gpus}
@@ -710,7 +729,7 @@ def _larger_gpus_alone(inp: ServeInputs) -> str | None:
         return None
     larger = [g for g in inp.gpus if g.memory_mib == max(sizes)]
     try:
-        plan = plan_serve(replace(inp, gpus=larger))
+        plan = _plan_or_drop_draft(replace(inp, gpus=larger), settings)
     except PlanRefused:
         return None
     return (f"serve on the {len(larger)} GPU(s) with {max(sizes)} MiB alone (they fit: TP "
@@ -719,7 +738,7 @@ def _larger_gpus_alone(inp: ServeInputs) -> str | None:
 
 
 def _unknown_memory(inp: ServeInputs, facts: HostFacts, stack: dict, driver: DriverPlan | None,
-                    refused: PlanRefused) -> tuple[ServePlan, str] | None:
+                    refused: PlanRefused, settings: Settings) -> tuple[ServePlan, str] | None:
     """A Volta board whose PCI name says no memory size (Tesla PG500-216) is counted at the smallest
     V100 until a driver answers: refused for memory there, the driver that would show its real size
     is never installed. Then this run installs the driver only; the serving is shown at the largest
@@ -732,7 +751,7 @@ def _unknown_memory(inp: ServeInputs, facts: HostFacts, stack: dict, driver: Dri
         return None
     largest = max(stack["volta_pci"]["reported_memory_mib"].values())
     try:
-        plan = plan_serve(replace(inp, gpus=[replace(g, memory_mib=largest) for g in inp.gpus]))
+        plan = _plan_or_drop_draft(replace(inp, gpus=[replace(g, memory_mib=largest) for g in inp.gpus]), settings)
     except PlanRefused:
         return None
     return plan, (f"the memory of {inp.gpus[0].name} is unknown until the driver answers (its PCI name says no size; "
@@ -934,15 +953,15 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
         speculative=spec is not None and spec.on, prefix_caching=settings.prefix_caching,
         pins=pins, ram_bytes=ram, route_guard=bool(settings.api_key_file), topology=facts.topology,
         spec=spec or engine.OFF, agent=agent)
-    driver_first = None
+    driver_first, serve = None, None
     try:
-        serve = (pipeline.plan if pipeline is not None else plan_serve)(serve_inputs)
+        serve = pipeline.plan(serve_inputs) if pipeline is not None else _plan_or_drop_draft(serve_inputs, settings)
     except PlanRefused as refused:
-        driver_first = None if pipeline is not None else _unknown_memory(serve_inputs, facts, stack, driver, refused)
+        driver_first = None if pipeline is not None else _unknown_memory(serve_inputs, facts, stack, driver, refused, settings)
         if driver_first is not None:
             serve = driver_first[0]
         else:
-            larger = None if pipeline is not None else _larger_gpus_alone(serve_inputs)
+            larger = None if pipeline is not None else _larger_gpus_alone(serve_inputs, settings)
             fix = f"{larger}; or {refused.fix}" if larger else refused.fix
             if left_out:  # the worn GPUs' fix is what brings the room back
                 refusals.append(RefusedHost(host, "; ".join(f"{w.gpu} should not serve: {w.cause}" for w in left_out)
@@ -951,6 +970,8 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
             else:
                 refusals.append(RefusedHost(host, refused.cause, fix))
 
+    if serve is not None and serve.spec.method != "dflash2":  # the draft did not fit: nothing to fetch for it
+        draft, draft_path = None, None
     glibc_warning = check(binary_needs_check, host, facts.glibc, rs)
     disk_warning = f"free disk at {rs.layout.models} not read: the download is not checked against the room for it"
     if facts.disk is not None and facts.disk.get("free_bytes") is not None:

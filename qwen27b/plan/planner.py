@@ -208,9 +208,15 @@ def _budget(inp: ServeInputs, tp: int, util: float, max_len: int, seqs: int, bat
     act_bytes = DTYPE_BYTES[_act_dtype(inp)]
     method = inp.speculation.method
     use_draft = inp.draft is not None and method == "dflash2"
+    draft_split = 1 if inp.stack.build.get("draft_on_every_card") else tp  # 1Cat loads the drafter whole per card
     kv_per_token = inp.target.kv_bytes_per_token(tp, kvb)
     if use_draft:
-        kv_per_token += inp.draft.kv_bytes_per_token(tp, kvb)
+        # the draft's own KV dtype (speculative.kv_cache_dtype): `auto` is counted in the activation dtype,
+        # not the target's fp8: whether 1Cat keeps a draft's KV at fp8 is not published, and the larger
+        # figure cannot plan more sequences than the cards hold
+        draft_kv = ((inp.stack.draft or {}).get("speculative") or {}).get("kv_cache_dtype", "auto")
+        draft_kvb = DTYPE_BYTES[_act_dtype(inp)] if draft_kv == "auto" else DTYPE_BYTES.get(draft_kv, 2)
+        kv_per_token += inp.draft.kv_bytes_per_token(draft_split, draft_kvb)
     if method == "mtp" and inp.target.full_attention_layers:  # each MTP layer keeps its own attention KV
         kv_per_token += inp.target.mtp_layers * inp.target.kv_bytes_per_token(tp, kvb) // inp.target.full_attention_layers
     activations = int(batched * inp.target.intermediate_size * 2 * act_bytes / tp * serve.get("activation_factor", 2.0))
@@ -232,7 +238,7 @@ def _budget(inp: ServeInputs, tp: int, util: float, max_len: int, seqs: int, bat
         usable=int((total - reserved) * util),
         reserved=reserved,
         weights=inp.target.weight_bytes // tp,
-        draft=(inp.draft.weight_bytes // tp) if use_draft else 0,
+        draft=(inp.draft.weight_bytes // draft_split) if use_draft else 0,
         activations=activations,
         cuda_graphs=graphs,
         overhead=overhead,
@@ -319,6 +325,23 @@ def _all_reduce(inp: ServeInputs, group: list[int], add, notes: list[str]):
     return decision
 
 
+def _profile_flags(serve: dict, add, cite, draft_used: bool) -> None:
+    """The engine vendor's release-profile settings that size nothing here: each as the profile has it;
+    --trust-remote-code (code from the checkpoints runs in the engine) only where its reason, the
+    DFlash2 draft, is served."""
+    why = cite(serve.get("profile_source"))
+    if serve.get("block_size"):
+        add("--block-size", int(serve["block_size"]), f"the vendor's release profile's KV block (tokens) {why}")
+    if serve.get("mamba_block_size"):
+        add("--mamba-block-size", int(serve["mamba_block_size"]), f"the vendor's release profile's GDN state block "
+            f"(tokens; prefix caching aligns to it) {why}")
+    if serve.get("default_chat_template_kwargs"):
+        add("--default-chat-template-kwargs", json.dumps(serve["default_chat_template_kwargs"], separators=(",", ":")),
+            f"the vendor's release profile: thinking off unless a request turns it on {why}")
+    if serve.get("trust_remote_code") and draft_used:
+        add("--trust-remote-code", None, f"the vendor's release profile (the DFlash2 draft's model class) {why}")
+
+
 def plan_serve(inp: ServeInputs) -> ServePlan:
     serve = inp.stack.profile["serve"]
     pins = dict(inp.pins or {})
@@ -375,11 +398,12 @@ def plan_serve(inp: ServeInputs) -> ServePlan:
                      f"KV room holds {budget.kv_tokens:,} tokens")
             fix = "lower the pinned values or remove the pins and let the planner choose"
         else:
-            cause = (f"too little memory on {where}: weights {budget.weights / GiB:.1f} GiB + draft "
-                     f"{budget.draft / GiB:.1f} GiB + runtime {(budget.overhead + budget.cuda_graphs) / GiB:.1f} GiB "
-                     f"(of {budget.usable / GiB:.1f} GiB usable) leave no room for a {MIN_MODEL_LEN}-token KV cache "
-                     f"({needed / GiB:.1f} GiB before KV)")
-            fix = "use more or larger GPUs (a higher TP size), or turn off speculative decoding (qwen27b_speculative=False)"
+            draft = f" + draft {budget.draft / GiB:.1f} GiB" if budget.draft else ""  # none when no draft is planned
+            cause = (f"too little memory on {where}: weights {budget.weights / GiB:.1f} GiB{draft} + runtime "
+                     f"{(budget.overhead + budget.cuda_graphs) / GiB:.1f} GiB (of {budget.usable / GiB:.1f} GiB usable) "
+                     f"leave no room for a {MIN_MODEL_LEN}-token KV cache ({needed / GiB:.1f} GiB before KV)")
+            fix = "use more or larger GPUs (a higher TP size)" + (
+                ", or turn off speculative decoding (qwen27b_speculative=False)" if draft else "")
         raise PlanRefused(cause, fix)
     config, budget = chosen
 
@@ -389,9 +413,10 @@ def plan_serve(inp: ServeInputs) -> ServePlan:
     add("--port", inp.port, "qwen27b_port")
     if inp.gpus:
         add("--tensor-parallel-size", tp, tp_reason)
-        measured = "1cat-profile-27b" in (serve.get("source") or [])
+        vendor = serve.get("profile_source")
         add("--gpu-memory-utilization", util, f"stack profile {inp.stack.profile_name}"
-            + (f" {cite('1cat-profile-27b')}" if measured else ": vLLM's usual headroom for CUDA context and NCCL"))
+            + (f": the engine vendor's release profile {cite(vendor)}" if vendor
+               else ": vLLM's usual headroom for CUDA context and NCCL"))
         all_reduce = _all_reduce(inp, tp_group, add, notes)
     add("--dtype", serve["dtype"], f"V100 has no bf16 {cite('v100-fp16')}" if serve["dtype"] == "float16"
         else f"stack profile {inp.stack.profile_name}")
@@ -402,14 +427,18 @@ def plan_serve(inp: ServeInputs) -> ServePlan:
 
     add("--max-model-len", config["max_len"],
         sized("max_len", f"KV room holds {budget.kv_tokens:,} tokens per {'GPU' if inp.gpus else 'host'}"))
+    full = (f"every sequence planned at full context: {start['seqs']} x {config['max_len']:,} tokens of KV, "
+            f"{budget.kv_tokens:,} fit; " if config["seqs"] < start["seqs"] and "seqs" not in pinned
+            and start["seqs"] * config["max_len"] > budget.kv_tokens else "")
     add("--max-num-seqs", config["seqs"],
-        sized("seqs", f"recurrent state {budget.recurrent_state / MiB:.0f} MiB for this many sequences"))
+        sized("seqs", f"{full}recurrent state {budget.recurrent_state / MiB:.0f} MiB for this many sequences"))
     add("--max-num-batched-tokens", config["batched"],
         sized("batched", f"activations {budget.activations / MiB:.0f} MiB"))
     if serve.get("attention_backend"):
         add("--attention-backend", serve["attention_backend"],
             f"the sm_70 build's attention kernels (also non-causal, as the DFlash draft needs) {cite('1cat-vllm')}")
     add("--kv-cache-dtype", *engine.kv_cache_dtype(inp.stack, inp.target, bool(inp.gpus)))
+    _profile_flags(serve, add, cite, inp.draft is not None and inp.speculation.method == "dflash2")
     if serve.get("quiet_endpoints"):
         add("--disable-access-log-for-endpoints", ",".join(serve["quiet_endpoints"]),
             f"no access-log line for a pool's probe each second or a scrape {cite(serve.get('quiet_endpoints_source'))}")
@@ -422,7 +451,7 @@ def plan_serve(inp: ServeInputs) -> ServePlan:
     if spec.on and (spec.method != "dflash2" or inp.draft is not None):
         add("--speculative-config", json.dumps(engine.speculative_config(inp.stack, spec, inp.draft_path),
                                                separators=(",", ":")), spec.reason)
-        if spec.method == "dflash2" and inp.target.lm_head_quantized:
+        if spec.method == "dflash2" and inp.target.lm_head_quantized and not engine.quant_lm_head_switch(inp.stack):
             notes.append(f"target lm_head is quantized: DFlash2 acceptance will be ~0 {cite('dflash-dense-head')}")
     elif inp.gpus or spec.skipped:
         notes.append(f"speculative decoding off: {spec.reason}")
@@ -456,10 +485,20 @@ def plan_serve(inp: ServeInputs) -> ServePlan:
                      f"barrier and on shared cores wait for each other {cite(serve.get('omp_threads_source'))}")
     if inp.gpus:
         env.update(all_reduce.env)
+        cuda = inp.stack.profile.get("cuda") or {}
+        if cuda.get("needed_by_vllm"):  # the engine compiles at first use: with this toolkit, not /usr/local/cuda's
+            env["CUDA_HOME"] = f"/usr/local/cuda-{cuda['toolkit']}"
+            notes.append(f"CUDA_HOME={env['CUDA_HOME']}: the engine's kernels built at first use take this toolkit's "
+                         f"nvcc, never another one /usr/local/cuda may point at {cite(cuda.get('source'))}")
+    switch = engine.quant_lm_head_switch(inp.stack) if spec.method == "dflash2" and inp.target.lm_head_quantized else None
+    if switch and inp.draft is not None:
+        env[switch["env"]] = str(switch["value"])
+        notes.append(f"{switch['env']}={switch['value']}: DFlash2 beside the target's quantized lm_head "
+                     f"{cite(switch.get('source'))}")
     notes.append("API key: VLLM_API_KEY from a 0600 env file, never a flag (flags show in ps and systemctl status)")
     warm = serve["warmup"]
     notes.append(f"start-up: once /health answers, one {warm['max_tokens']}-token completion (deadline {warm['timeout_s']} s, "
                  f"within the {serve['start_timeout_s']} s start) before systemd counts the unit as started, so no "
                  f"client meets the first request's compile {cite(warm['source'])}")
     return ServePlan(flags=flags, env=env, memory=budget, notes=notes, tp_group=tuple(tp_group),
-                     spec=spec if spec.on and (spec.method != "dflash2" or inp.draft is not None) else engine.OFF)
+                     spec=spec if not spec.on or spec.method != "dflash2" or inp.draft is not None else engine.OFF)

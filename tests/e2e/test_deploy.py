@@ -212,6 +212,12 @@ def test_second_run_changes_nothing_and_keeps_the_service(lab):
     changed = [line for line in out.splitlines() if re.match(r"\s{4}\S.*\s1\s+1\s+-\s+-\s*$", line)]
     assert all(line.strip().startswith(("verify:", "lock:", "unlock:")) for line in changed), changed  # checks only
     assert (show(lab, "MainPID"), show(lab, "NRestarts")) == (pid, restarts)
+    # nothing that serves changed: verify checked liveness (a 1-token answer), no new figures (issue 48), and says so
+    summary = out.rsplit("--> qwen27b run summary:", 1)[1]
+    assert re.search(rf"^{re.escape(lab['host'].name)}\s+ok\s+liveness check \(nothing that serves changed\)",
+                     summary, re.M), summary[-2000:]
+    report = latest_report(lab)
+    assert report["check"] == "liveness" and report["completion_tokens"] == 1 and report["ttft_s"] is None, report
 
 
 def test_a_host_named_the_usual_pyinfra_way_serves_where_ssh_reached_it(lab):

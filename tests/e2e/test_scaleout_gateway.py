@@ -45,6 +45,7 @@ import httpx
 import pytest
 
 from qwen27b.controller import postdeploy as V
+from qwen27b.plan.gateway import VERIFY
 from tests.e2e.test_deploy import REV_B, ROOT, deploy  # shared helpers
 
 pytestmark = pytest.mark.e2e
@@ -570,7 +571,9 @@ def test_a_rotated_key_works_and_a_revoked_one_is_refused_without_a_dropped_requ
             assert new.get(f"{gw['base']}/v1/models").status_code == 401
     assert load.failed == [] and load.ok > 5, (load.ok, load.failed)
     assert [r["key"] for r in request_log(gw, 400) if r["status"] == 200 and r["path"] == "/v1/chat/completions"
-            and r["key"] != "team-a"][-1:] == ["team-b"]  # the rotated key's request, under its name
+            and r["key"] not in ("team-a", VERIFY)][-1:] == ["team-b"]  # the rotated key's request, under its name
+    # each re-run's verify counted under the gateway's own key, never a client's (issue 48 item 7)
+    assert VERIFY in {r["key"] for r in request_log(gw, 400)}
     rc, out = deploy(gw, argv=limit)  # the first inventory again: team-b's first key
     assert rc == 0, out[-4000:]
 

@@ -9,7 +9,6 @@ import shlex
 
 from qwen27b.controller import facts as F
 from qwen27b.controller import remote
-from qwen27b.plan.chatpage import UNIT as CHAT_PAGE_UNIT
 from qwen27b.onhost.unit import parse_show, show_command
 from qwen27b.plan.hostlayout import HostLayout
 
@@ -18,11 +17,9 @@ from qwen27b.plan.gateway import is_gateway
 
 from . import gateway
 
-from .model import CHAT_PAGE_KEY, COPIES_KEY, COPY_ENV, UNIT, HostSnapshot, copy_key, copy_unit
+from .model import CHAT_PAGE_KEY, COPIES_KEY, COPY_ENV, SHOW_PROPS, UNIT, HostSnapshot, copy_key, copy_unit
 from .parse import env_file, expand_env, running_flags
 
-SHOW_PROPS = ("LoadState", "ActiveState", "SubState", "Result", "NRestarts", "ExecMainStatus", "ExecMainCode", "MainPID",
-              "FragmentPath", "DropInPaths", "ActiveEnterTimestamp", "StateChangeTimestamp", "InvocationID", "ExecStart")
 # the journal again with each entry's invocation id (systemd's own lines carry INVOCATION_ID, the
 # service's output _SYSTEMD_INVOCATION_ID): which run a line belongs to, without guessing
 JOURNAL_FIELDS = ("MESSAGE,SYSLOG_IDENTIFIER,_COMM,_PID,_HOSTNAME,_SYSTEMD_INVOCATION_ID,INVOCATION_ID,"
@@ -85,15 +82,6 @@ def unit_commands(unit: str) -> dict[str, str]:
     }
 
 
-def chat_page_command(stack: dict) -> str:
-    """The chat page on a gateway host (qwen27b_chat_page): its unit's state, Open WebUI's own /health
-    on loopback, and its journal's last lines; nothing when the unit is not there."""
-    port = int(stack["tools"]["chat_page"]["listen_port"])
-    return (f"{show_command(CHAT_PAGE_UNIT, SHOW_PROPS)} 2>/dev/null; "
-            f"printf 'Health=%s\\n' \"$(curl -s -o /dev/null -m 5 -w '%{{http_code}}' http://127.0.0.1:{port}/health)\"; "
-            f"journalctl -u {CHAT_PAGE_UNIT} -n 5 --no-pager -a -q -o cat 2>/dev/null | sed 's/^/Journal=/'; true")
-
-
 def copy_commands(stack: dict, name: str) -> dict[str, str]:
     """A copy's own reads (qwen27b_instances): its unit, journal and env file (its GPUs and flags;
     0644, no secret: the key is in its own 0600 file), keyed STEM@NAME.EXT. `name` is allow-listed
@@ -112,7 +100,7 @@ def commands(stack: dict) -> dict[str, str]:
     out = {
         **unit_commands(UNIT),
         COPIES_KEY: COPIES_COMMAND,
-        CHAT_PAGE_KEY: chat_page_command(stack),
+        CHAT_PAGE_KEY: gateway.chat_page_command(stack),
         "model.txt": (
             f"m={models}; p={current}; "
             "printf 'link %s\\n' \"$(readlink \"$p\" 2>/dev/null)\"; "

@@ -15,10 +15,11 @@ from qwen27b.controller.gateway_render import LUA_MODULES, layout
 from qwen27b.controller.remote import NOCMD, SUDO_PASSWORD_NEEDED
 from qwen27b.onhost.contract import GATEWAY_UNIT, POOL_UNIT
 from qwen27b.onhost.unit import parse_show, show_command
+from qwen27b.plan.chatpage import UNIT as CHAT_PAGE_UNIT
 from qwen27b.plan.gateway import DEFAULT_PORT, USAGE_PORT, listen_on
 from qwen27b.plan.hostdata import PREFIX, lab_address
 
-from .model import CHAT_PAGE_KEY, FAIL, INFO, OK, SKIP, WARN, Check, Report
+from .model import CHAT_PAGE_KEY, FAIL, INFO, OK, SHOW_PROPS, SKIP, WARN, Check, Report
 
 NGINX_SHOW, POOL_SHOW, POOL_RECORD, LISTEN, USAGE = (
     "gateway-show.txt", "gateway-pool-show.txt", "gateway-pool.json", "gateway-listen.txt", "gateway-usage.txt")
@@ -42,11 +43,18 @@ def where(data: dict, reached: str | None = None) -> tuple[str, str, int]:
     return ("https" if tls else "http"), address, port
 
 
+def chat_page_command(stack: dict) -> str:
+    """The chat page on a gateway host (qwen27b_chat_page): its unit's state, Open WebUI's own /health
+    on loopback, and its journal's last lines; nothing when the unit is not there."""
+    port = int(stack["tools"]["chat_page"]["listen_port"])
+    return (f"{show_command(CHAT_PAGE_UNIT, SHOW_PROPS)} 2>/dev/null; "
+            f"printf 'Health=%s\\n' \"$(curl -s -o /dev/null -m 5 -w '%{{http_code}}' http://127.0.0.1:{port}/health)\"; "
+            f"journalctl -u {CHAT_PAGE_UNIT} -n 5 --no-pager -a -q -o cat 2>/dev/null | sed 's/^/Journal=/'; true")
+
+
 def commands(stack: dict, data: dict, reached: str | None = None) -> dict[str, str]:
     """The gateway's reads (read-only, each bounded in time). /health is probed on the host itself
     with -k (whether nginx answers, not whom it proves to be; no key is sent)."""
-    from .collection import chat_page_command  # noqa: PLC0415 (collection imports this module)
-
     scheme, address, port = where(data, reached)
     pool_file = shlex.quote(layout()["pool_file"])
     url = shlex.quote(f"{scheme}://{listen_on(address, port)}/health")

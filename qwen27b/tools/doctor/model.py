@@ -21,7 +21,7 @@ STEPS = {1: "symptom", 2: "inputs", 3: "environment", 4: "parameters", 5: "tool 
 # (journal@b.json); the rest (model, venv, facts, nvidia-smi) is the host's, shared by its copies.
 COPY_KEYS = ("systemctl-show.txt", "journal.txt", "journal.json", "health.txt", "metrics.txt")
 COPIES_KEY = "copies.txt"  # the copies enabled on the host, one name a line (collection.COPIES_COMMAND)
-CHAT_PAGE_KEY = "chat-page.txt"  # a gateway host's chat page: unit, /health, journal (collection.chat_page_command)
+CHAT_PAGE_KEY = "chat-page.txt"  # a gateway host's chat page: unit, /health, journal (gateway.chat_page_command)
 COPY_ENV = "env.txt"  # a copy's env file: its GPUs (CUDA_VISIBLE_DEVICES) and flags (QWEN27B_SERVE_ARGS)
 
 
@@ -231,3 +231,7 @@ class Report:
             out["first_failure"] = out["first_failure"] and {**out["first_failure"], "copy": self.failing_copy}
             out["copies"] = {name: r.as_dict() for name, r in self.copies.items()}
         return out
+
+# what doctor reads of a unit (systemctl show -p ...): its state, its last exit, where it comes from
+SHOW_PROPS = ("LoadState", "ActiveState", "SubState", "Result", "NRestarts", "ExecMainStatus", "ExecMainCode", "MainPID",
+              "FragmentPath", "DropInPaths", "ActiveEnterTimestamp", "StateChangeTimestamp", "InvocationID", "ExecStart")
