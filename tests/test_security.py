@@ -212,9 +212,8 @@ ROUTES = [
     pytest.param("apt", None, id="apt-packages-signed-repos"),
     pytest.param("uv-python", None, id="uv-managed-python"),
     pytest.param("pip-url", {"pinned-wheel"}, id="wheel-url-with-pinned-sha256"),
-    pytest.param("pip-url", None, id="wheel-url-with-the-stacks-default", marks=pytest.mark.xfail(strict=True, reason=(
-        "GAP (reported): stack.yaml has vllm.sha256: null for the 1Cat-vLLM wheel, so `pip install <url>` runs without "
-        "#sha256= (the plan warns; pin it with qwen27b_stack_overrides {'vllm': {'sha256': ...}})"))),
+    # the 1Cat-vLLM 1.5.1 wheel's sha256 is in stack.yaml (issue 49; from the vendor's runtimes.py, verified: false)
+    pytest.param("pip-url", None, id="wheel-url-with-the-stacks-default"),
     pytest.param("pip-index", None, id="pip-from-an-index", marks=pytest.mark.xfail(strict=True, reason=(
         "GAP (reported): torch from the PyTorch cu128 index, upstream vllm and PyPI's dflash install by name from an "
         "index, with TLS but without --require-hashes"))),
