@@ -297,15 +297,19 @@ def _mixed_fp8_rule(host: str, rs: ResolvedStack, gpus: list[Gpu], target: Model
                       "qwen27b_model to another checkpoint of the stack's models table")
 
 
-def _speculation(host: str, rs: ResolvedStack, gpus: list[Gpu], target: ModelShape, settings: Settings):
-    """The speculative method and depth (plan/engine.py) at the TP size and length the planner starts from."""
-    pins = settings.serve_flags or {}
+def _starting_point(rs: ResolvedStack, gpus: list[Gpu], target: ModelShape, pinned_tp, pins: dict) -> tuple[int, int]:
+    """The TP size and --max-model-len the planner starts from (pins first): what a method is chosen at."""
     try:
-        tp = choose_tp(gpus, target, settings.tensor_parallel_size or (int(pins["--tensor-parallel-size"])
+        tp = choose_tp(gpus, target, pinned_tp or (int(pins["--tensor-parallel-size"])
                        if "--tensor-parallel-size" in pins else None))[0] if gpus else 1
     except PlanRefused:
         tp = len(gpus)  # _check_tp names the problem
-    max_len = int(pins.get("--max-model-len") or rs.profile["serve"]["max_model_len"])
+    return tp, int(pins.get("--max-model-len") or rs.profile["serve"]["max_model_len"])
+
+
+def _speculation(host: str, rs: ResolvedStack, gpus: list[Gpu], target: ModelShape, settings: Settings):
+    """The speculative method and depth (plan/engine.py) at the TP size and length the planner starts from."""
+    tp, max_len = _starting_point(rs, gpus, target, settings.tensor_parallel_size, settings.serve_flags or {})
     try:
         return engine.choose_speculative(rs, target, settings.speculative_mode, tp, max_len)
     except engine.SpecRefused as refused:
@@ -324,9 +328,8 @@ def _plan_or_drop_draft(inp: ServeInputs, settings: Settings) -> ServePlan:
         why = (f"the DFlash2 draft ({inp.draft.weight_bytes / GiB:.2f} GiB{whole}"
                f"{' ' + inp.stack.cite(inp.stack.build.get('draft_on_every_card_source')) if whole else ''}) "
                f"does not fit: {refused.cause}")
-        tp = int(inp.pins.get("--tensor-parallel-size") or choose_tp(inp.gpus, inp.target, None)[0]) if inp.gpus else 1
-        spec = engine.next_method(inp.stack, inp.target, ["dflash2"], tp,
-                                  int(inp.pins.get("--max-model-len") or inp.stack.profile["serve"]["max_model_len"]), why)
+        tp, max_len = _starting_point(inp.stack, inp.gpus, inp.target, None, inp.pins)
+        spec = engine.next_method(inp.stack, inp.target, ["dflash2"], tp, max_len, why)
         return plan_serve(replace(inp, draft=None, draft_path=None, spec=spec, speculative=spec.on))
 
 

@@ -158,6 +158,11 @@ class ServeInputs:
             return engine.SpecChoice("dflash2", tokens, engine.dflash2_reason(self.stack, tokens))
         return engine.OFF
 
+    @property
+    def draft_served(self) -> bool:
+        """DFlash2 with its draft: the draft's weights and KV count, its flags and switches apply."""
+        return self.draft is not None and self.speculation.method == "dflash2"
+
 
 def _pin(pins: dict, name: str, cast):
     if name not in pins:
@@ -207,7 +212,7 @@ def _budget(inp: ServeInputs, tp: int, util: float, max_len: int, seqs: int, bat
     kvb = DTYPE_BYTES.get(kv_dtype, 2) if kv_dtype != "auto" else DTYPE_BYTES[_act_dtype(inp)]
     act_bytes = DTYPE_BYTES[_act_dtype(inp)]
     method = inp.speculation.method
-    use_draft = inp.draft is not None and method == "dflash2"
+    use_draft = inp.draft_served
     draft_split = 1 if inp.stack.build.get("draft_on_every_card") else tp  # 1Cat loads the drafter whole per card
     kv_per_token = inp.target.kv_bytes_per_token(tp, kvb)
     if use_draft:
@@ -438,7 +443,7 @@ def plan_serve(inp: ServeInputs) -> ServePlan:
         add("--attention-backend", serve["attention_backend"],
             f"the sm_70 build's attention kernels (also non-causal, as the DFlash draft needs) {cite('1cat-vllm')}")
     add("--kv-cache-dtype", *engine.kv_cache_dtype(inp.stack, inp.target, bool(inp.gpus)))
-    _profile_flags(serve, add, cite, inp.draft is not None and inp.speculation.method == "dflash2")
+    _profile_flags(serve, add, cite, inp.draft_served)
     if serve.get("quiet_endpoints"):
         add("--disable-access-log-for-endpoints", ",".join(serve["quiet_endpoints"]),
             f"no access-log line for a pool's probe each second or a scrape {cite(serve.get('quiet_endpoints_source'))}")
@@ -448,7 +453,8 @@ def plan_serve(inp: ServeInputs) -> ServePlan:
     if serve.get("enforce_eager"):
         add("--enforce-eager", None, f"start-up in under a minute instead of minutes of compiling {cite(serve.get('source'))}")
     spec = inp.speculation
-    if spec.on and (spec.method != "dflash2" or inp.draft is not None):
+    speculating = spec.on and (spec.method != "dflash2" or inp.draft_served)  # DFlash2 only with its draft
+    if speculating:
         add("--speculative-config", json.dumps(engine.speculative_config(inp.stack, spec, inp.draft_path),
                                                separators=(",", ":")), spec.reason)
         if spec.method == "dflash2" and inp.target.lm_head_quantized and not engine.quant_lm_head_switch(inp.stack):
@@ -490,8 +496,8 @@ def plan_serve(inp: ServeInputs) -> ServePlan:
             env["CUDA_HOME"] = f"/usr/local/cuda-{cuda['toolkit']}"
             notes.append(f"CUDA_HOME={env['CUDA_HOME']}: the engine's kernels built at first use take this toolkit's "
                          f"nvcc, never another one /usr/local/cuda may point at {cite(cuda.get('source'))}")
-    switch = engine.quant_lm_head_switch(inp.stack) if spec.method == "dflash2" and inp.target.lm_head_quantized else None
-    if switch and inp.draft is not None:
+    switch = engine.quant_lm_head_switch(inp.stack) if inp.draft_served and inp.target.lm_head_quantized else None
+    if switch:
         env[switch["env"]] = str(switch["value"])
         notes.append(f"{switch['env']}={switch['value']}: DFlash2 beside the target's quantized lm_head "
                      f"{cite(switch.get('source'))}")
@@ -501,4 +507,4 @@ def plan_serve(inp: ServeInputs) -> ServePlan:
                  f"within the {serve['start_timeout_s']} s start) before systemd counts the unit as started, so no "
                  f"client meets the first request's compile {cite(warm['source'])}")
     return ServePlan(flags=flags, env=env, memory=budget, notes=notes, tp_group=tuple(tp_group),
-                     spec=spec if not spec.on or spec.method != "dflash2" or inp.draft is not None else engine.OFF)
+                     spec=spec if speculating or not spec.on else engine.OFF)
