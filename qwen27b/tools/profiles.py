@@ -58,11 +58,13 @@ def _served(d) -> str:
 _ADAPTED = ("speculative decoding", "copies", "left out")
 
 
-def _adapted(entry_profile: dict, d) -> list[str]:
+def _adapted(entry: dict, entry_profile: dict, d) -> list[str]:
     """What the plan changed from the entry: the draft dropped, the context lowered (with the figure), copies."""
-    out = []
+    out, first = [], catalog.methods(entry)[:1]
     for serve in [d.serve] if not d.copies else [c.serve for _, c in d.copies]:
         out += [n for n in serve.notes if any(word in n for word in _ADAPTED)]
+        if first and serve.spec.method != first[0] and not any(serve.spec.reason in n for n in out):
+            out.append(f"{serve.spec.method if serve.spec.on else 'speculative decoding off'}: {serve.spec.reason}")
         for f in serve.flags:
             if f.name == "--max-model-len" and str(f.value) != str(entry_profile["serve"]["max_model_len"]):
                 out.append(f"context {f.value}, not the entry's {entry_profile['serve']['max_model_len']}: {f.reason}")
@@ -101,7 +103,7 @@ def host_fits(host: str, facts, settings, stack: dict, decide=None) -> list[Fit]
         except StackError as error:
             out.append(Fit(host, name, False, "", str(error)))
             continue
-        why = "; ".join(x for x in _adapted(catalog.profile_of(stack, name), d) + [_hardware(entry, d)] if x)
+        why = "; ".join(x for x in _adapted(entry, catalog.profile_of(stack, name), d) + [_hardware(entry, d)] if x)
         out.append(Fit(host, name, True, _served(d), why or "as validated"))
     return out
 
