@@ -193,3 +193,25 @@ def test_profiles_prints_the_catalog_and_json(capsys):
 def test_profiles_limit_needs_an_inventory(capsys):
     assert cli.main(["profiles", "--limit", "x"]) == 2
     assert "--limit needs an INVENTORY" in capsys.readouterr().err
+
+
+def test_profiles_reads_an_inventorys_hosts_through_pyinfra():
+    """The command itself on the recorded inventory (pyinfra's @fake connector answering with the
+    recordings): read-only gate facts, every entry planned, the host's own entry marked."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, "-m", "qwen27b.tools.cli", "profiles", "inventory/recorded.py", "--limit",
+                          "@fake/v100x4-2204-fresh", "@fake/v100x2-16gb", "--json"], cwd=root, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = {(r["host"], r["entry"]): r for r in json.loads(run.stdout)["hosts"]}
+    assert len(rows) == 2 * len(catalog.entries(STACK))
+    fresh = rows[("@fake/v100x4-2204-fresh", "quasar-nvfp4-dflash2")]
+    assert fresh["fits"] and fresh["chosen"] and fresh["serves"] == "dflash2, context 262144, TP 4"
+    small = rows[("@fake/v100x2-16gb", "quasar-nvfp4-dflash2")]
+    assert small["chosen"] and small["serves"].startswith("no speculation") and "whole on every card" in small["why"]
+    assert not rows[("@fake/v100x2-16gb", "unsloth-nvfp4")]["fits"]
+    assert not rows[("@fake/v100x2-16gb", "radixark-mtp")]["chosen"]

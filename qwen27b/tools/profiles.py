@@ -27,6 +27,7 @@ class Fit:
     fits: bool
     serves: str  # method, context, TP as planned; "" where it does not fit
     why: str  # what the plan changed and the hardware it was validated on; or the refusal's causes
+    chosen: bool = False  # the entry this host's own data plans (qwen27b_engine_profile, else the default)
 
 
 def catalog_rows(stack: dict) -> list[dict]:
@@ -92,19 +93,23 @@ def host_fits(host: str, facts, settings, stack: dict, decide=None) -> list[Fit]
 
     if decide is None:
         from qwen27b.plan.serving import decide
-    out = []
+    out, own = [], settings.engine_profile
+    try:
+        own = decide(host, facts, stack, settings).entry.name
+    except (RefusedHost, StackError):
+        pass
     for name, entry in catalog.entries(stack).items():
         trial = replace(settings, engine_profile=name, profile="cpu-smoke" if entry["profile"] == "cpu-smoke" else None)
         try:
             d = decide(host, facts, stack, trial)
         except RefusedHost as refused:
-            out.append(Fit(host, name, False, "", "; ".join(cause for cause, _ in refused.problems)))
+            out.append(Fit(host, name, False, "", "; ".join(cause for cause, _ in refused.problems), name == own))
             continue
         except StackError as error:
-            out.append(Fit(host, name, False, "", str(error)))
+            out.append(Fit(host, name, False, "", str(error), name == own))
             continue
         why = "; ".join(x for x in _adapted(entry, catalog.profile_of(stack, name), d) + [_hardware(entry, d)] if x)
-        out.append(Fit(host, name, True, _served(d), why or "as validated"))
+        out.append(Fit(host, name, True, _served(d), why or "as validated", name == own))
     return out
 
 
@@ -122,9 +127,10 @@ def catalog_table(rows: list[dict]) -> str:
 
 
 def fits_table(fits: list[Fit]) -> str:
-    return _wrap_table(["host", "entry", "fits", "serves", "why / what the plan changed"],
-                       [[f.host, f.entry, "yes" if f.fits else "no", f.serves or "-", f.why] for f in fits],
-                       [22, 20, 4, 30, 80])
+    """One row per host and entry; `*` marks the entry the host's own data plans."""
+    return _wrap_table(["host", "entry (* planned)", "fits", "serves", "why / what the plan changed"],
+                       [[f.host, f.entry + (" *" if f.chosen else ""), "yes" if f.fits else "no", f.serves or "-", f.why]
+                        for f in fits], [max([4] + [len(f.host) for f in fits]), 22, 4, 30, 80])
 
 
 def read_host(state, host, stack: dict):
