@@ -215,3 +215,11 @@ def test_profiles_reads_an_inventorys_hosts_through_pyinfra():
     assert small["chosen"] and small["serves"].startswith("no speculation") and "whole on every card" in small["why"]
     assert not rows[("@fake/v100x2-16gb", "unsloth-nvfp4")]["fits"]
     assert not rows[("@fake/v100x2-16gb", "radixark-mtp")]["chosen"]
+
+
+def test_qwen27b_model_beside_an_entry_is_said_on_the_entry_line():
+    d = plan("v100x4-2204-fresh", {"qwen27b_model": "qwen3.8-27b-nvfp4-radixark"})
+    assert d.entry.name == "quasar-nvfp4-dflash2" and d.stack.model["id"] == "RadixArk/Qwen3.8-27B-NVFP4"
+    assert d.entry.reason.endswith("; its target qwen3.8-27b-nvfp4-quasar replaced by qwen27b_model "
+                                   "qwen3.8-27b-nvfp4-radixark, a checkpoint this entry was not validated with")
+    assert plan("v100x4-2204-fresh", {"qwen27b_model": "qwen3.8-27b-nvfp4-quasar"}).entry.reason.endswith("[catalog-ours]")

@@ -75,9 +75,20 @@ def check_choice(stack: dict, profile: str | None, wanted: str | None) -> str | 
     return "cpu-smoke" if entry_profile == "cpu-smoke" else profile
 
 
-def choose(stack: dict, profile: str, wanted: str | None, gpu: str | None = None, cc: str | None = None) -> Chosen:
+def choose(stack: dict, profile: str, wanted: str | None, gpu: str | None = None, cc: str | None = None,
+           model: str | None = None) -> Chosen:
     """The entry for a host whose GPUs chose `profile` (gate._choose_profile). An entry of another
-    generation is refused naming the GPU's."""
+    generation is refused naming the GPU's. `model`: host data qwen27b_model, which replaces the
+    entry's target (the line says so)."""
+    chosen = _choose(stack, profile, wanted, gpu, cc)
+    target = entries(stack)[chosen.name]["model"]
+    if model is None or model == target:
+        return chosen
+    return Chosen(chosen.name, profile, f"{chosen.reason}; its target {target} replaced by qwen27b_model {model}, "
+                  "a checkpoint this entry was not validated with")
+
+
+def _choose(stack: dict, profile: str, wanted: str | None, gpu: str | None, cc: str | None) -> Chosen:
     if wanted is None:
         name = default_for(stack, profile)
         how = "qwen27b_profile cpu-smoke" if profile == "cpu-smoke" else f"compute capability {cc}" if cc else profile

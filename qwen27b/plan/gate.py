@@ -261,7 +261,7 @@ def _catalog_entry(host: str, stack: dict, profile_name: str, settings: Settings
     gpu = gpus[0] if gpus else None
     try:
         chosen = catalog.choose(stack, profile_name, settings.engine_profile, gpu and gpu.name,
-                                gpu and gpu.compute_capability)
+                                gpu and gpu.compute_capability, settings.model)
         return chosen, catalog.apply(stack, chosen.name)
     except catalog.CatalogError as error:
         raise RefusedHost(host, error.problem, error.fix) from None
