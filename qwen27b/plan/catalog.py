@@ -145,6 +145,12 @@ def apply(stack: dict, name: str) -> dict:
     return {**stack, "profiles": {**stack["profiles"], entry["profile"]: profile_of(stack, name)}}
 
 
+def entry_stack(stack: dict, profile: str, wanted: str | None) -> dict:
+    """The stack a host of `profile` with qwen27b_engine_profile `wanted` plans with (for the tools
+    that resolve a profile themselves: doctor, mirror); raises CatalogError as `choose` does."""
+    return apply(stack, choose(stack, profile, wanted).name)
+
+
 def check_catalog(stack: dict) -> list[str]:
     """Every problem of the catalog section: profiles, models, sources, one default per profile."""
     problems, models, sources = [], stack.get("models") or {}, stack.get("sources") or {}
