@@ -37,8 +37,10 @@ def test_the_catalog_is_whole_one_default_per_generation():
 
 def test_check_catalog_finds_a_second_default_and_an_unknown_model():
     broken = {**STACK, "catalog": {**STACK["catalog"],
-                                   "extra": {**STACK["catalog"]["unsloth-nvfp4"], "default": True, "model": "nope"}}}
+                                   "extra": {**STACK["catalog"]["unsloth-nvfp4"], "default": True, "model": "nope",
+                                             "figures": [{"tok_s": 1, "what": "x", "by": "vendor", "source": "nowhere"}]}}}
     problems = catalog.check_catalog(broken)
+    assert "extra: source 'nowhere' is not under sources:" in problems
     assert any("profile 'sm70' has 2 default" in p for p in problems)
     assert any("extra: model 'nope'" in p for p in problems)
 

@@ -161,9 +161,9 @@ def check_catalog(stack: dict) -> list[str]:
         for key in ("model", "draft"):
             if entry.get(key) is not None and entry[key] not in models:
                 problems.append(f"{name}: {key} {entry[key]!r} is not a key of models:")
-        cited = list(_ids(entry.get("source")))
-        cited += [i for block in (entry.get("validated_on") or {},) for i in _ids(block.get("source"))]
-        cited += [i for f in entry.get("figures") or [] for i in _ids(f.get("source"))]
+        cited = list(ids(entry.get("source")))
+        cited += ids((entry.get("validated_on") or {}).get("source"))
+        cited += [i for f in entry.get("figures") or [] for i in ids(f.get("source"))]
         problems += [f"{name}: source '{i}' is not under sources:" for i in cited if i not in sources]
         try:
             profile_of(stack, name)
@@ -177,7 +177,8 @@ def check_catalog(stack: dict) -> list[str]:
     return problems
 
 
-def _ids(value) -> list[str]:
+def ids(value) -> list[str]:
+    """A `source` value (one id or a list) as a list."""
     return [] if value is None else [value] if isinstance(value, str) else list(value)
 
 

@@ -43,7 +43,7 @@ def catalog_rows(stack: dict) -> list[dict]:
             "methods": catalog.methods(entry), "validated_on": entry.get("validated_on"),
             "validated": catalog.validated_text(entry), "figures": entry.get("figures") or [],
             "figures_text": catalog.figures_text(entry), "description": entry.get("description", ""),
-            "source": catalog._ids(entry.get("source"))})
+            "source": catalog.ids(entry.get("source"))})
     return rows
 
 
