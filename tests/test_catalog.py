@@ -161,7 +161,12 @@ def fits(host):
 def test_profiles_4x_v100_32gb_fits_the_vendor_route():
     f = fits("v100x4-2204-fresh")
     assert f["quasar-nvfp4-dflash2"].fits and f["quasar-nvfp4-dflash2"].serves == "dflash2, context 262144, TP 4"
-    assert f["quasar-nvfp4-dflash2"].why == "as validated"
+    assert f["quasar-nvfp4-dflash2"].why == ("links: validated on NVLink with custom all-reduce; here it is off (TP 4, "
+                                             "GPU links not read (nvidia-smi topo -m answered nothing: no driver yet))")
+    assert fits("v100x4-converged")["quasar-nvfp4-dflash2"].why == "as validated"  # NVLink read, custom all-reduce on
+    pcie = fits("v100x4-pcie")["quasar-nvfp4-dflash2"]
+    assert pcie.fits and "links: validated on NVLink with custom all-reduce; here it is off (TP 4, not every pair on " \
+        "NVLink (0-1 NODE, 0-2 SYS" in pcie.why
     assert not f["modelopt-sm75"].fits and "compute capability 7.0, the sm70 generation" in f["modelopt-sm75"].why
     assert "validated on 4x 16 GiB (owners)" in f["radixark-mtp"].why
 

@@ -72,6 +72,16 @@ def _adapted(entry: dict, entry_profile: dict, d) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def _first_clause(text: str) -> str:
+    """`text` up to its first ': ' outside parentheses (the link reading before the rule's why)."""
+    depth = 0
+    for i, c in enumerate(text):
+        depth += (c == "(") - (c == ")")
+        if depth == 0 and text.startswith(": ", i):
+            return text[:i]
+    return text
+
+
 def _hardware(entry: dict, d) -> str:
     """The entry's validated GPU count and memory beside the plan's (a stated fact, never a refusal)."""
     v = entry.get("validated_on")
@@ -79,11 +89,14 @@ def _hardware(entry: dict, d) -> str:
         return "no run of this entry on record (not validated)"
     if not v.get("count") or not d.gpus:
         return "the CPU smoke profile: no GPU used" if not v.get("count") and d.gpus else ""
-    gib = round(min(g.memory_mib for g in d.gpus) / 1024)
-    if len(d.gpus) == v["count"] and gib == v.get("memory_gib"):
-        return ""
-    return (f"validated on {v['count']}x {v.get('memory_gib')} GiB ({v['by']}), this plan uses "
-            f"{len(d.gpus)}x {gib} GiB ({d.gpus[0].name})")
+    gib, out = round(min(g.memory_mib for g in d.gpus) / 1024), []
+    if len(d.gpus) != v["count"] or gib != v.get("memory_gib"):
+        out.append(f"validated on {v['count']}x {v.get('memory_gib')} GiB ({v['by']}), this plan uses "
+                   f"{len(d.gpus)}x {gib} GiB ({d.gpus[0].name})")
+    off = next((f.reason for f in d.serve.flags if f.name == "--disable-custom-all-reduce"), None)
+    if v.get("links") == "nvlink" and off:  # the planner's own link reading (plan/topology.py), its first clause
+        out.append(f"links: validated on NVLink with custom all-reduce; here it is off ({_first_clause(off)})")
+    return "; ".join(out)
 
 
 def host_fits(host: str, facts, settings, stack: dict, decide=None) -> list[Fit]:
