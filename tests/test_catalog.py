@@ -165,10 +165,12 @@ def test_profiles_4x_v100_32gb_fits_the_vendor_route():
                                              "GPU links not read (nvidia-smi topo -m answered nothing: no driver yet))")
     assert fits("v100x4-converged")["quasar-nvfp4-dflash2"].why == "as validated"  # NVLink read, custom all-reduce on
     pcie = fits("v100x4-pcie")["quasar-nvfp4-dflash2"]
+    assert pcie.why.startswith("validated on 4x Tesla V100-SXM2-32GB 32 GiB (vendor), this plan uses 4x 32 GiB "
+                               "(Tesla V100-PCIE-32GB); ")
     assert pcie.fits and "links: validated on NVLink with custom all-reduce; here it is off (TP 4, not every pair on " \
         "NVLink (0-1 NODE, 0-2 SYS" in pcie.why
     assert not f["modelopt-sm75"].fits and "compute capability 7.0, the sm70 generation" in f["modelopt-sm75"].why
-    assert "validated on 4x 16 GiB (owners)" in f["radixark-mtp"].why
+    assert "validated on 4x Tesla V100-SXM2-16GB 16 GiB (owners)" in f["radixark-mtp"].why
 
 
 def test_profiles_2x_v100_16gb_says_why_dflash2_does_not_fit():
@@ -177,7 +179,7 @@ def test_profiles_2x_v100_16gb_says_why_dflash2_does_not_fit():
     assert quasar.fits and quasar.serves == "no speculation, context 32768, TP 2"
     assert "the DFlash2 draft (3.58 GiB whole on every card [1cat-draft-per-card]) does not fit" in quasar.why
     assert "context 32768, not the entry's 262144" in quasar.why
-    assert "validated on 4x 32 GiB (vendor), this plan uses 2x 16 GiB" in quasar.why
+    assert "validated on 4x Tesla V100-SXM2-32GB 32 GiB (vendor), this plan uses 2x 16 GiB" in quasar.why
     assert not f["unsloth-nvfp4"].fits and f["unsloth-nvfp4"].why.startswith("too little memory on 2x Tesla V100-SXM2-16GB")
     assert f["radixark-mtp"].fits and f["radixark-mtp"].serves == "mtp, context 8192, TP 2"
 

@@ -82,7 +82,7 @@ def _first_clause(text: str) -> str:
     return text
 
 
-def _hardware(entry: dict, d) -> str:
+def _hardware(entry: dict, d, known_names: set | None = None) -> str:
     """The entry's validated GPU count and memory beside the plan's (a stated fact, never a refusal)."""
     v = entry.get("validated_on")
     if not v:
@@ -90,8 +90,10 @@ def _hardware(entry: dict, d) -> str:
     if not v.get("count") or not d.gpus:
         return "the CPU smoke profile: no GPU used" if not v.get("count") and d.gpus else ""
     gib, out = round(min(g.memory_mib for g in d.gpus) / 1024), []
-    if len(d.gpus) != v["count"] or gib != v.get("memory_gib"):
-        out.append(f"validated on {v['count']}x {v.get('memory_gib')} GiB ({v['by']}), this plan uses "
+    other_board = v.get("gpu") in (known_names or set()) and all(g.name != v["gpu"] for g in d.gpus)
+    if len(d.gpus) != v["count"] or gib != v.get("memory_gib") or other_board:
+        board = f" {v['gpu']}" if other_board else ""
+        out.append(f"validated on {v['count']}x{board} {v.get('memory_gib')} GiB ({v['by']}), this plan uses "
                    f"{len(d.gpus)}x {gib} GiB ({d.gpus[0].name})")
     off = next((f.reason for f in d.serve.flags if f.name == "--disable-custom-all-reduce"), None)
     if v.get("links") == "nvlink" and off:  # the planner's own link reading (plan/topology.py), its first clause
@@ -121,7 +123,8 @@ def host_fits(host: str, facts, settings, stack: dict, decide=None) -> list[Fit]
         except StackError as error:
             out.append(Fit(host, name, False, "", str(error), name == own))
             continue
-        why = "; ".join(x for x in _adapted(entry, catalog.profile_of(stack, name), d) + [_hardware(entry, d)] if x)
+        known = {n for g in stack.get("gpus") or [] for n in g.get("names") or []}  # nvidia-smi's board names
+        why = "; ".join(x for x in _adapted(entry, catalog.profile_of(stack, name), d) + [_hardware(entry, d, known)] if x)
         out.append(Fit(host, name, True, _served(d), why or "as validated", name == own))
     return out
 
