@@ -832,6 +832,8 @@ def lab_address(data: dict) -> str | None:
 
 def _engine_profile(host: str, s: Settings) -> Settings:
     """qwen27b_engine_profile names a catalog entry (plan/catalog.py); a cpu-smoke entry sets the CPU profile."""
+    if s.engine_profile is None:
+        return s
     from qwen27b.plan.catalog import CatalogError, check_choice
     from qwen27b.plan.stack import load_stack
     try:
