@@ -232,3 +232,10 @@ def test_qwen27b_model_beside_an_entry_is_said_on_the_entry_line():
     assert d.entry.reason.endswith("; its target qwen3.8-27b-nvfp4-quasar replaced by qwen27b_model "
                                    "qwen3.8-27b-nvfp4-radixark, a checkpoint this entry was not validated with")
     assert plan("v100x4-2204-fresh", {"qwen27b_model": "qwen3.8-27b-nvfp4-quasar"}).entry.reason.endswith("[catalog-ours]")
+
+
+def test_profiles_says_a_group_member_is_planned_alone():
+    data = {"qwen27b_node_group": "pair-a", "qwen27b_node_role": "head", "qwen27b_node_address": "10.10.0.1",
+            "qwen27b_node_interface": "enp65s0f0", "qwen27b_interconnect_gbps": 10}
+    fit = profiles.host_fits("head", recorded_facts("v100x2-16gb"), settings_for("head", data), STACK)[0]
+    assert fit.why.startswith("planned alone (qwen27b_node_group pair-a: the group's pipeline is not planned here); ")

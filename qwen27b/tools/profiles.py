@@ -109,6 +109,9 @@ def host_fits(host: str, facts, settings, stack: dict, decide=None) -> list[Fit]
     if decide is None:
         from qwen27b.plan.serving import decide
     out, own = [], settings.engine_profile
+    # a serving group's member is planned here as a host alone: the group's pipeline needs every member's facts
+    alone = f"planned alone (qwen27b_node_group {settings.node_group}: the group's pipeline is not planned here); " \
+        if settings.node_group else ""
     try:
         own = decide(host, facts, stack, settings).entry.name
     except (RefusedHost, StackError):
@@ -118,14 +121,14 @@ def host_fits(host: str, facts, settings, stack: dict, decide=None) -> list[Fit]
         try:
             d = decide(host, facts, stack, trial)
         except RefusedHost as refused:
-            out.append(Fit(host, name, False, "", "; ".join(cause for cause, _ in refused.problems), name == own))
+            out.append(Fit(host, name, False, "", alone + "; ".join(cause for cause, _ in refused.problems), name == own))
             continue
         except StackError as error:
             out.append(Fit(host, name, False, "", str(error), name == own))
             continue
         known = {n for g in stack.get("gpus") or [] for n in g.get("names") or []}  # nvidia-smi's board names
         why = "; ".join(x for x in _adapted(entry, catalog.profile_of(stack, name), d) + [_hardware(entry, d, known)] if x)
-        out.append(Fit(host, name, True, _served(d), why or "as validated", name == own))
+        out.append(Fit(host, name, True, _served(d), alone + (why or "as validated"), name == own))
     return out
 
 
