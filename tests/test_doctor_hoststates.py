@@ -34,3 +34,14 @@ def test_doctor_names_the_gates_cause(name, cause):
 def test_doctor_reads_the_new_kernel_and_the_driver_first_host():
     assert "the reboot boots 5.15.0-130-generic" in context.Ctx(snapshot("v100x4-newer-kernel"), STACK).decision.driver.reason
     assert context.Ctx(snapshot("v100x1-pg500"), STACK).decision.driver_first
+
+
+def test_doctor_judges_a_host_against_its_engine_profile_entry():
+    """qwen27b_engine_profile reaches doctor's stack (its parameter checks compare the host with the
+    entry the deploy planned, issue 49), and the gate's plan inside doctor names it."""
+    snap = snapshot("v100x4-2204-fresh")
+    snap.data = {"qwen27b_engine_profile": "radixark-mtp"}
+    ctx = context.Ctx(snap, STACK)
+    assert ctx.rs.profile["vllm"]["version"] == "1.5.0" and ctx.rs.model["id"] == "RadixArk/Qwen3.8-27B-NVFP4"
+    assert ctx.decision.entry.name == "radixark-mtp"
+    assert context.Ctx(snapshot("v100x4-2204-fresh"), STACK).rs.profile["vllm"]["version"] == "1.5.1"

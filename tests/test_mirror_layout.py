@@ -63,3 +63,17 @@ def test_a_directory_that_is_no_checkpoint_is_refused(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert cli.main(["mirror", str(tmp_path / "m"), "--model", str(tmp_path / "empty")]) == 1
     assert "holds no config.json" in capsys.readouterr().err
+
+
+def test_an_engine_profile_entry_lays_out_its_own_target(tmp_path, capsys):
+    """--engine-profile: the catalog entry's checkpoint names (the names a host with that
+    qwen27b_engine_profile asks the mirror for); a name not in the catalog is refused with the list."""
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text('{"architectures": ["Qwen3ForCausalLM"]}')
+    dest = tmp_path / "mirror"
+    assert cli.main(["mirror", str(dest), "--model", str(checkpoint), "--engine-profile", "unsloth-nvfp4"]) == 0
+    assert (dest / "unsloth--Qwen3.8-27B-NVFP4@main" / "manifest.json").is_file()
+    assert cli.main(["mirror", str(dest), "--model", str(checkpoint), "--engine-profile", "unsloth"]) == 2
+    err = capsys.readouterr().err
+    assert "'unsloth' is not an entry of the engine profile catalog" in err and "quasar-nvfp4-dflash2" in err

@@ -230,3 +230,15 @@ def test_speculative_off_by_host_data_is_kept_in_a_pipeline():
 def test_a_decision_copy_keeps_its_group():
     d = group(common=LONG)["head"]
     assert replace(d, warnings=[]).group is d.group
+
+
+def test_a_serving_group_plans_its_members_engine_profile():
+    """qwen27b_engine_profile reaches the group's own plan (multinode resolves the entry's stack, issue 49)."""
+    out = group(common={"qwen27b_engine_profile": "unsloth-nvfp4", "qwen27b_serve_flags": {"--max-model-len": 65536}})
+    for decision in out.values():
+        assert isinstance(decision, Decision), decision
+        assert decision.entry.name == "unsloth-nvfp4" and decision.stack.model["id"] == "unsloth/Qwen3.8-27B-NVFP4"
+        assert decision.serve.value("--pipeline-parallel-size") == "2"
+        # the stages are cut from the entry's checkpoint (unsloth's, heavier than QUASAR's), not the default's
+        unsloth = load_shape("qwen27b/plan/checkpoints/unsloth--Qwen3.8-27B-NVFP4")
+        assert decision.serve.memory.weights == stages(unsloth, 2, 2)[decision.group.stage.index].weight_bytes // 2

@@ -57,7 +57,8 @@ def _legend(d: Decision, texts: list[str]) -> list[str]:
 def _head(d: Decision) -> str:
     gpus = ", ".join(sorted({g.name for g in d.gpus})) or "none"
     return (f"== {d.host}: profile {d.profile} - {d.stack.profile['description']}\n"
-            f"   {len(d.gpus)} GPU(s): {gpus}; release {d.stack.stack_hash}")
+            f"   {len(d.gpus)} GPU(s): {gpus}; release {d.stack.stack_hash}"
+            + (f"\n   {d.entry.line()}" if d.entry else ""))
 
 
 def format_decision(d: Decision) -> str:
@@ -80,7 +81,7 @@ def format_decision(d: Decision) -> str:
         if instance is not None and instance != d.copies[-1][0]:
             parts.append("")
     reasons = [c.reason for c in d.choices] + [row[2] for row in group] + [f.reason for s in serves for f in s.flags] \
-        + d.serve.notes + d.warnings
+        + d.serve.notes + d.warnings + ([d.entry.line()] if d.entry else [])
     legend = _legend(d, reasons)
     if legend:
         parts += ["", "sources:"] + legend

@@ -20,7 +20,7 @@ from qwen27b.plan.elfneeds import newer
 from qwen27b.plan.hostdata import NODE_EXPORTER_PORT, NODE_EXPORTER_UNIT, Settings, redact_url
 from qwen27b.plan.fanout import SEED_PORT
 from qwen27b.onhost.contract import HEALTH_HTTP_SOCKET, SEED_UNIT
-from qwen27b.plan import engine, sources
+from qwen27b.plan import catalog, engine, sources
 from qwen27b.plan.planner import GiB, Gpu, PlanRefused, ServeInputs, ServePlan, _divides, choose_tp, plan_serve
 from qwen27b.plan.stack import (NoModelScopeId, ResolvedStack, StackError, cc_tuple, checkpoint_metadata_dir, gpu_spec,
                     os_support, profile_for_compute_capability, resolve_stack, revision_dir_name)
@@ -151,6 +151,7 @@ class Decision:
     copies: tuple = ()  # ((hostdata.Instance, Decision), ...): several copies on this machine (qwen27b_instances)
     driver_first: bool = False  # GPU memory unknown until the driver answers: this run installs the driver only
     power: object | None = None  # gpuwear.PowerPlan: what qwen27b-gpu-power.service sets at boot; None: no driver
+    entry: object | None = None  # catalog.Chosen: the engine profile catalog's entry planned and why
 
     @property
     def profile(self) -> str:
@@ -253,6 +254,17 @@ def _choose_profile(host: str, gpus: list[Gpu], settings: Settings, stack: dict)
         raise RefusedHost(host, f"qwen27b_profile '{settings.profile}' is for compute capability "
                           f"{bounds['min']}-{bounds['max']}, this host's {gpus[0].name} is {cc}", hint)
     return settings.profile
+
+
+def _catalog_entry(host: str, stack: dict, profile_name: str, settings: Settings, gpus: list[Gpu]):
+    """(catalog.Chosen, the stack with that entry's profile): qwen27b_engine_profile or the default."""
+    gpu = gpus[0] if gpus else None
+    try:
+        chosen = catalog.choose(stack, profile_name, settings.engine_profile, gpu and gpu.name,
+                                gpu and gpu.compute_capability, settings.model)
+        return chosen, catalog.apply(stack, chosen.name)
+    except catalog.CatalogError as error:
+        raise RefusedHost(host, error.problem, error.fix) from None
 
 
 def _generation_rules(host: str, rs: ResolvedStack, gpus: list[Gpu], facts: HostFacts) -> None:
@@ -886,6 +898,7 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
     left_out = [w for w in wear if w.leave_out]
     _check_tp(host, gpus, settings)
     profile_name = _choose_profile(host, gpus, settings, stack)
+    entry, stack = _catalog_entry(host, stack, profile_name, settings, gpus)
     try:
         rs = resolve_stack(stack, profile_name, settings.stack_overrides, model=settings.model,
                            model_source=settings.model_source)
@@ -993,4 +1006,4 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
                     + _warnings(facts, rs, settings, os_row, driver, draft is not None, None if cpu else stack["gpu_wear"])
                     + [w for w in (disk_warning, glibc_warning, python_row(facts, rs, settings)[1]) if w],
                     model_path=model_path, draft_path=draft_path, facts=facts, os_row=os_row, driver=driver,
-                    driver_first=driver_first is not None, power=power)
+                    driver_first=driver_first is not None, power=power, entry=entry)

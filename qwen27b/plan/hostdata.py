@@ -10,7 +10,7 @@ import os
 import re
 import stat
 import urllib.parse
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 from typing import Any
 
@@ -32,6 +32,8 @@ class Settings:
     """One host's validated qwen27b data (the field name is the inventory key minus 'qwen27b_')."""
 
     profile: str | None = None  # None: chosen from the GPUs; "cpu-smoke" for the CPU profile
+    # a name of the stack's engine profile catalog (plan/catalog.py); None: the generation's default
+    engine_profile: str | None = None
     stack_overrides: dict | None = None  # merged into the stack profile (see stack.resolve_stack)
     tensor_parallel_size: int | None = None  # None: all (visible) GPUs
     gpu_indices: list | None = None  # None: every GPU; else CUDA_VISIBLE_DEVICES
@@ -116,6 +118,7 @@ class Settings:
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "profile": (str,),
+    "engine_profile": (str,),
     "stack_overrides": (dict,),
     "tensor_parallel_size": (int,),
     "gpu_indices": (list,),
@@ -336,6 +339,7 @@ def settings_for(host: str, data: dict) -> Settings:
     check_ssh_address(host, data)
     settings = Settings(**values)
     _check_values(host, settings)
+    settings = _engine_profile(host, settings)
     check_instance_keys(host, settings, set(values))
     return settings
 
@@ -824,6 +828,19 @@ def lab_address(data: dict) -> str | None:
             except BadHostData:
                 return None
     return None
+
+
+def _engine_profile(host: str, s: Settings) -> Settings:
+    """qwen27b_engine_profile names a catalog entry (plan/catalog.py); a cpu-smoke entry sets the CPU profile."""
+    if s.engine_profile is None:
+        return s
+    from qwen27b.plan.catalog import CatalogError, check_choice
+    from qwen27b.plan.stack import load_stack
+    try:
+        profile = check_choice(load_stack(), s.profile, s.engine_profile)
+    except CatalogError as error:
+        raise BadHostData(host, "qwen27b_engine_profile", error.problem, error.fix) from None
+    return s if profile == s.profile else replace(s, profile=profile)
 
 
 def check_ssh_address(host: str, data: dict) -> None:

@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from qwen27b.plan.checkpoint import DTYPE_BYTES, ModelShape
-from qwen27b.plan.gate import (Decision, HostFacts, RefusedHost, _choose_profile, _os_check, _select_gpus, decide,
-                                host_gpus)
+from qwen27b.plan.gate import (Decision, HostFacts, RefusedHost, _catalog_entry, _choose_profile, _os_check,
+                                _select_gpus, decide, host_gpus)
 from qwen27b.plan.hostdata import Settings
 from qwen27b.plan.planner import Flag, Gpu, PlanRefused, ServeInputs, ServePlan, choose_tp, plan_serve
 from qwen27b.plan.stack import gpu_spec, resolve_stack
@@ -292,7 +292,8 @@ def plan_group(name: str, members: list[Member], stack: dict, why: str) -> dict[
     node_gpus = gpus[first.name]
     try:
         profile = _choose_profile(first.name, node_gpus, first.settings, stack)
-        rs = resolve_stack(stack, profile, first.settings.stack_overrides, model=first.settings.model,
+        _, entry_stack = _catalog_entry(first.name, stack, profile, first.settings, node_gpus)  # its engine profile
+        rs = resolve_stack(entry_stack, profile, first.settings.stack_overrides, model=first.settings.model,
                            model_source=first.settings.model_source)
     except RefusedHost as refused:
         return _refuse_all(name, members, refused.cause, refused.fix)

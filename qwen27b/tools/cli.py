@@ -3,6 +3,7 @@
     qwen27b bench ...     the seed's bench matrix against a deployed endpoint (qwen27b.tools.bench)
     qwen27b doctor ...    the seed's troubleshooting chain, automated (qwen27b.tools.doctor)
     qwen27b mirror ...    an air-gapped lab's mirror layout from fetched artifacts (qwen27b.tools.mirror_layout)
+    qwen27b profiles ...  the engine profile catalog, and which entries fit each host (qwen27b.tools.profiles)
     qwen27b reach ...     can each host reach every source its plan fetches from (qwen27b.tools.reach)
     qwen27b qualify ...   a bounded burn-in of every GPU before it serves (qwen27b.tools.qualify)
     qwen27b status ...    one line per host of the fleet, read in parallel (qwen27b.tools.status)
@@ -25,6 +26,7 @@ COMMANDS = {
     "doctor": ("qwen27b.tools.doctor", "the troubleshooting chain for a host"),
     "mirror": ("qwen27b.tools.mirror_layout", "lay out a lab mirror (checkpoint, wheels, Python) from fetched files"),
     "qualify": ("qwen27b.tools.qualify", "burn in each GPU (matmul, memory, pattern) and judge its wear"),
+    "profiles": ("qwen27b.tools.profiles", "the engine profile catalog; with an inventory, which entries fit each host"),
     "reach": ("qwen27b.tools.reach", "from each host, a HEAD request to each source its plan fetches from"),
     "status": ("qwen27b.tools.status", "service, health, release, model, GPUs, last verify of every host"),
     "gateway": ("qwen27b.tools.gateway", "drain / undrain a backend at every gateway, or show the pools"),

@@ -10,11 +10,11 @@ fetched on a connected machine, for the three mirror keys of the host data:
                                      qwen27b_python_mirror: http://MIRROR:8800/python
 
     qwen27b mirror DEST --model DIR [--draft DIR] [--wheels DIR] [--python ARCHIVE ...]
-                        [--profile sm70] [--model-revision REV] [--draft-revision REV]
+                        [--profile sm70] [--engine-profile NAME] [--model-revision REV] [--draft-revision REV]
     python3 -m qwen27b.onhost.mirror DEST --host MIRROR --port 8800   # serve it (Range: hosts resume)
 
 The checkpoint directories are named from the stack file's entries for the profile (the names the
-hosts will ask for), with the revision the hosts pin (pass the one given to qwen27b_stack_overrides).
+hosts will ask for; `--engine-profile`: a catalog entry's target and draft, as qwen27b_engine_profile), with the revision the hosts pin (pass the one given to qwen27b_stack_overrides).
 Files are hard-linked when DEST is on the same filesystem, else copied; a second run adds what is
 new and re-hashes only files whose size changed (manifest.json is reused, as for the wheelhouse).
 """
@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 from qwen27b.controller.artifacts import SIDECARS, dir_manifest
+from qwen27b.plan.catalog import CatalogError, entry_stack
 from qwen27b.plan.stack import StackError, load_stack, resolve_stack, revision_dir_name
 
 PYTHON_RELEASE = re.compile(r"\+(\d{8})-")  # cpython-3.12.12+20251014-x86_64-unknown-linux-gnu-...
@@ -96,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dest", type=Path, help="the directory the mirror serves")
     parser.add_argument("--profile", default="sm70", help="the stack profile whose model and draft are laid out")
+    parser.add_argument("--engine-profile", help="a catalog entry (qwen27b_engine_profile) whose target and draft are laid "
+                        "out (default: the profile's default entry)")
     parser.add_argument("--model", type=Path, help="the checkpoint directory (e.g. from `hf download --local-dir`)")
     parser.add_argument("--model-revision", help="the revision the hosts pin (default: the stack file's)")
     parser.add_argument("--draft", type=Path, help="the DFlash2 draft's directory")
@@ -105,8 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     overrides = {k: v for k, v in (("model_revision", args.model_revision), ("draft_revision", args.draft_revision)) if v}
     try:
-        stack = resolve_stack(load_stack(), args.profile, overrides)
-    except (StackError, KeyError) as error:
+        full = load_stack()
+        profile = full["catalog"][args.engine_profile]["profile"] if args.engine_profile in (full.get("catalog") or {}) \
+            else args.profile
+        chosen = entry_stack(full, profile, args.engine_profile) if profile in full["profiles"] else full
+        stack = resolve_stack(chosen, profile, overrides)
+    except (StackError, CatalogError, KeyError) as error:
         print(f"qwen27b mirror: {error}", file=sys.stderr)
         return 2
     if not any((args.model, args.draft, args.wheels, args.python)):

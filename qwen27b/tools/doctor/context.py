@@ -11,6 +11,7 @@ from qwen27b.controller import facts as F
 from qwen27b.controller.gate_facts import build_host_facts
 from qwen27b.onhost.gpu import own_xids
 from qwen27b.onhost.unit import parse_show
+from qwen27b.plan.catalog import CatalogError, entry_stack
 from qwen27b.plan.gate import HostFacts, RefusedHost
 from qwen27b.controller.address import STATED as ADDRESS_REASON
 from qwen27b.plan.hostdata import PREFIX, BadHostData, Settings, lab_address, settings_for
@@ -90,10 +91,11 @@ class Ctx:
         self.profile_name = self.settings.profile or (profile_for_compute_capability(stack, self.cc) if self.cc else None)
         self.rs = None
         if self.profile_name:
-            try:
-                self.rs = resolve_stack(stack, self.profile_name, self.settings.stack_overrides, model=self.settings.model,
-                                         model_source=self.settings.model_source)
-            except StackError:
+            try:  # the host's engine profile catalog entry, as the deploy planned it
+                self.rs = resolve_stack(entry_stack(stack, self.profile_name, self.settings.engine_profile),
+                                        self.profile_name, self.settings.stack_overrides, model=self.settings.model,
+                                        model_source=self.settings.model_source)
+            except (StackError, CatalogError):
                 self.rs = None
         self.unit = parse_show(snap.text("systemctl-show.txt") or "")
         exec_start = self.unit.get("ExecStart", "")
