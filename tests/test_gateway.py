@@ -322,6 +322,7 @@ class Stub(BaseHTTPRequestHandler):
     def do_POST(self):
         raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         self.server.seen.append(self.headers.get("Authorization"))
+        self.server.got.append((self.path, self.headers.get("Authorization")))
         time.sleep(self.server.delay)
         try:
             body = json.loads(raw or b"{}")
@@ -405,13 +406,15 @@ def test_nginx_swaps_the_client_key_for_the_backends_and_refuses_others(loopback
     assert [a.status_code for a in ask(loopback, 2, key=None) + ask(loopback, 2, key="backend-key-0123")] == [401] * 4
 
 
-def raw_get(lb, target: str, key: str | None = None) -> int:
-    """The status of `GET target` sent as written (httpx would normalise the path)."""
+def raw_get(lb, target: str, key: str | None = None, method: str = "GET", source: str | None = None) -> int:
+    """The status of `GET target` sent as written (httpx would normalise the path), from `source`
+    (a loopback address) where given."""
     import http.client
 
-    conn = http.client.HTTPConnection(lb["base"].removeprefix("http://"), timeout=10)
+    conn = http.client.HTTPConnection(lb["base"].removeprefix("http://"), timeout=10,
+                                      source_address=(source, 0) if source else None)
     try:
-        conn.putrequest("GET", target, skip_accept_encoding=True)
+        conn.putrequest(method, target, skip_accept_encoding=True)
         if key:
             conn.putheader("Authorization", f"Bearer {key}")
         conn.endheaders()
@@ -448,6 +451,37 @@ def test_metrics_through_the_gateway_needs_a_client_key(loopback):
     forget(loopback)
     assert raw_get(loopback, "/metrics", key=loopback["key"]) == 200
     assert backend_paths(loopback) == [("/metrics", "Bearer backend-key-0123")]
+
+
+@pytest.mark.parametrize("target", ["/tokenize", "/detokenize", "/scale_elastic_ep", "/inference/v1/abort_requests",
+                                    "/v1/responses", "/v1/responses/resp_1", "/v1/messages", "/v1/load_lora_adapter",
+                                    "/version", "/v1/models/", "/v1/chat/completions/x", "/invocations", "/"])
+def test_a_client_key_reaches_only_the_client_routes(loopback, target):
+    """Issue 51: every client key reached every backend route with the backends' key (tokenizer,
+    elastic scaling, aborting others' requests, stored responses, LoRA loading). Only the OpenAI
+    routes a client needs are forwarded; the rest is 404 and never reaches a backend."""
+    forget(loopback)
+    assert raw_get(loopback, target, key=loopback["key"], method="POST") == 404
+    assert backend_paths(loopback) == []
+
+
+def test_the_client_routes_are_forwarded(loopback):
+    from qwen27b.plan.gateway import CLIENT_ROUTES
+
+    forget(loopback)
+    assert [raw_get(loopback, route, key=loopback["key"], method="POST") for route in CLIENT_ROUTES] == [200] * len(CLIENT_ROUTES)
+    assert sorted(path for path, _ in backend_paths(loopback)) == sorted(CLIENT_ROUTES)
+    forget(loopback)
+    assert raw_get(loopback, "/v1/models?limit=1", key=loopback["key"]) == 200 and len(backend_paths(loopback)) == 1
+
+
+def test_the_backends_metrics_go_only_to_a_named_scraper(loopback):
+    """/metrics through the gateway: loopback and qwen27b_gateway_metrics_allow (none here) only,
+    with a client key; a client key from another address gets 404 (127.0.0.2 stands for one)."""
+    forget(loopback)
+    assert raw_get(loopback, "/metrics", key=loopback["key"], source="127.0.0.2") == 404
+    assert backend_paths(loopback) == []
+    assert raw_get(loopback, "/metrics", key=loopback["key"], source="127.0.0.1") == 200
 
 
 def test_client_keys_match_exactly(loopback):

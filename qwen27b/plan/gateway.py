@@ -28,6 +28,15 @@ from qwen27b.plan.hostdata import (GATEWAY_KEYS, PREFIX, SECRET_NAMES, BadHostDa
 GROUP = "qwen27b_gateway"
 DEFAULT_PORT = 8000
 USAGE_PORT = 9121  # the usage counters in Prometheus' text format (loopback; the gateway's address for metrics_allow)
+# The routes a client key reaches (issue 51): the OpenAI routes a client needs, whose answers carry
+# `usage` as prompt_tokens/completion_tokens (what the gateway counts and budgets). Everything else a
+# backend serves is the backends' own (/tokenize, /scale_elastic_ep, /inference/v1/abort_requests,
+# stored responses, LoRA loading) and would run with the backends' key: 404. /v1/responses and
+# /v1/messages report usage in another shape (input_tokens/output_tokens), not counted yet: refused.
+CLIENT_ROUTES = ("/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+# the backends' /metrics through the gateway: with a client key, from qwen27b_gateway_metrics_allow
+# (and loopback) only, the networks named as the lab's scrapers
+SCRAPER_ROUTES = ("/metrics",)
 VERIFY = "qwen27b-verify"  # the name the deploy's own verify requests count under (its own key, never a client's)
 DEFAULT_REQUEST_TIMEOUT_S = 600  # a long generation on a loaded V100; also a drain's longest wait
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
