@@ -95,7 +95,15 @@ REFUSALS = [  # (gateway data, backend 1 data, refused host, key, text)
     ({"ssh_hostname": "gw.lab"}, {}, "gw", "qwen27b_gateway_bind_address", "lab address is unknown"),
     ({}, {"ssh_hostname": "gpu-1.lab"}, "gpu-1", "qwen27b_bind_address", "cannot tell where this backend listens"),
     ({}, {"qwen27b_bind_address": "127.0.0.1"}, "gpu-1", "qwen27b_bind_address", "loopback"),
+    ({}, {"qwen27b_bind_address": "::ffff:127.0.0.1"}, "gpu-1", "qwen27b_bind_address", "IPv4-mapped"),
+    ({}, {"qwen27b_bind_address": "::ffff:7f00:2"}, "gpu-1", "qwen27b_bind_address", "127.0.0.2, loopback"),
     ({"qwen27b_gateway_port": 70000}, {}, "gw", "qwen27b_gateway_port", "out of range"),
+    # qwen27b_gateway_metrics_allow: the same network parser as every other allow-list (issue 51)
+    ({"qwen27b_gateway_metrics_allow": ["10.0.0.7/8"]}, {}, "gw", "qwen27b_gateway_metrics_allow", "host bits set"),
+    ({"qwen27b_gateway_metrics_allow": ["fe80::1%eth0/128"]}, {}, "gw", "qwen27b_gateway_metrics_allow", "zone id"),
+    ({"qwen27b_gateway_metrics_allow": ["10.0.0.5/32; allow all"]}, {}, "gw", "qwen27b_gateway_metrics_allow", "not a network"),
+    ({"qwen27b_gateway_metrics_allow": [167772165]}, {}, "gw", "qwen27b_gateway_metrics_allow", "not a network"),
+    ({"qwen27b_gateway_metrics_allow": [True]}, {}, "gw", "qwen27b_gateway_metrics_allow", "not a network"),
 ]
 
 
@@ -1215,3 +1223,11 @@ def test_a_bad_usage_window_is_refused_before_any_gateway_is_reached(monkeypatch
     assert done.value.code == 2 and "give N followed by s, m (or min), h or d" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="give N followed by"):
         P.usage(given)  # the on-host module refuses it too, before journalctl
+
+
+def test_the_plan_names_the_client_routes_and_warns_for_an_open_scraper_list():
+    lines = reference_plan().describe()
+    assert any(line.startswith("  client routes: /v1/models, /v1/chat/completions") and "10.0.0.5/32" in line for line in lines)
+    assert not any("WARNING: qwen27b_gateway_metrics_allow" in line for line in lines)
+    wide = dataclasses.replace(reference_plan(), metrics_allow=("0.0.0.0/0",)).describe()
+    assert any("WARNING: qwen27b_gateway_metrics_allow lists 0.0.0.0/0" in line for line in wide)

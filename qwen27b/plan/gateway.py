@@ -23,7 +23,7 @@ from pathlib import Path
 from qwen27b.onhost.secretfile import load_secret
 from qwen27b.plan.chatpage import HOUSEKEEPING, ChatPage, plan_chat_page
 from qwen27b.plan.hostdata import (GATEWAY_KEYS, PREFIX, SECRET_NAMES, BadHostData, Settings, check_secret_file, instances_of, lab_address,
-                                   parse_address)
+                                   parse_address, parse_network)
 
 GROUP = "qwen27b_gateway"
 DEFAULT_PORT = 8000
@@ -150,6 +150,11 @@ class GatewayPlan:
         if self.verify_key_file:
             lines.append(f"  verify: with its own key ({self.verify_key_file}, made once, 0600), counted as {VERIFY}: "
                          "never a client's usage or limits")
+        lines.append(f"  client routes: {', '.join(CLIENT_ROUTES)} (the backends' other routes, /tokenize, "
+                     "abort, LoRA, stored responses..., answer 404); the backends' /metrics through it: loopback"
+                     + "".join(f", {n}" for n in self.metrics_allow) + " (qwen27b_gateway_metrics_allow)")
+        lines.extend(f"  WARNING: qwen27b_gateway_metrics_allow lists {n}: every address reads each key's usage "
+                     "and the backends' /metrics" for n in self.metrics_allow if ipaddress.ip_network(n).prefixlen == 0)
         lines.append(f"  {self.tls.describe()}" if self.tls else
                      "  plain HTTP: client keys, prompts and answers cross the network unencrypted (fine on a closed "
                      "lab network; else set qwen27b_gateway_tls_lab_ca, or qwen27b_gateway_tls_cert and _tls_key)")
@@ -178,6 +183,10 @@ def _address(host: str, key: str, value: str, fix: str) -> str:
     """An address nginx listens on or proxies to: re-printed, no zone id, neither loopback nor the
     wildcard (nginx would send the backends' key to whatever listens on its own host)."""
     address = ipaddress.ip_address(parse_address(host, key, value, fix))  # no zone id: nginx takes none
+    mapped = getattr(address, "ipv4_mapped", None)
+    if mapped is not None:  # ::ffff:127.0.0.1 is loopback, yet not is_loopback to Python's ipaddress
+        raise BadHostData(host, key, f"{value} is an IPv4-mapped IPv6 address ({mapped}"
+                          + (", loopback)" if mapped.is_loopback else ")"), f"write the IPv4 address {mapped}; {fix}")
     if address in LOOPBACK or address.is_loopback:
         raise BadHostData(host, key, f"{value} is loopback: other hosts cannot reach it", fix)
     if address.is_unspecified:
@@ -452,15 +461,15 @@ def plan_gateway(host: str, data: dict, inventory: list[tuple[str, dict]], gatew
 
 
 def _metrics_allow(host: str, data: dict) -> tuple[str, ...]:
-    """qwen27b_gateway_metrics_allow: networks (CIDR) re-printed, as nginx's `allow` takes them."""
+    """qwen27b_gateway_metrics_allow: networks parsed as every other allow-list is (hostdata's
+    parse_network: no ints or bools, no zone id, no host bits), re-printed as nginx's `allow` takes them."""
     key = PREFIX + "gateway_metrics_allow"
-    out = []
-    for value in data.get(key) or []:
-        try:
-            out.append(str(ipaddress.ip_network(value, strict=False)))
-        except (TypeError, ValueError):
-            raise BadHostData(host, key, f"{value!r} is not a network", "list networks, e.g. ['10.0.0.5/32']") from None
-    return tuple(out)
+    value = data.get(key)
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)):
+        raise BadHostData(host, key, f"{value!r} is not a list of networks", "list networks, e.g. ['10.0.0.5/32']")
+    return tuple(parse_network(host, key, network) for network in value)
 
 
 def uninstall_notes(plans: dict[str, GatewayPlan], host: str) -> list[str]:
