@@ -144,7 +144,12 @@ def test_the_gateways_address_is_added_to_a_backends_allow_lists_and_the_plan_sa
     mine = next(line for line in lines if line.startswith("  backend gpu-1:"))
     for key in expected:
         assert (f"qwen27b_{key} += {GW}/32 (the gateway's address, added" in mine) == (key in added), mine
-    assert "added" not in next(line for line in lines if line.startswith("  backend gpu-2:"))
+    other = next(line for line in lines if line.startswith("  backend gpu-2:"))
+    assert "the gateway's address" not in other
+    # issue 51: both backends serve every stream with its usage, for the gateway's counts and budgets
+    assert all("qwen27b_serve_flags += --enable-force-include-usage (added: every stream reports its usage" in line
+               for line in (mine, other))
+    assert settings["gpu-1"].serve_flags == settings["gpu-2"].serve_flags == {"--enable-force-include-usage": True}
 
 
 def test_a_serving_groups_worker_is_no_backend_and_cannot_be_listed(keys):
@@ -297,6 +302,7 @@ def test_upstream_text_keeps_every_server_and_marks_the_ones_out():
 
 USAGE_JSON = {"usage": {"prompt_tokens": 7, "total_tokens": 12, "completion_tokens": 5, "prompt_tokens_details": None}}
 USAGE_STREAM = {"usage": {"prompt_tokens": 9, "total_tokens": 12, "completion_tokens": 3}}
+USAGE_RESPONSES = {"usage": {"input_tokens": 11, "output_tokens": 4, "total_tokens": 15}}  # /v1/responses, /v1/messages
 
 
 class Stub(BaseHTTPRequestHandler):
@@ -339,7 +345,8 @@ class Stub(BaseHTTPRequestHandler):
         if isinstance(body, dict) and body.get("stream"):
             return self._stream(bool((body.get("stream_options") or {}).get("include_usage")), bool(body.get("linger")))
         pad = "x" * 40000 if isinstance(body, dict) and body.get("big") else ""  # usage past the Lua filter's tail
-        self._answer(200, {"backend": self.server.name, "choices": [{"message": {"content": pad}}], **USAGE_JSON})
+        usage = USAGE_RESPONSES if isinstance(body, dict) and body.get("shape") == "responses" else USAGE_JSON
+        self._answer(200, {"backend": self.server.name, "choices": [{"message": {"content": pad}}], **usage})
 
     def _stream(self, include_usage: bool, linger: bool = False) -> None:
         """An OpenAI stream in three sends (nginx passes each on): chunks with usage null, then
@@ -1070,6 +1077,79 @@ def test_a_key_over_its_tokens_of_the_day_gets_429_until_midnight_and_the_other_
     lines = [r for r in map(json.loads, log.read_text().splitlines()) if r["path"] != "/health"]  # the log says which limit
     assert [(r["key"], r["status"], r["limit_tokens"]) for r in lines] == [
         ("team-a", 200, "PASSED"), ("team-a", 200, "PASSED"), ("team-a", 429, "REJECTED"), ("team-b", 200, "")]
+
+
+def _budgeted(keys, backend, tokens_per_day: int) -> GatewayPlan:
+    from qwen27b.plan.gateway import Client
+
+    return GatewayPlan("gw", "127.0.0.1", P_free_port(), (keys["a"], keys["b"]),
+                       (Backend("a", "127.0.0.1", backend.server_address[1], backend.server_address[1]),),
+                       keys["backend"], None, 600, clients=(Client("team-a", keys["a"], tokens_per_day=tokens_per_day),
+                                                            Client("team-b", keys["b"])))
+
+
+def _today(lb, name: str = "team-a") -> float | None:
+    for line in httpx.get(lb["usage"], timeout=5).text.splitlines():
+        if line.startswith(f'qwen27b_gateway_tokens_today{{key="{name}"}}'):
+            return float(line.split(" ")[1])
+    return None
+
+
+def test_requests_in_flight_at_once_cannot_all_pass_on_one_budget(tmp_path, keys):
+    """Issue 51: the day's check read only what finished; requests sent at once all passed it. A
+    request let through reserves its most (prompt bytes / 4 + max_tokens) at once, settled to its
+    usage at the end: a second request while the first holds the budget gets 429, and once the first
+    settles (12 tokens) the budget has room again."""
+    backend = stub("a")
+    with running_nginx(_budgeted(keys, backend, 40), tmp_path / "root", nginx_binary()) as lb:
+        backend.delay = 1.5
+        body = {"max_tokens": 32, "messages": []}  # httpx sends 31 bytes: 8 + 32 = 40 reserved, the whole budget
+        first = threading.Thread(target=lambda: lb.setdefault("first", post(lb, "client-a-4567", body)))
+        first.start()
+        while not backend.seen:
+            time.sleep(0.05)
+        second = post(lb, "client-a-4567", body)
+        first.join()
+        backend.delay = 0.0
+        assert (lb["first"].status_code, second.status_code) == (200, 429)
+        assert "over its tokens per day (40 of 40 used)" in second.json()["error"]["message"]
+        assert _today(lb) == 12  # settled: the first's usage, the reservation gone
+        assert post(lb, "client-a-4567", body).status_code == 200 and _today(lb) == 24
+    backend.shutdown()
+
+
+def test_an_answer_without_usage_keeps_its_reservation_and_both_usage_shapes_count(tmp_path, keys):
+    """A stream whose answer reports no usage (no include_usage, and a backend not forcing it) used to
+    count nothing against the budget: its reservation stays (prompt bytes / 4 + the default 1024).
+    /v1/responses' and /v1/messages' usage (input_tokens/output_tokens) counts like chat's."""
+    backend = stub("a")
+    with running_nginx(_budgeted(keys, backend, 100000), tmp_path / "root", nginx_binary()) as lb:
+        assert post(lb, "client-a-4567", {"shape": "responses"}).status_code == 200
+        assert _today(lb) == 11 + 4
+        streamed = post(lb, "client-a-4567", {"stream": True})
+        assert streamed.status_code == 200 and '"usage"' not in streamed.text
+        assert _today(lb) == 15 + 4 + 1024  # {"stream":true}: 15 bytes, 4 tokens, and the default 1024
+    backend.shutdown()
+
+
+def test_the_counters_and_the_days_budget_survive_a_restart_of_nginx(tmp_path, keys):
+    """Issue 56: the counters lived in nginx's shared memory only, so a restart handed every key a
+    fresh budget. They are written to the state dir every few seconds and when nginx stops, and
+    loaded at start: after a stop and a start the key over its budget is still refused."""
+    backend = stub("a")
+    plan = _budgeted(keys, backend, 20)
+    with running_nginx(plan, tmp_path / "root", nginx_binary()) as lb:
+        assert [post(lb, "client-a-4567").status_code for _ in range(3)] == [200, 200, 429]
+        assert post(lb, "client-b-89").status_code == 200
+    saved = (tmp_path / "root" / G.layout()["usage_state"].lstrip("/")).read_text()
+    assert "day\t" in saved and "requests\tteam-a" in saved
+    with running_nginx(plan, tmp_path / "root", nginx_binary()) as lb:
+        over = post(lb, "client-a-4567")
+        assert over.status_code == 429 and "(24 of 20 used)" in over.json()["error"]["message"]
+        metrics = httpx.get(lb["usage"], timeout=5).text
+    backend.shutdown()
+    assert 'qwen27b_gateway_requests_total{key="team-a"} 4' in metrics
+    assert 'qwen27b_gateway_tokens_today{key="team-b"} 12' in metrics
 
 
 def two_keys_on_one_stub(keys, backend, **plan) -> GatewayPlan:

@@ -76,6 +76,9 @@ def layout(prefix: str = "") -> dict[str, str]:
         "pid_file": f"{STATE_DIR}/nginx.pid",
         "temp_dir": f"{STATE_DIR}/tmp",
         "drain_dir": f"{STATE_DIR}/drained",
+        # the usage counters kept across a restart (the Lua module's keep(); nginx's workers write it)
+        "usage_dir": f"{STATE_DIR}/usage",
+        "usage_state": f"{STATE_DIR}/usage/counters.tsv",
         "lib_dir": LIB_DIR,
         "usage_lua": f"{LIB_DIR}/{USAGE_LUA}",
         "gateway_unit": HostLayout.unit_file(GATEWAY_UNIT),
@@ -136,7 +139,9 @@ def usage_lines(where: dict, port: int, on: bool, budgets: str = "{}", listens: 
         "usage_http": ["# usage per key name (qwen27b_gateway_usage.lua): counted from each response's own usage",
                        f'lua_package_path "{where["usage_lua"].rsplit("/", 1)[0]}/?.lua;;";',
                        "lua_shared_dict qwen27b_usage 4m;", f"init_by_lua_block {{ jit.off() local usage = {lua} usage.budgets = {budgets} "
-                       f"usage.log_bodies = {'true' if log_bodies else 'false'} }}"],
+                       f"usage.log_bodies = {'true' if log_bodies else 'false'} usage.state_file = \"{where['usage_state']}\" }}",
+                       "# the counters and the day's tokens survive a restart: loaded at start, written every few seconds",
+                       f"init_worker_by_lua_block {{ {lua}.keep() }}"],
         "usage_server": [f"log_by_lua_block {{ {lua}.log() }}"],
         # a key over its tokens of the day (map $qwen27b_tokens_per_day) gets 429 until midnight UTC
         "usage_location": [f"access_by_lua_block {{ {lua}.budget() }}",

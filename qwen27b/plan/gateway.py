@@ -129,7 +129,8 @@ class GatewayPlan:
         lines = [f"gateway: nginx on {self.address}:{self.port} in front of {len(self.backends)} backend(s) "
                  "(nginx's upstream module: one OpenAI address; docs/scale-out.md)"]
         for b in self.backends:
-            added = "".join(f"; {key} += {network} (the gateway's address, added: {NEEDS[key]})" for key, network in b.added)
+            added = "".join(f"; {key} += {network} (" + ("" if key == "qwen27b_serve_flags" else "the gateway's address, ")
+                            + f"added: {NEEDS[key]})" for key, network in b.added)
             lines.append(f"  backend {b.name}: {b.address}:{b.port}, health {b.address}:{b.health_port}{b.health_path} "
                          f"(in the pool while both answer 200 and it is not drained){added}")
         lines.append(f"  client keys: {', '.join(c.describe() for c in self.named_clients())}; held by the gateway only; "
@@ -224,7 +225,12 @@ def _covered(address: str, networks: list | None) -> bool:
     return any(ip in ipaddress.ip_network(n, strict=False) for n in networks or [])
 
 
-NEEDS = {"qwen27b_metrics_allow": "it reads this host's health endpoint",
+# the flag a backend serves with behind a gateway: every stream reports its usage (in every chunk),
+# which the gateway counts and budgets per key; without it a stream that does not ask for
+# stream_options.include_usage reports none (issue 51)
+FORCE_USAGE = "--enable-force-include-usage"
+NEEDS = {"qwen27b_serve_flags": "every stream reports its usage, which the gateway counts and budgets per key",
+         "qwen27b_metrics_allow": "it reads this host's health endpoint",
          "qwen27b_firewall_allow": "it sends this host's requests"}
 
 
@@ -236,6 +242,8 @@ def _reach(address: str, data: dict) -> tuple[tuple[str, str], ...]:
     still says what was added."""
     network = str(ipaddress.ip_network(address))
     out = []
+    if FORCE_USAGE not in (data.get(PREFIX + "serve_flags") or {}):
+        out.append(("qwen27b_serve_flags", FORCE_USAGE))
     if not _covered(address, data.get(PREFIX + "metrics_allow")):
         out.append(("qwen27b_metrics_allow", network))
     if data.get(PREFIX + "firewall_allow") is not None and not _covered(address, data[PREFIX + "firewall_allow"]):
@@ -252,6 +260,11 @@ def gateway_needs(plans: dict[str, "GatewayPlan"], settings: dict[str, Settings]
             host = backend.host or backend.name
             for key, network in backend.added:
                 field_name = key[len(PREFIX):]
+                if key == "qwen27b_serve_flags":  # a switch, pinned beside the host's own pins; a serving
+                    group = out[host].node_group  # group's members run one engine: every member gets it
+                    for name in [n for n, s in out.items() if group and s.node_group == group] or [host]:
+                        out[name] = replace(out[name], serve_flags={**(out[name].serve_flags or {}), network: True})
+                    continue
                 have = list(getattr(out[host], field_name) or [])
                 if network not in have:
                     out[host] = replace(out[host], **{field_name: have + [network]})
