@@ -118,6 +118,7 @@ def _directories() -> list[list[str]]:
     where = G.layout()
     return [[G.CONFIG_DIR, "root", "root", "0755"], [G.STATE_DIR, "root", "root", "0755"],
             [where["temp_dir"], "root", "root", "0755"], [where["drain_dir"], "root", "root", "0700"],
+            [where["usage_dir"], G.USER, G.USER, "0700"],  # the usage counters, written by nginx's workers
             [G.LIB_DIR.rsplit("/", 1)[0], "root", "root", "0755"], [G.LIB_DIR, "root", "root", "0755"]]
 
 

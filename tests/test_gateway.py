@@ -95,7 +95,15 @@ REFUSALS = [  # (gateway data, backend 1 data, refused host, key, text)
     ({"ssh_hostname": "gw.lab"}, {}, "gw", "qwen27b_gateway_bind_address", "lab address is unknown"),
     ({}, {"ssh_hostname": "gpu-1.lab"}, "gpu-1", "qwen27b_bind_address", "cannot tell where this backend listens"),
     ({}, {"qwen27b_bind_address": "127.0.0.1"}, "gpu-1", "qwen27b_bind_address", "loopback"),
+    ({}, {"qwen27b_bind_address": "::ffff:127.0.0.1"}, "gpu-1", "qwen27b_bind_address", "IPv4-mapped"),
+    ({}, {"qwen27b_bind_address": "::ffff:7f00:2"}, "gpu-1", "qwen27b_bind_address", "127.0.0.2, loopback"),
     ({"qwen27b_gateway_port": 70000}, {}, "gw", "qwen27b_gateway_port", "out of range"),
+    # qwen27b_gateway_metrics_allow: the same network parser as every other allow-list (issue 51)
+    ({"qwen27b_gateway_metrics_allow": ["10.0.0.7/8"]}, {}, "gw", "qwen27b_gateway_metrics_allow", "host bits set"),
+    ({"qwen27b_gateway_metrics_allow": ["fe80::1%eth0/128"]}, {}, "gw", "qwen27b_gateway_metrics_allow", "zone id"),
+    ({"qwen27b_gateway_metrics_allow": ["10.0.0.5/32; allow all"]}, {}, "gw", "qwen27b_gateway_metrics_allow", "not a network"),
+    ({"qwen27b_gateway_metrics_allow": [167772165]}, {}, "gw", "qwen27b_gateway_metrics_allow", "not a network"),
+    ({"qwen27b_gateway_metrics_allow": [True]}, {}, "gw", "qwen27b_gateway_metrics_allow", "not a network"),
 ]
 
 
@@ -136,7 +144,12 @@ def test_the_gateways_address_is_added_to_a_backends_allow_lists_and_the_plan_sa
     mine = next(line for line in lines if line.startswith("  backend gpu-1:"))
     for key in expected:
         assert (f"qwen27b_{key} += {GW}/32 (the gateway's address, added" in mine) == (key in added), mine
-    assert "added" not in next(line for line in lines if line.startswith("  backend gpu-2:"))
+    other = next(line for line in lines if line.startswith("  backend gpu-2:"))
+    assert "the gateway's address" not in other
+    # issue 51: both backends serve every stream with its usage, for the gateway's counts and budgets
+    assert all("qwen27b_serve_flags += --enable-force-include-usage (added: every stream reports its usage" in line
+               for line in (mine, other))
+    assert settings["gpu-1"].serve_flags == settings["gpu-2"].serve_flags == {"--enable-force-include-usage": True}
 
 
 def test_a_serving_groups_worker_is_no_backend_and_cannot_be_listed(keys):
@@ -289,6 +302,7 @@ def test_upstream_text_keeps_every_server_and_marks_the_ones_out():
 
 USAGE_JSON = {"usage": {"prompt_tokens": 7, "total_tokens": 12, "completion_tokens": 5, "prompt_tokens_details": None}}
 USAGE_STREAM = {"usage": {"prompt_tokens": 9, "total_tokens": 12, "completion_tokens": 3}}
+USAGE_RESPONSES = {"usage": {"input_tokens": 11, "output_tokens": 4, "total_tokens": 15}}  # /v1/responses, /v1/messages
 
 
 class Stub(BaseHTTPRequestHandler):
@@ -322,6 +336,7 @@ class Stub(BaseHTTPRequestHandler):
     def do_POST(self):
         raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         self.server.seen.append(self.headers.get("Authorization"))
+        self.server.got.append((self.path, self.headers.get("Authorization")))
         time.sleep(self.server.delay)
         try:
             body = json.loads(raw or b"{}")
@@ -330,7 +345,8 @@ class Stub(BaseHTTPRequestHandler):
         if isinstance(body, dict) and body.get("stream"):
             return self._stream(bool((body.get("stream_options") or {}).get("include_usage")), bool(body.get("linger")))
         pad = "x" * 40000 if isinstance(body, dict) and body.get("big") else ""  # usage past the Lua filter's tail
-        self._answer(200, {"backend": self.server.name, "choices": [{"message": {"content": pad}}], **USAGE_JSON})
+        usage = USAGE_RESPONSES if isinstance(body, dict) and body.get("shape") == "responses" else USAGE_JSON
+        self._answer(200, {"backend": self.server.name, "choices": [{"message": {"content": pad}}], **usage})
 
     def _stream(self, include_usage: bool, linger: bool = False) -> None:
         """An OpenAI stream in three sends (nginx passes each on): chunks with usage null, then
@@ -405,13 +421,15 @@ def test_nginx_swaps_the_client_key_for_the_backends_and_refuses_others(loopback
     assert [a.status_code for a in ask(loopback, 2, key=None) + ask(loopback, 2, key="backend-key-0123")] == [401] * 4
 
 
-def raw_get(lb, target: str, key: str | None = None) -> int:
-    """The status of `GET target` sent as written (httpx would normalise the path)."""
+def raw_get(lb, target: str, key: str | None = None, method: str = "GET", source: str | None = None) -> int:
+    """The status of `GET target` sent as written (httpx would normalise the path), from `source`
+    (a loopback address) where given."""
     import http.client
 
-    conn = http.client.HTTPConnection(lb["base"].removeprefix("http://"), timeout=10)
+    conn = http.client.HTTPConnection(lb["base"].removeprefix("http://"), timeout=10,
+                                      source_address=(source, 0) if source else None)
     try:
-        conn.putrequest("GET", target, skip_accept_encoding=True)
+        conn.putrequest(method, target, skip_accept_encoding=True)
         if key:
             conn.putheader("Authorization", f"Bearer {key}")
         conn.endheaders()
@@ -448,6 +466,37 @@ def test_metrics_through_the_gateway_needs_a_client_key(loopback):
     forget(loopback)
     assert raw_get(loopback, "/metrics", key=loopback["key"]) == 200
     assert backend_paths(loopback) == [("/metrics", "Bearer backend-key-0123")]
+
+
+@pytest.mark.parametrize("target", ["/tokenize", "/detokenize", "/scale_elastic_ep", "/inference/v1/abort_requests",
+                                    "/v1/responses", "/v1/responses/resp_1", "/v1/messages", "/v1/load_lora_adapter",
+                                    "/version", "/v1/models/", "/v1/chat/completions/x", "/invocations", "/"])
+def test_a_client_key_reaches_only_the_client_routes(loopback, target):
+    """Issue 51: every client key reached every backend route with the backends' key (tokenizer,
+    elastic scaling, aborting others' requests, stored responses, LoRA loading). Only the OpenAI
+    routes a client needs are forwarded; the rest is 404 and never reaches a backend."""
+    forget(loopback)
+    assert raw_get(loopback, target, key=loopback["key"], method="POST") == 404
+    assert backend_paths(loopback) == []
+
+
+def test_the_client_routes_are_forwarded(loopback):
+    from qwen27b.plan.gateway import CLIENT_ROUTES
+
+    forget(loopback)
+    assert [raw_get(loopback, route, key=loopback["key"], method="POST") for route in CLIENT_ROUTES] == [200] * len(CLIENT_ROUTES)
+    assert sorted(path for path, _ in backend_paths(loopback)) == sorted(CLIENT_ROUTES)
+    forget(loopback)
+    assert raw_get(loopback, "/v1/models?limit=1", key=loopback["key"]) == 200 and len(backend_paths(loopback)) == 1
+
+
+def test_the_backends_metrics_go_only_to_a_named_scraper(loopback):
+    """/metrics through the gateway: loopback and qwen27b_gateway_metrics_allow (none here) only,
+    with a client key; a client key from another address gets 404 (127.0.0.2 stands for one)."""
+    forget(loopback)
+    assert raw_get(loopback, "/metrics", key=loopback["key"], source="127.0.0.2") == 404
+    assert backend_paths(loopback) == []
+    assert raw_get(loopback, "/metrics", key=loopback["key"], source="127.0.0.1") == 200
 
 
 def test_client_keys_match_exactly(loopback):
@@ -1030,6 +1079,79 @@ def test_a_key_over_its_tokens_of_the_day_gets_429_until_midnight_and_the_other_
         ("team-a", 200, "PASSED"), ("team-a", 200, "PASSED"), ("team-a", 429, "REJECTED"), ("team-b", 200, "")]
 
 
+def _budgeted(keys, backend, tokens_per_day: int) -> GatewayPlan:
+    from qwen27b.plan.gateway import Client
+
+    return GatewayPlan("gw", "127.0.0.1", P_free_port(), (keys["a"], keys["b"]),
+                       (Backend("a", "127.0.0.1", backend.server_address[1], backend.server_address[1]),),
+                       keys["backend"], None, 600, clients=(Client("team-a", keys["a"], tokens_per_day=tokens_per_day),
+                                                            Client("team-b", keys["b"])))
+
+
+def _today(lb, name: str = "team-a") -> float | None:
+    for line in httpx.get(lb["usage"], timeout=5).text.splitlines():
+        if line.startswith(f'qwen27b_gateway_tokens_today{{key="{name}"}}'):
+            return float(line.split(" ")[1])
+    return None
+
+
+def test_requests_in_flight_at_once_cannot_all_pass_on_one_budget(tmp_path, keys):
+    """Issue 51: the day's check read only what finished; requests sent at once all passed it. A
+    request let through reserves its most (prompt bytes / 4 + max_tokens) at once, settled to its
+    usage at the end: a second request while the first holds the budget gets 429, and once the first
+    settles (12 tokens) the budget has room again."""
+    backend = stub("a")
+    with running_nginx(_budgeted(keys, backend, 40), tmp_path / "root", nginx_binary()) as lb:
+        backend.delay = 1.5
+        body = {"max_tokens": 32, "messages": []}  # httpx sends 31 bytes: 8 + 32 = 40 reserved, the whole budget
+        first = threading.Thread(target=lambda: lb.setdefault("first", post(lb, "client-a-4567", body)))
+        first.start()
+        while not backend.seen:
+            time.sleep(0.05)
+        second = post(lb, "client-a-4567", body)
+        first.join()
+        backend.delay = 0.0
+        assert (lb["first"].status_code, second.status_code) == (200, 429)
+        assert "over its tokens per day (40 of 40 used)" in second.json()["error"]["message"]
+        assert _today(lb) == 12  # settled: the first's usage, the reservation gone
+        assert post(lb, "client-a-4567", body).status_code == 200 and _today(lb) == 24
+    backend.shutdown()
+
+
+def test_an_answer_without_usage_keeps_its_reservation_and_both_usage_shapes_count(tmp_path, keys):
+    """A stream whose answer reports no usage (no include_usage, and a backend not forcing it) used to
+    count nothing against the budget: its reservation stays (prompt bytes / 4 + the default 1024).
+    /v1/responses' and /v1/messages' usage (input_tokens/output_tokens) counts like chat's."""
+    backend = stub("a")
+    with running_nginx(_budgeted(keys, backend, 100000), tmp_path / "root", nginx_binary()) as lb:
+        assert post(lb, "client-a-4567", {"shape": "responses"}).status_code == 200
+        assert _today(lb) == 11 + 4
+        streamed = post(lb, "client-a-4567", {"stream": True})
+        assert streamed.status_code == 200 and '"usage"' not in streamed.text
+        assert _today(lb) == 15 + 4 + 1024  # {"stream":true}: 15 bytes, 4 tokens, and the default 1024
+    backend.shutdown()
+
+
+def test_the_counters_and_the_days_budget_survive_a_restart_of_nginx(tmp_path, keys):
+    """Issue 56: the counters lived in nginx's shared memory only, so a restart handed every key a
+    fresh budget. They are written to the state dir every few seconds and when nginx stops, and
+    loaded at start: after a stop and a start the key over its budget is still refused."""
+    backend = stub("a")
+    plan = _budgeted(keys, backend, 20)
+    with running_nginx(plan, tmp_path / "root", nginx_binary()) as lb:
+        assert [post(lb, "client-a-4567").status_code for _ in range(3)] == [200, 200, 429]
+        assert post(lb, "client-b-89").status_code == 200
+    saved = (tmp_path / "root" / G.layout()["usage_state"].lstrip("/")).read_text()
+    assert "day\t" in saved and "requests\tteam-a" in saved
+    with running_nginx(plan, tmp_path / "root", nginx_binary()) as lb:
+        over = post(lb, "client-a-4567")
+        assert over.status_code == 429 and "(24 of 20 used)" in over.json()["error"]["message"]
+        metrics = httpx.get(lb["usage"], timeout=5).text
+    backend.shutdown()
+    assert 'qwen27b_gateway_requests_total{key="team-a"} 4' in metrics
+    assert 'qwen27b_gateway_tokens_today{key="team-b"} 12' in metrics
+
+
 def two_keys_on_one_stub(keys, backend, **plan) -> GatewayPlan:
     from qwen27b.plan.gateway import Client
 
@@ -1181,3 +1303,11 @@ def test_a_bad_usage_window_is_refused_before_any_gateway_is_reached(monkeypatch
     assert done.value.code == 2 and "give N followed by s, m (or min), h or d" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="give N followed by"):
         P.usage(given)  # the on-host module refuses it too, before journalctl
+
+
+def test_the_plan_names_the_client_routes_and_warns_for_an_open_scraper_list():
+    lines = reference_plan().describe()
+    assert any(line.startswith("  client routes: /v1/models, /v1/chat/completions") and "10.0.0.5/32" in line for line in lines)
+    assert not any("WARNING: qwen27b_gateway_metrics_allow" in line for line in lines)
+    wide = dataclasses.replace(reference_plan(), metrics_allow=("0.0.0.0/0",)).describe()
+    assert any("WARNING: qwen27b_gateway_metrics_allow lists 0.0.0.0/0" in line for line in wide)

@@ -83,3 +83,21 @@ def test_env_names_that_load_code_are_refused(name):
     found = allowlist.problem("serve.env", {name: "x"})
     assert found and "other code" in found[0]
     assert allowlist.problem("serve.env", {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}) is None
+
+
+@pytest.mark.parametrize("name", ["GCONV_PATH", "NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN", "TRITON_LIBCUDA_PATH",
+                                  "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "NCCL_PROFILER_PLUGIN", "VLLM_TORCH_PROFILER_DIR"])
+def test_env_names_outside_the_allow_list_are_refused(name):
+    """Issue 51: serve.env names pass by allow-list; each of these loads a library, writes a
+    directory or opens a route, and passed the old deny-list."""
+    found = allowlist.problem("serve.env", {name: "x"})
+    assert found and "ENV_ALLOWED" in found[0], found
+
+
+def test_every_env_name_the_stack_sets_is_allowed():
+    from qwen27b.plan.stack import load_stack
+
+    stack = load_stack()
+    names = {n for p in stack["profiles"].values() for n in ((p.get("serve") or {}).get("env") or {})}
+    names |= {v["env"] for b in stack["vllm_builds"].values() for v in b.values() if isinstance(v, dict) and "env" in v}
+    assert names and names <= allowlist.ENV_ALLOWED, names - allowlist.ENV_ALLOWED

@@ -9,6 +9,7 @@ tests/test_lifecycle_plans.py; the real thing on two systemd test hosts in tests
 
 from __future__ import annotations
 
+import os
 import json
 import re
 import subprocess
@@ -238,8 +239,8 @@ def test_after_an_uninstall_that_kept_the_weights_nothing_is_left_to_remove():
                   {"/var/lib/qwen27b/cache": "998:998"}):
         removals, _ = uninstall_plan(Installed(paths={**left.paths, **extra}), PATHS, UninstallOptions(), UNIT_DIR, TEXTFILE)
         assert [r.what for r in removals] == ["/var/lib/qwen27b except /var/lib/qwen27b/models"], extra
-    assert removals[0].commands[-1] == ("chown root:root /var/lib/qwen27b /var/lib/qwen27b/models && "
-                                        "chmod 0755 /var/lib/qwen27b /var/lib/qwen27b/models")
+    assert removals[0].commands[-2] == "chown root:root /var/lib/qwen27b && chmod 0755 /var/lib/qwen27b"
+    assert removals[0].commands[-1].startswith("if [ -L /var/lib/qwen27b/models ] || [ ! -d /var/lib/qwen27b/models ]; then")
 
 
 def test_a_second_uninstall_plans_nothing():
@@ -464,3 +465,35 @@ def test_the_backend_names_are_the_gateways_names_for_the_host():
         assert backend_names(name, data) == [b.name for b in _backend(name, data, settings_for(name, data))]
     assert backend_names("gpu-c", copies) == ["gpu-c.a", "gpu-c.b"]
     assert backend_names("gpu-a", {"qwen27b_instances": []}) == ["gpu-a"]
+
+
+def _run_keep_weights(state, models):
+    import subprocess
+
+    from qwen27b.plan.lifecycle import keep_weights_as_root
+
+    return subprocess.run(["bash", "-c", " && ".join(f"{{ {c}; }}" for c in keep_weights_as_root(str(state), str(models)))],
+                          capture_output=True, text=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to root and back needs root (CI runs as root)")
+def test_the_uninstall_keeping_weights_never_follows_a_planted_link(tmp_path):
+    """Issue 51: the service user may plant `models` as a link to a file or directory of root's;
+    handing the state to root must leave the link's target alone and say so."""
+    nobody = 65534
+    state, victim = tmp_path / "state", tmp_path / "victim"
+    state.mkdir(mode=0o750)
+    victim.mkdir(mode=0o700)
+    os.chown(state, nobody, nobody)
+    (state / "models").symlink_to(victim, target_is_directory=True)
+    os.lchown(state / "models", nobody, nobody)
+    run = _run_keep_weights(state, state / "models")
+    assert run.returncode != 0 and "is not a directory (a symbolic link?)" in run.stderr
+    assert (victim.stat().st_mode & 0o777, victim.stat().st_uid) == (0o700, 0)
+    assert (state.stat().st_uid, state.stat().st_mode & 0o777) == (0, 0o755)  # the state dir is root's all the same
+    (state / "models").unlink()
+    (state / "models").mkdir(mode=0o700)
+    os.chown(state / "models", nobody, nobody)
+    run = _run_keep_weights(state, state / "models")
+    assert run.returncode == 0, run.stderr
+    assert ((state / "models").stat().st_uid, (state / "models").stat().st_mode & 0o777) == (0, 0o755)

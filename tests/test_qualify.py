@@ -117,6 +117,28 @@ def test_the_cpu_profiles_dry_path_runs_and_writes_json(tmp_path):
     assert run.stdout.splitlines()[0].startswith("gpu ") and " DRY " in run.stdout
 
 
+def test_root_writes_the_json_without_following_a_planted_link(tmp_path):
+    """Issue 51: qualify runs as root and writes into the state dir the service user owns; a link
+    planted where a record goes is replaced, never followed, and a linked directory is refused."""
+    victim = tmp_path / "victim"
+    victim.write_text("root's file\n")
+    folder = tmp_path / "json"
+    folder.mkdir()
+    (folder / "qualify-gpu0.json").symlink_to(victim)
+    os.link(victim, folder / "qualify-gpu1.json")
+    q.write_records(str(folder), [{"host_gpu": 0, "verdict": "DRY"}, {"host_gpu": 1, "verdict": "DRY"}])
+    assert victim.read_text() == "root's file\n"
+    for n in (0, 1):
+        path = folder / f"qualify-gpu{n}.json"
+        assert not path.is_symlink() and json.loads(path.read_text())["verdict"] == "DRY"
+    linked = tmp_path / "linked"
+    linked.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (tmp_path / "elsewhere").mkdir()
+    with pytest.raises(SystemExit, match="symbolic link there is refused"):
+        q.write_records(str(linked), [{"host_gpu": 0}])
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
 def test_a_serving_host_is_refused_unless_forced():
     why = tool.refusal("@fake/a", ["qwen27b.service"], True, force=False)
     assert "qwen27b.service is serving" in why and "--force" in why and "systemctl stop qwen27b.service" in why

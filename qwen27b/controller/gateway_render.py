@@ -12,7 +12,7 @@ from qwen27b.controller.render import SANDBOX, nginx_regex_literal, render
 from qwen27b.onhost.contract import GATEWAY_UNIT, POOL_UNIT
 from qwen27b.onhost.secretfile import load_secret
 from qwen27b.controller import chat_page_render as P
-from qwen27b.plan.gateway import USAGE_PORT, VERIFY, GatewayPlan, listen_on
+from qwen27b.plan.gateway import CLIENT_ROUTES, SCRAPER_ROUTES, USAGE_PORT, VERIFY, GatewayPlan, listen_on
 from qwen27b.plan.hostlayout import HostLayout
 from qwen27b.plan.hostdata import SECRET_NAMES
 
@@ -76,6 +76,9 @@ def layout(prefix: str = "") -> dict[str, str]:
         "pid_file": f"{STATE_DIR}/nginx.pid",
         "temp_dir": f"{STATE_DIR}/tmp",
         "drain_dir": f"{STATE_DIR}/drained",
+        # the usage counters kept across a restart (the Lua module's keep(); nginx's workers write it)
+        "usage_dir": f"{STATE_DIR}/usage",
+        "usage_state": f"{STATE_DIR}/usage/counters.tsv",
         "lib_dir": LIB_DIR,
         "usage_lua": f"{LIB_DIR}/{USAGE_LUA}",
         "gateway_unit": HostLayout.unit_file(GATEWAY_UNIT),
@@ -136,7 +139,9 @@ def usage_lines(where: dict, port: int, on: bool, budgets: str = "{}", listens: 
         "usage_http": ["# usage per key name (qwen27b_gateway_usage.lua): counted from each response's own usage",
                        f'lua_package_path "{where["usage_lua"].rsplit("/", 1)[0]}/?.lua;;";',
                        "lua_shared_dict qwen27b_usage 4m;", f"init_by_lua_block {{ jit.off() local usage = {lua} usage.budgets = {budgets} "
-                       f"usage.log_bodies = {'true' if log_bodies else 'false'} }}"],
+                       f"usage.log_bodies = {'true' if log_bodies else 'false'} usage.state_file = \"{where['usage_state']}\" }}",
+                       "# the counters and the day's tokens survive a restart: loaded at start, written every few seconds",
+                       f"init_worker_by_lua_block {{ {lua}.keep() }}"],
         "usage_server": [f"log_by_lua_block {{ {lua}.log() }}"],
         # a key over its tokens of the day (map $qwen27b_tokens_per_day) gets 429 until midnight UTC
         "usage_location": [f"access_by_lua_block {{ {lua}.budget() }}",
@@ -153,6 +158,18 @@ def usage_lines(where: dict, port: int, on: bool, budgets: str = "{}", listens: 
     }
 
 
+def route_lines(plan: GatewayPlan) -> list[str]:
+    """$qwen27b_route: "1" for a path a client key may reach (CLIENT_ROUTES), the backends' /metrics
+    for a scraper (loopback and qwen27b_gateway_metrics_allow), "" for the rest (answered 404). On
+    $uri, nginx's normalised path: the server's check refuses dot segments and encoded dots or
+    slashes before, so the path matched is the path forwarded."""
+    scrapers = ("127.0.0.1/32", "::1/128", *plan.metrics_allow)
+    return ["# the routes a client key reaches (plan/gateway.py CLIENT_ROUTES); any other is 404, never forwarded",
+            "geo $qwen27b_scraper {", '    default "";', *(f"    {network} 1;" for network in scrapers), "}",
+            "map $uri $qwen27b_route {", '    default "";', *(f"    {route} 1;" for route in CLIENT_ROUTES),
+            *(f"    {route} $qwen27b_scraper;" for route in SCRAPER_ROUTES), "}"]
+
+
 def nginx_context(plan: GatewayPlan, where: dict, run_as: list[str] | None = None, usage_port: int = USAGE_PORT,
                   usage: bool = True,
                   access_log: str = "syslog:server=unix:/run/systemd/journal/dev-log,nohostname,tag=qwen27b_gateway qwen27b") -> dict:
@@ -167,6 +184,8 @@ def nginx_context(plan: GatewayPlan, where: dict, run_as: list[str] | None = Non
         "max_body": "64m",  # long prompts are text: 64 MiB is far beyond any context window
         "request_timeout_s": plan.request_timeout_s,
         "keys_file": where["keys"],
+        "routes_http": route_lines(plan),
+        "client_routes": ", ".join(CLIENT_ROUTES),
         "upstream_file": where["upstream_file"],
         "keepalive": 32,
         "keepalive_timeout_s": 4,

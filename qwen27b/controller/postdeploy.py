@@ -86,8 +86,17 @@ def _request(url: str, api_key: str | None = None, body: dict | None = None, tim
         headers["Authorization"] = f"Bearer {api_key}"
     data = json.dumps(body).encode() if body is not None else None
     parts = urllib.parse.urlsplit(url)
-    return urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers), timeout=timeout,
-                                  context=TRUSTED.get(f"{parts.scheme}://{parts.netloc}"))
+    return direct_opener(TRUSTED.get(f"{parts.scheme}://{parts.netloc}")).open(
+        urllib.request.Request(url, data=data, headers=headers), timeout=timeout)
+
+
+def direct_opener(context=None) -> urllib.request.OpenerDirector:
+    """urllib without the environment's proxies (issue 51): verify sends the API key and prompts to
+    the host itself, never to an http_proxy/https_proxy the operator's shell happens to set."""
+    handlers = [urllib.request.ProxyHandler({})]
+    if context is not None:
+        handlers.append(urllib.request.HTTPSHandler(context=context))
+    return urllib.request.build_opener(*handlers)
 
 
 def _fail_if_crashed(unit: str | None) -> None:

@@ -302,6 +302,32 @@ def parse_records(stdout: str) -> list[dict]:
     return out
 
 
+def write_records(json_dir: str, records: list[dict]) -> None:
+    """qualify-gpu<N>.json in `json_dir`, as root writes into a directory the service user owns
+    (issue 51): the directory opened without following a link, each file written to a new name
+    (O_EXCL) and renamed over the old one, so a link or hard link planted there is replaced, never
+    followed; a directory that is itself a link is refused."""
+    try:
+        os.mkdir(json_dir, 0o755)
+    except FileExistsError:
+        pass
+    try:
+        folder = os.open(json_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as e:
+        raise SystemExit(f"qualify: {json_dir} is not a plain directory ({e.strerror}): "
+                         "a symbolic link there is refused; remove it and run again") from None
+    try:
+        for r in records:
+            name = f"qualify-gpu{r['host_gpu']}.json"
+            part = f".{name}.{os.getpid()}"
+            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=folder)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(r, fh, indent=1, sort_keys=True)
+            os.rename(part, name, src_dir_fd=folder, dst_dir_fd=folder)
+    finally:
+        os.close(folder)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="qwen27b_onhost.qualify", description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=5.0, help="load time per GPU (all GPUs at once)")
@@ -314,10 +340,7 @@ def main(argv=None) -> int:
     records = run(args.minutes, dry=args.dry, size=args.size)
     print(render_table({os.uname().nodename: records}))
     if args.json_dir:
-        os.makedirs(args.json_dir, exist_ok=True)
-        for r in records:
-            with open(os.path.join(args.json_dir, f"qualify-gpu{r['host_gpu']}.json"), "w", encoding="utf-8") as fh:
-                json.dump(r, fh, indent=1, sort_keys=True)
+        write_records(args.json_dir, records)
     for r in records:
         print(MARKER + json.dumps(r, sort_keys=True))
     sys.stdout.flush()

@@ -9,14 +9,26 @@
 --                the answer for the request log ($qwen27b_response_body)
 --   log          adds the request to its key's counters in the shared dict qwen27b_usage
 --   budget       (access) refuses a key over its tokens_per_day until midnight UTC: 429, Retry-After;
---                $qwen27b_limit_tokens says PASSED or REJECTED in the request log
+--                $qwen27b_limit_tokens says PASSED or REJECTED in the request log. A request it passes
+--                reserves its most (the prompt's bytes / 4 + max_tokens, else RESERVE_DEFAULT) on the
+--                day at once, settled at the log phase to the usage its answer reported: requests in
+--                flight at the same time cannot all pass on one remaining token (issue 51); an answer
+--                that reported no usage keeps its reservation (the prompt's estimate only where the
+--                client left first, nothing where the request failed)
 --   metrics      prints the counters in Prometheus' text format, labelled by key name (never the key)
+--   restore/keep (init_worker) the counters survive a restart of nginx (issue 56): the first worker
+--                to start loads M.state_file into the empty shared dict; worker 0 writes the dict there
+--                every SAVE_EVERY s and when it exits (a reload, a stop), to a new name renamed over it
 -- Why Lua: open-source nginx cannot read a response body otherwise, and a proxy of our own would be
 -- a second hop to keep (docs/scale-out.md). Interpreted only (the unit denies W+X memory: no JIT).
-local M = {budgets = {}, log_bodies = false}  -- budgets: key name -> tokens_per_day; both set by the config's init_by_lua
+local M = {budgets = {}, log_bodies = false, state_file = nil}  -- budgets: key name -> tokens_per_day; set by init_by_lua
 
 local OVERLAP = 600  -- the end of what passed, kept to read a usage object split across two buffers
 local HEAD = 65536  -- the answer's start kept for the request log (journald takes a line this long)
+local RESERVE_DEFAULT = 1024  -- completion tokens reserved for a request that names no max_tokens
+local BYTES_PER_TOKEN = 4  -- the prompt's estimate until its usage arrives (bytes of the request body)
+local SAVE_EVERY = 5  -- seconds between two writes of the counters to M.state_file
+local DAY_TTL = 2 * 86400  -- a day's tokens are kept two days
 local FIELDS = {
     {"requests", "qwen27b_gateway_requests_total", "Requests with this client key."},
     {"errors", "qwen27b_gateway_errors_total", "Requests answered 400 or more (429s included)."},
@@ -40,8 +52,10 @@ local function read_usage(text)
         return
     end
     local usage = string.sub(text, at, at + 512)
-    local prompt = string.match(usage, '"prompt_tokens"%s*:%s*(%d+)')
+    -- chat and completions name them prompt/completion_tokens; responses and messages input/output_tokens
+    local prompt = string.match(usage, '"prompt_tokens"%s*:%s*(%d+)') or string.match(usage, '"input_tokens"%s*:%s*(%d+)')
     local completion = string.match(usage, '"completion_tokens"%s*:%s*(%d+)')
+        or string.match(usage, '"output_tokens"%s*:%s*(%d+)')
     if prompt or completion then
         ngx.var.qwen27b_prompt_tokens = prompt or ""
         ngx.var.qwen27b_completion_tokens = completion or ""
@@ -74,17 +88,55 @@ local function day_key(name)
     return "day\t" .. os.date("!%Y-%m-%d", ngx.time()) .. "\t" .. name
 end
 
+-- the request's body as sent (nginx keeps a large one in a temp file)
+local function request_body()
+    ngx.req.read_body()
+    local body = ngx.req.get_body_data()
+    if body then
+        return body
+    end
+    local file = ngx.req.get_body_file()
+    local fh = file and io.open(file, "rb")
+    if not fh then
+        return ""
+    end
+    body = fh:read("*a")
+    fh:close()
+    return body or ""
+end
+
+-- the most completion tokens the request asks for: the largest max_tokens, max_completion_tokens or
+-- max_output_tokens anywhere in it (read as text: a nested one can raise the reservation, never lower it)
+local function requested_cap(body)
+    local cap
+    for _, name in ipairs({"max_tokens", "max_completion_tokens", "max_output_tokens"}) do
+        for n in string.gmatch(body, '"' .. name .. '"%s*:%s*(%d+)') do
+            n = tonumber(n)
+            if not cap or n > cap then
+                cap = n
+            end
+        end
+    end
+    return cap
+end
+
 -- access: a key over its tokens of the UTC day (M.budgets, from the key's tokens_per_day) gets
--- OpenAI's 429 with Retry-After until midnight UTC
+-- OpenAI's 429 with Retry-After until midnight UTC; a request let through reserves its most at once
 function M.budget()
     local name = ngx.var.qwen27b_client
     local limit = name and M.budgets[name]
     if not limit then
         return
     end
-    local used = ngx.shared.qwen27b_usage:get(day_key(name)) or 0
+    local counters, day = ngx.shared.qwen27b_usage, day_key(name)
+    local used = counters:get(day) or 0
     if used < limit then
         ngx.var.qwen27b_limit_tokens = "PASSED"
+        local body = request_body()
+        local prompt = math.ceil(#body / BYTES_PER_TOKEN)
+        local reserve = prompt + (requested_cap(body) or RESERVE_DEFAULT)
+        counters:incr(day, reserve, 0, DAY_TTL)
+        ngx.ctx.qwen27b_reserved, ngx.ctx.qwen27b_day, ngx.ctx.qwen27b_prompt_estimate = reserve, day, prompt
         return
     end
     ngx.var.qwen27b_limit_tokens = "REJECTED"
@@ -117,8 +169,19 @@ function M.log()
     if completion then
         counters:incr("completion_tokens\t" .. name, completion, 0)
     end
-    if prompt or completion then  -- today's, for tokens_per_day (kept two days)
-        counters:incr(day_key(name), (prompt or 0) + (completion or 0), 0, 2 * 86400)
+    local ctx = ngx.ctx
+    if ctx.qwen27b_reserved then  -- settled: what the answer reported replaces what was reserved
+        local actual = ctx.qwen27b_reserved  -- an answer with no usage keeps its reservation
+        if prompt or completion then
+            actual = (prompt or 0) + (completion or 0)
+        elseif status == 499 then  -- the client left before any usage: the prompt was read, at most
+            actual = ctx.qwen27b_prompt_estimate
+        elseif status >= 400 then  -- refused or failed before an answer: nothing generated
+            actual = 0
+        end
+        counters:incr(ctx.qwen27b_day, actual - ctx.qwen27b_reserved, 0, DAY_TTL)
+    elseif prompt or completion then  -- today's, for tokens_per_day (kept two days)
+        counters:incr(day_key(name), (prompt or 0) + (completion or 0), 0, DAY_TTL)
     end
     counters:incr("seconds\t" .. name, tonumber(ngx.var.request_time) or 0, 0)
 end
@@ -171,6 +234,56 @@ function M.metrics()
     end
     ngx.header.content_type = "text/plain; version=0.0.4; charset=utf-8"
     ngx.print(table.concat(out, "\n") .. "\n")
+end
+
+-- the shared dict in M.state_file: one line per counter, "<seconds to live or 0>\t<value>\t<key>"
+local function save()
+    if not M.state_file then
+        return
+    end
+    local counters, out = ngx.shared.qwen27b_usage, {}
+    for _, key in ipairs(counters:get_keys(0)) do
+        local value = counters:get(key)
+        if type(value) == "number" then
+            out[#out + 1] = string.format("%d\t%s\t%s", math.ceil(counters:ttl(key) or 0), tostring(value), key)
+        end
+    end
+    local part = M.state_file .. "." .. ngx.worker.pid()
+    local fh = io.open(part, "w")
+    if not fh then
+        ngx.log(ngx.WARN, "qwen27b usage: cannot write ", part, ": the counters are not kept across a restart")
+        return
+    end
+    fh:write(table.concat(out, "\n"), "\n")
+    fh:close()
+    os.rename(part, M.state_file)
+end
+
+-- init_worker: the first worker loads the saved counters (the dict is empty after a start, kept
+-- across a reload: loaded once); worker 0 saves them every SAVE_EVERY s and when it exits
+function M.keep()
+    local counters = ngx.shared.qwen27b_usage
+    if M.state_file and counters:add("\tloaded", 1) then
+        local fh = io.open(M.state_file, "r")
+        if fh then
+            for line in fh:lines() do
+                local ttl, value, key = string.match(line, "^(%d+)\t([%d.]+)\t(%a[%w_]*\t.+)$")
+                if key and tonumber(value) then
+                    counters:set(key, tonumber(value), tonumber(ttl))
+                end
+            end
+            fh:close()
+        end
+    end
+    if ngx.worker.id() == 0 then
+        local function tick(premature)
+            save()
+            if not premature then
+                ngx.timer.at(SAVE_EVERY, tick)
+            end
+        end
+        ngx.timer.at(SAVE_EVERY, tick)
+    end
 end
 
 return M

@@ -141,6 +141,25 @@ SECRET_NAME = re.compile(r"KEY|TOKEN|PASSWORD|SECRET|CREDENTIAL", re.I)
 # the dynamic loader's variables (LD_*)
 CODE_LOADERS = {"VLLM_PLUGINS", "PYTHONWARNINGS", "BASH_ENV", "ENV", "PYTHONBREAKPOINT", "PYTHONINSPECT",
                 "PYTHONEXECUTABLE", "PYTHONUSERBASE", "PYTHONPLATLIBDIR", "PERL5OPT", "NODE_OPTIONS"}
+# The serve.env names that pass (issue 51: a deny-list let GCONV_PATH, NCCL_NET_PLUGIN,
+# NCCL_TUNER_PLUGIN, TRITON_LIBCUDA_PATH and VLLM_ALLOW_RUNTIME_LORA_UPDATING through, each a library
+# loaded or a route opened). Tuning knobs only: none names a file to load, a directory to write or a
+# route to open. Another one is added here, with its reason, never passed unseen.
+ENV_ALLOWED = frozenset({
+    # the profiles' own (stack.yaml serve.env, vllm_builds.*.env)
+    "VLLM_USE_V2_MODEL_RUNNER", "CUDA_DEVICE_ORDER", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND",
+    "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_SM70_DFLASH2_QUANT_LM_HEAD", "NCCL_P2P_DISABLE",
+    # vLLM's engine and logging knobs
+    "VLLM_ATTENTION_BACKEND", "VLLM_LOGGING_LEVEL", "VLLM_WORKER_MULTIPROC_METHOD", "VLLM_ENGINE_ITERATION_TIMEOUT_S",
+    "VLLM_RPC_TIMEOUT", "VLLM_SLEEP_WHEN_IDLE", "VLLM_SKIP_P2P_CHECK", "VLLM_ALLOW_LONG_MAX_MODEL_LEN",
+    "VLLM_LOG_STATS_INTERVAL", "VLLM_CPU_NUM_OF_RESERVED_CPU", "VLLM_MARLIN_USE_ATOMIC_ADD", "VLLM_DISABLE_COMPILE_CACHE",
+    # NCCL's transport and tuning (its plugins, NCCL_*_PLUGIN, load libraries: not here)
+    "NCCL_P2P_LEVEL", "NCCL_IB_DISABLE", "NCCL_SHM_DISABLE", "NCCL_DEBUG", "NCCL_CUMEM_ENABLE", "NCCL_ALGO", "NCCL_PROTO",
+    "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_NVLS_ENABLE", "NCCL_IB_HCA", "NCCL_NET_GDR_LEVEL", "NCCL_BUFFSIZE",
+    # CUDA, PyTorch and the thread pools
+    "CUDA_LAUNCH_BLOCKING", "CUDA_MODULE_LOADING", "CUDA_DEVICE_MAX_CONNECTIONS", "PYTORCH_CUDA_ALLOC_CONF",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM", "MAX_JOBS",
+})
 
 # Host data paths that land in a host-side config file or command.
 MOK_KEY_PATH = Rule(r"/[A-Za-z0-9._+-]+(?:/[A-Za-z0-9._+-]+)*", "a double-quoted line of DKMS's framework.conf "
@@ -174,6 +193,11 @@ def problem(path: str, value) -> tuple[str, str] | None:
             if SECRET_NAME.search(name):
                 return (f"{name} looks like a secret: the env file is 0644",
                         "put the API key in qwen27b_api_key_file, the hub token in qwen27b_hf_token_file")
+            if name not in ENV_ALLOWED:
+                return (f"{name} is not one of the serve.env names qwen27b passes (tuning knobs that load no "
+                        "code, write nowhere and open no route: qwen27b/plan/allowlist.py ENV_ALLOWED)",
+                        "leave it out, or add it to ENV_ALLOWED with its reason (a systemd drop-in is the "
+                        "lab's own way, outside qwen27b's checks)")
             number = isinstance(item, (int, float)) and not isinstance(item, bool)
             if not values.ok(str(item) if number else item):
                 return (f"{name}={item!r} is not a plain value ({values.why})",

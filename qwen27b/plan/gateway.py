@@ -23,11 +23,20 @@ from pathlib import Path
 from qwen27b.onhost.secretfile import load_secret
 from qwen27b.plan.chatpage import HOUSEKEEPING, ChatPage, plan_chat_page
 from qwen27b.plan.hostdata import (GATEWAY_KEYS, PREFIX, SECRET_NAMES, BadHostData, Settings, check_secret_file, instances_of, lab_address,
-                                   parse_address)
+                                   parse_address, parse_network)
 
 GROUP = "qwen27b_gateway"
 DEFAULT_PORT = 8000
 USAGE_PORT = 9121  # the usage counters in Prometheus' text format (loopback; the gateway's address for metrics_allow)
+# The routes a client key reaches (issue 51): the OpenAI routes a client needs, whose answers carry
+# `usage` as prompt_tokens/completion_tokens (what the gateway counts and budgets). Everything else a
+# backend serves is the backends' own (/tokenize, /scale_elastic_ep, /inference/v1/abort_requests,
+# stored responses, LoRA loading) and would run with the backends' key: 404. /v1/responses and
+# /v1/messages report usage in another shape (input_tokens/output_tokens), not counted yet: refused.
+CLIENT_ROUTES = ("/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+# the backends' /metrics through the gateway: with a client key, from qwen27b_gateway_metrics_allow
+# (and loopback) only, the networks named as the lab's scrapers
+SCRAPER_ROUTES = ("/metrics",)
 VERIFY = "qwen27b-verify"  # the name the deploy's own verify requests count under (its own key, never a client's)
 DEFAULT_REQUEST_TIMEOUT_S = 600  # a long generation on a loaded V100; also a drain's longest wait
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
@@ -120,7 +129,8 @@ class GatewayPlan:
         lines = [f"gateway: nginx on {self.address}:{self.port} in front of {len(self.backends)} backend(s) "
                  "(nginx's upstream module: one OpenAI address; docs/scale-out.md)"]
         for b in self.backends:
-            added = "".join(f"; {key} += {network} (the gateway's address, added: {NEEDS[key]})" for key, network in b.added)
+            added = "".join(f"; {key} += {network} (" + ("" if key == "qwen27b_serve_flags" else "the gateway's address, ")
+                            + f"added: {NEEDS[key]})" for key, network in b.added)
             lines.append(f"  backend {b.name}: {b.address}:{b.port}, health {b.address}:{b.health_port}{b.health_path} "
                          f"(in the pool while both answer 200 and it is not drained){added}")
         lines.append(f"  client keys: {', '.join(c.describe() for c in self.named_clients())}; held by the gateway only; "
@@ -141,6 +151,11 @@ class GatewayPlan:
         if self.verify_key_file:
             lines.append(f"  verify: with its own key ({self.verify_key_file}, made once, 0600), counted as {VERIFY}: "
                          "never a client's usage or limits")
+        lines.append(f"  client routes: {', '.join(CLIENT_ROUTES)} (the backends' other routes, /tokenize, "
+                     "abort, LoRA, stored responses..., answer 404); the backends' /metrics through it: loopback"
+                     + "".join(f", {n}" for n in self.metrics_allow) + " (qwen27b_gateway_metrics_allow)")
+        lines.extend(f"  WARNING: qwen27b_gateway_metrics_allow lists {n}: every address reads each key's usage "
+                     "and the backends' /metrics" for n in self.metrics_allow if ipaddress.ip_network(n).prefixlen == 0)
         lines.append(f"  {self.tls.describe()}" if self.tls else
                      "  plain HTTP: client keys, prompts and answers cross the network unencrypted (fine on a closed "
                      "lab network; else set qwen27b_gateway_tls_lab_ca, or qwen27b_gateway_tls_cert and _tls_key)")
@@ -169,6 +184,10 @@ def _address(host: str, key: str, value: str, fix: str) -> str:
     """An address nginx listens on or proxies to: re-printed, no zone id, neither loopback nor the
     wildcard (nginx would send the backends' key to whatever listens on its own host)."""
     address = ipaddress.ip_address(parse_address(host, key, value, fix))  # no zone id: nginx takes none
+    mapped = getattr(address, "ipv4_mapped", None)
+    if mapped is not None:  # ::ffff:127.0.0.1 is loopback, yet not is_loopback to Python's ipaddress
+        raise BadHostData(host, key, f"{value} is an IPv4-mapped IPv6 address ({mapped}"
+                          + (", loopback)" if mapped.is_loopback else ")"), f"write the IPv4 address {mapped}; {fix}")
     if address in LOOPBACK or address.is_loopback:
         raise BadHostData(host, key, f"{value} is loopback: other hosts cannot reach it", fix)
     if address.is_unspecified:
@@ -206,7 +225,12 @@ def _covered(address: str, networks: list | None) -> bool:
     return any(ip in ipaddress.ip_network(n, strict=False) for n in networks or [])
 
 
-NEEDS = {"qwen27b_metrics_allow": "it reads this host's health endpoint",
+# the flag a backend serves with behind a gateway: every stream reports its usage (in every chunk),
+# which the gateway counts and budgets per key; without it a stream that does not ask for
+# stream_options.include_usage reports none (issue 51)
+FORCE_USAGE = "--enable-force-include-usage"
+NEEDS = {"qwen27b_serve_flags": "every stream reports its usage, which the gateway counts and budgets per key",
+         "qwen27b_metrics_allow": "it reads this host's health endpoint",
          "qwen27b_firewall_allow": "it sends this host's requests"}
 
 
@@ -218,6 +242,8 @@ def _reach(address: str, data: dict) -> tuple[tuple[str, str], ...]:
     still says what was added."""
     network = str(ipaddress.ip_network(address))
     out = []
+    if FORCE_USAGE not in (data.get(PREFIX + "serve_flags") or {}):
+        out.append(("qwen27b_serve_flags", FORCE_USAGE))
     if not _covered(address, data.get(PREFIX + "metrics_allow")):
         out.append(("qwen27b_metrics_allow", network))
     if data.get(PREFIX + "firewall_allow") is not None and not _covered(address, data[PREFIX + "firewall_allow"]):
@@ -234,6 +260,11 @@ def gateway_needs(plans: dict[str, "GatewayPlan"], settings: dict[str, Settings]
             host = backend.host or backend.name
             for key, network in backend.added:
                 field_name = key[len(PREFIX):]
+                if key == "qwen27b_serve_flags":  # a switch, pinned beside the host's own pins; a serving
+                    group = out[host].node_group  # group's members run one engine: every member gets it
+                    for name in [n for n, s in out.items() if group and s.node_group == group] or [host]:
+                        out[name] = replace(out[name], serve_flags={**(out[name].serve_flags or {}), network: True})
+                    continue
                 have = list(getattr(out[host], field_name) or [])
                 if network not in have:
                     out[host] = replace(out[host], **{field_name: have + [network]})
@@ -443,15 +474,15 @@ def plan_gateway(host: str, data: dict, inventory: list[tuple[str, dict]], gatew
 
 
 def _metrics_allow(host: str, data: dict) -> tuple[str, ...]:
-    """qwen27b_gateway_metrics_allow: networks (CIDR) re-printed, as nginx's `allow` takes them."""
+    """qwen27b_gateway_metrics_allow: networks parsed as every other allow-list is (hostdata's
+    parse_network: no ints or bools, no zone id, no host bits), re-printed as nginx's `allow` takes them."""
     key = PREFIX + "gateway_metrics_allow"
-    out = []
-    for value in data.get(key) or []:
-        try:
-            out.append(str(ipaddress.ip_network(value, strict=False)))
-        except (TypeError, ValueError):
-            raise BadHostData(host, key, f"{value!r} is not a network", "list networks, e.g. ['10.0.0.5/32']") from None
-    return tuple(out)
+    value = data.get(key)
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)):
+        raise BadHostData(host, key, f"{value!r} is not a list of networks", "list networks, e.g. ['10.0.0.5/32']")
+    return tuple(parse_network(host, key, network) for network in value)
 
 
 def uninstall_notes(plans: dict[str, GatewayPlan], host: str) -> list[str]:

@@ -322,6 +322,17 @@ def _beside_weights(paths: dict) -> list[str]:
     return [at.cache, at.health_status, at.restart_request, at.current_model, at.draft_link]
 
 
+def keep_weights_as_root(state: str, models: str) -> tuple[str, str]:
+    """The uninstall that keeps the weights hands the state dir and its models dir to root (issue
+    51: root never follows the service user's links). The state dir first: it sits in root's
+    hierarchy (a link there is the admin's), and once it is root's 0755 nothing inside it can be
+    swapped; then the models dir, refused where it is a link (planted: left as it is, named)."""
+    q = shlex.quote
+    return (f"chown root:root {q(state)} && chmod 0755 {q(state)}",
+            f"if [ -L {q(models)} ] || [ ! -d {q(models)} ]; then echo {q(models + ' is not a directory (a symbolic link?): left as it is; check who made it and remove it by hand')} >&2; "
+            f"exit 1; fi; chown -h root:root {q(models)} && chmod 0755 {q(models)}")
+
+
 def probe_paths(paths: dict, unit_dir: str, textfile: str) -> list[str]:
     """Every path the uninstall looks for (the DeployedState fact's argument)."""
     at = HostLayout.of(paths)
@@ -393,7 +404,7 @@ def uninstall_plan(have: Installed, paths: dict, options: UninstallOptions, unit
                                     "(qwen27b_uninstall_weights=true removes them), owned by root from now on",
                                     (f"find {q(state)} -mindepth 1 -maxdepth 1 ! -path {q(models)} -exec rm -rf {{}} +",
                                      f"rm -f {q(models + '/current')} {q(models + '/draft')}",
-                                     f"chown root:root {q(state)} {q(models)} && chmod 0755 {q(state)} {q(models)}")))
+                                     *keep_weights_as_root(state, models))))
         if not options.weights and models in have.paths:
             kept.append(f"{models}: the model weights (set qwen27b_uninstall_weights=true to remove them; "
                         "a later deploy uses them again instead of fetching)")

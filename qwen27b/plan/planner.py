@@ -164,6 +164,11 @@ class ServeInputs:
         return self.draft is not None and self.speculation.method == "dflash2"
 
 
+# pins the deploy adds itself, each with its reason (plan/gateway.py gateway_needs)
+PIN_REASONS = {"--enable-force-include-usage": "behind a qwen27b gateway (added for it): every stream reports its "
+                                               "usage, which the gateway counts and budgets per key"}
+
+
 def _pin(pins: dict, name: str, cast):
     if name not in pins:
         return None
@@ -482,7 +487,7 @@ def plan_serve(inp: ServeInputs) -> ServePlan:
         add("--middleware", MIDDLEWARE, "every route but /health needs the API key: vLLM's VLLM_API_KEY guards "
             "only /v1, /v2, /inference and /cohere (/invocations, /tokenize, /metrics answered anyone)")
     for name, value in pins.items():
-        flags.append(Flag(name, None if value is True else str(value), "pinned in host data (qwen27b_serve_flags)", True))
+        flags.append(Flag(name, None if value is True else str(value), PIN_REASONS.get(name, "pinned in host data (qwen27b_serve_flags)"), True))
 
     env = {str(k): str(v) for k, v in (serve.get("env") or {}).items()}
     if serve.get("omp_threads"):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from qwen27b.controller.apikey import key_file, shown
 from qwen27b.controller.artifacts import cache_root
-from qwen27b.controller.postdeploy import HostResult, report_table
+from qwen27b.controller.postdeploy import HostResult, direct_opener, report_table
 from qwen27b.onhost.secretfile import load_secret
 from qwen27b.plan.stack import api_key_env_file, load_stack
 
@@ -50,7 +50,7 @@ def main() -> None:
         for path in ("/health", "/v1/models"):
             request = urllib.request.Request(url + path, headers={"Authorization": f"Bearer {key}"} if key else {})
             try:
-                with urllib.request.urlopen(request, timeout=10) as response:
+                with direct_opener().open(request, timeout=10) as response:
                     body = response.read().decode()[:300]
                     print(f"--> GET {url}{path}: {response.status} {body}")
             except OSError as error:

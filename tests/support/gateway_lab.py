@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import ssl
 import subprocess
@@ -24,6 +25,11 @@ from tests.support import onhost_lib
 ONHOST = Path(__file__).resolve().parents[2] / "qwen27b" / "onhost"
 
 
+# the workers as the test's own user (nginx's default, nobody, cannot reach pytest's 0700 tmp dirs,
+# where the usage counters are kept across a restart); on a host they are qwen27b-gateway's
+SCRATCH_USER = ["user root;"] if os.geteuid() == 0 else []
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -39,8 +45,9 @@ def render_scratch(plan: GatewayPlan, root: Path, access_log: str = "off", usage
     for key in ("config", "temp_dir"):
         Path(where[key]).parent.mkdir(parents=True, exist_ok=True)
     Path(where["temp_dir"]).mkdir(exist_ok=True)
+    Path(where["usage_dir"]).mkdir(exist_ok=True)
     Path(where["config"]).write_text(G.render("qwen27b-gateway.nginx.conf.j2",
-                                              G.nginx_context(plan, where, run_as=[], access_log=access_log, usage_port=usage_port,
+                                              G.nginx_context(plan, where, run_as=SCRATCH_USER, access_log=access_log, usage_port=usage_port,
                                                               usage=usage)))
     Path(where["keys"]).write_text(G.keys_text(plan))
     pair = G.tls_pair(plan)
@@ -88,5 +95,9 @@ def running_nginx(plan: GatewayPlan, root: Path, nginx: str | list[str], access_
                 time.sleep(0.1)
         yield {**where, "base": base, "verify": verify}
     finally:
-        process.terminate()
-        process.wait(timeout=10)
+        process.send_signal(signal.SIGQUIT)  # as the unit stops it (KillSignal=SIGQUIT): graceful
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # a request still in flight: the tests do not wait for it
+            process.terminate()
+            process.wait(timeout=10)

@@ -140,18 +140,18 @@ def http_commands(address: str, port: str, secrets_file: str | None = None) -> d
     host = f"[{address}]" if ":" in address else address
     base = f"http://{host}:{port}"
     return {
-        "health.txt": f"curl -s -g -o /dev/null -m 5 -w '%{{http_code}}' {shlex.quote(base + '/health')}; true",
+        "health.txt": f"curl --noproxy '*' -s -g -o /dev/null -m 5 -w '%{{http_code}}' {shlex.quote(base + '/health')}; true",
         "metrics.txt": _metrics_command(base + "/metrics", secrets_file),
     }
 
 
 def _metrics_command(url: str, secrets_file: str | None) -> str:
-    plain = f"curl -s -g -m 10 {shlex.quote(url)}"
+    plain = f"curl --noproxy '*' -s -g -m 10 {shlex.quote(url)}"
     if not secrets_file:
         return plain + "; true"
     return (f"k=$(sed -n 's/^VLLM_API_KEY=//p' {shlex.quote(secrets_file)} 2>/dev/null | head -n 1); "
             "if [ -n \"$k\" ]; then printf 'header = \"Authorization: Bearer %s\"\\n' \"$k\" | "
-            f"curl -s -g -m 10 -K - {shlex.quote(url)}; else {plain}; fi; true")
+            f"curl --noproxy '*' -s -g -m 10 -K - {shlex.quote(url)}; else {plain}; fi; true")
 
 
 FACT_KEYS = frozenset(F.SNAPSHOT_NAMES[cls] for cls in F.ALL_FACTS)

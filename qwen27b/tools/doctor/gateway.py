@@ -48,7 +48,7 @@ def chat_page_command(stack: dict) -> str:
     on loopback, and its journal's last lines; nothing when the unit is not there."""
     port = int(stack["tools"]["chat_page"]["listen_port"])
     return (f"{show_command(CHAT_PAGE_UNIT, SHOW_PROPS)} 2>/dev/null; "
-            f"printf 'Health=%s\\n' \"$(curl -s -o /dev/null -m 5 -w '%{{http_code}}' http://127.0.0.1:{port}/health)\"; "
+            f"printf 'Health=%s\\n' \"$(curl --noproxy '*' -s -o /dev/null -m 5 -w '%{{http_code}}' http://127.0.0.1:{port}/health)\"; "
             f"journalctl -u {CHAT_PAGE_UNIT} -n 5 --no-pager -a -q -o cat 2>/dev/null | sed 's/^/Journal=/'; true")
 
 
@@ -63,9 +63,9 @@ def commands(stack: dict, data: dict, reached: str | None = None) -> dict[str, s
         POOL_SHOW: show_command(POOL_UNIT, PROPS),
         POOL_RECORD: (f"printf 'age=%s\\n' \"$(( $(date +%s) - $(stat -c %Y {pool_file} 2>/dev/null || echo 0) ))\"; "
                       f"head -c 200000 {pool_file}"),
-        LISTEN: f"curl -s -k -g -o /dev/null -m 5 -w '%{{http_code}}' {url}; true",
+        LISTEN: f"curl --noproxy '*' -s -k -g -o /dev/null -m 5 -w '%{{http_code}}' {url}; true",
         USAGE: (f"if [ -e {shlex.quote(LUA_MODULES[-1])} ]; then echo lua=yes; else echo lua=no; fi; "
-                f"b=$(curl -s -m 5 -w '\\ncode=%{{http_code}}' http://127.0.0.1:{USAGE_PORT}/metrics); "
+                f"b=$(curl --noproxy '*' -s -m 5 -w '\\ncode=%{{http_code}}' http://127.0.0.1:{USAGE_PORT}/metrics); "
                 "printf 'series=%s\\n' \"$(printf '%s\\n' \"$b\" | grep -c '^qwen27b_gateway_')\"; "
                 "printf '%s\\n' \"$b\" | tail -n 1; true"),
         CHAT_PAGE_KEY: chat_page_command(stack),
