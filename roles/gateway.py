@@ -48,6 +48,7 @@ from qwen27b.plan.stack import load_stack
 
 from ._common import check, dry_run, note
 from ._common import ONHOST_SOURCE, apt_install, service_user, started
+from ._firewall import apply_firewall
 
 READY_TIMEOUT_S = 900  # the backends of the same run load their weights first (minutes on V100)
 PAGE_READY_TIMEOUT_S = 300  # Open WebUI's first start: imports and its database migrations (25-60 s here)
@@ -149,6 +150,7 @@ def gateway(plan: GatewayPlan) -> None:
                     service=G.DISTRO_UNIT, running=False, enabled=False)
     service_user(G.USER, G.STATE_DIR)
     directories(name="gateway directories (owner, group, mode)", specs=_directories())
+    apply_firewall(G.firewall_contexts(plan))  # qwen27b_firewall_allow: before nginx listens on a new port
     code = push_files(name="on-host code (qwen27b-gateway-pool)", src_dir=str(ONHOST_SOURCE),
                       dest_dir=f"{G.LIB_DIR}/qwen27b_onhost", manifest=source_manifest(ONHOST_SOURCE), remove_extra=True)
     usage = files.put(name=f"usage per key (nginx's Lua module) {where['usage_lua']}",

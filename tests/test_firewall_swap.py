@@ -114,3 +114,33 @@ def test_removing_the_firewall_unlinks_it_before_stopping_it():
     order = [c.split()[1] if c.startswith("systemctl") else c.split()[0] for c in REMOVE_COMMANDS]
     assert order.index("disable") < order.index("daemon-reload") < order.index("stop")
     assert order[-1] == "daemon-reload" and f"rm -f /etc/systemd/system/{FIREWALL_UNIT}" in REMOVE_COMMANDS
+
+
+@needs_netns
+def test_the_gateways_rule_loads_and_guards_its_api_chat_page_and_usage_ports(tmp_path):
+    """A gateway host's rule (gateway_render.firewall_contexts), loaded for real by nft in a network
+    namespace of the test's own: the API's and the chat page's ports from qwen27b_firewall_allow, the
+    usage counters' port from qwen27b_gateway_metrics_allow, loopback always; the unit requires the
+    gateway's unit (fail closed at boot)."""
+    import dataclasses
+
+    from qwen27b.controller import gateway_render as G
+    from qwen27b.plan.chatpage import ChatPage
+    from qwen27b.plan.gateway import Backend, GatewayPlan
+
+    page = ChatPage(port=8080, admin_email="admin@qwen27b.lab", accounts=())
+    plan = GatewayPlan("gw", "10.0.0.9", 8000, ("k",), (Backend("b", "10.0.0.21", 8000, 9120),), None, None, 600,
+                       metrics_allow=("10.0.0.5/32",), chat_page=page, firewall_allow=("10.0.0.0/24", "fd00::/8"))
+    context = G.firewall_contexts(plan)["qwen27b-firewall.nft.j2"]
+    assert [(r["port"], [n for _, n in r["allowed"]]) for r in context["rules"]] == [
+        (8000, ["10.0.0.0/24", "fd00::/8"]), (8080, ["10.0.0.0/24", "fd00::/8"]), (9121, ["10.0.0.5/32"])]
+    assert "RequiredBy=qwen27b-gateway.service" in render("qwen27b-firewall.service.j2", context).splitlines()
+    assert G.firewall_contexts(dataclasses.replace(plan, firewall_allow=None)) == {}
+    rules = tmp_path / "gateway.nft"
+    rules.write_text(render("qwen27b-firewall.nft.j2", context))
+    result = subprocess.run(["unshare", "--net", "sh", "-c", f"nft -f {rules} && nft list table inet qwen27b"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "ip saddr 10.0.0.0/24 tcp dport 8080 accept" in result.stdout
+    assert "ip6 saddr fd00::/8 tcp dport 8000 accept" in result.stdout
+    assert "tcp dport 9121 reject with tcp reset" in result.stdout

@@ -147,3 +147,23 @@ def test_a_gateway_with_the_chat_page_plans_it_and_says_where_its_python_and_whe
     secrets = sorted((lab["work"] / ".qwen27b" / "chat-page" / "_fake_gw").iterdir())
     assert [p.name for p in secrets] == ["admin.password", "page.key", "session.secret"]
     assert not [p.name for p in secrets if p.read_text().strip() in out]
+
+
+def test_a_gateway_with_qwen27b_firewall_allow_plans_the_serving_hosts_firewall(lab):
+    """Issue 56 item 3: the gateway host gets the serving hosts' nftables rule (the same shared step,
+    roles/_firewall.py: `nft -c`, then the one-transaction swap), its API port only from the listed
+    networks; without the key the plan says every network reaches it."""
+    walled = dict(lab, inventory=lab["work"] / "lab-fw.py")
+    walled["inventory"].write_text(lab["inventory"].read_text().replace(
+        "ssh_hostname='192.168.10.9')", "ssh_hostname='192.168.10.9', qwen27b_firewall_allow=['192.168.10.0/24'])"))
+    result = run(walled, ["-m", "pyinfra"], "--dry", "-y", "-v")
+    out = result.stderr + result.stdout
+    assert result.returncode == 0, out[-4000:]
+    mine = re.search(r"^== @fake/gw: \d+ operation\(s\) planned.*?(?=^== |\Z)", out, re.M | re.S).group(0)
+    assert "firewall: port 8000/tcp only from 192.168.10.0/24 and the host itself, qwen27b-gateway.service (the " \
+           "gateway's API)" in out, out[-4000:]
+    assert "CHANGE  render the firewall rule" in mine and "CHANGE  load the firewall rule" in mine
+    assert "$ nft -c -f /etc/qwen27b-gateway/firewall.nft" in mine
+    assert "firewall: none (qwen27b_firewall_allow unset)" not in out
+    plain = run(lab, ["-m", "pyinfra"], "--dry", "-y")
+    assert "firewall: none (qwen27b_firewall_allow unset): the API answer every network that reaches this host" in plain.stderr

@@ -8,8 +8,8 @@ import ipaddress
 import json
 from pathlib import Path
 
-from qwen27b.controller.render import SANDBOX, nginx_regex_literal, render
-from qwen27b.onhost.contract import GATEWAY_UNIT, POOL_UNIT
+from qwen27b.controller.render import SANDBOX, nft_networks, nginx_regex_literal, render
+from qwen27b.onhost.contract import FIREWALL_UNIT, GATEWAY_UNIT, POOL_UNIT
 from qwen27b.onhost.secretfile import load_secret
 from qwen27b.controller import chat_page_render as P
 from qwen27b.plan.gateway import CLIENT_ROUTES, SCRAPER_ROUTES, USAGE_PORT, VERIFY, GatewayPlan, listen_on
@@ -81,6 +81,7 @@ def layout(prefix: str = "") -> dict[str, str]:
         "usage_state": f"{STATE_DIR}/usage/counters.tsv",
         "lib_dir": LIB_DIR,
         "usage_lua": f"{LIB_DIR}/{USAGE_LUA}",
+        "firewall_rules": f"{CONFIG_DIR}/firewall.nft",  # qwen27b_firewall_allow: the rule qwen27b-firewall loads
         "gateway_unit": HostLayout.unit_file(GATEWAY_UNIT),
         "pool_unit": HostLayout.unit_file(POOL_UNIT),
     }.items()}
@@ -326,3 +327,23 @@ def render_gateway(plan: GatewayPlan, usage: bool = True) -> dict[str, str]:
         where["gateway_unit"]: render("qwen27b-gateway.service.j2", units["qwen27b-gateway.service.j2"]),
         where["pool_unit"]: render("qwen27b-gateway-pool.service.j2", units["qwen27b-gateway-pool.service.j2"]),
     }
+
+
+def firewall_contexts(plan: GatewayPlan, where: dict | None = None) -> dict[str, dict]:
+    """The gateway host's nftables rule and its unit, the serving hosts' templates and swap
+    (controller/render.firewall_contexts): with qwen27b_firewall_allow, the API's port and the chat
+    page's only from those networks, and the usage counters' port (open on the gateway's address
+    with qwen27b_gateway_metrics_allow) only from those; {} without qwen27b_firewall_allow."""
+    if plan.firewall_allow is None:
+        return {}
+    where = where or layout()
+    allowed = nft_networks(list(plan.firewall_allow))
+    rules = [{"port": plan.port, "what": f"{GATEWAY_UNIT} (the gateway's API)", "allowed": allowed}]
+    if plan.chat_page:
+        rules.append({"port": plan.chat_page.port, "what": f"{GATEWAY_UNIT} (the chat page)", "allowed": allowed})
+    if plan.metrics_allow and plan.address != "127.0.0.1":
+        rules.append({"port": USAGE_PORT, "what": f"{GATEWAY_UNIT} (the usage counters)",
+                      "allowed": nft_networks(list(plan.metrics_allow))})
+    context = {"rules": rules, "ports": ", ".join(str(rule["port"]) for rule in rules), "guards": [GATEWAY_UNIT],
+               "established": [], "firewall_unit": FIREWALL_UNIT, "rules_file": where["firewall_rules"]}
+    return {"qwen27b-firewall.nft.j2": context, "qwen27b-firewall.service.j2": context}

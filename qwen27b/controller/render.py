@@ -405,7 +405,7 @@ RESTART_COMMAND = (f"systemctl stop {SERVICE_UNIT}; systemctl reset-failed {SERV
                    f"systemctl start --no-block {SERVICE_UNIT}")
 
 
-def _nft_networks(networks: list | None) -> list[tuple[str, str]]:
+def nft_networks(networks: list | None) -> list[tuple[str, str]]:
     parsed = [ipaddress.ip_network(n, strict=False) for n in networks or []]
     return [("ip" if n.version == 4 else "ip6", str(n)) for n in parsed]
 
@@ -420,16 +420,16 @@ def firewall_contexts(decision: Decision) -> dict[str, dict]:
     serving = [(copy.serve.value("--port"), instance_unit(i.name)) for i, copy in decision.copies] \
         or [(decision.serve.value("--port"), SERVICE_UNIT)]
     if s.firewall_allow:
-        rules += [{"port": port, "what": f"{unit} (vLLM's API)", "allowed": _nft_networks(s.firewall_allow)}
+        rules += [{"port": port, "what": f"{unit} (vLLM's API)", "allowed": nft_networks(s.firewall_allow)}
                   for port, unit in serving]
     if decision.group is not None:
         rules += group_rules(decision)
     if rules or s.node_exporter:
         rules.append({"port": s.health_port, "what": f"{HEALTH_HTTP_SOCKET} (the health endpoint)",
-                      "allowed": _nft_networks(s.metrics_allow)})
+                      "allowed": nft_networks(s.metrics_allow)})
     if s.node_exporter:
         rules.append({"port": NODE_EXPORTER_PORT, "what": f"{NODE_EXPORTER_UNIT} (node_exporter)",
-                      "allowed": _nft_networks(s.metrics_allow)})
+                      "allowed": nft_networks(s.metrics_allow)})
     if not rules:
         return {}
     context = {
@@ -536,7 +536,7 @@ def group_rules(decision: Decision) -> list[dict]:
     from qwen27b.plan.inventory import group_ports
 
     g = decision.group
-    peers = _nft_networks([f"{address}/{32 if ':' not in address else 128}" for address in g.peers])
+    peers = nft_networks([f"{address}/{32 if ':' not in address else 128}" for address in g.peers])
     rules = [{"port": str(low) if low == high else f"{low}-{high}", "what": f"{what} (serving group {g.name})",
               "allowed": peers} for what, low, high in group_ports({"multinode": g.multinode})]
     if g.role == "head":

@@ -116,6 +116,9 @@ class GatewayPlan:
     # the deploy's verify key on the controller (apikey.ensure_gateway_verify, set by the gateway's
     # preflight): its requests count under VERIFY, never in a client's usage or against its limits
     verify_key_file: str | None = None
+    # qwen27b_firewall_allow on the gateway host: the networks that reach its API and chat page ports
+    # (nftables, as on a serving host); None: no rule
+    firewall_allow: tuple[str, ...] | None = None
 
     def named_clients(self) -> tuple[Client, ...]:
         return self.clients or tuple(Client(key_name(path), path) for path in self.key_files)
@@ -156,6 +159,9 @@ class GatewayPlan:
                      + "".join(f", {n}" for n in self.metrics_allow) + " (qwen27b_gateway_metrics_allow)")
         lines.extend(f"  WARNING: qwen27b_gateway_metrics_allow lists {n}: every address reads each key's usage "
                      "and the backends' /metrics" for n in self.metrics_allow if ipaddress.ip_network(n).prefixlen == 0)
+        if self.firewall_allow is None:  # with it, the firewall's own lines say each port's networks
+            lines.append("  firewall: none (qwen27b_firewall_allow unset): the API" + (" and the chat page" if self.chat_page
+                         else "") + " answer every network that reaches this host")
         lines.append(f"  {self.tls.describe()}" if self.tls else
                      "  plain HTTP: client keys, prompts and answers cross the network unencrypted (fine on a closed "
                      "lab network; else set qwen27b_gateway_tls_lab_ca, or qwen27b_gateway_tls_cert and _tls_key)")
@@ -467,10 +473,12 @@ def plan_gateway(host: str, data: dict, inventory: list[tuple[str, dict]], gatew
     if page and HOUSEKEEPING in {c.name for c in clients}:
         raise BadHostData(host, PREFIX + "gateway_key_files", f"a key is named {HOUSEKEEPING!r}, the name the chat page's "
                           "own requests count under", "give that key another name: {file: ..., name: ...}")
+    allow = settings[host].firewall_allow if host in settings else None
     return GatewayPlan(host, address, port, key_files, tuple(backends), backend_key, served, timeout,
                        _tls(host, data, address), clients, _metrics_allow(host, data),
                        fair_share=(fair is not False) and len(clients) > 1,
-                       log_bodies=data.get(PREFIX + "gateway_log_bodies") is True, chat_page=page)
+                       log_bodies=data.get(PREFIX + "gateway_log_bodies") is True, chat_page=page,
+                       firewall_allow=tuple(allow) if allow is not None else None)
 
 
 def _metrics_allow(host: str, data: dict) -> tuple[str, ...]:
