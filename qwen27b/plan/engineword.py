@@ -108,8 +108,8 @@ def read_answer(lines: list[str]) -> dict | str:
         said = lines[0][len(MARK):].strip()
         if said == "absent":
             return f"the installed engine carries no packaged profile ({MODULE} is absent: a CPU build or a wheel before 1.5.1)"
-        tail = " ".join(line.strip() for line in lines[1:] if line.strip())[-200:]
-        return f"`python -m {MODULE} show {PROFILE_NAME} --json` {said.replace('failed', 'failed with exit')}: {tail or 'no error output'}"
+        tail = " ".join(line.strip() for line in lines[1:] if line.strip())[-200:] or "no error output"
+        return f"`python -m {MODULE} show {PROFILE_NAME} --json` {said.replace('failed', 'failed with exit')}: {tail}"
     try:
         profile = json.loads("\n".join(lines))
     except ValueError as error:
