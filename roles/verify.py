@@ -28,6 +28,7 @@ from qwen27b.controller.verifyplan import FIGURES, LIVENESS, Check, spec_judge, 
     unverifiable, which_check
 from qwen27b.controller.remote import on_host
 from qwen27b.controller import postdeploy as V
+from qwen27b.controller import engineword_read
 from qwen27b.onhost.contract import RESTART_LOOP_FINDING, UNIT_PROPERTIES, crash_loop
 from qwen27b.onhost.unit import invocation_word, journal_tail_command, parse_show, show_command, state_command
 from qwen27b.plan.gate import Decision
@@ -50,7 +51,8 @@ def finish_run(run: runstate.RunState, results: list[runsummary.Outcome], argv: 
     """At exit: the verify table, every host's outcome with the re-run command, one report file."""
     path = V.write_report(run.results, reports_dir(), RUN_ID, runsummary.as_json(results)) if results or run.results else None
     if run.results:
-        click.echo(f"\n--> qwen27b verify report ({path})\n{V.report_table(run.results)}\n", err=True)
+        click.echo(f"\n--> qwen27b verify report ({path})\n{V.report_table(run.results)}\n"
+                   f"{engineword_read.report_text(run.results)}", err=True)
     if results:
         click.echo("\n" + runsummary.summary_text(results, argv), err=True)
 
@@ -512,6 +514,8 @@ def _check(decision: Decision, previous: list[SwitchedLink | KeptFiles], check: 
                           served_name=serve.value("--served-model-name"), url=base)
     runstate.current().results.append(result)
     key = api_key(decision)
+    # the installed engine's own profile against this unit's flags: a report line, never a failure
+    result.engine_word = engineword_read.read(host, layout(decision)["venv"], serve.flags, decision.stack.draft)
 
     current, failure = _starts(result, key, decision, check)
     if failure is None:

@@ -27,6 +27,7 @@ FAST_MODULES = {
     "test_plans", "test_lifecycle_plans", "test_readme_memory_table", "test_recorded",  # plans
     "test_fact_parsers", "test_facts", "test_gpustate", "test_topology", "test_pciids",  # parsers
     "test_gate", "test_hostdata", "test_addresses", "test_stack", "test_engine", "test_catalog",  # the gate
+    "test_quant_lm_head",
     "test_driverbuild", "test_occupants", "test_unknown_memory", "test_cuda_repo_driver",
     "test_planner", "test_checkpoint", "test_instances", "test_multinode",  # the planner
     "test_templates", "test_templates_multinode",  # templates

@@ -66,6 +66,7 @@ class HostResult:
     health: dict | None = None
     unit: dict | None = None  # systemd's view when verify failed (ActiveState, Result, NRestarts...)
     died_at_start: str = ""  # the service died once while starting and systemd's restart served (roles/verify.py)
+    engine_word: dict | None = None  # the engine's packaged profile against the unit's flags (plan/engineword.py)
 
 
 TRUSTED: dict[str, ssl.SSLContext] = {}  # an https base URL -> the context that verifies it (trust())
