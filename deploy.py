@@ -17,7 +17,8 @@ from roles.gateway import gateway, gateway_host, gateway_preflight, verify_gatew
 from roles.multinode import multinode
 from roles.node_exporter import node_exporter
 from roles.nvidia import nvidia
-from roles.preflight import preflight, release_lock, run_roles, show_planned_operations
+from roles._run import release_lock, run_roles, show_planned_operations
+from roles.preflight import preflight
 from roles.service import service
 from roles.toolchain import toolchain
 from roles.verify import verify

@@ -8,10 +8,13 @@ deploy pip-installs an 878 MiB wheelhouse per host first).
 from roles.preflight import preflight
 from roles.weights import weights
 
-try:  # the host deploy lock, where this tree has it
-    from roles.preflight import release_lock
+try:  # the host deploy lock, where this tree has it (roles/_run.py since issue 50, roles/preflight.py before)
+    from roles._run import release_lock
 except ImportError:  # pragma: no cover
-    release_lock = None
+    try:
+        from roles.preflight import release_lock
+    except ImportError:
+        release_lock = None
 
 decision = preflight()
 if decision is not None:

@@ -129,8 +129,12 @@ def _shim(stats_path: str, pyinfra_args: list[str]) -> None:
     wrap(FakeConnector)
     wrap(SSHConnector)
     import roles.verify as verify_role
+    try:
+        from qwen27b.controller import startwatch as engine  # the start-and-watch engine (issue 50)
+    except ImportError:
+        engine = verify_role  # a tree before issue 50: the engine was in the verify role
 
-    check, serving = verify_role._check, verify_role.serving
+    check, serving = verify_role._check, engine.serving
 
     # `state` and `host` named, as roles/_common.check's wrapper names them: pyinfra's FunctionCommand hands
     # them in only to a function whose signature has both (a bare *args got neither, and the check failed
@@ -150,7 +154,7 @@ def _shim(stats_path: str, pyinfra_args: list[str]) -> None:
             hosts[result.host]["answer_s"] += _time.perf_counter() - t0
             hosts[result.host]["check"] = getattr(result, "check", "") or "figures"  # a tree before issue 48: figures
 
-    verify_role._check, verify_role.serving = timed_check, timed_serving
+    verify_role._check, engine.serving = timed_check, timed_serving
     from pyinfra_cli.main import main
 
     imported = _time.perf_counter()

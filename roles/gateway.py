@@ -40,6 +40,7 @@ from qwen27b.controller import postdeploy as V
 from qwen27b.controller import runstate
 from qwen27b.controller.artifacts import source_manifest
 from qwen27b.controller.operations import directories, push_files, secret_file
+from qwen27b.controller.runlife import BadInventory, inventory_file, inventory_settings
 from qwen27b.onhost.secretfile import load_secret
 from qwen27b.controller import oporder
 from qwen27b.plan.gate import RefusedHost
@@ -49,6 +50,7 @@ from qwen27b.plan.stack import load_stack
 from ._common import check, dry_run, note
 from ._common import ONHOST_SOURCE, apt_install, service_user, started
 from ._firewall import apply_firewall
+from ._run import refuse, take_lock
 
 READY_TIMEOUT_S = 900  # the backends of the same run load their weights first (minutes on V100)
 PAGE_READY_TIMEOUT_S = 300  # Open WebUI's first start: imports and its database migrations (25-60 s here)
@@ -63,8 +65,6 @@ def gateway_preflight() -> GatewayPlan | None:
     """The preflight of a gateway host: the whole inventory validated (gateways and their backends
     included), this host's plan printed, the host's deploy lock taken; None when another deploy
     holds the lock. No GPU facts are read: the gate is for serving hosts."""
-    from .preflight import inventory_settings, take_lock  # noqa: PLC0415 (roles import each other lazily)
-
     oporder.register_deploy_file(state.current_deploy_filename)
     settings = inventory_settings()
     inventory = [(h.name, dict(h.data.dict())) for h in state.inventory]
@@ -76,8 +76,6 @@ def gateway_preflight() -> GatewayPlan | None:
     note(f"== {host.name}: {lines[0]}\n")
     budgets = [c.name for c in plan.named_clients() if c.tokens_per_day]
     if budgets and not _usage_available()[0]:  # a limit nothing would enforce: refused, not ignored
-        from .preflight import refuse  # noqa: PLC0415
-
         refuse(RefusedHost(host.name, f"tokens_per_day is set for {', '.join(budgets)}, but this host's OS archive has "
                            "no nginx Lua module to count tokens (stack tools.nginx_lua)",
                            "remove tokens_per_day from qwen27b_gateway_key_files, or run the gateway on "
@@ -89,9 +87,7 @@ def gateway_preflight() -> GatewayPlan | None:
 def _chat_page_secrets(plan: GatewayPlan) -> GatewayPlan:
     """The chat page's secret files on the controller, made once (controller/apikey.py): the plan
     carries their directory, never a value."""
-    from .preflight import BadInventory, _run  # noqa: PLC0415
-
-    directory = apikey.chat_page_dir(_run.get("inventory_file"), host.name)
+    directory = apikey.chat_page_dir(inventory_file(), host.name)
     try:
         made = apikey.ensure_chat_page(directory)
     except OSError as error:
@@ -105,10 +101,8 @@ def _chat_page_secrets(plan: GatewayPlan) -> GatewayPlan:
 def _verify_key(plan: GatewayPlan) -> GatewayPlan:
     """The gateway's own key for the deploy's verify, on the controller (made once): its requests
     count under plan.VERIFY, never in the first client's usage or against her limits."""
-    from .preflight import BadInventory, _run  # noqa: PLC0415
-
     try:
-        path, _ = apikey.ensure_gateway_verify(apikey.gateway_dir(_run.get("inventory_file"), host.name))
+        path, _ = apikey.ensure_gateway_verify(apikey.gateway_dir(inventory_file(), host.name))
     except OSError as error:
         raise BadInventory(f"the gateway's verify key cannot be made: {error.strerror}. Fix: set "
                            f"{apikey.STATE_ENV} to a writable directory") from None

@@ -1,272 +1,42 @@
-"""Preflight: read the host's facts, run the compatibility gate, take the host's deploy lock,
-print the plan; at the end of the run, the summary of every host.
+"""Preflight, the gate: read the host's facts, decide its plan (plan/serving.decide), take the host's
+deploy lock, print the plan.
 
 Nothing here changes a host but the lock. Bad inventory data stops the whole run before any host
-is touched; a host the gate refuses, or one another deploy is working on, is marked failed (so the
-run exits non-zero) and gets no operations. The others go on.
+is touched (controller/runlife.py); a host the gate refuses, or one another deploy is working on,
+is marked failed (so the run exits non-zero) and gets no operations. The others go on. The run's
+machinery (Ctrl-C, the connection watch, the run's end and report) is in qwen27b/controller/.
 """
 
 from __future__ import annotations
 
-import atexit
 import functools
-import logging
-import os
 import re
-import signal
-import sys
 from dataclasses import replace
 from pathlib import Path
 
-import click
-import gevent
 from pyinfra import host, state
 from pyinfra.api.exceptions import PyinfraError
-from pyinfra.api.state import BaseStateCallback
-from pyinfra.context import ctx_state
-from pyinfra.operations import server
-
-from qwen27b.controller import facts as F
-from qwen27b.controller import apikey, factcache, hostlock, oporder, progress
-from qwen27b.controller import reachrecord, runstate, runsummary
-from qwen27b.controller.artifacts import (ArtifactError, fetch_python_build, python_builds, python_downloaded,
-                                         wheel_needs_cached)
-from qwen27b.plan.elfneeds import wheel_needs
-from qwen27b.plan.gate import (Decision, HostFacts, RefusedHost, binary_needs_check, host_fetches, mark_installed,
-                             with_cached_python)
-from qwen27b.controller.host_facts import DeployLock, ReleaseRecords, VenvPackages
-from qwen27b.plan import retry
-from qwen27b.plan.lifecycle import parse_record, release_record_file, rollback_dir
-from qwen27b.controller.gate_facts import GATE_FACTS, build_host_facts, fact_arguments
-from qwen27b.controller.address import host_address, unknown_address
-from qwen27b.plan.hostdata import PREFIX, BadHostData, Settings, lab_address, node_address, with_lab_key
-from qwen27b.plan.inventory import check_listed_once, validate_inventory
-from qwen27b.controller.opsplan import planned_operations
-from qwen27b.controller.remote import SUDO_PASSWORD_NEEDED, no_delay_on_connect
-from qwen27b.controller.report import format_operation_lines, format_plan, format_refusal
-from qwen27b.plan.stack import load_stack
-from qwen27b.plan.serving import GROUP, decide, kind
-from qwen27b.plan.multinode import Member, decide_group
 from pyinfra.facts.files import File
 
-from ._common import (RAY_UNIT_FILE, dry_run, note, python_to_fetch, release_dir, release_venv, take_notes,
-                      wheelhouse_dir)
+from qwen27b.controller import factcache, oporder, reachrecord, runstate
+from qwen27b.controller.address import host_address, unknown_address
+from qwen27b.controller.artifacts import fetch_python_build, python_builds, python_downloaded, wheel_needs_cached
+from qwen27b.controller.gate_facts import GATE_FACTS, build_host_facts, fact_arguments
+from qwen27b.controller.host_facts import DeployLock, ReleaseRecords, VenvPackages
+from qwen27b.controller.reachprobe import dry_reach, dry_reach_wanted
+from qwen27b.controller.remote import SUDO_PASSWORD_NEEDED
+from qwen27b.controller.runlife import inventory_settings
+from qwen27b.plan import retry
+from qwen27b.plan.elfneeds import wheel_needs
+from qwen27b.plan.gate import Decision, HostFacts, RefusedHost, binary_needs_check, mark_installed, with_cached_python
+from qwen27b.plan.hostdata import lab_address, node_address
+from qwen27b.plan.lifecycle import parse_record, release_record_file, rollback_dir
+from qwen27b.plan.multinode import Member, decide_group
+from qwen27b.plan.serving import GROUP, decide, kind
+from qwen27b.plan.stack import load_stack
 
-_OWNER = hostlock.me()  # this deploy, as the host locks name it
-
-
-class BadInventory(PyinfraError):
-    """Raised before any fact is read: the message names host, key and fix."""
-
-
-def inventory_settings() -> dict[str, Settings]:
-    """Validate every host's data once per run (ports are checked across hosts)."""
-    run = runstate.current()
-    if run.settings is None:
-        hosts = [(h.name, dict(h.data.dict())) for h in state.inventory]
-        if any(PREFIX + "api_key_file" not in data for _, data in hosts):
-            path = apikey.key_file(_run.get("inventory_file"))
-            try:
-                made = apikey.ensure(path)
-            except OSError as error:
-                raise BadInventory(f"bad inventory data, no host was touched: a host names no qwen27b_api_key_file and "
-                                   f"the lab key cannot be made at {path}: {error.strerror}. Fix: set "
-                                   f"{apikey.STATE_ENV} to a writable directory, qwen27b_api_key_file to a 0600 key "
-                                   "file, or qwen27b_api_key_file: none for an open API") from None
-            run.lab_key = (str(path), apikey.how_to_use(path, made))
-            hosts = [(name, with_lab_key(data, str(path))) for name, data in hosts]
-        try:
-            run.settings = validate_inventory(hosts, {h.name: set(h.groups) for h in state.inventory})
-        except BadHostData as error:
-            raise BadInventory(f"bad inventory data, no host was touched: {error}") from None
-        watch_ctrl_c()
-        factcache.install(state)  # each fact read once while nothing changes the host
-    return run.settings
-
-
-# The process's handle on its run, for what runs outside pyinfra's context: the SIGINT handler and
-# the atexit summary (the State, argv, the main greenlet, whether Ctrl-C was pressed). A signal
-# handler is per process, so this one store is per process too.
-_run: dict = {}
-DEPLOY_FILE = Path(__file__).resolve().parents[1] / "deploy.py"
-
-
-def _runs_deploy_py(argv: list[str]) -> bool:
-    """Is this pyinfra run one of deploy.py (not rollback.py, uninstall.py or another file)?"""
-    return any(arg.endswith(".py") and Path(arg).resolve() == DEPLOY_FILE for arg in argv[1:])
-
-
-def watch_connections() -> None:
-    """From config.py, which pyinfra reads before it loads the inventory and connects. Each host's
-    SSH error is kept for the run summary (`unreachable: <the error>`), and a run in which no host
-    could be reached still ends with a summary: pyinfra stops ("No hosts remaining!") before the
-    deploy file, and so preflight, ever runs. paramiko's own tracebacks of a failed handshake
-    (printed by Python's last-resort log handler) are dropped: pyinfra's line per host and the
-    summary say it; `--debug-all` still shows them. Only for runs of this project's deploy.py. For
-    every run (rollback and uninstall too): each SSH connection without Nagle's waits (remote.no_delay)."""
-    check_inventory_file()
-    deploy_run = _runs_deploy_py(sys.argv)
-    run_state = ctx_state.get()
-    init = run_state.init  # callbacks can be added only once pyinfra has initialised the State
-
-    def init_and_watch(*args, **kwargs):
-        init(*args, **kwargs)
-        no_delay_on_connect(run_state)  # every run: deploy, rollback, uninstall
-        if deploy_run:
-            run_state.add_callback_handler(_ConnectErrors())
-
-    run_state.init = init_and_watch  # this State only (an instance attribute), as factcache hooks get_fact
-    if not deploy_run:
-        return
-    logging.getLogger("paramiko").addHandler(logging.NullHandler())
-    _run.update(state=run_state, argv=list(sys.argv), main=gevent.getcurrent())
-    atexit.register(_finish_unstarted_run)
-
-
-def check_inventory_file() -> None:
-    """The inventory file's groups as written, before pyinfra merges entries of one name (and before
-    it runs nothing, for an inventory of no host): inventory.check_listed_once; and the file's name,
-    beside which the lab key lives. pyinfra's CLI reads the file through this one function; the
-    wrapper lives in this process only. Every run (deploy, rollback, uninstall): each reads the key."""
-    from pyinfra_cli import inventory as cli_inventory
-
-    read = cli_inventory._get_groups_from_filename
-
-    def read_and_check(filename):
-        _run["inventory_file"] = filename  # where the lab key lives (controller/apikey.py)
-        groups = read(filename)
-        try:
-            check_listed_once(groups)
-        except BadHostData as error:
-            raise BadInventory(f"bad inventory, no host was touched: {error}") from None
-        return groups
-
-    cli_inventory._get_groups_from_filename = read_and_check
-
-
-class _ConnectErrors(BaseStateCallback):
-    @staticmethod
-    def host_connect_error(state, host, error) -> None:
-        runstate.of(state).unreachable[host.name] = " ".join(str(error).split())
-
-
-def watch_ctrl_c() -> None:
-    """Once per run, in the main greenlet: our Ctrl-C handling and the run summary at exit (a second
-    call in the same run, e.g. from a deploy file pyinfra runs once per host, does nothing)."""
-    if _run.get("started") and _run.get("state") is ctx_state.get():
-        return
-    if _run.get("state") is not ctx_state.get():  # config.py was not read (another cwd, --config)
-        _run.update(state=ctx_state.get(), argv=list(sys.argv), main=gevent.getcurrent())
-    _run["started"] = True
-    atexit.register(_finish_run)
-    progress.install(_run["state"])  # before _StopAfterOperation: its exit must find the lines cleared
-    _run["state"].add_callback_handler(_StopAfterOperation())
-    signal.signal(signal.SIGINT, _interrupted)
-
-
-def _interrupted(signum, frame) -> None:
-    """Ctrl-C. pyinfra's own handler exits 0, and only once the running remote command has ended
-    (a weight download can take an hour): the first Ctrl-C says so and exits 130 once the running
-    operation has ended (`_StopAfterOperation`); a second one stops at once (the SSH sessions close,
-    the host keeps what is done, e.g. a download's part file). An interrupted deploy must never look
-    like a success.
-
-    Python runs this handler in whichever greenlet happens to be current, often paramiko's
-    transport "thread": an exception raised here would end that SSH connection instead of the run
-    (threading drops a SystemExit silently, the operation fails, pyinfra exits 1). So it raises
-    nothing itself; the exit is raised in the main greenlet."""
-    run_state = _run["state"]
-    interrupted_at = runstate.of(run_state).interrupted_at
-    if _run.get("interrupted"):
-        click.echo("\n--> Ctrl-C again: stopping now (exit 130)", err=True)
-        _finish_run()  # os._exit skips atexit: the summary is printed here instead
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(130)
-    for each in run_state.inventory:
-        if each in run_state.active_hosts:
-            interrupted_at[each.name] = runsummary.unfinished_operation(run_state, each) or "the end of the run"
-    _run["interrupted"] = True  # also with no host active
-    running = ", ".join(sorted(set(interrupted_at.values()))) or "nothing"
-    click.echo(f"\n--> interrupted (Ctrl-C): waiting for the running operation ({running}) to end, then stopping; "
-               "Ctrl-C again stops at once. Done work is kept, a re-run resumes (exit 130)", err=True)
-    if not run_state.is_executing:  # still connecting or planning: no operation to wait for
-        _exit_in_main()
-
-
-def _exit_in_main() -> None:
-    main = _run["main"]
-    if gevent.getcurrent() is main:
-        sys.exit(130)
-    gevent.get_hub().loop.run_callback(main.throw, SystemExit(130))
-
-
-class _StopAfterOperation(BaseStateCallback):
-    """After each operation (in pyinfra's main greenlet): stop the run once Ctrl-C was pressed."""
-
-    @staticmethod
-    def operation_end(state, op_hash) -> None:
-        if _run.get("interrupted"):
-            sys.exit(130)
-
-
-def _finish_unstarted_run() -> None:
-    """At exit of a run whose deploy file never started: a summary only when some host could not be
-    reached (when every host connected, pyinfra's own error above says what stopped it, e.g. bad
-    inventory data)."""
-    run_state = _run.get("state")
-    if _run.get("started") or run_state is None or not run_state.initialised:
-        return
-    targeted = [h for h in run_state.inventory if run_state.is_host_in_limit(h)]
-    if all(h in run_state.activated_hosts for h in targeted):
-        return
-    _finish_run(started=False)
-
-
-def _finish_run(started: bool = True) -> None:
-    from .verify import finish_run, verified
-
-    progress.stop()
-    run = runstate.of(_run["state"])
-    try:
-        results = runsummary.outcomes(_run["state"], run.refused, verified(run), interrupted=run.interrupted_at,
-                                      raised=run.raised, unreachable=run.unreachable, started=started,
-                                      unverified=run.unverified,
-                                      planned=run.planned if _runs_deploy_py(_run["argv"]) else None,
-                                      aborted=run.aborted, dry="--dry" in _run["argv"][1:],
-                                      driver_first=run.driver_first)
-    except Exception as error:  # noqa: BLE001 (the summary must never hide the run's own output)
-        click.echo(f"qwen27b: no run summary ({type(error).__name__}: {error}); the output above has each host", err=True)
-        results = []
-    finish_run(run, results, _run["argv"])
-
-
-def refuse(refused: RefusedHost) -> None:
-    """Print the refusal, count it for the run summary and fail the host (no operation for it)."""
-    click.echo(format_refusal(refused), err=True)
-    runstate.current().refused[host.name] = " ".join(f"{cause}. Fix: {fix}." for cause, fix in refused.problems)[:-1]
-    state.fail_hosts({host})
-
-
-def take_lock() -> bool:
-    """One deploy at a time on this host: take /run/qwen27b/deploy.lock, or refuse the host."""
-    held = hostlock.parse(host.get_fact(DeployLock))
-    stale = None
-    if held is not None:
-        if not hostlock.is_stale(held, _OWNER.controller):
-            refuse(RefusedHost(host.name, *hostlock.refusal(host.name, held)))
-            return False
-        stale = held
-        note(f"lock: the deploy that held this host ({held.describe()}) is gone (interrupted?): taking its lock over", always=True)
-    lock = server.shell(name="lock: one deploy at a time on this host", commands=[hostlock.take_command(_OWNER, stale)])
-    factcache.changes_only(lock, DeployLock)  # the lock file only: the facts read to plan stay valid
-    return True
-
-
-def release_lock() -> None:
-    """The last operation of a deploy that got to the end (a failed one leaves a stale lock)."""
-    unlock = server.shell(name="unlock: this deploy is done", commands=[hostlock.release_command(_OWNER)])
-    factcache.changes_only(unlock, DeployLock)
+from ._common import RAY_UNIT_FILE, dry_run, note, python_to_fetch, release_dir, release_venv, wheelhouse_dir
+from ._run import refuse, take_lock
 
 
 class UnreadableFact(RefusedHost):
@@ -344,41 +114,6 @@ def gate(on=None) -> Decision | RefusedHost:
             mark_installed(decision, on.get_fact(VenvPackages, venv=release_venv(decision)) or {}), python_builds(),
             failed, python_downloaded())
     return decisions[on.name]
-
-
-def dry_reach_wanted(name: str) -> bool:
-    """The reach check runs on every `--dry` (issue 30), but not for a @fake host (its answers are
-    recordings, nothing is behind it); QWEN27B_DRY_REACH=1 forces it there (tests), =0 turns it off."""
-    wanted = os.environ.get("QWEN27B_DRY_REACH")
-    return wanted == "1" or (wanted != "0" and not name.startswith("@fake/"))
-
-
-def dry_reach(on, decision: Decision) -> list:
-    """`qwen27b reach` inside the gate on `--dry`: from the host, a HEAD request to each source its plan
-    fetches from (gate.host_fetches), through its proxy, as a read-only fact (host_facts.ReachProbe),
-    before anything is installed. A fact's command is argv: a URL or proxy with a login is not sent
-    (its row says so: `qwen27b reach` sends them on stdin). Rows as reach.rows_for makes them (ok
-    None: not checked); the failures are recorded as `qwen27b reach` records them."""
-    from qwen27b.controller.host_facts import ReachProbe
-    from qwen27b.plan.hostdata import redact_url, url_has_password
-    from qwen27b.tools import reach
-
-    fetches, proxy = host_fetches(decision, python_builds()), decision.settings.http_proxy
-    if proxy and url_has_password(proxy):
-        why = "not checked: the proxy's login would reach the probe's command line; run `qwen27b reach`"
-        return [reach.Row(on.name, f.what, redact_url(f.url), None, why, "") for f in fetches]
-    plain = [f for f in fetches if not url_has_password(f.url)]
-    output = on.get_fact(ReachProbe, payload=reach.probe_input(plain, proxy, DRY_REACH_TIMEOUT_S)) if plain else []
-    answered = any(line.startswith("{") for line in output)
-    error = None if answered or not plain else (output[-1][:200] if output else "the probe printed nothing")
-    rows = {f.what: row for f, row in zip(plain, reach.rows_for(on.name, plain, "\n".join(output), error))}
-    out = [rows.get(f.what) or reach.Row(on.name, f.what, redact_url(f.url), None, "not checked: its login would reach "
-                                         "the probe's command line; run `qwen27b reach`", "") for f in fetches]
-    reachrecord.save({on.name: [f.url for f in plain if rows[f.what].ok is False]})
-    return out
-
-
-DRY_REACH_TIMEOUT_S = 5.0  # per HEAD request, as `qwen27b reach`'s default
 
 
 @functools.lru_cache(maxsize=8)
@@ -464,54 +199,4 @@ def carried(decision: Decision) -> Decision:
     return decision
 
 
-DRIVER_FIRST_ROLES = ("toolchain", "nvidia")  # base packages and headers, then the driver and its reboot
 
-
-def run_roles(decision: Decision, roles) -> bool:
-    """Queue each role's operations for this host. An ArtifactError (a controller-side artifact that
-    could not be prepared: offline, PyPI unreachable) fails this host with its message and fix, not a
-    traceback; anything else is a bug and propagates, but the run summary still counts the host
-    failed, never "ok". Returns whether every role was planned. A driver-first decision (GPU memory
-    unknown until the driver answers) runs the roles up to the driver's reboot only."""
-    if getattr(decision, "driver_first", False):
-        roles = [role for role in roles if role.__name__ in DRIVER_FIRST_ROLES]
-        runstate.current().driver_first.add(host.name)  # the run summary says to run again
-        note("serving: not deployed this run (the GPU memory is read after the driver's reboot): re-run the deploy "
-             "then", always=True)
-    try:
-        for role in roles:
-            role(decision)
-    except ArtifactError as error:
-        click.echo(f"== {host.name}: FAILED while planning (nothing will be run on this host)\n   {error}\n", err=True)
-        runstate.current().raised[host.name] = " ".join(str(error).split())
-        state.fail_hosts({host})
-        return False
-    except BaseException as error:
-        _raised(error)
-        raise
-    return True
-
-
-def _raised(error: BaseException) -> None:
-    """The deploy file raised on this host (a bug): pyinfra stops the whole run; kept for the summary."""
-    run = runstate.current()
-    run.raised[host.name] = f"the deploy file raised {type(error).__name__}: {error}"
-    run.aborted.add(host.name)
-
-
-def show_planned_operations() -> None:
-    """Print this host's plan in one block (report.format_plan): what changes in a normal run, all of
-    it with -v (pyinfra's verbosity flag, which also prints its own no-op reasons)."""
-    try:
-        decision = runstate.current().decisions.get(host.name)
-        operations = planned_operations(state, host)
-        if decision is None:  # a gateway host: its plan's lines (roles/gateway.py notes), then its operations
-            lines = [text.rstrip("\n") for text, _ in take_notes()]
-            click.echo("\n".join(lines + [format_operation_lines(host.name, operations, verbose=state.print_noop_info)]),
-                       err=True)
-        else:
-            click.echo(format_plan(decision, take_notes(), operations, verbose=state.print_noop_info), err=True)
-        runstate.current().planned.add(host.name)
-    except BaseException as error:  # a bug: the summary counts the host failed, never "ok"
-        _raised(error)
-        raise

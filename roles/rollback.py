@@ -29,6 +29,9 @@ from qwen27b.controller.opsplan import planned_operations
 from qwen27b.controller.render import (RESTART_COMMAND, copies_serving_files, copy_health_files, copy_health_units,
                                        instance_unit, serving_files)
 from qwen27b.controller.report import format_operations
+from qwen27b.controller.runlife import inventory_settings
+from qwen27b.controller.startwatch import (_health_verdict, _remote, copies_restart, failed, run_in_order, say, serving,
+                                           unit_state)
 from qwen27b.onhost.secretfile import load_secret
 from qwen27b.onhost.unit import journal_tail_command
 from qwen27b.plan.gate import RefusedHost
@@ -38,8 +41,7 @@ from qwen27b.plan.lifecycle import NoRollback, Record, RollbackPlan, copy_url, l
 from qwen27b.plan.stack import health_status_file, load_stack
 
 from ._common import ROLLBACK_DIR, check
-from .preflight import inventory_settings, refuse, release_lock, take_lock
-from .verify import _health_verdict, _remote, copies_restart, failed, run_in_order, say, serving, unit_state
+from ._run import refuse, release_lock, take_lock
 
 THEN = ["systemctl daemon-reload", RESTART_COMMAND]  # after the swap: the restored unit read, the service restarted
 

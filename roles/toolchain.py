@@ -103,7 +103,7 @@ def _python_mirror(decision: Decision) -> str:
 
 def _controller_python_note(decision: Decision, source: sources.PythonSource) -> None:
     """What the controller did about uv's Python build for a host that may not reach GitHub
-    (preflight.python_to_fetch): in a dry run, what a deploy will try; after a failed download, why,
+    (_common.python_to_fetch): in a dry run, what a deploy will try; after a failed download, why,
     and the fixes. A build in the cache needs no note: the python row says where it came from."""
     version, uv_version = decision.stack.profile["python"]["version"], decision.stack.tools["uv"]["version"]
     if source.kind != "github" or not python_to_fetch(decision, tuple(reachrecord.failed_urls(host.name))):

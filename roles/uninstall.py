@@ -30,7 +30,9 @@ from qwen27b.plan.chatpage import USER as CHAT_PAGE_USER
 from qwen27b.plan.gateway import plan_gateways, uninstall_notes
 from qwen27b.plan.stack import load_stack
 
-from .preflight import inventory_settings, release_lock, take_lock
+from qwen27b.controller.runlife import inventory_settings
+
+from ._run import release_lock, take_lock
 
 TEXTFILE = f"{TEXTFILE_DIR}/{TEXTFILE_NAME}"
 

@@ -181,7 +181,8 @@ def _fanout_plan(decision: Decision, entry: dict, target: str, base: str, manife
 def _make_plan(settings: Settings, entry: dict, target: str, manifest: dict) -> fanout.FanoutPlan:
     """The group: the run's hosts with tree fan-out from the same mirror; each one's copy judged by
     its own FileHashes fact (read once per run: the plan is made once, then kept in the run state)."""
-    from .preflight import gate, inventory_settings  # noqa: PLC0415 (roles import each other lazily)
+    from .preflight import gate  # noqa: PLC0415 (roles import each other lazily)
+    from qwen27b.controller.runlife import inventory_settings  # noqa: PLC0415
     every = inventory_settings()
     default = entry.get("default_source", "hub")
 

@@ -454,7 +454,7 @@ def test_agent_parsers_on_a_v100_host_by_default_off_on_request_refused_where_th
 
 
 def test_verify_judges_the_hosts_own_method_with_the_fallback():
-    from roles.verify import spec_judge
+    from qwen27b.controller.verifyplan import spec_judge
     zero = (Path(__file__).parent / "fixtures/journals/v100x4-spec-acceptance-zero/metrics.txt").read_text()
     judge = spec_judge(run("v100x4-2204-fresh"))  # DFlash2 at TP 4; QUASAR has no MTP layers: then off
     nxt, verdict = judge("", zero)

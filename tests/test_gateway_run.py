@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # the shim: pyinfra's CLI with one function of the deploy's made to raise for the gateway host only
 RAISING = """
 import sys
-import roles.preflight as p
+import roles._run as p
 real = p.format_operation_lines
 def broken(host, *a, **k):
     if host == "@fake/gw":

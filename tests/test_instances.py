@@ -357,7 +357,7 @@ def copies_verify(tmp_path, monkeypatch):
     import types
 
     import roles.verify as verify
-    from qwen27b.controller import postdeploy as V, runstate
+    from qwen27b.controller import postdeploy as V, runstate, startwatch
 
     keys = {"a": _key(tmp_path, "a.key"), "b": _key(tmp_path, "b.key")}
     decision = copies(instances=[{**copy, "api_key_file": keys[copy["name"]]} for copy in TWO])
@@ -376,14 +376,16 @@ def copies_verify(tmp_path, monkeypatch):
         seen["commands"] += commands
         seen["rolled"] = True
 
-    monkeypatch.setattr(verify, "host", types.SimpleNamespace(name="gpu-a"))
-    monkeypatch.setattr(verify, "say", seen["said"].append)
-    monkeypatch.setattr(verify, "serving", serving)
-    monkeypatch.setattr(verify, "run_in_order", run_in_order)
-    monkeypatch.setattr(verify, "_until_restart_loop_is_evident", lambda say, unit: seen["said"].append(f"loop {unit}"))
     loop = json.dumps({"verdict": "CRITICAL", "findings": [{"kind": RESTART_LOOP_FINDING, "text": LOOP}]})
-    monkeypatch.setattr(verify, "_remote", lambda command: seen["commands"].append(command) or
-                        ([loop] if "health@b.json" in command else []))
+    replaced = {"host": types.SimpleNamespace(name="gpu-a"), "say": seen["said"].append, "serving": serving,
+                "run_in_order": run_in_order,
+                "_until_restart_loop_is_evident": lambda say, unit: seen["said"].append(f"loop {unit}"),
+                "_remote": lambda command: seen["commands"].append(command) or
+                ([loop] if "health@b.json" in command else [])}
+    for module in (verify, startwatch):  # the check's own steps and the engine's (controller/startwatch.py)
+        for name, value in replaced.items():
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, value)
     monkeypatch.setattr(runstate, "current", lambda: run)
     return verify.__dict__["_check_copies"].__wrapped__, decision, run, seen
 
@@ -431,7 +433,7 @@ def test_a_copy_failing_verify_rolls_the_whole_host_back_and_verifies_each_copy_
     assert all(r.reason == f"rolled back: copy b (qwen27b@b.service): {LOOP}" for r in run.results)
     assert run.results[1].journal is not None and run.results[1].health["verdict"] == "CRITICAL"  # b's evidence
     assert run.results[0].health is None
-    from roles.verify import verified
+    from qwen27b.controller.runreport import verified
     assert verified(run)["gpu-a"][0] == "rolled back"
 
 
@@ -439,13 +441,13 @@ def test_the_rollback_asks_each_copy_what_the_restored_record_says(copies_verify
     """The failed deploy renamed the model, moved the host's address and waited longer: the restored
     release serves the old name at the old address (its record, which the swap put back, says so),
     so each copy is verified there, on its own port and with its own key, with the old time-out."""
-    import roles.verify as verify
+    from qwen27b.controller import startwatch
     from qwen27b.plan.lifecycle import Record, record_text
     from pyinfra.api.exceptions import OperationError
     check, decision, run, seen = copies_verify
     kept = Record({"/opt/qwen27b/current": "/opt/qwen27b/releases/old"}, model_ref="org/m@old",
                   url="http://10.9.9.9:8000", served_name="old-name", speculative=False, start_timeout_s=123)
-    monkeypatch.setattr(verify, "_remote", lambda command: seen["commands"].append(command) or
+    monkeypatch.setattr(startwatch, "_remote", lambda command: seen["commands"].append(command) or
                         (record_text(kept).splitlines() if seen["rolled"] and "release.json" in command else []))
     with pytest.raises(OperationError, match="every copy verified: rolled back"):
         check(decision, _replaced())
@@ -464,16 +466,17 @@ def test_one_services_rollback_reaches_the_restored_release_by_its_record(monkey
     """verify's rollback of one service: the restored record's URL, name, time-out and speculation;
     this deploy's where the host has no readable record (a host from before records)."""
     import roles.verify as verify
+    from qwen27b.controller import startwatch
     from qwen27b.plan.lifecycle import Record, record_text
     decision = copies().copies[0][1]
     now = verify.reached(decision)
     assert now.served_name == decision.serve.value("--served-model-name") and now.url.endswith(":8000")
     kept = Record({"/opt/qwen27b/current": "/opt/qwen27b/releases/old"}, url="http://[fd00::5]:8100",
                   served_name="old", speculative=True, start_timeout_s=900)
-    monkeypatch.setattr(verify, "_remote", lambda command: record_text(kept).splitlines())
+    monkeypatch.setattr(startwatch, "_remote", lambda command: record_text(kept).splitlines())  # host_record's read
     back = verify.restored_reach(decision, now)
     assert (back.url, back.served_name, back.speculative, back.start_timeout_s) == ("http://[fd00::5]:8100", "old", True, 900)
-    monkeypatch.setattr(verify, "_remote", lambda command: [])
+    monkeypatch.setattr(startwatch, "_remote", lambda command: [])
     assert verify.restored_reach(decision, now) == now
 
 

@@ -1,5 +1,5 @@
 """Each SSH connection without Nagle's algorithm (controller/remote.no_delay, hooked in by config.py
-through roles/preflight.watch_connections, and by load_inventory for the tools): paramiko and pyinfra set no socket option, and each
+through controller/runlife.watch_connections, and by load_inventory for the tools): paramiko and pyinfra set no socket option, and each
 remote command waited up to 40 ms for a delayed acknowledgement (52-64 ms a command on a test host,
 10-18 ms with TCP_NODELAY; the figures are in docs/deploy-bench.md, not asserted here).
 
@@ -52,17 +52,17 @@ def test_every_run_sets_each_host_no_delay_as_it_connects(monkeypatch, deploy_fi
     from pyinfra.api import Config, Inventory, State
     from pyinfra.context import ctx_state
 
-    from roles import preflight
+    from qwen27b.controller import runlife
 
     seen = []
     monkeypatch.setattr(remote, "no_delay", seen.append)
-    monkeypatch.setattr(preflight, "check_inventory_file", lambda: None)
-    monkeypatch.setattr(preflight, "_run", {})
-    monkeypatch.setattr(preflight.atexit, "register", lambda *a, **k: None)
-    monkeypatch.setattr(sys, "argv", ["pyinfra", "inventory.py", str(preflight.DEPLOY_FILE.parent / deploy_file)])
+    monkeypatch.setattr(runlife, "check_inventory_file", lambda: None)
+    monkeypatch.setattr(runlife, "_run", {})
+    monkeypatch.setattr(runlife.atexit, "register", lambda *a, **k: None)
+    monkeypatch.setattr(sys, "argv", ["pyinfra", "inventory.py", str(runlife.DEPLOY_FILE.parent / deploy_file)])
     state = State()
     with ctx_state.use(state):
-        preflight.watch_connections()
+        runlife.watch_connections()
         inventory = Inventory((["@local"], {}))
         state.init(inventory, Config())
         local = inventory.get_host("@local")

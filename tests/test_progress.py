@@ -109,24 +109,24 @@ def test_the_board_keeps_its_lines_below_what_else_is_written():
 
 
 def test_the_load_tick_reads_the_named_unit_and_draws_its_line(monkeypatch):
-    """verify's per-host load line (roles/verify.py `_load_tick`) as it runs on a terminal: one remote
-    read of the unit it watches (a copy's `qwen27b@NAME.service` too) and its shard count; the remote
+    """verify's per-host load line (controller/startwatch.py `_load_tick`) as it runs on a terminal:
+    one remote read of the unit it watches (a copy's `qwen27b@NAME.service` too) and its shard count; the remote
     call is replaced by the two lines the host prints (CI has no terminal: the e2e twin is
     tests/e2e/test_deploy.py's tty deploy)."""
-    import roles.verify as verify
+    from qwen27b.controller import startwatch
 
     asked, drawn = [], []
-    monkeypatch.setattr(verify.progress, "drawing", lambda: True)
-    monkeypatch.setattr(verify.progress, "show", lambda name, line: drawn.append((name, line)))
-    monkeypatch.setattr(verify, "_remote", lambda command: asked.append(command) or [
+    monkeypatch.setattr(startwatch.progress, "drawing", lambda: True)
+    monkeypatch.setattr(startwatch.progress, "show", lambda name, line: drawn.append((name, line)))
+    monkeypatch.setattr(startwatch, "_remote", lambda command: asked.append(command) or [
         "activating/start-post", "Loading safetensors checkpoint shards:  40% Completed | 2/5 [00:31<00:46, 15.6s/it]"])
-    tick = verify._load_tick("gpu-a", "qwen27b@b.service")
+    tick = startwatch._load_tick("gpu-a", "qwen27b@b.service")
     assert tick(45.2) == "activating/start-post"
     assert "systemctl show -p ActiveState,SubState --value qwen27b@b.service" in asked[0]
     assert "--value qwen27b@b.service)" in asked[0]  # this start's journal, by its invocation
     assert drawn == [("gpu-a", "load     loading weights: shards 2/5, 45 s (unit activating/start-post)")]
-    monkeypatch.setattr(verify.progress, "drawing", lambda: False)
-    assert verify._load_tick("gpu-a") is None  # not a terminal: no line, no remote read
+    monkeypatch.setattr(startwatch.progress, "drawing", lambda: False)
+    assert startwatch._load_tick("gpu-a") is None  # not a terminal: no line, no remote read
 
 
 def test_verify_sees_a_started_server_within_one_poll_of_its_health(monkeypatch):

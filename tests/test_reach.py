@@ -122,7 +122,7 @@ def test_the_apt_mirror_is_probed_first():
 
 
 def test_the_gates_dry_probe_is_the_same_probe_as_a_fact(server):
-    """roles/preflight.dry_reach runs the probe as a pyinfra fact (host_facts.ReachProbe): its command,
+    """controller/reachprobe.dry_reach runs the probe as a pyinfra fact (host_facts.ReachProbe): its command,
     run here as a host's shell would, answers as `qwen27b reach` does."""
     from qwen27b.controller.host_facts import ReachProbe
     fetches = [sources.Fetch("PyPI", f"{server}/simple/", "qwen27b_pypi_index"),
@@ -177,7 +177,7 @@ def test_a_dry_run_checks_each_source_from_the_host_before_anything_is_installed
 
 def test_a_dry_run_sends_nothing_through_a_proxy_with_a_login(monkeypatch):
     """The proxy's login would be in the fact's command line: no probe, every row says why."""
-    from roles import preflight
+    from qwen27b.controller import reachprobe
     from qwen27b.plan.hostdata import settings_for
 
     class Decision:
@@ -189,6 +189,6 @@ def test_a_dry_run_sends_nothing_through_a_proxy_with_a_login(monkeypatch):
         def get_fact(self, *args, **kwargs):
             raise AssertionError("probed through a proxy with a login")
 
-    monkeypatch.setattr(preflight, "host_fetches", lambda d, c: [sources.Fetch("PyPI", "https://pypi.org/simple/", "k")])
-    rows = preflight.dry_reach(Host(), Decision())
+    monkeypatch.setattr(reachprobe, "host_fetches", lambda d, c: [sources.Fetch("PyPI", "https://pypi.org/simple/", "k")])
+    rows = reachprobe.dry_reach(Host(), Decision())
     assert [(r.ok, r.result.split(":")[0]) for r in rows] == [(None, "not checked")]

@@ -1,4 +1,4 @@
-"""Retries with changed engine flags (qwen27b/plan/retry.py, roles/verify.py `_starts`): the planner
+"""Retries with changed engine flags (qwen27b/plan/retry.py, controller/startwatch.py `_starts`): the planner
 on real decisions and real /metrics texts, the start-up watchdog on a real journal, and verify's
 controller path with the host's reads replaced by recordings."""
 
@@ -21,7 +21,7 @@ WATCHDOG = STACK["retry"]["start_watchdog"]
 
 
 def _failure(decision, before="", after=ZERO, tried=()):
-    from roles.verify import spec_judge
+    from qwen27b.controller.verifyplan import spec_judge
     nxt, verdict = spec_judge(decision, tried)(before, after)
     return retry.Failure(retry.ACCEPTANCE, verdict.reason, nxt), verdict
 
@@ -129,16 +129,16 @@ def test_a_start_that_logs_only_shm_broadcast_waits_trips_at_the_bound_not_befor
 
 @pytest.fixture
 def host_reads(monkeypatch):
-    """roles/verify with a recorded host: /health ready, /metrics the recorded text while the unit's
-    flags speculate; restarts and files written are kept in `seen`."""
-    import roles.verify as verify
+    """The start-and-watch engine (controller/startwatch.py) with a recorded host: /health ready,
+    /metrics the recorded text while the unit's flags speculate; restarts and files written are kept in `seen`."""
+    from qwen27b.controller import startwatch
     from qwen27b.controller import postdeploy as V
 
     seen = {"restarts": [], "written": {}, "said": []}
     state = {"spec": True}
     record = {"links": {"/opt/qwen27b/current": "/opt/qwen27b/releases/x"}, "url": "http://10.0.0.1:8000"}
-    monkeypatch.setattr(verify, "host", types.SimpleNamespace(name="gpu-a"))
-    monkeypatch.setattr(verify, "say", seen["said"].append)
+    monkeypatch.setattr(startwatch, "host", types.SimpleNamespace(name="gpu-a"))
+    monkeypatch.setattr(startwatch, "say", seen["said"].append)
     monkeypatch.setattr(V, "wait_ready", lambda *a, **k: 1.0)
     monkeypatch.setattr(V, "wait_active", lambda *a, **k: None)
     monkeypatch.setattr(V, "check_models", lambda *a, **k: ["m"])
@@ -150,18 +150,18 @@ def host_reads(monkeypatch):
         seen["restarts"].append(decision)
         state["spec"] = decision.serve.has("--speculative-config")
 
-    monkeypatch.setattr(verify, "restart_with", restart_with)
-    monkeypatch.setattr(verify, "_remote", lambda command: [json.dumps(record)] if command.startswith("cat ") else [])
-    monkeypatch.setattr(verify, "on_host", lambda host, command, **k: seen["written"].update({command: k["_stdin"]}))
-    return verify, seen
+    monkeypatch.setattr(startwatch, "restart_with", restart_with)
+    monkeypatch.setattr(startwatch, "_remote", lambda command: [json.dumps(record)] if command.startswith("cat ") else [])
+    monkeypatch.setattr(startwatch, "on_host", lambda host, command, **k: seen["written"].update({command: k["_stdin"]}))
+    return startwatch, seen
 
 
 def test_verify_restarts_on_the_next_choice_and_reports_every_start(host_reads):
-    verify, seen = host_reads
+    startwatch, seen = host_reads
     from qwen27b.controller import postdeploy as V
     decision = run("v100x4-2204-fresh")
     result = V.HostResult("gpu-a", url="http://10.0.0.1:8000")
-    running, failure = verify._starts(result, None, decision)
+    running, failure = startwatch._starts(result, None, decision)
     assert failure is None and running.serve.spec.method == "off"
     assert [d.serve.spec.method for d in seen["restarts"]] == ["off"]
     drafted, accepted = _counters(ZERO)
@@ -178,11 +178,11 @@ def test_verify_restarts_on_the_next_choice_and_reports_every_start(host_reads):
 
 
 def test_a_stalled_start_is_stopped_and_retried_with_custom_all_reduce_off(host_reads, monkeypatch):
-    verify, seen = host_reads
+    startwatch, seen = host_reads
     from qwen27b.controller import postdeploy as V
     stops = []
-    remote = verify._remote
-    monkeypatch.setattr(verify, "_remote", lambda command: stops.append(command) or remote(command))
+    remote = startwatch._remote
+    monkeypatch.setattr(startwatch, "_remote", lambda command: stops.append(command) or remote(command))
     evidence = "start-up made no progress for 600 s"
     starts = iter([V.VerifyFailed(evidence, retry=retry.Failure(retry.STALLED, evidence)), None])
 
@@ -192,10 +192,10 @@ def test_a_stalled_start_is_stopped_and_retried_with_custom_all_reduce_off(host_
             raise outcome
         result.ready_s = 2.0
 
-    monkeypatch.setattr(verify, "serving", serving)
+    monkeypatch.setattr(startwatch, "serving", serving)
     decision = run("v100x4-converged")  # custom all-reduce on at TP 4
     result = V.HostResult("gpu-a")
-    running, failure = verify._starts(result, None, decision)
+    running, failure = startwatch._starts(result, None, decision)
     assert failure is None and running.serve.has("--disable-custom-all-reduce")
     assert any(c.startswith("systemctl stop qwen27b.service") for c in stops)
     assert [a["outcome"] for a in result.attempts] == ["failed", "verified"]
@@ -203,15 +203,15 @@ def test_a_stalled_start_is_stopped_and_retried_with_custom_all_reduce_off(host_
 
 
 def test_a_failure_no_flag_fixes_is_returned_as_it_was_with_one_start(host_reads, monkeypatch):
-    verify, seen = host_reads
+    startwatch, seen = host_reads
     from qwen27b.controller import postdeploy as V
 
     def serving(result, *args, **kwargs):
         raise V.VerifyFailed("the service exits during start-up", crashed=True)
 
-    monkeypatch.setattr(verify, "serving", serving)
+    monkeypatch.setattr(startwatch, "serving", serving)
     result = V.HostResult("gpu-a")
-    _, failure = verify._starts(result, None, run("v100x4-2204-fresh"))
+    _, failure = startwatch._starts(result, None, run("v100x4-2204-fresh"))
     assert str(failure) == "the service exits during start-up" and failure.crashed
     assert seen["restarts"] == [] and result.attempts == []
 
@@ -355,7 +355,7 @@ def test_a_carried_ngram_config_is_read_back_as_ngram():
 def test_verify_judges_ngram_on_its_probe_between_the_scrapes_and_falls_back_to_off(host_reads, monkeypatch):
     """The chat drafts nothing with n-gram (recorded on the CPU build): verify sends the stack's probe
     too, inside the scrapes; the real greedy n-gram counters against a host's raised floor -> off."""
-    verify, seen = host_reads
+    startwatch, seen = host_reads
     from qwen27b.controller import postdeploy as V
     start, greedy = (_text(f"metrics-cpu-0.32.0-ngram-{n}.txt") for n in ("0-start", "1-after-greedy"))
     calls = []
@@ -365,21 +365,21 @@ def test_verify_judges_ngram_on_its_probe_between_the_scrapes_and_falls_back_to_
     cpu = run("debian12-cpu", {"qwen27b_profile": "cpu-smoke", "qwen27b_speculative": "ngram",
                                "qwen27b_stack_overrides": {"speculative": {"floors": {"min_acceptance": 0.99}}}})
     result = V.HostResult("gpu-a", url="http://10.0.0.1:8000")
-    running, failure = verify._starts(result, None, cpu)
+    running, failure = startwatch._starts(result, None, cpu)
     want = STACK["speculative"]["ngram"]["probe"]
     assert calls == ["scrape", ("probe", want["prompt"], want["max_tokens"]), "scrape"]  # off: no scrape, no probe
     assert failure is None and running.serve.spec.method == "off" and [d.serve.spec.method for d in seen["restarts"]] == ["off"]
     (d0, a0), (d1, a1) = _counters(start), _counters(greedy)
     assert result.attempts[0]["measured"]["acceptance"] == (a1 - a0) / (d1 - d0)
     assert f"ngram accepted {a1 - a0:.0f} of {d1 - d0:.0f} drafted" in result.attempts[0]["why"]
-    assert verify.spec_probe(run("v100x4-2204-fresh")) is None  # dflash2 drafts on any text: the chat alone
+    assert startwatch.spec_probe(run("v100x4-2204-fresh")) is None  # dflash2 drafts on any text: the chat alone
 
 
 CRASHED = "the service exits during start-up (unit activating/auto-restart): see its journal"
 
 
-def _starts_of(monkeypatch, verify, V, waits, views):
-    """verify.serving() with wait_ready answering `waits` in turn (a float: ready; an exception: raised)
+def _starts_of(monkeypatch, startwatch, V, waits, views):
+    """startwatch.serving() with wait_ready answering `waits` in turn (a float: ready; an exception: raised)
     and systemd's view of the unit `views` in turn (`systemctl show` properties, as a host reports them)."""
     waits, views = iter(waits), iter(views)
 
@@ -390,8 +390,8 @@ def _starts_of(monkeypatch, verify, V, waits, views):
         return step
 
     monkeypatch.setattr(V, "wait_ready", wait_ready)
-    monkeypatch.setattr(verify, "_unit_properties", lambda unit="qwen27b.service": next(views))
-    monkeypatch.setattr(verify.time, "sleep", lambda s: None)
+    monkeypatch.setattr(startwatch, "_unit_properties", lambda unit="qwen27b.service": next(views))
+    monkeypatch.setattr(startwatch.time, "sleep", lambda s: None)
     return V.HostResult("gpu-a", url="http://10.0.0.1:8000", served_name="m")
 
 
@@ -403,9 +403,9 @@ def test_one_death_during_start_up_is_waited_out_and_named_in_the_report(host_re
     """A re-keyed host's first start died once and systemd's restart served (the e2e gateway on the
     lab's hosts, 2026-12-05): verify waits for that start instead of rolling a serving release back."""
     from qwen27b.controller import postdeploy as V
-    verify, seen = host_reads
-    result = _starts_of(monkeypatch, verify, V, [V.VerifyFailed(CRASHED, crashed=True), 1.5], [DIED, DIED, AGAIN])
-    verify.serving(result, "k", seen["said"].append, lambda: "active/running", 600, False)
+    startwatch, seen = host_reads
+    result = _starts_of(monkeypatch, startwatch, V, [V.VerifyFailed(CRASHED, crashed=True), 1.5], [DIED, DIED, AGAIN])
+    startwatch.serving(result, "k", seen["said"].append, lambda: "active/running", 600, False)
     assert result.ready_s == 1.5 and result.ttft_s == 0.1
     assert result.died_at_start == ("qwen27b.service died once during start-up and systemd restarted it (NRestarts 1): "
                                     "read `journalctl -u qwen27b.service`")
@@ -414,22 +414,22 @@ def test_one_death_during_start_up_is_waited_out_and_named_in_the_report(host_re
 
 def test_a_second_death_or_an_evident_loop_fails_verify_as_a_crash(host_reads, monkeypatch):
     from qwen27b.controller import postdeploy as V
-    verify, seen = host_reads
+    startwatch, seen = host_reads
     crash = V.VerifyFailed(CRASHED, crashed=True)
-    result = _starts_of(monkeypatch, verify, V, [crash, crash], [DIED, AGAIN])
+    result = _starts_of(monkeypatch, startwatch, V, [crash, crash], [DIED, AGAIN])
     with pytest.raises(V.VerifyFailed, match="exits during start-up") as second:
-        verify.serving(result, "k", seen["said"].append, lambda: "active/running", 600, False)
+        startwatch.serving(result, "k", seen["said"].append, lambda: "active/running", 600, False)
     assert second.value.crashed and not result.died_at_start  # a crash loop, not a fluke: the reason names it
     assert any("a second death is a crash loop" in line for line in seen["said"])  # the first was waited out
     looping = {**DIED, "NRestarts": "2"}  # systemd already restarted it twice: no waiting
-    result = _starts_of(monkeypatch, verify, V, [crash], [looping])
+    result = _starts_of(monkeypatch, startwatch, V, [crash], [looping])
     with pytest.raises(V.VerifyFailed, match="exits during start-up"):
-        verify.serving(result, "k", seen["said"].append, lambda: "active/running", 600, False)
+        startwatch.serving(result, "k", seen["said"].append, lambda: "active/running", 600, False)
     assert not result.died_at_start
     slow = V.VerifyFailed("not ready after 600 s (GET http://10.0.0.1:8000/health)")  # not a crash: no wait
-    result = _starts_of(monkeypatch, verify, V, [slow], [])
+    result = _starts_of(monkeypatch, startwatch, V, [slow], [])
     with pytest.raises(V.VerifyFailed, match="not ready"):
-        verify.serving(result, "k", seen["said"].append, lambda: "active/running", 600, False)
+        startwatch.serving(result, "k", seen["said"].append, lambda: "active/running", 600, False)
 
 
 def test_the_crash_loop_watch_says_each_change_once_and_ends_once_the_loop_is_evident(host_reads, monkeypatch):
@@ -437,12 +437,12 @@ def test_the_crash_loop_watch_says_each_change_once_and_ends_once_the_loop_is_ev
     report, the health check and systemd then name the same crash loop): one line per change of its
     restart count or state, not one per poll; the first death alone is no loop."""
     from qwen27b.controller import postdeploy as V
-    verify, seen = host_reads
+    startwatch, seen = host_reads
     looping = {**DIED, "NRestarts": "2"}
-    _starts_of(monkeypatch, verify, V, [], [])
+    _starts_of(monkeypatch, startwatch, V, [], [])
     views = iter([DIED, DIED, AGAIN, AGAIN, AGAIN, looping, {"NRestarts": "read after the loop"}])
-    monkeypatch.setattr(verify, "_unit_properties", lambda unit="qwen27b.service": next(views))
-    verify._until_restart_loop_is_evident(seen["said"].append)
+    monkeypatch.setattr(startwatch, "_unit_properties", lambda unit="qwen27b.service": next(views))
+    startwatch._until_restart_loop_is_evident(seen["said"].append)
     assert seen["said"] == ["the service died during start-up; watching systemd restart it (1 restart(s), auto-restart)",
                             "the service died during start-up; watching systemd restart it (1 restart(s), start)"]
     assert next(views) == {"NRestarts": "read after the loop"}  # it stopped at the loop

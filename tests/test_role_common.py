@@ -1,4 +1,4 @@
-"""What the roles share (roles/_common.py): the one "started or restarted" operation, and what a
+"""What the roles share (roles/_common.py, roles/_run.py): the one "started or restarted" operation, and what a
 rollback undoes as explicit types (a switched link, the kept serving files), not a ';'-joined
 string under ROLLBACK_DIR's name."""
 
@@ -25,12 +25,11 @@ def test_a_link_whose_target_holds_a_semicolon_is_a_link():
     assert commands[0].startswith("ln -sfn '/var/lib/qwen27b/models/a;b' ")
 
 
-# A role takes what it shares from _common; these imports of a sibling remain, each a role's own
-# work another role calls (the run's lock, inventory and gate; verify's rollback steps; the draft
-# placed by the weights role's operation). Any other is a helper that belongs in _common.
-SIBLING_IMPORTS = {("dflash", "weights"), ("gateway", "preflight"), ("preflight", "verify"),
-                   ("rollback", "preflight"), ("rollback", "verify"), ("uninstall", "preflight"),
-                   ("weights", "preflight")}
+# A role takes what it shares from the shared steps (_common, _run: underscore-named); these imports
+# of a sibling remain, each a role's own work another role calls (the gate the weights fan-out asks
+# about other hosts; the draft placed by the weights role's operation). Any other is a helper that
+# belongs in a shared step, or the run's machinery in qwen27b/controller/ (issue 50).
+SIBLING_IMPORTS = {("dflash", "weights"), ("weights", "preflight")}
 
 
 def sibling_imports() -> set[tuple[str, str]]:
@@ -44,7 +43,7 @@ def sibling_imports() -> set[tuple[str, str]]:
             if isinstance(node, ast.ImportFrom):
                 module = node.module or ""
                 name = module if node.level else module.removeprefix("roles.") if module.startswith("roles.") else None
-                if name and name not in ("_common", path.stem):
+                if name and not name.startswith("_") and name != path.stem:
                     found.add((path.stem, name.split(".")[0]))
     return found
 

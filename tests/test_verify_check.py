@@ -61,10 +61,10 @@ def test_the_summary_says_which_check_ran_on_an_ok_host():
 
 
 def test_the_run_summary_row_of_each_host_names_its_check():
-    from roles import verify
+    from qwen27b.controller import runreport
     results = [V.HostResult("gpu-a", status="ok", check=LIVENESS, changed=[], completion_tokens=1),
                V.HostResult("gpu-b", status="ok", check=FIGURES, changed=["the release"], ttft_s=0.5, decode_tok_s=20.0)]
-    found = verify.verified(types.SimpleNamespace(results=results))
+    found = runreport.verified(types.SimpleNamespace(results=results))
     assert found["gpu-a"] == ("ok", "liveness check (nothing that serves changed): /health, /v1/models, a 1-token "
                                     "answer; no new figures")
     assert found["gpu-b"] == ("ok", "figures measured (the release changed): TTFT 500 ms, 20.0 tok/s")
@@ -76,7 +76,7 @@ def test_the_run_summary_row_of_each_host_names_its_check():
 def test_a_retry_that_restarts_with_changed_flags_measures_the_figures(monkeypatch):
     """A liveness run whose service was found stalled in its start (the watchdog) restarts it with the
     retry's flags: that start serves changed flags, so it is checked with the figures."""
-    import roles.verify as verify
+    from qwen27b.controller import startwatch
     seen, evidence = [], "start-up made no progress for 600 s"
     starts = iter([V.VerifyFailed(evidence, retry=retry.Failure(retry.STALLED, evidence)), None])
 
@@ -87,12 +87,12 @@ def test_a_retry_that_restarts_with_changed_flags_measures_the_figures(monkeypat
             raise outcome
         result.check = check.kind
 
-    monkeypatch.setattr(verify, "host", types.SimpleNamespace(name="gpu-a"))
-    monkeypatch.setattr(verify, "say", lambda line: None)
-    monkeypatch.setattr(verify, "serving", serving)
-    monkeypatch.setattr(verify, "_remote", lambda command: [])  # the stop before the retry; no record to write
-    monkeypatch.setattr(verify, "restart_with", lambda decision: None)
+    monkeypatch.setattr(startwatch, "host", types.SimpleNamespace(name="gpu-a"))
+    monkeypatch.setattr(startwatch, "say", lambda line: None)
+    monkeypatch.setattr(startwatch, "serving", serving)
+    monkeypatch.setattr(startwatch, "_remote", lambda command: [])  # the stop before the retry; no record to write
+    monkeypatch.setattr(startwatch, "restart_with", lambda decision: None)
     result = V.HostResult("gpu-a")
-    _, failure = verify._starts(result, None, run("v100x4-converged"), which_check(()))
+    _, failure = startwatch._starts(result, None, run("v100x4-converged"), which_check(()))
     assert failure is None and [c.kind for c in seen] == [LIVENESS, FIGURES]
     assert seen[1].changed == ("the unit's flags (a retry)",) and result.check == FIGURES

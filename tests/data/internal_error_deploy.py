@@ -6,7 +6,7 @@ import os
 
 from pyinfra.operations import files, server
 
-from roles.preflight import watch_ctrl_c
+from qwen27b.controller.runlife import watch_ctrl_c
 
 
 class DroppedConnection:

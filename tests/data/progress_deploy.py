@@ -8,7 +8,7 @@ from pyinfra import host
 from pyinfra.operations import server
 
 from qwen27b.controller import progress
-from roles.preflight import watch_ctrl_c
+from qwen27b.controller.runlife import watch_ctrl_c
 
 watch_ctrl_c()  # as preflight does: the run's callbacks, progress among them
 target = os.environ["PROGRESS_DIR"]

@@ -9,7 +9,7 @@ from pyinfra import host
 from pyinfra.api import operation
 
 from qwen27b.controller.operations import CheckedUpload
-from roles.preflight import watch_ctrl_c
+from qwen27b.controller.runlife import watch_ctrl_c
 
 
 @operation()

@@ -15,7 +15,7 @@ from pyinfra import host
 from qwen27b.controller import progress
 from qwen27b.controller.artifacts import dir_manifest
 from qwen27b.controller.operations import push_files
-from roles.preflight import watch_ctrl_c
+from qwen27b.controller.runlife import watch_ctrl_c
 
 Packetizer.REKEY_BYTES = 4 << 20  # test only: a key exchange every 4 MiB of the upload
 watch_ctrl_c()  # as preflight does: the run's callbacks, progress among them
