@@ -28,7 +28,7 @@ from qwen27b.controller.remote import on_host
 from qwen27b.controller.render import RESTART_COMMAND, SERVICE_UNIT, instance_unit, layout
 from qwen27b.controller.startwatch import (_copy_failed, _read_record, _remote, _starts, copies_restart, failed,
                                            host_record, run_in_order, say, serving, unit_state)
-from qwen27b.controller.verifyplan import FIGURES, LIVENESS, Check, unverifiable, which_check
+from qwen27b.controller.verifyplan import FIGURES, LIVENESS, Check, probe_address, unverifiable, which_check
 from qwen27b.plan import regression, retry
 from qwen27b.controller import engineword_read
 from qwen27b.plan.gate import Decision
@@ -61,7 +61,7 @@ def _copy_row(decision: Decision, copy: Decision) -> V.HostResult:
     model, serve = decision.stack.model, copy.serve
     row = V.HostResult(host.name, model=model["id"], revision=model["revision"],
                        served_name=serve.value("--served-model-name"),
-                       url=http_base(serve.value('--host'), serve.value('--port')))
+                       url=http_base(probe_address(serve.value('--host'), host.data) or serve.value('--host'), serve.value('--port')))
     runstate.current().results.append(row)
     return row
 
@@ -168,7 +168,7 @@ def judge_release(result: V.HostResult, key: str | None, decision: Decision,
 def reached(decision: Decision) -> Record:
     """How this deploy's service (or copy) is reached, in a release record's terms."""
     serve = decision.serve
-    return Record({}, url=http_base(serve.value('--host'), serve.value('--port')),
+    return Record({}, url=http_base(probe_address(serve.value('--host'), host.data) or serve.value('--host'), serve.value('--port')),
                   served_name=serve.value("--served-model-name"), speculative=serve.has("--speculative-config"),
                   start_timeout_s=decision.stack.profile["serve"]["start_timeout_s"])
 
@@ -183,7 +183,7 @@ def restored_reach(decision: Decision, now: Record) -> Record:
 @check
 def _check(decision: Decision, previous: list[SwitchedLink | KeptFiles], check: Check = Check(FIGURES)) -> None:
     serve, model = decision.serve, decision.stack.model
-    base = http_base(serve.value('--host'), serve.value('--port'))
+    base = http_base(probe_address(serve.value('--host'), host.data) or serve.value('--host'), serve.value('--port'))
     result = V.HostResult(host.name, model=model["id"], revision=model["revision"],
                           served_name=serve.value("--served-model-name"), url=base)
     runstate.current().results.append(result)
@@ -247,7 +247,7 @@ def verify(decision: Decision) -> None:
         note(f"verify: the worker of serving group '{decision.group.name}' is verified through its head "
              f"({decision.group.head_address}): the API answers only once every stage is up")
         return
-    reason = unverifiable(decision)
+    reason = unverifiable(decision, host.data)
     if reason:
         note(f"verify: {reason}", always=True)
         runstate.current().unverified[host.name] = reason

@@ -16,6 +16,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from qwen27b.plan.gate import Decision
+from qwen27b.plan.hostdata import lab_address
 
 FIGURES, LIVENESS = "figures", "liveness"
 WHAT_SERVES = ("the release, the unit and its flags, the env and key files, the weights, the model link and the "
@@ -101,9 +102,24 @@ def spec_probe(decision: Decision) -> dict | None:
     return (decision.stack.speculative.get(spec.method) or {}).get("probe") if spec.on else None
 
 
-def unverifiable(decision: Decision) -> str | None:
-    """Why verify cannot run from the controller (the service listens on loopback only), or None."""
+def probe_address(bind: str, data: dict) -> str | None:
+    """Where the controller sends its requests (and the API key) for a service bound to `bind`: that
+    address, or for the wildcard (0.0.0.0, ::) the host's lab address (ssh_hostname), never the
+    wildcard itself, which from the controller is the controller (issue 51: the key would go to
+    whatever listens there); None where the lab address is not an IP."""
+    if not ipaddress.ip_address(bind).is_unspecified:
+        return bind
+    return lab_address(data)
+
+
+def unverifiable(decision: Decision, data: dict | None = None) -> str | None:
+    """Why verify cannot run from the controller (the service listens on loopback only, or on the
+    wildcard of a host whose lab address is a name), or None."""
     address = decision.serve.value("--host")
+    if ipaddress.ip_address(address).is_unspecified and probe_address(address, data or {}) is None:
+        return (f"not verified: the service listens on {address} (every address) and the host's lab address is "
+                "not an IP (ssh_hostname), so the controller has no address to send the key to; set "
+                "qwen27b_bind_address to the lab address")
     if not ipaddress.ip_address(address).is_loopback:
         return None
     return (f"not verified: the service listens on {address} only, which the controller cannot reach; set "
