@@ -26,7 +26,6 @@ from pyinfra.api.state import BaseStateCallback
 from pyinfra.context import ctx_state
 from pyinfra.operations import server
 
-from qwen27b.controller import facts as F
 from qwen27b.controller import apikey, factcache, hostlock, oporder, progress
 from qwen27b.controller import reachrecord, runstate, runsummary
 from qwen27b.controller.artifacts import (ArtifactError, fetch_python_build, python_builds, python_downloaded,
