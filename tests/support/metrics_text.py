@@ -1,13 +1,13 @@
 """Recorded vLLM /metrics texts (tests/fixtures/vllm) and the speculative counters summed independently of
 the engine's own parser."""
 
+from tests.support.paths import TESTS
 
-METRICS = "tests/fixtures/vllm"
+METRICS = TESTS / "fixtures" / "vllm"
 
 
 def _text(name):
-    with open(f"{METRICS}/{name}") as fh:
-        return fh.read()
+    return (METRICS / name).read_text()
 
 
 def _counters(text):
