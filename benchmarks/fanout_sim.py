@@ -227,7 +227,7 @@ def _size_label(nbytes: int) -> str:
 
 
 def report(hosts: list[int], links: Links, sizes: list[int], chunk_bytes: int) -> list[str]:
-    out = [f"weights fan-out, SIMULATED (benchmarks/fanout_sim.py) with qwen27b.plan.fanout.plan_waves;",
+    out = ["weights fan-out, SIMULATED (benchmarks/fanout_sim.py) with qwen27b.plan.fanout.plan_waves;",
            f"inputs MEASURED ({SOURCE}):",
            f"  WAN {links.wan_mbs:g} MB/s shared (one-host mirror copy {links.wan_copy_s:g} s -> stream eff {links.wan_eff:.2f});"
            f" LAN {links.lan_mbs:g} MB/s (rsync peer leg alone); peer qwen27b/rsync {links.peer_ratio:.2f} end to end"

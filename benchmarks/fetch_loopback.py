@@ -27,7 +27,6 @@ load average was >= 2 (2 shared cores: the figures are then noise).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import platform

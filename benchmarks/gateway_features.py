@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What issue 28's gateway features add per request, side by side in one run, on loopback: the
 gateway's nginx as the role renders it, in front of one stand-in backend that answers at once
-(the stub of tests/test_gateway.py, with a usage object), so the time measured is nginx's own.
+(the stub of tests/servers/test_gateway.py, with a usage object), so the time measured is nginx's own.
 
     .venv/bin/python benchmarks/gateway_features.py [--requests 400] [--rounds 3]
 

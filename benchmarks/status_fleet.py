@@ -10,7 +10,7 @@ tests/fixtures/status/ (we cannot have 50 machines); each answers its one comman
 `--latency-ms` (a gevent sleep, the way an SSH round trip waits), so hosts overlap as they would
 on a network. Each run is the real command in its own process (interpreter start, imports,
 inventory load, every host, the table), with the status nonce pinned to the recordings' as
-tests/test_status.py does. Printed per size: the whole process and the command's own "read N
+tests/unit/slow/test_status.py does. Printed per size: the whole process and the command's own "read N
 host(s) in X s" (inventory load to last row; --json elapsed_s), median of the repeats, against
 the serial floor N x latency a one-host-after-another loop would take at least.
 """

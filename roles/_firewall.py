@@ -1,7 +1,7 @@
 """The firewall's shared step (a serving host's roles/firewall.py and a gateway host's
 roles/gateway.py): an nftables table of its own, loaded by a oneshot unit the guarded units
 require (fail closed at boot); a new rule file checked with `nft -c` and swapped in one transaction,
-so a broken one leaves the old table loaded (tests/test_firewall_swap.py); removed again, unlinked
+so a broken one leaves the old table loaded (tests/unit/slow/test_firewall_swap.py); removed again, unlinked
 before it is stopped, when the host data no longer asks for it."""
 
 from __future__ import annotations

@@ -21,36 +21,52 @@ if "QWEN27B_STATE_DIR" not in os.environ:
 
     os.environ["QWEN27B_STATE_DIR"] = tempfile.mkdtemp(prefix="qwen27b-state-")
 
-# `./run tests fast` (-m fast): the pure tiers for the edit-run loop, in under a minute: golden plans,
-# fact parsers, the gate, the planner and the templates; no vLLM, no test host, no network.
-FAST_MODULES = {
-    "test_plans", "test_lifecycle_plans", "test_readme_memory_table", "test_recorded",  # plans
-    "test_fact_parsers", "test_facts", "test_gpustate", "test_topology", "test_pciids",  # parsers
-    "test_gate", "test_hostdata", "test_addresses", "test_stack", "test_engine", "test_catalog",  # the gate
-    "test_quant_lm_head",
-    "test_driverbuild", "test_occupants", "test_unknown_memory", "test_cuda_repo_driver",
-    "test_planner", "test_checkpoint", "test_instances", "test_multinode",  # the planner
-    "test_templates", "test_templates_multinode",  # templates
-    "test_run_script", "test_lab_inventory",  # ./run demo/up/down (issue 48)
-    "test_verify_check",  # which check verify runs (the figures or liveness), pure
-}
+# The tiers are folders (issue 50): a test module's folder gives its markers, so a new module is in
+# its tier by where it is put, with no list to update.
+#   tests/unit        pure tests, no server: `./run tests fast` (marker `fast`), the edit-run loop
+#   tests/unit/slow   pure tests too slow for that loop (real pyinfra runs, sshd, terminals...): the
+#                     unit tier of `./run tests` only
+#   tests/plans       the golden plans (their files: tests/golden/): `fast`, in a process of their own
+#   tests/servers     tests on real servers (marker `servers`): the vLLM server (`vllm_server`, started
+#                     once per process, so every test using it is here), nginx, Prometheus, the hubs'
+#                     stand-ins, the mirror's and seed's servers; `./run tests` runs them beside the rest
+#   tests/e2e         real deploys on systemd test hosts (marker `e2e`)
+# Shared helpers live in tests/support/ (no test module imports another: tests/unit/test_tiers.py).
+TESTS = Path(__file__).resolve().parent
+TIERS = {"unit": ("fast",), "unit/slow": (), "plans": ("fast",), "servers": ("servers",), "e2e": ("e2e",)}
 
-# `./run tests` runs the unit tier as two processes side by side, one per core (issue 31): the tests
-# on real servers (marker `servers`: every test of the shared vLLM server, so one process starts it,
-# and the modules driving nginx, Prometheus, the hubs' stand-ins and the lab mirror's and seed's
-# servers) and the rest. Measured 2026-12-07 (stop 48): 220 s beside 269 s with the mirror's three
-# modules (~21 s) among the rest.
-SERVER_MODULES = {"test_gateway", "test_gateway_run", "test_prometheus_pipeline", "test_hubs",
-                  "test_fetch", "test_mirror_bounds", "test_seed", "test_chat_page"}
+
+def tier_of(path: Path) -> str | None:
+    """The tier folder (a TIERS key) a test file lies in, the deepest one; None outside them."""
+    try:
+        folder = Path(path).resolve().parent.relative_to(TESTS)
+    except ValueError:
+        return None
+    for candidate in [folder, *folder.parents]:
+        if candidate.as_posix() in TIERS:
+            return candidate.as_posix()
+    return None
 
 
 def pytest_collection_modifyitems(config, items):
+    astray, vllm_elsewhere = set(), set()
     for item in items:
-        stem = Path(str(item.fspath)).stem
-        if stem in FAST_MODULES:
-            item.add_marker(pytest.mark.fast)
-        if stem in SERVER_MODULES or "vllm_server" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.servers)
+        path = Path(str(item.fspath))
+        tier = tier_of(path)
+        if tier is None:
+            astray.add(str(path.relative_to(TESTS.parent)) if TESTS in path.parents else str(path))
+            continue
+        for marker in TIERS[tier]:
+            item.add_marker(getattr(pytest.mark, marker))
+        if "vllm_server" in getattr(item, "fixturenames", ()) and tier != "servers":
+            vllm_elsewhere.add(item.nodeid)
+    if astray:
+        raise pytest.UsageError(f"test modules outside a tier folder: {', '.join(sorted(astray))}; move each "
+                                "into tests/unit, tests/unit/slow, tests/plans, tests/servers or tests/e2e "
+                                "(tests/conftest.py TIERS)")
+    if vllm_elsewhere:
+        raise pytest.UsageError(f"tests using the vllm_server fixture outside tests/servers: {', '.join(sorted(vllm_elsewhere))}; "
+                                "move their module into tests/servers (one process starts that server)")
 
 
 VLLM_SERVED_NAME = "smollm2-135m"

@@ -4,7 +4,7 @@
 
 Builds the app the way `vllm serve` does (vLLM's own argument parser with its defaults, then
 ``build_app(args, supported_tasks)``) without an engine, and walks its route table, mounted apps
-included, so tests/test_route_auth.py probes what vLLM registers instead of a hand-kept list.
+included, so tests/servers/test_route_auth.py probes what vLLM registers instead of a hand-kept list.
 TASKS: the server's supported tasks (its log says "Supported tasks: [...]"); default "generate".
 Output: [{"path": ..., "methods": [...], "kind": "http" | "websocket" | "mount"}, ...]
 """

@@ -3,7 +3,7 @@
 Pure (paths in; argv, POSIX sh strings and env dicts out; nothing touched), so a role and the
 operator tool share one definition: roles/vllm.py runs :func:`post_install_commands` on hosts, and
 ``qwen27b.tools.cpu_smoke`` builds the artifacts from these pins and runs the same commands in its
-local check.  Unit-tested in ``tests/test_cpu_smoke.py``.
+local check.  Unit-tested in ``tests/unit/slow/test_cpu_smoke.py``.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ SERVE_MAX_NUM_SEQS = 4
 #: KV cache on CPU, in GiB (VLLM_CPU_KVCACHE_SPACE).
 KV_CACHE_GIB = 1
 #: The worker inside the engine-core process: two processes, not three (the stack's CPU smoke
-#: profile, serve.executor and serve.env, [cpu-uni-executor]; tests/test_cpu_smoke.py keeps the two
+#: profile, serve.executor and serve.env, [cpu-uni-executor]; tests/unit/slow/test_cpu_smoke.py keeps the two
 #: alike). vLLM's CPU platform turns ``uni`` back into its multiprocess executor unless the
 #: variable is 0 too.
 ONE_PROCESS_WORKER_FLAG = ("--distributed-executor-backend", "uni")

@@ -395,7 +395,7 @@ ALL_FACTS: tuple[type[FactBase], ...] = (
 
 
 # The file each fact's output is kept under, in doctor's snapshot and in a recorded host (every fact of
-# ALL_FACTS has one; tests/test_recorded.py holds the two equal).
+# ALL_FACTS has one; tests/unit/test_recorded.py holds the two equal).
 SNAPSHOT_NAMES: dict[type[FactBase], str] = {
     OsRelease: "os-release",
     GlibcVersion: "glibc-version.txt",

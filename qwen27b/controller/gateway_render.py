@@ -131,7 +131,7 @@ def usage_lines(where: dict, port: int, on: bool, budgets: str = "{}", listens: 
     OS archive has no Lua module (the gateway then serves, limits and logs without token counts).
     The code is loaded by the root master (a missing file fails `nginx -t`, not a request) and only
     interpreted: the unit denies W+X memory, which LuaJIT's compiler would need (its worker dies
-    when mprotect refuses: tests/test_gateway.py)."""
+    when mprotect refuses: tests/servers/test_gateway.py)."""
     if not on:
         return {"modules": [], "usage_http": [], "usage_server": [], "usage_location": [], "usage_metrics": []}
     lua = 'require("qwen27b_gateway_usage")'

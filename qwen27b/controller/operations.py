@@ -4,7 +4,7 @@ Written the way pyinfra writes its own (pyinfra/operations/apt.py, files.py): an
 generator reads facts with `host.get_fact` and yields only the commands needed to reach the
 desired state; when the state is already right it yields nothing and says why with `host.noop`.
 Bad arguments raise OperationValueError before anything is yielded. Tests: one JSON file per
-case in tests/operations/<op>/, run by tests/test_operations.py.
+case in tests/operations/<op>/, run by tests/unit/test_operations.py.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ sections, and (for the tools beside the deploy) the inventory reached through py
 
 `script()` prints each command's output between markers carrying a fresh nonce, so a host's
 output (a journal line, a file) cannot forge a section end; `parse_script_output()` splits it.
-Both are pure (tests/test_doctor.py runs a script through `sh -s`).
+Both are pure (tests/unit/slow/test_doctor.py runs a script through `sh -s`).
 
 `load_inventory()` / `run_everywhere()` / `on_every_host()`: the inventory file loaded exactly
 as `pyinfra INVENTORY deploy.py` loads it (pyinfra_cli's make_inventory, group_data/ included)
@@ -162,7 +162,7 @@ def on_host(host, command, *, state=None, connector: dict | None = None, via=Non
     silently). `connector`: the arguments already resolved (an operation's own, the fact cache's);
     `options`: `_timeout`, `_stdin`, `print_output`... `via`: another connection to this host (the
     progress probe's own, `side_connection`) instead of the one pyinfra's operations use. Returns
-    pyinfra's (ok, CommandOutput). tests/test_sudo_path.py fails on any other `run_shell_command`
+    pyinfra's (ok, CommandOutput). tests/unit/slow/test_sudo_path.py fails on any other `run_shell_command`
     call in the project."""
     from pyinfra.api import StringCommand
 

@@ -14,12 +14,12 @@ import jinja2
 
 from qwen27b.plan.gate import Decision
 from qwen27b.onhost.contract import (COPIES_ENV, COPY_ENV, FIREWALL_UNIT, GPUS_ENV, HEALTH_HTTP_SOCKET,
-                                     HEALTH_HTTP_TEMPLATE, HEALTH_TIMER, HEALTH_UNIT,
+                                     HEALTH_HTTP_TEMPLATE, HEALTH_TIMER, HEALTH_UNIT,  # noqa: F401 (HEALTH_TIMER: roles/service.py's)
                                      IDLE_PROBE_DEADLINE_ENV, IDLE_PROBE_EVERY_ENV, INSTANCE_TEMPLATE, MODEL_REF_ENV,
                                      QUIET_ENV, RELEASE_RECORD_ENV, SLOTS_ENV, SPECULATIVE_ENV, RAY_UNIT, SERVICE_UNIT, STALL_AFTER_ENV, TEXTFILE_DIR,
                                      lib_dir, module_argv)
 from qwen27b.plan.hostdata import NODE_EXPORTER_PORT, NODE_EXPORTER_UNIT, http_base
-from qwen27b.plan.hostlayout import UNIT_DIR, HostLayout
+from qwen27b.plan.hostlayout import UNIT_DIR, HostLayout  # noqa: F401 (UNIT_DIR: roles/nvidia.py imports it here)
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
 HEALTH_HTTP_SERVICE = HEALTH_HTTP_TEMPLATE
@@ -27,7 +27,7 @@ _SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 
 # The sandbox both units share: every line removes a privilege neither vLLM nor the health check
 # uses. Measured with `systemd-analyze security --offline=yes` on the rendered units (docs/security.md
-# has the scores; tests/test_templates.py keeps them within the goals: main <= 2.5, health <= 4.0).
+# has the scores; tests/unit/test_templates.py keeps them within the goals: main <= 2.5, health <= 4.0).
 SANDBOX = [
     ("NoNewPrivileges", "yes"),
     ("CapabilityBoundingSet", ""),  # no capability at all: both run as the service user

@@ -3,7 +3,7 @@
 Before any driver is installed, lspci's PCI id is all there is to tell a V100 (and its variants
 such as the Tesla PG500-216, 10de:1df0) from an unknown card. `qwen27b/plan/pci_volta.yaml` holds every
 NVIDIA device of pci.ids whose name says GV100 / V100 / Volta, with the database's version and
-date; tests/test_pciids.py regenerates it from the installed database and compares.
+date; tests/unit/test_pciids.py regenerates it from the installed database and compares.
 
     python -m qwen27b.plan.pciids /usr/share/misc/pci.ids > qwen27b/plan/pci_volta.yaml
 

@@ -293,7 +293,7 @@ def _kv_needed(config: dict, pinned: set) -> int:
     planned 1 on a 65% larger KV) gave the larger GPU a worse plan: a second sequence that could only
     run by preempting the first, paid for with the KV. The shrink steps are a chain, so with this rule
     more memory never plans fewer sequences, a shorter context or a sequence count its KV cannot hold
-    (tests/test_planner.py). A pinned --max-num-seqs keeps vLLM's rule: the admin chose it."""
+    (tests/unit/test_planner.py). A pinned --max-num-seqs keeps vLLM's rule: the admin chose it."""
     return config["max_len"] * (1 if "seqs" in pinned else config["seqs"])
 
 

@@ -1,4 +1,4 @@
-"""A two-operation deploy for tests/test_ctrl_c.py: the first takes a few seconds."""
+"""A two-operation deploy for tests/unit/slow/test_ctrl_c.py: the first takes a few seconds."""
 
 import os
 

@@ -1,4 +1,4 @@
-"""A deploy with one failing check (tests/test_failing_check.py): its failure is one red line."""
+"""A deploy with one failing check (tests/unit/slow/test_failing_check.py): its failure is one red line."""
 
 from pyinfra import host
 from pyinfra.api.exceptions import OperationError

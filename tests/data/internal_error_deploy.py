@@ -1,4 +1,4 @@
-"""A deploy for tests/test_runsummary.py over @local: a step that runs, then an upload whose source
+"""A deploy for tests/unit/slow/test_runsummary.py over @local: a step that runs, then an upload whose source
 fails with EOFError (as paramiko's SFTP does when the connection drops mid-file, which pyinfra does
 not catch: the whole run stops with "An internal exception occurred"), then a step never reached."""
 

@@ -1,4 +1,4 @@
-"""A deploy for tests/test_progress.py over @local: one slow step writing 8 MiB in 1 MiB chunks,
+"""A deploy for tests/unit/slow/test_progress.py over @local: one slow step writing 8 MiB in 1 MiB chunks,
 watched the way the weights role watches its fetch (the bytes in a directory against a total),
 then a quick step that is not watched."""
 

@@ -1,4 +1,4 @@
-"""A deploy for tests/test_runsummary.py over @local: an upload (push_files' own command) that the
+"""A deploy for tests/unit/slow/test_runsummary.py over @local: an upload (push_files' own command) that the
 connector fails by raising, as paramiko's SFTP raises PermissionError where the SSH user cannot
 reach the destination (issue 48). @local's `cp` into a directory that is not there raises OSError
 the same way; pyinfra logs one line and records no output for the operation."""

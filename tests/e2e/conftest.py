@@ -43,7 +43,7 @@ from qwen27b.onhost.mirror import serve
 from qwen27b.tools import cpu_smoke
 from tests.support.testhosts import NspawnHosts
 from setupcheck import skip_or_fail_setup
-from revisions import GOOD, GOOD_B
+from tests.support.revisions import GOOD, GOOD_B
 
 E2E_DIR = Path(__file__).resolve().parent
 LAB_ORDER = ["test_testhosts", "test_deploy", "test_doctor_e2e", "test_faults", "test_ipv6_e2e", "test_prometheus_e2e",

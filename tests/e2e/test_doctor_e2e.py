@@ -40,7 +40,7 @@ import pytest
 
 from qwen27b.tools.doctor import exec_argv
 from qwen27b.controller.render import systemd_quote
-from test_deploy import GOOD, ROOT, deploy, lab, wait_healthy  # noqa: F401 (lab: a module fixture)
+from tests.support.e2e_deploy import GOOD, ROOT, deploy, lab, wait_healthy  # noqa: F401 (lab: a module fixture)
 
 pytestmark = pytest.mark.e2e
 MODELS = "/var/lib/qwen27b/models"
@@ -123,7 +123,7 @@ FAULTS = [
 # live host shows). vllm-missing: step 3's probe of the release venv over SSH+sudo, recorded nowhere;
 # bad-flag: the journal and a drop-in's running flags read through sudo. The other three were
 # recorded from this very test on a real test host and are judged in the unit tier on those
-# snapshots (tests/test_doctor.py on tests/fixtures/journals/real-cpu-missing-model-path,
+# snapshots (tests/unit/slow/test_doctor.py on tests/fixtures/journals/real-cpu-missing-model-path,
 # real-cpu-corrupt-config, real-cpu-max-model-len-999999). QWEN27B_DOCTOR_ALL_FAULTS=1 runs all five
 # (with $QWEN27B_DOCTOR_SAVE, to record them again).
 LIVE = {"vllm-missing", "bad-flag"}

@@ -35,8 +35,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from test_deploy import (API_KEY, GOOD, GOOD_B, PORT, PROGRESS, REV_B, ROLLBACK_PREV, deploy, lab,  # noqa: F401
-                         latest_report, show, timer_paused, wait_healthy, health_run)
+from tests.support.e2e_deploy import (API_KEY, GOOD, GOOD_B, PORT, PROGRESS, REV_B, ROLLBACK_PREV,  # noqa: F401
+                                      assert_key_guards_v1_and_never_leaks, deploy, health_run, lab, latest_report, show,
+                                      timer_paused, wait_healthy)
 
 pytestmark = pytest.mark.e2e
 MODELS = "/var/lib/qwen27b/models"
@@ -47,7 +48,7 @@ FETCH_OP = "fetch the checkpoint from the mirror"
 # three interruptions finds the file still arriving on a loaded 2-core CI machine. The throttle
 # stays on until the host's fetch has gone: once it lifts, a fetch still running (an orphan) would
 # finish the file in a second (CI saw that when qwen27b-fetch noticed its caller's end only at its
-# next progress line; it now stops at once, tests/test_fetch.py)
+# next progress line; it now stops at once, tests/servers/test_fetch.py)
 RATE = 1.5e6
 
 
@@ -462,6 +463,4 @@ def test_many_hosts_one_unreachable_the_others_finish_and_limit_reruns_only_it(l
 
 def test_api_key_never_leaked_through_all_these_faults(lab):
     """Every deploy log of this session (refusals, interrupted runs, rollbacks), the journal, reports."""
-    import test_deploy
-
-    test_deploy.test_api_key_guards_v1_and_never_leaks(lab)
+    assert_key_guards_v1_and_never_leaks(lab)

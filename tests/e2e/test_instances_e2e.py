@@ -13,7 +13,7 @@ timer, status file, endpoint path and labelled metrics, and a SIGKILLed copy cou
 only. Last, an upgrade (the other model revision and a bad engine flag, --dtype float7) whose copies
 crash-loop: verify rolls the whole host back (issue 26), both copies serve again on the previous
 release, each verified with its own key, the report says `rolled back` naming the copy. The V100 side (TP per copy, CUDA_VISIBLE_DEVICES, each check's own GPUs) is recorded output:
-tests/test_instances.py and tests/golden/v100x4-copies*.
+tests/unit/test_instances.py and tests/golden/v100x4-copies*.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import json
 import httpx
 import pytest
 
-from test_deploy import GOOD, REV_B, deploy, make_lab, show
+from tests.support.e2e_deploy import GOOD, REV_B, deploy, make_lab, show
 
 pytestmark = pytest.mark.e2e
 COPIES = {"a": 8000, "b": 8001}

@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from qwen27b.controller.artifacts import dir_manifest
-from test_deploy import API_KEY, GOOD, PORT, deploy, health_run, latest_report, make_lab, serving_record, show
+from tests.support.e2e_deploy import API_KEY, GOOD, PORT, deploy, health_run, latest_report, make_lab, serving_record, show
 
 pytestmark = pytest.mark.e2e
 TIMES: dict[str, float] = {}
@@ -73,7 +73,7 @@ def test_a_serving_host_moved_to_its_ipv6_address_starts_verifies_and_answers(v6
              if line and not line.split()[-1].startswith(".")]  # the hidden hash cache (FileHashes) aside
     assert sorted(line.split()[-1] for line in files) == sorted(dir_manifest(v6["artifacts"])), files
     assert all(line.startswith("root 644 ") for line in files), files
-    assert host.run(f"find / -xdev -maxdepth 4 -name '.qwen27b-incoming-*'", check=False).stdout.strip() == ""
+    assert host.run("find / -xdev -maxdepth 4 -name '.qwen27b-incoming-*'", check=False).stdout.strip() == ""
     report = latest_report(v6)
     assert report["status"] == "ok" and report["completion_tokens"] > 0, report  # the controller's verify
     # pyinfra reached the host over IPv6 (from the controller's end of the veth)

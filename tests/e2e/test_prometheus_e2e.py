@@ -23,7 +23,7 @@ import shlex
 import httpx
 import pytest
 
-from test_deploy import PORT, deploy, lab, show, wait_healthy  # noqa: F401 (lab: a module fixture)
+from tests.support.e2e_deploy import PORT, deploy, lab, show, wait_healthy  # noqa: F401 (lab: a module fixture)
 from tests.support.prometheus import Prometheus
 
 pytestmark = pytest.mark.e2e

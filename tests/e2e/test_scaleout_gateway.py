@@ -46,7 +46,7 @@ import pytest
 
 from qwen27b.controller import postdeploy as V
 from qwen27b.plan.gateway import VERIFY
-from tests.e2e.test_deploy import REV_B, ROOT, deploy  # shared helpers
+from tests.support.e2e_deploy import REV_B, ROOT, deploy
 
 pytestmark = pytest.mark.e2e
 BACKEND_KEY = "q27-backend-" + os.urandom(8).hex()

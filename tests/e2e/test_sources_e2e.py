@@ -23,7 +23,7 @@ import pytest
 from qwen27b.tools import cpu_smoke
 from tests.support.hubs import serve_hf, serve_modelscope
 from tests.support.pypi_index import serve_index
-from test_deploy import deploy, latest_report, make_lab, serving_record, show
+from tests.support.e2e_deploy import deploy, latest_report, make_lab, serving_record, show
 
 pytestmark = pytest.mark.e2e
 TIMES: dict[str, float] = {}

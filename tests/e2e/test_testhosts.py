@@ -24,7 +24,8 @@ SMOKE_GONE = ("systemctl disable --now q27t-smoke.service 2>/dev/null; "
 
 E2E_DIR = Path(__file__).resolve().parent
 ROOT = E2E_DIR.parents[1]
-DEPLOY = E2E_DIR / "deploy_smoke.py"
+SUPPORT = ROOT / "tests" / "support"
+DEPLOY = SUPPORT / "deploy_smoke.py"
 
 
 def _run(argv, timeout=300, **kw) -> subprocess.CompletedProcess:
@@ -148,7 +149,7 @@ def test_pyinfra_deploy_over_ssh_then_no_changes(testhosts, clean_env):
 
 def test_an_upload_survives_key_exchanges_while_the_progress_probe_polls(testhosts, tmp_path, clean_env):
     """The real CLI on a terminal pushes 96 MiB (push_files) while the progress probe runs `du` every
-    50 ms, with paramiko's rekey every 4 MiB (tests/e2e/deploy_push_probe.py): ~24 key exchanges.
+    50 ms, with paramiko's rekey every 4 MiB (tests/support/deploy_push_probe.py): ~24 key exchanges.
     On pyinfra's own connection, a probe channel closing during one deadlocked paramiko's reader
     (paramiko#822) and the upload died with EOFError after 30 s, in CI at the default 512 MiB too;
     on the probe's own connection (remote.side_connection) every file arrives."""
@@ -165,7 +166,7 @@ def test_an_upload_survives_key_exchanges_while_the_progress_probe_polls(testhos
     env = {**clean_env, "PYTHONPATH": str(ROOT), "PUSH_SRC": str(src), "TERM": "xterm",
            "QWEN27B_REPORTS": str(tmp_path / "reports")}
     rc, transcript = run_on_a_terminal([sys.executable, "-m", "pyinfra", "-y", str(testhosts.inventory),
-                                        str(E2E_DIR / "deploy_push_probe.py")], env, E2E_DIR, timeout=300)
+                                        str(SUPPORT / "deploy_push_probe.py")], env, E2E_DIR, timeout=300)
     text = plain(transcript)
     assert rc == 0, text[-3000:]
     assert re.search(r"push +\d+\.\d MiB of 96\.0 MiB", text), text[-3000:]  # the probe did draw

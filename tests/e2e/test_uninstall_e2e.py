@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from test_deploy import GOOD, PORT, deploy, make_lab, serving_record
+from tests.support.e2e_deploy import GOOD, assert_key_not_in_runs, PORT, deploy, make_lab, serving_record
 
 pytestmark = pytest.mark.e2e
 MODELS = "/var/lib/qwen27b/models"
@@ -79,7 +79,7 @@ def test_uninstall_lists_removes_then_changes_nothing_and_a_redeploy_plans(fleet
                  check=False).stdout.strip() == ""
     rc, out = timed("uninstall --weights --dry", fleet, argv=["uninstall", inventory, "--limit", b.name, "--weights", "--dry"],
                     module=CLI)
-    assert rc == 0 and f"remove /var/lib/qwen27b with the model weights" in out, out[-3000:]
+    assert rc == 0 and "remove /var/lib/qwen27b with the model weights" in out, out[-3000:]
     rc, out = timed("re-deploy B --dry after the uninstall", fleet,
                     argv=[inventory, "deploy.py", "--dry", "-y", "--limit", b.name])
     assert rc == 0, out[-4000:]
@@ -89,6 +89,4 @@ def test_uninstall_lists_removes_then_changes_nothing_and_a_redeploy_plans(fleet
 
 def test_api_key_never_leaked_in_these_runs(fleet):
     """Every log and report of this module: the key never (the lifecycle module's check, on this one's runs)."""
-    import test_lifecycle_e2e
-
-    test_lifecycle_e2e.test_api_key_never_leaked_in_any_of_these_runs(fleet)
+    assert_key_not_in_runs(fleet)

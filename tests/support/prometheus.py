@@ -10,7 +10,7 @@ the last value seen, the targets' scrape errors and the server's log tail.
 
 :func:`node_exporter` runs ``prometheus-node-exporter`` with only the textfile collector (fast,
 and the only one whose output the tests read). Both are used by the unit tier
-(tests/test_prometheus_pipeline.py, tests/test_health_metrics.py) and the e2e tier
+(tests/servers/test_prometheus_pipeline.py, tests/unit/slow/test_health_metrics.py) and the e2e tier
 (tests/e2e/test_prometheus_e2e.py); a missing binary is :func:`setupcheck.skip_or_fail_setup`.
 """
 

@@ -1,5 +1,5 @@
 """Run a command on a pseudo-terminal and keep what it drew: how the progress lines are tested
-with the real CLI (tests/test_progress.py, tests/e2e/test_deploy.py). Stdlib only."""
+with the real CLI (tests/unit/slow/test_progress.py, tests/e2e/test_deploy.py). Stdlib only."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ with no --data, as its inventory says, whatever happened before (try/finally); a
 is said, loudly, and fails the command.
 
 The pure parts (method list, what a report says ran, the comparison) are unit-tested
-(tests/test_bench_methods.py); `run_methods` takes the deploy and the bench as arguments.
+(tests/unit/slow/test_bench_methods.py); `run_methods` takes the deploy and the bench as arguments.
 """
 
 from __future__ import annotations

@@ -16,13 +16,14 @@ from qwen27b.plan.gate import HostFacts, RefusedHost
 from qwen27b.controller.address import STATED as ADDRESS_REASON
 from qwen27b.plan.hostdata import PREFIX, BadHostData, Settings, lab_address, settings_for
 
-REACHED_REASON = "the address the controller's SSH connection reached the host at, not every interface"
 from qwen27b.plan.serving import decide
 from qwen27b.plan.stack import StackError, gpu_spec, profile_for_compute_capability, resolve_stack
 
 from .journal import Finding, JournalView, Run, journal_entries, journal_lines, split_invocations, split_runs
 from .model import COPY_ENV, FAIL, KEPT_ON_CONTROLLER, SECRET_FILE_KEYS, STEPS, WARN, Check, HostSnapshot
 from .parse import env_file, expand_env, parse_metrics, parse_model, running_flags
+
+REACHED_REASON = "the address the controller's SSH connection reached the host at, not every interface"
 
 
 def _json(text: str | None) -> tuple[dict | None, str | None]:

@@ -22,7 +22,7 @@ def log(msg: str) -> None:
     print(f"[testhosts] {msg}", file=sys.stderr, flush=True)
 
 
-def _run(argv, check=True, capture=True, timeout=None, input=None, env=None):
+def _run(argv, check=True, capture=True, timeout=None, input=None, env=None):  # noqa: A002 (subprocess.run's name)
     """subprocess.run with text output; raises TestHostsError with stderr on failure."""
     try:
         cp = subprocess.run(

@@ -133,7 +133,7 @@ class SshAccess(ProfileState):
                 "ssh_look_for_keys": False, "ssh_allow_agent": False,
                 "testhost_root": h["root"],
                 # the e2e tests call the API open unless they give a key (issue 25's lab key is
-                # covered by tests/test_apikey.py)
+                # covered by tests/unit/slow/test_apikey.py)
                 "qwen27b_api_key_file": "none",
             }
             inv.append(f"    ({h['name']!r}, {data!r}),")
