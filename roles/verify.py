@@ -56,12 +56,19 @@ def _rollback_commands(previous: list[SwitchedLink | KeptFiles], restart: list[s
     return commands + (restart or [RESTART_COMMAND])
 
 
+
+def _host_data() -> dict:
+    """The host's inventory data (its ssh_hostname: where a wildcard-bound service is probed)."""
+    data = getattr(host, "data", None)
+    return {"ssh_hostname": data.get("ssh_hostname")} if data is not None else {}
+
+
 def _copy_row(decision: Decision, copy: Decision) -> V.HostResult:
     """A copy's report row: its URL and served name, the host's model."""
     model, serve = decision.stack.model, copy.serve
     row = V.HostResult(host.name, model=model["id"], revision=model["revision"],
                        served_name=serve.value("--served-model-name"),
-                       url=http_base(probe_address(serve.value('--host'), host.data) or serve.value('--host'), serve.value('--port')))
+                       url=http_base(probe_address(serve.value('--host'), _host_data()) or serve.value('--host'), serve.value('--port')))
     runstate.current().results.append(row)
     return row
 
@@ -168,7 +175,7 @@ def judge_release(result: V.HostResult, key: str | None, decision: Decision,
 def reached(decision: Decision) -> Record:
     """How this deploy's service (or copy) is reached, in a release record's terms."""
     serve = decision.serve
-    return Record({}, url=http_base(probe_address(serve.value('--host'), host.data) or serve.value('--host'), serve.value('--port')),
+    return Record({}, url=http_base(probe_address(serve.value('--host'), _host_data()) or serve.value('--host'), serve.value('--port')),
                   served_name=serve.value("--served-model-name"), speculative=serve.has("--speculative-config"),
                   start_timeout_s=decision.stack.profile["serve"]["start_timeout_s"])
 
@@ -183,7 +190,7 @@ def restored_reach(decision: Decision, now: Record) -> Record:
 @check
 def _check(decision: Decision, previous: list[SwitchedLink | KeptFiles], check: Check = Check(FIGURES)) -> None:
     serve, model = decision.serve, decision.stack.model
-    base = http_base(probe_address(serve.value('--host'), host.data) or serve.value('--host'), serve.value('--port'))
+    base = http_base(probe_address(serve.value('--host'), _host_data()) or serve.value('--host'), serve.value('--port'))
     result = V.HostResult(host.name, model=model["id"], revision=model["revision"],
                           served_name=serve.value("--served-model-name"), url=base)
     runstate.current().results.append(result)
@@ -247,7 +254,7 @@ def verify(decision: Decision) -> None:
         note(f"verify: the worker of serving group '{decision.group.name}' is verified through its head "
              f"({decision.group.head_address}): the API answers only once every stage is up")
         return
-    reason = unverifiable(decision, host.data)
+    reason = unverifiable(decision, _host_data())
     if reason:
         note(f"verify: {reason}", always=True)
         runstate.current().unverified[host.name] = reason

@@ -209,7 +209,6 @@ def test_profiles_reads_an_inventorys_hosts_through_pyinfra():
     recordings): read-only gate facts, every entry planned, the host's own entry marked."""
     import subprocess
     import sys
-    from pathlib import Path
 
     from tests.support.paths import ROOT as root
     run = subprocess.run([sys.executable, "-m", "qwen27b.tools.cli", "profiles", "inventory/recorded.py", "--limit",

@@ -96,3 +96,16 @@ def test_a_retry_that_restarts_with_changed_flags_measures_the_figures(monkeypat
     _, failure = startwatch._starts(result, None, run("v100x4-converged"), which_check(()))
     assert failure is None and [c.kind for c in seen] == [LIVENESS, FIGURES]
     assert seen[1].changed == ("the unit's flags (a retry)",) and result.check == FIGURES
+
+
+def test_a_wildcard_bound_service_is_probed_at_the_lab_address_never_the_wildcard():
+    """Issue 51: from the controller, 0.0.0.0 or :: is the controller itself; verify would send the
+    API key to whatever listens there. A wildcard bind is probed at the host's lab address; with
+    none (ssh_hostname a name) the host is not verified, saying why."""
+    from qwen27b.controller.verifyplan import probe_address
+
+    assert probe_address("10.0.0.5", {"ssh_hostname": "10.0.0.9"}) == "10.0.0.5"
+    assert probe_address("0.0.0.0", {"ssh_hostname": "10.0.0.9"}) == "10.0.0.9"
+    assert probe_address("::", {"ssh_hostname": "fd00::9"}) == "fd00::9"
+    assert probe_address("0.0.0.0", {"ssh_hostname": "gpu-1.lab"}) is None
+    assert probe_address("0.0.0.0", {}) is None
