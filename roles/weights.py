@@ -8,6 +8,10 @@ with huggingface_hub at the pinned revision (token from a 0600 file, never on a 
 Fan-out (qwen27b_weights_fanout "tree", mirror source): the hosts of the run that share the mirror
 form a group; one of them fetches from the mirror, then hosts holding a verified copy seed the rest
 in waves, one operation per wave (qwen27b/plan/fanout.py plans it; its docstring says how).
+
+Pins (stack key models[].files, qwen27b/plan/filepins.py): a mirror's manifest or a local dir that lists
+a pinned file otherwise stops the host before anything is fetched; after the files arrive by any route,
+qwen27b_onhost.pincheck checks every pinned file on the host before the link switches.
 """
 
 from __future__ import annotations
@@ -415,7 +419,7 @@ def place(decision: Decision, entry: dict, link: str, local_dir: str | None) -> 
     previous = host.get_fact(SymlinkTarget, path=link)
     if filepins.pins(entry) and (arriving or previous != target):
         # what arrived (by any route, a peer's fan-out included) against the stack's pins, before the switch
-        listing = decision.stack.layout.mirror_manifest(safe_name(entry)).replace(".manifest.json", ".pins.json")
+        listing = decision.stack.layout.pins_file(safe_name(entry))
         files.put(name="pinned sha256 of the checkpoint files", src=StringIO(filepins.pins_json(entry)), dest=listing,
                   mode="0644")
         route = filepins.route_words(source, redact_url(settings.model_mirror or ""), f"{target}/{HUB_MANIFEST}")

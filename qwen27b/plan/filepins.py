@@ -10,7 +10,8 @@ manifest, the hub's own listing). The pins describe the entry's own revision (th
 or ModelScope's `modelscope.revision`): a host that pins another revision
 (qwen27b_stack_overrides {"model_revision": ...}) gets no check, and the plan says why.
 
-Two checks, one rule (`mismatches`):
+Two checks of the same rule (a pinned file present, of its size, of its sha256; one line per file
+that is not, expected vs got):
 - on the controller, before any byte lands on a host: the mirror's manifest and a pushed local
   dir's own hashes against the pins (`source_problems`); a file that differs is never fetched into
   the host's model dir, which may be the one the service is serving;
@@ -18,9 +19,10 @@ Two checks, one rule (`mismatches`):
   fetch, controller push, a peer's fan-out) and before the link switches (`check_command`, the one
   shared command builder): a mismatch exits non-zero naming each file (expected vs got), so the
   deploy stops there, the link and the serving release untouched, and the run summary's last line
-  says what to do.
+  says what to do. The weights role queues it where bytes may arrive or the link will switch; a
+  run that changes neither (the link already on a dir that was checked when it switched) skips it.
 
-Not re-hashing gigabytes on every run (`check_command`): a file is hashed only when its identity
+Not re-hashing gigabytes on every run (qwen27b_onhost.pincheck): a file is hashed only when its identity
 changed since it was last hashed. Identity is (size, mtime, ctime, inode), the stat cache that the
 FileHashes fact keeps in the same dir (host_facts.HASH_CACHE: written only for files unchanged for
 2 s, and any write changes ctime, which no user can set), or, for a file the cache does not know
