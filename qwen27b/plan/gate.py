@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from qwen27b.onhost.contract import xid_meaning
 from qwen27b.plan.gpustate import BOARD_FIX, SEED_XID79_ADVICE, gpu_troubles
-from qwen27b.plan import gpuwear
+from qwen27b.plan import filepins, gpuwear
 from qwen27b.plan.driverbuild import boot_kernels, failed_build
 from qwen27b.plan.occupants import Bound, occupied
 from qwen27b.plan.checkpoint import CheckpointError, ModelShape, load_shape
@@ -540,6 +540,8 @@ def _warnings(facts: HostFacts, rs: ResolvedStack, settings: Settings, os_row: d
         if entry and entry.get("revision") == "main":
             out.append(f"{what} {entry['id']} follows the moving branch 'main': pin a commit once validated "
                        f"(qwen27b_stack_overrides {{'{what}_revision': '<commit>'}})")
+        if entry:
+            out.extend(filepins.plan_warnings(what, entry, filepins.listed_files(checkpoint_metadata_dir(entry))))
     vllm = rs.profile["vllm"]
     if vllm.get("url") and not vllm.get("sha256"):
         out.append(f"{vllm['filename']} has no sha256 in the stack file: the first download will be recorded, "
@@ -588,13 +590,18 @@ def binary_needs_check(host: str, glibc: str | None, rs: ResolvedStack, needs: d
     return said + " (verified: false): the import may fail mid-deploy; fix: " + GLIBC_FIX.format(wheel=wheel, have=glibc)
 
 
-def unpinned(rs: ResolvedStack, os_row: dict, settings: Settings) -> list[tuple[str, str]]:
+def unpinned(rs: ResolvedStack, os_row: dict, settings: Settings, by_default: bool = False) -> list[tuple[str, str]]:
     """(cause, fix) for each artifact the deploy would fetch without a sha256 to check it against:
-    what qwen27b_require_hashes refuses (without it, _warnings says the same as warnings)."""
+    what qwen27b_require_hashes refuses (without it, _warnings says the same as warnings). `by_default`
+    (the profile's default, not the host's true): only the engine wheel the stack pins."""
     out, vllm = [], rs.profile["vllm"]
     if vllm.get("url") and not vllm.get("sha256"):
-        out.append((f"qwen27b_require_hashes: {vllm['filename']} has no sha256 in the stack file",
-                    "pin it with qwen27b_stack_overrides {'vllm': {'sha256': '<sha256 of the wheel>'}}"))
+        out.append((f"qwen27b_require_hashes{' (the profile default)' if by_default else ''}: {vllm['filename']} "
+                    "has no sha256 in the stack file",
+                    "pin it with qwen27b_stack_overrides {'vllm': {'sha256': '<sha256 of the wheel>'}}"
+                    + (", or set qwen27b_require_hashes false" if by_default else "")))
+    if by_default:
+        return out
     cuda = rs.profile.get("cuda") or {}
     if cuda.get("needed_by_vllm") and not os_row.get("cuda_keyring_sha256"):
         out.append((f"qwen27b_require_hashes: {cuda['keyring_deb']} for {os_row['cuda_repo']} has no sha256 in the "
@@ -638,6 +645,9 @@ def _choices(facts: HostFacts, rs: ResolvedStack, settings: Settings, driver: Dr
                               f"needs no compiler; a toolkit, if added, must stay <= {cuda['max_major']}.x{left} "
                               f"{rs.cite(cuda['source'])}", "skip"))
     out.append(python_row(facts, rs, settings)[0])
+    hashes = filepins.hash_choice(settings.require_hashes, p, rs.cite)
+    if hashes:
+        out.append(Choice("hashes", *hashes, "keep"))
     vllm = p["vllm"]
     out.append(Choice("vllm", f"{vllm['dist']}=={vllm['version']}",
                       f"build '{vllm['build']}' into release {rs.stack_hash} {rs.cite(vllm['source'])}", "install"))
@@ -647,12 +657,14 @@ def _choices(facts: HostFacts, rs: ResolvedStack, settings: Settings, driver: Dr
         out.append(Choice("torch", torch.get("requirement") or "from index", f"{redact_url(index) if index else 'wheelhouse'}"
                           + (f", must list {torch['required_arch']}" if torch.get("required_arch") else "")
                           + f" {rs.cite(torch['source'])}", "install"))
-    model_why = f"format {rs.model['format']}" + (f" {rs.cite(rs.model['cite'])}" if rs.model.get("cite") else "")
+    model_why = (f"format {rs.model['format']}" + (f" {rs.cite(rs.model['cite'])}" if rs.model.get("cite") else "")
+                 + filepins.choice_note(rs.model, rs.cite))
     out.append(Choice("model", f"{rs.model['id']}@{rs.model['revision']}", *_on_disk(facts, rs.model, model_why)))
     if spec is not None and spec.method == "dflash2" and rs.draft:
         out.append(Choice("draft", f"{rs.draft['id']}@{rs.draft['revision']}", *_on_disk(
             facts, rs.draft, f"{rs.draft['speculative']['method']}, {spec.depth} "
-                             f"speculative tokens, kept {rs.draft['format']} {rs.cite('dflash-dense-head')}")))
+                             f"speculative tokens, kept {rs.draft['format']} {rs.cite('dflash-dense-head')}"
+                             + filepins.choice_note(rs.draft, rs.cite))))
     return out
 
 
@@ -919,8 +931,9 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
             return None
 
     check(_generation_rules, host, rs, gpus, facts)
-    if settings.require_hashes:
-        refusals.extend(RefusedHost(host, cause, fix) for cause, fix in unpinned(rs, os_row, settings))
+    required, by_default = filepins.hash_policy(settings.require_hashes, rs.profile)
+    if required:
+        refusals.extend(RefusedHost(host, cause, fix) for cause, fix in unpinned(rs, os_row, settings, by_default))
     driver = check(lambda: _boot_headers(_with_headers(host, _driver_plan(host, facts, rs, settings, gpus), facts), facts))
     if gpus:
         check(_failed_build, host, facts, rs)

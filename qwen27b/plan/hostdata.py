@@ -69,7 +69,7 @@ class Settings:
     # a base URL standing for archive.ubuntu.com and developer.download.nvidia.com: apt reads only it
     apt_mirror: str | None = None
     wheelhouse_dir: str | None = None  # controller dir with the vLLM build's wheels + manifest.json
-    require_hashes: bool = False  # refuse any artifact the stack does not pin by sha256 (the gate names each)
+    require_hashes: bool | None = None  # refuse any artifact the stack does not pin by sha256 (the gate names each); None: the profile's default (filepins.hash_policy)
     wheel_mirror: str | None = None  # a lab mirror holding every wheel (uv --no-index --find-links) when no wheelhouse is pushed
     model_source: str | None = None  # hub | mirror | controller; None: the stack model's default_source
     model_mirror: str | None = None  # base URL of a lab mirror holding <id>@<revision>/ with manifest.json
