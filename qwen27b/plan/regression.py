@@ -61,6 +61,9 @@ def check_limits(limits: dict) -> None:
     prompts = limits.get("prompts")
     if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
         raise ValueError(f"prompts must be a list of one or more non-empty strings, got {prompts!r}")
+    from qwen27b.plan.loadpair import check_load_limits  # noqa: PLC0415 (loadpair builds on this module)
+
+    check_load_limits(limits)  # the rollout gate's pair: after-measurements and load allowances
 
 
 @dataclass(frozen=True)
