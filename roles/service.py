@@ -129,6 +129,10 @@ def measure_before_switch(decision: Decision) -> None:
     limits, running = decision.stack.profile["serve"].get("regression"), running_record(decision.stack.paths)
     if not limits or running is None or not running.url or not running.served_name:
         return
+    note(f"regression gate: the serving release ({running.model_ref or 'as recorded'}) is measured on the stack's "
+         f"{len(limits['prompts'])} prompt(s) right before the restart and this one right after, and the pair judged "
+         f"when the host's load beside the two was alike (serve.regression.load), else the new one measured again, "
+         f"{limits['pairs']} tries in all, then not judged; the figures stored at its deploy are history only")
     python.call(name="measure the serving release before the switch (the regression gate's before)",
                 function=_before_switch, decision=decision, url=running.url, served_name=running.served_name,
                 limits=limits)
