@@ -133,7 +133,7 @@ def measure_before_switch(decision: Decision) -> None:
          f"{len(limits['prompts'])} prompt(s) right before the restart and this one right after, and the pair judged "
          f"when the host's load beside the two was alike (serve.regression.load), else the new one measured again, "
          f"{limits['pairs']} tries in all, then not judged; the figures stored at its deploy are history only")
-    python.call(name="measure the serving release before the switch (the regression gate's before)",
+    python.call(name="verify: the serving release measured before the switch (the regression gate's before; a check)",
                 function=_before_switch, decision=decision, url=running.url, served_name=running.served_name,
                 limits=limits)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import urllib.request
 
 from qwen27b.controller import postdeploy as V
 from qwen27b.controller import runstate
@@ -24,10 +25,18 @@ from qwen27b.plan.lifecycle import RECORD_NAME, Record, parse_record, record_tex
 # one reading of the host's counters; the unit name is ours (allow-listed below), never host data
 SAMPLE = ("echo \"stat $(head -1 /proc/stat)\"; echo \"hz $(getconf CLK_TCK)\"; "
           "echo \"service $(systemctl show -p CPUUsageNSec --value {unit})\"; "
+          # no CPU accounting (cgroup v1 hosts, CPUAccounting=no): the unit's processes' own and reaped
+          # children's ticks from /proc, the processes listed in its cgroup (v2, or v1's unified tree)
+          "cg=$(systemctl show -p ControlGroup --value {unit}); for f in /sys/fs/cgroup$cg/cgroup.procs "
+          "/sys/fs/cgroup/unified$cg/cgroup.procs; do if [ -n \"$cg\" ] && [ -r \"$f\" ]; then t=0; "
+          "for p in $(cat \"$f\"); do [ \"$p\" -gt 0 ] 2>/dev/null || continue; s=$(cat /proc/$p/stat 2>/dev/null) "
+          "|| continue; s=${{s##*)}}; set -- $s; t=$((t+${{12}}+${{13}}+${{14}}+${{15}})); done; echo \"unit_ticks $t\"; "
+          "break; fi; done; "
           "if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi --query-gpu=utilization.gpu "
           "--format=csv,noheader,nounits 2>/dev/null | sed 's/^/gpu /'; fi")
 UNIT = re.compile(r"qwen27b(@[a-z0-9][a-z0-9-]{0,30})?\.service")
 GAUGE = re.compile(r"^vllm:num_requests_(?:running|waiting)(?:\{[^}]*\})? ([0-9.eE+-]+)$", re.M)
+BEFORE_TIMEOUT_S = 180  # a completion of the serving release before the switch (the slowest measured: 68 s)
 PAIR_ALIKE = "pair_alike"  # in the record's baseline: 1 judged on alike load, 0 refused (a re-run refuses again)
 
 
@@ -39,14 +48,14 @@ def other_requests(metrics_text: str) -> float | None:
 
 
 def measured(url: str, served_name: str, key: str | None, limits: dict, remote, unit: str = SERVICE_UNIT,
-             acceptance: float | None = None) -> tuple[dict, loadpair.Load]:
+             acceptance: float | None = None, timeout: float = 600) -> tuple[dict, loadpair.Load]:
     """The stack's prompt set measured once (regression.figures) with the load beside it: `remote(cmd)`
     runs a read on the host and returns its stdout lines."""
     if not UNIT.fullmatch(unit):
         raise ValueError(f"not a qwen27b unit name: {unit!r}")
     sample = SAMPLE.format(unit=unit)
     start, first = loadpair.parse_sample(remote(sample)), other_requests(V.scrape(url, key))
-    runs = V.measure(url, served_name, key, limits)
+    runs = V.measure(url, served_name, key, limits, timeout=timeout)
     last, end = other_requests(V.scrape(url, key)), loadpair.parse_sample(remote(sample))
     figures = regression.figures(runs, acceptance, measured_on=regression.prompt_set(limits))
     return figures, loadpair.window_load(start, end, [first, last])
@@ -69,8 +78,12 @@ def before_switch(state, host, url: str, served_name: str, key: str | None, limi
     that does not answer is said and the run goes on: the judgement then has no before (no baseline)."""
     run = runstate.of(state)
     try:
-        figures, load = measured(url, served_name, key, limits, host_reads(host, state))
-    except (V.VerifyFailed, OSError, ValueError) as error:
+        # a release that is not serving (crashed, frozen: the deploy may be its fix) costs the deploy 5 s,
+        # not a completion's 600 s time-out; one that serves gets BEFORE_TIMEOUT_S a completion
+        with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
+            response.read()
+        figures, load = measured(url, served_name, key, limits, host_reads(host, state), timeout=BEFORE_TIMEOUT_S)
+    except (V.VerifyFailed, OSError, ValueError) as error:  # urllib's errors are OSErrors
         run.before_switch[host.name] = {"error": f"the serving release did not answer the measurement: {error}"}
         print(f"    [{host.name}] before the switch: the serving release did not answer the measurement ({error})",
               flush=True)

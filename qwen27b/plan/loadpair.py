@@ -48,7 +48,8 @@ class Load:
 
 def parse_sample(lines: list[str]) -> dict:
     """One reading of the host's counters (pairmeasure.SAMPLE's output): the `cpu` line of /proc/stat
-    (busy and total jiffies), the clock tick, the serving unit's CPUUsageNSec, each GPU's utilisation.
+    (busy and total jiffies), the clock tick, the serving unit's CPUUsageNSec (or, without CPU
+    accounting, its processes' ticks from /proc), each GPU's utilisation.
     Anything unreadable is left out (never a zero)."""
     out: dict = {}
     for line in lines:
@@ -61,6 +62,8 @@ def parse_sample(lines: list[str]) -> dict:
             out["hz"] = int(words[0])
         elif key == "service" and words and words[0].isdigit():
             out["service_ns"] = int(words[0])
+        elif key == "unit_ticks" and words and words[0].isdigit():
+            out["unit_ticks"] = int(words[0])
         elif key == "gpu" and words and words[0].replace(".", "", 1).isdigit():
             out["gpu"] = max(out.get("gpu", 0.0), float(words[0]))
     return out
@@ -70,9 +73,12 @@ def window_load(start: dict, end: dict, requests: list[float | None]) -> Load:
     """The load beside one measurement, from the readings before and after it: the CPU share outside
     the serving unit (busy jiffies minus the unit's own CPU time, over all jiffies), the GPUs' before,
     and the most other requests vLLM's gauges showed (read while none of ours was in flight)."""
-    cpu = None
-    if all(k in start and k in end for k in ("total", "busy", "hz", "service_ns")) and end["total"] > start["total"]:
+    cpu, own = None, None
+    if "service_ns" in start and "service_ns" in end and "hz" in start:  # systemd's CPU accounting
         own = (end["service_ns"] - start["service_ns"]) / 1e9 * start["hz"]
+    elif "unit_ticks" in start and "unit_ticks" in end:  # the unit's processes' ticks (/proc)
+        own = end["unit_ticks"] - start["unit_ticks"]
+    if own is not None and all(k in start and k in end for k in ("total", "busy")) and end["total"] > start["total"]:
         cpu = min(1.0, max(0.0, (end["busy"] - start["busy"] - own) / (end["total"] - start["total"])))
     seen = [r for r in requests if r is not None]
     return Load(requests=max(seen) if seen else None, cpu=cpu, gpu=start.get("gpu"))
