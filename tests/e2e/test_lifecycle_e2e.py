@@ -166,8 +166,7 @@ def test_rollout_upgrades_canary_first_each_verified_and_crosses_the_wan_once(fl
         assert (f"vs previous release: {host.name}: within limits: "
                 f"decode tok/s {record['baseline']['decode_tok_s']:g} -> {record['verify']['decode_tok_s']:g}") in out, out[-3000:]
         assert "compared: the serving release before the switch" in out
-        found = report(fleet)["hosts"][host.name]
-        NOISE.append(found["comparison"])
+        NOISE.append(regression.compare(record["baseline"], record["verify"], limits).as_json())
 
 
 def test_two_runs_of_one_release_measured_for_the_noise_figures(fleet):
@@ -259,6 +258,7 @@ def test_a_slower_release_stops_the_rollout_and_is_rolled_back(fleet):
     assert found["status"] == "rolled back" and found["comparison"]["verdict"] == "regressed", found
     worse = [f for f in found["comparison"]["figures"] if f["worse"]]
     assert worse, found["comparison"]
+    limits = load_stack()["profiles"]["cpu-smoke"]["serve"]["regression"]
     # the pair: the serving release measured right before the switch, the slower one right after, like load;
     # the release record's figures from A's last deploy are history (what the gate compared before issue 58)
     assert found["comparison"]["compared"] == "before and after the switch, one window", found["comparison"]
@@ -269,7 +269,6 @@ def test_a_slower_release_stops_the_rollout_and_is_rolled_back(fleet):
         assert f"{regression.LABELS[figure['figure']]} {figure['before']:g} -> {figure['after']:g}" in out
     old_gate = regression.compare(before["verify"], found["figures"], limits)  # stored figures, as before issue 58
     print(f"\n  the old gate (figures stored at the last deploy) would say: {old_gate.text()}")
-    limits = load_stack()["profiles"]["cpu-smoke"]["serve"]["regression"]
     assert found["figures"]["runs"] == len(limits["prompts"]) < before["verify"]["runs"]
     # rolled back: the unit without the slow flags, the record as it was (its figures too), serving
     unit = a.run("cat /etc/systemd/system/qwen27b.service").stdout
