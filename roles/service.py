@@ -15,13 +15,13 @@ from io import StringIO
 
 from pyinfra import host
 from pyinfra.facts.files import Sha1File
-from pyinfra.operations import files, python, server, systemd
+from pyinfra.operations import files, server, systemd
 
 from qwen27b.plan.gate import Decision
 from qwen27b.plan.hostdata import http_base
 from qwen27b.onhost.contract import TEXTFILE_DIR, textfile_name
 from qwen27b.plan.hostlayout import UNIT_DIR, HostLayout
-from qwen27b.controller import factcache, pairmeasure, runstate
+from qwen27b.controller import factcache, runstate
 from qwen27b.controller.host_facts import InstalledCopies, SecretFileState, Subdirectories, SymlinkTarget
 from qwen27b.controller.operations import secret_file, symlink_switch
 from qwen27b.controller.verifyplan import changed_names
@@ -33,6 +33,7 @@ from qwen27b.plan.lifecycle import RECORD_NAME, Record, record_text, release_rec
 
 from ._common import (ROLLBACK_DIR, api_key, engine_wheel, model_dir, note, prune_dirs, release_dir, remember_kept,
                       remember_previous, restart_reasons, running_record, started)
+from .pairgate import measure_before_switch
 
 
 def _will_change(rendered: dict, targets) -> bool:
@@ -83,11 +84,10 @@ def service(decision: Decision) -> None:
     record_file = release_record_file(decision.stack.paths)
     running = {link: host.get_fact(SymlinkTarget, path=link) for link in record.links}
     switching = any(now not in (None, record.links[link]) for link, now in running.items())
-    replacing = (switching or _will_change(rendered, targets[:2])) and all(host.get_fact(Sha1File, path=dest) for dest in kept[:2])
-    if replacing:
+    if (switching or _will_change(rendered, targets[:2])) and all(host.get_fact(Sha1File, path=dest) for dest in kept[:2]):
         keep_running_release(kept, record_file, Record({link: now for link, now in running.items() if now}))
-    # create_remote_dir=False: the unit dir (HostLayout.unit_file) is systemd's and the config dir the toolchain
-    # role's; pyinfra's own check of the parent dir cost two remote commands per file per run
+        measure_before_switch(decision)  # the regression gate's before, seconds before the switch and restart
+    # create_remote_dir=False: the unit dir is systemd's, the config dir the toolchain role's (pyinfra's check: 2 commands a file)
     written = [
         files.put(name=f"render {dest}", src=StringIO(rendered[template]), dest=dest, user="root", group="root",
                   mode="0644", create_remote_dir=False)
@@ -116,31 +116,9 @@ def service(decision: Decision) -> None:
     changes = changed_names([("the env file", written[0]), ("the unit (its flags)", written[1]), ("the release", release)]
                             + [("the API key", op) for op in written[1 + units:]]) + restart_reasons()
     runstate.current().serving_changes[host.name] = {SERVICE_UNIT: tuple(changes)}
-    if replacing and changes:
-        measure_before_switch(decision)
     started(SERVICE_UNIT, bool(changes), "config, release or weights changed", RESTART_COMMAND)
     systemd.service(name=f"{HEALTH_TIMER} enabled and running", service=HEALTH_TIMER, running=True, enabled=True)
     health_endpoint(dict(zip((template for template, _ in targets), written))["qwen27b-health-http.socket.j2"])
-
-
-def measure_before_switch(decision: Decision) -> None:
-    """The rollout gate's "before": the serving release measured right before its restart, on the stack's
-    prompt set (controller/pairmeasure.py); verify measures the new one after it and judges the pair."""
-    limits, running = decision.stack.profile["serve"].get("regression"), running_record(decision.stack.paths)
-    if not limits or running is None or not running.url or not running.served_name:
-        return
-    note(f"regression gate: the serving release ({running.model_ref or 'as recorded'}) is measured on the stack's "
-         f"{len(limits['prompts'])} prompt(s) right before the restart and this one right after, and the pair judged "
-         f"when the host's load beside the two was alike (serve.regression.load), else the new one measured again, "
-         f"{limits['pairs']} tries in all, then not judged; the figures stored at its deploy are history only")
-    python.call(name="verify: the serving release measured before the switch (the regression gate's before; a check)",
-                function=_before_switch, decision=decision, url=running.url, served_name=running.served_name,
-                limits=limits)
-
-
-def _before_switch(state, host, decision: Decision, url: str, served_name: str, limits: dict) -> bool:
-    # the key is read when the operation runs, never an operation argument (pyinfra may print those)
-    return pairmeasure.before_switch(state, host, url, served_name, api_key(decision), limits)
 
 
 def release_record(decision: Decision, attempts: tuple = ()) -> Record:
