@@ -115,3 +115,15 @@ def test_a_pair_not_judged_stops_the_rollout_named(tmp_path):
     text = R.summary(result)
     assert text.startswith("--> rollout STOPPED at a (not judged: NOT JUDGED: the two measurements were under different")
     assert "a serves the new release, not judged" in text
+
+
+def test_issue_58s_figures_pass_the_old_gate_and_not_the_pair():
+    """The clean-clone CI of 2026-12-07: A's stored TTFT 4219.3 ms (taken under the other e2e process's
+    load) against the release four times slower, 9534.9 ms: the old gate passed it. The pair measures
+    the serving release in the same window: quiet, 294 ms (the lifecycle module's run here) against the
+    slower one quiet -> regressed; the stored figure against a quiet after -> a different load, not judged."""
+    stored, slower = {"ttft_ms": 4219.3, "decode_tok_s": 20.0}, {"ttft_ms": 9534.9, "decode_tok_s": 12.0}
+    assert G.compare(stored, slower, LIMITS).verdict == G.PASSED  # the old gate: +126%, limit +300%
+    quiet_before = {"ttft_ms": 294.0, "decode_tok_s": 31.9}
+    assert P.judge_pair(quiet_before, QUIET, slower, QUIET, LIMITS, 1).verdict == G.REGRESSED
+    assert P.judge_pair(stored, BUSY, slower, QUIET, LIMITS, LIMITS["pairs"]).verdict == P.NOT_JUDGED
