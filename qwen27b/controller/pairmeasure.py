@@ -19,15 +19,16 @@ import urllib.request
 from qwen27b.controller import postdeploy as V
 from qwen27b.controller import runstate
 from qwen27b.controller.render import SERVICE_UNIT
+from qwen27b.onhost.unit import show_command
 from qwen27b.plan import loadpair, regression
 from qwen27b.plan.lifecycle import RECORD_NAME, Record, parse_record, record_text, release_record_file, verify_figures
 
 # one reading of the host's counters; the unit name is ours (allow-listed below), never host data
 SAMPLE = ("echo \"stat $(head -1 /proc/stat)\"; echo \"hz $(getconf CLK_TCK)\"; "
-          "echo \"service $(systemctl show -p CPUUsageNSec --value {unit})\"; "
+          "echo \"service $({cpu_usage})\"; "
           # no CPU accounting (cgroup v1 hosts, CPUAccounting=no): the unit's processes' own and reaped
           # children's ticks from /proc, the processes listed in its cgroup (v2, or v1's unified tree)
-          "cg=$(systemctl show -p ControlGroup --value {unit}); for f in /sys/fs/cgroup$cg/cgroup.procs "
+          "cg=$({control_group}); for f in /sys/fs/cgroup$cg/cgroup.procs "
           "/sys/fs/cgroup/unified$cg/cgroup.procs; do if [ -n \"$cg\" ] && [ -r \"$f\" ]; then t=0; "
           "for p in $(cat \"$f\"); do [ \"$p\" -gt 0 ] 2>/dev/null || continue; s=$(cat /proc/$p/stat 2>/dev/null) "
           "|| continue; s=${{s##*)}}; set -- $s; t=$((t+${{12}}+${{13}}+${{14}}+${{15}})); done; echo \"unit_ticks $t\"; "
@@ -47,13 +48,19 @@ def other_requests(metrics_text: str) -> float | None:
     return sum(float(v) for v in values) if values else None
 
 
+def sample_command(unit: str) -> str:
+    """SAMPLE for `unit`, its two systemctl reads built by the one builder (onhost/unit.show_command)."""
+    return SAMPLE.format(cpu_usage=show_command(unit, ("CPUUsageNSec",), value=True),
+                         control_group=show_command(unit, ("ControlGroup",), value=True))
+
+
 def measured(url: str, served_name: str, key: str | None, limits: dict, remote, unit: str = SERVICE_UNIT,
              acceptance: float | None = None, timeout: float = 600) -> tuple[dict, loadpair.Load]:
     """The stack's prompt set measured once (regression.figures) with the load beside it: `remote(cmd)`
     runs a read on the host and returns its stdout lines."""
     if not UNIT.fullmatch(unit):
         raise ValueError(f"not a qwen27b unit name: {unit!r}")
-    sample = SAMPLE.format(unit=unit)
+    sample = sample_command(unit)
     start, first = loadpair.parse_sample(remote(sample)), other_requests(V.scrape(url, key))
     runs = V.measure(url, served_name, key, limits, timeout=timeout)
     last, end = other_requests(V.scrape(url, key)), loadpair.parse_sample(remote(sample))

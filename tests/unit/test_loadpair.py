@@ -77,7 +77,7 @@ def test_missing_counters_are_named_and_none_read_is_not_alike():
 def test_the_counters_parse_from_a_real_reading_of_this_machine():
     """pairmeasure.SAMPLE run here (bash, /proc/stat, getconf; no qwen27b unit and no GPU on the
     controller): busy and total jiffies read, the missing unit's CPU time left out, never a zero."""
-    command = pairmeasure.SAMPLE.format(unit="qwen27b.service")
+    command = pairmeasure.sample_command("qwen27b.service")
     lines = subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True).stdout.splitlines()
     sample = P.parse_sample(lines)
     assert sample["total"] > sample["busy"] > 0 and sample["hz"] > 0, lines

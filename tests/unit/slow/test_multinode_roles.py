@@ -8,6 +8,7 @@ run changes nothing); a host that left its group loses the Ray unit.
 from __future__ import annotations
 
 import importlib.util
+import os
 import tempfile
 from pathlib import Path
 
@@ -28,8 +29,15 @@ UNIT_FILE = f"/etc/systemd/system/{RAY_UNIT}"
 
 @pytest.fixture(scope="module")
 def planner():
-    with tempfile.TemporaryDirectory(prefix="qwen27b-multinode-") as cache:
-        yield InProcessPlan(Path(cache))
+    saved = os.environ.get("QWEN27B_CACHE")  # InProcessPlan points it at an empty cache: restored after,
+    try:  # or a later module of this process looks for the controller's cache there
+        with tempfile.TemporaryDirectory(prefix="qwen27b-multinode-") as cache:
+            yield InProcessPlan(Path(cache))
+    finally:
+        if saved is None:
+            os.environ.pop("QWEN27B_CACHE", None)
+        else:
+            os.environ["QWEN27B_CACHE"] = saved
 
 
 def members(recording: str) -> tuple[dict, dict]:
