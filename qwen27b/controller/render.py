@@ -18,7 +18,8 @@ from qwen27b.onhost.contract import (COPIES_ENV, COPY_ENV, FIREWALL_UNIT, GPUS_E
                                      IDLE_PROBE_DEADLINE_ENV, IDLE_PROBE_EVERY_ENV, INSTANCE_TEMPLATE, MODEL_REF_ENV,
                                      QUIET_ENV, RELEASE_RECORD_ENV, SLOTS_ENV, SPECULATIVE_ENV, RAY_UNIT, SERVICE_UNIT, STALL_AFTER_ENV, TEXTFILE_DIR,
                                      lib_dir, module_argv)
-from qwen27b.plan.hostdata import NODE_EXPORTER_PORT, NODE_EXPORTER_UNIT, http_base
+from qwen27b.plan.hostdata import http_base
+from qwen27b.plan.settings import NODE_EXPORTER_PORT, NODE_EXPORTER_UNIT
 from qwen27b.plan.hostlayout import UNIT_DIR, HostLayout  # noqa: F401 (UNIT_DIR: roles/nvidia.py imports it here)
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from qwen27b.plan.driverbuild import boot_kernels, failed_build
 from qwen27b.plan.gatetypes import DriverPlan, HostFacts, RefusedHost
-from qwen27b.plan.hostdata import Settings
+from qwen27b.plan.settings import Settings
 from qwen27b.plan.planner import Gpu
 from qwen27b.plan.stack import ResolvedStack
 

@@ -15,7 +15,7 @@ from qwen27b.plan.driverbuild import boot_kernels
 from qwen27b.plan.driverplan import SECURE_BOOT_FIX, _boot_headers, _driver_plan, _failed_build, _with_headers
 from qwen27b.plan.occupants import Bound, occupied
 from qwen27b.plan.checkpoint import CheckpointError, ModelShape, load_shape
-from qwen27b.plan.hostdata import NODE_EXPORTER_PORT, NODE_EXPORTER_UNIT, Settings
+from qwen27b.plan.settings import NODE_EXPORTER_PORT, NODE_EXPORTER_UNIT, Settings
 from qwen27b.plan.fanout import SEED_PORT
 from qwen27b.plan.installs import _choices, binary_needs_check, python_row, unpinned
 from qwen27b.plan.specchoice import _agent_parsers, _plan_or_drop_draft, _speculation

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from qwen27b.plan.hostdata import Settings
+from qwen27b.plan.settings import Settings
 from qwen27b.plan.planner import Gpu, ServePlan
 from qwen27b.plan.stack import ResolvedStack
 

@@ -10,110 +10,15 @@ import os
 import re
 import stat
 import urllib.parse
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
 from qwen27b.plan import allowlist
+from qwen27b.plan.settings import (GATEWAY_KEYS, GATEWAY_TYPES, KEYS, NODE_EXPORTER_PORT, OPEN_API, PREFIX, BadHostData,
+                                   Settings)
 from qwen27b.onhost.secretfile import SecretFileError, load_secret
 from qwen27b.onhost.contract import http_base  # noqa: F401 (the one URL builder: plan and controller import it here)
-
-
-class BadHostData(ValueError):
-    """Inventory data that cannot be deployed; str() names host, key and fix."""
-
-    def __init__(self, host: str, key: str, problem: str, fix: str):
-        self.host, self.key, self.problem, self.fix = host, key, problem, fix
-        super().__init__(f"{host}: {key}: {problem}. Fix: {fix}")
-
-
-@dataclass(frozen=True)
-class Settings:
-    """One host's validated qwen27b data (the field name is the inventory key minus 'qwen27b_')."""
-
-    profile: str | None = None  # None: chosen from the GPUs; "cpu-smoke" for the CPU profile
-    # a name of the stack's engine profile catalog (plan/catalog.py); None: the generation's default
-    engine_profile: str | None = None
-    stack_overrides: dict | None = None  # merged into the stack profile (see stack.resolve_stack)
-    tensor_parallel_size: int | None = None  # None: all (visible) GPUs
-    gpu_indices: list | None = None  # None: every GPU; else CUDA_VISIBLE_DEVICES
-    port: int = 8000
-    bind_address: str | None = None  # None: the host's lab address when known, else 127.0.0.1
-    served_model_name: str | None = None  # None: the stack model's served_name
-    # controller-side file holding the API key (mode 0600); left out: the lab key the controller makes
-    # (controller/apikey.py); "none": an open API, by choice
-    api_key_file: str | None = None
-    serve_flags: dict | None = None  # pinned vllm serve flags, e.g. {"--max-model-len": 4096}
-    # auto | mtp | dflash2 | off (True/False: auto/off, the older spelling): plan/engine.py picks
-    # the method and depth from the stack's evidence
-    speculative: bool | str = "auto"
-    model: str | None = None  # a key of the stack's models table to serve; None: the profile's own
-    # --reasoning-parser / --enable-auto-tool-choice --tool-call-parser (plan/engine.py agent_parsers):
-    # None: on where the checkpoint's family and the build have them; False: off; True: on or refused
-    agent_parsers: bool | None = None
-    prefix_caching: bool = True
-    skip_reboot: bool = False  # never reboot this host; the plan says a reboot is pending
-    mok_key_path: str | None = None  # MOK signing key for secure boot hosts
-    hold_kernel: bool = False  # apt-mark hold the running kernel too
-    min_free_disk_gib: int = 10  # headroom beyond the weights on the model disk
-    health_interval_s: int = 30
-    health_failures_before_restart: int = 3
-    python_mirror: str | None = None  # UV_PYTHON_INSTALL_MIRROR for air-gapped labs
-    # Sources a lab can reach (issue 30, qwen27b/plan/sources.py): a base URL standing for https://github.com/
-    # (the engine wheel, uv's Python builds), an HF_ENDPOINT for `hf download`, uv's default index and torch's
-    release_mirror: str | None = None
-    hf_endpoint: str | None = None
-    modelscope_endpoint: str | None = None  # MODELSCOPE_ENDPOINT for `modelscope download` (model_source modelscope)
-    pypi_index: str | None = None
-    torch_index: str | None = None
-    # a base URL standing for archive.ubuntu.com and developer.download.nvidia.com: apt reads only it
-    apt_mirror: str | None = None
-    wheelhouse_dir: str | None = None  # controller dir with the vLLM build's wheels + manifest.json
-    require_hashes: bool = False  # refuse any artifact the stack does not pin by sha256 (the gate names each)
-    wheel_mirror: str | None = None  # a lab mirror holding every wheel (uv --no-index --find-links) when no wheelhouse is pushed
-    model_source: str | None = None  # hub | mirror | controller; None: the stack model's default_source
-    model_mirror: str | None = None  # base URL of a lab mirror holding <id>@<revision>/ with manifest.json
-    model_local_dir: str | None = None  # controller dir holding the checkpoint (model_source controller)
-    draft_local_dir: str | None = None  # controller dir holding the DFlash2 draft
-    hf_token_file: str | None = None  # controller file (0600) with a Hugging Face token
-    http_proxy: str | None = None  # every fetch the host makes: apt, uv/pip, hf download, the Python download, qwen27b-fetch
-    keep_model_revisions: int = 1  # old revisions kept for rollback
-    keep_releases: int = 1  # old release dirs (~3.5 GB each) kept besides the current one; the previous always stays
-    # a release verify measured worse than the one it replaced (plan/regression.py, the stack's serve.regression
-    # limits) is rolled back at once, as a failed verify is; off: reported, and `qwen27b rollout` stops there
-    rollback_on_regression: bool = False
-    dflash_cli: bool = False  # also install PyPI's `dflash` CLI (benchmarks against the server)
-    firewall_allow: list | None = None  # networks allowed to reach the port (nftables); None: no rule
-    metrics_allow: list | None = None  # scrapers: /metrics without the key, the health endpoint, node_exporter
-    node_exporter: bool = False  # install Debian/Ubuntu's prometheus-node-exporter (textfile dir for qwen27b.prom)
-    health_port: int = 9120  # the health verdict over HTTP (qwen27b-health-http.socket), on the bind address
-    # none | tree: with model_source mirror, one host fetches from the mirror and hosts holding a
-    # verified copy seed the others in waves (1 -> 2 -> 4 ...): 1x the model over the WAN (qwen27b/plan/fanout.py)
-    weights_fanout: str = "none"
-    # Multi-node serving (qwen27b/plan/multinode.py): hosts naming the same group serve one model
-    # together when it does not fit one of them (TP within a host, PP across the hosts, vLLM's Ray backend)
-    node_group: str | None = None  # e.g. "pair-a"; every member names it
-    node_role: str | None = None  # "head" (runs the API and the Ray head) or "worker"; one head per group
-    node_address: str | None = None  # this host's address on the link between the members; default ssh_hostname
-    node_interface: str | None = None  # the NIC of that link (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME)
-    interconnect_gbps: float | None = None  # the link's speed in Gbit/s (10 for 10 GbE): the planner checks it
-    # several copies on one machine (qwen27b/plan/instances.py): [{name, gpus, port, api_key_file?}, ...]
-    instances: list | None = None
-    # uninstall.py only (pyinfra INVENTORY uninstall.py --data qwen27b_uninstall_weights=true): what else goes
-    # used cards (issue 27, plan/gpuwear.py): a power cap set at boot by qwen27b-gpu-power.service, watts
-    # for every GPU or {nvidia-smi index: watts}; checked against each card's range; None: left as found
-    power_limit_w: int | dict | None = None
-    ecc: str | None = None  # "on": nvidia-smi -e 1 where ECC is off (after a reboot); None: left as found
-    uninstall_weights: bool = False  # the model revisions under /var/lib/qwen27b/models (20+ GiB) too
-    uninstall_driver: bool = False  # unhold and purge the NVIDIA driver packages, remove the nouveau blacklist
-    uninstall_chat_data: bool = False  # a gateway's chat page: its users and chats too
-
-    @property
-    def speculative_mode(self) -> str:
-        """qwen27b_speculative as one of SPECULATIVE_MODES (True/False are auto/off)."""
-        if isinstance(self.speculative, bool):
-            return "auto" if self.speculative else "off"
-        return self.speculative
 
 
 _TYPES: dict[str, tuple[type, ...]] = {
@@ -174,30 +79,6 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "uninstall_driver": (bool,),
     "uninstall_chat_data": (bool,),
 }
-# Keys read on the gateway hosts only (the qwen27b_gateway group): their meaning and the checks
-# across hosts are in qwen27b/plan/gateway.py; typed here like every other key.
-GATEWAY_TYPES: dict[str, tuple[type, ...]] = {
-    "gateway_port": (int,),  # where clients reach the lab's one OpenAI endpoint (default 8000)
-    "gateway_bind_address": (str,),  # None: the gateway host's lab address
-    "gateway_key_files": (list,),  # controller-side 0600 key files, or {file, name, requests_per_minute, concurrent} (required)
-    "gateway_backends": (list,),  # inventory host names; None: every host outside the gateway group
-    "gateway_request_timeout_s": (int,),  # longest request; also bounds a drain's wait
-    "gateway_metrics_allow": (list,),  # networks whose Prometheus may read the usage per key (:9121)
-    "gateway_tls_cert": (str,),  # controller-side PEM certificate (chain) for TLS; with gateway_tls_key
-    "gateway_tls_key": (str,),  # controller-side 0600 PEM private key of that certificate
-    "gateway_tls_lab_ca": (str,),  # controller-side dir of a lab CA made and kept by qwen27b (instead of the two above)
-    "gateway_fair_share": (bool,),  # default true: with 2+ keys, no key holds every slot of the pool
-    "gateway_log_bodies": (bool,),  # default false: the request log keeps prompts and answers (privacy!)
-    # the chat page on the gateway host (qwen27b/plan/chatpage.py)
-    "chat_page": (bool,),  # default false: Open WebUI behind the gateway's nginx
-    "chat_page_port": (int,),  # on the gateway's address (default 8080)
-    "chat_page_admin_email": (str,),  # the admin account the deploy makes (default admin@qwen27b.lab)
-    "chat_page_accounts": (dict,),  # {page account e-mail: gateway key name}
-}
-PREFIX = "qwen27b_"
-OPEN_API = "none"  # qwen27b_api_key_file: none, the explicit choice of an API without a key
-GATEWAY_KEYS = [PREFIX + name for name in GATEWAY_TYPES]
-KEYS = [PREFIX + f.name for f in fields(Settings)] + GATEWAY_KEYS
 # Whole-number keys: (least, most). The tops are far past any real use; without them a health
 # interval of 10**18 s passed and the timer ignored it (systemd takes spans up to ~584 years).
 _RANGES = {"tensor_parallel_size": (1, 64), "min_free_disk_gib": (1, 100_000), "health_interval_s": (1, 86_400),
@@ -207,8 +88,6 @@ SPECULATIVE_MODES = ("auto", "mtp", "dflash2", "ngram", "off")
 WEIGHTS_FANOUT = ("none", "tree")  # qwen27b.plan.fanout.MODES
 # The unit drops every capability (CapabilityBoundingSet=), so user qwen27b cannot bind below 1024.
 FIRST_UNPRIVILEGED_PORT = 1024
-NODE_EXPORTER_PORT = 9100  # prometheus-node-exporter's default (--web.listen-address=:9100), left as is
-NODE_EXPORTER_UNIT = "prometheus-node-exporter.service"  # Debian's and Ubuntu's name for it
 # Names end up unquoted in unit lines and the health timer's ExecStart: no spaces, no quotes.
 SERVED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
 SERVE_FLAG = re.compile(r"^--[a-z0-9][a-z0-9_-]*$")

@@ -10,7 +10,7 @@ from dataclasses import replace
 from qwen27b.plan import engine
 from qwen27b.plan.checkpoint import ModelShape
 from qwen27b.plan.gatetypes import RefusedHost
-from qwen27b.plan.hostdata import Settings
+from qwen27b.plan.settings import Settings
 from qwen27b.plan.planner import GiB, Gpu, PlanRefused, ServeInputs, ServePlan, choose_tp, plan_serve
 from qwen27b.plan.stack import ResolvedStack
 
