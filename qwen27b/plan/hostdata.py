@@ -7,14 +7,16 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
 from qwen27b.plan import allowlist
-from qwen27b.plan.addresses import ADDRESS_KEYS, NETWORK_KEYS, check_ssh_address, lab_address, parse_address, parse_network
+from qwen27b.plan.addresses import ADDRESS_KEYS, NETWORK_KEYS, check_ssh_address, parse_address, parse_network
 from qwen27b.plan.urlsecret import (NO_LOGIN_URL_KEYS, SECRET_FLAG, SECRET_FLAG_FIX, URL_KEYS, _check_apt_mirror, _check_url,
                                     check_secret_file, redact_url, url_has_password)
+from qwen27b.plan.copykeys import check_instance_keys
+from qwen27b.plan.nodekeys import check_node_keys
 from qwen27b.plan.settings import (GATEWAY_KEYS, GATEWAY_TYPES, KEYS, NODE_EXPORTER_PORT, OPEN_API, PREFIX, BadHostData,
                                    Settings)
 from qwen27b.onhost.contract import http_base  # noqa: F401 (the one URL builder: plan and controller import it here)
@@ -533,139 +535,3 @@ def _engine_profile(host: str, s: Settings) -> Settings:
     except CatalogError as error:
         raise BadHostData(host, "qwen27b_engine_profile", error.problem, error.fix) from None
     return s if profile == s.profile else replace(s, profile=profile)
-
-
-# --- A host's own keys for copies on one machine (qwen27b_instances; their planner side is
-# instances.py) and for a member of a serving group (qwen27b_node_*; what members share is checked
-# across hosts in inventory.py). Which of the three a host serves is decided in serving.py.
-
-INSTANCES_KEY = PREFIX + "instances"
-INSTANCE_NAME = re.compile(r"^[a-z0-9-]{1,16}$")  # the systemd instance (%i), file names, the plan
-INSTANCE_FIELDS = {"name", "gpus", "port", "api_key_file"}
-# host-wide keys a copy sets for itself: given beside qwen27b_instances they would mean nothing
-PER_COPY = ("port", "gpu_indices", "tensor_parallel_size")
-
-
-@dataclass(frozen=True)
-class Instance:
-    name: str
-    gpus: tuple[int, ...]  # host GPU indices (CUDA_VISIBLE_DEVICES); () on the CPU smoke profile
-    port: int
-    api_key_file: str | None = None  # None: the host's qwen27b_api_key_file, if any
-    count: int = 0  # `gpus: N`: N GPUs the planner picks by their links (instances.py); gpus () until then
-
-
-def check_instance_keys(host: str, s: Settings, given: set[str]) -> tuple[Instance, ...]:
-    """The copies of one host, validated: names, disjoint GPUs, distinct free ports, key files.
-    `given`: the keys the host data names (a default port is not a port given)."""
-    if s.instances is None:
-        return ()
-    fix_list = ("e.g. qwen27b_instances = [{'name': 'a', 'gpus': [0, 1, 2, 3], 'port': 8000}, "
-                "{'name': 'b', 'gpus': [4, 5, 6, 7], 'port': 8001}] (or 'gpus': 4: the planner picks them by their links)")
-    if not s.instances:
-        raise BadHostData(host, INSTANCES_KEY, "an empty list serves nothing", f"list the copies, {fix_list}, or leave the key out")
-    for name in PER_COPY:
-        if name in given:
-            raise BadHostData(host, PREFIX + name, "is set per copy when qwen27b_instances is set",
-                              "give each copy its port and gpus in qwen27b_instances, and remove this key")
-    if "--tensor-parallel-size" in (s.serve_flags or {}):
-        raise BadHostData(host, "qwen27b_serve_flags.--tensor-parallel-size", "each copy's TP size is its GPU count",
-                          "remove the flag: list the GPUs of each copy in qwen27b_instances")
-    if s.node_group is not None:
-        raise BadHostData(host, INSTANCES_KEY, "copies on one machine and a serving group over machines are exclusive",
-                          "remove qwen27b_node_group or qwen27b_instances")
-    cpu = s.profile == "cpu-smoke"
-    out: list[Instance] = []
-    owner: dict[int, str] = {}
-    ports: dict[int, str] = {s.health_port: "qwen27b_health_port (the health endpoint)"}
-    if s.node_exporter:
-        ports[NODE_EXPORTER_PORT] = "node_exporter (qwen27b_node_exporter)"
-    for n, item in enumerate(s.instances):
-        where = f"{INSTANCES_KEY}[{n}]"
-        if not isinstance(item, dict) or not {"name", "gpus", "port"} <= set(item) or set(item) - INSTANCE_FIELDS:
-            raise BadHostData(host, where, f"{item!r} is not a copy (keys name, gpus, port, optional api_key_file)",
-                              fix_list)
-        name, gpus, port, key_file = item["name"], item["gpus"], item["port"], item.get("api_key_file")
-        if not (isinstance(name, str) and INSTANCE_NAME.match(name)):
-            raise BadHostData(host, f"{where}.name", f"{name!r} is not a copy name",
-                              "use 1-16 lower-case letters, digits and - (it names qwen27b@NAME.service)")
-        where = f"{INSTANCES_KEY}['{name}']"
-        if any(i.name == name for i in out):
-            raise BadHostData(host, f"{where}.name", f"'{name}' names two copies", "give each copy its own name")
-        count = gpus if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0 and not cpu else 0
-        if count:
-            gpus = []  # how many: the planner picks which by their links
-        elif not isinstance(gpus, list) or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus):
-            raise BadHostData(host, f"{where}.gpus", f"{gpus!r} is not a list of GPU indices or a GPU count",
-                              "e.g. [0, 1], or 2 (the planner picks the best linked GPUs)")
-        if cpu != (not gpus and not count):
-            raise BadHostData(host, f"{where}.gpus", "the CPU smoke profile uses no GPU" if cpu else "a copy needs GPUs",
-                              "give [] on the CPU smoke profile" if cpu else "list the copy's GPU indices, e.g. [0, 1]")
-        for g in gpus:
-            if g in owner:
-                raise BadHostData(host, f"{where}.gpus", f"GPU {g} is also in copy '{owner[g]}'"
-                                  if owner[g] != name else f"GPU {g} is listed twice", "give each GPU to one copy once")
-            owner[g] = name
-        if not isinstance(port, int) or isinstance(port, bool) or not 1024 <= port <= 65535:
-            raise BadHostData(host, f"{where}.port", f"{port!r} is not an unprivileged TCP port",
-                              "use 1024-65535: the copy runs as user qwen27b without capabilities")
-        if port in ports:
-            raise BadHostData(host, f"{where}.port", f"{port} is also {ports[port]}", "give each copy its own port")
-        ports[port] = f"copy '{name}'s port"
-        if key_file is not None:
-            if not isinstance(key_file, str):
-                raise BadHostData(host, f"{where}.api_key_file", f"expected str, got {type(key_file).__name__}",
-                                  "the path of a 0600 key file on the controller")
-            check_secret_file(host, f"{where}.api_key_file", key_file, "VLLM_API_KEY")
-        out.append(Instance(name, tuple(gpus), port, key_file, count))
-    return tuple(out)
-
-
-def instances_of(s: Settings) -> tuple[Instance, ...]:
-    """The copies of validated settings (settings_for ran check_instance_keys on them)."""
-    return tuple(Instance(i["name"], (), i["port"], i.get("api_key_file"), i["gpus"]) if isinstance(i["gpus"], int)
-                 else Instance(i["name"], tuple(i["gpus"]), i["port"], i.get("api_key_file")) for i in s.instances or ())
-
-
-NODE_GROUP = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")  # a unit Description and the plan; no spaces
-NODE_ROLES = ("head", "worker")
-# a Linux interface name (IFNAMSIZ 16 with the NUL): NCCL_SOCKET_IFNAME= and GLOO_SOCKET_IFNAME= in the env file
-NODE_INTERFACE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,14}$")
-NODE_KEYS = ("node_role", "node_address", "node_interface", "interconnect_gbps")
-# flags the group plan sets itself (qwen27b/plan/multinode.py)
-GROUP_FLAGS = ("--pipeline-parallel-size", "--distributed-executor-backend", "--data-parallel-size")
-
-
-def check_node_keys(host: str, s: Settings) -> None:
-    """One member's own node keys: named only with a group, each of its form."""
-    if s.node_group is None:
-        given = [PREFIX + k for k in NODE_KEYS if getattr(s, k) is not None]
-        if given:
-            raise BadHostData(host, given[0], "is only read for a member of a serving group",
-                              "set qwen27b_node_group (the same name on every member), or remove it")
-        return
-    if not NODE_GROUP.match(s.node_group):
-        raise BadHostData(host, "qwen27b_node_group", f"{s.node_group!r} is not a group name",
-                          "use lower-case letters, digits and - (up to 32), e.g. 'pair-a'")
-    if s.node_role not in NODE_ROLES:
-        raise BadHostData(host, "qwen27b_node_role", f"{s.node_role!r} is not a node role" if s.node_role else
-                          "a member of a serving group needs a role", "set 'head' on one member (it runs the API and "
-                          "the Ray head) and 'worker' on the others")
-    if s.node_interface is None or not NODE_INTERFACE.match(s.node_interface):
-        raise BadHostData(host, "qwen27b_node_interface", f"{s.node_interface!r} is not an interface name"
-                          if s.node_interface else "a member of a serving group needs the interface of the link",
-                          "name the NIC that links the members (`ip -br addr`), e.g. 'enp65s0f0'")
-    if s.interconnect_gbps is None or isinstance(s.interconnect_gbps, bool) or not s.interconnect_gbps > 0:
-        raise BadHostData(host, "qwen27b_interconnect_gbps", "a member of a serving group needs the link's speed"
-                          if s.interconnect_gbps is None else f"{s.interconnect_gbps!r} is not a speed",
-                          "give the slowest hop between the members in Gbit/s, e.g. 10 for 10 GbE, 25 for 25 GbE: the "
-                          "planner checks it carries the pipeline's traffic")
-    for flag in GROUP_FLAGS:
-        if flag in (s.serve_flags or {}):
-            raise BadHostData(host, f"qwen27b_serve_flags.{flag}", f"{flag} is set by the serving group's plan",
-                              "remove it: the planner sets PP to the number of members and the Ray backend")
-
-
-def node_address(settings: Settings, data: dict) -> str | None:
-    """A member's address on the link: qwen27b_node_address, else its ssh_hostname when an IP."""
-    return settings.node_address or lab_address(data)
