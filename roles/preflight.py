@@ -30,7 +30,8 @@ from qwen27b.plan import retry
 from qwen27b.plan.elfneeds import wheel_needs
 from qwen27b.plan.gate import Decision, HostFacts, RefusedHost
 from qwen27b.plan.installs import binary_needs_check, mark_installed, with_cached_python
-from qwen27b.plan.hostdata import lab_address, node_address
+from qwen27b.plan.addresses import lab_address
+from qwen27b.plan.nodekeys import node_address
 from qwen27b.plan.lifecycle import parse_record, release_record_file, rollback_dir
 from qwen27b.plan.multinode import Member, decide_group
 from qwen27b.plan.serving import GROUP, decide, kind

@@ -18,7 +18,7 @@ from qwen27b.controller.artifacts import python_builds
 from qwen27b.controller.host_facts import ReachProbe
 from qwen27b.plan.gate import Decision
 from qwen27b.plan.installs import host_fetches
-from qwen27b.plan.hostdata import redact_url, url_has_password
+from qwen27b.plan.urlsecret import redact_url, url_has_password
 
 PROXY_FAILED = (407, 502, 503, 504)
 

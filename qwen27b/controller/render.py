@@ -638,7 +638,7 @@ def instance_health_contexts(decision: Decision, prefix: str = "") -> dict[str, 
 def instance_endpoint_context(decision: Decision, prefix: str = "") -> dict:
     """The health endpoint of a host serving copies: one socket on qwen27b_health_port at the copies'
     address, answering each copy on /health/NAME from its status file (COPIES_ENV: the names,
-    allow-listed by hostdata.INSTANCE_NAME)."""
+    allow-listed by copykeys.INSTANCE_NAME)."""
     _, first = decision.copies[0]
     endpoint = endpoint_context(first, layout(first, prefix), first.serve.value("--host"))
     endpoint["environment"] = [(COPIES_ENV, ",".join(i.name for i, _ in decision.copies))]

@@ -118,7 +118,7 @@ class Decision:
     os_row: dict  # the stack's os_support row (CUDA repo path, notes)
     driver: DriverPlan | None = None  # None: the profile uses no GPU driver
     group: object | None = None  # multinode.NodeGroup: this host is one stage of a serving group
-    copies: tuple = ()  # ((hostdata.Instance, Decision), ...): several copies on this machine (qwen27b_instances)
+    copies: tuple = ()  # ((copykeys.Instance, Decision), ...): several copies on this machine (qwen27b_instances)
     driver_first: bool = False  # GPU memory unknown until the driver answers: this run installs the driver only
     power: object | None = None  # gpuwear.PowerPlan: what qwen27b-gpu-power.service sets at boot; None: no driver
     entry: object | None = None  # catalog.Chosen: the engine profile catalog's entry planned and why

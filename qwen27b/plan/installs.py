@@ -12,7 +12,8 @@ from qwen27b.plan.distname import normalize
 from qwen27b.plan.driverplan import _TOOLKIT_PACKAGE
 from qwen27b.plan.elfneeds import newer
 from qwen27b.plan.gatetypes import Choice, Decision, DriverPlan, HostFacts, RefusedHost
-from qwen27b.plan.hostdata import Settings, redact_url
+from qwen27b.plan.settings import Settings
+from qwen27b.plan.urlsecret import redact_url
 from qwen27b.plan.planner import GiB
 from qwen27b.plan.stack import ResolvedStack, revision_dir_name
 
