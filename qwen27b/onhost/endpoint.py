@@ -146,7 +146,7 @@ def read_request_within(stream, seconds: float = REQUEST_TIMEOUT_S) -> tuple[str
         signal.signal(signal.SIGALRM, previous)
 
 
-COPY_NAME = re.compile(r"^[a-z0-9-]{1,16}$")  # qwen27b.plan.copykeys.INSTANCE_NAME
+COPY_NAME = re.compile(r"^[a-z0-9-]{1,16}$")  # qwen27b.plan.hostdata.INSTANCE_NAME
 
 
 def copy_status_file(status_file: str, name: str) -> str:
