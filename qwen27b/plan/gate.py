@@ -2,6 +2,10 @@
 
 Pure: it runs on facts already read, before any command that changes the host. A refusal
 names the host, the cause and the fix; warnings print but do not stop the deploy.
+
+decide() and the checks only it makes are here; its parts are cut at their seams (issue 50
+item 3): gatetypes (what it hands on), driverplan (the driver), installs (the install rows,
+binary needs, fetches), specchoice (speculation, the dropped draft), wearchoice (worn GPUs, power).
 """
 
 from __future__ import annotations

@@ -1,5 +1,10 @@
 """Inventory data: every `qwen27b_*` key, its type, default and meaning, checked before any host
 is touched. A mistake is refused naming the host, the key and the fix.
+
+settings_for and the checks of single keys are here; the keys themselves (Settings) are in
+settings.py, and the checks are cut at their seams (issue 50 item 3): addresses (addresses and
+networks), urlsecret (URLs, secrets, key files), overridekeys (qwen27b_stack_overrides), copykeys
+(qwen27b_instances, beside instances.py), nodekeys (qwen27b_node_*, beside multinode.py).
 """
 
 from __future__ import annotations
