@@ -8,6 +8,10 @@ with huggingface_hub at the pinned revision (token from a 0600 file, never on a 
 Fan-out (qwen27b_weights_fanout "tree", mirror source): the hosts of the run that share the mirror
 form a group; one of them fetches from the mirror, then hosts holding a verified copy seed the rest
 in waves, one operation per wave (qwen27b/plan/fanout.py plans it; its docstring says how).
+
+Pins (stack key models[].files, qwen27b/plan/filepins.py): a mirror's manifest or a local dir that lists
+a pinned file otherwise stops the host before anything is fetched; after the files arrive by any route,
+qwen27b_onhost.pincheck checks every pinned file on the host before the link switches.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.files import File
 from pyinfra.operations import files, python, server
 
-from qwen27b.plan import fanout, sources
+from qwen27b.plan import fanout, filepins, sources
 from qwen27b.controller import factcache, progress, remote, runstate
 from qwen27b.controller.address import host_address
 from qwen27b.controller.artifacts import cache_root, dir_manifest
@@ -34,7 +38,7 @@ from qwen27b.controller.facts import FactParseError
 from qwen27b.plan.gate import Decision, RefusedHost
 from qwen27b.plan.hostdata import Settings
 from qwen27b.plan.urlsecret import redact_url
-from qwen27b.controller.host_facts import FileHashes, Subdirectories, SymlinkTarget
+from qwen27b.controller.host_facts import HASH_CACHE, FileHashes, Subdirectories, SymlinkTarget
 from qwen27b.onhost.contract import lib_dir, module_argv, module_command
 from qwen27b.onhost.secretfile import load_secret
 from qwen27b.controller.operations import push_files, secret_file, staging_candidates, symlink_switch
@@ -370,10 +374,14 @@ def place(decision: Decision, entry: dict, link: str, local_dir: str | None) -> 
     on_host = ((File, {"path": f"{target}/{HUB_MANIFEST}"}) if source in ("hub", "modelscope")
                else (FileHashes, {"directory": target}))
     factcache.prefetch([on_host, (SymlinkTarget, {"path": link}), (Subdirectories, {"path": decision.stack.layout.models})])
+    arriving = True  # whether this run may put new bytes in target (then they are checked before the switch)
     if source == "mirror":
         base = f"{settings.model_mirror.rstrip('/')}/{safe_name(entry)}"
         manifest = _mirror_manifest(base)
+        if problem := filepins.source_problems(f"the mirror's {redact_url(base)}/manifest.json", entry, manifest):
+            raise OperationError(problem)  # before any byte is fetched into the model dir (maybe the serving one)
         have = host.get_fact(FileHashes, directory=target) or {}
+        arriving = not _verified(have, manifest)
         plan = _fanout_plan(decision, entry, target, base, manifest)
         if plan is not None:
             _fan_out(decision, entry, target, base, manifest, plan)
@@ -388,6 +396,7 @@ def place(decision: Decision, entry: dict, link: str, local_dir: str | None) -> 
             progress.watch(fetch, host, "weights", [target], _manifest_bytes(manifest))
     elif source in ("hub", "modelscope"):
         download = _download(decision, entry, target, source)
+        arriving = download is not None
         needs_restart(download)
         progress.watch(download, host, "weights", [target], load_shape(checkpoint_metadata_dir(entry)).weight_bytes)
     else:
@@ -397,13 +406,27 @@ def place(decision: Decision, entry: dict, link: str, local_dir: str | None) -> 
         if not (local / "config.json").is_file():
             raise OperationError(f"no checkpoint at {local} (config.json missing): set qwen27b_model_local_dir"
                                  + (" or run `python3 -m qwen27b.tools.cpu_smoke model`" if entry.get("local_dir") else ""))
+        local_manifest = dir_manifest(local)
+        if problem := filepins.source_problems(f"the controller dir {local}", entry,
+                                               {n: {"sha256": h} for n, h in local_manifest.items()}):
+            raise OperationError(problem)
+        present = host.get_fact(FileHashes, directory=target) or {}
+        arriving = any(present.get(name) != digest for name, digest in local_manifest.items())
         push = push_files(name="push the checkpoint (verified by sha256)", src_dir=str(local), dest_dir=target,
-                          manifest=dir_manifest(local))
+                          manifest=local_manifest)
         needs_restart(push)
         # the files arrive in a staging dir first under sudo (push_files): counted there too
         progress.watch(push, host, "weights", [target, *staging_candidates(target)],
                        sum(p.stat().st_size for p in local.iterdir() if p.is_file()))
     previous = host.get_fact(SymlinkTarget, path=link)
+    if filepins.pins(entry) and (arriving or previous != target):
+        # what arrived (by any route, a peer's fan-out included) against the stack's pins, before the switch
+        listing = decision.stack.layout.pins_file(safe_name(entry))
+        files.put(name="pinned sha256 of the checkpoint files", src=StringIO(filepins.pins_json(entry)), dest=listing,
+                  mode="0644")
+        route = filepins.route_words(source, redact_url(settings.model_mirror or ""), f"{target}/{HUB_MANIFEST}")
+        server.shell(name="check the checkpoint files against their pinned sha256", commands=[filepins.check_command(
+            module_command(release_venv(decision), "pincheck"), target, listing, route, HASH_CACHE, HUB_MANIFEST)])
     if previous != target:
         remember_previous(link, previous)
     needs_restart(symlink_switch(name=f"switch {link.rsplit('/', 1)[-1]} symlink", link=link, target=target),

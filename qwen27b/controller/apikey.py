@@ -41,6 +41,7 @@ def ensure(path: Path, text: str | None = None) -> bool:
     one key; O_NOFOLLOW: a symlink put there is not written through. `text`: the file's line (default
     a new lab key)."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_levels(path.parent)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
@@ -48,6 +49,24 @@ def ensure(path: Path, text: str | None = None) -> bool:
     with os.fdopen(fd, "w", encoding="ascii") as fh:
         fh.write(text or f"VLLM_API_KEY={new_key()}\n")
     return True
+
+
+def private_levels(directory: Path) -> None:
+    """Every level from the state dir down to `directory` 0700 (issue 51: mkdir's parents=True made
+    the levels above the last one 0755, and a `.qwen27b/` made earlier kept its mode). Only inside a
+    state dir (the first `.qwen27b` above, or $QWEN27B_STATE_DIR), only directories this user owns
+    and no link: nothing outside it is ever touched."""
+    top = os.environ.get(STATE_ENV)
+    chain = [directory, *directory.parents]
+    ends = [i for i, level in enumerate(chain) if level.name == ".qwen27b" or (top and level == Path(top))]
+    if not ends:
+        return
+    for level in chain[:ends[0] + 1]:
+        info = level.lstat()
+        if level.is_symlink() or info.st_uid != os.geteuid():
+            return
+        if info.st_mode & 0o077:
+            level.chmod(0o700)
 
 
 def new_key() -> str:

@@ -173,7 +173,9 @@ def keys_lines(plan: GatewayPlan) -> list[str]:
         f'map $http_authorization $qwen27b_page_key {{ default ""; "~^Bearer {key}$" 1; }}',
         f'map "$qwen27b_page_key|$remote_addr|$http_{HEADER.lower().replace("-", "_")}|$request_method $uri" $qwen27b_client {{',
         "    default $qwen27b_key_client;",
-        *(f'    "~*^1[|]127[.]0[.]0[.]1[|]{email}[|]" "{name}";' for email, name in accounts),
+        # the e-mail whole: anchored at the `|` before the request line, which holds none ("alice@lab|x"
+        # is not alice: issue 51)
+        *(f'    "~*^1[|]127[.]0[.]0[.]1[|]{email}[|][^|]*$" "{name}";' for email, name in accounts),
         f'    "~^1[|]127[.]0[.]0[.]1[|][^|]*[|]GET /v1/models$" "{HOUSEKEEPING}";',
         '    "~^1[|]" "";',
         "}",

@@ -46,6 +46,8 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+from .contract import GATEWAY_UNIT
+
 DEFAULT_CONFIG = "/etc/qwen27b-gateway/backends.json"
 NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
@@ -379,7 +381,10 @@ def usage(window: str) -> int:
     journal: kept as long as journald keeps it, where nginx's counters (:9121) restart with nginx."""
     if not WINDOW.fullmatch(window):
         raise SystemExit(f"qwen27b-gateway-pool: --since {window!r}: give N followed by s, min, h or d (e.g. 1h)")
-    out = subprocess.run(["journalctl", "--no-pager", "-o", "cat", "-t", "qwen27b_gateway", f"--since=-{window}"],
+    # the lines nginx of the gateway's unit wrote (journald's own _SYSTEMD_UNIT, from the sender's cgroup):
+    # `logger -t qwen27b_gateway` from any local user's session is not counted (issue 51)
+    out = subprocess.run(["journalctl", "--no-pager", "-o", "cat", f"_SYSTEMD_UNIT={GATEWAY_UNIT}",
+                          "SYSLOG_IDENTIFIER=qwen27b_gateway", f"--since=-{window}"],
                          capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
         raise SystemExit(f"qwen27b-gateway-pool: journalctl failed: {out.stderr.strip()[-300:]}")

@@ -75,6 +75,8 @@ STACK_RULES: dict[str, Rule] = {
                                  "the planner's KV bytes per token", "auto"),
     "serve.source": _SOURCE,
     "serve.kv_cache_source": _SOURCE,
+    "require_hashes_source": _SOURCE,
+    "model.files.source": _SOURCE,
     "serve.profile_source": _SOURCE,
     "speculative_auto": Rule(r"mtp|dflash2", "a speculative method the planner may pick (plan/engine.py)", "mtp"),
     "serve.headroom_source": _SOURCE,
@@ -172,7 +174,15 @@ SERVE_FLAG_VALUE = Rule(r"[ -&(-\[\]-~]{0,1000}", "a value in the unit's ExecSta
                         "hermes")
 
 
+# A checkpoint file's pinned sha256 (models[].files.list.<name>.sha256, qwen27b/plan/filepins.py): the
+# on-host check compares it and prints it; the file names themselves are held to filepins.NAME.
+FILE_SHA256 = Rule(r"[0-9a-f]{64}", "a pinned sha256 the on-host check compares and prints", "0" * 64)
+
+
 def rule_for(path: str) -> Rule | None:
+    head, _, rest = path.partition(".files.list.")
+    if head in ("model", "draft") and rest.endswith(".sha256"):
+        return FILE_SHA256
     return STACK_RULES.get(path)
 
 

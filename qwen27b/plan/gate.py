@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from qwen27b.onhost.contract import xid_meaning
 from qwen27b.plan.gpustate import BOARD_FIX, SEED_XID79_ADVICE, gpu_troubles
-from qwen27b.plan import gpuwear
+from qwen27b.plan import filepins, gpuwear
 from qwen27b.plan.driverbuild import boot_kernels
 from qwen27b.plan.driverplan import SECURE_BOOT_FIX, _boot_headers, _driver_plan, _failed_build, _with_headers
 from qwen27b.plan.occupants import Bound, occupied
@@ -228,6 +228,8 @@ def _warnings(facts: HostFacts, rs: ResolvedStack, settings: Settings, os_row: d
         if entry and entry.get("revision") == "main":
             out.append(f"{what} {entry['id']} follows the moving branch 'main': pin a commit once validated "
                        f"(qwen27b_stack_overrides {{'{what}_revision': '<commit>'}})")
+        if entry:
+            out.extend(filepins.plan_warnings(what, entry, filepins.listed_files(checkpoint_metadata_dir(entry))))
     vllm = rs.profile["vllm"]
     if vllm.get("url") and not vllm.get("sha256"):
         out.append(f"{vllm['filename']} has no sha256 in the stack file: the first download will be recorded, "
@@ -370,8 +372,9 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
             return None
 
     check(_generation_rules, host, rs, gpus, facts)
-    if settings.require_hashes:
-        refusals.extend(RefusedHost(host, cause, fix) for cause, fix in unpinned(rs, os_row, settings))
+    required, by_default = filepins.hash_policy(settings.require_hashes, rs.profile)
+    if required:
+        refusals.extend(RefusedHost(host, cause, fix) for cause, fix in unpinned(rs, os_row, settings, by_default))
     driver = check(lambda: _boot_headers(_with_headers(host, _driver_plan(host, facts, rs, settings, gpus), facts), facts))
     if gpus:
         check(_failed_build, host, facts, rs)

@@ -139,6 +139,10 @@ class HostLayout:
         """A checkpoint's manifest pushed for qwen27b-fetch (name: its revision dir's)."""
         return f"{self.host_cache}/{name}.manifest.json"
 
+    def pins_file(self, name: str) -> str:
+        """A checkpoint's pinned sha256 pushed for qwen27b_onhost.pincheck (name: its revision dir's)."""
+        return f"{self.host_cache}/{name}.pins.json"
+
     def model_dir(self, entry: dict) -> str:
         """A model revision's versioned directory (the weights role fills it, the service links it)."""
         return f"{self.models}/{revision_dir_name(entry)}"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from qwen27b.plan import engine, sources
+from qwen27b.plan import engine, filepins, sources
 from qwen27b.plan.distname import normalize
 from qwen27b.plan.driverplan import _TOOLKIT_PACKAGE
 from qwen27b.plan.elfneeds import newer
@@ -55,13 +55,18 @@ def binary_needs_check(host: str, glibc: str | None, rs: ResolvedStack, needs: d
     return said + " (verified: false): the import may fail mid-deploy; fix: " + GLIBC_FIX.format(wheel=wheel, have=glibc)
 
 
-def unpinned(rs: ResolvedStack, os_row: dict, settings: Settings) -> list[tuple[str, str]]:
+def unpinned(rs: ResolvedStack, os_row: dict, settings: Settings, by_default: bool = False) -> list[tuple[str, str]]:
     """(cause, fix) for each artifact the deploy would fetch without a sha256 to check it against:
-    what qwen27b_require_hashes refuses (without it, _warnings says the same as warnings)."""
+    what qwen27b_require_hashes refuses (without it, _warnings says the same as warnings). `by_default`
+    (the profile's default, not the host's true): only the engine wheel the stack pins."""
     out, vllm = [], rs.profile["vllm"]
     if vllm.get("url") and not vllm.get("sha256"):
-        out.append((f"qwen27b_require_hashes: {vllm['filename']} has no sha256 in the stack file",
-                    "pin it with qwen27b_stack_overrides {'vllm': {'sha256': '<sha256 of the wheel>'}}"))
+        out.append((f"qwen27b_require_hashes{' (the profile default)' if by_default else ''}: {vllm['filename']} "
+                    "has no sha256 in the stack file",
+                    "pin it with qwen27b_stack_overrides {'vllm': {'sha256': '<sha256 of the wheel>'}}"
+                    + (", or set qwen27b_require_hashes false" if by_default else "")))
+    if by_default:
+        return out
     cuda = rs.profile.get("cuda") or {}
     if cuda.get("needed_by_vllm") and not os_row.get("cuda_keyring_sha256"):
         out.append((f"qwen27b_require_hashes: {cuda['keyring_deb']} for {os_row['cuda_repo']} has no sha256 in the "
@@ -105,6 +110,9 @@ def _choices(facts: HostFacts, rs: ResolvedStack, settings: Settings, driver: Dr
                               f"needs no compiler; a toolkit, if added, must stay <= {cuda['max_major']}.x{left} "
                               f"{rs.cite(cuda['source'])}", "skip"))
     out.append(python_row(facts, rs, settings)[0])
+    hashes = filepins.hash_choice(settings.require_hashes, p, rs.cite)
+    if hashes:
+        out.append(Choice("hashes", *hashes, "keep"))
     vllm = p["vllm"]
     out.append(Choice("vllm", f"{vllm['dist']}=={vllm['version']}",
                       f"build '{vllm['build']}' into release {rs.stack_hash} {rs.cite(vllm['source'])}", "install"))
@@ -114,12 +122,14 @@ def _choices(facts: HostFacts, rs: ResolvedStack, settings: Settings, driver: Dr
         out.append(Choice("torch", torch.get("requirement") or "from index", f"{redact_url(index) if index else 'wheelhouse'}"
                           + (f", must list {torch['required_arch']}" if torch.get("required_arch") else "")
                           + f" {rs.cite(torch['source'])}", "install"))
-    model_why = f"format {rs.model['format']}" + (f" {rs.cite(rs.model['cite'])}" if rs.model.get("cite") else "")
+    model_why = (f"format {rs.model['format']}" + (f" {rs.cite(rs.model['cite'])}" if rs.model.get("cite") else "")
+                 + filepins.choice_note(rs.model, rs.cite))
     out.append(Choice("model", f"{rs.model['id']}@{rs.model['revision']}", *_on_disk(facts, rs.model, model_why)))
     if spec is not None and spec.method == "dflash2" and rs.draft:
         out.append(Choice("draft", f"{rs.draft['id']}@{rs.draft['revision']}", *_on_disk(
             facts, rs.draft, f"{rs.draft['speculative']['method']}, {spec.depth} "
-                             f"speculative tokens, kept {rs.draft['format']} {rs.cite('dflash-dense-head')}")))
+                             f"speculative tokens, kept {rs.draft['format']} {rs.cite('dflash-dense-head')}"
+                             + filepins.choice_note(rs.draft, rs.cite))))
     return out
 
 

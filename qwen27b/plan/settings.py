@@ -26,7 +26,7 @@ class Settings:
     stack_overrides: dict | None = None  # merged into the stack profile (see stack.resolve_stack)
     tensor_parallel_size: int | None = None  # None: all (visible) GPUs
     gpu_indices: list | None = None  # None: every GPU; else CUDA_VISIBLE_DEVICES
-    port: int = 8000
+    port: int = 8000  # the OpenAI API's port on the host
     bind_address: str | None = None  # None: the host's lab address when known, else 127.0.0.1
     served_model_name: str | None = None  # None: the stack model's served_name
     # controller-side file holding the API key (mode 0600); left out: the lab key the controller makes
@@ -40,25 +40,26 @@ class Settings:
     # --reasoning-parser / --enable-auto-tool-choice --tool-call-parser (plan/engine.py agent_parsers):
     # None: on where the checkpoint's family and the build have them; False: off; True: on or refused
     agent_parsers: bool | None = None
-    prefix_caching: bool = True
+    prefix_caching: bool = True  # vLLM's automatic prefix caching (--enable-prefix-caching)
     skip_reboot: bool = False  # never reboot this host; the plan says a reboot is pending
     mok_key_path: str | None = None  # MOK signing key for secure boot hosts
     hold_kernel: bool = False  # apt-mark hold the running kernel too
     min_free_disk_gib: int = 10  # headroom beyond the weights on the model disk
-    health_interval_s: int = 30
-    health_failures_before_restart: int = 3
+    health_interval_s: int = 30  # how often qwen27b-health.timer runs the health check
+    health_failures_before_restart: int = 3  # consecutive critical checks before the (rate-limited) restart
     python_mirror: str | None = None  # UV_PYTHON_INSTALL_MIRROR for air-gapped labs
     # Sources a lab can reach (issue 30, qwen27b/plan/sources.py): a base URL standing for https://github.com/
     # (the engine wheel, uv's Python builds), an HF_ENDPOINT for `hf download`, uv's default index and torch's
-    release_mirror: str | None = None
-    hf_endpoint: str | None = None
+
+    release_mirror: str | None = None  # a base URL standing for https://github.com/ (the engine wheel, uv's Python builds)
+    hf_endpoint: str | None = None  # an HF_ENDPOINT mirror for `hf download`
     modelscope_endpoint: str | None = None  # MODELSCOPE_ENDPOINT for `modelscope download` (model_source modelscope)
-    pypi_index: str | None = None
-    torch_index: str | None = None
+    pypi_index: str | None = None  # uv's default index instead of pypi.org
+    torch_index: str | None = None  # the torch wheels' index instead of download.pytorch.org
     # a base URL standing for archive.ubuntu.com and developer.download.nvidia.com: apt reads only it
     apt_mirror: str | None = None
     wheelhouse_dir: str | None = None  # controller dir with the vLLM build's wheels + manifest.json
-    require_hashes: bool = False  # refuse any artifact the stack does not pin by sha256 (the gate names each)
+    require_hashes: bool | None = None  # refuse any artifact the stack does not pin by sha256 (the gate names each); None: the profile's default (filepins.hash_policy)
     wheel_mirror: str | None = None  # a lab mirror holding every wheel (uv --no-index --find-links) when no wheelhouse is pushed
     model_source: str | None = None  # hub | mirror | controller; None: the stack model's default_source
     model_mirror: str | None = None  # base URL of a lab mirror holding <id>@<revision>/ with manifest.json
@@ -81,6 +82,8 @@ class Settings:
     weights_fanout: str = "none"
     # Multi-node serving (qwen27b/plan/multinode.py): hosts naming the same group serve one model
     # together when it does not fit one of them (TP within a host, PP across the hosts, vLLM's Ray backend)
+
+    # the serving group this host belongs to (docs/scale-out.md)
     node_group: str | None = None  # e.g. "pair-a"; every member names it
     node_role: str | None = None  # "head" (runs the API and the Ray head) or "worker"; one head per group
     node_address: str | None = None  # this host's address on the link between the members; default ssh_hostname
@@ -88,11 +91,12 @@ class Settings:
     interconnect_gbps: float | None = None  # the link's speed in Gbit/s (10 for 10 GbE): the planner checks it
     # several copies on one machine (qwen27b/plan/instances.py): [{name, gpus, port, api_key_file?}, ...]
     instances: list | None = None
-    # uninstall.py only (pyinfra INVENTORY uninstall.py --data qwen27b_uninstall_weights=true): what else goes
     # used cards (issue 27, plan/gpuwear.py): a power cap set at boot by qwen27b-gpu-power.service, watts
     # for every GPU or {nvidia-smi index: watts}; checked against each card's range; None: left as found
     power_limit_w: int | dict | None = None
     ecc: str | None = None  # "on": nvidia-smi -e 1 where ECC is off (after a reboot); None: left as found
+    # uninstall.py only (pyinfra INVENTORY uninstall.py --data qwen27b_uninstall_weights=true): what else goes
+
     uninstall_weights: bool = False  # the model revisions under /var/lib/qwen27b/models (20+ GiB) too
     uninstall_driver: bool = False  # unhold and purge the NVIDIA driver packages, remove the nouveau blacklist
     uninstall_chat_data: bool = False  # a gateway's chat page: its users and chats too
@@ -120,6 +124,7 @@ GATEWAY_TYPES: dict[str, tuple[type, ...]] = {
     "gateway_fair_share": (bool,),  # default true: with 2+ keys, no key holds every slot of the pool
     "gateway_log_bodies": (bool,),  # default false: the request log keeps prompts and answers (privacy!)
     # the chat page on the gateway host (qwen27b/plan/chatpage.py)
+
     "chat_page": (bool,),  # default false: Open WebUI behind the gateway's nginx
     "chat_page_port": (int,),  # on the gateway's address (default 8080)
     "chat_page_admin_email": (str,),  # the admin account the deploy makes (default admin@qwen27b.lab)

@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from qwen27b.plan.hostlayout import HostLayout, revision_dir_name  # noqa: F401 (revision_dir_name: its importers)
+from qwen27b.plan import filepins
 from qwen27b.plan.regression import check_limits
 
 STACK_FILE = Path(__file__).with_name("stack.yaml")
@@ -226,10 +227,10 @@ def resolve_stack(stack: dict, profile_name: str, overrides: dict | None = None,
             targets = [k for k, v in stack["models"].items() if not v.get("speculative")]
             raise StackError(f"unknown model '{model}'; known: {', '.join(targets)}")
         profile["model"] = model
-    model = merge_overrides(on_source(stack["models"][profile["model"]], model_source), model_over, "model")
+    model = _with_pins(stack, profile["model"], model_source, model_over, "model")
     draft = None
     if profile.get("draft"):
-        draft = merge_overrides(on_source(stack["models"][profile["draft"]], model_source), draft_over, "draft")
+        draft = _with_pins(stack, profile["draft"], model_source, draft_over, "draft")
     elif draft_over:
         raise StackError(f"profile '{profile_name}' has no draft model to override")
     _check_allowed(profile, "")
@@ -248,6 +249,17 @@ def resolve_stack(stack: dict, profile_name: str, overrides: dict | None = None,
                          stack["vllm_builds"][build_name], stack["tools"], speculative,
                          stack.get("agent_parsers") or {}, stack.get("retry") or {},
                          stack.get("fetch_sources") or {})
+
+
+def _with_pins(stack: dict, key: str, model_source: str | None, over: dict, what: str) -> dict:
+    """models.<key> on its source with the host's overrides; its pinned files (filepins) kept only
+    for the revision they describe."""
+    try:
+        filepins.validate(key, stack["models"][key], stack["sources"])
+    except filepins.PinError as error:
+        raise StackError(str(error)) from None
+    own = on_source(stack["models"][key], model_source)
+    return filepins.for_revision(merge_overrides(own, over, what), own)
 
 
 SPEC_FLOOR_KEYS = ("min_acceptance", "min_draft_tokens")

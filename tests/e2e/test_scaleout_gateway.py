@@ -254,6 +254,13 @@ def test_requests_reach_both_backends_each_one_log_line_with_its_keys_name(gw):
     assert used == {b.name for b in gw["backends"]}, chats
     assert [r["key"] for r in chats] == ["team-a"] * 8 + ["team-b"] and {r["status"] for r in chats} == {200}, chats
     assert not [r for r in chats if BODY["messages"][0]["content"] in json.dumps(r)]  # no prompt text
+    # issue 51: a line forged with the request log's tag from a login session is not usage (journald's
+    # _SYSTEMD_UNIT tells nginx's lines from it); the gateway's own lines are
+    forged = json.dumps({"key": "team-b", "status": 200, "request_time": 0, "prompt_tokens": "999999"})
+    gw["host"].run(f"logger -t qwen27b_gateway {shlex.quote(forged)}")
+    used = json.loads(gw["host"].run("PYTHONPATH=/opt/qwen27b-gateway/lib python3 -m qwen27b_onhost.gateway_pool "
+                                     "usage --since 1h", timeout=60).stdout)["keys"]
+    assert used["team-a"]["requests"] >= 8 and used["team-b"]["prompt_tokens"] < 999999, used
 
 
 def _pool_watch(gw, stop: threading.Event, seen: list) -> None:

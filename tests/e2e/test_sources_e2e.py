@@ -14,12 +14,14 @@ service keeps serving what it served.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
 import time
 
 import pytest
 
+from qwen27b.onhost.mirror import serve
 from qwen27b.tools import cpu_smoke
 from tests.support.hubs import serve_hf, serve_modelscope
 from tests.support.pypi_index import serve_index
@@ -79,6 +81,47 @@ def _file_gets(server) -> list[str]:
 
 def _current(lab) -> str:
     return lab["host"].run("readlink /var/lib/qwen27b/models/current").stdout.strip()
+
+
+def test_a_lab_mirror_whose_model_file_differs_from_its_pin_stops_the_deploy(lab, artifacts, tmp_path_factory):
+    """Issue 49 item 4: a lab mirror holding the pinned revision with one file changed (its manifest
+    rebuilt to match, as a mirror synced from a bad copy would be) stops the deploy before anything
+    is fetched or switched, the file named with the pinned and the listed sha256 and what to do; the
+    service keeps its process, its model link and its release."""
+    from qwen27b.plan.stack import load_stack
+    from revisions import GOOD
+
+    root = tmp_path_factory.mktemp("bad-mirror")
+    (root / GOOD).mkdir()
+    files = json.loads((artifacts / "manifest.json").read_text())["files"]
+    for name in files:
+        (root / GOOD / name).symlink_to(artifacts / name)
+    (root / GOOD / "config.json").unlink()
+    changed = (artifacts / "config.json").read_bytes().replace(b'"vocab_size"', b'"vocab_size" ', 1)
+    (root / GOOD / "config.json").write_bytes(changed)
+    got = hashlib.sha256(changed).hexdigest()
+    files["config.json"] = {"size": len(changed), "sha256": got}
+    (root / GOOD / "manifest.json").write_text(json.dumps({"files": files}))
+    server, _ = serve(str(root))
+    pin = load_stack()["models"]["smollm2-135m-instruct"]["files"]["list"]["config.json"]
+    pid, before = show(lab, "MainPID"), _current(lab)
+    release_before = lab["host"].run("readlink /opt/qwen27b/current").stdout.strip()
+    t0 = time.monotonic()
+    try:
+        rc, out = deploy(lab, {**lab["same"], "qwen27b_model_source": "mirror",
+                               "qwen27b_model_mirror": f"http://127.0.0.1:{server.server_address[1]}"})
+    finally:
+        server.shutdown()
+    TIMES["a mirror with a file off its pin (stopped)"] = time.monotonic() - t0
+    assert rc != 0, out[-4000:]
+    failed = next(line for line in out.splitlines() if line.startswith(lab["host"].name) and " failed " in line)
+    assert (f"config.json: {len(changed)} bytes, expected {pin['size']}" in failed
+            or f"config.json: sha256 {got}, expected {pin['sha256']}" in failed), failed
+    assert "the model link and the serving release are untouched; fix: " in failed, failed
+    assert [p for p, _ in server.handler.requests] == [f"/{GOOD}/manifest.json"]  # read by the controller, nothing fetched
+    assert (show(lab, "MainPID"), _current(lab)) == (pid, before)
+    assert lab["host"].run("readlink /opt/qwen27b/current").stdout.strip() == release_before
+    assert lab["host"].run("systemctl is-active qwen27b.service").stdout.strip() == "active"
 
 
 def test_a_checkpoint_from_a_hugging_face_mirror(lab, hubs, mirror):

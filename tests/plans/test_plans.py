@@ -92,7 +92,7 @@ def test_fresh_v100_plan_shows_the_volta_stack(dry_run):
 
 def test_a100_plan_uses_upstream_vllm(dry_run):
     plan = host_plan(dry_run.stderr, "a100x2-2204")
-    assert "profile sm75plus" in plan and "vllm==0.32.0" in plan and "1cat" not in plan
+    assert "profile sm75plus" in plan and "vllm==0.32.0" in plan and "1cat_vllm" not in plan and "build '1cat'" not in plan
 
 
 def test_run_summary_lists_every_host_and_reruns_only_the_failed(dry_run):

@@ -90,7 +90,7 @@ def test_the_pages_files_keep_its_secrets_in_its_env_file_and_the_keys_include_o
     gateway = G.render_gateway(plan)
     unit = P.unit_text(plan, where, "0.12.4", 8081)
     keys_text = G.keys_text(plan)
-    assert "$qwen27b_key_client" in keys_text and '"~*^1[|]127[.]0[.]0[.]1[|]alice@lab\\.example[|]" "a"' in keys_text
+    assert "$qwen27b_key_client" in keys_text and '"~*^1[|]127[.]0[.]0[.]1[|]alice@lab\\.example[|][^|]*$" "a"' in keys_text
     assert secrets["page_key"].replace(".", "\\.") in keys_text
     leaked = [(name, s) for name, text in {**gateway, "unit": unit}.items() for s in secrets.values() if s in text]
     assert leaked == []
@@ -143,16 +143,17 @@ def test_nginx_counts_a_page_accounts_requests_under_its_key_and_refuses_an_unma
             mapped, upper = send("alice@lab.example"), send("ALICE@lab.example")
             listed, listed_by_unmapped = send(None, "GET", "/v1/models"), send("bob@lab.example", "GET", "/v1/models")
             unmapped, no_header = send("bob@lab.example"), send(None)
+            forged = send("alice@lab.example|x")  # another account whose e-mail starts with a mapped one and a |
     finally:
         backend.shutdown()
     assert (mapped.status_code, upper.status_code, listed.status_code, listed_by_unmapped.status_code) == (200, 200, 200, 200)
     assert unmapped.status_code == 403 and unmapped.json()["error"]["code"] == "unmapped_account"
     assert "qwen27b_chat_page_accounts" in unmapped.json()["error"]["message"]
-    assert no_header.status_code == 403
+    assert no_header.status_code == 403 and forged.status_code == 403  # never counted as alice
     assert backend.seen[:2] == ["Bearer backend-key-0123"] * 2  # the page's key ends at the gateway
     lines = [r for r in map(json.loads, log.read_text().splitlines()) if r["path"] != "/health"]
     assert [(r["key"], r["status"]) for r in lines] == [("a", 200), ("a", 200), (HOUSEKEEPING, 200), (HOUSEKEEPING, 200),
-                                                        ("", 403), ("", 403)]
+                                                        ("", 403), ("", 403), ("", 403)]
 
 
 def test_uninstall_removes_the_page_and_keeps_its_users_and_chats_unless_asked():

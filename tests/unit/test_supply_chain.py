@@ -37,7 +37,7 @@ def _decide(data: dict):
 def test_require_hashes_refuses_the_unpinned_engine_wheel_which_is_otherwise_a_warning():
     assert not any("has no sha256" in w for w in _decide({}).warnings)  # 1.5.1's is pinned in the stack (issue 49)
     unpinned = {"qwen27b_stack_overrides": {"vllm": {"sha256": None}}}
-    assert any("has no sha256" in w for w in _decide(unpinned).warnings)
+    assert any("has no sha256" in w for w in _decide({**unpinned, "qwen27b_require_hashes": False}).warnings)
     with pytest.raises(RefusedHost) as caught:
         _decide({**unpinned, "qwen27b_require_hashes": True})
     causes = [cause for cause, _ in caught.value.problems]
@@ -102,7 +102,28 @@ def test_the_release_record_keeps_the_engine_wheels_hash_when_it_is_known_before
                                                              "stack release URL")
     assert release_record(_decide({**pinned, "qwen27b_wheel_mirror": "http://10.0.0.1:8080/wheels/"})).engine_wheel == ()
     assert release_record(_decide({})).engine_wheel == (vllm["url"].rsplit("/", 1)[-1], vllm["sha256"], "stack release URL")
-    unpinned = release_record(_decide({"qwen27b_stack_overrides": {"vllm": {"sha256": None}}}))
+    unpinned = release_record(_decide({"qwen27b_stack_overrides": {"vllm": {"sha256": None}},
+                                       "qwen27b_require_hashes": False}))  # else refused on sm70 (issue 49)
     assert unpinned.engine_wheel == () and "engine_wheel" not in record_text(unpinned)
     forged = {**json.loads(record_text(record)), "engine_wheel": {"file": name, "sha256": "x; rm -rf /", "from": "w"}}
     assert parse_record(forged).engine_wheel == ()
+
+
+def test_sm70_requires_hashes_by_default_now_that_its_engine_wheel_is_pinned():
+    """Issue 49 item 4: on sm70, qwen27b_require_hashes left out is on for what the stack pins (the
+    engine wheel; the checkpoint files are checked on the host): an override dropping the wheel's
+    sha256 is refused, naming the way out; the plan prints the policy. By-name installs (no
+    wheelhouse) stay allowed by default: only the host's explicit true refuses them."""
+    decision = _decide({})
+    row = next(c for c in decision.choices if c.what == "hashes")
+    assert row.value == "required (profile default)" and "[1cat-release-151, 1cat-verified-models]" in row.reason
+    with pytest.raises(RefusedHost) as caught:
+        _decide({"qwen27b_stack_overrides": {"vllm": {"sha256": None}}})
+    (cause, fix), = caught.value.problems
+    assert cause == ("qwen27b_require_hashes (the profile default): 1cat_vllm-1.5.1-cp312-cp312-linux_x86_64.whl has "
+                     "no sha256 in the stack file"), cause
+    assert "qwen27b_require_hashes false" in fix
+    off = _decide({"qwen27b_require_hashes": False})
+    assert not any(c.what == "hashes" for c in off.choices)
+    a100 = decide("a100x2-2204", recorded_facts("a100x2-2204"), STACK, settings_for("a100x2-2204", {}))
+    assert not any(c.what == "hashes" for c in a100.choices)  # sm75plus pins no engine wheel: not its default

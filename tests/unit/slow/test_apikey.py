@@ -123,3 +123,25 @@ def test_a_key_that_cannot_be_made_stops_the_run_before_any_host(tmp_path):
     assert result.returncode != 0 and "the lab key cannot be made at" in out and "qwen27b_api_key_file: none" in out, \
         out[-2000:]
     assert "Traceback" not in out and "operation(s) planned" not in out
+
+
+def test_every_level_of_the_state_dir_is_private_and_nothing_above_it_is_touched(tmp_path, monkeypatch):
+    """Issue 51: `.qwen27b/` and `chat-page/` were 0755 (mkdir's parents take the umask's mode, and a
+    `.qwen27b/` made earlier kept its own); every level down to a secret is 0700 now, and the
+    directories above the state dir keep their modes."""
+    import os
+
+    from qwen27b.controller import apikey
+
+    monkeypatch.delenv(apikey.STATE_ENV, raising=False)
+    lab = tmp_path / "lab"
+    (lab / ".qwen27b").mkdir(parents=True, mode=0o755)
+    os.chmod(lab / ".qwen27b", 0o755)
+    os.chmod(lab, 0o755)
+    inventory = lab / "lab.py"
+    inventory.write_text("hosts = []\n")
+    assert apikey.ensure_chat_page(apikey.chat_page_dir(str(inventory), "gw")) == ["page.key", "admin.password",
+                                                                                  "session.secret"]
+    for level in (lab / ".qwen27b", lab / ".qwen27b" / "chat-page", lab / ".qwen27b" / "chat-page" / "gw"):
+        assert level.stat().st_mode & 0o777 == 0o700, level
+    assert lab.stat().st_mode & 0o777 == 0o755  # above the state dir: left as it is

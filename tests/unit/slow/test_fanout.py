@@ -175,8 +175,11 @@ def test_host_data_key():
 
 # ---------------------------------------------------------------- the planned commands (@fake hosts)
 
-MODEL = "QUASAR-QAT--Qwen3.8-27B-QUASAR-NVFP4@main"  # the sm70 default (issue 49), with its DFlash2 draft
-DRAFT = "incoai--Qwen3.8-27B-DFlash2@dedf8df68adfb1afeaf7b7480c0a0243108177b4"
+# the sm70 default (issue 49), with its DFlash2 draft, at revisions of their own: the files here are
+# made up, and the stack's pinned sha256 hold for the pinned revisions only (qwen27b/plan/filepins.py)
+REVISION = "fanout-test"
+MODEL = f"QUASAR-QAT--Qwen3.8-27B-QUASAR-NVFP4@{REVISION}"
+DRAFT = f"incoai--Qwen3.8-27B-DFlash2@{REVISION}"
 
 
 @pytest.fixture(scope="module")
@@ -206,9 +209,10 @@ def dry_run(tmp_path, mirror_url: str, fanout: str, holder_lines: list[str] | No
         "for n in (1, 2, 3, 4):\n"
         f"    recording = 'centos7' if n == {refused!r} else 'v100x4-2204-fresh'\n"
         f"    name, data = _fake(recording, ssh_hostname=f'10.9.0.{{n}}', qwen27b_model_source='mirror',\n"
+        f"                       qwen27b_stack_overrides={{'model_revision': {REVISION!r}, 'draft_revision': {REVISION!r}}},\n"
         f"                       qwen27b_model_mirror={mirror_url!r}, qwen27b_weights_fanout={fanout!r})\n"
         f"    if n == 3 and {holder_lines!r}:\n"
-        f"        data['fake_responses'] = {{re.compile(r' /var/lib/qwen27b/models/QUASAR-QAT--Qwen3\\.8-27B-QUASAR-NVFP4@main \\.qwen27b-hashes\\.json$'):\n"
+        f"        data['fake_responses'] = {{re.compile(r' /var/lib/qwen27b/models/QUASAR-QAT--Qwen3\\.8-27B-QUASAR-NVFP4@{REVISION} \\.qwen27b-hashes\\.json$'):\n"
         f"                                  {holder_lines!r}, **data['fake_responses']}}\n"
         "    hosts.append((f'@fake/fan-{n}', data))\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYINFRA", "QWEN27B"))}

@@ -36,7 +36,9 @@ hosts = [
     ('@fake/with-password', {{**_fake('v100x4-2204-fresh')[1], **every_route, 'qwen27b_http_proxy': {secret!r}}}),
     ('@fake/plain', {{**_fake('v100x4-2204-fresh')[1], **every_route, 'qwen27b_http_proxy': 'http://proxy.lab:3128'}}),
     ('@fake/mirror', {{**_fake('v100x1-2004')[1], 'qwen27b_http_proxy': 'http://proxy.lab:3128',
-                       'qwen27b_model_source': 'mirror', 'qwen27b_model_mirror': {mirror!r}}}),
+                       'qwen27b_model_source': 'mirror', 'qwen27b_model_mirror': {mirror!r},
+                       # made-up files: a revision of their own (the stack's sha256 pin the real ones)
+                       'qwen27b_stack_overrides': {{'model_revision': 'proxy-test', 'draft_revision': 'proxy-test'}}}}),
 ]
 """
 FROM_ENV_FILE = ('. /etc/qwen27b/urls.env && http_proxy="$QWEN27B_HTTP_PROXY" https_proxy="$QWEN27B_HTTP_PROXY" '
@@ -48,8 +50,8 @@ PLAIN = ("http_proxy=http://proxy.lab:3128 https_proxy=http://proxy.lab:3128 HTT
 @pytest.fixture(scope="module")
 def run():
     work = Path(tempfile.mkdtemp(prefix="qwen27b-proxy-"))
-    for name in ("QUASAR-QAT--Qwen3.8-27B-QUASAR-NVFP4@main",  # the mirror's manifests (the sm70 default, issue 49)
-                 "incoai--Qwen3.8-27B-DFlash2@dedf8df68adfb1afeaf7b7480c0a0243108177b4"):
+    for name in ("QUASAR-QAT--Qwen3.8-27B-QUASAR-NVFP4@proxy-test",  # the mirror's manifests (the sm70 default, issue 49)
+                 "incoai--Qwen3.8-27B-DFlash2@proxy-test"):
         (work / "mirror" / name).mkdir(parents=True)
         (work / "mirror" / name / "model.safetensors").write_bytes(b"w" * 1000)
         dir_manifest(work / "mirror" / name)
