@@ -33,6 +33,7 @@ from qwen27b.plan.lifecycle import RECORD_NAME, Record, record_text, release_rec
 
 from ._common import (ROLLBACK_DIR, api_key, engine_wheel, model_dir, note, prune_dirs, release_dir, remember_kept,
                       remember_previous, restart_reasons, running_record, started)
+from ._pairgate import measure_before_switch
 
 
 def _will_change(rendered: dict, targets) -> bool:
@@ -85,8 +86,8 @@ def service(decision: Decision) -> None:
     switching = any(now not in (None, record.links[link]) for link, now in running.items())
     if (switching or _will_change(rendered, targets[:2])) and all(host.get_fact(Sha1File, path=dest) for dest in kept[:2]):
         keep_running_release(kept, record_file, Record({link: now for link, now in running.items() if now}))
-    # create_remote_dir=False: the unit dir (HostLayout.unit_file) is systemd's and the config dir the toolchain
-    # role's; pyinfra's own check of the parent dir cost two remote commands per file per run
+        measure_before_switch(decision)  # the regression gate's before, seconds before the switch and restart
+    # create_remote_dir=False: the unit dir is systemd's, the config dir the toolchain role's (pyinfra's check: 2 commands a file)
     written = [
         files.put(name=f"render {dest}", src=StringIO(rendered[template]), dest=dest, user="root", group="root",
                   mode="0644", create_remote_dir=False)

@@ -13,7 +13,6 @@ it shares with the rollback is qwen27b/controller/startwatch.py; the run report,
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import shlex
 
@@ -23,17 +22,17 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python
 
 from qwen27b.controller import postdeploy as V
-from qwen27b.controller import progress, runstate
+from qwen27b.controller import pairmeasure, progress, runstate
 from qwen27b.controller.remote import on_host
 from qwen27b.controller.render import RESTART_COMMAND, SERVICE_UNIT, instance_unit, layout
-from qwen27b.controller.startwatch import (_copy_failed, _read_record, _remote, _starts, copies_restart, failed,
+from qwen27b.controller.startwatch import (_copy_failed, _remote, _starts, copies_restart, failed,
                                            host_record, run_in_order, say, serving, unit_state)
 from qwen27b.controller.verifyplan import FIGURES, LIVENESS, Check, probe_address, unverifiable, which_check
 from qwen27b.plan import regression, retry
 from qwen27b.controller import engineword_read
 from qwen27b.plan.gate import Decision
 from qwen27b.plan.hostdata import http_base
-from qwen27b.plan.lifecycle import RECORD_NAME, Record, copy_url, record_text, release_record_file, restored, verify_figures
+from qwen27b.plan.lifecycle import Record, copy_url, restored
 
 from ._common import ROLLBACK_DIR, KeptFiles, SwitchedLink, api_key, check, note, previous_links
 
@@ -145,31 +144,12 @@ def _check_copies(decision: Decision, previous: list[SwitchedLink | KeptFiles], 
 
 
 def judge_release(result: V.HostResult, key: str | None, decision: Decision,
-                  previous: list[SwitchedLink | KeptFiles]) -> regression.Comparison | None:
-    """The release's figures against the previous release's on this host (plan/regression.py): measured
-    on the stack's prompt set when this deploy replaced the running release (or its record has none),
-    kept in the release record with the replaced one's as the baseline; a deploy that restarted nothing
-    judges the recorded figures again, against today's limits. The comparison goes into the report;
-    returns it when it regressed, else None."""
-    limits = decision.stack.profile["serve"].get("regression")
-    path = release_record_file(decision.stack.paths)
-    record = _read_record(path)
-    if not limits or record is None:
-        return None
-    replaced = any(isinstance(undo, KeptFiles) for undo in previous)
-    if replaced or not record.verify:
-        result.figures = regression.figures(V.measure(result.url, result.served_name, key, limits), result.acceptance,
-                                            measured_on=regression.prompt_set(limits))
-        kept = _read_record(f"{ROLLBACK_DIR}/{RECORD_NAME}") if replaced else None
-        # numbers only, as parse_record reads them back (a null acceptance would differ on the next deploy)
-        record = dataclasses.replace(record, verify=verify_figures(result.figures), baseline=kept.verify if kept else {})
-        on_host(host, f"cat > {path}.figures && mv -f {path}.figures {path}", _stdin=record_text(record))
-    else:
-        result.figures = dict(record.verify)
-    comparison = regression.compare(record.baseline, record.verify, limits)
-    result.comparison = comparison.as_json()
-    say(f"against the previous release ({result.figures.get('runs')} runs): {comparison.text()}")
-    return comparison if comparison.regressed else None
+                  previous: list[SwitchedLink | KeptFiles]):
+    """The release against the serving one measured right before the switch, in one window
+    (controller/pairmeasure.py); the verdict when it stops a rollout (regressed, not judged), else None."""
+    return pairmeasure.judge(result, key, decision, any(isinstance(undo, KeptFiles) for undo in previous), ROLLBACK_DIR,
+                             _remote, lambda path, text: on_host(host, f"cat > {path}.figures && mv -f {path}.figures "
+                                                                       f"{path}", _stdin=text), say)
 
 
 def reached(decision: Decision) -> Record:
@@ -207,7 +187,8 @@ def _check(decision: Decision, previous: list[SwitchedLink | KeptFiles], check: 
             regressed, failure = None, V.VerifyFailed(f"measuring the figures on the stack's prompt set: {error}")
         # a regression this deploy caused is rolled back here when asked (there is a kept release to go to);
         # otherwise the report names it and `qwen27b rollout` stops
-        if regressed is not None and decision.settings.rollback_on_regression and previous:
+        if regressed is not None and regressed.verdict == regression.REGRESSED \
+                and decision.settings.rollback_on_regression and previous:
             failure = V.VerifyFailed(f"regressed against the previous release, qwen27b_rollback_on_regression: "
                                      f"{regressed.text()}")
         elif failure is None:

@@ -250,10 +250,10 @@ def answer_one_token(base: str, served_name: str, api_key: str | None, timeout: 
     return tokens
 
 
-def measure(base: str, served_name: str, api_key: str | None, limits: dict) -> list[dict]:
+def measure(base: str, served_name: str, api_key: str | None, limits: dict, timeout: float = 600) -> list[dict]:
     """The regression figures' runs (stack serve.regression): every prompt of the fixed set, `repeats`
     rounds, one greedy streamed completion of `max_tokens` each; the unit's warm-up ran before."""
-    return [chat_stream(base, served_name, api_key, limits["max_tokens"], prompt=prompt, fixed=True)
+    return [chat_stream(base, served_name, api_key, limits["max_tokens"], timeout=timeout, prompt=prompt, fixed=True)
             for _ in range(limits["repeats"]) for prompt in limits["prompts"]]
 
 

@@ -41,6 +41,7 @@ class RunState:
     reach: dict = field(default_factory=dict)  # host name -> reachprobe.Row list, probed on --dry (reachprobe.dry_reach)
     driver_first: set = field(default_factory=set)  # hosts whose run installs the driver only: re-run after its reboot
     upload_errors: dict = field(default_factory=dict)  # (host name, op hash) -> why an upload raised (operations.CheckedUpload)
+    before_switch: dict = field(default_factory=dict)  # host name -> the serving release measured before its restart (controller/pairmeasure.py)
     fact_cache: object | None = None  # factcache.FactCache: fact answers kept while nothing changes a host
 
 

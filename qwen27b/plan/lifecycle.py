@@ -148,7 +148,7 @@ def verify_figures(data) -> dict:
             or (k == "prompt_set" and isinstance(v, str) and PROMPT_SET.fullmatch(v))}
 
 
-VERIFY_KEYS = ("ttft_ms", "decode_tok_s", "acceptance", "runs")
+VERIFY_KEYS = ("ttft_ms", "decode_tok_s", "acceptance", "runs", "pair_alike")  # pair_alike: controller/pairmeasure.py
 PROMPT_SET = re.compile(r"[0-9a-f]{12}")  # plan/regression.prompt_set
 
 

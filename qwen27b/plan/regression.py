@@ -61,6 +61,27 @@ def check_limits(limits: dict) -> None:
     prompts = limits.get("prompts")
     if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
         raise ValueError(f"prompts must be a list of one or more non-empty strings, got {prompts!r}")
+    check_load_limits(limits)  # the rollout gate's pair: after-measurements and load allowances
+
+
+# the rollout gate's pair (plan/loadpair.py): how far the two measurements' loads may differ
+LOAD_KEYS = {"max_requests_diff": "requests", "max_cpu_diff": "cpu", "max_gpu_diff": "gpu"}
+
+
+def check_load_limits(limits: dict) -> None:
+    """serve.regression's `pairs` (after-measurements at most, 1-5) and `load` allowances (requests: a
+    count, cpu: a share 0-1, gpu: percentage points 0-100). ValueError names the key."""
+    pairs = limits.get("pairs")
+    if isinstance(pairs, bool) or not isinstance(pairs, int) or not 1 <= pairs <= 5:
+        raise ValueError(f"pairs must be a whole number from 1 to 5 (after-measurements to find a like load), got {pairs!r}")
+    load = limits.get("load")
+    if not isinstance(load, dict) or set(load) - {*LOAD_KEYS, "source"} or not set(LOAD_KEYS) <= set(load):
+        raise ValueError(f"load must map {', '.join(LOAD_KEYS)} to allowances, got {load!r}")
+    for key, top in (("max_requests_diff", 1000), ("max_cpu_diff", 1), ("max_gpu_diff", 100)):
+        value = load[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= top:
+            raise ValueError(f"load.{key} must be a number from 0 to {top}, got {value!r}")
+
 
 
 @dataclass(frozen=True)

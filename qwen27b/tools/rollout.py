@@ -13,9 +13,12 @@ later batch's weights come from the hosts already upgraded (the fan-out seeds fr
 `--limit`), not over the WAN again. Re-running a stopped rollout resumes it: hosts already on the
 new release plan nothing and are not restarted.
 
-Slower or worse is a stop too (issue 26): verify measures each upgraded host on the stack's fixed
-prompt set and compares decode tok/s, TTFT and acceptance with the same host's previous release
-(qwen27b/plan/regression.py; limits in the stack's serve.regression, settable per host). A host worse
+Slower or worse is a stop too (issue 26): the service role measures the serving release on the
+stack's fixed prompt set right before it restarts the unit, verify measures the new one right after,
+and the pair's decode tok/s, TTFT and acceptance are compared (qwen27b/plan/regression.py; limits in
+the stack's serve.regression, settable per host) when the host's load counters beside the two were
+alike (qwen27b/plan/loadpair.py, issue 58): else the new one is measured again, and a pair never
+alike is "not judged", a stop too. The figures stored at the last deploy are history only. A host worse
 by more than a limit stops the rollout there, named with its figures ("regressed"); with
 `--rollback-on-regression` (host data qwen27b_rollback_on_regression=true for that run) verify rolls
 it back to the previous release at once, as it does a failed one. A re-run judges the recorded
@@ -44,11 +47,12 @@ from pathlib import Path
 from qwen27b.controller.report import reports_dir, table
 from qwen27b.plan.urlsecret import shown_argv
 from qwen27b.plan.lifecycle import rollout_batches
+from qwen27b.plan.loadpair import NOT_JUDGED
 from qwen27b.plan.regression import REGRESSED
 
 
 ROLLBACK_ON_REGRESSION = "qwen27b_rollback_on_regression"
-SERVING = ("ok", "rolled back", "regressed")  # verified after the batch: the new release, or the previous one again
+SERVING = ("ok", "rolled back", "regressed", NOT_JUDGED)  # verified after the batch: the new release, or the previous one again
 
 
 class Hooks:
@@ -102,7 +106,7 @@ class HostRow:
     detail: str = ""
     ttft_ms: float | None = None
     seconds: float | None = None  # the batch's deploy, wall clock
-    comparison: dict | None = None  # verify's, against the host's previous release (plan/regression.py)
+    comparison: dict | None = None  # verify's: the release before the switch against the new one (plan/loadpair.py)
 
 
 @dataclass
@@ -150,8 +154,10 @@ def batch_rows(number: int, batch: list[str], report: dict | None, code: int) ->
         row.ttft_ms = round(ttft * 1000) if isinstance(ttft, (int, float)) else None
         comparison = (verified.get(name) or {}).get("comparison")
         row.comparison = comparison if isinstance(comparison, dict) else None
-        if row.outcome == "ok" and row.comparison and row.comparison.get("verdict") == REGRESSED:
-            row.outcome, row.detail = "regressed", str(row.comparison.get("text") or "")
+        if row.outcome == "ok" and row.comparison and row.comparison.get("verdict") in (REGRESSED, NOT_JUDGED):
+            # a pair measured under different load is no pass: the rollout stops there, named (issue 58)
+            row.outcome = "regressed" if row.comparison["verdict"] == REGRESSED else NOT_JUDGED
+            row.detail = str(row.comparison.get("text") or "")
         rows.append(row)
     return rows
 
@@ -217,6 +223,9 @@ def summary(result: Rollout) -> str:
             + (f"{failed.host} serves the slower release: roll it back with `qwen27b rollback INVENTORY --limit "
                f"{failed.host}` (or run with --rollback-on-regression), or raise the stack's serve.regression limit\n"
                if failed.outcome == "regressed" else "")
+            + (f"{failed.host} serves the new release, not judged: the two measurements' loads differed on every try; "
+               f"run the rollout again when the host's load is steady (the load counters are in the run report)\n"
+               if failed.outcome == NOT_JUDGED else "")
             + "fix the cause, then run the same command again: upgraded hosts plan nothing and keep serving")
 
 

@@ -12,7 +12,7 @@ the loopback mirror with the good checkpoint under two revisions, GOOD and REV_B
     qwen27b status                                        -> both rows, running, same release and model
     qwen27b rollout (REV_B)                               -> A (canary) verified, then B seeded by A
                                                              each compared with its previous release: passed
-    the verify measurement again on A, twice               -> the noise figures (docs/lifecycle.md)
+    the pair measurement again on A, three times          -> the noise of pairs (docs/lifecycle.md)
     qwen27b rollout (REV_B + a bad flag)                  -> stops at A, A rolled back, B untouched
     qwen27b rollout (REV_B, a token a step) --rollback-on-regression
                                                           -> A measured slower, rolled back; B untouched
@@ -34,8 +34,8 @@ import time
 import httpx
 import pytest
 
-from qwen27b.controller import postdeploy as V
-from qwen27b.plan import regression
+from qwen27b.controller import pairmeasure
+from qwen27b.plan import loadpair, regression
 from qwen27b.plan.stack import load_stack
 from tests.support.e2e_deploy import (API_KEY, GOOD, GOOD_B, PORT, REV_B, ROLLBACK_PREV, assert_key_not_in_runs,  # noqa: F401
                                       deploy, make_lab,
@@ -160,11 +160,14 @@ def test_rollout_upgrades_canary_first_each_verified_and_crosses_the_wan_once(fl
         # one, on figures verify measured on the host: the kept record's, and the new record's own
         record, kept = running_record(host), kept_record(host)
         assert record["verify"]["runs"] == len(limits["prompts"]) * limits["repeats"], record
-        assert record["baseline"] == kept["verify"] and record["verify"] != kept["verify"], (record, kept)
-        assert all(record["verify"][f] > 0 and kept["verify"][f] > 0 for f in ("ttft_ms", "decode_tok_s"))
+        # the baseline is the serving release measured right before the switch (issue 58), not the kept record's
+        # figures from its own deploy: those stay as history
+        assert record["baseline"]["pair_alike"] == 1 and record["baseline"] != kept["verify"], (record, kept)
+        assert all(record["verify"][f] > 0 and record["baseline"][f] > 0 for f in ("ttft_ms", "decode_tok_s"))
         assert (f"vs previous release: {host.name}: within limits: "
-                f"decode tok/s {kept['verify']['decode_tok_s']:g} -> {record['verify']['decode_tok_s']:g}") in out, out[-3000:]
-        NOISE.append(regression.compare(kept["verify"], record["verify"], limits).as_json())
+                f"decode tok/s {record['baseline']['decode_tok_s']:g} -> {record['verify']['decode_tok_s']:g}") in out, out[-3000:]
+        assert "compared: the serving release before the switch" in out
+        NOISE.append(regression.compare(record["baseline"], record["verify"], limits).as_json())
 
 
 def test_two_runs_of_one_release_measured_for_the_noise_figures(fleet):
@@ -173,15 +176,19 @@ def test_two_runs_of_one_release_measured_for_the_noise_figures(fleet):
     figures are printed for docs/lifecycle.md; the assertion is that they are real measurements."""
     limits = load_stack()["profiles"]["cpu-smoke"]["serve"]["regression"]
     name = load_stack()["models"]["smollm2-135m-instruct"]["served_name"]
-    runs = [regression.figures(V.measure(fleet["base"], name, API_KEY, limits)) for _ in range(2)]  # 4 before issue 31
-    assert all(r["decode_tok_s"] > 0 and r["ttft_ms"] > 0 and r["runs"] == len(limits["prompts"]) * limits["repeats"]
-               for r in runs), runs
-    pairs = [regression.compare(x, y, limits) for i, x in enumerate(runs) for y in runs[i + 1:]] \
-        + [regression.compare(y, x, limits) for i, x in enumerate(runs) for y in runs[i + 1:]]
+
+    def remote(command: str) -> list[str]:
+        return fleet["a"].run(command, check=False).stdout.splitlines()
+
+    runs = [pairmeasure.measured(fleet["base"], name, API_KEY, limits, remote) for _ in range(3)]
+    assert all(f["decode_tok_s"] > 0 and f["ttft_ms"] > 0 and f["runs"] == len(limits["prompts"]) * limits["repeats"]
+               for f, _ in runs), runs
+    assert all(load.requests is not None and load.cpu is not None for _, load in runs), runs  # the counters are read
+    pairs = [loadpair.judge_pair(*runs[i], *runs[i + 1], limits, limits["pairs"]) for i in range(len(runs) - 1)]
     NOISE.extend(p.as_json() for p in pairs)
     inside = [p for p in NOISE if p["verdict"] == "passed"]
-    print(f"\n  noise: {len(inside)} of {len(NOISE)} comparisons of one release inside the limits; runs: "
-          + "; ".join(f"{r['decode_tok_s']} tok/s, TTFT {r['ttft_ms']} ms" for r in runs)
+    print(f"\n  noise: {len(inside)} of {len(NOISE)} pairs of one release inside the limits; runs: "
+          + "; ".join(f"{f['decode_tok_s']} tok/s, TTFT {f['ttft_ms']} ms ({load.text()})" for f, load in runs)
           + "".join(f"\n    {p['verdict']}: {p['text']}" for p in NOISE))
 
 
@@ -252,10 +259,17 @@ def test_a_slower_release_stops_the_rollout_and_is_rolled_back(fleet):
     assert found["status"] == "rolled back" and found["comparison"]["verdict"] == "regressed", found
     worse = [f for f in found["comparison"]["figures"] if f["worse"]]
     assert worse, found["comparison"]
-    for figure in worse:  # the baseline is the record verify wrote on the host before; the new figures its own
-        assert figure["before"] == before["verify"][figure["figure"]] and figure["after"] == found["figures"][figure["figure"]]
-        assert f"{regression.LABELS[figure['figure']]} {figure['before']:g} -> {figure['after']:g}" in out
     limits = load_stack()["profiles"]["cpu-smoke"]["serve"]["regression"]
+    # the pair: the serving release measured right before the switch, the slower one right after, like load;
+    # the release record's figures from A's last deploy are history (what the gate compared before issue 58)
+    assert found["comparison"]["compared"] == "before and after the switch, one window", found["comparison"]
+    assert "compared: the serving release before the switch" in found["comparison"]["text"]
+    assert found["comparison"]["history"] == before["verify"], found["comparison"]
+    for figure in worse:
+        assert figure["after"] == found["figures"][figure["figure"]]
+        assert f"{regression.LABELS[figure['figure']]} {figure['before']:g} -> {figure['after']:g}" in out
+    old_gate = regression.compare(before["verify"], found["figures"], limits)  # stored figures, as before issue 58
+    print(f"\n  the old gate (figures stored at the last deploy) would say: {old_gate.text()}")
     assert found["figures"]["runs"] == len(limits["prompts"]) < before["verify"]["runs"]
     # rolled back: the unit without the slow flags, the record as it was (its figures too), serving
     unit = a.run("cat /etc/systemd/system/qwen27b.service").stdout

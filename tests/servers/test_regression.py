@@ -6,11 +6,10 @@ The real measurement and the real regression: tests/e2e/test_lifecycle_e2e.py.""
 from __future__ import annotations
 
 import json
-import subprocess
-from pathlib import Path
 
 import pytest
 
+from tests.support.rollout_runs import deploys as _deploys
 from qwen27b.plan import regression as G
 from qwen27b.plan.hostdata import BadHostData, settings_for
 from qwen27b.plan.lifecycle import Record, parse_record, record_text
@@ -144,24 +143,6 @@ def test_the_record_keeps_the_figures_and_the_baseline():
 
 
 # ---------------------------------------------------------------------------------- rollout and status
-
-def _deploys(reports: Path, comparisons: dict[str, dict], statuses: dict[str, str] | None = None):
-    """Stands in for the batch's pyinfra run: writes the run report verify would, with its comparison."""
-    argvs = []
-
-    def run(argv):
-        argvs.append(argv)
-        hosts = [argv[i + 1] for i, a in enumerate(argv) if a == "--limit"]
-        reports.mkdir(exist_ok=True)
-        name = f"{len(argvs):04d}"
-        summary = [{"host": h, "status": (statuses or {}).get(h, "ok"), "detail": ""} for h in hosts]
-        (reports / f"deploy-{name}.json").write_text(json.dumps({"run": name, "summary": summary, "hosts": [
-            {"host": h, "status": (statuses or {}).get(h, "ok"), "ttft_s": 0.2,
-             **({"comparison": comparisons[h]} if h in comparisons else {})} for h in hosts]}))
-        return subprocess.CompletedProcess(argv, 0)
-    run.argvs = argvs
-    return run
-
 
 def test_a_regressed_host_stops_the_rollout_named_with_its_figures(tmp_path):
     slow = G.compare(BEFORE, {"decode_tok_s": 20.0, "ttft_ms": 210.0, "acceptance": 0.5}, LIMITS).as_json()
