@@ -28,7 +28,8 @@ from qwen27b.plan.distname import normalize
 from qwen27b.plan.gate import Decision
 from qwen27b.controller.host_facts import ReleaseRecords, ServiceUser, Subdirectories
 from qwen27b.onhost.secretfile import load_secret
-from qwen27b.plan.hostdata import Settings, url_has_password
+from qwen27b.plan.hostdata import Settings
+from qwen27b.plan.urlsecret import url_has_password
 from qwen27b.plan.lifecycle import parse_record, release_record_file, rollback_dir, stale_dirs
 from qwen27b.plan.stack import load_stack
 

@@ -15,7 +15,7 @@ from pyinfra.operations import files, server
 
 from qwen27b.plan import sources
 from qwen27b.plan.gate import Decision
-from qwen27b.plan.hostdata import url_has_password
+from qwen27b.plan.urlsecret import url_has_password
 from qwen27b.plan.lifecycle import APT_MIRROR_AUTH
 
 from ._common import fetch_prefix, note

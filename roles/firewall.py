@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from qwen27b.controller.render import firewall_contexts
 from qwen27b.plan.gate import Decision
-from qwen27b.plan.hostdata import open_to_all
+from qwen27b.plan.addresses import open_to_all
 
 from ._common import note
 from ._firewall import REMOVE_COMMANDS, apply_firewall, load_commands  # noqa: F401 (their tests import them here)

@@ -15,7 +15,7 @@ from qwen27b.controller.operations import directories
 from qwen27b.controller.render import NODE_EXPORTER_UNIT
 from qwen27b.onhost.contract import TEXTFILE_DIR, TEXTFILE_NAME
 from qwen27b.plan.gate import Decision
-from qwen27b.plan.hostdata import NODE_EXPORTER_PORT
+from qwen27b.plan.settings import NODE_EXPORTER_PORT
 
 from ._common import note
 from ._common import apt_install

@@ -1,4 +1,4 @@
-"""NVIDIA driver as the gate planned it (gate.DriverPlan): a loaded driver of the stack's branch is
+"""NVIDIA driver as the gate planned it (gatetypes.DriverPlan): a loaded driver of the stack's branch is
 kept whatever installed it; otherwise the stack's package is installed (never -open on Volta),
 purging what would conflict in the same apt transaction, and the host rebooted once. nouveau
 blacklisted where a driver is installed, the driver held against unattended upgrades.

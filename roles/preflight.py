@@ -28,8 +28,10 @@ from qwen27b.controller.remote import SUDO_PASSWORD_NEEDED
 from qwen27b.controller.runlife import inventory_settings
 from qwen27b.plan import retry
 from qwen27b.plan.elfneeds import wheel_needs
-from qwen27b.plan.gate import Decision, HostFacts, RefusedHost, binary_needs_check, mark_installed, with_cached_python
-from qwen27b.plan.hostdata import lab_address, node_address
+from qwen27b.plan.gate import Decision, HostFacts, RefusedHost
+from qwen27b.plan.installs import binary_needs_check, mark_installed, with_cached_python
+from qwen27b.plan.addresses import lab_address
+from qwen27b.plan.nodekeys import node_address
 from qwen27b.plan.lifecycle import parse_record, release_record_file, rollback_dir
 from qwen27b.plan.multinode import Member, decide_group
 from qwen27b.plan.serving import GROUP, decide, kind
@@ -125,7 +127,7 @@ def _wheel_needs(path: str, size: int, mtime_ns: int) -> dict:
 
 def check_wheel_binary(decision: Decision) -> None:
     """When the vLLM wheel is in the controller wheelhouse, the GLIBC_ and GLIBCXX_ versions its shared
-    objects need against the host's glibc and libstdc++ (gate.binary_needs_check): refused here, before
+    objects need against the host's glibc and libstdc++ (installs.binary_needs_check): refused here, before
     any host is touched, rather than an import error after the driver and CUDA are in."""
     vllm = decision.stack.profile["vllm"]
     local = wheelhouse_dir(decision)

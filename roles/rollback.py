@@ -35,7 +35,7 @@ from qwen27b.controller.startwatch import (_health_verdict, _remote, copies_rest
 from qwen27b.onhost.secretfile import load_secret
 from qwen27b.onhost.unit import journal_tail_command
 from qwen27b.plan.gate import RefusedHost
-from qwen27b.plan.hostdata import instances_of
+from qwen27b.plan.copykeys import instances_of
 from qwen27b.plan.serving import COPIES, kind
 from qwen27b.plan.lifecycle import NoRollback, Record, RollbackPlan, copy_url, loopback_url, parse_record, plan_rollback, release_record_file, swap_commands
 from qwen27b.plan.stack import health_status_file, load_stack

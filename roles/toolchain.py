@@ -23,7 +23,8 @@ from qwen27b.controller import reachrecord
 from qwen27b.controller.artifacts import (fetch_python_build, python_builds, python_builds_dir, uv_binary,
                                             uv_path)
 from qwen27b.plan import sources
-from qwen27b.plan.gate import Decision, host_fetches
+from qwen27b.plan.gate import Decision
+from qwen27b.plan.installs import host_fetches
 from qwen27b.plan.lifecycle import (APT_MIRROR_AUTH, APT_MIRROR_CONF, APT_MIRROR_LIST, APT_MIRROR_PARTS, APT_PROXY_AUTH,
                                     APT_PROXY_CONF)
 from qwen27b.controller.host_facts import DirectoryStates, ServiceUser

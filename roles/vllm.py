@@ -25,7 +25,7 @@ from qwen27b.controller.operations import push_files
 from qwen27b.controller.render import jit_cache_env
 
 from qwen27b.plan import sources
-from qwen27b.plan.hostdata import redact_url, url_has_password
+from qwen27b.plan.urlsecret import redact_url, url_has_password
 
 from ._common import fetch_prefix, needs_restart, note, url_word
 from ._common import ONHOST_SOURCE, pushed_wheelhouse, release_dir, release_venv, uv_on_host, wheelhouse_dir

@@ -36,7 +36,8 @@ from qwen27b.controller.address import host_address
 from qwen27b.controller.artifacts import cache_root, dir_manifest
 from qwen27b.controller.facts import FactParseError
 from qwen27b.plan.gate import Decision, RefusedHost
-from qwen27b.plan.hostdata import Settings, redact_url
+from qwen27b.plan.hostdata import Settings
+from qwen27b.plan.urlsecret import redact_url
 from qwen27b.controller.host_facts import HASH_CACHE, FileHashes, Subdirectories, SymlinkTarget
 from qwen27b.onhost.contract import lib_dir, module_argv, module_command
 from qwen27b.onhost.secretfile import load_secret

@@ -16,7 +16,7 @@ import socket
 from pyinfra.connectors.ssh import SSHConnector
 
 from qwen27b.plan.gate import RefusedHost
-from qwen27b.plan.hostdata import lab_address
+from qwen27b.plan.addresses import lab_address
 
 STATED = "the host's lab address (ssh_hostname), not every interface"
 

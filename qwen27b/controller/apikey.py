@@ -15,7 +15,7 @@ import re
 import secrets
 from pathlib import Path
 
-from qwen27b.plan.hostdata import with_lab_key
+from qwen27b.plan.urlsecret import with_lab_key
 
 STATE_ENV = "QWEN27B_STATE_DIR"
 KEY_NAME = "api.key"

@@ -78,7 +78,7 @@ class OsRelease(_ParsedFact):
 
 class GlibcVersion(_ParsedFact):
     """The host's glibc: a wheel whose shared objects need a newer GLIBC_ symbol version fails at
-    import, mid-deploy; the gate compares (qwen27b/plan/gate.py binary_needs_check) before any change."""
+    import, mid-deploy; the gate compares (qwen27b/plan/installs.py binary_needs_check) before any change."""
 
     _command = "getconf GNU_LIBC_VERSION 2>/dev/null || ldd --version 2>&1 | head -n 1"
     parser = staticmethod(parse_glibc_version)
@@ -86,7 +86,7 @@ class GlibcVersion(_ParsedFact):
 
 class LibstdcxxVersion(_ParsedFact):
     """The highest GLIBCXX_ version the host's libstdc++ defines: a wheel needing a newer one fails at
-    import like a glibc one (gate.binary_needs_check). Its version names read from the library itself
+    import like a glibc one (installs.binary_needs_check). Its version names read from the library itself
     with grep, since binutils (strings, readelf) may not be installed yet; the first library found
     (Debian/Ubuntu's multiarch dir, then the others); none: no output."""
 

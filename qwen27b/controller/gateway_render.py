@@ -14,7 +14,7 @@ from qwen27b.onhost.secretfile import load_secret
 from qwen27b.controller import chat_page_render as P
 from qwen27b.plan.gateway import CLIENT_ROUTES, SCRAPER_ROUTES, USAGE_PORT, VERIFY, GatewayPlan, listen_on
 from qwen27b.plan.hostlayout import HostLayout
-from qwen27b.plan.hostdata import SECRET_NAMES
+from qwen27b.plan.urlsecret import SECRET_NAMES
 
 CONFIG_DIR = "/etc/qwen27b-gateway"
 STATE_DIR = "/var/lib/qwen27b-gateway"

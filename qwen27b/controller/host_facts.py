@@ -19,7 +19,7 @@ from qwen27b.controller.facts import FactParseError
 from qwen27b.controller.hostlock import LOCK_FILE
 from qwen27b.onhost.unit import show_command
 from qwen27b.plan.distname import normalize
-from qwen27b.plan.hostdata import INSTANCE_NAME
+from qwen27b.plan.copykeys import INSTANCE_NAME
 
 _SHA256_LINE = re.compile(r"^(?P<escaped>\\?)(?P<hash>[0-9a-f]{64}) [ *]\./(?P<name>.+)$")
 _SHA256_UNESCAPE = {"\\\\": "\\", "\\n": "\n", "\\r": "\r"}
@@ -247,7 +247,7 @@ class DirectoryStates(FactBase):
 class InstalledCopies(FactBase):
     """The copies (qwen27b_instances) the host holds, by name, sorted: each qwen27b@NAME.service enabled,
     qwen27b-health@NAME.timer rendered or qwen27b@NAME.env written (its key file, NAME-api-key.env,
-    is not a copy). [] on a host without copies. A name that is not a copy name (hostdata.INSTANCE_NAME)
+    is not a copy). [] on a host without copies. A name that is not a copy name (copykeys.INSTANCE_NAME)
     is not ours and is left out: it never reaches a command."""
 
     def command(self, unit_dir: str, config_dir: str) -> str:

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from qwen27b.controller import reachrecord
 from qwen27b.controller.artifacts import python_builds
 from qwen27b.controller.host_facts import ReachProbe
-from qwen27b.plan.gate import Decision, host_fetches
-from qwen27b.plan.hostdata import redact_url, url_has_password
+from qwen27b.plan.gate import Decision
+from qwen27b.plan.installs import host_fetches
+from qwen27b.plan.urlsecret import redact_url, url_has_password
 
 PROXY_FAILED = (407, 502, 503, 504)
 
@@ -74,7 +75,7 @@ def dry_reach_wanted(name: str) -> bool:
 
 def dry_reach(on, decision: Decision) -> list:
     """`qwen27b reach` inside the gate on `--dry`: from the host, a HEAD request to each source its plan
-    fetches from (gate.host_fetches), through its proxy, as a read-only fact (host_facts.ReachProbe),
+    fetches from (installs.host_fetches), through its proxy, as a read-only fact (host_facts.ReachProbe),
     before anything is installed. A fact's command is argv: a URL or proxy with a login is not sent
     (its row says so: `qwen27b reach` sends them on stdin). Rows as rows_for makes them (ok
     None: not checked); the failures are recorded as `qwen27b reach` records them."""

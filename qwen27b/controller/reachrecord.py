@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from qwen27b.onhost.statusfile import write_text_atomic
-from qwen27b.plan.hostdata import redact_url
+from qwen27b.plan.urlsecret import redact_url
 from qwen27b.controller.report import reports_dir
 
 

@@ -18,7 +18,8 @@ from qwen27b.onhost.contract import (COPIES_ENV, COPY_ENV, FIREWALL_UNIT, GPUS_E
                                      IDLE_PROBE_DEADLINE_ENV, IDLE_PROBE_EVERY_ENV, INSTANCE_TEMPLATE, MODEL_REF_ENV,
                                      QUIET_ENV, RELEASE_RECORD_ENV, SLOTS_ENV, SPECULATIVE_ENV, RAY_UNIT, SERVICE_UNIT, STALL_AFTER_ENV, TEXTFILE_DIR,
                                      lib_dir, module_argv)
-from qwen27b.plan.hostdata import NODE_EXPORTER_PORT, NODE_EXPORTER_UNIT, http_base
+from qwen27b.plan.hostdata import http_base
+from qwen27b.plan.settings import NODE_EXPORTER_PORT, NODE_EXPORTER_UNIT
 from qwen27b.plan.hostlayout import UNIT_DIR, HostLayout  # noqa: F401 (UNIT_DIR: roles/nvidia.py imports it here)
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
@@ -637,7 +638,7 @@ def instance_health_contexts(decision: Decision, prefix: str = "") -> dict[str, 
 def instance_endpoint_context(decision: Decision, prefix: str = "") -> dict:
     """The health endpoint of a host serving copies: one socket on qwen27b_health_port at the copies'
     address, answering each copy on /health/NAME from its status file (COPIES_ENV: the names,
-    allow-listed by hostdata.INSTANCE_NAME)."""
+    allow-listed by copykeys.INSTANCE_NAME)."""
     _, first = decision.copies[0]
     endpoint = endpoint_context(first, layout(first, prefix), first.serve.value("--host"))
     endpoint["environment"] = [(COPIES_ENV, ",".join(i.name for i, _ in decision.copies))]

@@ -25,7 +25,8 @@ from pyinfra.context import ctx_state
 from qwen27b.controller import apikey, factcache, progress, runstate, runsummary
 from qwen27b.controller.remote import no_delay_on_connect
 from qwen27b.controller.runreport import finish_run, verified
-from qwen27b.plan.hostdata import PREFIX, BadHostData, Settings, with_lab_key
+from qwen27b.plan.hostdata import PREFIX, BadHostData, Settings
+from qwen27b.plan.urlsecret import with_lab_key
 from qwen27b.plan.inventory import check_listed_once, validate_inventory
 
 

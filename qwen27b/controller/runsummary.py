@@ -12,7 +12,7 @@ import shlex
 from dataclasses import asdict, dataclass
 
 from qwen27b.controller import runstate
-from qwen27b.plan.hostdata import shown_argv
+from qwen27b.plan.urlsecret import shown_argv
 
 OK_STATUSES = ("ok", "planned")  # planned: a --dry run, nothing executed
 DRIVER_FIRST = ("the driver only (the GPU memory is read once it answers): re-run the deploy after its reboot "
@@ -139,7 +139,7 @@ def outcomes(state, refused: dict[str, str], verified: dict[str, tuple[str, str]
 
 def rerun_command(argv: list[str], failed: list[str]) -> str:
     """The same pyinfra command line (argv[0] is pyinfra's, whichever way it was started), limited
-    to the failed hosts (an earlier --limit dropped), its passwords shown as *** (hostdata.shown_argv)."""
+    to the failed hosts (an earlier --limit dropped), its passwords shown as *** (urlsecret.shown_argv)."""
     kept, skip = [], False
     for arg in argv:
         if skip:

@@ -16,7 +16,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from qwen27b.plan.gate import Decision
-from qwen27b.plan.hostdata import lab_address
+from qwen27b.plan.addresses import lab_address
 
 FIGURES, LIVENESS = "figures", "liveness"
 WHAT_SERVES = ("the release, the unit and its flags, the env and key files, the weights, the model link and the "

@@ -187,7 +187,7 @@ def hash_policy(setting: bool | None, profile: dict) -> tuple[bool, bool]:
     """(required, by_default) for qwen27b_require_hashes: the host's value, else the profile's
     `require_hashes` (sm70: true, its engine wheel is pinned). By default only what the stack itself
     pins is held to it (the engine wheel's sha256); the host's explicit true also refuses what only a
-    wheelhouse could pin (gate.unpinned)."""
+    wheelhouse could pin (installs.unpinned)."""
     if setting is not None:
         return setting, False
     return bool(profile.get("require_hashes")), True

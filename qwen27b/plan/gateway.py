@@ -22,8 +22,11 @@ from pathlib import Path
 
 from qwen27b.onhost.secretfile import load_secret
 from qwen27b.plan.chatpage import HOUSEKEEPING, ChatPage, plan_chat_page
-from qwen27b.plan.hostdata import (GATEWAY_KEYS, PREFIX, SECRET_NAMES, BadHostData, Settings, check_secret_file, instances_of, lab_address,
-                                   parse_address, parse_network)
+from qwen27b.plan.hostdata import PREFIX, BadHostData, Settings
+from qwen27b.plan.settings import GATEWAY_KEYS
+from qwen27b.plan.urlsecret import SECRET_NAMES, check_secret_file
+from qwen27b.plan.copykeys import instances_of
+from qwen27b.plan.addresses import lab_address, parse_address, parse_network
 
 GROUP = "qwen27b_gateway"
 DEFAULT_PORT = 8000

@@ -1,123 +1,31 @@
 """Inventory data: every `qwen27b_*` key, its type, default and meaning, checked before any host
 is touched. A mistake is refused naming the host, the key and the fix.
+
+settings_for and the checks of single keys are here; the keys themselves (Settings) are in
+settings.py, and the checks are cut at their seams (issue 50 item 3): addresses (addresses and
+networks), urlsecret (URLs, secrets, key files), overridekeys (qwen27b_stack_overrides), copykeys
+(qwen27b_instances, beside instances.py), nodekeys (qwen27b_node_*, beside multinode.py).
 """
 
 from __future__ import annotations
 
 import difflib
-import ipaddress
 import os
 import re
-import stat
-import urllib.parse
-from dataclasses import dataclass, fields, replace
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
 from qwen27b.plan import allowlist
-from qwen27b.onhost.secretfile import SecretFileError, load_secret
+from qwen27b.plan.addresses import ADDRESS_KEYS, NETWORK_KEYS, check_ssh_address, parse_address, parse_network
+from qwen27b.plan.urlsecret import (NO_LOGIN_URL_KEYS, SECRET_FLAG, SECRET_FLAG_FIX, URL_KEYS, _check_apt_mirror, _check_url,
+                                    check_secret_file, redact_url, url_has_password)
+from qwen27b.plan.copykeys import check_instance_keys
+from qwen27b.plan.nodekeys import check_node_keys
+from qwen27b.plan.overridekeys import _check_overrides
+from qwen27b.plan.settings import (GATEWAY_KEYS, GATEWAY_TYPES, KEYS, NODE_EXPORTER_PORT, OPEN_API, PREFIX, BadHostData,
+                                   Settings)
 from qwen27b.onhost.contract import http_base  # noqa: F401 (the one URL builder: plan and controller import it here)
-
-
-class BadHostData(ValueError):
-    """Inventory data that cannot be deployed; str() names host, key and fix."""
-
-    def __init__(self, host: str, key: str, problem: str, fix: str):
-        self.host, self.key, self.problem, self.fix = host, key, problem, fix
-        super().__init__(f"{host}: {key}: {problem}. Fix: {fix}")
-
-
-@dataclass(frozen=True)
-class Settings:
-    """One host's validated qwen27b data (the field name is the inventory key minus 'qwen27b_')."""
-
-    profile: str | None = None  # None: chosen from the GPUs; "cpu-smoke" for the CPU profile
-    # a name of the stack's engine profile catalog (plan/catalog.py); None: the generation's default
-    engine_profile: str | None = None
-    stack_overrides: dict | None = None  # merged into the stack profile (see stack.resolve_stack)
-    tensor_parallel_size: int | None = None  # None: all (visible) GPUs
-    gpu_indices: list | None = None  # None: every GPU; else CUDA_VISIBLE_DEVICES
-    port: int = 8000  # the OpenAI API's port on the host
-    bind_address: str | None = None  # None: the host's lab address when known, else 127.0.0.1
-    served_model_name: str | None = None  # None: the stack model's served_name
-    # controller-side file holding the API key (mode 0600); left out: the lab key the controller makes
-    # (controller/apikey.py); "none": an open API, by choice
-    api_key_file: str | None = None
-    serve_flags: dict | None = None  # pinned vllm serve flags, e.g. {"--max-model-len": 4096}
-    # auto | mtp | dflash2 | off (True/False: auto/off, the older spelling): plan/engine.py picks
-    # the method and depth from the stack's evidence
-    speculative: bool | str = "auto"
-    model: str | None = None  # a key of the stack's models table to serve; None: the profile's own
-    # --reasoning-parser / --enable-auto-tool-choice --tool-call-parser (plan/engine.py agent_parsers):
-    # None: on where the checkpoint's family and the build have them; False: off; True: on or refused
-    agent_parsers: bool | None = None
-    prefix_caching: bool = True  # vLLM's automatic prefix caching (--enable-prefix-caching)
-    skip_reboot: bool = False  # never reboot this host; the plan says a reboot is pending
-    mok_key_path: str | None = None  # MOK signing key for secure boot hosts
-    hold_kernel: bool = False  # apt-mark hold the running kernel too
-    min_free_disk_gib: int = 10  # headroom beyond the weights on the model disk
-    health_interval_s: int = 30  # how often qwen27b-health.timer runs the health check
-    health_failures_before_restart: int = 3  # consecutive critical checks before the (rate-limited) restart
-    python_mirror: str | None = None  # UV_PYTHON_INSTALL_MIRROR for air-gapped labs
-    # Sources a lab can reach (issue 30, qwen27b/plan/sources.py): a base URL standing for https://github.com/
-    # (the engine wheel, uv's Python builds), an HF_ENDPOINT for `hf download`, uv's default index and torch's
-
-    release_mirror: str | None = None  # a base URL standing for https://github.com/ (the engine wheel, uv's Python builds)
-    hf_endpoint: str | None = None  # an HF_ENDPOINT mirror for `hf download`
-    modelscope_endpoint: str | None = None  # MODELSCOPE_ENDPOINT for `modelscope download` (model_source modelscope)
-    pypi_index: str | None = None  # uv's default index instead of pypi.org
-    torch_index: str | None = None  # the torch wheels' index instead of download.pytorch.org
-    # a base URL standing for archive.ubuntu.com and developer.download.nvidia.com: apt reads only it
-    apt_mirror: str | None = None
-    wheelhouse_dir: str | None = None  # controller dir with the vLLM build's wheels + manifest.json
-    require_hashes: bool | None = None  # refuse any artifact the stack does not pin by sha256 (the gate names each); None: the profile's default (filepins.hash_policy)
-    wheel_mirror: str | None = None  # a lab mirror holding every wheel (uv --no-index --find-links) when no wheelhouse is pushed
-    model_source: str | None = None  # hub | mirror | controller; None: the stack model's default_source
-    model_mirror: str | None = None  # base URL of a lab mirror holding <id>@<revision>/ with manifest.json
-    model_local_dir: str | None = None  # controller dir holding the checkpoint (model_source controller)
-    draft_local_dir: str | None = None  # controller dir holding the DFlash2 draft
-    hf_token_file: str | None = None  # controller file (0600) with a Hugging Face token
-    http_proxy: str | None = None  # every fetch the host makes: apt, uv/pip, hf download, the Python download, qwen27b-fetch
-    keep_model_revisions: int = 1  # old revisions kept for rollback
-    keep_releases: int = 1  # old release dirs (~3.5 GB each) kept besides the current one; the previous always stays
-    # a release verify measured worse than the one it replaced (plan/regression.py, the stack's serve.regression
-    # limits) is rolled back at once, as a failed verify is; off: reported, and `qwen27b rollout` stops there
-    rollback_on_regression: bool = False
-    dflash_cli: bool = False  # also install PyPI's `dflash` CLI (benchmarks against the server)
-    firewall_allow: list | None = None  # networks allowed to reach the port (nftables); None: no rule
-    metrics_allow: list | None = None  # scrapers: /metrics without the key, the health endpoint, node_exporter
-    node_exporter: bool = False  # install Debian/Ubuntu's prometheus-node-exporter (textfile dir for qwen27b.prom)
-    health_port: int = 9120  # the health verdict over HTTP (qwen27b-health-http.socket), on the bind address
-    # none | tree: with model_source mirror, one host fetches from the mirror and hosts holding a
-    # verified copy seed the others in waves (1 -> 2 -> 4 ...): 1x the model over the WAN (qwen27b/plan/fanout.py)
-    weights_fanout: str = "none"
-    # Multi-node serving (qwen27b/plan/multinode.py): hosts naming the same group serve one model
-    # together when it does not fit one of them (TP within a host, PP across the hosts, vLLM's Ray backend)
-
-    # the serving group this host belongs to (docs/scale-out.md)
-    node_group: str | None = None  # e.g. "pair-a"; every member names it
-    node_role: str | None = None  # "head" (runs the API and the Ray head) or "worker"; one head per group
-    node_address: str | None = None  # this host's address on the link between the members; default ssh_hostname
-    node_interface: str | None = None  # the NIC of that link (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME)
-    interconnect_gbps: float | None = None  # the link's speed in Gbit/s (10 for 10 GbE): the planner checks it
-    # several copies on one machine (qwen27b/plan/instances.py): [{name, gpus, port, api_key_file?}, ...]
-    instances: list | None = None
-    # used cards (issue 27, plan/gpuwear.py): a power cap set at boot by qwen27b-gpu-power.service, watts
-    # for every GPU or {nvidia-smi index: watts}; checked against each card's range; None: left as found
-    power_limit_w: int | dict | None = None
-    ecc: str | None = None  # "on": nvidia-smi -e 1 where ECC is off (after a reboot); None: left as found
-    # uninstall.py only (pyinfra INVENTORY uninstall.py --data qwen27b_uninstall_weights=true): what else goes
-
-    uninstall_weights: bool = False  # the model revisions under /var/lib/qwen27b/models (20+ GiB) too
-    uninstall_driver: bool = False  # unhold and purge the NVIDIA driver packages, remove the nouveau blacklist
-    uninstall_chat_data: bool = False  # a gateway's chat page: its users and chats too
-
-    @property
-    def speculative_mode(self) -> str:
-        """qwen27b_speculative as one of SPECULATIVE_MODES (True/False are auto/off)."""
-        if isinstance(self.speculative, bool):
-            return "auto" if self.speculative else "off"
-        return self.speculative
 
 
 _TYPES: dict[str, tuple[type, ...]] = {
@@ -178,31 +86,6 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "uninstall_driver": (bool,),
     "uninstall_chat_data": (bool,),
 }
-# Keys read on the gateway hosts only (the qwen27b_gateway group): their meaning and the checks
-# across hosts are in qwen27b/plan/gateway.py; typed here like every other key.
-GATEWAY_TYPES: dict[str, tuple[type, ...]] = {
-    "gateway_port": (int,),  # where clients reach the lab's one OpenAI endpoint (default 8000)
-    "gateway_bind_address": (str,),  # None: the gateway host's lab address
-    "gateway_key_files": (list,),  # controller-side 0600 key files, or {file, name, requests_per_minute, concurrent} (required)
-    "gateway_backends": (list,),  # inventory host names; None: every host outside the gateway group
-    "gateway_request_timeout_s": (int,),  # longest request; also bounds a drain's wait
-    "gateway_metrics_allow": (list,),  # networks whose Prometheus may read the usage per key (:9121)
-    "gateway_tls_cert": (str,),  # controller-side PEM certificate (chain) for TLS; with gateway_tls_key
-    "gateway_tls_key": (str,),  # controller-side 0600 PEM private key of that certificate
-    "gateway_tls_lab_ca": (str,),  # controller-side dir of a lab CA made and kept by qwen27b (instead of the two above)
-    "gateway_fair_share": (bool,),  # default true: with 2+ keys, no key holds every slot of the pool
-    "gateway_log_bodies": (bool,),  # default false: the request log keeps prompts and answers (privacy!)
-    # the chat page on the gateway host (qwen27b/plan/chatpage.py)
-
-    "chat_page": (bool,),  # default false: Open WebUI behind the gateway's nginx
-    "chat_page_port": (int,),  # on the gateway's address (default 8080)
-    "chat_page_admin_email": (str,),  # the admin account the deploy makes (default admin@qwen27b.lab)
-    "chat_page_accounts": (dict,),  # {page account e-mail: gateway key name}
-}
-PREFIX = "qwen27b_"
-OPEN_API = "none"  # qwen27b_api_key_file: none, the explicit choice of an API without a key
-GATEWAY_KEYS = [PREFIX + name for name in GATEWAY_TYPES]
-KEYS = [PREFIX + f.name for f in fields(Settings)] + GATEWAY_KEYS
 # Whole-number keys: (least, most). The tops are far past any real use; without them a health
 # interval of 10**18 s passed and the timer ignored it (systemd takes spans up to ~584 years).
 _RANGES = {"tensor_parallel_size": (1, 64), "min_free_disk_gib": (1, 100_000), "health_interval_s": (1, 86_400),
@@ -212,8 +95,6 @@ SPECULATIVE_MODES = ("auto", "mtp", "dflash2", "ngram", "off")
 WEIGHTS_FANOUT = ("none", "tree")  # qwen27b.plan.fanout.MODES
 # The unit drops every capability (CapabilityBoundingSet=), so user qwen27b cannot bind below 1024.
 FIRST_UNPRIVILEGED_PORT = 1024
-NODE_EXPORTER_PORT = 9100  # prometheus-node-exporter's default (--web.listen-address=:9100), left as is
-NODE_EXPORTER_UNIT = "prometheus-node-exporter.service"  # Debian's and Ubuntu's name for it
 # Names end up unquoted in unit lines and the health timer's ExecStart: no spaces, no quotes.
 SERVED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
 SERVE_FLAG = re.compile(r"^--[a-z0-9][a-z0-9_-]*$")
@@ -230,32 +111,8 @@ OWN_KEY_FLAGS = {
     "--ssl-keyfile": _TLS_FIX,
     "--ssl-certfile": _TLS_FIX,
 }
-# Secrets never go on a command line (ps, systemctl status, the 0644 unit): any flag named like one.
-# (a name ending in the word: --return-tokens-as-token-ids is a real, harmless vLLM flag)
-SECRET_FLAG = re.compile(r"^--(?:.*-)?(?:api-key|token|password|passwd|secret)$")
-SECRET_FLAG_FIX = ("put the API key in a 0600 file and set qwen27b_api_key_file, the hub token in a 0600 file and "
-                   "qwen27b_hf_token_file (a flag shows in ps, systemctl status and the 0644 unit)")
 POSITIVE_FLAGS = ("--tensor-parallel-size", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens")
-# URLs are pasted into shell commands and env files on the host: plain URL characters only.
-URL_KEYS = {"python_mirror": ("http", "https", "file"), "wheel_mirror": ("http", "https", "file"),
-            "model_mirror": ("http", "https", "file"), "http_proxy": ("http", "https", "socks5", "socks5h"),
-            "release_mirror": ("http", "https"), "hf_endpoint": ("http", "https"),
-            "modelscope_endpoint": ("http", "https"), "pypi_index": ("http", "https"),
-            "torch_index": ("http", "https"), "apt_mirror": ("http", "https")}
-# Keys whose URL reaches argv as part of a longer URL (the engine wheel's, the hub's file URLs built by
-# huggingface_hub): a login there would show in `ps`, so these take none (a lab's own mirror needs none;
-# a proxy's login goes in qwen27b_http_proxy, kept in a root-only file)
-NO_LOGIN_URL_KEYS = ("release_mirror", "hf_endpoint", "modelscope_endpoint")
-URL_CHARS = re.compile(r"^[A-Za-z0-9._~:/?#\[\]@%+,=-]+$")
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-# An IPv6 zone id (fe80::1%eth0) names an interface (IFNAMSIZ: 15 characters): Python's ipaddress
-# takes anything after the '%', shell and quotes included, and addresses reach unit lines, shell
-# commands, nft rules and nginx upstreams. Every address is re-printed from its parsed form.
-ZONE_ID = re.compile(r"[A-Za-z0-9_.-]{1,15}")
-ZONE_FIX = "write the zone as an interface name only (letters, digits and . _ -, at most 15), e.g. fe80::1%eth0"
-ADDRESS_KEYS = {"bind_address": "give the lab interface's address, e.g. 192.168.1.20",
-                "node_address": "give this host's address on the link between the members, e.g. 10.10.0.1"}
-NETWORK_KEYS = ("firewall_allow", "metrics_allow")
 
 
 def _check_type(host: str, key: str, name: str, value: Any) -> None:
@@ -352,59 +209,6 @@ def settings_for(host: str, data: dict) -> Settings:
 def _check_networks(host: str, key: str, networks: list, empty: str) -> None:
     if not networks:
         raise BadHostData(host, key, empty, "list the lab networks, e.g. ['10.0.0.0/24'], or leave the key out")
-
-
-def parse_address(host: str, key: str, value: Any, fix: str, zone: bool = False) -> str:
-    """The address as every file and command gets it: re-printed from the parsed address. A zone id
-    (fe80::1%eth0) only where `zone` (ssh_hostname, for the SSH connection), and then an interface
-    name: systemd's ListenStream=/IPAddressAllow=, nft and nginx take none."""
-    try:
-        if not isinstance(value, str):
-            raise TypeError(value)
-        address = ipaddress.ip_address(value)
-    except (TypeError, ValueError):
-        raise BadHostData(host, key, f"{value!r} is not an IP address", fix) from None
-    scope = getattr(address, "scope_id", None)
-    if scope is not None and not ZONE_ID.fullmatch(scope):
-        raise BadHostData(host, key, f"{value!r} has the zone id {scope!r}, which is not an interface name", ZONE_FIX)
-    if scope is not None and not zone:
-        raise BadHostData(host, key, f"{value!r} has a zone id: the units, nft rules and nginx take none",
-                          "use the interface's global or unique-local address (fd00::/8), without %zone")
-    return str(address)
-
-
-def parse_network(host: str, key: str, value: Any) -> str:
-    """A network re-printed from its parsed form (host bits kept as written: every reader parses it
-    with strict=False). No zone id: nftables and systemd's IPAddressAllow= match addresses only."""
-    fix = "write networks as CIDR strings, e.g. '10.0.0.0/24' or '192.168.1.7/32'"
-    try:
-        if not isinstance(value, str):
-            raise TypeError(value)
-        network = ipaddress.ip_interface(value)
-    except (TypeError, ValueError):
-        raise BadHostData(host, key, f"{value!r} is not a network", fix) from None
-    if getattr(network, "scope_id", None) is not None:
-        raise BadHostData(host, key, f"{value!r} has a zone id: nftables and IPAddressAllow= take none",
-                          "write the network without its %zone, e.g. 'fe80::/64'")
-    if network.ip != network.network.network_address:
-        # every reader (nft, IPAddressAllow=, the route guard) takes the whole network: 10.0.0.7/8 is 10.0.0.0/8
-        raise BadHostData(host, key, f"{value!r} has host bits set: it would allow all of {network.network}",
-                          f"write '{network.network}' for the whole network, or "
-                          f"'{network.ip}/{network.max_prefixlen}' for the one host")
-    return str(network)
-
-
-def open_to_all(s: Settings) -> list[str]:
-    """A warning per allow-list that lets every address in (0.0.0.0/0, ::/0): allowed, as the lab's
-    explicit choice, but never without a word in the plan."""
-    what = {"firewall_allow": "vLLM's port is reachable from every address (the firewall rule filters nothing)",
-            "metrics_allow": "/metrics, the health endpoint and node_exporter answer every address without the key"}
-    out = []
-    for name, meaning in what.items():
-        wide = [n for n in getattr(s, name) or [] if ipaddress.ip_network(n).prefixlen == 0]
-        if wide:
-            out.append(f"WARNING: {PREFIX}{name} lists {', '.join(wide)}: {meaning}")
-    return out
 
 
 POWER_RANGE_W = (50, 1000)
@@ -608,233 +412,6 @@ def _check_serve_flags(host: str, s: Settings) -> None:
                           f"qwen27b_serve_flags --tensor-parallel-size {pinned_tp}", "set the TP size in one place only")
 
 
-def _check_url(host: str, key: str, url: str, schemes: tuple[str, ...]) -> None:
-    try:
-        parts = urllib.parse.urlsplit(url) if URL_CHARS.match(url) else None
-    except ValueError:  # urlsplit's own refusal ('Invalid IPv6 URL' for a lone '[' in the host part)
-        parts = None
-    example = "http://proxy.lab:3128" if key.endswith("proxy") else "http://mirror.lab:8080/path"
-    if parts is None or parts.scheme not in schemes or not (parts.netloc or (parts.scheme == "file" and parts.path)):
-        raise BadHostData(host, key, f"{url!r} is not a {'/'.join(schemes)} URL of plain URL characters",
-                          f"write it as {example} (percent-encode spaces and shell characters)")
-
-
-HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-REVISION = re.compile(r"^(?:[0-9a-f]{7,40}|[A-Za-z0-9][A-Za-z0-9._-]{0,99})$")  # a commit, or a tag/branch name
-SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
-
-
-def _check_overrides(host: str, overrides: dict) -> None:
-    """The values in stack overrides that end up in paths and downloads: ids, revisions, hashes;
-    then every value's type and allow-list (qwen27b/plan/allowlist.py)."""
-    key = "qwen27b_stack_overrides"
-    for section in ("model", "draft"):
-        entry = overrides.get(section) or {}
-        if not isinstance(entry, dict):
-            raise BadHostData(host, f"{key}.{section}", f"expected a dict, got {type(entry).__name__}", "e.g. {'id': 'org/name'}")
-        if f"{section}_revision" in overrides and "revision" in entry:
-            # two spellings of one key: the shortcut would win over the checked one
-            raise BadHostData(host, f"{key}.{section}_revision", f"given twice, as {section}_revision and "
-                              f"{section}.revision", f"give it once: {{'{section}': {{'revision': ...}}}}")
-        if "id" in entry and not (isinstance(entry["id"], str) and HUB_ID.match(entry["id"]) and ".." not in entry["id"]):
-            raise BadHostData(host, f"{key}.{section}.id", f"{entry['id']!r} is not a hub id 'org/name'",
-                              "use the checkpoint's hub id, e.g. 'nvidia/Qwen3.8-27B-NVFP4' (no paths, no '..')")
-        revision = entry.get("revision", overrides.get(f"{section}_revision"))
-        if revision is not None and not (isinstance(revision, str) and REVISION.match(revision) and ".." not in revision):
-            raise BadHostData(host, f"{key}.{section}_revision", f"{revision!r} is not a commit or tag",
-                              "pin a commit hash (7-40 hex) or a tag name")
-    serve = overrides.get("serve")
-    if isinstance(serve, dict):
-        for name, value in serve.items():
-            where = f"{key}.serve.{name}"
-            number = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "start_timeout_s"):
-                if not (isinstance(value, int) and number and value > 0):
-                    raise BadHostData(host, where, f"must be a positive whole number, got {value!r}",
-                                      "use a value of 1 or more")
-            elif name.endswith(("_mib", "_gib")) and not (number and value >= 0):
-                raise BadHostData(host, where, f"must be a size of 0 or more, got {value!r}", "use a number >= 0")
-            elif name == "gpu_memory_utilization" and not (number and 0 < value <= 1):
-                raise BadHostData(host, where, f"{value!r} is not a fraction of GPU memory",
-                                  "use a value above 0 and at most 1, e.g. 0.88")
-    vllm = overrides.get("vllm") or {}
-    if isinstance(vllm, dict) and vllm.get("sha256") is not None and not (
-            isinstance(vllm["sha256"], str) and SHA256.match(vllm["sha256"])):
-        raise BadHostData(host, f"{key}.vllm.sha256", f"{vllm['sha256']!r} is not a sha256 (64 hex digits)",
-                          "copy the wheel's full sha256 (sha256sum FILE)")
-    if "speculative" in overrides:
-        from qwen27b.plan.stack import StackError, spec_floor_overrides
-        try:
-            spec_floor_overrides(overrides["speculative"])
-        except StackError as error:
-            raise BadHostData(host, f"{key}.speculative", str(error).split("; fix: ")[0],
-                              "set only {'floors': {'min_acceptance': 0..1, 'min_draft_tokens': 1 or more}}") from None
-    shapes = _stack_shapes()
-    for name, value in overrides.items():
-        if name == "speculative":
-            continue  # checked above: only the fallback's floors
-        path = {"model_revision": "model.revision", "draft_revision": "draft.revision"}.get(name, name)
-        _check_override_value(host, f"{key}.{name}", path, value, shapes)
-
-
-@lru_cache(maxsize=1)
-def _stack_shapes() -> dict[str, frozenset]:
-    """Stack key path -> the types its value has in some profile (or model entry) of stack.yaml."""
-    from qwen27b.plan.stack import load_stack
-
-    stack, shapes = load_stack(), {}
-
-    def add(tree: dict, prefix: str) -> None:
-        for name, value in tree.items():
-            path = prefix + str(name)
-            shapes.setdefault(path, set()).add(type(value))
-            if isinstance(value, dict) and path != "serve.env":
-                add(value, path + ".")
-    for profile in stack["profiles"].values():
-        add(profile, "")
-    for entry in stack["models"].values():
-        add(entry, "model.")
-        add(entry, "draft.")
-    shapes["model"] = shapes["draft"] = {dict}  # overrides of the model entries, not the profile's names
-    for path in allowlist.STACK_RULES:
-        if shapes.get(path) == {type(None)}:  # null in every profile (a sha256 to pin, a URL): a string
-            shapes[path].add(str)
-    return {path: frozenset(types) for path, types in shapes.items()}
-
-
-def _type_ok(value: Any, types: frozenset) -> bool:
-    if value is None:
-        return type(None) in types
-    if isinstance(value, bool):
-        return bool in types
-    if isinstance(value, int):
-        return bool(types & {int, float})
-    return any(isinstance(value, t) for t in types if t not in (bool, int, type(None)))
-
-
-def _check_override_value(host: str, where: str, path: str, value: Any, shapes: dict) -> None:
-    """One override against the stack's shape (known key, same type) and its allow-list pattern."""
-    types = shapes.get(path)
-    if types is None:
-        parent, _, leaf = path.rpartition(".")
-        known = sorted({p[len(parent) + 1:] if parent else p for p in shapes
-                        if p.rpartition(".")[0] == parent and "." not in (p[len(parent) + 1:] if parent else p)})
-        close = difflib.get_close_matches(leaf, known, n=1)
-        raise BadHostData(host, where, "unknown stack key", (f"did you mean '{close[0]}'? " if close else "")
-                          + f"known here: {', '.join(known)}")
-    if not _type_ok(value, types):
-        names = " or ".join(sorted("null" if t is type(None) else t.__name__ for t in types))
-        raise BadHostData(host, where, f"expected {names} (as in qwen27b/plan/stack.yaml), got {type(value).__name__} {value!r}",
-                          f"write it as qwen27b/plan/stack.yaml does at {path}")
-    if isinstance(value, dict) and path != "serve.env":
-        for name, item in value.items():
-            if not isinstance(name, str):
-                raise BadHostData(host, where, f"{name!r} is not a stack key", "stack keys are strings")
-            _check_override_value(host, f"{where}.{name}", f"{path}.{name}", item, shapes)
-        return
-    found = allowlist.problem(path, value)
-    if found:
-        raise BadHostData(host, where, *found)
-
-
-SECRET_NAMES = {"api_key_file": "VLLM_API_KEY", "hf_token_file": "HF_TOKEN",
-                "gateway_key_files": "OPENAI_API_KEY"}  # a client's key file may be its env line  # NAME=KEY accepted in each file
-
-
-def check_secret_file(host: str, key: str, path: str, secret_name: str | None = None) -> None:
-    """A key or token file the controller reads must be private to its owner and hold one key in
-    the one format (qwen27b.onhost.secretfile); the message never holds the file's contents."""
-    try:
-        st = os.stat(os.path.expanduser(path))
-    except OSError as error:
-        raise BadHostData(host, key, f"cannot read {path}: {error.strerror}", "create it (chmod 600) or fix the path") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise BadHostData(host, key, f"{path} is a directory or special file, not a key file",
-                          "point it at the file holding the key (chmod 600)")
-    mode = stat.S_IMODE(st.st_mode)
-    if mode & 0o077:
-        raise BadHostData(host, key, f"{path} is mode {mode:o}, readable by others", f"chmod 600 {path}")
-    try:
-        load_secret(path, secret_name or SECRET_NAMES[key[len(PREFIX):]])
-    except SecretFileError as error:
-        raise BadHostData(host, key, f"{path} {error.problem}", error.fix) from None
-
-
-def with_lab_key(data: dict, key_file: str) -> dict:
-    """The host's data with the lab key's file (controller/apikey.py) where it names no key file."""
-    return data if PREFIX + "api_key_file" in data else {**data, PREFIX + "api_key_file": key_file}
-
-
-def _check_apt_mirror(host: str, url: str) -> None:
-    """qwen27b_apt_mirror is written into an apt sources line (`deb URL SUITE COMPONENTS`), where `#`
-    starts a comment and `[` options: a base URL of a path only. Its login, if any, goes into an
-    apt_auth.conf file (0600), never the sources line."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.query or parts.fragment or "?" in url or "#" in url or "[" in url or "]" in url:
-        raise BadHostData(host, PREFIX + "apt_mirror", f"{redact_url(url)} has a query, fragment or brackets, which an "
-                          "apt sources line cannot hold", "give the mirror's base URL only, e.g. http://mirror.lab/")
-    if not parts.hostname:
-        raise BadHostData(host, PREFIX + "apt_mirror", f"{redact_url(url)} names no host",
-                          "give the mirror's base URL, e.g. http://mirror.lab/ (serving ubuntu/ and compute/cuda/repos/)")
-
-
-def redact_url(url: str) -> str:
-    """The URL as it may be shown (plans, reports, errors): http://user:***@host. Userinfo without
-    a ':' is a token used as the user name: all of it becomes ***."""
-    parts = urllib.parse.urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    userinfo, _, hostport = parts.netloc.rpartition("@")
-    shown = f"{userinfo.split(':', 1)[0]}:***" if ":" in userinfo else "***"
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{shown}@{hostport}"))
-
-
-# pyinfra's own flags that take a password, and `--data` keys that hold one (ssh_password,
-# _sudo_password, ssh_key_password): a key naming a file (`*_file`) holds a path, shown as it is
-PASSWORD_FLAGS = ("--password", "--ssh-password", "--key-password", "--ssh-key-password")
-SECRET_DATA_KEY = re.compile(r"(?i)(password|passwd|secret|token)(?!.*_files?$)")
-URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/\s'\"]*)@")
-
-
-def shown_argv(argv: list[str]) -> list[str]:
-    """A command line as it may be printed (the run summary's re-run line, `qwen27b rollout`): a
-    password given to pyinfra's flags or as `--data KEY=VALUE` becomes ***, as do the passwords of
-    URLs anywhere in it (redact_url's rule, as the plans show them)."""
-    out, after = [], None
-    for arg in argv:
-        if after in PASSWORD_FLAGS:
-            arg = "***"
-        elif any(arg.startswith(flag + "=") for flag in PASSWORD_FLAGS):
-            arg = arg.split("=", 1)[0] + "=***"
-        else:
-            data = arg.removeprefix("--data=") if arg.startswith("--data=") else arg if after == "--data" else None
-            key = data.split("=", 1)[0] if data is not None and "=" in data else ""
-            if key and SECRET_DATA_KEY.search(key):
-                arg = arg[:len(arg) - len(data)] + key + "=***"
-            arg = URL_USERINFO.sub(lambda m: m[1] + (m[2].split(":", 1)[0] + ":***" if ":" in m[2] else "***") + "@",
-                                   arg)
-        out.append(arg)
-        after = arg if arg.startswith("--") and "=" not in arg else None
-    return out
-
-
-def url_has_password(url: str) -> bool:
-    return "@" in urllib.parse.urlsplit(url).netloc
-
-
-def lab_address(data: dict) -> str | None:
-    """The host's address on the lab network when the inventory states one as an IP (re-printed;
-    None for a name, or a scoped link-local address: no unit, rule or peer can use its zone id)."""
-    for key in ("ssh_hostname",):
-        value = data.get(key)
-        if isinstance(value, str):
-            try:
-                return parse_address("", key, value, "")
-            except BadHostData:
-                return None
-    return None
-
-
 def _engine_profile(host: str, s: Settings) -> Settings:
     """qwen27b_engine_profile names a catalog entry (plan/catalog.py); a cpu-smoke entry sets the CPU profile."""
     if s.engine_profile is None:
@@ -846,146 +423,3 @@ def _engine_profile(host: str, s: Settings) -> Settings:
     except CatalogError as error:
         raise BadHostData(host, "qwen27b_engine_profile", error.problem, error.fix) from None
     return s if profile == s.profile else replace(s, profile=profile)
-
-
-def check_ssh_address(host: str, data: dict) -> None:
-    """An ssh_hostname written as a scoped IPv6 address must have an interface name as its zone."""
-    value = data.get("ssh_hostname")
-    if isinstance(value, str) and "%" in value:
-        parse_address(host, "ssh_hostname", value, ZONE_FIX, zone=True)
-
-
-# --- A host's own keys for copies on one machine (qwen27b_instances; their planner side is
-# instances.py) and for a member of a serving group (qwen27b_node_*; what members share is checked
-# across hosts in inventory.py). Which of the three a host serves is decided in serving.py.
-
-INSTANCES_KEY = PREFIX + "instances"
-INSTANCE_NAME = re.compile(r"^[a-z0-9-]{1,16}$")  # the systemd instance (%i), file names, the plan
-INSTANCE_FIELDS = {"name", "gpus", "port", "api_key_file"}
-# host-wide keys a copy sets for itself: given beside qwen27b_instances they would mean nothing
-PER_COPY = ("port", "gpu_indices", "tensor_parallel_size")
-
-
-@dataclass(frozen=True)
-class Instance:
-    name: str
-    gpus: tuple[int, ...]  # host GPU indices (CUDA_VISIBLE_DEVICES); () on the CPU smoke profile
-    port: int
-    api_key_file: str | None = None  # None: the host's qwen27b_api_key_file, if any
-    count: int = 0  # `gpus: N`: N GPUs the planner picks by their links (instances.py); gpus () until then
-
-
-def check_instance_keys(host: str, s: Settings, given: set[str]) -> tuple[Instance, ...]:
-    """The copies of one host, validated: names, disjoint GPUs, distinct free ports, key files.
-    `given`: the keys the host data names (a default port is not a port given)."""
-    if s.instances is None:
-        return ()
-    fix_list = ("e.g. qwen27b_instances = [{'name': 'a', 'gpus': [0, 1, 2, 3], 'port': 8000}, "
-                "{'name': 'b', 'gpus': [4, 5, 6, 7], 'port': 8001}] (or 'gpus': 4: the planner picks them by their links)")
-    if not s.instances:
-        raise BadHostData(host, INSTANCES_KEY, "an empty list serves nothing", f"list the copies, {fix_list}, or leave the key out")
-    for name in PER_COPY:
-        if name in given:
-            raise BadHostData(host, PREFIX + name, "is set per copy when qwen27b_instances is set",
-                              "give each copy its port and gpus in qwen27b_instances, and remove this key")
-    if "--tensor-parallel-size" in (s.serve_flags or {}):
-        raise BadHostData(host, "qwen27b_serve_flags.--tensor-parallel-size", "each copy's TP size is its GPU count",
-                          "remove the flag: list the GPUs of each copy in qwen27b_instances")
-    if s.node_group is not None:
-        raise BadHostData(host, INSTANCES_KEY, "copies on one machine and a serving group over machines are exclusive",
-                          "remove qwen27b_node_group or qwen27b_instances")
-    cpu = s.profile == "cpu-smoke"
-    out: list[Instance] = []
-    owner: dict[int, str] = {}
-    ports: dict[int, str] = {s.health_port: "qwen27b_health_port (the health endpoint)"}
-    if s.node_exporter:
-        ports[NODE_EXPORTER_PORT] = "node_exporter (qwen27b_node_exporter)"
-    for n, item in enumerate(s.instances):
-        where = f"{INSTANCES_KEY}[{n}]"
-        if not isinstance(item, dict) or not {"name", "gpus", "port"} <= set(item) or set(item) - INSTANCE_FIELDS:
-            raise BadHostData(host, where, f"{item!r} is not a copy (keys name, gpus, port, optional api_key_file)",
-                              fix_list)
-        name, gpus, port, key_file = item["name"], item["gpus"], item["port"], item.get("api_key_file")
-        if not (isinstance(name, str) and INSTANCE_NAME.match(name)):
-            raise BadHostData(host, f"{where}.name", f"{name!r} is not a copy name",
-                              "use 1-16 lower-case letters, digits and - (it names qwen27b@NAME.service)")
-        where = f"{INSTANCES_KEY}['{name}']"
-        if any(i.name == name for i in out):
-            raise BadHostData(host, f"{where}.name", f"'{name}' names two copies", "give each copy its own name")
-        count = gpus if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0 and not cpu else 0
-        if count:
-            gpus = []  # how many: the planner picks which by their links
-        elif not isinstance(gpus, list) or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus):
-            raise BadHostData(host, f"{where}.gpus", f"{gpus!r} is not a list of GPU indices or a GPU count",
-                              "e.g. [0, 1], or 2 (the planner picks the best linked GPUs)")
-        if cpu != (not gpus and not count):
-            raise BadHostData(host, f"{where}.gpus", "the CPU smoke profile uses no GPU" if cpu else "a copy needs GPUs",
-                              "give [] on the CPU smoke profile" if cpu else "list the copy's GPU indices, e.g. [0, 1]")
-        for g in gpus:
-            if g in owner:
-                raise BadHostData(host, f"{where}.gpus", f"GPU {g} is also in copy '{owner[g]}'"
-                                  if owner[g] != name else f"GPU {g} is listed twice", "give each GPU to one copy once")
-            owner[g] = name
-        if not isinstance(port, int) or isinstance(port, bool) or not 1024 <= port <= 65535:
-            raise BadHostData(host, f"{where}.port", f"{port!r} is not an unprivileged TCP port",
-                              "use 1024-65535: the copy runs as user qwen27b without capabilities")
-        if port in ports:
-            raise BadHostData(host, f"{where}.port", f"{port} is also {ports[port]}", "give each copy its own port")
-        ports[port] = f"copy '{name}'s port"
-        if key_file is not None:
-            if not isinstance(key_file, str):
-                raise BadHostData(host, f"{where}.api_key_file", f"expected str, got {type(key_file).__name__}",
-                                  "the path of a 0600 key file on the controller")
-            check_secret_file(host, f"{where}.api_key_file", key_file, "VLLM_API_KEY")
-        out.append(Instance(name, tuple(gpus), port, key_file, count))
-    return tuple(out)
-
-
-def instances_of(s: Settings) -> tuple[Instance, ...]:
-    """The copies of validated settings (settings_for ran check_instance_keys on them)."""
-    return tuple(Instance(i["name"], (), i["port"], i.get("api_key_file"), i["gpus"]) if isinstance(i["gpus"], int)
-                 else Instance(i["name"], tuple(i["gpus"]), i["port"], i.get("api_key_file")) for i in s.instances or ())
-
-
-NODE_GROUP = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")  # a unit Description and the plan; no spaces
-NODE_ROLES = ("head", "worker")
-# a Linux interface name (IFNAMSIZ 16 with the NUL): NCCL_SOCKET_IFNAME= and GLOO_SOCKET_IFNAME= in the env file
-NODE_INTERFACE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,14}$")
-NODE_KEYS = ("node_role", "node_address", "node_interface", "interconnect_gbps")
-# flags the group plan sets itself (qwen27b/plan/multinode.py)
-GROUP_FLAGS = ("--pipeline-parallel-size", "--distributed-executor-backend", "--data-parallel-size")
-
-
-def check_node_keys(host: str, s: Settings) -> None:
-    """One member's own node keys: named only with a group, each of its form."""
-    if s.node_group is None:
-        given = [PREFIX + k for k in NODE_KEYS if getattr(s, k) is not None]
-        if given:
-            raise BadHostData(host, given[0], "is only read for a member of a serving group",
-                              "set qwen27b_node_group (the same name on every member), or remove it")
-        return
-    if not NODE_GROUP.match(s.node_group):
-        raise BadHostData(host, "qwen27b_node_group", f"{s.node_group!r} is not a group name",
-                          "use lower-case letters, digits and - (up to 32), e.g. 'pair-a'")
-    if s.node_role not in NODE_ROLES:
-        raise BadHostData(host, "qwen27b_node_role", f"{s.node_role!r} is not a node role" if s.node_role else
-                          "a member of a serving group needs a role", "set 'head' on one member (it runs the API and "
-                          "the Ray head) and 'worker' on the others")
-    if s.node_interface is None or not NODE_INTERFACE.match(s.node_interface):
-        raise BadHostData(host, "qwen27b_node_interface", f"{s.node_interface!r} is not an interface name"
-                          if s.node_interface else "a member of a serving group needs the interface of the link",
-                          "name the NIC that links the members (`ip -br addr`), e.g. 'enp65s0f0'")
-    if s.interconnect_gbps is None or isinstance(s.interconnect_gbps, bool) or not s.interconnect_gbps > 0:
-        raise BadHostData(host, "qwen27b_interconnect_gbps", "a member of a serving group needs the link's speed"
-                          if s.interconnect_gbps is None else f"{s.interconnect_gbps!r} is not a speed",
-                          "give the slowest hop between the members in Gbit/s, e.g. 10 for 10 GbE, 25 for 25 GbE: the "
-                          "planner checks it carries the pipeline's traffic")
-    for flag in GROUP_FLAGS:
-        if flag in (s.serve_flags or {}):
-            raise BadHostData(host, f"qwen27b_serve_flags.{flag}", f"{flag} is set by the serving group's plan",
-                              "remove it: the planner sets PP to the number of members and the Ray backend")
-
-
-def node_address(settings: Settings, data: dict) -> str | None:
-    """A member's address on the link: qwen27b_node_address, else its ssh_hostname when an IP."""
-    return settings.node_address or lab_address(data)

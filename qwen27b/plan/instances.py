@@ -1,7 +1,7 @@
 """Several copies of the model on one machine (`qwen27b_instances`): an 8-GPU box serving two TP-4
 copies, each with its own GPUs, port and API key, as `qwen27b@NAME.service`.
 
-The planner's side (the copies' own keys are host data, checked by hostdata.check_instance_keys;
+The planner's side (the copies' own keys are host data, checked by copykeys.check_instance_keys;
 serving.py sends a host here): each copy is the ordinary gate + planner (qwen27b/plan/gate.py, planner.py) run on
 the facts restricted to that copy's GPUs, so TP is the copy's GPU count and the memory plan is per
 copy; a copy that does not fit refuses the host with that copy's numbers.
@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from qwen27b.plan.gate import RefusedHost, host_gpus
-from qwen27b.plan.hostdata import INSTANCES_KEY, Instance, Settings, instances_of
+from qwen27b.plan.hostdata import Settings
+from qwen27b.plan.copykeys import INSTANCES_KEY, Instance, instances_of
 from qwen27b.plan.topology import pick_groups
 
 

@@ -6,7 +6,8 @@ what the members of a serving group must share. One host's own data is hostdata.
 from __future__ import annotations
 
 from qwen27b.plan.gateway import gateway_needs, plan_gateways
-from qwen27b.plan.hostdata import PREFIX, BadHostData, Settings, node_address, settings_for
+from qwen27b.plan.hostdata import PREFIX, BadHostData, Settings, settings_for
+from qwen27b.plan.nodekeys import node_address
 from qwen27b.plan.stack import load_stack
 
 # what every member must share: one model served by one engine over all of them ("matching stack")

@@ -12,7 +12,8 @@ import re
 import urllib.parse
 from dataclasses import dataclass
 
-from qwen27b.plan.hostdata import Settings, redact_url
+from qwen27b.plan.hostdata import Settings
+from qwen27b.plan.urlsecret import redact_url
 
 # uv's Python download URLs: <github>/<python_builds.path>/<release>/<archive>; an archive name
 # cpython-3.12.12+20251014-x86_64-unknown-linux-gnu-install_only_stripped.tar.gz

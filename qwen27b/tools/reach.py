@@ -3,7 +3,7 @@
     qwen27b reach INVENTORY [--limit HOST ...] [--timeout S] [--json]
 
 From each host, a HEAD request to each source the plan will use (the plan's `fetch:` lines:
-gate.host_fetches over the host's gate facts, the same reading doctor makes), through the host's
+installs.host_fetches over the host's gate facts, the same reading doctor makes), through the host's
 qwen27b_http_proxy, with a short timeout; then a table of source, host, result and the setting that
 would point a failing fetch elsewhere. Nothing is installed or changed: the facts are read-only
 commands and the probe is the host's own python3 (stdlib urllib, present on every Ubuntu). URLs and
@@ -41,7 +41,8 @@ def host_fetches_of(name: str, data: dict, stack: dict, outputs: dict[str, str])
     sources, or every GPU profile's when the gate refuses the host or its data is bad."""
     from qwen27b.controller.artifacts import python_builds
     from qwen27b.plan import sources
-    from qwen27b.plan.gate import RefusedHost, host_fetches
+    from qwen27b.plan.gate import RefusedHost
+    from qwen27b.plan.installs import host_fetches
     from qwen27b.plan.hostdata import BadHostData, Settings, settings_for
     from qwen27b.plan.serving import decide
     from qwen27b.plan.stack import StackError, resolve_stack

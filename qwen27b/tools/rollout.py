@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qwen27b.controller.report import reports_dir, table
-from qwen27b.plan.hostdata import shown_argv
+from qwen27b.plan.urlsecret import shown_argv
 from qwen27b.plan.lifecycle import rollout_batches
 from qwen27b.plan.loadpair import NOT_JUDGED
 from qwen27b.plan.regression import REGRESSED

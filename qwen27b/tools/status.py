@@ -88,7 +88,7 @@ def flags_command(unit_file: str) -> str:
 
 
 HOST_FLAGS = ("--host", "--port")  # a host's own address and port: expected to differ between hosts
-COPY_NAME = re.compile(r"^[a-z0-9-]{1,16}$")  # qwen27b.plan.hostdata.INSTANCE_NAME
+COPY_NAME = re.compile(r"^[a-z0-9-]{1,16}$")  # qwen27b.plan.copykeys.INSTANCE_NAME
 
 
 WANTS_DIR = "/etc/systemd/system/multi-user.target.wants"

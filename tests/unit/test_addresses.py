@@ -31,7 +31,8 @@ from qwen27b.controller.render import firewall_contexts, render
 from qwen27b.plan import fanout
 from qwen27b.plan.gateway import plan_gateways
 from qwen27b.plan.gate import RefusedHost, decide
-from qwen27b.plan.hostdata import BadHostData, lab_address, settings_for
+from qwen27b.plan.hostdata import BadHostData, settings_for
+from qwen27b.plan.addresses import lab_address
 from qwen27b.plan.inventory import validate_inventory
 from recordings import recorded_facts
 from tests.support.gateway_lab import free_port as P_free_port

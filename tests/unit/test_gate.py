@@ -410,7 +410,7 @@ def test_a_verified_model_on_disk_is_kept_and_a_partial_one_installed():
 def test_vllm_and_torch_are_kept_only_when_the_release_venv_holds_the_planned_build():
     """mark_installed reads VenvPackages of the release venv (names PEP 503-normalised, as the vllm
     role compares them): the planned version keeps both rows, any other version installs."""
-    from qwen27b.plan.gate import mark_installed
+    from qwen27b.plan.installs import mark_installed
     d = run("v100x4-converged")
     fresh = mark_installed(d, {})
     assert fresh.choice("vllm").action == fresh.choice("torch").action == "install"

@@ -4,7 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qwen27b.plan.hostdata import KEYS, BadHostData, settings_for
+from qwen27b.plan.hostdata import BadHostData, settings_for
+from qwen27b.plan.settings import KEYS
 from qwen27b.plan.inventory import validate_inventory
 from fuzz_budget import examples
 from tests.support.paths import ROOT
@@ -222,7 +223,7 @@ def test_monitoring_keys_default_and_scrapers_need_no_api_key():
 
 def test_an_allow_list_open_to_every_address_is_accepted_with_a_warning():
     """Issue 25: 0.0.0.0/0 and ::/0 passed without a word; the firewall role notes each warning."""
-    from qwen27b.plan.hostdata import open_to_all
+    from qwen27b.plan.addresses import open_to_all
 
     wide = settings_for("h", {"qwen27b_firewall_allow": ["0.0.0.0/0", "10.0.0.0/8"], "qwen27b_metrics_allow": ["::/0"]})
     warnings = open_to_all(wide)

@@ -24,7 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from qwen27b.plan.hostdata import OPEN_API, SPECULATIVE_MODES
+from qwen27b.plan.hostdata import SPECULATIVE_MODES
+from qwen27b.plan.settings import OPEN_API
 from qwen27b.tools.bench.common import BenchError
 from qwen27b.tools.bench.matrix import ab_compare
 from qwen27b.tools.bench.output import _grid, _x

@@ -85,7 +85,7 @@ def unit_commands(unit: str) -> dict[str, str]:
 def copy_commands(stack: dict, name: str) -> dict[str, str]:
     """A copy's own reads (qwen27b_instances): its unit, journal and env file (its GPUs and flags;
     0644, no secret: the key is in its own 0600 file), keyed STEM@NAME.EXT. `name` is allow-listed
-    (hostdata.INSTANCE_NAME) by HostSnapshot.copy_names before it reaches here."""
+    (copykeys.INSTANCE_NAME) by HostSnapshot.copy_names before it reaches here."""
     out = {copy_key(key, name): command for key, command in unit_commands(copy_unit(name)).items()}
     out[copy_key(COPY_ENV, name)] = f"cat {shlex.quote(HostLayout.of(stack['paths']).instance_env_file(name))}"
     return out

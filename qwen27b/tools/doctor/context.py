@@ -14,7 +14,8 @@ from qwen27b.onhost.unit import parse_show
 from qwen27b.plan.catalog import CatalogError, entry_stack
 from qwen27b.plan.gate import HostFacts, RefusedHost
 from qwen27b.controller.address import STATED as ADDRESS_REASON
-from qwen27b.plan.hostdata import PREFIX, BadHostData, Settings, lab_address, settings_for
+from qwen27b.plan.hostdata import PREFIX, BadHostData, Settings, settings_for
+from qwen27b.plan.addresses import lab_address
 
 from qwen27b.plan.serving import decide
 from qwen27b.plan.stack import StackError, gpu_spec, profile_for_compute_capability, resolve_stack

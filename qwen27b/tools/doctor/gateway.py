@@ -17,7 +17,8 @@ from qwen27b.onhost.contract import GATEWAY_UNIT, POOL_UNIT
 from qwen27b.onhost.unit import parse_show, show_command
 from qwen27b.plan.chatpage import UNIT as CHAT_PAGE_UNIT
 from qwen27b.plan.gateway import DEFAULT_PORT, USAGE_PORT, listen_on
-from qwen27b.plan.hostdata import PREFIX, lab_address
+from qwen27b.plan.hostdata import PREFIX
+from qwen27b.plan.addresses import lab_address
 
 from .model import CHAT_PAGE_KEY, FAIL, INFO, OK, SHOW_PROPS, SKIP, WARN, Check, Report
 

@@ -8,7 +8,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from qwen27b.onhost.contract import SERVICE_UNIT
-from qwen27b.plan.hostdata import INSTANCE_NAME, INSTANCES_KEY, OPEN_API, URL_KEYS, redact_url
+from qwen27b.plan.copykeys import INSTANCE_NAME, INSTANCES_KEY
+from qwen27b.plan.settings import OPEN_API
+from qwen27b.plan.urlsecret import URL_KEYS, redact_url
 
 from .journal import compact_journal_json
 from .parse import METRIC_FAMILIES

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from qwen27b.controller import apikey
 from qwen27b.onhost.secretfile import load_secret
-from qwen27b.plan.hostdata import settings_for, with_lab_key
+from qwen27b.plan.hostdata import settings_for
+from qwen27b.plan.urlsecret import with_lab_key
 from tests.support.paths import ROOT
 
 

@@ -15,7 +15,8 @@ import bcrypt
 import numpy
 
 from qwen27b.plan.elfneeds import ElfError, highest, newer, version_needs, wheel_needs
-from qwen27b.plan.gate import RefusedHost, binary_needs_check, decide
+from qwen27b.plan.gate import RefusedHost, decide
+from qwen27b.plan.installs import binary_needs_check
 from qwen27b.plan.hostdata import settings_for
 from qwen27b.plan.stack import load_stack, resolve_stack
 from tests.support.paths import TESTS

@@ -95,7 +95,7 @@ def _valid_shape(fact, data) -> bool:
     if fact is SecretFileState:
         return data is None or (set(data) == {"user", "group", "mode", "sha256"} and len(data["sha256"]) == 64)
     if fact is InstalledCopies:  # only copy names: they reach the removal commands
-        from qwen27b.plan.hostdata import INSTANCE_NAME
+        from qwen27b.plan.copykeys import INSTANCE_NAME
         return isinstance(data, list) and data == sorted(set(data)) and all(INSTANCE_NAME.match(n) for n in data)
     if fact is Subdirectories:
         return isinstance(data, list) and all(

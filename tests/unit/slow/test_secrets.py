@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from qwen27b.onhost.secretfile import SecretFileError, load_secret, parse_secret
-from qwen27b.plan.hostdata import BadHostData, redact_url, settings_for
+from qwen27b.plan.hostdata import BadHostData, settings_for
+from qwen27b.plan.urlsecret import redact_url
 from qwen27b.controller.report import write_private
 from qwen27b.controller.postdeploy import HostResult, write_report
 from tests.support.paths import ROOT
