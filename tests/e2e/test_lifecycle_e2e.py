@@ -28,6 +28,7 @@ The module's wall time is printed at the end (docs/lifecycle.md has the figures)
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 
@@ -170,6 +171,8 @@ def test_rollout_upgrades_canary_first_each_verified_and_crosses_the_wan_once(fl
         NOISE.append(regression.compare(record["baseline"], record["verify"], limits).as_json())
 
 
+@pytest.mark.skipif(os.environ.get("QWEN27B_E2E_NOISE") != "1", reason="a measurement for docs/lifecycle.md, not a "
+                    "check: QWEN27B_E2E_NOISE=1 ./run tests tests/e2e/test_lifecycle_e2e.py runs it (30 s)")
 def test_two_runs_of_one_release_measured_for_the_noise_figures(fleet):
     """The noise the limits must stand: the verify measurement (the stack's prompt set, the same
     function) run again on A's one release, every pair compared with the CPU profile's limits. The

@@ -241,8 +241,10 @@ def usage_counters(gw) -> dict[str, float]:
 
 
 def request_log(gw, n: int = 200) -> list[dict]:
-    """The gateway's request log: its last JSON lines in the journal (tag qwen27b_gateway)."""
-    out = gw["host"].run(f"journalctl --no-pager -o cat -t qwen27b_gateway -n {n}", timeout=60).stdout
+    """The gateway's request log: its last JSON lines in the journal (tag qwen27b_gateway, written by the
+    gateway's unit: a line forged with `logger` is not one, as `qwen27b gateway usage` reads it)."""
+    out = gw["host"].run(f"journalctl --no-pager -o cat _SYSTEMD_UNIT=qwen27b-gateway.service "
+                         f"SYSLOG_IDENTIFIER=qwen27b_gateway -n {n}", timeout=60).stdout
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 

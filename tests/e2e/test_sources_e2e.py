@@ -89,7 +89,7 @@ def test_a_lab_mirror_whose_model_file_differs_from_its_pin_stops_the_deploy(lab
     is fetched or switched, the file named with the pinned and the listed sha256 and what to do; the
     service keeps its process, its model link and its release."""
     from qwen27b.plan.stack import load_stack
-    from revisions import GOOD
+    from tests.support.revisions import GOOD
 
     root = tmp_path_factory.mktemp("bad-mirror")
     (root / GOOD).mkdir()

@@ -16,7 +16,10 @@ from qwen27b.tools import rollout as R
 from tests.support.paths import TESTS
 from tests.support.rollout_runs import deploys as _deploys
 
-LIMITS = load_stack()["profiles"]["cpu-smoke"]["serve"]["regression"]  # the stack's own, as the CPU hosts judge
+CPU_LIMITS = load_stack()["profiles"]["cpu-smoke"]["serve"]["regression"]  # the stack's own, as the CPU hosts judge
+# the CPU hosts' limits with a CPU allowance as a host whose engine runs on GPUs has it (the CPU profile's own
+# is 1.0: on the CI's shared cores the other e2e process moves it 8% -> 48%), so the pair's load logic is seen
+LIMITS = {**CPU_LIMITS, "load": {**CPU_LIMITS["load"], "max_cpu_diff": 0.30}}
 BEFORE = {"decode_tok_s": 12.0, "ttft_ms": 800.0, "runs": 6}
 SLOW = {"decode_tok_s": 5.0, "ttft_ms": 30000.0, "runs": 2}
 QUIET = P.Load(requests=0, cpu=0.05)
@@ -127,3 +130,13 @@ def test_issue_58s_figures_pass_the_old_gate_and_not_the_pair():
     quiet_before = {"ttft_ms": 294.0, "decode_tok_s": 31.9}
     assert P.judge_pair(quiet_before, QUIET, slower, QUIET, LIMITS, 1).verdict == G.REGRESSED
     assert P.judge_pair(stored, BUSY, slower, QUIET, LIMITS, LIMITS["pairs"]).verdict == P.NOT_JUDGED
+
+
+def test_the_cpu_profile_judges_a_pair_whatever_the_cpu_outside_its_unit():
+    """The CPU test hosts share two cores with the other e2e process: CPU outside the unit moved 8% ->
+    48% between the two sides of one canary in the clean-clone CI (stop 51) and the rollout stopped
+    'not judged'. On that profile CPU is no discriminator (max_cpu_diff 1.0); other clients' requests are."""
+    assert CPU_LIMITS["load"]["max_cpu_diff"] == 1.0
+    alike = P.compare_load(P.Load(requests=0, cpu=0.08), P.Load(requests=0, cpu=0.48), CPU_LIMITS["load"])
+    busy = P.compare_load(P.Load(requests=0, cpu=0.08), P.Load(requests=2, cpu=0.08), CPU_LIMITS["load"])
+    assert alike.alike and not busy.alike
