@@ -78,8 +78,8 @@ def gateway_preflight() -> GatewayPlan | None:
     if budgets and not _usage_available()[0]:  # a limit nothing would enforce: refused, not ignored
         refuse(RefusedHost(host.name, f"tokens_per_day is set for {', '.join(budgets)}, but this host's OS archive has "
                            "no nginx Lua module to count tokens (stack tools.nginx_lua)",
-                           "remove tokens_per_day from qwen27b_gateway_key_files, or run the gateway on "
-                           "Debian 12 or Ubuntu 20.04"))
+                           "remove tokens_per_day from qwen27b_gateway_key_files, or run the gateway on one of: "
+                           + ", ".join(load_stack()["tools"]["nginx_lua"]["on"])))
         return None
     return plan if take_lock() else None
 
@@ -120,13 +120,8 @@ def _directories() -> list[list[str]]:
 def _usage_available() -> tuple[bool, str]:
     """(whether this gateway counts tokens per key, the plan's line saying so): nginx's Lua module
     where the host's OS archive has it (stack tools.nginx_lua)."""
-    lua = load_stack()["tools"]["nginx_lua"]
     meta = (host.get_fact(LinuxDistribution) or {}).get("release_meta") or {}
-    os_id, version = meta.get("ID"), meta.get("VERSION_ID")
-    if G.usage_available(lua, os_id, version):
-        return True, f"  usage per key: tokens counted from the responses (nginx's Lua module, {lua['package']})"
-    return False, (f"  usage per key: tokens NOT counted on {os_id} {version}: its archive has no {lua['package']} "
-                   f"(it is in {', '.join(lua['on'])}); requests, limits and the request log still work")
+    return G.usage_verdict(load_stack()["tools"]["nginx_lua"], meta.get("ID"), meta.get("VERSION_ID"))
 
 
 def gateway(plan: GatewayPlan) -> None:

@@ -119,6 +119,16 @@ def usage_available(lua: dict, os_id: str | None, version_id: str | None) -> boo
     return f"{os_id} {version_id}" in lua["on"]
 
 
+def usage_verdict(lua: dict, os_id: str | None, version_id: str | None) -> tuple[bool, str]:
+    """(whether a gateway on this OS counts tokens per key, the plan's line saying so and, on Ubuntu,
+    from which archive component the module comes: stack tools.nginx_lua.universe)."""
+    if usage_available(lua, os_id, version_id):
+        where = " from the archive's universe component" if f"{os_id} {version_id}" in lua.get("universe", ()) else ""
+        return True, f"  usage per key: tokens counted from the responses (nginx's Lua module, {lua['package']}{where})"
+    return False, (f"  usage per key: tokens NOT counted on {os_id} {version_id}: its archive has no {lua['package']} "
+                   f"(it is in {', '.join(lua['on'])}); requests, limits and the request log still work")
+
+
 def lua_budgets(plan: GatewayPlan) -> str:
     """The keys' tokens_per_day as a Lua table for the config's init (names are 1-64 of
     A-Za-z0-9._- and budgets integers: plan/gateway.py checked both)."""

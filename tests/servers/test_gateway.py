@@ -908,13 +908,14 @@ def test_the_usage_counting_runs_where_memory_cannot_be_made_executable(tmp_path
 
 
 def test_where_the_os_has_no_nginx_lua_module_the_config_has_no_lua_and_still_passes_nginx_t(tmp_path):
-    """Ubuntu 22.04's archive has no libnginx-mod-http-lua (stack tools.nginx_lua, with its source):
+    """Ubuntu 22.04's archive has no libnginx-mod-http-lua (stack tools.nginx_lua, with its source;
+    tests/unit/test_gateway_os.py reads the archive's own package lists):
     the gateway there serves, limits and logs without token counts; its config names no Lua at all."""
     from qwen27b.plan.stack import load_stack
 
     lua = load_stack()["tools"]["nginx_lua"]
     assert [G.usage_available(lua, *os) for os in (("debian", "12"), ("ubuntu", "20.04"), ("ubuntu", "22.04"),
-                                                    ("ubuntu", "24.04"), (None, None))] == [True, True, False, False, False]
+                                                    ("ubuntu", "24.04"), (None, None))] == [True, True, False, True, False]
     plan = dataclasses.replace(reference_plan(), address="127.0.0.1", port=P_free_port())
     text = G.render_gateway(plan, usage=False)[G.layout()["config"]]
     assert "lua" not in text.lower() and "load_module" not in text and '"prompt_tokens":"$qwen27b_prompt_tokens"' in text

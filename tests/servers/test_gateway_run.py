@@ -99,7 +99,8 @@ def test_a_gateway_with_a_lab_ca_plans_its_certificate_and_never_prints_its_key(
     assert "TLS: a certificate for its address signed by the lab CA in" in out, out[-4000:]
     assert "CHANGE  TLS certificate /etc/qwen27b-gateway/tls.crt" in out and "CHANGE  TLS key (0600)" in out
     assert "CHANGE  nginx, its Lua module and python3 (the gateway)" in out and "install --no-install-recommends" in out
-    assert "usage per key: tokens counted from the responses (nginx's Lua module, libnginx-mod-http-lua)" in out
+    assert ("usage per key: tokens counted from the responses (nginx's Lua module, libnginx-mod-http-lua from the "
+            "archive's universe component)") in out
     assert "CHANGE  usage per key (nginx's Lua module) /opt/qwen27b-gateway/lib/qwen27b_gateway_usage.lua" in out
     assert {p.name: oct(p.stat().st_mode & 0o777) for p in lab_ca.glob("*.key")} == {"ca.key": "0o600", "_fake_gw.key": "0o600"}
     public = "".join(path.read_text() for path in lab_ca.rglob("*.crt"))  # an EC key's last line is its public point

@@ -46,7 +46,10 @@ def plan_of(hosts, groups) -> GatewayPlan:
 
 
 def nginx_binary() -> str:
-    found = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+    """This machine's nginx, or QWEN27B_TEST_NGINX's (another OS's nginx behind a wrapper: docs/gateway-os.md
+    runs these tests against Ubuntu 24.04's nginx and Lua module that way)."""
+    found = (os.environ.get("QWEN27B_TEST_NGINX") or shutil.which("nginx")
+             or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None))
     if not found:
         skip_or_fail_setup("nginx is not installed (./run tests installs nginx-light)")
     return found
