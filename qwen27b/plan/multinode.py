@@ -294,7 +294,7 @@ def plan_group(name: str, members: list[Member], stack: dict, why: str) -> dict[
         profile = _choose_profile(first.name, node_gpus, first.settings, stack)
         _, entry_stack = _catalog_entry(first.name, stack, profile, first.settings, node_gpus)  # its engine profile
         rs = resolve_stack(entry_stack, profile, first.settings.stack_overrides, model=first.settings.model,
-                           model_source=first.settings.model_source)
+                           model_source=first.settings.model_source, models_dir=first.settings.models_dir)
     except RefusedHost as refused:
         return _refuse_all(name, members, refused.cause, refused.fix)
     if not rs.build.get("ray_executor"):
