@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from qwen27b.plan.hostlayout import with_models_dir  # noqa: F401 (its importers)
+from qwen27b.plan.hostlayout import HostLayout, with_models_dir  # noqa: F401 (with_models_dir: its importers)
 from qwen27b.plan.settings import BadHostData
 
 KEY = "qwen27b_models_dir"
@@ -52,12 +52,13 @@ def check_models_dir(host: str, value: str, paths: dict) -> str:
     if len(levels) < 2:
         raise BadHostData(host, KEY, f"{path} is a top-level directory: the deploy owns the models dir (root:qwen27b "
                           "0750), prunes old revisions in it and the uninstall may remove it", fix)
-    if path == paths["models"]:
+    at = HostLayout.of(paths)
+    if path == at.models:
         return path
-    for top, what in ((paths["state"], "the service's state dir, which the service user owns and can write"),
-                      (paths["cache"], "the service's cache dir, which the service user owns and can write"),
-                      (paths["root"], "the deploy's own tree (uninstall removes it)"),
-                      (paths["config"], "the deploy's config dir (uninstall removes it)")):
+    for top, what in ((at.state, "the service's state dir, which the service user owns and can write"),
+                      (at.cache, "the service's cache dir, which the service user owns and can write"),
+                      (at.root, "the deploy's own tree (uninstall removes it)"),
+                      (at.config, "the deploy's config dir (uninstall removes it)")):
         if _under(path, top) or _under(top, path):
             raise BadHostData(host, KEY, f"{path} is in or holds {top}, {what}", fix)
     for top in _SYSTEM:
@@ -69,16 +70,17 @@ def check_models_dir(host: str, value: str, paths: dict) -> str:
 
 def models_reason(paths: dict, models_dir: str | None) -> str:
     """The plan's word on where the weights land."""
-    if not models_dir or models_dir == paths["models"]:
+    default = HostLayout.of(paths).models
+    if not models_dir or models_dir == default:
         return ""
-    return (f"model revisions in {models_dir} ({KEY}), not {paths['models']}: the service reads "
+    return (f"model revisions in {models_dir} ({KEY}), not {default}: the service reads "
             f"{models_dir}/current; the disk check measures there")
 
 
 def apart_from_state(paths: dict) -> bool:
     """Whether the models dir lies outside the state dir (qwen27b_models_dir)."""
-    state = paths["state"].rstrip("/")
-    return not paths["models"].startswith(state + "/")
+    at = HostLayout.of(paths)
+    return not at.models.startswith(at.state.rstrip("/") + "/")
 
 
 def uninstall_apart(have: dict, models: str, links: list[str], weights: bool) -> tuple[list[tuple], list[str]]:

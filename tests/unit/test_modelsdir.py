@@ -90,3 +90,13 @@ def test_uninstall_keeps_weights_outside_the_state_dir_and_hands_them_to_root():
     removals, kept = uninstall_plan(have, paths, UninstallOptions(weights=True), "/u", "/x/q.prom")
     assert (f"{DATA} with the model weights", (f"rm -rf {DATA}",)) in [(r.what, r.commands) for r in removals]
     assert not kept or not any(DATA in k for k in kept)
+
+
+def test_doctor_reads_the_model_link_and_disk_where_the_setting_put_them():
+    from qwen27b.tools.doctor.collection import commands, with_host_models_dir
+    stack = load_stack()
+    moved = with_host_models_dir(stack, "h", {"qwen27b_models_dir": DATA})
+    assert f"m={DATA}; p={DATA}/current;" in commands(moved)["model.txt"]
+    assert any(DATA in c for c in commands(moved).values() if "df -P -B1" in c)
+    # a bad value is doctor's settings check's to name: the default is read
+    assert with_host_models_dir(stack, "h", {"qwen27b_models_dir": "/home/x/m"}) is stack
