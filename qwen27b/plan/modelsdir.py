@@ -111,3 +111,15 @@ def uninstall_apart(have: dict, models: str, links: list[str], weights: bool) ->
 MODELS_LINK_HINT = (f"a symbolic link there is not followed (it sits in the service user's state dir): set {KEY} to "
                     "the directory it points at (the weights already there are used), or bind-mount that directory at "
                     "the models path")
+
+
+def host_paths(paths: dict, host: str, data: dict) -> dict:
+    """`paths` with a host's raw qwen27b_models_dir where it passes the check (doctor and status read
+    the link and the disk where the deploy put them); a bad value is the settings check's to name."""
+    value = data.get(KEY)
+    if not isinstance(value, str):
+        return paths
+    try:
+        return with_models_dir(paths, check_models_dir(host, value, paths))
+    except BadHostData:
+        return paths

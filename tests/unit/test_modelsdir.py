@@ -100,3 +100,10 @@ def test_doctor_reads_the_model_link_and_disk_where_the_setting_put_them():
     assert any(DATA in c for c in commands(moved).values() if "df -P -B1" in c)
     # a bad value is doctor's settings check's to name: the default is read
     assert with_host_models_dir(stack, "h", {"qwen27b_models_dir": "/home/x/m"}) is stack
+
+
+def test_status_reads_the_model_link_where_the_setting_put_it():
+    from qwen27b.plan.modelsdir import host_paths
+    from qwen27b.tools.status import commands
+    assert commands(host_paths(PATHS, "h", {"qwen27b_models_dir": DATA}))["model"] == f"readlink {DATA}/current"
+    assert host_paths(PATHS, "h", {}) is PATHS and host_paths(PATHS, "h", {"qwen27b_models_dir": "rel/x"}) is PATHS

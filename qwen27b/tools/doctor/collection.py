@@ -11,8 +11,7 @@ from qwen27b.controller import facts as F
 from qwen27b.controller import remote
 from qwen27b.onhost.unit import parse_show, show_command
 from qwen27b.plan import modelsdir
-from qwen27b.plan.hostlayout import HostLayout, with_models_dir
-from qwen27b.plan.settings import BadHostData
+from qwen27b.plan.hostlayout import HostLayout
 
 from qwen27b.controller.address import host_address
 from qwen27b.plan.gateway import is_gateway
@@ -178,16 +177,10 @@ def run_phase(state, host, cmds: dict[str, str], timeout: int) -> tuple[dict, di
 
 
 def with_host_models_dir(stack: dict, host: str, data: dict) -> dict:
-    """The stack with the host's qwen27b_models_dir (plan/modelsdir.py) where it passes the check:
-    the model link and the disk are read where the deploy put them (a bad value: doctor's settings
-    check names it; the default is read here)."""
-    value = data.get(modelsdir.KEY)
-    if not isinstance(value, str):
-        return stack
-    try:
-        return {**stack, "paths": with_models_dir(stack["paths"], modelsdir.check_models_dir(host, value, stack["paths"]))}
-    except BadHostData:
-        return stack
+    """The stack with the host's qwen27b_models_dir (modelsdir.host_paths): the model link and the
+    disk are read where the deploy put them."""
+    paths = modelsdir.host_paths(stack["paths"], host, data)
+    return stack if paths is stack["paths"] else {**stack, "paths": paths}
 
 
 def read_host(state, host, stack: dict, timeout: int = 300) -> HostSnapshot:
