@@ -107,3 +107,13 @@ def test_status_reads_the_model_link_where_the_setting_put_it():
     from qwen27b.tools.status import commands
     assert commands(host_paths(PATHS, "h", {"qwen27b_models_dir": DATA}))["model"] == f"readlink {DATA}/current"
     assert host_paths(PATHS, "h", {}) is PATHS and host_paths(PATHS, "h", {"qwen27b_models_dir": "rel/x"}) is PATHS
+
+
+def test_the_directories_ops_refusal_of_a_link_names_the_setting():
+    """The op's case file (tests/operations/directories/a-link-at-the-models-path-names-the-setting.json)
+    holds the hint the toolchain role passes for the models path."""
+    import json
+    from qwen27b.plan.modelsdir import MODELS_LINK_HINT
+    case = json.loads((TESTS / "operations" / "directories" / "a-link-at-the-models-path-names-the-setting.json").read_text())
+    assert case["kwargs"]["hints"]["/var/lib/qwen27b/models"] == MODELS_LINK_HINT
+    assert "qwen27b_models_dir" in MODELS_LINK_HINT and "bind-mount" in MODELS_LINK_HINT
