@@ -84,6 +84,13 @@ recorded_hosts = [
     # others over SYS: 5,6 on NVLink), and one copy of 2 GPUs on the 3090 + V100 pair box (the NV6 pair)
     _fake("v100x8-dgx1-tp2-of-4", "v100x8-sxm2-dgx1", qwen27b_gpu_indices=[0, 5, 6, 7], qwen27b_tensor_parallel_size=2),
     _fake("mixed-3090-v100x2-copy", "mixed-3090-v100x2", qwen27b_instances=[{"name": "a", "gpus": 2, "port": 8000}]),
+    # models on the big disk (issue 52 item 4): /var too small for the checkpoint (refused, the fix names
+    # qwen27b_models_dir), and the same box with the models dir on /data
+    _fake("v100x4-small-var"),
+    _fake("v100x4-data-disk", qwen27b_models_dir="/data/qwen27b/models"),
+    # four TP-2 copies by count on the DGX-1 (issue 52 item 6): its four NV2 pairs, 8 NVLinks, not 0-1 NV1 + ...: 6
+    _fake("v100x8-dgx1-copies-4x2", "v100x8-sxm2-dgx1",
+          qwen27b_instances=[{"name": n, "gpus": 2, "port": 8000 + i} for i, n in enumerate("abcd")]),
     # used cards (issue 27, qwen27b/plan/gpuwear.py): a GPU left out (repeated Xid 79, link at x4), a warning
     # naming the GPU, a host refused (every GPU worn), a converged host with persistence off, a power cap
     _fake("v100x4-wear-xid79"),

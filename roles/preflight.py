@@ -35,7 +35,7 @@ from qwen27b.plan.nodekeys import node_address
 from qwen27b.plan.lifecycle import parse_record, release_record_file, rollback_dir
 from qwen27b.plan.multinode import Member, decide_group
 from qwen27b.plan.serving import GROUP, decide, kind
-from qwen27b.plan.stack import load_stack
+from qwen27b.plan.stack import load_stack, with_models_dir
 
 from ._common import RAY_UNIT_FILE, dry_run, note, python_to_fetch, release_dir, release_venv, wheelhouse_dir
 from ._run import refuse, take_lock
@@ -89,7 +89,7 @@ def gate(on=None) -> Decision | RefusedHost:
             if refused is not None:
                 raise refused
             try:
-                facts = gather_facts(stack["paths"]["models"], on)
+                facts = gather_facts(with_models_dir(stack["paths"], settings.models_dir)["models"], on)
             except EOFError:  # pyinfra asked for the sudo password with no terminal to read it from
                 raise RefusedHost(on.name, *SUDO_PASSWORD_NEEDED) from None
             address, why = host_address(on)
@@ -150,7 +150,7 @@ def _group_gate(name: str) -> dict[str, Decision | RefusedHost]:
             continue
         data = dict(each.data.dict())
         try:
-            facts = gather_facts(stack["paths"]["models"], each)
+            facts = gather_facts(with_models_dir(stack["paths"], settings[each.name].models_dir)["models"], each)
         except RefusedHost as error:
             refused[each.name] = error
             continue

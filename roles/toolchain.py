@@ -25,6 +25,7 @@ from qwen27b.controller.artifacts import (fetch_python_build, python_builds, pyt
 from qwen27b.plan import sources
 from qwen27b.plan.gate import Decision
 from qwen27b.plan.installs import host_fetches
+from qwen27b.plan.modelsdir import MODELS_LINK_HINT
 from qwen27b.plan.lifecycle import (APT_MIRROR_AUTH, APT_MIRROR_CONF, APT_MIRROR_LIST, APT_MIRROR_PARTS, APT_PROXY_AUTH,
                                     APT_PROXY_CONF)
 from qwen27b.controller.host_facts import DirectoryStates, ServiceUser
@@ -221,7 +222,8 @@ def toolchain(decision: Decision) -> None:
         note(line, always=True)  # on --dry, the gate checked each from the host (preflight.dry_reach)
     apt_install("base packages", _packages(decision))
     service_user(user, at.state)
-    directories(name="qwen27b directories (owner, group, mode)", specs=[list(d) for d in _directories(decision)])
+    directories(name="qwen27b directories (owner, group, mode)", specs=[list(d) for d in _directories(decision)],
+                hints={posixpath.normpath(decision.stack.layout.models): MODELS_LINK_HINT})
     if url_env_text(decision.settings):  # before the first command that sources it
         secret_file(name="mirror/proxy URLs with credentials (0600, never on a command line)",
                     dest=url_env_file(decision), content=url_env_text(decision.settings))

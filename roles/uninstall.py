@@ -28,7 +28,7 @@ from qwen27b.plan.lifecycle import (GATEWAY_USER, LOCK_DIR, NFT_TABLE, SERVICE_U
                                     uninstall_plan)
 from qwen27b.plan.chatpage import USER as CHAT_PAGE_USER
 from qwen27b.plan.gateway import plan_gateways, uninstall_notes
-from qwen27b.plan.stack import load_stack
+from qwen27b.plan.stack import load_stack, with_models_dir
 
 from qwen27b.controller.runlife import inventory_settings
 
@@ -41,7 +41,7 @@ def uninstall() -> bool:
     """Print this host's uninstall plan and queue its removals. Returns whether anything is queued."""
     oporder.register_deploy_file(state.current_deploy_filename)
     settings = inventory_settings()[host.name]  # bad inventory stops the run before any fact is read
-    paths = load_stack()["paths"]
+    paths = with_models_dir(load_stack()["paths"], settings.models_dir)  # qwen27b_models_dir: the weights there
     probe = {"paths": probe_paths(paths, UNIT_DIR, TEXTFILE), "units": list(SERVICE_UNITS),
              "accounts": [HostLayout.of(paths).service_user, GATEWAY_USER, CHAT_PAGE_USER], "nft_table": NFT_TABLE}
     factcache.prefetch([(DeployedState, probe), (HeldPackages, {}), (NvidiaCudaPackages, {})])

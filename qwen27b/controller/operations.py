@@ -328,11 +328,12 @@ def symlink_switch(link: str, target: str):
 
 
 @operation()
-def directories(specs: list[list[str]]):
+def directories(specs: list[list[str]], hints: dict | None = None):
     """
     Make each directory exist with its owner, group and mode.
 
     + specs: ``[[path, user, group, mode], ...]``, parents before children; mode octal, e.g. ``"0750"``
+    + hints: ``{path: text}`` added to the failure where that path is not a directory (the way that works)
 
     Why: `files.directory` reads its own fact once to plan and again to execute; the layout's
     eight directories cost sixteen remote commands (and eight operations of controller time) on
@@ -361,7 +362,9 @@ def directories(specs: list[list[str]]):
     for (path, user, group, mode), now in zip(checked, states):
         q = shlex.quote(path)
         if now is not None and now["type"] != "directory":
-            raise OperationError(f"directories: {path} exists and is a {now['type']}, not a directory: move it away")
+            hint = (hints or {}).get(path)
+            raise OperationError(f"directories: {path} exists and is a {now['type']}, not a directory: move it away"
+                                 + (f"; {hint}" if hint else ""))
         if now is None:
             commands.append(f"mkdir -p {q}")
         if now is None or (now["user"], now["group"]) != (user, group):

@@ -21,6 +21,7 @@ from qwen27b.plan.occupants import Bound, occupied
 from qwen27b.plan.checkpoint import CheckpointError, ModelShape, load_shape
 from qwen27b.plan.settings import NODE_EXPORTER_PORT, NODE_EXPORTER_UNIT, Settings
 from qwen27b.plan.fanout import SEED_PORT
+from qwen27b.plan.modelsdir import DISK_FIX, models_reason
 from qwen27b.plan.installs import _choices, binary_needs_check, python_row, unpinned
 from qwen27b.plan.specchoice import _agent_parsers, _plan_or_drop_draft, _speculation
 from qwen27b.plan.wearchoice import _leave_out_worn, _power_choices
@@ -309,7 +310,7 @@ def _check_disk(host: str, facts: HostFacts, rs: ResolvedStack, settings: Settin
                           f"free, {need / GiB:.1f} GiB needed ({missing / GiB:.1f} GiB of weights still to fetch + "
                           f"{settings.min_free_disk_gib} GiB headroom"
                           + (f"; already on disk: {', '.join(have)}" if have else "") + ")",
-                          "free space, mount a larger disk at the models path, or lower qwen27b_min_free_disk_gib")
+                          f"free space, {DISK_FIX}, or lower qwen27b_min_free_disk_gib")
     return None
 
 
@@ -354,7 +355,7 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
     entry, stack = _catalog_entry(host, stack, profile_name, settings, gpus)
     try:
         rs = resolve_stack(stack, profile_name, settings.stack_overrides, model=settings.model,
-                           model_source=settings.model_source)
+                           model_source=settings.model_source, models_dir=settings.models_dir)
     except NoModelScopeId as error:
         raise RefusedHost(host, f"qwen27b_model_source: {error}",
                           "use qwen27b_model_source hub (with qwen27b_hf_endpoint for a mirror), mirror or controller, "
@@ -454,6 +455,8 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
         refusals.extend(RefusedHost(host, cause, fix) for cause, fix in power_refusals)
     if refusals:
         raise RefusedHost.every(host, refusals)
+    if serve is not None and models_reason(stack["paths"], settings.models_dir):
+        serve.notes.append(models_reason(stack["paths"], settings.models_dir))
     return Decision(host=host, stack=rs, settings=settings, gpus=gpus, serve=serve,
                     choices=_choices(facts, rs, settings, driver, serve.spec) + _power_choices(facts, power),
                     warnings=([driver_first[1]] if driver_first else []) + [w.line() for w in wear]

@@ -21,6 +21,8 @@ from qwen27b.plan.addresses import ADDRESS_KEYS, NETWORK_KEYS, check_ssh_address
 from qwen27b.plan.urlsecret import (NO_LOGIN_URL_KEYS, SECRET_FLAG, SECRET_FLAG_FIX, URL_KEYS, _check_apt_mirror, _check_url,
                                     check_secret_file, redact_url, url_has_password)
 from qwen27b.plan.copykeys import check_instance_keys
+from qwen27b.plan.modelsdir import check_models_dir
+from qwen27b.plan.stack import load_stack
 from qwen27b.plan.nodekeys import check_node_keys
 from qwen27b.plan.overridekeys import _check_overrides
 from qwen27b.plan.settings import (GATEWAY_KEYS, GATEWAY_TYPES, KEYS, NODE_EXPORTER_PORT, OPEN_API, PREFIX, BadHostData,
@@ -47,6 +49,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "mok_key_path": (str,),
     "hold_kernel": (bool,),
     "min_free_disk_gib": (int,),
+    "models_dir": (str,),
     "health_interval_s": (int,),
     "health_failures_before_restart": (int,),
     "python_mirror": (str,),
@@ -200,6 +203,8 @@ def settings_for(host: str, data: dict) -> Settings:
             raise BadHostData(host, key, "unknown key", hint)
     check_ssh_address(host, data)
     settings = Settings(**values)
+    if settings.models_dir is not None:
+        settings = replace(settings, models_dir=check_models_dir(host, settings.models_dir, load_stack()["paths"]))
     _check_values(host, settings)
     settings = _engine_profile(host, settings)
     check_instance_keys(host, settings, set(values))

@@ -17,6 +17,15 @@ def revision_dir_name(entry: dict) -> str:
     return f"{entry['id'].replace('/', '--')}@{entry['revision']}"
 
 
+def with_models_dir(paths: dict, models_dir: str | None) -> dict:
+    """The stack's `paths` with host data's models dir (qwen27b_models_dir, checked by
+    plan/modelsdir.py) and the `current` link in it; unchanged without one."""
+    if not models_dir or models_dir == paths["models"]:
+        return paths
+    current = paths["current_model"].rsplit("/", 1)[-1]
+    return {**paths, "models": models_dir, "current_model": f"{models_dir}/{current}"}
+
+
 @dataclass(frozen=True)
 class HostLayout:
     """The stack's `paths` (stack.yaml), as fields, and the places derived from them."""

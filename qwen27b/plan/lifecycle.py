@@ -25,6 +25,7 @@ from qwen27b.onhost.contract import (FIREWALL_UNIT, GATEWAY_UNIT, HEALTH_HTTP_SO
                                      HEALTH_UNIT, INSTANCE_TEMPLATE, POOL_UNIT, RAY_UNIT, SEED_UNIT, SERVICE_UNIT)
 
 from qwen27b.plan import chatpage
+from qwen27b.plan.modelsdir import apart_from_state, uninstall_apart
 from qwen27b.plan.hostlayout import RECORD_NAME, ROLLBACK_SUBDIR, HostLayout  # noqa: F401 (RECORD_NAME, ROLLBACK_SUBDIR: their importers)
 
 
@@ -393,7 +394,13 @@ def uninstall_plan(have: Installed, paths: dict, options: UninstallOptions, unit
         if path in have.paths:
             removals.append(Removal(path, why, (f"rm -rf {q(path)}",)))
     state, models = at.state, at.models
-    if state in have.paths:
+    if apart_from_state(paths):  # qwen27b_models_dir: the state dir holds no weights; the models dir its own way
+        if state in have.paths:
+            removals.append(Removal(state, "the health status and caches (the weights are elsewhere)", (f"rm -rf {q(state)}",)))
+        apart, kept_apart = uninstall_apart(have.paths, models, [at.current_model, at.draft_link], options.weights)
+        removals += [Removal(*each) for each in apart]
+        kept += kept_apart
+    elif state in have.paths:
         if options.weights or models not in have.paths:
             what = f"{state} with the model weights" if models in have.paths else state
             removals.append(Removal(what, "the health status, caches" + (" and every model revision" if models in have.paths else ""),

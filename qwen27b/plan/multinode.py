@@ -288,13 +288,18 @@ def plan_group(name: str, members: list[Member], stack: dict, why: str) -> dict[
         return _refuse_all(name, members, "the members' GPUs differ (" + "; ".join(f"{h}: {c}" for h, c in counts.items())
                            + "): one stage per member needs the same GPUs on each",
                            "group hosts with the same GPUs, or list the same number with qwen27b_gpu_indices")
+    dirs = {m.name: m.settings.models_dir or "the stack's" for m in members}
+    if len(set(dirs.values())) > 1:  # one --model path for every stage: the head's, on each member
+        return _refuse_all(name, members, "the members' qwen27b_models_dir differ (" + "; ".join(f"{h}: {d}" for h, d in dirs.items())
+                           + "): every stage loads the model from the head's path",
+                           "give every member the same qwen27b_models_dir (group data), or none")
     first = members[0]
     node_gpus = gpus[first.name]
     try:
         profile = _choose_profile(first.name, node_gpus, first.settings, stack)
         _, entry_stack = _catalog_entry(first.name, stack, profile, first.settings, node_gpus)  # its engine profile
         rs = resolve_stack(entry_stack, profile, first.settings.stack_overrides, model=first.settings.model,
-                           model_source=first.settings.model_source)
+                           model_source=first.settings.model_source, models_dir=first.settings.models_dir)
     except RefusedHost as refused:
         return _refuse_all(name, members, refused.cause, refused.fix)
     if not rs.build.get("ray_executor"):

@@ -45,6 +45,8 @@ class Settings:
     mok_key_path: str | None = None  # MOK signing key for secure boot hosts
     hold_kernel: bool = False  # apt-mark hold the running kernel too
     min_free_disk_gib: int = 10  # headroom beyond the weights on the model disk
+    # the model revisions' dir on a big disk (/data/qwen27b/models where /var is small; plan/modelsdir.py)
+    models_dir: str | None = None
     health_interval_s: int = 30  # how often qwen27b-health.timer runs the health check
     health_failures_before_restart: int = 3  # consecutive critical checks before the (rate-limited) restart
     python_mirror: str | None = None  # UV_PYTHON_INSTALL_MIRROR for air-gapped labs

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from qwen27b.plan.hostlayout import HostLayout, revision_dir_name  # noqa: F401 (revision_dir_name: its importers)
+from qwen27b.plan.hostlayout import HostLayout, revision_dir_name, with_models_dir  # noqa: F401 (revision_dir_name: its importers)
 from qwen27b.plan import filepins
 from qwen27b.plan.regression import check_limits
 
@@ -192,7 +192,7 @@ def on_source(entry: dict, model_source: str | None) -> dict:
 
 
 def resolve_stack(stack: dict, profile_name: str, overrides: dict | None = None, model: str | None = None,
-                  model_source: str | None = None) -> ResolvedStack:
+                  model_source: str | None = None, models_dir: str | None = None) -> ResolvedStack:
     """Apply a host's overrides to one profile (and to the model/draft entries it names).
 
     Override layout: profile keys at the top level ({"driver": {...}, "serve": {...}}), plus
@@ -202,6 +202,7 @@ def resolve_stack(stack: dict, profile_name: str, overrides: dict | None = None,
     nothing else of the stack's speculative table is a host's to change). Every merged value is held to its allow-list (qwen27b/plan/allowlist.py).
     `model`: a key of the models table to serve instead of the profile's (host data qwen27b_model).
     `model_source`: host data qwen27b_model_source (`on_source`: ModelScope's ids where it is modelscope).
+    `models_dir`: host data qwen27b_models_dir (plan/modelsdir.py): the models dir and its links there.
     """
     overrides = dict(overrides or {})
     if profile_name not in stack["profiles"]:
@@ -245,7 +246,7 @@ def resolve_stack(stack: dict, profile_name: str, overrides: dict | None = None,
     build_name = profile["vllm"]["build"]
     if build_name not in stack["vllm_builds"]:
         raise StackError(f"unknown vllm build '{build_name}'; known: {', '.join(stack['vllm_builds'])}")
-    return ResolvedStack(profile_name, profile, model, draft, stack["paths"], stack["sources"],
+    return ResolvedStack(profile_name, profile, model, draft, with_models_dir(stack["paths"], models_dir), stack["sources"],
                          stack["vllm_builds"][build_name], stack["tools"], speculative,
                          stack.get("agent_parsers") or {}, stack.get("retry") or {},
                          stack.get("fetch_sources") or {})

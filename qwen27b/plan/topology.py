@@ -75,26 +75,121 @@ def group_rank(topology: dict, group) -> int:
     return max(ranks, default=0)
 
 
+def group_nvlinks(topology: dict, group) -> int:
+    """How many NVLinks join the pairs of `group`: NV<n> counts n (a DGX-1 pair is NV1 or NV2)."""
+    at = {g: n for n, g in enumerate(topology["gpus"])}
+    cells = (topology["links"][at[a]][at[b]] for n, a in enumerate(group) for b in group[n + 1:])
+    return sum(int(c[2:]) for c in cells if c.startswith("NV") and c[2:].isdigit())
+
+
+def links_shown(topology: dict, group) -> str:
+    """'3 NVLinks (0-3 NV2, 1-2 NV1)' for a group on NVLink; '' without any NVLink among its pairs."""
+    at = {g: n for n, g in enumerate(topology["gpus"])}
+    pairs = [f"{a}-{b} {topology['links'][at[a]][at[b]]}" for n, a in enumerate(group) for b in group[n + 1:]]
+    total = group_nvlinks(topology, group)
+    return f"{total} NVLink(s) ({', '.join(pairs[:6])}{', ...' if len(pairs) > 6 else ''})" if total else ""
+
+
+def _group_key(topology: dict, group) -> tuple:
+    """Best first: the worst link (NVLink, one switch, ... the CPU's), then more NVLinks, then the lowest indices."""
+    return group_rank(topology, group), -group_nvlinks(topology, group), tuple(group)
+
+
+def _readable(topology: dict | None, indices: list[int]) -> bool:
+    return bool(topology) and all(i in topology["gpus"] for i in indices)
+
+
 def pick_group(topology: dict | None, indices: list[int], size: int) -> tuple[list[int], str]:
-    """The `size` GPUs of `indices` best linked: all on NVLink, else behind one PCIe switch (PIX, then
-    PXB), then through the CPU (PHB, NODE, SYS); ties go to the lowest indices. Without a choice (as
-    many GPUs as needed, one GPU) or without links read: the first `size`, and no reason."""
-    if size < 2 or size >= len(indices) or not topology or any(i not in topology["gpus"] for i in indices):
+    """The `size` GPUs of `indices` best linked: all on NVLink (the most NVLinks first: a DGX-1's NV2
+    pairs before its NV1 pairs), else behind one PCIe switch (PIX, then PXB), then through the CPU
+    (PHB, NODE, SYS); ties go to the lowest indices. Without a choice (as many GPUs as needed, one GPU)
+    or without links read: the first `size`, and no reason."""
+    if size < 2 or size >= len(indices) or not _readable(topology, indices):
         return list(indices[:size]), ""
-    best = min(itertools.combinations(indices, size), key=lambda g: (group_rank(topology, g), g))
-    first = group_rank(topology, indices[:size])
+    best = min(itertools.combinations(indices, size), key=lambda g: _group_key(topology, g))
+    return list(best), _reason(topology, best, indices, list(indices[:size]))
+
+
+def _reason(topology: dict, best, indices: list[int], first: list[int]) -> str:
+    size = len(best)
+    links = links_shown(topology, best)
     reason = (f"GPU(s) {','.join(map(str, best))}: the best linked {size} of {','.join(map(str, indices))}, "
-              f"{RANK_WORDS[group_rank(topology, best)]}")
-    if list(best) != list(indices[:size]):
-        reason += f" (the first {size} have {RANK_WORDS[first]})"
-    return list(best), reason + "; NVLink first, then one PCIe switch, then the CPU's links"
+              f"{RANK_WORDS[group_rank(topology, best)]}{', ' + links if links else ''}")
+    if list(best) != first:
+        more = group_nvlinks(topology, first)
+        reason += (f" (the first {size} have {RANK_WORDS[group_rank(topology, first)]}"
+                   f"{f', {more} NVLink(s)' if more else ''})")
+    return reason + "; NVLink first (the most links), then one PCIe switch, then the CPU's links"
+
+
+# Copies' GPU sets are searched whole (every way to split the free GPUs) up to this many candidates;
+# beyond it (more than ~10 free GPUs) each copy takes the best set the earlier ones left.
+SEARCH_LIMIT = 20000
+
+
+def _splits(indices: list[int], sizes: list[int], limit: list[int], floor: int = -1):
+    """Every choice of disjoint groups of `sizes` (equal sizes side by side) from `indices`; groups of
+    one size in ascending order of their lowest GPU (the same sets in another order are one split).
+    Stops once `limit` runs out."""
+    if not sizes:
+        yield []
+        return
+    size, rest = sizes[0], sizes[1:]
+    for group in itertools.combinations(indices, size):
+        if group[0] <= floor:
+            continue
+        limit[0] -= 1
+        if limit[0] < 0:
+            return
+        left = [g for g in indices if g not in group]
+        for tail in _splits(left, rest, limit, group[0] if rest and rest[0] == size else -1):
+            yield [list(group)] + tail
 
 
 def pick_groups(topology: dict | None, indices: list[int], sizes: list[int]) -> list[tuple[list[int], str]]:
-    """pick_group for each size in turn, from the GPUs the earlier ones left (the copies' order)."""
+    """The copies' GPU sets (`sizes` in the copies' order) from `indices`, chosen together: the split
+    whose worst set is best linked, then the fewest weak sets, then the most NVLinks in all (four TP-2
+    copies on a DGX-1 get its four NV2 pairs, 8 links, not 0-1 NV1 + 2-3 NV2 + ...: 6). Sets of one size
+    go to the copies best first. Without links read, or past SEARCH_LIMIT: each copy in turn takes
+    pick_group's best from the GPUs the earlier ones left."""
+    if len(sizes) > 1 and sum(sizes) <= len(indices) and _readable(topology, indices):
+        order = sorted(range(len(sizes)), key=lambda n: -sizes[n])  # equal sizes side by side
+        limit = [SEARCH_LIMIT]
+        best = None
+        for split in _splits(list(indices), [sizes[n] for n in order], limit):
+            ranks = sorted((group_rank(topology, g) for g in split), reverse=True)
+            key = (ranks, -sum(group_nvlinks(topology, g) for g in split), sorted(split))
+            if best is None or key < best[0]:
+                best = (key, split)
+        if best and limit[0] >= 0:
+            return _assign(topology, indices, sizes, order, best[1])
     left, out = list(indices), []
     for size in sizes:
         group, reason = pick_group(topology, left, size)
+        out.append((group, reason))
+        left = [g for g in left if g not in group]
+    return out
+
+
+def _assign(topology: dict, indices: list[int], sizes: list[int], order: list[int], split: list[list[int]]):
+    """The split's sets to the copies: of one size, the best linked to the earliest copy."""
+    pool: dict[int, list[list[int]]] = {}
+    for group in split:
+        pool.setdefault(len(group), []).append(group)
+    for groups in pool.values():
+        groups.sort(key=lambda g: _group_key(topology, g))
+    out, left = [], list(indices)
+    for size in sizes:
+        group = pool[size].pop(0)
+        first = left[:size]
+        if size >= 2 and size < len(left):
+            reason = _reason(topology, group, left, first)
+        elif size >= 2:
+            links = links_shown(topology, group)
+            reason = (f"GPU(s) {','.join(map(str, group))}: the {size} the other copies left, "
+                      f"{RANK_WORDS[group_rank(topology, group)]}{', ' + links if links else ''}")
+        else:
+            reason = ""
         out.append((group, reason))
         left = [g for g in left if g not in group]
     return out

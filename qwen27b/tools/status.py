@@ -47,6 +47,7 @@ from qwen27b.onhost.contract import SERVICE_UNIT
 from qwen27b.plan.chatpage import UNIT as CHAT_PAGE_UNIT
 from qwen27b.onhost.unit import parse_show, show_command
 from qwen27b.plan.hostlayout import HostLayout
+from qwen27b.plan.modelsdir import host_paths
 from qwen27b.plan.stack import load_stack
 
 UNIT = SERVICE_UNIT
@@ -544,10 +545,11 @@ def footer(rows: list[HostStatus], elapsed: float) -> str:
 def collect(state, hosts, paths: dict, timeout: int = 60) -> list[HostStatus]:
     """Every host at once, one script each (a fresh nonce per host); rows in inventory order."""
     nonces = {host.name: remote.new_nonce() for host in hosts}
-    cmds = commands(paths)
-    answers = remote.run_everywhere(state, hosts, lambda host: remote.script(cmds, nonces[host.name]), timeout)
+    own = {host.name: host_paths(paths, host.name, dict(host.data.dict())) for host in hosts}  # qwen27b_models_dir
+    answers = remote.run_everywhere(state, hosts, lambda host: remote.script(commands(own[host.name]), nonces[host.name]),
+                                    timeout)
     now = time.time()
-    return [from_answer(a, nonces[a.host], paths, now) for a in answers]
+    return [from_answer(a, nonces[a.host], own.get(a.host, paths), now) for a in answers]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

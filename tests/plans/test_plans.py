@@ -31,7 +31,7 @@ HOSTS = ["v100x4-2204-fresh", "v100x1-2004", "v100x2-16gb", "v100x2-mixed", "v10
          # GPU topology: the all-reduce per TP group (qwen27b/plan/topology.py)
          "v100x2-pcie", "v100x4-pcie", "v100x8-sxm2-dgx1", "mixed-3090-v100x2",
          # the TP group and a copy's GPUs picked by their links (topology.pick_group)
-         "v100x8-dgx1-tp2-of-4", "mixed-3090-v100x2-copy",
+         "v100x8-dgx1-tp2-of-4", "mixed-3090-v100x2-copy", "v100x8-dgx1-copies-4x2", "v100x4-small-var", "v100x4-data-disk",
          # used cards (issue 27): one GPU left out, a warning naming the GPU, a host refused, persistence off, a cap
          "v100x4-wear-xid79", "v100x4-wear-warn", "v100x2-pcie-worn", "v100x4-converged-nopm", "v100x4-power-cap",
          # sources a lab can reach (issue 30): offline without and with a Python mirror, lab mirrors for every fetch

@@ -242,3 +242,11 @@ def test_a_serving_group_plans_its_members_engine_profile():
         # the stages are cut from the entry's checkpoint (unsloth's, heavier than QUASAR's), not the default's
         unsloth = load_shape("qwen27b/plan/checkpoints/unsloth--Qwen3.8-27B-NVFP4")
         assert decision.serve.memory.weights == stages(unsloth, 2, 2)[decision.group.stage.index].weight_bytes // 2
+
+
+def test_members_with_different_models_dirs_are_refused_and_one_for_all_is_served():
+    """Every stage loads the model from the head's --model path (issue 52 item 4: qwen27b_models_dir)."""
+    out = group(common=LONG, head={"qwen27b_models_dir": "/data/qwen27b/models"})
+    assert all(r.cause.startswith("serving group 'pair-a': the members' qwen27b_models_dir differ") for r in out.values())
+    out = group(common={**LONG, "qwen27b_models_dir": "/data/qwen27b/models"})
+    assert all(d.model_path == "/data/qwen27b/models/current" for d in out.values()), out

@@ -79,6 +79,8 @@ def test_all_hosts_present():
         "v100x2-old-vllm", "v100x1-pg500", "v100x2-cuda-drivers",
         # issue 27: worn cards
         "v100x4-wear-xid79", "v100x4-wear-warn", "v100x2-pcie-worn", "v100x4-converged-nopm",
+        # issue 52 item 4: a small /var, the big disk on /data (and the models dir set there)
+        "v100x4-small-var", "v100x4-data-disk",
     }  # fmt: skip
 
 
@@ -206,6 +208,11 @@ EXPECTED = {
     "v100x4-2204-fresh": dict(os=("ubuntu", "22.04"), kernel="5.15.0-125-generic", pci=["1db5"] * 4, smi=0,
                               module=None, nouveau=True, sb="disabled", free_tb=1.5, ram_gib=256,
                               python={"3.10"}, xid=[], held=[], packages=set()),
+    # v100x4-2204-fresh's facts (linked) with /var a small volume, and with the big /data measured
+    "v100x4-small-var": dict(os=("ubuntu", "22.04"), kernel="5.15.0-125-generic", pci=["1db5"] * 4, smi=0,
+                             module=None, nouveau=True, free_tb=0.025, ram_gib=256),
+    "v100x4-data-disk": dict(os=("ubuntu", "22.04"), kernel="5.15.0-125-generic", pci=["1db5"] * 4, smi=0,
+                             module=None, nouveau=True, free_tb=6.878, ram_gib=256),
     "v100x1-2004": dict(os=("ubuntu", "20.04"), kernel="5.4.0-200-generic", pci=["1db6"], smi=0, module=None,
                         nouveau=True, sb="disabled", free_tb=0.4, ram_gib=64, python={"3.8"}, xid=[], held=[],
                         packages=set()),

@@ -166,6 +166,35 @@ def test_pick_groups_gives_each_copy_its_own_gpus_in_order():
     assert [g for g, _ in pick_groups(PCIE4, [0, 1, 2, 3], [2, 2])] == [[2, 3], [0, 1]]
 
 
+def test_four_tp2_copies_on_a_dgx1_get_its_four_nv2_pairs():
+    """The DGX-1's genuine `topo -m` (NV1 and NV2 pairs): taken one copy at a time by the lowest
+    indices, four TP-2 copies got 0-1 NV1, 2-3 NV2, 4-5 NV1, 6-7 NV2 (6 NVLinks); chosen together
+    and by link count they get the four NV2 pairs (8), and each copy's reason shows its links."""
+    from qwen27b.plan.topology import group_nvlinks, pick_groups
+    picked = pick_groups(DGX1, list(range(8)), [2, 2, 2, 2])
+    groups = [g for g, _ in picked]
+    assert sum(group_nvlinks(DGX1, g) for g in groups) == 8
+    assert all(group_nvlinks(DGX1, g) == 2 for g in groups)
+    assert sorted(g for grp in groups for g in grp) == list(range(8))
+    assert "2 NVLink(s) (0-3 NV2)" in picked[0][1]
+    # the old chooser's split, for the record: the same four copies, 6 links
+    assert sum(group_nvlinks(DGX1, g) for g in ([0, 1], [2, 3], [4, 5], [6, 7])) == 6
+    # a worse-linked split never wins on link count: two quads stay the all-NVLink quads
+    assert [g for g, _ in pick_groups(DGX1, list(range(8)), [4, 4])] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    # mixed sizes, any order: the quad first, the pair an NV2 pair on the other socket
+    assert [g for g, _ in pick_groups(DGX1, list(range(8)), [2, 4])] == [[4, 7], [0, 1, 2, 3]]
+
+
+def test_the_plan_shows_each_copys_links_on_the_dgx1():
+    from qwen27b.plan.serving import decide as decide_host
+    facts = recorded_facts("v100x8-sxm2-dgx1")
+    data = {"qwen27b_instances": [{"name": n, "gpus": 2, "port": 8000 + i} for i, n in enumerate("abcd")]}
+    d = decide_host("h", facts, load_stack(), settings_for("h", data))
+    assert [inst.gpus for inst, _ in d.copies] == [(0, 3), (1, 2), (4, 7), (5, 6)]
+    notes = [n for _, copy in d.copies for n in copy.serve.notes if n.startswith("copy '")]
+    assert len(notes) == 4 and all(" 2 NVLink(s) (" in n for n in notes)
+
+
 def test_the_tp_group_among_more_gpus_is_the_best_linked_and_the_unit_gets_it():
     d = _decide("v100x8-sxm2-dgx1", qwen27b_gpu_indices=[0, 5, 6, 7], qwen27b_tensor_parallel_size=2)
     assert d.serve.tp_group == (5, 6)
@@ -183,8 +212,9 @@ def test_copies_given_a_count_get_the_best_linked_free_gpus():
     data = {"qwen27b_instances": [{"name": "a", "gpus": [4, 5, 6, 7], "port": 8000}, {"name": "b", "gpus": 2, "port": 8001}]}
     d = decide_host("h", facts, load_stack(), settings_for("h", data))
     (a, _), (b, copy_b) = d.copies
-    assert a.gpus == (4, 5, 6, 7) and b.gpus == (0, 1)  # from the free 0-3, all NVLink: the lowest pair
-    assert any(n.startswith("copy 'b': GPU(s) 0,1: the best linked 2 of 0,1,2,3") for n in copy_b.serve.notes)
+    assert a.gpus == (4, 5, 6, 7) and b.gpus == (0, 3)  # from the free 0-3, all NVLink: the lowest NV2 pair
+    assert any(n.startswith("copy 'b': GPU(s) 0,3: the best linked 2 of 0,1,2,3, every pair on NVLink, 2 NVLink(s)")
+               for n in copy_b.serve.notes)
     too_many = {"qwen27b_instances": [{"name": "a", "gpus": 6, "port": 8000}, {"name": "b", "gpus": 4, "port": 8001}]}
     with pytest.raises(RefusedHost, match="asks for 10 GPU"):
         decide_host("h", facts, load_stack(), settings_for("h", too_many))

@@ -10,6 +10,7 @@ import shlex
 from qwen27b.controller import facts as F
 from qwen27b.controller import remote
 from qwen27b.onhost.unit import parse_show, show_command
+from qwen27b.plan import modelsdir
 from qwen27b.plan.hostlayout import HostLayout
 
 from qwen27b.controller.address import host_address
@@ -175,6 +176,13 @@ def run_phase(state, host, cmds: dict[str, str], timeout: int) -> tuple[dict, di
     return outputs, codes, None
 
 
+def with_host_models_dir(stack: dict, host: str, data: dict) -> dict:
+    """The stack with the host's qwen27b_models_dir (modelsdir.host_paths): the model link and the
+    disk are read where the deploy put them."""
+    paths = modelsdir.host_paths(stack["paths"], host, data)
+    return stack if paths is stack["paths"] else {**stack, "paths": paths}
+
+
 def read_host(state, host, stack: dict, timeout: int = 300) -> HostSnapshot:
     """Read one host: phase 1 (unit, journal, model, venv, facts, the copies enabled), on a host
     serving copies each copy's unit, journal and env file, then /health and /metrics on the host
@@ -185,6 +193,7 @@ def read_host(state, host, stack: dict, timeout: int = 300) -> HostSnapshot:
         snap.outputs, snap.codes, snap.error = run_phase(state, host, gateway.commands(stack, snap.data, snap.reached),
                                                          timeout)
         return snap
+    stack = with_host_models_dir(stack, host.name, snap.data)
     snap.outputs, snap.codes, snap.error = run_phase(state, host, commands(stack), timeout)
     if snap.error:
         return snap

@@ -96,7 +96,7 @@ class Ctx:
             try:  # the host's engine profile catalog entry, as the deploy planned it
                 self.rs = resolve_stack(entry_stack(stack, self.profile_name, self.settings.engine_profile),
                                         self.profile_name, self.settings.stack_overrides, model=self.settings.model,
-                                        model_source=self.settings.model_source)
+                                        model_source=self.settings.model_source, models_dir=self.settings.models_dir)
             except (StackError, CatalogError):
                 self.rs = None
         self.unit = parse_show(snap.text("systemctl-show.txt") or "")
