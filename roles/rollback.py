@@ -1,15 +1,15 @@
 """Rollback on demand: switch a host back to the release its last switching deploy replaced
-(release dir, model revision, unit, env), restart, verify, without a failed deploy first.
+(release dir, model revision, unit, env, health check unit), restart, verify, without a failed deploy first.
 
 The previous release is known on the host itself: every deploy that replaces a running release
-keeps its unit, env and release record in /etc/qwen27b/rollback/ (roles/service.py), read here
+keeps its units, env and release record in /etc/qwen27b/rollback/ (roles/service.py), read here
 by the ReleaseRecords fact; qwen27b.plan.lifecycle decides (a host with nothing recorded, or
 whose previous release was pruned, is refused naming the fix). The running release changes places
 with the kept one, so a second rollback rolls forward again. If the release rolled back to does
 not verify, the host is switched back to what it ran and that is verified: the host never ends
 up on a release that failed its check while a working one was at hand. A host serving copies
 (qwen27b_instances) is rolled back as a whole, since its copies share one release: every copy's
-env file, the templated unit and the record swapped, each copy restarted and verified at its own
+env file, the templated unit, every copy's health check unit and the record swapped, each copy restarted and verified at its own
 URL with its own key (a failed copy switches the whole host back).
 """
 
@@ -26,8 +26,8 @@ from qwen27b.controller import oporder, runstate
 from qwen27b.controller import postdeploy as V
 from qwen27b.controller.host_facts import ReleaseRecords
 from qwen27b.controller.opsplan import planned_operations
-from qwen27b.controller.render import (RESTART_COMMAND, copies_serving_files, copy_health_files, copy_health_units,
-                                       instance_unit, serving_files)
+from qwen27b.controller.releasefiles import copies_serving_files, kept_health_units, serving_files
+from qwen27b.controller.render import RESTART_COMMAND, copy_health_files, copy_health_units, instance_unit
 from qwen27b.controller.report import format_operations
 from qwen27b.controller.runlife import inventory_settings
 from qwen27b.controller.startwatch import (_health_verdict, _remote, copies_restart, failed, run_in_order, say, serving,
@@ -135,12 +135,13 @@ def rollback() -> bool:
     paths = load_stack()["paths"]
     copies = [(i.name, i.port, i.api_key_file or settings.api_key_file) for i in instances_of(settings)] \
         if kind(settings) == COPIES else []
-    files = copies_serving_files(paths, [name for name, _, _ in copies]) if copies else serving_files(paths)
+    names = [name for name, _, _ in copies]
+    files = copies_serving_files(paths, names) if copies else serving_files(paths)
     then = copies_then(copies) if copies else THEN
     answer = host.get_fact(ReleaseRecords, record=release_record_file(paths), kept_dir=ROLLBACK_DIR)
     try:
         plan = plan_rollback(parse_record(answer["current"]), parse_record(answer["previous"]), answer["kept"],
-                             answer["missing"], files)
+                             answer["missing"], files, kept_health_units(names if copies else None))
     except NoRollback as nothing:
         refuse(RefusedHost(host.name, nothing.cause, nothing.fix))
         return False
@@ -150,8 +151,9 @@ def rollback() -> bool:
         return False
     if not take_lock():
         return False
-    server.shell(name="rollback: switch to the previous release (symlinks, unit, env, record) and restart"
-                 + (f" each copy ({', '.join(name for name, _, _ in copies)})" if copies else ""),
+    files = list(plan.restore)  # what was kept: a rollback dir kept before issue 56 has no health unit
+    server.shell(name="rollback: switch to the previous release (symlinks, units, env, record) and restart"
+                 + (f" each copy ({', '.join(names)})" if copies else ""),
                  commands=swap_commands(plan.target.links, files, ROLLBACK_DIR, then))
     if loopback_url(plan.target.url):
         say("verify: skipped - the service binds to loopback only, the controller cannot reach it")

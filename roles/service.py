@@ -26,9 +26,9 @@ from qwen27b.controller.host_facts import InstalledCopies, SecretFileState, Subd
 from qwen27b.controller.operations import secret_file, symlink_switch
 from qwen27b.controller.verifyplan import changed_names
 from qwen27b.controller.render import (HEALTH_HTTP_SERVICE, HEALTH_HTTP_SOCKET, HEALTH_TIMER, HEALTH_UNIT, INSTANCE_UNIT,
-                                       RESTART_COMMAND, SERVICE_UNIT, copies_serving_files, copy_health_units,
-                                       instance_files, instance_unit, layout, render_all, render_instances,
-                                       serving_files)
+                                       RESTART_COMMAND, SERVICE_UNIT, copy_health_units, instance_files, instance_unit,
+                                       layout, render_all, render_instances)
+from qwen27b.controller.releasefiles import copies_serving_files, serving_files
 from qwen27b.plan.lifecycle import RECORD_NAME, Record, record_text, release_record_file
 
 from ._common import (ROLLBACK_DIR, api_key, engine_wheel, model_dir, note, prune_dirs, release_dir, remember_kept,
@@ -68,7 +68,7 @@ def service(decision: Decision) -> None:
         ("qwen27b-health-http@.service.j2", HostLayout.unit_file(HEALTH_HTTP_SERVICE)),
     ]
     units = len(targets) - 1  # every target but the env file is a unit file
-    kept = serving_files(decision.stack.paths)  # env, unit (targets[:2]) and the record: what a rollback restores
+    kept = serving_files(decision.stack.paths)  # env, unit (targets[:2]), health unit and the record: what a rollback restores
     factcache.prefetch([read for _, dest in targets for read in factcache.put_reads(dest, create_remote_dir=False)]
                        + factcache.put_reads(release_record_file(decision.stack.paths), create_remote_dir=False)
                        + [(SymlinkTarget, {"path": decision.stack.layout.current_release}),
@@ -84,7 +84,7 @@ def service(decision: Decision) -> None:
     record_file = release_record_file(decision.stack.paths)
     running = {link: host.get_fact(SymlinkTarget, path=link) for link in record.links}
     switching = any(now not in (None, record.links[link]) for link, now in running.items())
-    if (switching or _will_change(rendered, targets[:2])) and all(host.get_fact(Sha1File, path=dest) for dest in kept[:2]):
+    if (switching or _will_change(rendered, targets[:2])) and all(host.get_fact(Sha1File, path=dest) for dest in kept[:-1]):
         keep_running_release(kept, record_file, Record({link: now for link, now in running.items() if now}))
         measure_before_switch(decision)  # the regression gate's before, seconds before the switch and restart
     # create_remote_dir=False: the unit dir is systemd's, the config dir the toolchain role's (pyinfra's check: 2 commands a file)
@@ -147,14 +147,14 @@ def with_figures(record: Record, decision: Decision) -> Record:
 
 
 def keep_running_release(serving_files: list[str], record_file: str, links_now: Record) -> None:
-    """Before anything running is replaced: its unit, env and release record into the rollback dir
+    """Before anything running is replaced: its units, env and release record into the rollback dir
     (a host deployed before records existed gets one made of its symlinks as they are now). The
     verify role restores them if the new release fails; the rollback deploy, on demand."""
     keep = ROLLBACK_DIR
     q = shlex.quote
     # the kept release before this one waits in .prev until the new one verifies: a deploy that is
     # rolled back puts it back (roles/verify.py), so a failed upgrade never loses the rollback target
-    server.shell(name="keep the running release (unit, env, record) for rollback", commands=[
+    server.shell(name="keep the running release (units, env, record) for rollback", commands=[
         f"rm -rf {keep}.prev && {{ [ ! -d {keep} ] || mv -T {keep} {keep}.prev; }} && mkdir -p {keep} && "
         f"cp -a {' '.join(serving_files[:-1])} {keep}/ && "
         f"{{ cp -a {record_file} {keep}/ 2>/dev/null || printf '%s' {q(record_text(links_now))} > {keep}/{RECORD_NAME}; }}"])

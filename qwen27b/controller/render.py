@@ -172,13 +172,6 @@ def layout(decision: Decision, prefix: str = "") -> dict:
     }
 
 
-def serving_files(paths: dict) -> list[str]:
-    """The files a release runs by besides its symlinks: the env file, the main unit and the release
-    record (qwen27b.plan.lifecycle). Kept aside before a deploy replaces them, restored on rollback."""
-    at = HostLayout.of(paths)
-    return [at.env_file, at.unit_file(SERVICE_UNIT), at.release_record]
-
-
 def hardening(decision: Decision, where: dict, base=COMMON_HARDENING) -> list[tuple[str, str]]:
     lines = list(base) + [("ReadWritePaths", where["state_dir"])]
     if decision.gpus:
@@ -558,14 +551,6 @@ INSTANCE_LEFT_OFF = [("RemoveIPC= is off", "it removes every IPC object of the u
 
 def instance_unit(name: str) -> str:
     return f"qwen27b@{name}.service"
-
-
-def copies_serving_files(paths: dict, names: list[str]) -> list[str]:
-    """serving_files of a host serving copies: each copy's env file, the templated unit and the
-    release record (last, as serving_files has it). Kept before a deploy replaces them, restored by
-    the rollback (their names in the rollback dir are distinct)."""
-    return ([instance_files(paths, name)["env_file"] for name in names]
-            + [HostLayout.unit_file(INSTANCE_UNIT), HostLayout.of(paths).release_record])
 
 
 def instance_files(paths: dict, name: str) -> dict[str, str]:

@@ -5,7 +5,7 @@
   /etc/qwen27b/release.json; a deploy that switches anything keeps the running one's record, unit
   and env in /etc/qwen27b/rollback/ first. So the previous release is known on the host itself,
   not only in the memory of the deploy that replaced it.
-* `plan_rollback` / `swap_commands`: the on-demand rollback: the record, unit and env in the
+* `plan_rollback` / `swap_commands`: the on-demand rollback: the record, units and env in the
   rollback dir and the running ones change places, every symlink goes back to the kept record's
   target. Run twice, it rolls forward again.
 * `stale_dirs`: what pruning removes (never the current release or the rollback target).
@@ -166,9 +166,10 @@ class NoRollback(Exception):
 @dataclass(frozen=True)
 class RollbackPlan:
     switch: tuple[tuple[str, str, str], ...]  # (link, its target now, the kept record's target)
-    restore: tuple[str, ...]  # serving files swapped with their kept copies (unit, env, record)
+    restore: tuple[str, ...]  # serving files swapped with their kept copies (units, env, record)
     target: Record  # what runs after the rollback: verify checks it
     back: Record  # what runs now: restored if the target does not verify
+    unkept: tuple[str, ...] = ()  # optional serving files the rollback dir lacks (kept before issue 56): left as they are
 
     def lines(self, paths: dict) -> list[str]:
         out = [f"rollback: from {self.back.short(paths)}", f"          to   {self.target.short(paths)}"]
@@ -176,6 +177,8 @@ class RollbackPlan:
         if self.target.flags and self.back.flags and self.target.flags != self.back.flags:
             out += [f"   serve flag {line}" for line in flag_changes(self.back.flags, self.target.flags)]
         out += [f"   {path} <- the kept copy (the running one is kept in its place)" for path in self.restore]
+        out += [f"   {path}: not kept (the rollback dir predates it): left as it is until the next deploy"
+                for path in self.unkept]
         return out
 
 
@@ -189,10 +192,12 @@ def flag_changes(now: tuple[str, ...], to: tuple[str, ...]) -> list[str]:
 
 
 def plan_rollback(current: Record | None, previous: Record | None, kept: list[str], missing: list[str],
-                  serving_files: list[str]) -> RollbackPlan:
+                  serving_files: list[str], optional: list[str] | tuple = ()) -> RollbackPlan:
     """The on-demand rollback for one host. `current` / `previous`: the running and kept records;
     `kept`: the file names in the rollback dir; `missing`: the kept record's link targets that are
-    not on the host (pruned, deleted). Raises NoRollback naming the cause and the fix."""
+    not on the host (pruned, deleted); `optional`: those of `serving_files` a rollback dir kept by an
+    older qwen27b lacks (the health check units, issue 56): restored where kept, else left and named.
+    Raises NoRollback naming the cause and the fix."""
     if previous is None:
         raise NoRollback("no previous release is recorded on this host (no deploy has replaced a running one "
                          "since qwen27b started recording them)", "deploy the release you want with "
@@ -204,13 +209,15 @@ def plan_rollback(current: Record | None, previous: Record | None, kept: list[st
         raise NoRollback(f"the previous release's {', '.join(missing)} is gone from the host (pruned or deleted)",
                          "deploy the release you want instead (its files are fetched again)")
     names = {path.rsplit("/", 1)[-1]: path for path in serving_files}
-    absent = [name for name in names if name not in kept]
+    unkept = tuple(path for path in serving_files if path in optional and path.rsplit("/", 1)[-1] not in kept)
+    absent = [name for name, path in names.items() if name not in kept and path not in unkept]
     if absent:
         raise NoRollback(f"the rollback dir lacks the kept {', '.join(sorted(absent))}",
                          "deploy the release you want instead")
     switch = tuple((link, current.links.get(link, ""), target) for link, target in sorted(previous.links.items())
                    if current.links.get(link) != target)
-    return RollbackPlan(switch, tuple(serving_files), restored(previous, current), current)
+    return RollbackPlan(switch, tuple(path for path in serving_files if path not in unkept), restored(previous, current),
+                        current, unkept)
 
 
 def restored(previous: Record, current: Record) -> Record:

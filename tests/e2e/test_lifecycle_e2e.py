@@ -36,6 +36,7 @@ import httpx
 import pytest
 
 from qwen27b.controller import pairmeasure
+from qwen27b.onhost.contract import HEALTH_UNIT, MODEL_REF_ENV
 from qwen27b.plan import loadpair, regression
 from qwen27b.plan.stack import load_stack
 from tests.support.e2e_deploy import (API_KEY, GOOD, GOOD_B, PORT, REV_B, ROLLBACK_PREV, assert_key_not_in_runs,  # noqa: F401
@@ -286,8 +287,30 @@ def test_a_slower_release_stops_the_rollout_and_is_rolled_back(fleet):
     print(f"\n  regression: {found['comparison']['text']}")
 
 
+def health_env(host) -> list[str]:
+    """The health check unit's environment as systemd has it loaded (VAR=value words)."""
+    return host.run(f"systemctl show -p Environment --value {HEALTH_UNIT}").stdout.split()
+
+
+def build_info_labels(host, base: str) -> str:
+    """The qwen27b_build_info labels the host's health check writes: the real check from the release
+    venv, with its unit's environment, metrics and status into a scratch dir (the unit's own files
+    untouched), --no-restart."""
+    prom = host.run(f"d=$(mktemp -d) && env $(systemctl show -p Environment --value {HEALTH_UNIT}) "
+                    f"/opt/qwen27b/current/venv/bin/qwen27b-health --url {base} --unit qwen27b.service --no-restart "
+                    "--status-file $d/health.json --textfile-dir $d >/dev/null; cat $d/qwen27b.prom; rm -rf $d",
+                    check=False).stdout
+    found = re.findall(r"^qwen27b_build_info\{([^}]*)\}", prom, re.M)
+    assert found, prom[-2000:]
+    return found[0]
+
+
 def test_rollback_on_demand_switches_back_and_verifies(fleet):
+    """B back on GOOD: links, record, unit, and (issue 56) its health check's unit, whose model label
+    (QWEN27B_MODEL_REF, qwen27b_build_info) named REV_B before and names GOOD after."""
     a, b = fleet["a"], fleet["b"]
+    assert f"{MODEL_REF_ENV}={running_record(b)['model_ref']}" in health_env(b)
+    assert running_record(b)["model_ref"].endswith(f"@{REV_B}")
     rc, out = timed("qwen27b rollback --dry", fleet, argv=["rollback", str(fleet["inventory"]), "--limit", b.name, "--dry"],
                     module=CLI)
     assert rc == 0, out[-3000:]
@@ -302,6 +325,11 @@ def test_rollback_on_demand_switches_back_and_verifies(fleet):
     assert kept_record(b)["links"][f"{MODELS}/current"].endswith(GOOD_B)  # a second rollback would roll forward
     assert json.loads(b.run("cat /etc/qwen27b/release.json").stdout)["model_ref"].endswith(GOOD.split("@")[1])
     assert f"@{GOOD.split('@')[1]}, profile" in b.run("systemctl show -p Description --value qwen27b").stdout  # the kept unit
+    started = time.monotonic()
+    restored = running_record(b)["model_ref"]  # ends with GOOD's revision (above)
+    assert f"{MODEL_REF_ENV}={restored}" in health_env(b), health_env(b)  # the kept health unit, loaded
+    assert f'model="{restored}"' in build_info_labels(b, fleet["base_b"])
+    TIMES["rollback B: health unit and build_info checked"] = time.monotonic() - started
     assert httpx.get(f"{fleet['base_b']}/v1/models", headers={"Authorization": f"Bearer {API_KEY}"},
                      timeout=10).status_code == 200
     assert link(a).endswith(GOOD_B)  # only the named host

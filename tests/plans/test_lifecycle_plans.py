@@ -15,7 +15,7 @@ from tests.support.dryrun import run_pyinfra
 from tests.support.releases import CURRENT, PREVIOUS
 
 HOST = "@fake/v100x4-converged"
-KEPT = ["qwen27b.env", "qwen27b.service", "release.json"]
+KEPT = ["qwen27b.env", "qwen27b.service", "qwen27b-health.service", "release.json"]
 DEPLOYED = ["path root:root /opt/qwen27b", "path root:root /etc/qwen27b", "path qwen27b:qwen27b /var/lib/qwen27b",
             "path root:qwen27b /var/lib/qwen27b/models", "path root:root /etc/modprobe.d/blacklist-nouveau.conf",
             "path root:root /etc/systemd/system/qwen27b.service", "path root:root /etc/systemd/system/qwen27b-health.service",
@@ -65,11 +65,14 @@ def test_rollback_plan_switches_back_restores_the_kept_files_and_verifies(tmp_pa
     assert ops(out) == [
         f"== {HOST}: 4 operation(s) planned, 1 would change the host",
         "ok      lock: one deploy at a time on this host",
-        "CHANGE  rollback: switch to the previous release (symlinks, unit, env, record) and restart",
+        "CHANGE  rollback: switch to the previous release (symlinks, units, env, record) and restart",
         "$ rm -rf /etc/qwen27b/rollback.swap && mkdir /etc/qwen27b/rollback.swap && cp -a /etc/qwen27b/qwen27b.env "
-        "/etc/systemd/system/qwen27b.service /etc/qwen27b/release.json /etc/qwen27b/rollback.swap/",
+        "/etc/systemd/system/qwen27b.service /etc/systemd/system/qwen27b-health.service /etc/qwen27b/release.json "
+        "/etc/qwen27b/rollback.swap/",
         "$ cp -a /etc/qwen27b/rollback/qwen27b.env /etc/qwen27b/qwen27b.env",
         "$ cp -a /etc/qwen27b/rollback/qwen27b.service /etc/systemd/system/qwen27b.service",
+        # issue 56: the health check's unit (QWEN27B_MODEL_REF, qwen27b_build_info's model label) is the release's
+        "$ cp -a /etc/qwen27b/rollback/qwen27b-health.service /etc/systemd/system/qwen27b-health.service",
         "$ cp -a /etc/qwen27b/rollback/release.json /etc/qwen27b/release.json",
         "$ ln -sfn /opt/qwen27b/releases/bc7b88da5403 /opt/qwen27b/current.new && mv -Tf /opt/qwen27b/current.new /opt/qwen27b/current",
         "$ ln -sfn /var/lib/qwen27b/models/nvidia--Qwen3.8-27B-NVFP4@abc1234 /var/lib/qwen27b/models/current.new && "
@@ -81,6 +84,17 @@ def test_rollback_plan_switches_back_restores_the_kept_files_and_verifies(tmp_pa
         "$ systemctl stop qwen27b.service; systemctl reset-failed qwen27b.service; systemctl start --no-block qwen27b.service",
         "ok      verify: the release rolled back to (readiness, /v1/models, streamed completion)",
         "ok      unlock: this deploy is done"]
+
+
+def test_rollback_of_a_dir_kept_before_the_health_unit_was_leaves_it_and_says_so(tmp_path):
+    """A rollback dir kept by a qwen27b before issue 56 holds no health unit: the rollback still runs
+    (env, unit, record), names the health unit it leaves, and never copies a file that is not there."""
+    rc, out = plan(tmp_path, "rollback.py", {"current": CURRENT, "previous": PREVIOUS, "missing": [],
+                                             "kept": ["qwen27b.env", "qwen27b.service", "release.json"]})
+    assert rc == 0, out[-3000:]
+    assert ("   /etc/systemd/system/qwen27b-health.service: not kept (the rollback dir predates it): "
+            "left as it is until the next deploy") in out
+    assert "rollback/qwen27b-health.service" not in out and "/etc/systemd/system/qwen27b-health.service /etc" not in out
 
 
 def test_rollback_with_nothing_recorded_or_a_pruned_target_is_refused(tmp_path):

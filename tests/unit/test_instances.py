@@ -286,10 +286,11 @@ def test_one_changed_copy_restarts_that_copy_only(tmp_path):
     result = run_pyinfra(str(inventory), "deploy.py", "--dry", "-y")
     assert result.returncode == 0, result.stderr[-3000:]
     changes = re.findall(r"^   CHANGE  (.*)$", result.stderr, re.M)
-    assert changes == ["keep the running release (unit, env, record) for rollback", "render /etc/qwen27b/qwen27b@b.env",
+    assert changes == ["keep the running release (units, env, record) for rollback", "render /etc/qwen27b/qwen27b@b.env",
                        "restart qwen27b@b.service (config, release or weights changed)"], result.stderr[-3000:]
-    # what `qwen27b rollback` restores: every copy's env file, the templated unit and the record
+    # what `qwen27b rollback` restores: every copy's env file, the templated unit, each copy's health unit, the record
     assert ("cp -a /etc/qwen27b/qwen27b@a.env /etc/qwen27b/qwen27b@b.env /etc/systemd/system/qwen27b@.service "
+            "/etc/systemd/system/qwen27b-health@a.service /etc/systemd/system/qwen27b-health@b.service "
             "/etc/qwen27b/rollback/") in result.stderr
     assert "qwen27b@a.service" not in result.stderr.split("would change the host", 1)[1].split("nothing to change")[0]
     assert ("$ systemctl stop qwen27b@b.service; systemctl reset-failed qwen27b@b.service; "
@@ -304,19 +305,25 @@ def _copies_with_records(tmp_path, records: dict | None) -> str:
 
 
 def test_rollback_of_a_host_serving_copies_swaps_every_copys_files_and_restarts_each(tmp_path):
-    """The copies share one release: the rollback swaps each copy's env file, the templated unit and
-    the record, switches the links, restarts each copy and verifies each at its own URL."""
+    """The copies share one release: the rollback swaps each copy's env file, the templated unit, each
+    copy's health check unit (its model label and served name, issue 56) and the record, switches the
+    links, restarts each copy and verifies each at its own URL."""
     from tests.support.releases import CURRENT, PREVIOUS
     current = {**CURRENT, "url": "http://10.0.0.8:8000"}
     previous = {**PREVIOUS, "url": "http://10.0.0.8:8000"}
-    kept = ["qwen27b@a.env", "qwen27b@b.env", "qwen27b@.service", "release.json"]
+    kept = ["qwen27b@a.env", "qwen27b@b.env", "qwen27b@.service", "qwen27b-health@a.service", "qwen27b-health@b.service",
+            "release.json"]
     result = run_pyinfra(str(_copies_with_records(tmp_path, {"current": current, "previous": previous, "kept": kept,
                                                               "missing": []})), "rollback.py", "--dry", "-y")
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stderr
-    assert "CHANGE  rollback: switch to the previous release (symlinks, unit, env, record) and restart each copy (a, b)" in out
+    assert "CHANGE  rollback: switch to the previous release (symlinks, units, env, record) and restart each copy (a, b)" in out
     assert ("cp -a /etc/qwen27b/qwen27b@a.env /etc/qwen27b/qwen27b@b.env /etc/systemd/system/qwen27b@.service "
+            "/etc/systemd/system/qwen27b-health@a.service /etc/systemd/system/qwen27b-health@b.service "
             "/etc/qwen27b/release.json /etc/qwen27b/rollback.swap/") in out
+    for copy in ("a", "b"):
+        unit = f"/etc/systemd/system/qwen27b-health@{copy}.service"
+        assert f"$ cp -a /etc/qwen27b/rollback/qwen27b-health@{copy}.service {unit}" in out
     assert "$ cp -a /etc/qwen27b/rollback/qwen27b@b.env /etc/qwen27b/qwen27b@b.env" in out
     assert "$ cp -a /etc/qwen27b/rollback/qwen27b@.service /etc/systemd/system/qwen27b@.service" in out
     for unit in ("qwen27b@a.service", "qwen27b@b.service"):
@@ -390,7 +397,7 @@ LOOP = "qwen27b@b.service is not serving: crash loop, its process exited (Result
 
 def _replaced():
     """What a deploy that replaced the running release of the copies host remembers (roles/service.py)."""
-    from qwen27b.controller.render import copies_serving_files
+    from qwen27b.controller.releasefiles import copies_serving_files
     from roles._common import KeptFiles, SwitchedLink
     return [KeptFiles(tuple(copies_serving_files(STACK["paths"], ["a", "b"]))),
             SwitchedLink("/opt/qwen27b/current", "/opt/qwen27b/releases/old")]

@@ -92,6 +92,27 @@ def test_rollback_switches_every_link_that_differs_and_restores_the_files():
                                      "          to   release aaaa, model m@rev-a"]
 
 
+HEALTH = "/etc/systemd/system/qwen27b-health.service"
+
+
+def test_the_health_checks_unit_comes_back_with_its_release_and_is_left_where_it_was_not_kept():
+    """Issue 56: the health unit holds the release's model label (QWEN27B_MODEL_REF, qwen27b_build_info),
+    served name and speculative method: the swap restores it with the env, unit and record. A rollback
+    dir kept by a qwen27b before issue 56 lacks it: the rollback still runs, leaves it and says so; a
+    missing env or main unit is still refused."""
+    files = FILES[:2] + [HEALTH] + FILES[2:]
+    plan = plan_rollback(RUNNING, KEPT_RECORD, KEPT + ["qwen27b-health.service"], [], files, [HEALTH])
+    assert plan.restore == tuple(files) and plan.unkept == ()
+    swap = swap_commands(plan.target.links, list(plan.restore), "/etc/qwen27b/rollback", ["systemctl daemon-reload"])
+    assert f"cp -a /etc/qwen27b/rollback/qwen27b-health.service {HEALTH}" in swap
+    assert swap.index(f"cp -a /etc/qwen27b/rollback/qwen27b-health.service {HEALTH}") < swap.index("systemctl daemon-reload")
+    old = plan_rollback(RUNNING, KEPT_RECORD, KEPT, [], files, [HEALTH])
+    assert old.restore == tuple(FILES) and old.unkept == (HEALTH,)
+    assert f"   {HEALTH}: not kept (the rollback dir predates it): left as it is until the next deploy" in old.lines(PATHS)
+    with pytest.raises(NoRollback, match="lacks the kept qwen27b.env"):
+        plan_rollback(RUNNING, KEPT_RECORD, ["qwen27b.service", "release.json"], [], files, [HEALTH])
+
+
 def test_a_flag_only_rollback_shows_the_flags_it_changes():
     """Issue 32: the same release and model on both sides, and not the flag that differs."""
     now = Record(dict(RUNNING.links), flags=("--dtype float16", "--max-num-seqs 4", "--enforce-eager"))
@@ -362,11 +383,17 @@ def test_uninstall_and_rollback_need_the_hosts_named(tmp_path, capsys):
 def test_the_roles_and_the_plan_name_the_same_files():
     """The service role keeps (and the rollback restores) the files the renderer writes, in the dir
     the plan module names; the record the service role writes parses back as one."""
-    from qwen27b.controller.render import SERVICE_UNIT, UNIT_DIR, serving_files
+    from qwen27b.controller.releasefiles import copies_serving_files, kept_health_units, serving_files
+    from qwen27b.controller.render import HEALTH_UNIT, SERVICE_UNIT, UNIT_DIR
     from qwen27b.plan.lifecycle import release_record_file, rollback_dir
     from roles._common import ROLLBACK_DIR
 
-    assert serving_files(PATHS) == [f"{PATHS['config']}/qwen27b.env", f"{UNIT_DIR}/{SERVICE_UNIT}", release_record_file(PATHS)]
+    # the health check's unit too (issue 56): its model label and served name are the release's
+    assert serving_files(PATHS) == [f"{PATHS['config']}/qwen27b.env", f"{UNIT_DIR}/{SERVICE_UNIT}", f"{UNIT_DIR}/{HEALTH_UNIT}",
+                                    release_record_file(PATHS)]
+    assert copies_serving_files(PATHS, ["a", "b"])[-4:] == [f"{UNIT_DIR}/qwen27b@.service", f"{UNIT_DIR}/qwen27b-health@a.service",
+                                                            f"{UNIT_DIR}/qwen27b-health@b.service", release_record_file(PATHS)]
+    assert kept_health_units() == [f"{UNIT_DIR}/{HEALTH_UNIT}"] and set(kept_health_units(["a"])) < set(copies_serving_files(PATHS, ["a"]))
     assert ROLLBACK_DIR == rollback_dir(PATHS)
 
 
