@@ -62,6 +62,8 @@ recorded_hosts = [
     _fake("v100x2-old-vllm"),
     _fake("v100x2-cuda-drivers"),  # R570 from NVIDIA's CUDA repository (cuda-drivers): the source change and every removal listed  # an old vLLM container on 0.0.0.0:8000 holding both GPUs: refused naming it  # a newer kernel installed, not booted: its headers come with the driver
     _fake("v100x4-converged-8g"),
+    # issue 52: R580 upgraded in place by unattended-upgrades, the old module still loaded (the two-line mismatch)
+    _fake("v100x2-r580-mismatch"),
     _fake("v100x2-16gb-pair-head", "v100x2-16gb", qwen27b_node_role="head", qwen27b_node_address="10.10.0.1",
           qwen27b_bind_address="192.168.10.31", **PAIR),
     _fake("v100x2-16gb-pair-worker", "v100x2-16gb", qwen27b_node_role="worker", qwen27b_node_address="10.10.0.2",

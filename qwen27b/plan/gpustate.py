@@ -48,11 +48,14 @@ def gpu_troubles(facts, extra_problems: list[dict] = ()) -> list[GpuTrouble]:
     loaded = (facts.kernel_module or {}).get("version")
     out: list[GpuTrouble] = []
     if MISMATCH in kinds:
-        message = next(p["message"] for p in problems if p.get("problem") == MISMATCH)
-        out.append(GpuTrouble(MISMATCH, f"nvidia-smi: {message}: the NVIDIA driver was upgraded without a reboot"
-                              + (f" (kernel module {loaded} still loaded)" if loaded else "")
-                              + ", so no GPU can be used",
-                              "reboot to load the new driver, then re-run the deploy (a deploy with "
+        found = next(p for p in problems if p.get("problem") == MISMATCH)
+        library = found.get("library_version")  # R535+'s second line: the user space now installed
+        versions = ", ".join(part for part in (f"NVML library {library} installed" if library else "",
+                                               f"kernel module {loaded} still loaded" if loaded else "") if part)
+        out.append(GpuTrouble(MISMATCH, f"nvidia-smi: {found['message']}: the NVIDIA driver was upgraded without a reboot"
+                              + (f" ({versions})" if versions else "") + ", so no GPU can be used",
+                              "reboot to load the new driver" + (f" ({library})" if library else "")
+                              + ", then re-run the deploy (a deploy with "
                               "qwen27b_skip_reboot leaves the host like this until it is rebooted)"))
         return out  # the GPUs are fine: nothing else can be read until the reboot
     if "nvml-init" in kinds:

@@ -79,6 +79,8 @@ def test_all_hosts_present():
         "v100x2-old-vllm", "v100x1-pg500", "v100x2-cuda-drivers",
         # issue 27: worn cards
         "v100x4-wear-xid79", "v100x4-wear-warn", "v100x2-pcie-worn", "v100x4-converged-nopm",
+        # issue 52: the driver after unattended-upgrades
+        "v100x2-r580-mismatch",
     }  # fmt: skip
 
 
@@ -277,6 +279,9 @@ EXPECTED = {
     # v100x4-converged's software with other GPUs and links (qwen27b/plan/topology.py's golden hosts)
     "v100x2-pcie": dict(os=("ubuntu", "22.04"), pci=["1db6"] * 2, smi=2, module=("proprietary", "580.95.05"),
                         links=[["X", "NODE"], ["NODE", "X"]]),
+    # issue 52 item 3: v100x2-pcie after an in-place R580 upgrade (unheld), 580.95.05 still loaded: one problem entry
+    "v100x2-r580-mismatch": dict(os=("ubuntu", "22.04"), pci=["1db6"] * 2, smi=1, module=("proprietary", "580.95.05"),
+                                 held=[], packages={"nvidia-driver-580-server"}),
     "v100x4-pcie": dict(os=("ubuntu", "22.04"), pci=["1db6"] * 4, smi=4, module=("proprietary", "580.95.05")),
     "v100x8-sxm2-dgx1": dict(os=("ubuntu", "22.04"), pci=["1db1"] * 8, smi=8, module=("proprietary", "580.95.05")),
     "mixed-3090-v100x2": dict(os=("ubuntu", "22.04"), pci=["2204", "1db5", "1db5"], smi=3,
