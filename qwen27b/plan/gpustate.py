@@ -42,8 +42,13 @@ def gpu_troubles(facts, extra_problems: list[dict] = ()) -> list[GpuTrouble]:
     with its gpu_problems, gpus, pci_gpus, kernel_module, xids); `extra_problems`: more "problem"
     entries, e.g. doctor's from nvidia-smi's table (gpufacts_parse.gpu_problem_line)."""
     # the same line read twice (the query and the table) is one problem
-    problems = list({(p.get("problem"), p.get("message")): p
-                     for p in list(facts.gpu_problems or []) + list(extra_problems)}.values())
+    # (the query's entry keeps the library version its second line gave, which the table's lacks)
+    merged: dict = {}
+    for p in list(facts.gpu_problems or []) + list(extra_problems):
+        key = (p.get("problem"), p.get("message"))
+        if key not in merged or len(p) > len(merged[key]):
+            merged[key] = p
+    problems = list(merged.values())
     kinds = {p.get("problem") for p in problems}
     loaded = (facts.kernel_module or {}).get("version")
     out: list[GpuTrouble] = []
