@@ -47,6 +47,8 @@ recorded_hosts = [
     _fake("nogpu-2204"),
     _fake("centos7"),
     _fake("v100x1-secureboot"),
+    # ... with its MOK key imported, not yet enrolled (mokutil --list-new lists it): the reboot is the key's, at the console
+    _fake("v100x1-secureboot-mok", qwen27b_mok_key_path="/var/lib/shim-signed/mok/MOK.priv"),
     _fake("h200"),
     _fake("h100"),  # a real H100 (2026-12-07): every fact from its raw bytes, escape codes in `topo -m` included
     _fake("h100-b"),  # a second machine of that image: every fact, the disk included, from one machine

@@ -23,6 +23,7 @@ from pyinfra.api.facts import FactBase
 from qwen27b.plan import hostfacts_parse
 from qwen27b.plan.driverbuild import parse_driver_build, parse_installed_kernels
 from qwen27b.plan.occupants import parse_occupants
+from qwen27b.plan.mokstate import parse_mok_requests
 from qwen27b.plan.gpufacts_parse import (P2P_MARKER, kernel_module_not_loaded, parse_gpu_topology, parse_nouveau_loaded,
                                          parse_nvidia_gpus, parse_nvidia_kernel_module, parse_nvidia_pci_devices,
                                          parse_xid_errors, parse_gpu_wear, WEAR_FIELDS, WEAR_REMAP_MARKER)
@@ -193,6 +194,16 @@ class SecureBoot(_ParsedFact):
         "else echo SB:none; fi"
     )
     parser = staticmethod(parse_secure_boot)
+
+
+class MokRequests(_ParsedFact):
+    """The MOK keys waiting for enrolment (`mokutil --list-new`): on a Secure-Boot host a reboot is
+    then for the key enrolment, at the console (plan/mokstate.py; issue 52 item 8)."""
+
+    _command = "mokutil --list-new 2>&1 || true"
+    parser = staticmethod(parse_mok_requests)
+    requires = "mokutil"
+    empty = None
 
 
 class KernelHeaders(_ParsedFact):
@@ -376,6 +387,7 @@ ALL_FACTS: tuple[type[FactBase], ...] = (
     NvidiaKernelModule,
     NouveauLoaded,
     SecureBoot,
+    MokRequests,
     DiskFree,
     MemoryInfo,
     PythonVersions,
@@ -407,6 +419,7 @@ SNAPSHOT_NAMES: dict[type[FactBase], str] = {
     NvidiaKernelModule: "proc-driver-nvidia-version.txt",
     NouveauLoaded: "nouveau-count.txt",
     SecureBoot: "secureboot.txt",
+    MokRequests: "mok-list-new.txt",
     KernelHeaders: "apt-cache-policy-headers.txt",
     DiskFree: "df-model-dir.txt",
     ModelsOnDisk: "models-on-disk.txt",

@@ -13,6 +13,7 @@ from pyinfra.api.exceptions import FactProcessError
 
 from qwen27b.controller import facts as F
 from qwen27b.controller.facts import ALL_FACTS, SNAPSHOT_NAMES
+from qwen27b.plan.mokstate import parse_mok_requests
 from qwen27b.plan import driverbuild as D
 from qwen27b.plan import gpufacts_parse as G
 from qwen27b.plan import occupants as O
@@ -154,6 +155,9 @@ GARBLED = [
     (G.parse_gpu_wear, ["0, 00000000:3B:00.0, Maybe, Enabled, Enabled, 0, 0, 0, 0, 0, 0, No, 300.00, 150.00, 300.00, 300.00"]),
     (G.parse_gpu_wear, ["0, 00000000:3B:00.0, Enabled, Enabled, Enabled, 0, 0, 0, 0, 0, 0, No, lots, 150.00, 300.00, 300.00"]),
     (G.parse_gpu_wear, ["##REMAPPED-ROWS", "00000000:3B:00.0, 0, x, No, No"]),
+    # issue 52 item 8: MokRequests (mokutil --list-new)
+    (parse_mok_requests, ["garbage"]),
+    (parse_mok_requests, ["SHA1 Fingerprint: 5c:1f"]),  # a key's lines without its [key N]
 ]
 
 
@@ -286,6 +290,9 @@ def _check_shape(fact, value):
             assert all(set(e) == {"address", "port", "process", "pid"} and isinstance(e["port"], int) for e in value["listen"])
             assert all(set(a) == {"pid", "process", "used_mib", "bus_id"} for a in value["gpu"])
             assert all(isinstance(pid, int) and set(u) == {"unit", "comm"} for pid, u in value["units"].items())
+    elif fact is F.MokRequests:
+        if value is not None:
+            assert all(set(k) == {"fingerprint", "subject"} for k in value)
     else:  # pragma: no cover - a new fact needs a shape here
         raise AssertionError(f"no shape check for {fact.__name__}")
 
@@ -325,7 +332,7 @@ TOKENS = st.sampled_from([
     "path ", "checked ", "Filesystem", "/", " kB", "MemTotal:", "MemAvailable:", ":", "=", '"', "'", "ID",
     "/usr/bin/python3", " 3.10.12", "NVRM: Xid (PCI:0000:3b:00): ", "79, ", "pid=1, ", "name=x, ",
     "ii ", "hi ", "un ", " ", "\t", "%", "-", "\\", "Failed to initialize NVML: ", "Driver/library version mismatch",
-    "NVML library version: ", "580.105", "Unable to determine the device handle for GPU", "WARNING: infoROM is corrupted at gpu ", ": Unknown Error",
+    "NVML library version: ", "580.105", "[key 1]", "SHA1 Fingerprint: ", "MokNew is empty", "Subject: CN = x", "Unable to determine the device handle for GPU", "WARNING: infoROM is corrupted at gpu ", ": Unknown Error",
     'Field "compute_cap" is not a valid field to query.', "headers linux-headers-", "5.15.0-125-generic",
     "linux-headers-5.15.0-125-generic:", "  Installed: ", "  Candidate: ", "(none)", " verified ", " partial ",
     "nvidia--Qwen3.8-27B-NVFP4@main", "GPU0", "GPU1", "\tGPU0\tGPU1", " X ", "\tNV2", "\tPIX", "\tOK", "##P2P-READ", "glibc ", "2.35", "ldd (Ubuntu GLIBC 2.35-0ubuntu3.8) ",
