@@ -66,6 +66,8 @@ recorded_hosts = [
     _fake("v100x4-converged-8g"),
     # issue 52: R580 upgraded in place by unattended-upgrades, the old module still loaded (the two-line mismatch)
     _fake("v100x2-r580-mismatch"),
+    # issue 52: the non-server R580 from the graphics-drivers PPA, pinned, in unattended-upgrades' origins: kept, held, its source said
+    _fake("v100x2-ppa-580"),
     _fake("v100x2-16gb-pair-head", "v100x2-16gb", qwen27b_node_role="head", qwen27b_node_address="10.10.0.1",
           qwen27b_bind_address="192.168.10.31", **PAIR),
     _fake("v100x2-16gb-pair-worker", "v100x2-16gb", qwen27b_node_role="worker", qwen27b_node_address="10.10.0.2",

@@ -35,6 +35,7 @@ GATE_FACTS: tuple[tuple[str, type], ...] = (
     ("occupants", F.Occupants),
     ("wear", F.GpuWear),
     ("mok_requests", F.MokRequests),
+    ("driver_source", F.DriverSource),
 )
 
 

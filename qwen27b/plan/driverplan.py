@@ -10,6 +10,7 @@ from dataclasses import replace
 from qwen27b.plan.driverbuild import boot_kernels, failed_build
 from qwen27b.plan.gatetypes import DriverPlan, HostFacts, RefusedHost
 from qwen27b.plan.mokstate import console_reboot, enrolment_pending
+from qwen27b.plan.driversource import kept_source
 from qwen27b.plan.settings import Settings
 from qwen27b.plan.planner import Gpu
 from qwen27b.plan.stack import ResolvedStack
@@ -74,11 +75,13 @@ def _driver_plan(host: str, facts: HostFacts, rs: ResolvedStack, settings: Setti
     too_old = any(p["problem"] == "driver-too-old" for p in facts.gpu_problems)
     how = (f"from apt ({', '.join(f'{p} {packages[p]}' for p in from_apt)})" if from_apt
            else "installed outside apt (no nvidia-driver package: the .run installer or a vendor image)")
+    sources = [s for s in (kept_source(facts.driver_source, p, packages[p]) for p in from_apt) if s]
 
     if (loaded_branch == branch and answering and not (open_bad and module.get("flavor") == "open")
             and not open_installed):
         return DriverPlan("keep", package, f"R{branch} {loaded} loaded ({module.get('flavor')} module) and nvidia-smi "
-                          f"answers on {len(facts.gpus)} GPU(s); {how}: kept as it is, no reinstall, no reboot {cite}",
+                          f"answers on {len(facts.gpus)} GPU(s); {how}: kept as it is, no reinstall, no reboot {cite}"
+                          + "".join(f"; {s}" for s in sources),
                           hold=tuple(from_apt), from_apt=bool(from_apt),
                           kept=", ".join(from_apt) if from_apt else f"{loaded} (outside apt)")
 

@@ -14,6 +14,7 @@ from pyinfra.api.exceptions import FactProcessError
 from qwen27b.controller import facts as F
 from qwen27b.controller.facts import ALL_FACTS, SNAPSHOT_NAMES
 from qwen27b.plan.mokstate import parse_mok_requests
+from qwen27b.plan.driversource import parse_driver_source
 from qwen27b.plan import driverbuild as D
 from qwen27b.plan import gpufacts_parse as G
 from qwen27b.plan import occupants as O
@@ -158,6 +159,10 @@ GARBLED = [
     # issue 52 item 8: MokRequests (mokutil --list-new)
     (parse_mok_requests, ["garbage"]),
     (parse_mok_requests, ["SHA1 Fingerprint: 5c:1f"]),  # a key's lines without its [key N]
+    # issue 52 item 5: DriverSource (apt-cache policy, pins, unattended-upgrades origins)
+    (parse_driver_source, ["garbage"]),
+    (parse_driver_source, ["== policy", "  Installed: 580.95.05"]),  # no package line
+    (parse_driver_source, ["== policy", "nvidia-driver-580:", "what is this"]),
 ]
 
 
@@ -290,6 +295,11 @@ def _check_shape(fact, value):
             assert all(set(e) == {"address", "port", "process", "pid"} and isinstance(e["port"], int) for e in value["listen"])
             assert all(set(a) == {"pid", "process", "used_mib", "bus_id"} for a in value["gpu"])
             assert all(isinstance(pid, int) and set(u) == {"unit", "comm"} for pid, u in value["units"].items())
+    elif fact is F.DriverSource:
+        if value is not None:
+            assert set(value) == {"policy", "pins", "origins"}
+            assert all(set(p) == {"installed", "candidate", "versions"} for p in value["policy"].values())
+            assert all(set(p) == {"file", "package", "pin", "pin_priority"} for p in value["pins"])
     elif fact is F.MokRequests:
         if value is not None:
             assert all(set(k) == {"fingerprint", "subject"} for k in value)

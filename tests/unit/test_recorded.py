@@ -80,7 +80,7 @@ def test_all_hosts_present():
         # issue 27: worn cards
         "v100x4-wear-xid79", "v100x4-wear-warn", "v100x2-pcie-worn", "v100x4-converged-nopm",
         # issue 52: the driver after unattended-upgrades
-        "v100x2-r580-mismatch", "v100x1-secureboot-mok",
+        "v100x2-r580-mismatch", "v100x1-secureboot-mok", "v100x2-ppa-580",
     }  # fmt: skip
 
 
@@ -282,6 +282,9 @@ EXPECTED = {
     # issue 52 item 3: v100x2-pcie after an in-place R580 upgrade (unheld), 580.95.05 still loaded: one problem entry
     "v100x2-r580-mismatch": dict(os=("ubuntu", "22.04"), pci=["1db6"] * 2, smi=1, module=("proprietary", "580.95.05"),
                                  held=[], packages={"nvidia-driver-580-server"}),
+    # issue 52 item 5: v100x2-pcie with the graphics-drivers PPA's non-server R580, unheld
+    "v100x2-ppa-580": dict(os=("ubuntu", "22.04"), pci=["1db6"] * 2, smi=2, module=("proprietary", "580.95.05"),
+                           held=[], packages={"nvidia-driver-580"}),
     # issue 52 item 8: v100x1-secureboot with its MOK key imported, waiting for enrolment
     "v100x1-secureboot-mok": dict(os=("ubuntu", "22.04"), pci=["1db6"], smi=0, module=None, nouveau=True, sb="enabled"),
     "v100x4-pcie": dict(os=("ubuntu", "22.04"), pci=["1db6"] * 4, smi=4, module=("proprietary", "580.95.05")),
