@@ -51,3 +51,15 @@ def test_an_archive_driver_or_an_unread_source_says_nothing_more():
     assert "(its candidate now: 580.105.08-0ubuntu0~gpu22.04.1)" in said
     # the converged host's archive -server driver: the row is as before
     assert "PPA" not in run("v100x4-converged").driver.reason
+
+
+def test_a_genuine_ppa_policy_is_read_as_the_ppa():
+    """`apt policy nvidia-driver-550` as its owner pasted it (tests/fixtures/public-v100/README.md): the
+    installed ~gpu build's source is the graphics-drivers PPA, the archive's build beside it."""
+    said = (TESTS / "fixtures" / "public-v100" / "apt-policy-ppa-550.txt").read_text().splitlines()
+    found = parse_driver_source(["== policy", *said, "== pins", "== origins"])
+    versions = found["policy"]["nvidia-driver-550"]["versions"]
+    assert [v["version"] for v in versions] == ["550.78-0ubuntu0~gpu24.04.1", "550.67-0ubuntu3"]
+    text = kept_source(found, "nvidia-driver-550", "550.78-0ubuntu0~gpu24.04.1")
+    assert text.startswith("nvidia-driver-550 550.78-0ubuntu0~gpu24.04.1 comes from the graphics-drivers PPA")
+    assert kept_source(found, "nvidia-driver-550", "550.67-0ubuntu3") is None  # the archive's build
