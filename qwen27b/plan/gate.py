@@ -224,7 +224,9 @@ def _warnings(facts: HostFacts, rs: ResolvedStack, settings: Settings, os_row: d
             line += f". {SEED_XID79_ADVICE}"
         out.append(line)
     if facts.nouveau_loaded and rs.profile.get("driver"):
-        out.append("nouveau is loaded: the nvidia role blacklists it and rebuilds the initramfs (a reboot follows)")
+        out.append("nouveau is loaded: the nvidia role blacklists it and rebuilds the initramfs ("
+                   + ("it unloads at the console reboot the MOK key enrolment needs)" if driver is not None
+                      and driver.console_reboot else "a reboot follows)"))
     for what, entry in (("model", rs.model), ("draft", rs.draft if draft_used else None)):
         if entry and entry.get("revision") == "main":
             out.append(f"{what} {entry['id']} follows the moving branch 'main': pin a commit once validated "

@@ -38,6 +38,9 @@ def test_the_driver_reboot_names_the_key_enrolment_and_the_deploy_does_not_reboo
     assert "CN = qwen27b DKMS module signing" in d.driver.reason and "then reboot once" not in d.driver.reason
     assert d.driver.console_reboot.startswith("REBOOT AT THE CONSOLE for the MOK key enrolment")
     assert "Enroll MOK" in d.driver.console_reboot
+    # the nouveau warning's reboot is that console reboot too, not one the deploy does
+    nouveau = [w for w in d.warnings if w.startswith("nouveau is loaded")]
+    assert nouveau and "the console reboot the MOK key enrolment needs" in nouveau[0] and "a reboot follows" not in nouveau[0]
 
 
 def test_an_enrolled_key_leaves_the_reboot_to_the_driver():
