@@ -47,6 +47,8 @@ recorded_hosts = [
     _fake("nogpu-2204"),
     _fake("centos7"),
     _fake("v100x1-secureboot"),
+    # ... with its MOK key imported, not yet enrolled (mokutil --list-new lists it): the reboot is the key's, at the console
+    _fake("v100x1-secureboot-mok", qwen27b_mok_key_path="/var/lib/shim-signed/mok/MOK.priv"),
     _fake("h200"),
     _fake("h100"),  # a real H100 (2026-12-07): every fact from its raw bytes, escape codes in `topo -m` included
     _fake("h100-b"),  # a second machine of that image: every fact, the disk included, from one machine
@@ -62,6 +64,10 @@ recorded_hosts = [
     _fake("v100x2-old-vllm"),
     _fake("v100x2-cuda-drivers"),  # R570 from NVIDIA's CUDA repository (cuda-drivers): the source change and every removal listed  # an old vLLM container on 0.0.0.0:8000 holding both GPUs: refused naming it  # a newer kernel installed, not booted: its headers come with the driver
     _fake("v100x4-converged-8g"),
+    # issue 52: R580 upgraded in place by unattended-upgrades, the old module still loaded (the two-line mismatch)
+    _fake("v100x2-r580-mismatch"),
+    # issue 52: the non-server R580 from the graphics-drivers PPA, pinned, in unattended-upgrades' origins: kept, held, its source said
+    _fake("v100x2-ppa-580"),
     _fake("v100x2-16gb-pair-head", "v100x2-16gb", qwen27b_node_role="head", qwen27b_node_address="10.10.0.1",
           qwen27b_bind_address="192.168.10.31", **PAIR),
     _fake("v100x2-16gb-pair-worker", "v100x2-16gb", qwen27b_node_role="worker", qwen27b_node_address="10.10.0.2",

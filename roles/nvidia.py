@@ -73,6 +73,9 @@ def nvidia(decision: Decision) -> None:
 def _reboot(decision: Decision) -> None:
     """Once, after the driver changed; with qwen27b_skip_reboot, the exact steps to do by hand."""
     package = decision.driver.package
+    if decision.driver.console_reboot:  # a MOK key to enrol: only a person at the console can (plan/mokstate.py)
+        note(f"nvidia: {decision.driver.console_reboot}", always=True)
+        return
     if decision.settings.skip_reboot:
         note(f"nvidia: {package} changes: REBOOT PENDING (qwen27b_skip_reboot). By hand: `sudo systemctl reboot`; "
              "then `nvidia-smi -L` lists every GPU and `cat /proc/driver/nvidia/version` shows "
@@ -101,7 +104,8 @@ def gpu_power(decision: Decision) -> None:
                      mode="0644", create_remote_dir=False)
     if unit.will_change:
         systemd.daemon_reload(name="systemd daemon-reload (the GPU power unit changed)")
-    waits = decision.driver is not None and decision.driver.reboot and decision.settings.skip_reboot
+    waits = decision.driver is not None and decision.driver.reboot and bool(decision.settings.skip_reboot
+                                                                           or decision.driver.console_reboot)
     wear = {w["index"]: w for w in ((decision.facts.wear or {}).get("gpus") or [])}
     off = [g["index"] for g in decision.facts.gpus if g.get("persistence_mode") is False]
     drift = [i for i, w in decision.power.limits if (wear.get(i) or {}).get("power_limit_w") not in (None, float(w))]

@@ -23,6 +23,8 @@ from pyinfra.api.facts import FactBase
 from qwen27b.plan import hostfacts_parse
 from qwen27b.plan.driverbuild import parse_driver_build, parse_installed_kernels
 from qwen27b.plan.occupants import parse_occupants
+from qwen27b.plan.mokstate import parse_mok_requests
+from qwen27b.plan.driversource import parse_driver_source, source_command
 from qwen27b.plan.gpufacts_parse import (P2P_MARKER, kernel_module_not_loaded, parse_gpu_topology, parse_nouveau_loaded,
                                          parse_nvidia_gpus, parse_nvidia_kernel_module, parse_nvidia_pci_devices,
                                          parse_xid_errors, parse_gpu_wear, WEAR_FIELDS, WEAR_REMAP_MARKER)
@@ -195,6 +197,16 @@ class SecureBoot(_ParsedFact):
     parser = staticmethod(parse_secure_boot)
 
 
+class MokRequests(_ParsedFact):
+    """The MOK keys waiting for enrolment (`mokutil --list-new`): on a Secure-Boot host a reboot is
+    then for the key enrolment, at the console (plan/mokstate.py; issue 52 item 8)."""
+
+    _command = "mokutil --list-new 2>&1 || true"
+    parser = staticmethod(parse_mok_requests)
+    requires = "mokutil"
+    empty = None
+
+
 class KernelHeaders(_ParsedFact):
     """DKMS needs linux-headers-<running kernel>: is it installed, or in a configured archive?
 
@@ -314,6 +326,16 @@ class HeldPackages(_ParsedFact):
     empty = []
 
 
+class DriverSource(_ParsedFact):
+    """Where the installed nvidia-driver-* comes from (apt-cache policy), the apt pins and the
+    unattended-upgrades origins that would move it (plan/driversource.py; issue 52 item 5)."""
+
+    _command = source_command()
+    parser = staticmethod(parse_driver_source)
+
+    empty = None
+
+
 class DriverBuild(_ParsedFact):
     """A driver build that failed (issue 24): the NVIDIA packages dpkg left half-configured, `dkms
     status` and the newest nvidia make.log's last lines (plan/driverbuild.py reads them)."""
@@ -376,6 +398,8 @@ ALL_FACTS: tuple[type[FactBase], ...] = (
     NvidiaKernelModule,
     NouveauLoaded,
     SecureBoot,
+    MokRequests,
+    DriverSource,
     DiskFree,
     MemoryInfo,
     PythonVersions,
@@ -407,6 +431,8 @@ SNAPSHOT_NAMES: dict[type[FactBase], str] = {
     NvidiaKernelModule: "proc-driver-nvidia-version.txt",
     NouveauLoaded: "nouveau-count.txt",
     SecureBoot: "secureboot.txt",
+    MokRequests: "mok-list-new.txt",
+    DriverSource: "driver-source.txt",
     KernelHeaders: "apt-cache-policy-headers.txt",
     DiskFree: "df-model-dir.txt",
     ModelsOnDisk: "models-on-disk.txt",

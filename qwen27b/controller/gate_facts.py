@@ -34,6 +34,8 @@ GATE_FACTS: tuple[tuple[str, type], ...] = (
     ("kernels", F.InstalledKernels),
     ("occupants", F.Occupants),
     ("wear", F.GpuWear),
+    ("mok_requests", F.MokRequests),
+    ("driver_source", F.DriverSource),
 )
 
 

@@ -9,6 +9,8 @@ from dataclasses import replace
 
 from qwen27b.plan.driverbuild import boot_kernels, failed_build
 from qwen27b.plan.gatetypes import DriverPlan, HostFacts, RefusedHost
+from qwen27b.plan.mokstate import console_reboot, enrolment_pending
+from qwen27b.plan.driversource import kept_source
 from qwen27b.plan.settings import Settings
 from qwen27b.plan.planner import Gpu
 from qwen27b.plan.stack import ResolvedStack
@@ -62,6 +64,7 @@ def _driver_plan(host: str, facts: HostFacts, rs: ResolvedStack, settings: Setti
         return None
     package, branch, cite = drv["package"], int(drv["branch"]), rs.cite(drv["source"])
     module, packages = facts.kernel_module, facts.packages
+    pending = enrolment_pending(facts) if settings.mok_key_path else None
     loaded = module.get("version")
     loaded_branch = int(loaded.split(".")[0]) if loaded else None
     from_apt = sorted(p for p in packages if _DRIVER_PACKAGE.match(p))
@@ -72,11 +75,13 @@ def _driver_plan(host: str, facts: HostFacts, rs: ResolvedStack, settings: Setti
     too_old = any(p["problem"] == "driver-too-old" for p in facts.gpu_problems)
     how = (f"from apt ({', '.join(f'{p} {packages[p]}' for p in from_apt)})" if from_apt
            else "installed outside apt (no nvidia-driver package: the .run installer or a vendor image)")
+    sources = [s for s in (kept_source(facts.driver_source, p, packages[p]) for p in from_apt) if s]
 
     if (loaded_branch == branch and answering and not (open_bad and module.get("flavor") == "open")
             and not open_installed):
         return DriverPlan("keep", package, f"R{branch} {loaded} loaded ({module.get('flavor')} module) and nvidia-smi "
-                          f"answers on {len(facts.gpus)} GPU(s); {how}: kept as it is, no reinstall, no reboot {cite}",
+                          f"answers on {len(facts.gpus)} GPU(s); {how}: kept as it is, no reinstall, no reboot {cite}"
+                          + "".join(f"; {s}" for s in sources),
                           hold=tuple(from_apt), from_apt=bool(from_apt),
                           kept=", ".join(from_apt) if from_apt else f"{loaded} (outside apt)")
 
@@ -104,12 +109,17 @@ def _driver_plan(host: str, facts: HostFacts, rs: ResolvedStack, settings: Setti
         remove = other_branch
     elif loaded:
         why = f"R{branch} {loaded} is loaded but nvidia-smi lists no GPU"
+    elif package in packages and pending:
+        why = f"{package} {packages[package]} is installed but not loaded: Secure Boot rejects its module until its MOK key is enrolled"
     elif package in packages:
         why = f"{package} {packages[package]} is installed but not loaded (a reboot is pending)"
     else:
         why = (f"R{branch}, proprietary kernel module" if open_bad else
                f"R{branch}, open kernel module (NVIDIA's recommended one from Turing on; Blackwell has no other)")
     reboot = "reboot pending (qwen27b_skip_reboot)" if settings.skip_reboot else "then reboot once"
+    console = None
+    if pending:  # the reboot's true cause is the key enrolment, done at the console (plan/mokstate.py)
+        reboot, console = console_reboot(pending)
     steps = f"; purge {', '.join(sorted(remove))} and install it in one apt transaction" if remove else ""
     # an operator's hold on the old branch would stop `apt-get -y` at the purge: released in the same
     # transaction, and said so
@@ -120,7 +130,7 @@ def _driver_plan(host: str, facts: HostFacts, rs: ResolvedStack, settings: Setti
         steps += (f" ({', '.join(held)} held with apt-mark hold: the hold is released in that transaction, "
                   f"--allow-change-held-packages {rs.cite('apt-held')})")
     return DriverPlan("replace" if remove else "install", package, f"{why}{steps}; {reboot} {cite}",
-                      remove=tuple(sorted(remove)), hold=(package,), release_holds=held)
+                      remove=tuple(sorted(remove)), hold=(package,), release_holds=held, console_reboot=console)
 
 
 def _removed_with(packages: dict, remove: list[str], branch: int) -> list[str]:

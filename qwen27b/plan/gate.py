@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from qwen27b.onhost.contract import xid_meaning
 from qwen27b.plan.gpustate import BOARD_FIX, SEED_XID79_ADVICE, gpu_troubles
+from qwen27b.plan.gpusizes import unequal_sizes
 from qwen27b.plan import filepins, gpuwear
 from qwen27b.plan.driverbuild import boot_kernels
 from qwen27b.plan.driverplan import SECURE_BOOT_FIX, _boot_headers, _driver_plan, _failed_build, _with_headers
@@ -224,7 +225,9 @@ def _warnings(facts: HostFacts, rs: ResolvedStack, settings: Settings, os_row: d
             line += f". {SEED_XID79_ADVICE}"
         out.append(line)
     if facts.nouveau_loaded and rs.profile.get("driver"):
-        out.append("nouveau is loaded: the nvidia role blacklists it and rebuilds the initramfs (a reboot follows)")
+        out.append("nouveau is loaded: the nvidia role blacklists it and rebuilds the initramfs ("
+                   + ("it unloads at the console reboot the MOK key enrolment needs)" if driver is not None
+                      and driver.console_reboot else "a reboot follows)"))
     for what, entry in (("model", rs.model), ("draft", rs.draft if draft_used else None)):
         if entry and entry.get("revision") == "main":
             out.append(f"{what} {entry['id']} follows the moving branch 'main': pin a commit once validated "
@@ -460,6 +463,7 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
     return Decision(host=host, stack=rs, settings=settings, gpus=gpus, serve=serve,
                     choices=_choices(facts, rs, settings, driver, serve.spec) + _power_choices(facts, power),
                     warnings=([driver_first[1]] if driver_first else []) + [w.line() for w in wear]
+                    + [w for w in (unequal_sizes(gpus),) if w]
                     + _warnings(facts, rs, settings, os_row, driver, draft is not None, None if cpu else stack["gpu_wear"])
                     + [w for w in (disk_warning, glibc_warning, python_row(facts, rs, settings)[1]) if w],
                     model_path=model_path, draft_path=draft_path, facts=facts, os_row=os_row, driver=driver,

@@ -57,6 +57,8 @@ class HostFacts:
     kernels: dict | None = None  # InstalledKernels; None: not read
     occupants: dict | None = None  # Occupants (plan/occupants.py): listeners, GPU processes; None: not read
     wear: dict | None = None  # GpuWear (plan/gpuwear.py): ECC, retired pages, power range; None: not read
+    mok_requests: list | None = None  # MokRequests (plan/mokstate.py): keys waiting for enrolment; None: not read
+    driver_source: dict | None = None  # DriverSource (plan/driversource.py): apt policy, pins, origins; None: not read
 
     def __post_init__(self):
         # NvidiaGpus lists nvidia-smi's failure lines beside the GPUs; keep `gpus` GPUs only.
@@ -92,6 +94,7 @@ class DriverPlan:
     kept: str | None = None  # for "keep": what is kept, as the plan shows it
     release_holds: tuple[str, ...] = ()  # held packages (apt-mark showhold) the replacement purges
     boot_headers: tuple[str, ...] = ()  # linux-headers of the kernel the reboot boots (driverbuild.boot_kernels)
+    console_reboot: str | None = None  # the reboot is for a MOK key enrolment: the note to reboot at the console
 
     @property
     def header_packages(self) -> tuple[str, ...]:

@@ -21,9 +21,24 @@ _DEVICE_HANDLE = re.compile(
 )
 # R470 and older print this for compute_cap (added in R510) and stop: the driver is too old.
 _UNKNOWN_FIELD = re.compile(r'^Field "(?P<field>[^"]+)" is not a valid field to query\.?$')
+# R535 and later print the library's version on a second line after the mismatch (R580:
+# "NVML library version: 580.105"; tests/fixtures/public-v100/nvml-mismatch-580.txt): part of the failure.
+_NVML_LIBRARY = re.compile(r"^NVML library version: (?P<version>[0-9]+(?:\.[0-9]+){1,2})\s*$")
 _INFOROM = re.compile(
     r"^WARNING: infoROM is corrupted at gpu (?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$"
 )
+
+
+def nvml_library_version(line: str) -> str | None:
+    """The version on the second line of the mismatch form ("NVML library version: 580.105"), else None."""
+    match = _NVML_LIBRARY.match(line.strip())
+    return match["version"] if match else None
+
+
+def smi_failed(lines: list[tuple[int, str]]) -> bool:
+    """Every line is nvidia-smi's own failure (no driver, no devices, NVML not initialized, in its
+    one-line or its two-line mismatch form), or nothing: the fact is then not read (NvidiaGpus says why)."""
+    return all(line.strip().startswith(_SMI_FAILED) or nvml_library_version(line) is not None for _, line in lines)
 
 
 def gpu_problem_line(line: str) -> dict | None:
@@ -101,10 +116,13 @@ def parse_nvidia_gpus(output: list[str]) -> list[dict]:
     if any(line.startswith(_NO_DRIVER) or line.strip() == _NO_DEVICES for _, line in lines):
         return []
     gpus = []
-    for n, line in lines:
+    for at, (n, line) in enumerate(lines):
         problem = gpu_problem_line(line.strip())
         if problem is not None:
             if problem["problem"] in ("driver-library-mismatch", "nvml-init", "driver-too-old"):
+                library = next((nvml_library_version(rest) for _, rest in lines[at + 1:at + 2]), None)
+                if problem["problem"] == "driver-library-mismatch" and library:
+                    problem["library_version"] = library  # the two-line form: the user space installed
                 return [problem]  # nothing else nvidia-smi printed is a GPU row
             gpus.append(problem)
             continue
@@ -288,7 +306,7 @@ def parse_gpu_topology(output: list[str]) -> dict | None:
     topo, p2p = lines[:cut], lines[cut + 1:]
     found = _gpu_matrix(fact, topo, _LINK, "topo -m")
     if found is None:
-        if all(line.strip().startswith(_SMI_FAILED) for _, line in topo):
+        if smi_failed(topo):
             return None
         n, line = topo[0] if topo else (None, None)
         raise FactParseError(fact, n, "nvidia-smi topo -m's matrix: a GPU0 GPU1 ... header, one row per GPU", line)
@@ -351,7 +369,7 @@ def parse_gpu_wear(output: list[str]) -> dict | None:
     gpus = []
     for n, line in query:
         text = line.strip()
-        if text.startswith(_SMI_FAILED) or gpu_problem_line(text) is not None:
+        if text.startswith(_SMI_FAILED) or gpu_problem_line(text) is not None or nvml_library_version(text):
             if gpu_problem_line(text) and gpu_problem_line(text)["problem"] in ("device-handle", "inforom"):
                 continue  # a lost GPU among answering ones: NvidiaGpus reports it
             return None

@@ -42,17 +42,25 @@ def gpu_troubles(facts, extra_problems: list[dict] = ()) -> list[GpuTrouble]:
     with its gpu_problems, gpus, pci_gpus, kernel_module, xids); `extra_problems`: more "problem"
     entries, e.g. doctor's from nvidia-smi's table (gpufacts_parse.gpu_problem_line)."""
     # the same line read twice (the query and the table) is one problem
-    problems = list({(p.get("problem"), p.get("message")): p
-                     for p in list(facts.gpu_problems or []) + list(extra_problems)}.values())
+    # (the query's entry keeps the library version its second line gave, which the table's lacks)
+    merged: dict = {}
+    for p in list(facts.gpu_problems or []) + list(extra_problems):
+        key = (p.get("problem"), p.get("message"))
+        if key not in merged or len(p) > len(merged[key]):
+            merged[key] = p
+    problems = list(merged.values())
     kinds = {p.get("problem") for p in problems}
     loaded = (facts.kernel_module or {}).get("version")
     out: list[GpuTrouble] = []
     if MISMATCH in kinds:
-        message = next(p["message"] for p in problems if p.get("problem") == MISMATCH)
-        out.append(GpuTrouble(MISMATCH, f"nvidia-smi: {message}: the NVIDIA driver was upgraded without a reboot"
-                              + (f" (kernel module {loaded} still loaded)" if loaded else "")
-                              + ", so no GPU can be used",
-                              "reboot to load the new driver, then re-run the deploy (a deploy with "
+        found = next(p for p in problems if p.get("problem") == MISMATCH)
+        library = found.get("library_version")  # R535+'s second line: the user space now installed
+        versions = ", ".join(part for part in (f"NVML library {library} installed" if library else "",
+                                               f"kernel module {loaded} still loaded" if loaded else "") if part)
+        out.append(GpuTrouble(MISMATCH, f"nvidia-smi: {found['message']}: the NVIDIA driver was upgraded without a reboot"
+                              + (f" ({versions})" if versions else "") + ", so no GPU can be used",
+                              "reboot to load the new driver" + (f" ({library})" if library else "")
+                              + ", then re-run the deploy (a deploy with "
                               "qwen27b_skip_reboot leaves the host like this until it is rebooted)"))
         return out  # the GPUs are fine: nothing else can be read until the reboot
     if "nvml-init" in kinds:

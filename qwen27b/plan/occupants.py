@@ -17,6 +17,7 @@ import ipaddress
 import re
 from typing import NamedTuple
 
+from qwen27b.plan.gpufacts_parse import nvml_library_version
 from qwen27b.plan.hostfacts_parse import FactParseError, numbered_lines
 
 _SECTION = re.compile(r"^== (listen|gpu|units|sockets)$")
@@ -70,8 +71,8 @@ def parse_occupants(output: list[str]) -> dict | None:
                 found["listen"].append({"address": match["local"].strip("[]"), "port": int(match["port"]),
                                         "process": name, "pid": int(pid) if pid else None})
         elif section == "gpu":
-            if line.strip().startswith(_NO_APPS):
-                continue
+            if line.strip().startswith(_NO_APPS) or nvml_library_version(line) is not None:
+                continue  # no driver, no apps, or NVML's failure (its two-line mismatch form too)
             match = _APP.match(line.strip())
             if not match:
                 raise FactParseError(fact, n, "'<pid>, <process name>, <MiB>, <bus id>'", line)

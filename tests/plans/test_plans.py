@@ -36,7 +36,9 @@ HOSTS = ["v100x4-2204-fresh", "v100x1-2004", "v100x2-16gb", "v100x2-mixed", "v10
          "v100x4-wear-xid79", "v100x4-wear-warn", "v100x2-pcie-worn", "v100x4-converged-nopm", "v100x4-power-cap",
          # sources a lab can reach (issue 30): offline without and with a Python mirror, lab mirrors for every fetch
          "v100x1-2004-offline", "v100x1-2004-offline-pymirror", "v100x1-2004-lab-sources", "v100x1-2004-offline-apt",
-         "v100x1-2004-modelscope", "debian12-cpu-lab-index"]
+         "v100x1-2004-modelscope", "debian12-cpu-lab-index",
+         # issue 52 items 3, 5, 7, 8: the driver after unattended-upgrades, the PPA's driver, the MOK key's reboot
+         "v100x2-r580-mismatch", "v100x1-secureboot-mok", "v100x2-ppa-580"]
 
 
 @pytest.fixture(scope="module")

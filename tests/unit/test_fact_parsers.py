@@ -13,6 +13,8 @@ from pyinfra.api.exceptions import FactProcessError
 
 from qwen27b.controller import facts as F
 from qwen27b.controller.facts import ALL_FACTS, SNAPSHOT_NAMES
+from qwen27b.plan.mokstate import parse_mok_requests
+from qwen27b.plan.driversource import parse_driver_source
 from qwen27b.plan import driverbuild as D
 from qwen27b.plan import gpufacts_parse as G
 from qwen27b.plan import occupants as O
@@ -154,6 +156,13 @@ GARBLED = [
     (G.parse_gpu_wear, ["0, 00000000:3B:00.0, Maybe, Enabled, Enabled, 0, 0, 0, 0, 0, 0, No, 300.00, 150.00, 300.00, 300.00"]),
     (G.parse_gpu_wear, ["0, 00000000:3B:00.0, Enabled, Enabled, Enabled, 0, 0, 0, 0, 0, 0, No, lots, 150.00, 300.00, 300.00"]),
     (G.parse_gpu_wear, ["##REMAPPED-ROWS", "00000000:3B:00.0, 0, x, No, No"]),
+    # issue 52 item 8: MokRequests (mokutil --list-new)
+    (parse_mok_requests, ["garbage"]),
+    (parse_mok_requests, ["SHA1 Fingerprint: 5c:1f"]),  # a key's lines without its [key N]
+    # issue 52 item 5: DriverSource (apt-cache policy, pins, unattended-upgrades origins)
+    (parse_driver_source, ["garbage"]),
+    (parse_driver_source, ["== policy", "  Installed: 580.95.05"]),  # no package line
+    (parse_driver_source, ["== policy", "nvidia-driver-580:", "what is this"]),
 ]
 
 
@@ -224,7 +233,8 @@ def _check_shape(fact, value):
     elif fact is F.NvidiaGpus:  # GPUs, and nvidia-smi's failure lines as "problem" entries (see the gate)
         gpus = [gpu for gpu in value if "problem" not in gpu]
         assert all(set(gpu) == GPU_KEYS and isinstance(gpu["index"], int) for gpu in gpus)
-        assert all(set(p) == {"problem", "bus_id", "message"} for p in value if "problem" in p)
+        assert all(set(p) - {"library_version"} == {"problem", "bus_id", "message"} for p in value if "problem" in p)
+        assert all(p["problem"] == "driver-library-mismatch" for p in value if "library_version" in p)
     elif fact is F.NvidiaPciDevices:
         assert all(set(d) == {"slot", "class", "device_id", "description"} for d in value)
         assert all(d["class"] in ("0300", "0302") for d in value)
@@ -285,6 +295,14 @@ def _check_shape(fact, value):
             assert all(set(e) == {"address", "port", "process", "pid"} and isinstance(e["port"], int) for e in value["listen"])
             assert all(set(a) == {"pid", "process", "used_mib", "bus_id"} for a in value["gpu"])
             assert all(isinstance(pid, int) and set(u) == {"unit", "comm"} for pid, u in value["units"].items())
+    elif fact is F.DriverSource:
+        if value is not None:
+            assert set(value) == {"policy", "pins", "origins"}
+            assert all(set(p) == {"installed", "candidate", "versions"} for p in value["policy"].values())
+            assert all(set(p) == {"file", "package", "pin", "pin_priority"} for p in value["pins"])
+    elif fact is F.MokRequests:
+        if value is not None:
+            assert all(set(k) == {"fingerprint", "subject"} for k in value)
     else:  # pragma: no cover - a new fact needs a shape here
         raise AssertionError(f"no shape check for {fact.__name__}")
 
@@ -324,7 +342,7 @@ TOKENS = st.sampled_from([
     "path ", "checked ", "Filesystem", "/", " kB", "MemTotal:", "MemAvailable:", ":", "=", '"', "'", "ID",
     "/usr/bin/python3", " 3.10.12", "NVRM: Xid (PCI:0000:3b:00): ", "79, ", "pid=1, ", "name=x, ",
     "ii ", "hi ", "un ", " ", "\t", "%", "-", "\\", "Failed to initialize NVML: ", "Driver/library version mismatch",
-    "Unable to determine the device handle for GPU", "WARNING: infoROM is corrupted at gpu ", ": Unknown Error",
+    "NVML library version: ", "580.105", "[key 1]", "SHA1 Fingerprint: ", "MokNew is empty", "Subject: CN = x", "Unable to determine the device handle for GPU", "WARNING: infoROM is corrupted at gpu ", ": Unknown Error",
     'Field "compute_cap" is not a valid field to query.', "headers linux-headers-", "5.15.0-125-generic",
     "linux-headers-5.15.0-125-generic:", "  Installed: ", "  Candidate: ", "(none)", " verified ", " partial ",
     "nvidia--Qwen3.8-27B-NVFP4@main", "GPU0", "GPU1", "\tGPU0\tGPU1", " X ", "\tNV2", "\tPIX", "\tOK", "##P2P-READ", "glibc ", "2.35", "ldd (Ubuntu GLIBC 2.35-0ubuntu3.8) ",
@@ -438,7 +456,8 @@ def test_public_outputs_read_as_their_owners_saw_them():
     """Where a genuine output is the fact's own command, the parser reads what its owner saw."""
     assert G.parse_nvidia_gpus(PUBLIC_OUTPUTS["nvml-mismatch-570.txt"]) == [{
         "problem": "driver-library-mismatch", "bus_id": None,
-        "message": "Failed to initialize NVML: Driver/library version mismatch"}]
+        "message": "Failed to initialize NVML: Driver/library version mismatch", "library_version": "570.124"}]
+    assert G.parse_nvidia_gpus(PUBLIC_OUTPUTS["nvml-mismatch-580.txt"])[0]["library_version"] == "580.178"
     assert G.parse_nvidia_gpus(PUBLIC_OUTPUTS["nvml-mismatch-460-unattended-upgrade.txt"])[0]["problem"] == \
         "driver-library-mismatch"
     assert G.parse_nvidia_kernel_module(PUBLIC_OUTPUTS["proc-version-open-525.60.11.txt"]) == {
@@ -474,6 +493,26 @@ def test_gpu_wear_reads_each_gpu_and_the_remap_rows():
                                                             "failure": False}}
     assert G.parse_gpu_wear(['Field "retired_pages.sbe" is not a valid field to query.']) is None
     assert G.parse_gpu_wear(["Failed to initialize NVML: Driver/library version mismatch"]) is None
+
+
+@pytest.mark.parametrize("name", ["nvml-mismatch-580.txt", "nvml-mismatch-570.txt",
+                                  "nvml-mismatch-460-unattended-upgrade.txt"])
+def test_every_gpu_fact_reads_the_mismatch_in_both_forms(name):
+    """Issue 52 item 3: R535+ print the mismatch on two lines (`NVML library version: 580.178` after
+    it; genuine R580 and R570 outputs, tests/fixtures/public-v100/README.md), R460 on one. Every fact
+    that runs nvidia-smi reads both as "not read, NvidiaGpus says why", never a parse error: the
+    topology and occupants facts refused the host as "could not be parsed" before."""
+    from qwen27b.plan.occupants import parse_occupants
+    said = PUBLIC_OUTPUTS[name]
+    assert G.parse_nvidia_gpus(said)[0]["problem"] == "driver-library-mismatch"
+    assert G.parse_gpu_topology(said) is None
+    assert G.parse_gpu_topology(said + [G.P2P_MARKER] + said) is None
+    assert G.parse_gpu_wear(said + [G.WEAR_REMAP_MARKER] + said) is None
+    found = parse_occupants(["== listen", "== gpu", *said, "== units", "== sockets"])
+    assert found["gpu"] == [] and found["listen"] == []
+    # the version line alone, where a GPU row belongs, is still no GPU row
+    with pytest.raises(FactParseError):
+        G.parse_gpu_topology(["GPU0\tGPU1", "NVML library version: 580.105", "junk"])
 
 
 # --- what a real host prints around the text (issue 57) -------------------------------------------

@@ -142,7 +142,8 @@ def smi(case: str) -> list:
 
 @pytest.mark.parametrize("case, cause, fix", [
     pytest.param("driver-library-mismatch", "Driver/library version mismatch: the NVIDIA driver was upgraded without a "
-                 "reboot (kernel module 580.95.05 still loaded)", "reboot to load the new driver", id="driver-library-mismatch"),
+                 "reboot (NVML library 580.105 installed, kernel module 580.95.05 still loaded)", "reboot to load the new driver (580.105)",
+                 id="driver-library-mismatch"),
     pytest.param("nvml-unknown-error", "nvidia-smi: Failed to initialize NVML: Unknown Error", "reinstall the driver or reboot",
                  id="nvml-unknown-error"),
     pytest.param("device-handle-unknown-error", "cannot reach 1 GPU(s): Unable to determine the device handle for GPU "

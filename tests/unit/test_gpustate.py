@@ -23,6 +23,16 @@ def test_a_mismatch_is_a_reboot_and_hides_the_missing_gpus():
     assert [t.kind for t in found] == [MISMATCH] and found[0].blocks
     assert "580.95.05 still loaded" in found[0].cause and found[0].fix.startswith("reboot")
     assert "Xid" not in found[0].fix
+    # the two-line form names the user space installed, in the cause and in the fix (issue 52 item 3)
+    assert "(NVML library 570.124 installed, kernel module 580.95.05 still loaded)" in found[0].cause
+    assert found[0].fix.startswith("reboot to load the new driver (570.124)")
+    # doctor adds the table's line (no version): the query's reading, with the version, stays
+    table = gpu_problem_line("Failed to initialize NVML: Driver/library version mismatch")
+    assert "570.124 installed" in gpu_troubles(facts(["Failed to initialize NVML: Driver/library version mismatch",
+                                                      "NVML library version: 570.124"]), [table])[0].cause
+    one_line = gpu_troubles(facts(["Failed to initialize NVML: Driver/library version mismatch"]))[0]
+    assert "(kernel module 580.95.05 still loaded)" in one_line.cause
+    assert one_line.fix.startswith("reboot to load the new driver, then")
 
 
 def test_nvml_failing_otherwise():

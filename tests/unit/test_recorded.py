@@ -81,6 +81,8 @@ def test_all_hosts_present():
         "v100x4-wear-xid79", "v100x4-wear-warn", "v100x2-pcie-worn", "v100x4-converged-nopm",
         # issue 52 item 4: a small /var, the big disk on /data (and the models dir set there)
         "v100x4-small-var", "v100x4-data-disk",
+        # issue 52: the driver after unattended-upgrades
+        "v100x2-r580-mismatch", "v100x1-secureboot-mok", "v100x2-ppa-580",
     }  # fmt: skip
 
 
@@ -284,6 +286,14 @@ EXPECTED = {
     # v100x4-converged's software with other GPUs and links (qwen27b/plan/topology.py's golden hosts)
     "v100x2-pcie": dict(os=("ubuntu", "22.04"), pci=["1db6"] * 2, smi=2, module=("proprietary", "580.95.05"),
                         links=[["X", "NODE"], ["NODE", "X"]]),
+    # issue 52 item 3: v100x2-pcie after an in-place R580 upgrade (unheld), 580.95.05 still loaded: one problem entry
+    "v100x2-r580-mismatch": dict(os=("ubuntu", "22.04"), pci=["1db6"] * 2, smi=1, module=("proprietary", "580.95.05"),
+                                 held=[], packages={"nvidia-driver-580-server"}),
+    # issue 52 item 5: v100x2-pcie with the graphics-drivers PPA's non-server R580, unheld
+    "v100x2-ppa-580": dict(os=("ubuntu", "22.04"), pci=["1db6"] * 2, smi=2, module=("proprietary", "580.95.05"),
+                           held=[], packages={"nvidia-driver-580"}),
+    # issue 52 item 8: v100x1-secureboot with its MOK key imported, waiting for enrolment
+    "v100x1-secureboot-mok": dict(os=("ubuntu", "22.04"), pci=["1db6"], smi=0, module=None, nouveau=True, sb="enabled"),
     "v100x4-pcie": dict(os=("ubuntu", "22.04"), pci=["1db6"] * 4, smi=4, module=("proprietary", "580.95.05")),
     "v100x8-sxm2-dgx1": dict(os=("ubuntu", "22.04"), pci=["1db1"] * 8, smi=8, module=("proprietary", "580.95.05")),
     "mixed-3090-v100x2": dict(os=("ubuntu", "22.04"), pci=["2204", "1db5", "1db5"], smi=3,
@@ -378,7 +388,9 @@ def test_every_fact_of_a_genuine_recording_parses_with_its_own_process(recording
     parses now, and what parsed there parses to the same value here."""
     raw = json.loads(recording.read_text(encoding="utf-8"))
     fixed = {fact.__name__ for fact in ALL_FACTS if not getattr(fact, "path_arg", None)}
-    assert fixed <= set(raw), f"facts the recording lacks: {sorted(fixed - set(raw))}"
+    # a fact added after the machine was recorded is named in its not-recorded.txt (MokRequests, issue 52)
+    newer = {fact.__name__ for fact in ALL_FACTS if SNAPSHOT_NAMES[fact] in not_recorded(recording.parent.parent)}
+    assert fixed - newer <= set(raw), f"facts the recording lacks: {sorted(fixed - newer - set(raw))}"
     for name, answer in raw.items():
         fact = getattr(F, name)
         lines = connector_lines(answer["stdout"])
