@@ -234,3 +234,30 @@ def check_owner(url: str, main_pid: int | None, proc: str = PROC) -> dict:
     if out["listening"] and not out["ours"] and not main_pid:
         out["text"] += " (the unit has no main process: it is not running)"
     return {**out, "main_pid": main_pid}
+
+
+def main(argv=None) -> int:
+    """`python -m qwen27b_onhost.listener --url URL --unit UNIT`: exit 0 when the unit's own process
+    holds every listener there, else 1 with one `#` line (a comment in Prometheus text) naming the
+    holder; for shell callers that send a key after it (doctor's /metrics read on the host)."""
+    import argparse
+    import subprocess
+
+    from .unit import parse_show, show_argv
+    p = argparse.ArgumentParser(prog="qwen27b-listener", description=main.__doc__.split("\n")[0])
+    p.add_argument("--url", required=True)
+    p.add_argument("--unit", required=True)
+    args = p.parse_args(argv)
+    try:
+        shown = subprocess.run(show_argv(args.unit, ("MainPID",)), capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        shown = ""
+    owner = check_owner(args.url, main_pid_of(parse_show(shown)))
+    if owner["ours"]:
+        return 0
+    print(f"# qwen27b: the API key is not sent to {args.url}: not {args.unit}'s process: {owner['text']}")
+    return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
