@@ -71,7 +71,7 @@ def http_base(address: str, port: int) -> str:
     return f"http://[{address.replace('%', '%25')}]:{port}" if ":" in address else f"http://{address}:{port}"
 
 
-UNIT_PROPERTIES = ("ActiveState", "SubState", "Result", "NRestarts", "StartLimitBurst")
+UNIT_PROPERTIES = ("ActiveState", "SubState", "Result", "NRestarts", "StartLimitBurst", "MainPID")
 
 
 FAILED_RESULTS = ("exit-code", "signal", "core-dump", "timeout", "start-limit-hit", "watchdog", "oom-kill")

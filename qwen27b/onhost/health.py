@@ -30,6 +30,7 @@ from .contract import (COPY_ENV, GPUS_ENV, CRITICAL, ENGINE_STALLED_FINDING, IDL
                        XID_ADVICE, XID_FATAL, restart_loop, NEEDS, NEEDS_HUMAN_FINDING, NEEDS_REBOOT_FINDING,
                        XID_NEEDS)
 from .gpu import THROTTLE_BAD, own_xids, read_gpus, read_xids
+from .listener import check_owner, main_pid_of
 from .metrics import accumulate_xids, export_metrics
 from .secretfile import SecretFileError, load_secret
 from .statusfile import epoch, iso, load_status, push_history, read_previous, write_status
@@ -69,11 +70,21 @@ def verdict(r: dict, slow_ms: float = 1000.0, hot_c: int = HOT_C) -> tuple[int, 
         f.append((WARNING, f"/health took {h['latency_ms']:.0f} ms (> {slow_ms:.0f} ms): the host is "
                            f"overloaded or swapping; check load, memory and vllm:num_requests_waiting."))
 
+    owner = r.get("listener") or {}
+    squatter = owner.get("listening") and not owner.get("ours")
+    if squatter:
+        f.append((CRITICAL, f"not {unit}'s process answers on {url}: {owner['text']}; the API key was not sent "
+                            f"to it. Stop that process (it may be reading clients' keys), then `systemctl restart "
+                            f"{unit}`."))
     if r.get("key_error"):
         f.append((CRITICAL, f"cannot use the API key file ({r['key_error']}); if it is "
                             f"a permission error, run the check as root or fix the file's owner/mode."))
     m = r.get("models") or {}
-    if m.get("error"):
+    if m.get("skipped"):  # no key sent: to a squatter (said above), or nothing of the unit listens
+        if not h.get("error") and not squatter:
+            f.append((CRITICAL, f"/v1/models not asked ({m['skipped']}): the API key goes only to {unit}'s own "
+                                f"process; check `systemctl status {unit}`."))
+    elif m.get("error"):
         if not h.get("error"):  # one sentence for one outage
             f.append((CRITICAL, f"/v1/models unreachable ({m['error']}): the API server is not answering; "
                                 f"check `journalctl -u {unit}`."))
@@ -226,8 +237,9 @@ def restart_decision(*, code: int, failures: int, restart_after: int, last_resta
 
 # ------------------------------------------------------------------------------- readings
 
-def probe(url: str, key: str | None, timeout: float) -> tuple[dict, dict]:
-    """GET /health (open) and /v1/models (guarded by --api-key) -> (health, models).
+def probe(url: str, key: str | None, timeout: float, skip_models: str | None = None) -> tuple[dict, dict]:
+    """GET /health (open) and /v1/models (guarded by --api-key) -> (health, models). With
+    `skip_models` (why), /v1/models is not asked: the listener is not the unit's, the key stays here.
 
     Both at once: a hung server (its process stopped, its socket still accepting) costs the run one
     timeout, not one per request, so a watchdog of K runs acts K timeouts sooner. Errors are recorded
@@ -238,6 +250,8 @@ def probe(url: str, key: str | None, timeout: float) -> tuple[dict, dict]:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     health: dict = {"status": None, "latency_ms": None, "error": None}
     models: dict = {"status": None, "ids": None, "error": None}
+    if skip_models:
+        models["skipped"] = skip_models
 
     def get_health(client: httpx.Client) -> None:
         t0 = time.monotonic()
@@ -259,9 +273,11 @@ def probe(url: str, key: str | None, timeout: float) -> tuple[dict, dict]:
 
     with httpx.Client(timeout=httpx.Timeout(timeout), trust_env=False) as client:
         beside = threading.Thread(target=get_models, args=(client,), daemon=True)
-        beside.start()
+        if not skip_models:
+            beside.start()
         get_health(client)
-        beside.join()
+        if not skip_models:
+            beside.join()
     return health, models
 
 
@@ -310,13 +326,15 @@ def check(args: argparse.Namespace, now: float | None = None) -> dict:
         except SecretFileError as e:
             key_error = f"{args.api_key_file}: {e}"
 
-    health, models = probe(args.url, key, args.timeout)
     systemd = unit_properties(args.unit)  # {}: no systemd or no such unit
+    # the key goes only to a listener of the unit's own processes (listener.py; issue 51)
+    owner = check_owner(args.url, main_pid_of(systemd))
+    health, models = probe(args.url, key, args.timeout, skip_models=None if owner["ours"] else owner["text"])
     unit_state = systemd.get("ActiveState") or None  # unknown is never "activating"
     stall, idle, live, progress_note = None, None, prev.get("liveness"), None
     # progress is judged once the unit is in service (a warming-up engine compiles; the probe would
     # race its warm-up), and where vLLM answers (else the /health and /v1/models findings say why)
-    if health["status"] == 200 and models["status"] == 200 and unit_state != "activating":
+    if health["status"] == 200 and models["status"] == 200 and unit_state != "activating" and owner["ours"]:
         reading, progress_note = read_progress(args.url, key, args.timeout)
         stall, live = liveness(live, reading, now, args.stall_after_s)
         if reading is not None and args.served_name and idle_probe_due(live, now, args.idle_probe_every_s):
@@ -330,7 +348,7 @@ def check(args: argparse.Namespace, now: float | None = None) -> dict:
 
     readings = {"url": args.url, "unit": args.unit, "served_name": args.served_name,
                 "key_error": key_error, "health": health, "models": models, "gpu": gpus, "xids": xids,
-                "stall": stall, "idle_probe": idle}
+                "stall": stall, "idle_probe": idle, "listener": owner}
     code, findings = verdict(readings, slow_ms=args.slow_ms)
     if progress_note:
         findings.append(finding(INFO, f"engine progress not watched this run ({progress_note})."))
@@ -398,6 +416,7 @@ def check(args: argparse.Namespace, now: float | None = None) -> dict:
         "stalled": bool(stall) or bool(idle and not idle["ok"]),
         "idle_probe": idle,
         "systemd": systemd or None,  # what the restart-loop sentence was read from
+        "listener": owner,  # who holds the port: the key went only to the unit's own process
         "consecutive_failures": failures,
         "needs": needs,  # "reboot" / "human": a GPU fault the watchdog does not restart for (issue 27)
         "restart_after": args.restart_after,

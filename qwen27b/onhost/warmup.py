@@ -7,6 +7,11 @@ environment (the unit's EnvironmentFile=, VLLM_API_KEY), never from argv; the UR
 address the controller built (IPv6 bracketed). Exit 0 when the completion answered, 1 otherwise,
 with one `qwen27b-warmup:` line in the journal saying why.
 
+The key goes only to the unit's own listener: before the first request that carries it, every socket
+listening where the URL leads must belong to $MAINPID (systemd sets it for ExecStartPost=) or its
+descendants (listener.py says how and why that channel). Another process there (a squatter that bound
+the port first and answers /health) is named and gets nothing; the unit fails.
+
     python -m qwen27b_onhost.warmup --url http://127.0.0.1:8000 [--served-name NAME] --timeout-s 600
 """
 
@@ -19,6 +24,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
+
+from .listener import check_owner
 
 KEY_ENV = "VLLM_API_KEY"
 # no proxy from the environment: the service is on this host, at its bound address
@@ -108,6 +115,12 @@ def main(argv=None) -> int:
         return 1
     print(f"qwen27b-warmup: /health answers; one completion of {args.max_tokens} tokens before the unit "
           f"counts as started (the first request compiles; deadline {args.timeout_s:.0f} s)", flush=True)
+    owner = check_owner(base, pid)
+    if not owner["ours"]:
+        print(f"qwen27b-warmup: the API key is not sent: not this unit's process (MAINPID {pid}) listens on "
+              f"{base}: {owner['text']}; the unit fails. Stop that process, then start the unit again",
+              file=sys.stderr, flush=True)
+        return 1
     try:
         tokens, took = warm_up(base, args.served_name, args.max_tokens, args.timeout_s, headers())
     except FAILURES as error:

@@ -372,6 +372,7 @@ def _no_secret(secret, *texts):
 
 
 def test_real_server_ok(cli, vllm_server, key_file):
+    cli.main_pid = vllm_server["pid"]  # the fake systemctl says MainPID: the unit's process
     rc, out, err, s = cli("--url", vllm_server["url"], "--served-name", vllm_server["name"],
                           "--api-key-file", str(key_file), "--unit", "fake-qwen27b.service")
     assert rc == 0, out + err
@@ -388,6 +389,7 @@ def test_real_server_ok(cli, vllm_server, key_file):
 
 
 def test_real_server_bare_key_file(cli, vllm_server, tmp_path):
+    cli.main_pid = vllm_server["pid"]  # the fake systemctl says MainPID: the unit's process
     bare = tmp_path / "key"
     bare.write_text(vllm_server["api_key"] + "\n")
     rc, out, err, s = cli("--url", vllm_server["url"], "--api-key-file", str(bare), "--no-restart")
@@ -395,6 +397,7 @@ def test_real_server_bare_key_file(cli, vllm_server, tmp_path):
 
 
 def test_real_server_wrong_served_name(cli, vllm_server, key_file):
+    cli.main_pid = vllm_server["pid"]  # the fake systemctl says MainPID: the unit's process
     rc, out, err, s = cli("--url", vllm_server["url"], "--served-name", "qwen3.8-27b",
                           "--api-key-file", str(key_file), "--no-restart")
     assert rc == 2 and s["models"] == [vllm_server["name"]]
@@ -404,6 +407,7 @@ def test_real_server_wrong_served_name(cli, vllm_server, key_file):
 def test_real_server_still_warming_up_is_not_in_service(cli, vllm_server, key_file):
     """vLLM answers while the unit's start-up warm-up runs (activating, start-post): CRITICAL, so the
     health endpoint says 503 and the gateway's pool keeps it out; no restart of a starting unit."""
+    cli.main_pid = vllm_server["pid"]  # the fake systemctl says MainPID: the unit's process
     rc, out, err, s = cli("--url", vllm_server["url"], "--served-name", vllm_server["name"], "--restart-after", "1",
                           "--api-key-file", str(key_file), "--unit", "fake-qwen27b.service", env={"FAKE_STATE": "activating"})
     assert rc == 2 and s["health_status"] == 200 and s["models"] == [vllm_server["name"]]
@@ -413,6 +417,7 @@ def test_real_server_still_warming_up_is_not_in_service(cli, vllm_server, key_fi
 
 @pytest.mark.parametrize("key", ["sk-wrong", None])
 def test_real_server_wrong_or_missing_key(cli, vllm_server, tmp_path, key):
+    cli.main_pid = vllm_server["pid"]  # the fake systemctl says MainPID: the unit's process
     args = ["--url", vllm_server["url"], "--served-name", vllm_server["name"], "--no-restart"]
     if key:
         (tmp_path / "wrong.env").write_text(f"VLLM_API_KEY={key}\n")
@@ -425,6 +430,7 @@ def test_real_server_wrong_or_missing_key(cli, vllm_server, tmp_path, key):
 
 
 def test_real_server_outage_and_recovery_in_history(cli, vllm_server, key_file):
+    cli.main_pid = vllm_server["pid"]  # the fake systemctl says MainPID: the unit's process
     unit = "qwen27b-health-test-fake.service"
     good = ("--url", vllm_server["url"], "--served-name", vllm_server["name"], "--api-key-file", str(key_file),
             "--unit", unit, "--restart-after", "2")
@@ -562,3 +568,35 @@ def test_a_hung_server_costs_the_probe_one_timeout_not_two():
     assert health["status"] is None and health["error"].startswith("ReadTimeout"), health
     assert models["status"] is None and models["error"].startswith("ReadTimeout"), models
     assert 1.4 < took < 2.6, took  # in turn: 3 s
+
+
+# ---------------------------------------------------------------------------- the key only to the unit's listener
+
+def test_a_planted_listener_gets_no_key_and_is_named(cli, tmp_path):
+    """Issue 51 item 2: a plain Python HTTP server (tests/support/planted.py, its own process, not the
+    unit's) holds the port and answers 200 to everything. The unit's MainPID (the fake systemctl's) is
+    another real process: the check sends the key nowhere, names the squatter's pid, CRITICAL. With the
+    squatter as MainPID the same check sends the key: the test can tell the two apart."""
+    from qwen27b.tools.cpu_smoke import free_port
+    from tests.support.planted import other_process, planted_listener
+    key = tmp_path / "key.env"
+    key.write_text("VLLM_API_KEY=sk-planted-test-secret\n")
+    port, log = free_port(), tmp_path / "squatter.log"
+    args = ("--url", f"http://127.0.0.1:{port}", "--api-key-file", str(key), "--served-name", "m",
+            "--no-restart", "--timeout", "5")
+    with planted_listener(port, log) as squatter, other_process() as unit_process:
+        cli.main_pid = unit_process.pid
+        rc, out, err, s = cli(*args)
+        assert "sk-planted-test-secret" not in log.read_text(), log.read_text()
+        assert rc == 2 and s["verdict"] == "CRITICAL" and not s["listener"]["ours"]
+        named = [f["text"] for f in s["findings"] if f["level"] == "CRITICAL"]
+        assert any(f"pid {squatter.pid} (python" in t and "the API key was not sent" in t for t in named), named
+        assert s["listener"]["holders"][0]["processes"][0]["pid"] == squatter.pid
+        cli.main_pid = None  # no unit process at all (MainPID=0): still no key
+        rc, out, err, s = cli(*args)
+        assert rc == 2 and "sk-planted-test-secret" not in log.read_text()
+        assert "the unit has no main process" in s["listener"]["text"]
+        cli.main_pid = squatter.pid  # the control: the listener is the unit's own, the key goes
+        rc, out, err, s = cli(*args)
+        assert s["listener"]["ours"] and "GET /v1/models auth=Bearer sk-planted-test-secret" in log.read_text()
+        _no_secret("sk-planted-test-secret", out, err, cli.status.read_text())

@@ -170,6 +170,7 @@ class _Frozen:
 
 
 def test_a_frozen_idle_engine_fails_the_one_token_probe(cli, vllm_server):
+    cli.main_pid = vllm_server["pid"]  # the fake systemctl says MainPID: the unit's process
     args = ["--url", vllm_server["url"], "--served-name", vllm_server["name"], "--api-key-file",
             vllm_server["key_file"], "--no-restart", "--idle-probe-deadline-s", "4"]
     rc, out, _, s = cli(*args)
@@ -188,6 +189,7 @@ def test_a_frozen_idle_engine_fails_the_one_token_probe(cli, vllm_server):
 
 def test_a_frozen_engine_under_load_is_named_stalled(cli, vllm_server):
     """Two streamed requests in flight; the engine frozen once both have produced a token."""
+    cli.main_pid = vllm_server["pid"]  # the fake systemctl says MainPID: the unit's process
     body = {"model": vllm_server["name"], "prompt": "Count slowly from one to one thousand:", "max_tokens": 400,
             "stream": True, "ignore_eos": True}
     headers = {"Authorization": f"Bearer {vllm_server['api_key']}"}

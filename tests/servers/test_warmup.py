@@ -87,9 +87,10 @@ def test_warm_up_against_a_real_server(run_warmup, vllm_server):
     done = run_warmup(vllm_server["url"], {"VLLM_API_KEY": key, "MAINPID": str(vllm_server["pid"])})
     assert done.returncode == 0, done.stdout + done.stderr
     assert "warm-up completion done" in done.stdout and key not in done.stdout + done.stderr
-    named = run_warmup(vllm_server["url"], {"VLLM_API_KEY": key}, "--served-name", vllm_server["name"])
+    named = run_warmup(vllm_server["url"], {"VLLM_API_KEY": key, "MAINPID": str(vllm_server["pid"])},
+                       "--served-name", vllm_server["name"])
     assert named.returncode == 0, named.stdout + named.stderr
-    wrong = run_warmup(vllm_server["url"], {"VLLM_API_KEY": "not-the-key"})
+    wrong = run_warmup(vllm_server["url"], {"VLLM_API_KEY": "not-the-key", "MAINPID": str(vllm_server["pid"])})
     assert wrong.returncode == 1 and "failed" in wrong.stderr and "not-the-key" not in wrong.stdout + wrong.stderr
 
 
@@ -99,3 +100,31 @@ def test_a_dead_main_process_fails_the_start_at_once(run_warmup):
     child.wait()
     done = run_warmup(f"http://127.0.0.1:{free_port()}", {"MAINPID": str(child.pid)})
     assert done.returncode == 1 and "exited before /health answered" in done.stderr
+
+
+def test_a_planted_listener_gets_no_key_from_the_warm_up(tmp_path):
+    """Issue 51 item 2: a plain Python HTTP server (tests/support/planted.py, its own process) holds the
+    port and answers 200 to /health, /v1/models and the completion; $MAINPID is another real process.
+    The warm-up names the squatter and fails the unit without sending the key; with the squatter as
+    $MAINPID (the control) the key goes. The module runs as ExecStartPost runs it (lib on PYTHONPATH)."""
+    from qwen27b.tools.cpu_smoke import free_port
+    from tests.support import onhost_lib
+    from tests.support.planted import other_process, planted_listener
+    onhost_lib.install(tmp_path / "lib")
+    port, log = free_port(), tmp_path / "squatter.log"
+
+    def run(main_pid):
+        argv = [sys.executable, "-m", "qwen27b_onhost.warmup", "--url", f"http://127.0.0.1:{port}",
+                "--timeout-s", "30", "--max-tokens", "4"]
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "lib"), "VLLM_API_KEY": "sk-planted-warm-key",
+               "MAINPID": str(main_pid)}
+        return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+
+    with planted_listener(port, log) as squatter, other_process() as unit_process:
+        done = run(unit_process.pid)
+        assert done.returncode == 1 and "sk-planted-warm-key" not in log.read_text(), log.read_text()
+        assert "the API key is not sent" in done.stderr and f"pid {squatter.pid} (python" in done.stderr
+        assert "sk-planted-warm-key" not in done.stdout + done.stderr
+        done = run(squatter.pid)  # the control
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "auth=Bearer sk-planted-warm-key" in log.read_text()

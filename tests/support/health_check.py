@@ -96,10 +96,11 @@ def venv(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def fakebin(tmp_path_factory):
-    """systemctl / journalctl stand-ins: record argv, answer `show` with ActiveState=$FAKE_STATE, print $FAKE_KERNEL."""
+    """systemctl / journalctl stand-ins: record argv, answer `show` with ActiveState=$FAKE_STATE and
+    MainPID=$FAKE_MAINPID (0: no process; `cli.main_pid` sets it), print $FAKE_KERNEL."""
     d = tmp_path_factory.mktemp("fakebin")
     (d / "systemctl").write_text('#!/bin/sh\necho "$*" >> "$FAKE_CALLS"\n'
-                                 'case "$1" in show) echo "ActiveState=${FAKE_STATE:-active}";; esac\n'
+                                 'case "$1" in show) echo "ActiveState=${FAKE_STATE:-active}"; echo "MainPID=${FAKE_MAINPID:-0}";; esac\n'
                                  'exit "${FAKE_SYSTEMCTL_RC:-0}"\n')
     (d / "journalctl").write_text('#!/bin/sh\necho "$*" >> "$FAKE_CALLS"\n'
                                   '[ -n "$FAKE_KERNEL" ] && cat "$FAKE_KERNEL"\nexit 0\n')
@@ -124,12 +125,15 @@ def cli(venv, fakebin, tmp_path):
         if status_file:
             argv += ["--status-file", str(status)]
         e = {"PATH": f"{fakebin}:/usr/bin:/bin", "FAKE_CALLS": str(calls), "HOME": str(tmp_path)}
+        if run.main_pid:
+            e["FAKE_MAINPID"] = str(run.main_pid)
         e.update(env or {})
         p = subprocess.run(argv, capture_output=True, text=True, env=e, timeout=120)
         data = json.loads(status.read_text()) if status.exists() else None
         return p.returncode, p.stdout, p.stderr, data
 
     run.calls = calls
+    run.main_pid = None  # the unit's MainPID the fake systemctl reports (the process that holds the port)
     run.status = status
     run.textfile = textfile
     run.venv = venv

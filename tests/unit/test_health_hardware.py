@@ -65,7 +65,9 @@ def test_check_never_restarts_on_a_pending_retirement_and_says_so(tmp_path, monk
     """Ten CRITICAL runs (vLLM died on the uncorrected error): no restart, the verdict and the gauge
     say a reboot is needed. Without the GPU fault the third run restarts (the fake is called)."""
     restarts = []
-    monkeypatch.setattr(hc, "probe", lambda url, key, timeout: (dict(DOWN), {"status": None, "ids": None,
+    monkeypatch.setattr(hc, "check_owner", lambda url, pid: {"ours": False, "listening": False, "holders": [],
+                                                             "text": "nothing listens there", "main_pid": pid})
+    monkeypatch.setattr(hc, "probe", lambda url, key, timeout, **kw: (dict(DOWN), {"status": None, "ids": None,
                                                                              "error": DOWN["error"]}))
     monkeypatch.setattr(hc, "unit_properties", lambda unit: {})
     monkeypatch.setattr(hc, "read_xids", lambda since: ([], "journal"))

@@ -9,6 +9,7 @@ import shlex
 
 from qwen27b.controller import facts as F
 from qwen27b.controller import remote
+from qwen27b.onhost.contract import module_command
 from qwen27b.onhost.unit import parse_show, show_command
 from qwen27b.plan import modelsdir
 from qwen27b.plan.hostlayout import HostLayout
@@ -128,12 +129,16 @@ def commands(stack: dict) -> dict[str, str]:
     return out
 
 
-def http_commands(address: str, port: str, secrets_file: str | None = None) -> dict[str, str]:
+def http_commands(address: str, port: str, secrets_file: str | None = None, unit: str | None = None,
+                  venv: str | None = None) -> dict[str, str]:
     """Phase 2, on the host (where the service's bind address is reachable): /health, /metrics.
 
     The route guard wants the API key for /metrics (unless the host is in qwen27b_metrics_allow):
     it is read from the unit's 0600 secrets file on the host and handed to curl as a config on
-    stdin (`-K -`, printf is a shell builtin), so it never reaches an argv, ps or this machine."""
+    stdin (`-K -`, printf is a shell builtin), so it never reaches an argv, ps or this machine.
+    It is sent only when the release's `qwen27b_onhost.listener` (run from `venv`) says `unit`'s own
+    process holds the port (issue 51): else /metrics is read without it, after a `#` line naming
+    the holder; no unit or venv given, no key."""
     if address in ("0.0.0.0", "", None):
         address = "127.0.0.1"
     elif address == "::":
@@ -142,16 +147,18 @@ def http_commands(address: str, port: str, secrets_file: str | None = None) -> d
     base = f"http://{host}:{port}"
     return {
         "health.txt": f"curl --noproxy '*' -s -g -o /dev/null -m 5 -w '%{{http_code}}' {shlex.quote(base + '/health')}; true",
-        "metrics.txt": _metrics_command(base + "/metrics", secrets_file),
+        "metrics.txt": _metrics_command(base + "/metrics", secrets_file if unit and venv else None,
+                                        f"{module_command(venv, 'listener')} --url {shlex.quote(base)} "
+                                        f"--unit {shlex.quote(unit)}" if unit and venv else ""),
     }
 
 
-def _metrics_command(url: str, secrets_file: str | None) -> str:
+def _metrics_command(url: str, secrets_file: str | None, owner_check: str = "") -> str:
     plain = f"curl --noproxy '*' -s -g -m 10 {shlex.quote(url)}"
     if not secrets_file:
         return plain + "; true"
     return (f"k=$(sed -n 's/^VLLM_API_KEY=//p' {shlex.quote(secrets_file)} 2>/dev/null | head -n 1); "
-            "if [ -n \"$k\" ]; then printf 'header = \"Authorization: Bearer %s\"\\n' \"$k\" | "
+            f"if [ -n \"$k\" ] && {owner_check}; then printf 'header = \"Authorization: Bearer %s\"\\n' \"$k\" | "
             f"curl --noproxy '*' -s -g -m 10 -K - {shlex.quote(url)}; else {plain}; fi; true")
 
 
@@ -210,7 +217,8 @@ def read_host(state, host, stack: dict, timeout: int = 300) -> HostSnapshot:
         if flags.get("--port"):
             at = HostLayout.of(stack["paths"])
             keys = at.instance_api_key_env_file(view.copy) if view.copy else at.api_key_env_file
-            reads = http_commands(flags.get("--host") or "127.0.0.1", flags["--port"], keys)
+            reads = http_commands(flags.get("--host") or "127.0.0.1", flags["--port"], keys,
+                                  copy_unit(view.copy) if view.copy else UNIT, at.current_venv)
             http.update({copy_key(k, view.copy) if view.copy else k: c for k, c in reads.items()})
     if http:
         more, more_codes, _ = run_phase(state, host, http, 60)

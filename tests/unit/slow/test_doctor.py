@@ -340,10 +340,32 @@ def test_commands_cover_every_fact_and_stay_read_only():
     assert "http://[::1]:8001/metrics" in collection.http_commands("::", "8001")["metrics.txt"]
 
 
+def _release_venv(tmp_path, main_pid: int):
+    """A release venv as the doctor's owner check runs it: bin/python (this interpreter), lib/ with the
+    on-host package as the role ships it; and a `systemctl` stand-in first on PATH answering
+    `show -p MainPID` with `main_pid` (no systemd here). -> (venv, environment)."""
+    import os
+    import sys
+
+    from tests.support import onhost_lib
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    onhost_lib.install(venv / "lib")
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    (fake / "systemctl").write_text(f"#!/bin/sh\necho MainPID={main_pid}\n")
+    (fake / "systemctl").chmod(0o755)
+    return str(venv), {**os.environ, "PATH": f"{fake}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+
+
 def test_metrics_read_sends_the_key_from_the_hosts_file_never_in_argv(tmp_path):
     """Runs the generated /metrics command in a real sh with real curl against a loopback server
     that answers only with the right bearer: the key comes from the 0600 file, the command text
-    (what ssh and ps could show) never holds it; without a readable file it reads without a key."""
+    (what ssh and ps could show) never holds it; without a readable file it reads without a key.
+    The key goes only when the unit's MainPID holds the port (issue 51): the server is this test's
+    process; with MainPID another process the key is not sent and the holder is named."""
+    import os
     import shutil
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -370,13 +392,28 @@ def test_metrics_read_sends_the_key_from_the_hosts_file_never_in_argv(tmp_path):
         secrets.write_text(f"VLLM_API_KEY={key}\n")
         secrets.chmod(0o600)
         port = str(server.server_address[1])
-        keyed = collection.http_commands("127.0.0.1", port, str(secrets))["metrics.txt"]
+        venv, env = _release_venv(tmp_path, os.getpid())
+        keyed = collection.http_commands("127.0.0.1", port, str(secrets), "qwen27b.service", venv)["metrics.txt"]
         assert key not in keyed
-        out = subprocess.run(["sh", "-c", keyed], capture_output=True, text=True, timeout=30).stdout
-        assert out.startswith("vllm:num_preemptions_total 0")
-        missing = collection.http_commands("127.0.0.1", port, str(tmp_path / "absent.env"))["metrics.txt"]
-        out = subprocess.run(["sh", "-c", missing], capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run(["sh", "-c", keyed], capture_output=True, text=True, timeout=30, env=env).stdout
+        assert out.startswith("vllm:num_preemptions_total 0"), out
+        missing = collection.http_commands("127.0.0.1", port, str(tmp_path / "absent.env"), "qwen27b.service",
+                                           venv)["metrics.txt"]
+        out = subprocess.run(["sh", "-c", missing], capture_output=True, text=True, timeout=30, env=env).stdout
         assert "Unauthorized" in out
+        other = subprocess.Popen(["sleep", "60"])
+        try:  # the unit's MainPID is another process: this listener is a squatter
+            venv, env = _release_venv(tmp_path / "other", other.pid)
+            squat = collection.http_commands("127.0.0.1", port, str(secrets), "qwen27b.service", venv)["metrics.txt"]
+            out = subprocess.run(["sh", "-c", squat], capture_output=True, text=True, timeout=30, env=env).stdout
+        finally:
+            other.kill()
+            other.wait()
+        assert "Unauthorized" in out and f"the API key is not sent to http://127.0.0.1:{port}" in out
+        assert f"pid {os.getpid()} (" in out
+        no_unit = collection.http_commands("127.0.0.1", port, str(secrets))["metrics.txt"]
+        out = subprocess.run(["sh", "-c", no_unit], capture_output=True, text=True, timeout=30, env=env).stdout
+        assert "Unauthorized" in out  # no unit to check the holder against: no key
     finally:
         server.shutdown()
 
