@@ -33,6 +33,7 @@ from qwen27b.plan.stack import load_stack
 from qwen27b.controller.runlife import inventory_settings
 
 from ._run import release_lock, take_lock
+from ._takeover import units, kept, restore_after_uninstall, stage_for_uninstall
 
 TEXTFILE = f"{TEXTFILE_DIR}/{TEXTFILE_NAME}"
 
@@ -57,11 +58,15 @@ def uninstall() -> bool:
         plans = plan_gateways([(h.name, dict(h.data.dict())) for h in state.inventory],
                               {h.name: set(h.groups) for h in state.inventory}, inventory_settings())
         lines += [f"   note   {note}" for note in uninstall_notes(plans, host.name)]
-    if removals and take_lock():
+    taken = kept(paths)  # a lab's unit the deploy took over: put back after ours are gone (roles/_takeover.py)
+    lines += [f"   put back {units(taken)}: the lab's unit the deploy took over (qwen27b_take_over_unit)"] if taken else []
+    if (removals or taken) and take_lock():
+        stage_for_uninstall(paths)
         for removal in removals:
             server.shell(name=f"uninstall: {removal.what}", commands=list(removal.commands))
+        restore_after_uninstall(taken)
         release_lock()
         # the lock's directory last, once the lock is released (nothing of the deploy stays in /run)
         server.shell(name=f"uninstall: {LOCK_DIR}", commands=[f"rmdir {LOCK_DIR} 2>/dev/null || true"])
     click.echo("\n".join(lines) + "\n\n" + format_operations(host.name, planned_operations(state, host)), err=True)
-    return bool(removals)
+    return bool(removals or taken)

@@ -34,6 +34,7 @@ GATE_FACTS: tuple[tuple[str, type], ...] = (
     ("kernels", F.InstalledKernels),
     ("occupants", F.Occupants),
     ("wear", F.GpuWear),
+    ("unit_files", F.UnitFiles),
 )
 
 

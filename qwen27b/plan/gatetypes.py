@@ -57,6 +57,7 @@ class HostFacts:
     kernels: dict | None = None  # InstalledKernels; None: not read
     occupants: dict | None = None  # Occupants (plan/occupants.py): listeners, GPU processes; None: not read
     wear: dict | None = None  # GpuWear (plan/gpuwear.py): ECC, retired pages, power range; None: not read
+    unit_files: dict | None = None  # UnitFiles (plan/foreignunit.py): qwen27b* unit files, ours or not; None: not read
 
     def __post_init__(self):
         # NvidiaGpus lists nvidia-smi's failure lines beside the GPUs; keep `gpus` GPUs only.
