@@ -14,8 +14,6 @@ from qwen27b.plan.foreignunit import foreign, take_over_commands
 from qwen27b.plan.gate import Decision
 from qwen27b.plan.hostlayout import UNIT_DIR
 
-from ._common import note
-
 
 def takeover(decision: Decision) -> None:
     units = foreign(decision.facts.unit_files) if decision.settings.take_over_unit else []
@@ -23,6 +21,5 @@ def takeover(decision: Decision) -> None:
         return
     kept = decision.stack.layout.takeover_dir
     names = ", ".join(u.name for u in units)
-    note(f"take-over: {names} kept in {kept} (restore.sh puts it back), then stopped and disabled", always=True)
     server.shell(name=f"take-over: keep {names} and its env file(s) in {kept}, stop and disable it",
                  commands=take_over_commands(decision.facts.unit_files, UNIT_DIR, kept))

@@ -18,7 +18,7 @@ from pyinfra import host, state
 from pyinfra.operations import server
 
 from qwen27b.controller import factcache, oporder
-from qwen27b.controller.facts import HeldPackages, NvidiaCudaPackages
+from qwen27b.controller.facts import HeldPackages, NvidiaCudaPackages, UnitFiles
 from qwen27b.controller.host_facts import DeployedState
 from qwen27b.controller.opsplan import planned_operations
 from qwen27b.plan.hostlayout import UNIT_DIR, HostLayout
@@ -33,7 +33,7 @@ from qwen27b.plan.stack import load_stack
 from qwen27b.controller.runlife import inventory_settings
 
 from ._run import release_lock, take_lock
-from ._takeover import units, kept, restore_after_uninstall, stage_for_uninstall
+from ._takeover import kept as taken_over, restore_after_uninstall, stage_for_uninstall, units
 
 TEXTFILE = f"{TEXTFILE_DIR}/{TEXTFILE_NAME}"
 
@@ -45,7 +45,8 @@ def uninstall() -> bool:
     paths = load_stack()["paths"]
     probe = {"paths": probe_paths(paths, UNIT_DIR, TEXTFILE), "units": list(SERVICE_UNITS),
              "accounts": [HostLayout.of(paths).service_user, GATEWAY_USER, CHAT_PAGE_USER], "nft_table": NFT_TABLE}
-    factcache.prefetch([(DeployedState, probe), (HeldPackages, {}), (NvidiaCudaPackages, {})])
+    factcache.prefetch([(DeployedState, probe), (HeldPackages, {}), (NvidiaCudaPackages, {}),
+                        (UnitFiles, {"path": paths["state"]})])
     have = Installed(**host.get_fact(DeployedState, **probe), held=host.get_fact(HeldPackages) or [],
                      packages=host.get_fact(NvidiaCudaPackages) or {})
     options = UninstallOptions(weights=settings.uninstall_weights, driver=settings.uninstall_driver,
@@ -58,7 +59,7 @@ def uninstall() -> bool:
         plans = plan_gateways([(h.name, dict(h.data.dict())) for h in state.inventory],
                               {h.name: set(h.groups) for h in state.inventory}, inventory_settings())
         lines += [f"   note   {note}" for note in uninstall_notes(plans, host.name)]
-    taken = kept(paths)  # a lab's unit the deploy took over: put back after ours are gone (roles/_takeover.py)
+    taken = taken_over(paths)  # a lab's unit the deploy took over: put back after ours are gone (roles/_takeover.py)
     lines += [f"   put back {units(taken)}: the lab's unit the deploy took over (qwen27b_take_over_unit)"] if taken else []
     if (removals or taken) and take_lock():
         stage_for_uninstall(paths)
