@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 
 import click
@@ -13,9 +14,9 @@ from pyinfra.operations import server
 from qwen27b.controller.facts import UnitFiles
 from qwen27b.controller.opsplan import planned_operations
 from qwen27b.controller.report import format_operations
-from qwen27b.plan.foreignunit import restore_commands
-from qwen27b.plan.hostlayout import HostLayout
-from qwen27b.plan.lifecycle import SERVICE_UNITS
+from qwen27b.plan.foreignunit import foreign, restore_commands
+from qwen27b.plan.hostlayout import UNIT_DIR, HostLayout
+from qwen27b.plan.lifecycle import SERVICE_UNITS, Installed
 
 from ._run import release_lock, take_lock
 
@@ -24,7 +25,17 @@ STAGED = "/run/qwen27b-takeover"  # the uninstall's copy of the kept take-over, 
 
 def kept(paths: dict) -> list[str]:
     """The kept take-over's manifest lines on this host ([]: nothing taken over)."""
-    return (host.get_fact(UnitFiles, path=paths["state"]) or {}).get("kept", [])
+    return (host.get_fact(UnitFiles, path=HostLayout.of(paths).state) or {}).get("kept", [])
+
+
+def spare_foreign(have: Installed, paths: dict) -> tuple[Installed, list[str]]:
+    """What the uninstall sees, less the lab's own units on our names (never ours to stop or remove),
+    and a line for each kept."""
+    lab = [u.name for u in foreign(host.get_fact(UnitFiles, path=HostLayout.of(paths).state))]
+    files = {f"{UNIT_DIR}/{name}" for name in lab}
+    return (dataclasses.replace(have, paths={p: o for p, o in have.paths.items() if p not in files},
+                                units={u: s for u, s in have.units.items() if u not in lab}),
+            [f"{UNIT_DIR}/{name}: the lab's own unit (not rendered by qwen27b), left as it is" for name in lab])
 
 
 def units(manifest: list[str]) -> str:

@@ -33,7 +33,7 @@ from qwen27b.plan.stack import load_stack
 from qwen27b.controller.runlife import inventory_settings
 
 from ._run import release_lock, take_lock
-from ._takeover import kept as taken_over, restore_after_uninstall, stage_for_uninstall, units
+from ._takeover import kept as taken_over, restore_after_uninstall, spare_foreign, stage_for_uninstall, units
 
 TEXTFILE = f"{TEXTFILE_DIR}/{TEXTFILE_NAME}"
 
@@ -46,12 +46,14 @@ def uninstall() -> bool:
     probe = {"paths": probe_paths(paths, UNIT_DIR, TEXTFILE), "units": list(SERVICE_UNITS),
              "accounts": [HostLayout.of(paths).service_user, GATEWAY_USER, CHAT_PAGE_USER], "nft_table": NFT_TABLE}
     factcache.prefetch([(DeployedState, probe), (HeldPackages, {}), (NvidiaCudaPackages, {}),
-                        (UnitFiles, {"path": paths["state"]})])
+                        (UnitFiles, {"path": HostLayout.of(paths).state})])
     have = Installed(**host.get_fact(DeployedState, **probe), held=host.get_fact(HeldPackages) or [],
                      packages=host.get_fact(NvidiaCudaPackages) or {})
     options = UninstallOptions(weights=settings.uninstall_weights, driver=settings.uninstall_driver,
                                chat_data=settings.uninstall_chat_data)
+    have, lab_units = spare_foreign(have, paths)
     removals, kept = uninstall_plan(have, paths, options, UNIT_DIR, TEXTFILE)
+    kept += lab_units
     lines = [f"== {host.name}: uninstall plan ({len(removals)} removal(s))"]
     lines += [f"   remove {r.what}: {r.why}" for r in removals] or ["   nothing (more) to remove on this host"]
     lines += [f"   keep   {what}" for what in kept]

@@ -1,4 +1,4 @@
-"""A lab's own unit on our unit names (issue 52 item 1): a hand-written `/etc/systemd/system/qwen27b.service`
+"""A lab's own unit on our unit names (issue 52 item 1): a hand-written `qwen27b.service` in systemd's unit dir
 (an older vLLM on 0.0.0.0:8000 holding the GPUs) is not ours, though its name is. Ours is what the deploy
 rendered: every unit template's first line says "# Rendered by qwen27b" (templates/). A unit file named
 `qwen27b*` without it is the lab's: the gate refuses the host naming the unit, its ExecStart and the fix,
