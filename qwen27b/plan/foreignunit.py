@@ -142,6 +142,9 @@ def take_over_commands(fact: dict | None, unit_dir: str, kept_dir: str) -> list[
     units = foreign(fact)
     if not units:
         return []
+    stop = f"systemctl disable --now {' '.join(shlex.quote(u.name) for u in units)}"
+    if fact.get("kept"):  # taken over by a deploy that failed before ours was written: its copy (and the
+        return [stop]     # state it recorded, enabled and running) stands; this one found it stopped
     k = shlex.quote(kept_dir)
     out = [f"install -d -m 0700 -o root -g root {k} {k}/units {k}/env"]
     restore = ["set -e", 'cd "$(dirname "$0")"']
@@ -168,7 +171,7 @@ def take_over_commands(fact: dict | None, unit_dir: str, kept_dir: str) -> list[
             restore.append(f"systemctl start {shlex.quote(unit.name)}")
     out += [_lines_to(f"{kept_dir}/restore.sh", restore), f"chmod 0700 {k}/restore.sh",
             _lines_to(f"{kept_dir}/manifest", manifest)]
-    out.append(f"systemctl disable --now {' '.join(shlex.quote(u.name) for u in units)}")
+    out.append(stop)
     return out
 
 

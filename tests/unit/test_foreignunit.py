@@ -179,3 +179,14 @@ def test_the_uninstall_restores_from_a_copy_outside_what_it_removes(box):
     result = bash(box, restore_commands(str(staged), list(SERVICE_UNITS)))
     assert result.returncode == 0, result.stderr
     assert (box["units"] / "qwen27b.service").read_text() == LAB_UNIT.format(env=box["env"]) and not staged.exists()
+
+
+def test_a_second_take_over_keeps_the_first_copy_and_the_state_it_recorded(box):
+    """A deploy that failed after the take-over, before ours was written: the next one finds the lab's unit
+    stopped and disabled; restore.sh must still bring it back enabled and running, as it was first found."""
+    kept = box["state"] / "takeover"
+    assert bash(box, take_over_commands(read_fact(box), str(box["units"]), str(kept))).returncode == 0
+    again = read_fact(box)  # the stub answers enabled/active; what matters is the kept manifest
+    again["units"][0]["enabled"], again["units"][0]["active"] = "disabled", "inactive"
+    assert take_over_commands(again, str(box["units"]), str(kept)) == ["systemctl disable --now qwen27b.service"]
+    assert "systemctl enable qwen27b.service" in (kept / "restore.sh").read_text()
