@@ -20,12 +20,13 @@ from roles.nvidia import nvidia
 from roles._run import release_lock, run_roles, show_planned_operations
 from roles.preflight import preflight
 from roles.service import service
+from roles.takeover import takeover
 from roles.toolchain import toolchain
 from roles.verify import verify
 from roles.vllm import vllm
 from roles.weights import weights
 
-ROLES = [toolchain, nvidia, cuda, vllm, dflash, weights, firewall, node_exporter, multinode, service, verify]
+ROLES = [toolchain, nvidia, cuda, vllm, dflash, weights, firewall, node_exporter, multinode, takeover, service, verify]
 
 # A host of the qwen27b_gateway group gets the gateway instead: the lab's one OpenAI address in
 # front of the other hosts (roles/gateway.py).

@@ -62,6 +62,8 @@ recorded_hosts = [
     _fake("v100x4-dkms-failed"),  # a failed R580 build (gcc 11 for a gcc-12 kernel): refused with the fix
     _fake("v100x4-newer-kernel"),
     _fake("v100x2-old-vllm"),
+    _fake("v100x2-lab-unit"),  # the lab's own hand-written qwen27b.service (vLLM on 0.0.0.0:8000): refused naming it
+    _fake("v100x2-lab-unit-take-over", "v100x2-lab-unit", qwen27b_take_over_unit=True),  # kept, stopped, deployed over
     _fake("v100x2-cuda-drivers"),  # R570 from NVIDIA's CUDA repository (cuda-drivers): the source change and every removal listed  # an old vLLM container on 0.0.0.0:8000 holding both GPUs: refused naming it  # a newer kernel installed, not booted: its headers come with the driver
     _fake("v100x4-converged-8g"),
     # issue 52: R580 upgraded in place by unattended-upgrades, the old module still loaded (the two-line mismatch)

@@ -45,7 +45,7 @@ class UnreadableFact(RefusedHost):
     """A fact's output could not be parsed (pyinfra logged the line; the host is already failed)."""
 
 
-def gather_facts(models_path: str, on=None) -> HostFacts:
+def gather_facts(paths: dict, on=None) -> HostFacts:
     """Every fact the gate reads. A fact whose output the parser refuses (garbled, truncated, from
     an older or newer tool) makes pyinfra log the line, fail the host and hand back the default:
     refuse the host naming the fact and its command, rather than plan on that default."""
@@ -66,7 +66,6 @@ def gather_facts(models_path: str, on=None) -> HostFacts:
                                  "then re-run the deploy")
         return value
 
-    paths = {"models": models_path}
     factcache.prefetch([(cls, fact_arguments(cls, paths)) for _, cls in GATE_FACTS]
                        + [(DeployLock, {}),
                           (File, {"path": RAY_UNIT_FILE})], on=on)  # the multinode role's: in this batch, no round trip
@@ -89,7 +88,7 @@ def gate(on=None) -> Decision | RefusedHost:
             if refused is not None:
                 raise refused
             try:
-                facts = gather_facts(with_models_dir(stack["paths"], settings.models_dir)["models"], on)
+                facts = gather_facts(with_models_dir(stack["paths"], settings.models_dir), on)
             except EOFError:  # pyinfra asked for the sudo password with no terminal to read it from
                 raise RefusedHost(on.name, *SUDO_PASSWORD_NEEDED) from None
             address, why = host_address(on)
@@ -150,7 +149,7 @@ def _group_gate(name: str) -> dict[str, Decision | RefusedHost]:
             continue
         data = dict(each.data.dict())
         try:
-            facts = gather_facts(with_models_dir(stack["paths"], settings[each.name].models_dir)["models"], each)
+            facts = gather_facts(with_models_dir(stack["paths"], settings[each.name].models_dir), each)
         except RefusedHost as error:
             refused[each.name] = error
             continue

@@ -42,6 +42,7 @@ from qwen27b.plan.stack import health_status_file, load_stack
 
 from ._common import ROLLBACK_DIR, check
 from ._run import refuse, release_lock, take_lock
+from ._takeover import kept, restore_on_rollback
 
 THEN = ["systemctl daemon-reload", RESTART_COMMAND]  # after the swap: the restored unit read, the service restarted
 
@@ -143,6 +144,8 @@ def rollback() -> bool:
         plan = plan_rollback(parse_record(answer["current"]), parse_record(answer["previous"]), answer["kept"],
                              answer["missing"], files, kept_health_units(names if copies else None))
     except NoRollback as nothing:
+        if kept(paths):  # no release of ours before this one: the lab's unit its deploy took over goes back
+            return restore_on_rollback(paths)
         refuse(RefusedHost(host.name, nothing.cause, nothing.fix))
         return False
     except ValueError as error:

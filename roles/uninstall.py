@@ -18,7 +18,7 @@ from pyinfra import host, state
 from pyinfra.operations import server
 
 from qwen27b.controller import factcache, oporder
-from qwen27b.controller.facts import HeldPackages, NvidiaCudaPackages
+from qwen27b.controller.facts import HeldPackages, NvidiaCudaPackages, UnitFiles
 from qwen27b.controller.host_facts import DeployedState
 from qwen27b.controller.opsplan import planned_operations
 from qwen27b.plan.hostlayout import UNIT_DIR, HostLayout
@@ -33,6 +33,7 @@ from qwen27b.plan.stack import load_stack, with_models_dir
 from qwen27b.controller.runlife import inventory_settings
 
 from ._run import release_lock, take_lock
+from ._takeover import kept as taken_over, restore_after_uninstall, spare_foreign, stage_for_uninstall, units
 
 TEXTFILE = f"{TEXTFILE_DIR}/{TEXTFILE_NAME}"
 
@@ -44,12 +45,15 @@ def uninstall() -> bool:
     paths = with_models_dir(load_stack()["paths"], settings.models_dir)  # qwen27b_models_dir: the weights there
     probe = {"paths": probe_paths(paths, UNIT_DIR, TEXTFILE), "units": list(SERVICE_UNITS),
              "accounts": [HostLayout.of(paths).service_user, GATEWAY_USER, CHAT_PAGE_USER], "nft_table": NFT_TABLE}
-    factcache.prefetch([(DeployedState, probe), (HeldPackages, {}), (NvidiaCudaPackages, {})])
+    factcache.prefetch([(DeployedState, probe), (HeldPackages, {}), (NvidiaCudaPackages, {}),
+                        (UnitFiles, {"path": HostLayout.of(paths).state})])
     have = Installed(**host.get_fact(DeployedState, **probe), held=host.get_fact(HeldPackages) or [],
                      packages=host.get_fact(NvidiaCudaPackages) or {})
     options = UninstallOptions(weights=settings.uninstall_weights, driver=settings.uninstall_driver,
                                chat_data=settings.uninstall_chat_data)
+    have, lab_units = spare_foreign(have, paths)
     removals, kept = uninstall_plan(have, paths, options, UNIT_DIR, TEXTFILE)
+    kept += lab_units
     lines = [f"== {host.name}: uninstall plan ({len(removals)} removal(s))"]
     lines += [f"   remove {r.what}: {r.why}" for r in removals] or ["   nothing (more) to remove on this host"]
     lines += [f"   keep   {what}" for what in kept]
@@ -57,11 +61,15 @@ def uninstall() -> bool:
         plans = plan_gateways([(h.name, dict(h.data.dict())) for h in state.inventory],
                               {h.name: set(h.groups) for h in state.inventory}, inventory_settings())
         lines += [f"   note   {note}" for note in uninstall_notes(plans, host.name)]
-    if removals and take_lock():
+    taken = taken_over(paths)  # a lab's unit the deploy took over: put back after ours are gone (roles/_takeover.py)
+    lines += [f"   put back {units(taken)}: the lab's unit the deploy took over (qwen27b_take_over_unit)"] if taken else []
+    if (removals or taken) and take_lock():
+        stage_for_uninstall(paths)
         for removal in removals:
             server.shell(name=f"uninstall: {removal.what}", commands=list(removal.commands))
+        restore_after_uninstall(taken)
         release_lock()
         # the lock's directory last, once the lock is released (nothing of the deploy stays in /run)
         server.shell(name=f"uninstall: {LOCK_DIR}", commands=[f"rmdir {LOCK_DIR} 2>/dev/null || true"])
     click.echo("\n".join(lines) + "\n\n" + format_operations(host.name, planned_operations(state, host)), err=True)
-    return bool(removals)
+    return bool(removals or taken)

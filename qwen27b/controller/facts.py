@@ -22,6 +22,8 @@ from pyinfra.api.facts import FactBase
 
 from qwen27b.plan import hostfacts_parse
 from qwen27b.plan.driverbuild import parse_driver_build, parse_installed_kernels
+from qwen27b.plan.foreignunit import parse_unit_files, units_command
+from qwen27b.plan.hostlayout import TAKEOVER_SUBDIR, UNIT_DIR
 from qwen27b.plan.occupants import parse_occupants
 from qwen27b.plan.mokstate import parse_mok_requests
 from qwen27b.plan.driversource import parse_driver_source, source_command
@@ -390,6 +392,20 @@ class Occupants(_ParsedFact):
     empty = None
 
 
+class UnitFiles(_ParsedFact):
+    """The unit files named qwen27b* in systemd's unit dir (first line, ExecStart, EnvironmentFile,
+    enabled/active) and a kept take-over's manifest: a lab's own unit on our names is not ours
+    (plan/foreignunit.py; issue 52)."""
+
+    path_arg = "state"
+    parser = staticmethod(parse_unit_files)
+
+    def command(self, path: str) -> str:
+        return units_command(UNIT_DIR, f"{path}/{TAKEOVER_SUBDIR}")
+
+    empty = None
+
+
 ALL_FACTS: tuple[type[FactBase], ...] = (
     OsRelease,
     KernelRelease,
@@ -415,6 +431,7 @@ ALL_FACTS: tuple[type[FactBase], ...] = (
     InstalledKernels,
     Occupants,
     GpuWear,
+    UnitFiles,
 )
 
 
@@ -445,4 +462,5 @@ SNAPSHOT_NAMES: dict[type[FactBase], str] = {
     InstalledKernels: "installed-kernels.txt",
     Occupants: "occupants.txt",
     GpuWear: "nvidia-smi-wear.csv",
+    UnitFiles: "unit-files.txt",
 }

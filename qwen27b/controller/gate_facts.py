@@ -36,6 +36,7 @@ GATE_FACTS: tuple[tuple[str, type], ...] = (
     ("wear", F.GpuWear),
     ("mok_requests", F.MokRequests),
     ("driver_source", F.DriverSource),
+    ("unit_files", F.UnitFiles),
 )
 
 

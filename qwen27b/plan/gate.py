@@ -18,6 +18,7 @@ from qwen27b.plan.gpusizes import unequal_sizes
 from qwen27b.plan import filepins, gpuwear
 from qwen27b.plan.driverbuild import boot_kernels
 from qwen27b.plan.driverplan import SECURE_BOOT_FIX, _boot_headers, _driver_plan, _failed_build, _with_headers
+from qwen27b.plan.foreignunit import foreign_units
 from qwen27b.plan.occupants import Bound, occupied
 from qwen27b.plan.checkpoint import CheckpointError, ModelShape, load_shape
 from qwen27b.plan.settings import NODE_EXPORTER_PORT, NODE_EXPORTER_UNIT, Settings
@@ -420,6 +421,8 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
     refusals.extend(RefusedHost(host, cause, fix) for cause, fix in occupied(
         facts.occupants, settings.port, bind, gpus, {g["index"]: g.get("bus_id") for g in facts.gpus},
         also=bound_ports(settings, bind)))
+    unit_refusals, take_over = foreign_units(facts.unit_files, settings.take_over_unit)
+    refusals.extend(RefusedHost(host, cause, fix) for cause, fix in unit_refusals)
     serve_inputs = ServeInputs(
         stack=rs, gpus=gpus, target=target, draft=draft, model_path=model_path, draft_path=draft_path,
         served_name=settings.served_model_name or rs.model["served_name"],
@@ -465,6 +468,6 @@ def decide(host: str, facts: HostFacts, stack: dict, settings: Settings, *, bind
                     warnings=([driver_first[1]] if driver_first else []) + [w.line() for w in wear]
                     + [w for w in (unequal_sizes(gpus),) if w]
                     + _warnings(facts, rs, settings, os_row, driver, draft is not None, None if cpu else stack["gpu_wear"])
-                    + [w for w in (disk_warning, glibc_warning, python_row(facts, rs, settings)[1]) if w],
+                    + [w for w in (disk_warning, glibc_warning, python_row(facts, rs, settings)[1]) if w] + take_over,
                     model_path=model_path, draft_path=draft_path, facts=facts, os_row=os_row, driver=driver,
                     driver_first=driver_first is not None, power=power, entry=entry)

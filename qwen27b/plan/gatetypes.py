@@ -59,6 +59,7 @@ class HostFacts:
     wear: dict | None = None  # GpuWear (plan/gpuwear.py): ECC, retired pages, power range; None: not read
     mok_requests: list | None = None  # MokRequests (plan/mokstate.py): keys waiting for enrolment; None: not read
     driver_source: dict | None = None  # DriverSource (plan/driversource.py): apt policy, pins, origins; None: not read
+    unit_files: dict | None = None  # UnitFiles (plan/foreignunit.py): qwen27b* unit files, ours or not; None: not read
 
     def __post_init__(self):
         # NvidiaGpus lists nvidia-smi's failure lines beside the GPUs; keep `gpus` GPUs only.

@@ -76,6 +76,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "firewall_allow": (list,),
     "metrics_allow": (list,),
     "node_exporter": (bool,),
+    "take_over_unit": (bool,),
     "health_port": (int,),
     "node_group": (str,),
     "node_role": (str,),

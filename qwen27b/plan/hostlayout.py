@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields
 UNIT_DIR = "/etc/systemd/system"  # systemd's, where every unit file of the deploy goes
 RECORD_NAME = "release.json"  # in config (the running release's) and in the rollback dir (the kept one)
 ROLLBACK_SUBDIR = "rollback"
+TAKEOVER_SUBDIR = "takeover"  # in state: a lab's own unit taken over (plan/foreignunit.py)
 
 
 def revision_dir_name(entry: dict) -> str:
@@ -74,6 +75,12 @@ class HostLayout:
     def release_record(self) -> str:
         """The running release's record (plan/lifecycle.Record)."""
         return f"{self.config}/{RECORD_NAME}"
+
+    @property
+    def takeover_dir(self) -> str:
+        """A lab's own unit taken over (qwen27b_take_over_unit, plan/foreignunit.py): its copy, its env
+        file's, restore.sh (root-only)."""
+        return f"{self.state}/{TAKEOVER_SUBDIR}"
 
     @property
     def rollback_dir(self) -> str:

@@ -77,6 +77,9 @@ class Settings:
     dflash_cli: bool = False  # also install PyPI's `dflash` CLI (benchmarks against the server)
     firewall_allow: list | None = None  # networks allowed to reach the port (nftables); None: no rule
     metrics_allow: list | None = None  # scrapers: /metrics without the key, the health endpoint, node_exporter
+    # a lab's own unit on qwen27b's unit names (not rendered by qwen27b): kept, stopped and disabled by the deploy,
+    # put back by rollback / uninstall (plan/foreignunit.py); unset, the host is refused naming it
+    take_over_unit: bool = False
     node_exporter: bool = False  # install Debian/Ubuntu's prometheus-node-exporter (textfile dir for qwen27b.prom)
     health_port: int = 9120  # the health verdict over HTTP (qwen27b-health-http.socket), on the bind address
     # none | tree: with model_source mirror, one host fetches from the mirror and hosts holding a

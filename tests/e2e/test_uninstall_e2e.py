@@ -11,6 +11,7 @@ module deploys its host fresh first. The real `qwen27b uninstall` CLI and a real
 from __future__ import annotations
 
 import re
+import shlex
 import time
 
 import pytest
@@ -85,6 +86,53 @@ def test_uninstall_lists_removes_then_changes_nothing_and_a_redeploy_plans(fleet
     assert rc == 0, out[-4000:]
     assert "service user qwen27b (system, no login)" in out and "release venv" in out
     assert f"weights: {GOOD} verified on the host" in out  # the kept weights are used again, not fetched
+
+
+LAB_UNIT = """[Unit]
+Description=the lab's own server on qwen27b's unit name (not rendered by qwen27b)
+
+[Service]
+EnvironmentFile=-/etc/default/qwen27b-lab
+ExecStart=/usr/bin/python3 -m http.server 8000 --bind 0.0.0.0
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def test_a_lab_unit_on_our_name_is_refused_kept_then_taken_over_and_put_back_by_rollback(fleet):
+    """Issue 52 item 1 on B after its uninstall (the weights kept): the lab's own qwen27b.service on the
+    port refuses the deploy and stays untouched; with qwen27b_take_over_unit the deploy keeps it and serves;
+    `qwen27b rollback` (no earlier release of ours) puts it back, enabled and serving, with its env file."""
+    b, inventory = fleet["b"], str(fleet["inventory"])
+    unit = "/etc/systemd/system/qwen27b.service"
+    b.run(f"printf %s {shlex.quote(LAB_UNIT)} > {unit} && echo LAB=1 > /etc/default/qwen27b-lab && "
+          "systemctl daemon-reload && systemctl enable --now qwen27b.service")
+    digest = b.run(f"sha256sum {unit} /etc/default/qwen27b-lab").stdout
+    try:
+        rc, out = timed("deploy B over the lab's unit (refused)", fleet, argv=[inventory, "deploy.py", "-y", "--limit", b.name])
+        assert rc != 0 and "qwen27b.service (enabled, active; ExecStart=/usr/bin/python3 -m http.server 8000" in out, out[-3000:]
+        assert "is not a unit qwen27b rendered" in out and "qwen27b_take_over_unit: true" in out, out[-3000:]
+        assert b.run(f"sha256sum {unit} /etc/default/qwen27b-lab").stdout == digest  # untouched
+        assert b.run("systemctl is-active qwen27b.service").stdout.strip() == "active"
+        t0 = time.monotonic()
+        rc, out = deploy(fleet, extra={"qwen27b_take_over_unit": True}, argv=[inventory, "deploy.py", "-y", "--limit", b.name])
+        TIMES["deploy B with qwen27b_take_over_unit"] = time.monotonic() - t0
+        assert rc == 0, out[-4000:]
+        assert b.run(f"head -1 {unit}").stdout.startswith("# Rendered by qwen27b")
+        assert b.run("stat -c %a:%U /var/lib/qwen27b/takeover").stdout.strip() == "700:root"
+        assert b.run("sha256sum /var/lib/qwen27b/takeover/units/qwen27b.service").stdout.split()[0] == digest.split()[0]
+        rc, out = timed("qwen27b rollback B (the lab's unit back)", fleet, argv=["rollback", inventory, "--limit", b.name],
+                        module=CLI)
+        assert rc == 0 and "put back qwen27b.service" in out, out[-3000:]
+        assert b.run(f"sha256sum {unit} /etc/default/qwen27b-lab").stdout == digest
+        assert [b.run(f"systemctl {what} qwen27b.service", check=False).stdout.strip()
+                for what in ("is-enabled", "is-active")] == ["enabled", "active"]
+        assert b.run("systemctl is-active qwen27b-health.timer", check=False).stdout.strip() != "active"
+        assert b.run("test -e /var/lib/qwen27b/takeover", check=False).returncode != 0
+    finally:
+        b.run(f"systemctl disable --now qwen27b.service; rm -f {unit} /etc/default/qwen27b-lab; systemctl daemon-reload",
+              check=False)
 
 
 def test_api_key_never_leaked_in_these_runs(fleet):

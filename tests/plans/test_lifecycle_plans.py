@@ -30,17 +30,19 @@ DEPLOYED = ["path root:root /opt/qwen27b", "path root:root /etc/qwen27b", "path 
 def converged_inventory(answers: dict) -> str:
     """An inventory of the converged recorded host whose host_facts (by class name) answer `answers` first."""
     return ("from inventory.recorded import _fake\n"
-            "from qwen27b.controller import host_facts\n"
+            "from qwen27b.controller import facts, host_facts\n"
             "from tests.support.recorded import fake_match\n"
             "_name, _data = _fake('v100x4-converged', ssh_hostname='10.0.0.5')\n"
-            f"_data['fake_responses'] = {{fake_match(getattr(host_facts, k)): v for k, v in {answers!r}.items()}} | _data['fake_responses']\n"
+            f"_data['fake_responses'] = {{fake_match(getattr(host_facts, k, None) or getattr(facts, k)): v for k, v in {answers!r}.items()}} | _data['fake_responses']\n"
             "hosts = [(_name, _data)]\n")
 
 
-def plan(tmp_path, deploy_file: str, records: dict | None = None, deployed: list[str] | None = None, *data: str):
-    """(exit code, the host's plan block and the run summary) of `pyinfra INV FILE --dry` on the converged host."""
+def plan(tmp_path, deploy_file: str, records: dict | None = None, deployed: list[str] | None = None, *data: str,
+         unit_files: list[str] | None = None):
+    """(exit code, the host's plan block and the run summary) of `pyinfra INV FILE --dry` on the converged host;
+    `unit_files`: the UnitFiles fact's answer (issue 52)."""
     inventory = tmp_path / "inv.py"
-    answers = {}
+    answers = {} if unit_files is None else {"UnitFiles": unit_files}
     if records is not None:
         answers["ReleaseRecords"] = [json.dumps(records)]
     if deployed is not None:
@@ -185,3 +187,49 @@ def test_uninstall_of_a_gateways_backend_says_what_the_gateway_keeps(tmp_path):
     (tmp_path / "alone").mkdir()
     rc, out = plan(tmp_path / "alone", "uninstall.py", None, DEPLOYED)
     assert rc == 0 and "   note   gateway" not in out  # no gateway in the inventory: no note
+
+
+# issue 52 item 1: a lab's own unit the first deploy took over (plan/foreignunit.py, roles/_takeover.py)
+OURS_OVER_LAB = ["== unit qwen27b.service enabled active",
+                 "# Rendered by qwen27b from the plan; edit the inventory or stack file, not this file.",
+                 "ExecStart=/opt/qwen27b/current/venv/bin/vllm serve /var/lib/qwen27b/models/current",
+                 "== kept", "unit qwen27b.service enabled active", "env 0 /etc/default/qwen27b"]
+LAB_ONLY = ["== unit qwen27b.service enabled active", "[Unit]", "ExecStart=/opt/vllm/bin/vllm serve m --port 8000", "== kept"]
+
+
+def test_rollback_with_no_earlier_release_puts_the_taken_over_unit_back(tmp_path):
+    rc, out = plan(tmp_path, "rollback.py", {"current": CURRENT, "previous": None, "kept": [], "missing": []},
+                   unit_files=OURS_OVER_LAB)
+    assert rc == 0, out[-3000:]
+    assert "no earlier release of qwen27b here: put back qwen27b.service" in out
+    assert ops(out) == [
+        f"== {HOST}: 3 operation(s) planned, 1 would change the host",
+        "ok      lock: one deploy at a time on this host",
+        "CHANGE  rollback: put back qwen27b.service (taken over by the first deploy), ours stopped",
+        "$ for u in qwen27b-health.timer qwen27b-health-http.socket qwen27b.service qwen27b-health.service "
+        "qwen27b-ray.service qwen27b-seed.service qwen27b-chat-page.service qwen27b-gateway.service "
+        "qwen27b-gateway-pool.service qwen27b-firewall.service; do systemctl disable --now \"$u\" 2>/dev/null || true; done",
+        "$ sh /var/lib/qwen27b/takeover/restore.sh", "$ rm -rf /var/lib/qwen27b/takeover",
+        "ok      unlock: this deploy is done"]
+
+
+def test_uninstall_stages_the_taken_over_unit_and_puts_it_back_last(tmp_path):
+    rc, out = plan(tmp_path, "uninstall.py", None, DEPLOYED, unit_files=OURS_OVER_LAB)
+    assert rc == 0, out[-3000:]
+    assert "   put back qwen27b.service: the lab's unit the deploy took over" in out
+    commands = [line for line in ops(out) if line.startswith("$")]
+    staged = commands.index("$ cp -a /var/lib/qwen27b/takeover /run/qwen27b-takeover")
+    removed = commands.index("$ rm -rf /opt/qwen27b")
+    restored = commands.index("$ sh /run/qwen27b-takeover/restore.sh")
+    assert staged < removed < restored and commands[restored + 1] == "$ rm -rf /run/qwen27b-takeover"
+    assert "remove unit files qwen27b.service" in out  # ours goes; the lab's comes back after
+
+
+def test_uninstall_leaves_a_lab_unit_it_never_took_over(tmp_path):
+    rc, out = plan(tmp_path, "uninstall.py", None, DEPLOYED, unit_files=LAB_ONLY)
+    assert rc == 0, out[-3000:]
+    assert "   keep   /etc/systemd/system/qwen27b.service: the lab's own unit (not rendered by qwen27b)" in out
+    assert "remove stop qwen27b-health.timer, qwen27b-health-http.socket:" in out  # not qwen27b.service
+    assert "remove unit files qwen27b-health.service," in out and "put back" not in out
+    commands = [line for line in ops(out) if line.startswith("$")]
+    assert not [c for c in commands if re.search(r"qwen27b\.service(?![\w@-])", c) and "rm" in c]

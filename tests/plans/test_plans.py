@@ -22,6 +22,8 @@ HOSTS = ["v100x4-2204-fresh", "v100x1-2004", "v100x2-16gb", "v100x2-mixed", "v10
          "v100x2-r470", "v100x2-r470-held", "v100x4-pg500", "v100x4-noheaders", "v100x4-converged-8g",
          # issue 24: a failed driver build, a newer kernel installed but not booted
          "v100x4-dkms-failed", "v100x4-newer-kernel", "v100x2-old-vllm", "v100x1-pg500", "v100x2-cuda-drivers",
+         # issue 52: the lab's own unit on our name, refused; with qwen27b_take_over_unit, kept and taken over
+         "v100x2-lab-unit", "v100x2-lab-unit-take-over",
          # a serving group: two 2x V100 16 GB workstations over 10 GbE (qwen27b/plan/multinode.py)
          "v100x2-16gb-pair-head", "v100x2-16gb-pair-worker",
          # the 4x V100 box as two TP-2 copies (qwen27b_instances), fresh and converged (qwen27b/plan/instances.py)

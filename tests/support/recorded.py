@@ -69,6 +69,7 @@ FAKE_MATCH: dict[type, re.Pattern] = {
     H.ReleaseRecords: re.compile(r"python3 -c .*kept_dir = sys\.argv", re.S),
     H.DeployedState: re.compile(r"^for p in .*; do if \[ -e \"\$p\" \]"),
     H.InstalledCopies: re.compile(r"qwen27b-health@\*\.timer .*; do \[ -e \"\$f\" \] \|\| \[ -L \"\$f\" \]"),
+    F.UnitFiles: re.compile(r"qwen27b\*\.timer; do \[ -f \"\$f\" \] \|\| continue; u=\$\{f##\*/\}"),
 }
 
 

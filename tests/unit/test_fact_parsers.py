@@ -17,6 +17,7 @@ from qwen27b.plan.mokstate import parse_mok_requests
 from qwen27b.plan.driversource import parse_driver_source
 from qwen27b.plan import driverbuild as D
 from qwen27b.plan import gpufacts_parse as G
+from qwen27b.plan import foreignunit as U
 from qwen27b.plan import occupants as O
 from qwen27b.plan import hostfacts_parse as H
 from qwen27b.plan.hostfacts_parse import FactParseError
@@ -147,6 +148,9 @@ GARBLED = [
     (O.parse_occupants, ["== gpu", "4242, python3"]),  # cut after the name
     (O.parse_occupants, ["== units", "pid 4242"]),
     (O.parse_occupants, ["== listen", "== sockets", "/run/dbus/system_bus_socket"]),  # no unit
+    # UnitFiles (issue 52): a unit's lines before its head, a head not on our names
+    (U.parse_unit_files, ["[Unit]", "== kept"]),
+    (U.parse_unit_files, ["== unit vllm.service enabled active", "[Unit]"]),
     # InstalledKernels
     (D.parse_installed_kernels, ["ii  linux-image-"]),
     (D.parse_installed_kernels, ["linux-image-6.8.0-45-generic"]),  # no status
@@ -303,6 +307,11 @@ def _check_shape(fact, value):
     elif fact is F.MokRequests:
         if value is not None:
             assert all(set(k) == {"fingerprint", "subject"} for k in value)
+    elif fact is F.UnitFiles:
+        if value is not None:
+            assert set(value) == {"units", "kept"} and all(isinstance(line, str) for line in value["kept"])
+            assert all(set(u) == {"name", "first", "exec_start", "env_files", "enabled", "active"}
+                       and u["name"].startswith("qwen27b") and isinstance(u["env_files"], list) for u in value["units"])
     else:  # pragma: no cover - a new fact needs a shape here
         raise AssertionError(f"no shape check for {fact.__name__}")
 

@@ -19,6 +19,7 @@ HOSTS_DIR = TESTS / "fixtures" / "hosts"
 FACT_CASES = TESTS / "facts"
 NOCMD = "##PYINFRA_NOCMD##"
 MODEL_DIR = "/var/lib/qwen27b/models"
+PATHS_STATE = "/var/lib/qwen27b"
 
 HOSTS = sorted(p.name for p in HOSTS_DIR.iterdir() if p.is_dir())
 RECORDED_NAMES = {SNAPSHOT_NAMES[fact] for fact in ALL_FACTS}
@@ -77,6 +78,7 @@ def test_all_hosts_present():
         "mixed-3090-v100x2",
         "v100x2-mixed", "v100x2-r470-held", "v100x4-dkms-failed", "v100x4-newer-kernel",
         "v100x2-old-vllm", "v100x1-pg500", "v100x2-cuda-drivers",
+        "v100x2-lab-unit",  # issue 52: the lab's own qwen27b.service
         # issue 27: worn cards
         "v100x4-wear-xid79", "v100x4-wear-warn", "v100x2-pcie-worn", "v100x4-converged-nopm",
         # issue 52 item 4: a small /var, the big disk on /data (and the models dir set there)
@@ -266,6 +268,8 @@ EXPECTED = {
     "v100x4-dkms-failed": dict(os=("ubuntu", "22.04"), kernel="6.8.0-45-generic", pci=["1db5"] * 4, smi=0, module=None,
                                packages={"nvidia-utils-580-server"}),
     "v100x2-old-vllm": dict(os=("ubuntu", "22.04"), pci=["1db6"] * 2, smi=2, module=("proprietary", "580.95.05")),
+    "v100x2-lab-unit": dict(os=("ubuntu", "22.04"), pci=["1db6"] * 2, smi=2, module=("proprietary", "580.95.05"),
+                            lab_units=["qwen27b.service"]),
     "v100x2-cuda-drivers": dict(os=("ubuntu", "22.04"), pci=["1db6"] * 2, smi=2, module=("proprietary", "570.195.03"),
                                 packages={"cuda-drivers", "nvidia-driver-570", "cuda-toolkit-12-8"}, held=[]),
     "v100x1-pg500": dict(os=("ubuntu", "22.04"), pci=["1df0"], smi=0, module=None, nouveau=True),
@@ -337,6 +341,9 @@ def test_host_is_what_its_readme_says(name):
         assert want["packages"] <= set(packages) and (want["packages"] or not packages)
     if "links" in want:
         assert host.get_fact(F.GpuTopology)["links"] == want["links"]
+    if "lab_units" in want:  # issue 52: unit files on our names that qwen27b did not render
+        units = host.get_fact(F.UnitFiles, path=PATHS_STATE)["units"]
+        assert [u["name"] for u in units if not u["first"].startswith("# Rendered by qwen27b")] == want["lab_units"]
 
 
 def test_degraded_host_differs_from_converged_only_in_gpu2_link_and_xid():
