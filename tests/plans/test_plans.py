@@ -36,7 +36,9 @@ HOSTS = ["v100x4-2204-fresh", "v100x1-2004", "v100x2-16gb", "v100x2-mixed", "v10
          "v100x4-wear-xid79", "v100x4-wear-warn", "v100x2-pcie-worn", "v100x4-converged-nopm", "v100x4-power-cap",
          # sources a lab can reach (issue 30): offline without and with a Python mirror, lab mirrors for every fetch
          "v100x1-2004-offline", "v100x1-2004-offline-pymirror", "v100x1-2004-lab-sources", "v100x1-2004-offline-apt",
-         "v100x1-2004-modelscope", "debian12-cpu-lab-index"]
+         "v100x1-2004-modelscope", "debian12-cpu-lab-index",
+         # issue 52 item 2: nvidia-smi never returns (its bounded read timed out, exit 137): refused naming the hang
+         "v100x4-wedged"]
 
 
 @pytest.fixture(scope="module")
