@@ -72,6 +72,14 @@ def controller_timeout(commands: int, bound: Bound) -> int:
     return commands * (bound.seconds + bound.kill_after_s) + bound.margin_s
 
 
+def unanswered(fact: str, seconds: int) -> str:
+    """The refusal's cause when the controller stopped waiting for a bounded fact: the host's own
+    bound did not end it (a GPU command in uninterruptible sleep ignores KILL)."""
+    return (f"the {fact} fact did not answer within {seconds} s, though its GPU commands run under timeout: "
+            "an nvidia-smi stuck in the driver (uninterruptible sleep, KILL ignored) - a GPU or the NVIDIA "
+            "driver is wedged; read the Xid lines with `journalctl -k | grep Xid` or `dmesg | grep Xid`")
+
+
 def hung_line(lines: list[str]) -> str | None:
     """The MARKER line's message (without the marker) when a bounded command timed out, else None."""
     for line in lines:
