@@ -240,8 +240,8 @@ def prefetch(reads: list[tuple[type, dict]], on=None) -> None:
         target.connect(reason="to load facts", raise_exceptions=True)
     executor = {k: v for k, v in connector.items() if k in CONNECTOR_ARGUMENT_KEYS}
     bounds = [fact_timeout(type(fact)) or 0 for fact, _, _ in todo.values()]
-    if any(bounds) and not executor.get("_timeout"):  # a wedged GPU: stop waiting, then read one by one (bounded)
-        executor["_timeout"] = sum(bounds) + PREFETCH_REST_S
+    if any(bounds) and not executor.get("_timeout"):  # a wedged GPU: stop waiting, then read one by one (bounded);
+        executor["_timeout"] = sum(bounds)  # each bound's margin covers the batch's unbounded reads (dpkg, apt-cache, du)
     try:
         ok, output = on_host(target, text, connector=executor, print_output=state.print_fact_output,
                              print_input=state.print_fact_input)
@@ -276,9 +276,6 @@ def service_reads(service: str) -> list[tuple[type, dict]]:
 
 
 _UNREAD = object()
-# what a batch's unbounded reads (dpkg, apt-cache, du of the models dir) get on top of the GPU commands'
-# bounds: a slower batch is only read again one by one, each GPU fact under its own bound
-PREFETCH_REST_S = 120
 
 
 def _fact_command(fact, kwargs: dict) -> str:

@@ -64,10 +64,11 @@ class _ParsedFact(FactBase):
         return copy.deepcopy(cls.empty)
 
     def process(self, output: list[str]) -> Any:
-        if self.bounded_commands and (message := hung_line(output)) is not None:
+        text = hostfacts_parse.terminal_text(output)
+        if self.bounded_commands and (message := hung_line(text)) is not None:
             return self.hung(message)
         try:
-            return self.parser(hostfacts_parse.terminal_text(output))
+            return self.parser(text)
         except hostfacts_parse.FactParseError as error:
             raised = FactParseError(error.fact, error.lineno, error.expected, error.got)
             raise raised.with_traceback(error.__traceback__) from None

@@ -1,6 +1,7 @@
 """Read the NvidiaGpus fact over pyinfra's @local connector with a fake `nvidia-smi` first on PATH
 (issue 52 item 2), in its own process: gevent patched as pyinfra's CLI patches it (the deploy's
-reads run so), the fact cache installed as the deploy installs it. Prints one JSON line:
+reads run so), the fact cache installed as the deploy installs it, the preflight's batch
+(factcache.prefetch) before the fact's own read. Prints one JSON line:
 {"seconds", "failed", "value"}. `python -m tests.support.wedged_read BIN_DIR [CONTROLLER_BOUND_S]`:
 with a bound, the controller's wait for a bounded fact is that many seconds (factcache.BOUND)."""
 
@@ -17,6 +18,7 @@ from pyinfra.api import Config, Inventory, State  # noqa: E402
 from pyinfra.api.connect import connect_all  # noqa: E402
 from pyinfra.api.exceptions import PyinfraError  # noqa: E402
 from pyinfra.api.state import StateStage  # noqa: E402
+from pyinfra.context import ctx_state  # noqa: E402
 
 from qwen27b.controller import factcache  # noqa: E402
 from qwen27b.controller import facts as F  # noqa: E402
@@ -34,6 +36,8 @@ def main() -> None:
     factcache.install(state)
     host = next(iter(state.inventory))
     started = time.monotonic()
+    with ctx_state.use(state):  # the preflight's batch first, as the deploy reads (a stopped batch is read again)
+        factcache.prefetch([(F.NvidiaGpus, {}), (F.OsRelease, {})], on=host)
     try:
         value = host.get_fact(F.NvidiaGpus)
     except PyinfraError:  # "No hosts remaining!": the only host failed (the preflight's read refuses it)

@@ -78,3 +78,8 @@ def test_verdict_names_the_hang_the_xids_and_the_fix():
     assert "no Xid line" in gpu_troubles(_facts(gpus=[hung]))[0].cause
     assert hang_cause([], xids) is None
     assert all(t.kind != HUNG for t in gpu_troubles(_facts()))
+
+
+def test_a_read_the_controller_stopped_names_the_fact_its_wait_and_the_xid_read():
+    cause = gpubound.unanswered("NvidiaGpus", 40)
+    assert "NvidiaGpus fact did not answer within 40 s" in cause and "journalctl -k | grep Xid" in cause
