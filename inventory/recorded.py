@@ -59,6 +59,7 @@ recorded_hosts = [
     _fake("v100x4-pg500"),
     _fake("v100x1-pg500"),  # one PG500-216, no driver: too small at 16 GB, so the driver first, the serving after
     _fake("v100x4-noheaders"),
+    _fake("v100x4-wedged"),  # nvidia-smi never returns: the bounded fact reads stop, refused naming the hang and the fix
     _fake("v100x4-dkms-failed"),  # a failed R580 build (gcc 11 for a gcc-12 kernel): refused with the fix
     _fake("v100x4-newer-kernel"),
     _fake("v100x2-old-vllm"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import re
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from qwen27b.controller.host_facts import DeployLock, ReleaseRecords, VenvPackag
 from qwen27b.controller.reachprobe import dry_reach, dry_reach_wanted
 from qwen27b.controller.remote import SUDO_PASSWORD_NEEDED
 from qwen27b.controller.runlife import inventory_settings
-from qwen27b.plan import retry
+from qwen27b.plan import gpubound, retry
 from qwen27b.plan.elfneeds import wheel_needs
 from qwen27b.plan.gate import Decision, HostFacts, RefusedHost
 from qwen27b.plan.installs import binary_needs_check, mark_installed, with_cached_python
@@ -53,12 +54,15 @@ def gather_facts(paths: dict, on=None) -> HostFacts:
 
     def read(cls, **kwargs):
         was_failed = on in state.failed_hosts
+        started = time.monotonic()
         try:
             value = on.get_fact(cls, **kwargs)
         except PyinfraError:  # "No hosts remaining!": this was the last host, failed by the fact
             if was_failed or on not in state.failed_hosts:
                 raise
         if on in state.failed_hosts and not was_failed:
+            if (bound := factcache.fact_timeout(cls)) and time.monotonic() - started >= bound:
+                raise RefusedHost(on.name, gpubound.unanswered(cls.__name__, bound), gpubound.RESET_FIX)
             raise UnreadableFact(on.name, f"the {cls.__name__} fact's output could not be parsed (the line above "
                                  f"names it); its command: {cls().command(**kwargs)}",
                                  "run that command on the host and compare with the expected format; a half-installed "

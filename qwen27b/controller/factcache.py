@@ -42,6 +42,8 @@ from pyinfra.api.host import Host
 from pyinfra.api.state import BaseStateCallback, StateStage
 from pyinfra.context import ctx_config, ctx_host, ctx_state
 
+from qwen27b.plan.gpubound import controller_timeout, stack_bound
+
 from . import runstate
 from .remote import NOCMD, guard, new_nonce, on_host, parse_script_output, script
 
@@ -149,6 +151,23 @@ class _WatchOperations(BaseStateCallback):
         data.command_generator = cache.watch(host, op_hash, data.command_generator)
 
 
+BOUND = stack_bound()
+
+
+def fact_timeout(cls) -> int | None:
+    """How long the controller waits for a read of `cls` (issue 52 item 2): a fact holding bounded GPU
+    commands (`bounded_commands`, plan/gpubound.py) gets their bounds plus a margin; others none (a fact
+    hashing 20 GiB of weights must not be cut short). Kept by this bound even where the host's process
+    cannot be killed (a D-state nvidia-smi holds the output pipe open past timeout's KILL)."""
+    commands = getattr(cls, "bounded_commands", 0)
+    return controller_timeout(commands, BOUND) if commands else None
+
+
+def _bounded(cls, kwargs: dict) -> dict:
+    seconds = fact_timeout(cls)
+    return kwargs if seconds is None or "_timeout" in kwargs else {**kwargs, "_timeout": seconds}
+
+
 def install(state) -> FactCache:
     """Keep fact answers for this State's run (idempotent)."""
     run = runstate.of(state)
@@ -170,14 +189,14 @@ def _hook(host) -> None:
         state = host.state
         cache = cache_of(state)
         if cache is None or cache.busy.get(host):
-            return original(cls, *args, **kwargs)
-        key = cache.key(state, host, cls, args, kwargs)
+            return original(cls, *args, **_bounded(cls, kwargs))
+        key = cache.key(state, host, cls, args, kwargs)  # before the bound: a bounded read is kept as any
         if key is None:
-            return original(cls, *args, **kwargs)
+            return original(cls, *args, **_bounded(cls, kwargs))
         held = cache.answers.setdefault(host, {})
         if key in held:
             return copy.deepcopy(held[key])
-        value = original(cls, *args, **kwargs)
+        value = original(cls, *args, **_bounded(cls, kwargs))
         if host not in state.failed_hosts and not cache.busy.get(host):
             cache.answers.setdefault(host, {})[key] = copy.deepcopy(value)
         return value
@@ -220,6 +239,9 @@ def prefetch(reads: list[tuple[type, dict]], on=None) -> None:
     if not target.connected:
         target.connect(reason="to load facts", raise_exceptions=True)
     executor = {k: v for k, v in connector.items() if k in CONNECTOR_ARGUMENT_KEYS}
+    bounds = [fact_timeout(type(fact)) or 0 for fact, _, _ in todo.values()]
+    if any(bounds) and not executor.get("_timeout"):  # a wedged GPU: stop waiting, then read one by one (bounded);
+        executor["_timeout"] = sum(bounds)  # each bound's margin covers the batch's unbounded reads (dpkg, apt-cache, du)
     try:
         ok, output = on_host(target, text, connector=executor, print_output=state.print_fact_output,
                              print_input=state.print_fact_input)

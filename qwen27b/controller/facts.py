@@ -21,6 +21,7 @@ from pyinfra.api.exceptions import FactProcessError
 from pyinfra.api.facts import FactBase
 
 from qwen27b.plan import hostfacts_parse
+from qwen27b.plan.gpubound import bounded, hung_line, hung_problem, nvidia_smi, stack_bound
 from qwen27b.plan.driverbuild import parse_driver_build, parse_installed_kernels
 from qwen27b.plan.foreignunit import parse_unit_files, units_command
 from qwen27b.plan.hostlayout import TAKEOVER_SUBDIR, UNIT_DIR
@@ -50,6 +51,11 @@ class _ParsedFact(FactBase):
     parser: Callable[[list[str]], Any]
     requires: str | None = None  # the binary pyinfra checks for first; absent, the fact answers `empty`
     empty: Any = None  # the answer to an empty output or a missing binary (a fresh copy each time)
+    bounded_commands = 0  # how many bounded GPU commands (plan/gpubound.py) the command holds
+
+    def hung(self, message: str) -> Any:
+        """The answer when a bounded GPU command timed out (the output's gpubound.MARKER line)."""
+        return self.default()
 
     def command(self) -> str:
         return self._command
@@ -62,8 +68,11 @@ class _ParsedFact(FactBase):
         return copy.deepcopy(cls.empty)
 
     def process(self, output: list[str]) -> Any:
+        text = hostfacts_parse.terminal_text(output)
+        if self.bounded_commands and (message := hung_line(text)) is not None:
+            return self.hung(message)
         try:
-            return self.parser(hostfacts_parse.terminal_text(output))
+            return self.parser(text)
         except hostfacts_parse.FactParseError as error:
             raised = FactParseError(error.fact, error.lineno, error.expected, error.got)
             raise raised.with_traceback(error.__traceback__) from None
@@ -108,6 +117,8 @@ class KernelRelease(_ParsedFact):
 
 # --- NVIDIA GPUs and driver --------------------------------------------------------------------
 
+BOUND = stack_bound()  # every nvidia-smi below runs under it (plan/gpubound.py)
+
 _GPU_FIELDS = (
     "index,name,uuid,pci.bus_id,memory.total,compute_cap,driver_version,pcie.link.gen.current,"
     "pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max,persistence_mode,ecc.mode.current"
@@ -118,12 +129,16 @@ class NvidiaGpus(_ParsedFact):
     """What the driver sees: count, memory, compute capability, link health, persistence, ECC,
     and nvidia-smi's failure lines as "problem" entries (parse_nvidia_gpus says which)."""
 
-    _command = f"nvidia-smi --query-gpu={_GPU_FIELDS} --format=csv,noheader,nounits 2>&1 || true"
+    _command = nvidia_smi(f"--query-gpu={_GPU_FIELDS} --format=csv,noheader,nounits", BOUND) + "; true"
     parser = staticmethod(parse_nvidia_gpus)
 
     requires = "nvidia-smi"
+    bounded_commands = 1
 
     empty = []
+
+    def hung(self, message: str) -> list:
+        return [hung_problem(message)]  # the gate's refusal (gpustate.gpu_troubles)
 
 
 class GpuWear(_ParsedFact):
@@ -131,12 +146,14 @@ class GpuWear(_ParsedFact):
     aggregate: the card's life), retired pages and pending ones, persistence and ECC mode, the power
     limit and its range, then row remapping where the GPU has it (plan/gpuwear.py judges them)."""
 
-    _command = (f"nvidia-smi --query-gpu={','.join(WEAR_FIELDS)} --format=csv,noheader,nounits 2>&1; "
-                f"echo '{WEAR_REMAP_MARKER}'; nvidia-smi --query-remapped-rows=gpu_bus_id,remapped_rows.correctable,"
-                "remapped_rows.uncorrectable,remapped_rows.pending,remapped_rows.failure --format=csv,noheader 2>&1; true")
+    _command = (nvidia_smi(f"--query-gpu={','.join(WEAR_FIELDS)} --format=csv,noheader,nounits", BOUND) + "; "
+                f"echo '{WEAR_REMAP_MARKER}'; "
+                + nvidia_smi("--query-remapped-rows=gpu_bus_id,remapped_rows.correctable,remapped_rows.uncorrectable,"
+                             "remapped_rows.pending,remapped_rows.failure --format=csv,noheader", BOUND) + "; true")
     parser = staticmethod(parse_gpu_wear)
 
     requires = "nvidia-smi"
+    bounded_commands = 2
 
     empty = None
 
@@ -147,10 +164,12 @@ class GpuTopology(_ParsedFact):
     (qwen27b/plan/topology.py). parse_gpu_topology gives the shape; None without a driver."""
 
     # `topo -p2p r` (R450+) may be missing on an old driver: its usage text then parses as "not read".
-    _command = f"nvidia-smi topo -m 2>&1; echo '{P2P_MARKER}'; nvidia-smi topo -p2p r 2>&1; true"
+    _command = (nvidia_smi("topo -m", BOUND) + f"; echo '{P2P_MARKER}'; " + nvidia_smi("topo -p2p r", BOUND)
+                + "; true")
     parser = staticmethod(parse_gpu_topology)
 
     requires = "nvidia-smi"
+    bounded_commands = 2
 
     empty = None
 
@@ -298,11 +317,13 @@ class XidErrors(_ParsedFact):
 
     # Not `journalctl -k`: -k implies -b (this boot only), and the Xid that matters is often the
     # one from before the last reboot.
+    # Bounded too (plan/gpubound.py): it is what the refusal of a wedged GPU quotes.
     _command = (
-        "(journalctl _TRANSPORT=kernel -o short-iso --no-pager -q --since=-7d 2>/dev/null "
-        "|| dmesg 2>/dev/null) | grep -F 'NVRM: Xid' | tail -n 200 || true"
+        f"({bounded('journalctl _TRANSPORT=kernel -o short-iso --no-pager -q --since=-7d', BOUND)} 2>/dev/null "
+        f"|| {bounded('dmesg', BOUND)} 2>/dev/null) | grep -F 'NVRM: Xid' | tail -n 200 || true"
     )
     parser = staticmethod(parse_xid_errors)
+    bounded_commands = 2
 
     empty = []
 
@@ -378,16 +399,19 @@ class Occupants(_ParsedFact):
     _command = (
         "echo '== listen'; ss -Hltnp 2>/dev/null || true; "
         "echo '== gpu'; if command -v nvidia-smi >/dev/null 2>&1; then "
-        "nvidia-smi --query-compute-apps=pid,process_name,used_memory,gpu_bus_id --format=csv,noheader,nounits "
-        "2>/dev/null || true; fi; "
+        # bounded without the marker: a hung nvidia-smi leaves the GPU section empty (NvidiaGpus says why)
+        + bounded("nvidia-smi --query-compute-apps=pid,process_name,used_memory,gpu_bus_id --format=csv,noheader,nounits",
+                  BOUND) + " 2>/dev/null || true; fi; "
         "echo '== units'; for p in $( { ss -Hltnp 2>/dev/null | grep -o 'pid=[0-9]*' | cut -d= -f2; "
-        "nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null; } | grep -E '^[0-9]+$' | sort -u); "
+        + bounded("nvidia-smi --query-compute-apps=pid --format=csv,noheader", BOUND)
+        + " 2>/dev/null; } | grep -E '^[0-9]+$' | sort -u); "
         'do u=$(ps -o unit= -p "$p" 2>/dev/null | tr -d " "); c=$(ps -o comm= -p "$p" 2>/dev/null); '
         'printf \'%s %s %s\\n\' "$p" "${u:--}" "$c"; done; '
         # a socket unit's listener is systemd's (pid 1) in ss: which unit it is
         "echo '== sockets'; systemctl list-sockets --no-legend --full 2>/dev/null || true; true"
     )
     parser = staticmethod(parse_occupants)
+    bounded_commands = 2
 
     empty = None
 

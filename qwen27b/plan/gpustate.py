@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from qwen27b.plan.gpubound import HUNG, RESET_FIX, hang_cause
+
 SEED_XID79_ADVICE = (
     "Xid 79 means a GPU fell off the PCIe bus. The seed's advice for V100s in workstation boards "
     "(e.g. X99): enable Above 4G Decoding and set the PCIe link speed in the BIOS, check the slot "
@@ -52,6 +54,9 @@ def gpu_troubles(facts, extra_problems: list[dict] = ()) -> list[GpuTrouble]:
     kinds = {p.get("problem") for p in problems}
     loaded = (facts.kernel_module or {}).get("version")
     out: list[GpuTrouble] = []
+    hung = hang_cause(problems, facts.xids)
+    if hung is not None:  # nvidia-smi never returned (issue 52 item 2): nothing else of the GPUs was read
+        return [GpuTrouble(HUNG, hung, RESET_FIX)]
     if MISMATCH in kinds:
         found = next(p for p in problems if p.get("problem") == MISMATCH)
         library = found.get("library_version")  # R535+'s second line: the user space now installed

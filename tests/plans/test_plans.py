@@ -40,7 +40,9 @@ HOSTS = ["v100x4-2204-fresh", "v100x1-2004", "v100x2-16gb", "v100x2-mixed", "v10
          "v100x1-2004-offline", "v100x1-2004-offline-pymirror", "v100x1-2004-lab-sources", "v100x1-2004-offline-apt",
          "v100x1-2004-modelscope", "debian12-cpu-lab-index",
          # issue 52 items 3, 5, 7, 8: the driver after unattended-upgrades, the PPA's driver, the MOK key's reboot
-         "v100x2-r580-mismatch", "v100x1-secureboot-mok", "v100x2-ppa-580"]
+         "v100x2-r580-mismatch", "v100x1-secureboot-mok", "v100x2-ppa-580",
+         # issue 52 item 2: nvidia-smi never returns (its bounded read timed out, exit 137): refused naming the hang
+         "v100x4-wedged"]
 
 
 @pytest.fixture(scope="module")

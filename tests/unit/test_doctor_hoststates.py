@@ -23,6 +23,7 @@ def snapshot(name: str) -> HostSnapshot:
 @pytest.mark.parametrize("name, cause", [
     ("v100x4-dkms-failed", "the R580 driver build failed"),
     ("v100x2-old-vllm", "port 8000 is already served by docker-proxy"),
+    ("v100x4-wedged", "nvidia-smi --query-gpu did not return within 20 s"),  # issue 52 item 2
 ])
 def test_doctor_names_the_gates_cause(name, cause):
     ctx = context.Ctx(snapshot(name), STACK)

@@ -85,6 +85,8 @@ def test_all_hosts_present():
         "v100x4-small-var", "v100x4-data-disk",
         # issue 52: the driver after unattended-upgrades
         "v100x2-r580-mismatch", "v100x1-secureboot-mok", "v100x2-ppa-580",
+        # issue 52 item 2: nvidia-smi never returns (its bounded read timed out)
+        "v100x4-wedged",
     }  # fmt: skip
 
 
@@ -230,6 +232,9 @@ EXPECTED = {
     "v100x4-degraded": dict(os=("ubuntu", "22.04"), pci=["1db5"] * 4, smi=4, module=("proprietary", "580.95.05"),
                             nouveau=False, xid=[79], held=["nvidia-driver-580-server"],
                             packages={"nvidia-driver-580-server", "cuda-toolkit-12-8"}),
+    # smi=1: NvidiaGpus answers the hang as one "gpu-hung" problem entry, no GPU
+    "v100x4-wedged": dict(os=("ubuntu", "22.04"), pci=["1db5"] * 4, smi=1, module=("proprietary", "580.95.05"),
+                          nouveau=False, xid=[62, 45], held=["nvidia-driver-580-server"]),
     "v100x1-secureboot": dict(os=("ubuntu", "22.04"), pci=["1db6"], smi=0, module=None, sb="enabled",
                               python={"3.10"}, ram_gib=64, free_tb=0.4),
     "t4x1-2204": dict(os=("ubuntu", "22.04"), pci=["1eb8"], smi=1, module=("proprietary", "580.95.05"),

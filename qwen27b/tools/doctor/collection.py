@@ -12,6 +12,7 @@ from qwen27b.controller import remote
 from qwen27b.onhost.contract import module_command
 from qwen27b.onhost.unit import parse_show, show_command
 from qwen27b.plan import modelsdir
+from qwen27b.plan.gpubound import bounded
 from qwen27b.plan.hostlayout import HostLayout
 
 from qwen27b.controller.address import host_address
@@ -116,7 +117,8 @@ def commands(stack: dict) -> dict[str, str]:
         "hf-quant-config.json": f"cat {current}/hf_quant_config.json 2>/dev/null; true",
         "draft-config.json": f"cat {at.draft_link}/config.json 2>/dev/null; true",
         "venv-probe.json": f"timeout 90 {venv_python} -c {shlex.quote(PROBE)}",
-        "nvidia-smi.txt": "if command -v nvidia-smi >/dev/null 2>&1; then timeout 30 nvidia-smi 2>&1 | head -n 20; "
+        # bounded as the GPU facts (plan/gpubound.py): a wedged GPU shows as NvidiaGpus' "gpu-hung" problem
+        "nvidia-smi.txt": f"if command -v nvidia-smi >/dev/null 2>&1; then {bounded('nvidia-smi', F.BOUND)} 2>&1 | head -n 20; "
                           "else echo '##PYINFRA_NOCMD##'; fi",
         "docker.txt": ("if command -v docker >/dev/null 2>&1; then echo 'docker present'; "
                        "timeout 20 docker info --format 'runtimes {{json .Runtimes}} default {{.DefaultRuntime}}' 2>&1 | head -n 3; "
