@@ -38,13 +38,19 @@ from qwen27b.plan.gate import RefusedHost
 from qwen27b.plan.copykeys import instances_of
 from qwen27b.plan.serving import COPIES, kind
 from qwen27b.plan.lifecycle import NoRollback, Record, RollbackPlan, copy_url, loopback_url, parse_record, plan_rollback, release_record_file, swap_commands
-from qwen27b.plan.stack import health_status_file, load_stack
+from qwen27b.plan.stack import health_status_file, load_stack, with_models_dir
 
 from ._common import ROLLBACK_DIR, check
 from ._run import refuse, release_lock, take_lock
 from ._takeover import kept, restore_on_rollback
 
 THEN = ["systemctl daemon-reload", RESTART_COMMAND]  # after the swap: the restored unit read, the service restarted
+
+
+def _paths() -> dict:
+    """This host's paths: the stack's, its models under qwen27b_models_dir where set (the release
+    record's model link then names the revision there, and the plan lines say which)."""
+    return with_models_dir(load_stack()["paths"], inventory_settings()[host.name].models_dir)
 
 
 def _switch(links: dict[str, str], files: list[str]) -> str | None:
@@ -69,7 +75,7 @@ def _verify(plan: RollbackPlan, key_file: str | None, files: list[str], status_f
         return
     except V.VerifyFailed as failure:
         failed(result, failure, status_file)
-    paths = load_stack()["paths"]
+    paths = _paths()
     result.reason = f"the previous release ({plan.target.short(paths)}) did not verify: {result.reason}"
     say(f"{result.reason}; switching back to {plan.back.short(paths)}")
     trouble = _switch(plan.back.links, files)
@@ -92,7 +98,7 @@ def copies_then(copies: list[tuple]) -> list[str]:
 
 def _verify_each_copy(record: Record, copies: list[tuple]) -> str | None:
     """Each copy at its own URL with its own key, one report row each; the first failure, or None."""
-    paths = load_stack()["paths"]
+    paths = _paths()
     for name, port, key_file in copies:
         unit = instance_unit(name)
         result = _result(record)
@@ -116,7 +122,7 @@ def _verify_each_copy(record: Record, copies: list[tuple]) -> str | None:
 def _verify_copies(plan: RollbackPlan, copies: list[tuple], files: list[str], then: list[str]) -> None:
     """The rollback of a host serving copies: every copy verified on the release rolled back to; if
     one fails, the host is switched back and every copy verified there."""
-    paths = load_stack()["paths"]
+    paths = _paths()
     trouble = _verify_each_copy(plan.target, copies)
     if trouble is None:
         say("rolled back and verified: every copy")
@@ -133,7 +139,7 @@ def rollback() -> bool:
     """Queue this host's rollback (nothing when refused). Returns whether it was planned."""
     oporder.register_deploy_file(state.current_deploy_filename)
     settings = inventory_settings()[host.name]  # bad inventory stops the run before any fact is read
-    paths = load_stack()["paths"]
+    paths = _paths()
     copies = [(i.name, i.port, i.api_key_file or settings.api_key_file) for i in instances_of(settings)] \
         if kind(settings) == COPIES else []
     names = [name for name, _, _ in copies]

@@ -99,6 +99,20 @@ def test_rollback_of_a_dir_kept_before_the_health_unit_was_leaves_it_and_says_so
     assert "rollback/qwen27b-health.service" not in out and "/etc/systemd/system/qwen27b-health.service /etc" not in out
 
 
+def test_rollback_on_a_host_whose_models_are_on_the_big_disk_names_the_revisions_there(tmp_path):
+    """qwen27b_models_dir (issue 52 item 4): the release records' model links are under that dir, and the
+    rollback plan reads them there (it said "model ?" when it read the stack's default models path)."""
+    moved = {k: json.loads(json.dumps(v).replace("/var/lib/qwen27b/models", "/data/qwen27b/models"))
+             for k, v in (("current", CURRENT), ("previous", PREVIOUS))}
+    rc, out = plan(tmp_path, "rollback.py", {**moved, "kept": KEPT, "missing": []}, None,
+                   "qwen27b_models_dir=/data/qwen27b/models")
+    assert rc == 0, out[-3000:]
+    assert ("   rollback: from release bc7b88da5403, model nvidia--Qwen3.8-27B-NVFP4@main\n"
+            "             to   release bc7b88da5403, model nvidia--Qwen3.8-27B-NVFP4@abc1234\n") in out, out[-3000:]
+    assert ("$ ln -sfn /data/qwen27b/models/nvidia--Qwen3.8-27B-NVFP4@abc1234 /data/qwen27b/models/current.new && "
+            "mv -Tf /data/qwen27b/models/current.new /data/qwen27b/models/current") in ops(out)
+
+
 def test_rollback_with_nothing_recorded_or_a_pruned_target_is_refused(tmp_path):
     rc, out = plan(tmp_path, "rollback.py", {"current": CURRENT, "previous": None, "kept": [], "missing": []})
     assert rc == 1 and f"== {HOST}: REFUSED (nothing will be run on this host)" in out
