@@ -65,7 +65,7 @@ def test_plans_are_there_to_check(plans):
                "cuda-repo", "pinned-wheel",
                "v100x2-16gb-pair-head", "v100x2-16gb-pair-worker", "v100x4-copies", "v100x4-copies-converged",
                "v100x4-copies-drop-b", "v100x4-copies-to-one", "v100x2-pcie", "v100x4-pcie", "v100x8-sxm2-dgx1", "mixed-3090-v100x2",
-               "v100x8-dgx1-tp2-of-4", "mixed-3090-v100x2-copy", "v100x8-dgx1-copies-4x2", "v100x4-data-disk",
+               "v100x8-dgx1-tp2-of-4", "mixed-3090-v100x2-copy", "v100x8-dgx1-copies-4x2", "v100x4-data-disk", "v100x2-lab-unit-take-over", "v100x2-ppa-580", "v100x1-secureboot-mok",
                "v100x4-wear-xid79", "v100x4-wear-warn", "v100x4-converged-nopm", "v100x4-power-cap",
                "v100x1-2004-offline", "v100x1-2004-offline-pymirror", "v100x1-2004-lab-sources", "v100x1-2004-offline-apt", "v100x1-2004-modelscope", "debian12-cpu-lab-index"}  # the refused recorded hosts plan nothing
     assert set(plans) == planned and all(plans.values())
