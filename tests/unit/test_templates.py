@@ -287,12 +287,12 @@ def test_the_jit_finds_ninja_and_writes_only_under_the_state_dir(host, data):
 
 
 def test_the_install_smoke_import_keeps_root_s_jit_caches_out_of_tmp():
-    from roles.vllm import _smoke
-    command = _smoke(decision(), "/opt/qwen27b/releases/x/venv/bin/python")
+    from roles.vllm import smoke_command
+    command = smoke_command(decision(), "/opt/qwen27b/releases/x/venv/bin/python")
     assert command.startswith("d=$(mktemp -d) && cd / && ") and command.endswith('rm -rf -- "$d"; exit $rc')
     for name in JIT_CACHES[:-1]:
         assert re.search(rf'\b{name}="\$d[^"]*" ', command), name
     # the shell line runs (python replaced by `printenv`), sees the caches in its temp dir, removes it
-    out = subprocess.run(["sh", "-c", _smoke(decision(), "printenv TRITON_CACHE_DIR && :")], capture_output=True, text=True)
+    out = subprocess.run(["sh", "-c", smoke_command(decision(), "printenv TRITON_CACHE_DIR && :")], capture_output=True, text=True)
     cache = out.stdout.strip()
     assert out.returncode == 0 and cache.endswith("/triton") and not os.path.exists(os.path.dirname(cache))
