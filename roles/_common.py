@@ -21,7 +21,7 @@ from pyinfra.operations import apt, server, systemd
 from qwen27b import onhost
 from qwen27b.controller import runstate
 from qwen27b.controller.artifacts import cache_root, dir_manifest, python_builds
-from qwen27b.controller.render import RAY_UNIT
+from qwen27b.onhost.contract import RAY_UNIT
 from qwen27b.plan.hostlayout import HostLayout
 from qwen27b.plan import sources
 from qwen27b.plan.distname import normalize

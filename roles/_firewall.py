@@ -1,8 +1,7 @@
-"""The firewall's shared step (a serving host's roles/firewall.py and a gateway host's
-roles/gateway.py): an nftables table of its own, loaded by a oneshot unit the guarded units
-require (fail closed at boot); a new rule file checked with `nft -c` and swapped in one transaction,
-so a broken one leaves the old table loaded (tests/unit/slow/test_firewall_swap.py); removed again, unlinked
-before it is stopped, when the host data no longer asks for it."""
+"""The firewall's shared step (a serving host's roles/firewall.py, a gateway host's roles/gateway.py): an
+nftables table of its own, loaded by a oneshot unit the guarded units require (fail closed at boot); a new rule
+file checked with `nft -c`, swapped in one transaction, so a broken one leaves the old table loaded (test:
+tests/unit/slow/test_firewall_swap.py); removed, unlinked before it is stopped, when the host data drops it."""
 
 from __future__ import annotations
 
@@ -12,7 +11,8 @@ from pyinfra import host
 from pyinfra.facts.files import File
 from pyinfra.operations import files, server, systemd
 
-from qwen27b.controller.render import FIREWALL_UNIT, render
+from qwen27b.controller.render import render
+from qwen27b.onhost.contract import FIREWALL_UNIT
 from qwen27b.plan.hostlayout import HostLayout
 
 from ._common import apt_install, note
@@ -38,7 +38,7 @@ REMOVE_COMMANDS = [f"systemctl disable {FIREWALL_UNIT}", "systemctl daemon-reloa
 
 
 def apply_firewall(contexts: dict[str, dict]) -> None:
-    """The rule and its unit from `contexts` (controller/render.firewall_contexts or
+    """The rule and its unit from `contexts` (controller/render_firewall.firewall_contexts or
     gateway_render.firewall_contexts); none: the table and unit removed where a deploy made them."""
     if not contexts:
         if host.get_fact(File, path=UNIT_FILE):

@@ -11,7 +11,7 @@ the firewall never changes the service's unit file, and a serving vLLM keeps run
 
 from __future__ import annotations
 
-from qwen27b.controller.render import firewall_contexts
+from qwen27b.controller.render_firewall import firewall_contexts
 from qwen27b.plan.gate import Decision
 from qwen27b.plan.addresses import open_to_all
 

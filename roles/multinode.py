@@ -2,9 +2,8 @@
 the Ray node's unit, `qwen27b-ray.service`. On the head it starts and stops with qwen27b.service
 (PartOf=, and qwen27b.service Requires= it), so the service role's restart restarts both; a worker
 runs no API: this role writes its env file and keeps its Ray worker running, restarted on change.
-A host that left its group loses the unit again.
-
-Runs before the service role: the head's qwen27b.service needs the Ray unit to exist when it starts.
+A host that left its group loses the unit again. Runs before the service role: the head's
+qwen27b.service needs the Ray unit to exist when it starts.
 """
 
 from __future__ import annotations
@@ -17,12 +16,13 @@ from pyinfra.facts.files import File
 from pyinfra.operations import files, server, systemd
 
 from qwen27b.controller.host_facts import VenvPackages
-from qwen27b.controller.render import RAY_UNIT, layout, ray_context, render, render_all
+from qwen27b.controller.render import render, render_all
+from qwen27b.controller.render_group import ray_context
+from qwen27b.onhost.contract import RAY_UNIT
 from qwen27b.plan.gate import Decision
 
-from ._common import fetch_prefix, needs_restart, note, restart_needed, started, url_word
-from ._common import RAY_UNIT_FILE as UNIT_FILE
-from ._common import release_venv
+from ._common import RAY_UNIT_FILE as UNIT_FILE, fetch_prefix, needs_restart, note, release_venv
+from ._common import restart_needed, started, url_word
 
 
 def multinode(decision: Decision) -> None:
@@ -57,7 +57,7 @@ def multinode(decision: Decision) -> None:
         if unit.will_change:
             systemd.daemon_reload(name="systemd daemon-reload (Ray unit changed)")
         return
-    env_file = layout(decision)["env_file"]
+    env_file = decision.stack.layout.env_file
     env_text = render_all(decision)["qwen27b.env.j2"]
     env = files.put(name=f"render {env_file}", src=StringIO(env_text), dest=env_file, user="root", group="root",
                     mode="0644", create_remote_dir=False)

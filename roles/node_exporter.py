@@ -12,14 +12,14 @@ from __future__ import annotations
 from pyinfra.operations import systemd
 
 from qwen27b.controller.operations import directories
-from qwen27b.controller.render import NODE_EXPORTER_UNIT
 from qwen27b.onhost.contract import TEXTFILE_DIR, TEXTFILE_NAME
 from qwen27b.plan.gate import Decision
-from qwen27b.plan.settings import NODE_EXPORTER_PORT
+from qwen27b.plan.settings import NODE_EXPORTER_PORT, NODE_EXPORTER_UNIT
 
 from ._common import note
 from ._common import apt_install
 
+# the distribution's own package (Debian, Ubuntu), installed without Recommends
 PACKAGE = "prometheus-node-exporter"
 
 

@@ -14,10 +14,10 @@ from pyinfra.operations import files, server, systemd
 from qwen27b.plan.gate import Decision
 from qwen27b.controller import factcache
 from qwen27b.controller.operations import apt_hold
-from qwen27b.controller.render import GPU_POWER_UNIT, UNIT_DIR, gpu_power_unit
+from qwen27b.controller.render import GPU_POWER_UNIT, gpu_power_unit
+from qwen27b.plan.hostlayout import UNIT_DIR
 
-from ._common import note
-from ._common import apt_install, apt_lock_option
+from ._common import apt_install, apt_lock_option, note
 
 NOUVEAU_BLACKLIST = "# qwen27b: the NVIDIA driver needs nouveau out of the way\nblacklist nouveau\noptions nouveau modeset=0\n"
 APT = 'DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::="--force-confdef" -o Dpkg::Options::="--force-confold"'

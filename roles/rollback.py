@@ -27,10 +27,11 @@ from qwen27b.controller import postdeploy as V
 from qwen27b.controller.host_facts import ReleaseRecords
 from qwen27b.controller.opsplan import planned_operations
 from qwen27b.controller.releasefiles import copies_serving_files, kept_health_units, serving_files
-from qwen27b.controller.render import RESTART_COMMAND, copy_health_files, copy_health_units, instance_unit
+from qwen27b.controller.render import RESTART_COMMAND
+from qwen27b.controller.render_copies import copy_health_files, copy_health_units, instance_unit
 from qwen27b.controller.report import format_operations
 from qwen27b.controller.runlife import inventory_settings
-from qwen27b.controller.startwatch import (_health_verdict, _remote, copies_restart, failed, run_in_order, say, serving,
+from qwen27b.controller.startwatch import (copies_restart, failed, health_verdict, host_lines, run_in_order, say, serving,
                                            unit_state)
 from qwen27b.onhost.secretfile import load_secret
 from qwen27b.onhost.unit import journal_tail_command
@@ -112,8 +113,8 @@ def _verify_each_copy(record: Record, copies: list[tuple]) -> str | None:
             say(f"copy {name} verified at {result.url}: TTFT {result.ttft_s * 1000:.0f} ms")
         except V.VerifyFailed as failure:
             result.status, result.reason = "failed", f"copy {name} ({unit}): {failure}"
-            _health_verdict(copy_health_files(paths, name)["health_status"], result, unit, copy_health_units(name)[0])
-            result.journal = _remote(journal_tail_command(unit))
+            health_verdict(copy_health_files(paths, name)["health_status"], result, unit, copy_health_units(name)[0])
+            result.journal = host_lines(journal_tail_command(unit))
             return result.reason
     return None
 

@@ -19,15 +19,15 @@ from pyinfra.operations import files, server, systemd
 
 from qwen27b.plan.gate import Decision
 from qwen27b.plan.hostdata import http_base
-from qwen27b.onhost.contract import TEXTFILE_DIR, textfile_name
+from qwen27b.onhost.contract import HEALTH_HTTP_SOCKET, HEALTH_TIMER, HEALTH_UNIT, SERVICE_UNIT, TEXTFILE_DIR, textfile_name
 from qwen27b.plan.hostlayout import UNIT_DIR, HostLayout
-from qwen27b.controller import factcache, runstate
+from qwen27b.controller import factcache, runstate, unitwords
 from qwen27b.controller.host_facts import InstalledCopies, SecretFileState, Subdirectories, SymlinkTarget
 from qwen27b.controller.operations import secret_file, symlink_switch
 from qwen27b.controller.verifyplan import changed_names
-from qwen27b.controller.render import (HEALTH_HTTP_SERVICE, HEALTH_HTTP_SOCKET, HEALTH_TIMER, HEALTH_UNIT, INSTANCE_UNIT,
-                                       RESTART_COMMAND, SERVICE_UNIT, copy_health_units, instance_files, instance_unit,
-                                       layout, render_all, render_instances)
+from qwen27b.controller.render import HEALTH_HTTP_SERVICE, RESTART_COMMAND, render_all
+from qwen27b.controller.render_copies import (INSTANCE_UNIT, copy_health_units, instance_files, instance_unit,
+                                              render_instances)
 from qwen27b.controller.releasefiles import copies_serving_files, serving_files
 from qwen27b.plan.lifecycle import RECORD_NAME, Record, record_text, release_record_file
 
@@ -57,7 +57,7 @@ def service(decision: Decision) -> None:
         return  # a serving group's worker runs no API: its Ray node is the multinode role's
     if decision.copies:
         return service_copies(decision)
-    where = layout(decision)
+    where = unitwords.layout(decision)
     rendered = render_all(decision)
     targets = [
         ("qwen27b.env.j2", where["env_file"]),
@@ -216,7 +216,7 @@ def service_copies(decision: Decision) -> None:
     qwen27b@NAME.service restarted only when its own files, the unit, the release or the weights
     changed. A host that served one copy before gets qwen27b.service and its health units stopped
     and removed first (the copies need its GPUs and port). Each copy gets its own health check and
-    timer, qwen27b-health@NAME.service/.timer (render.instance_health_contexts), and the host's one
+    timer, qwen27b-health@NAME.service/.timer (render_copies.instance_health_contexts), and the host's one
     health endpoint answers each copy on /health/NAME; a changed health unit never restarts a copy."""
     paths, at = decision.stack.paths, decision.stack.layout
     note_lab_key(decision)

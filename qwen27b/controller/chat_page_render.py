@@ -9,7 +9,9 @@ from pathlib import Path
 
 from qwen27b.controller.apikey import CHAT_PAGE_FILES
 from qwen27b.controller.artifacts import cache_root
-from qwen27b.controller.render import SANDBOX, nginx_regex_literal, render
+from qwen27b.controller.render import render
+from qwen27b.controller.sandbox import SANDBOX
+from qwen27b.controller.unitwords import nginx_regex_literal
 from qwen27b.onhost.secretfile import load_secret
 from qwen27b.onhost.contract import GATEWAY_UNIT
 from qwen27b.plan.chatpage import UNIT as CHAT_PAGE_UNIT

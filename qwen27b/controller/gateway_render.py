@@ -8,7 +8,9 @@ import ipaddress
 import json
 from pathlib import Path
 
-from qwen27b.controller.render import SANDBOX, nft_networks, nginx_regex_literal, render
+from qwen27b.controller.render import render
+from qwen27b.controller.sandbox import SANDBOX
+from qwen27b.controller.unitwords import nft_networks, nginx_regex_literal
 from qwen27b.onhost.contract import FIREWALL_UNIT, GATEWAY_UNIT, POOL_UNIT
 from qwen27b.onhost.secretfile import load_secret
 from qwen27b.controller import chat_page_render as P
@@ -341,7 +343,7 @@ def render_gateway(plan: GatewayPlan, usage: bool = True) -> dict[str, str]:
 
 def firewall_contexts(plan: GatewayPlan, where: dict | None = None) -> dict[str, dict]:
     """The gateway host's nftables rule and its unit, the serving hosts' templates and swap
-    (controller/render.firewall_contexts): with qwen27b_firewall_allow, the API's port and the chat
+    (controller/render_firewall.firewall_contexts): with qwen27b_firewall_allow, the API's port and the chat
     page's only from those networks, and the usage counters' port (open on the gateway's address
     with qwen27b_gateway_metrics_allow) only from those; {} without qwen27b_firewall_allow."""
     if plan.firewall_allow is None:

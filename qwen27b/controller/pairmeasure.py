@@ -18,7 +18,7 @@ import urllib.request
 
 from qwen27b.controller import postdeploy as V
 from qwen27b.controller import runstate
-from qwen27b.controller.render import SERVICE_UNIT
+from qwen27b.onhost.contract import SERVICE_UNIT
 from qwen27b.onhost.unit import show_command
 from qwen27b.plan import loadpair, regression
 from qwen27b.plan.lifecycle import RECORD_NAME, Record, parse_record, record_text, release_record_file, verify_figures

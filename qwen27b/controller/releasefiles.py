@@ -6,7 +6,7 @@ host-wide (not per release: stays as the last deploy set it)."""
 
 from __future__ import annotations
 
-from qwen27b.controller.render import INSTANCE_UNIT, copy_health_units, instance_files
+from qwen27b.controller.render_copies import INSTANCE_UNIT, copy_health_units, instance_files
 from qwen27b.onhost.contract import HEALTH_UNIT, SERVICE_UNIT
 from qwen27b.plan.hostlayout import HostLayout
 

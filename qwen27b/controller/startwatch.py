@@ -19,8 +19,9 @@ from pyinfra import host
 from qwen27b.controller import postdeploy as V
 from qwen27b.controller import progress
 from qwen27b.controller.remote import on_host
-from qwen27b.controller.render import (HEALTH_UNIT, RESTART_COMMAND, SERVICE_UNIT, copy_health_files,
-                                       copy_health_units, instance_unit, render_all)
+from qwen27b.controller.render import RESTART_COMMAND, render_all
+from qwen27b.controller.render_copies import copy_health_files, copy_health_units, instance_unit
+from qwen27b.onhost.contract import HEALTH_UNIT, SERVICE_UNIT
 from qwen27b.controller.verifyplan import FIGURES, LIVENESS, Check, spec_judge, spec_probe
 from qwen27b.onhost.contract import RESTART_LOOP_FINDING, UNIT_PROPERTIES, crash_loop
 from qwen27b.onhost.unit import invocation_word, journal_tail_command, parse_show, show_command, state_command
@@ -30,7 +31,7 @@ from qwen27b.plan.hostlayout import HostLayout
 from qwen27b.plan.lifecycle import Record, parse_record, record_text, release_record_file
 
 
-def _remote(command: str) -> list[str]:
+def host_lines(command: str) -> list[str]:
     """A read on the host, with its sudo settings (remote.on_host); its stdout lines, [] on failure."""
     ok, output = on_host(host, command)
     return list(output.stdout_lines) if ok else []
@@ -57,7 +58,7 @@ def _load_tick(name: str, unit: str = SERVICE_UNIT):
     if not progress.drawing():
         return None
     def tick(elapsed: float) -> str:
-        lines = _remote(f"{state_command(unit)}; "
+        lines = host_lines(f"{state_command(unit)}; "
                         f"journalctl -o cat --no-pager _SYSTEMD_INVOCATION_ID={invocation_word(unit)} 2>/dev/null "
                         "| grep -a 'checkpoint shards' | tail -n1")
         state_now = lines[0] if lines else ""
@@ -127,7 +128,7 @@ def serving(result: V.HostResult, key: str | None, say, unit_state, start_timeou
 
 
 def _unit_properties(unit: str = SERVICE_UNIT) -> dict:
-    return parse_show("\n".join(_remote(show_command(unit, UNIT_PROPERTIES))))
+    return parse_show("\n".join(host_lines(show_command(unit, UNIT_PROPERTIES))))
 
 
 def _restart_watch(unit: str, timeout_s: float = 120, starting_counts: bool = False, said=None) -> dict | None:
@@ -173,13 +174,13 @@ def _until_restart_loop_is_evident(say, timeout_s: float = 120, unit: str = SERV
         f"({props.get('NRestarts', '?')} restart(s), {props.get('SubState', '?')})"))
 
 
-def _health_verdict(status_file: str, result: V.HostResult, unit: str = SERVICE_UNIT,
+def health_verdict(status_file: str, result: V.HostResult, unit: str = SERVICE_UNIT,
                     health_unit: str = HEALTH_UNIT) -> None:
     """One health check run on the host, as its timer runs it; its restart-loop sentence (read from
     systemd's counters) becomes the report's reason, so the two say the same thing. A copy's: its
     unit and its own check (qwen27b-health@NAME.service)."""
     result.unit = _unit_properties(unit)
-    status = "\n".join(_remote(f"systemctl start {health_unit} >/dev/null 2>&1; "
+    status = "\n".join(host_lines(f"systemctl start {health_unit} >/dev/null 2>&1; "
                                f"cat {status_file} 2>/dev/null"))
     try:
         result.health = json.loads(status) if status else None
@@ -197,8 +198,8 @@ def failed(result: V.HostResult, failure: V.VerifyFailed, status_file: str) -> N
     result.status, result.reason = "failed", str(failure)
     if failure.crashed:
         _until_restart_loop_is_evident(say)
-    _health_verdict(status_file, result)
-    result.journal = _remote(journal_tail_command(SERVICE_UNIT))
+    health_verdict(status_file, result)
+    result.journal = host_lines(journal_tail_command(SERVICE_UNIT))
 
 
 def say(message: str) -> None:
@@ -206,20 +207,20 @@ def say(message: str) -> None:
 
 
 def unit_state(unit: str = SERVICE_UNIT) -> str:
-    return " ".join(_remote(state_command(unit)))
+    return " ".join(host_lines(state_command(unit)))
 
 
-def _copy_failed(result: V.HostResult, decision: Decision, name: str, failure: V.VerifyFailed) -> None:
+def copy_failed(result: V.HostResult, decision: Decision, name: str, failure: V.VerifyFailed) -> None:
     """A failed copy's evidence, as failed() gathers a host's: systemd's crash loop once evident, its
     own health check's verdict and its unit's journal."""
     unit = instance_unit(name)
     result.status, result.reason = "failed", str(failure)
     if failure.crashed:
         _until_restart_loop_is_evident(say, unit=unit)
-    _health_verdict(copy_health_files(decision.stack.paths, name)["health_status"], result, unit,
+    health_verdict(copy_health_files(decision.stack.paths, name)["health_status"], result, unit,
                     copy_health_units(name)[0])  # its restart-loop sentence, if any, becomes the reason
     result.reason = f"copy {name} ({unit}): {result.reason}"
-    result.journal = _remote(journal_tail_command(unit))
+    result.journal = host_lines(journal_tail_command(unit))
 
 
 def watchdog(decision: Decision, unit: str = SERVICE_UNIT):
@@ -230,7 +231,7 @@ def watchdog(decision: Decision, unit: str = SERVICE_UNIT):
         return None
 
     def watch(_elapsed: float) -> str | None:
-        lines = _remote(f"date +%s.%N; {state_command(unit)}; journalctl -o short-unix --no-pager -n 200 "
+        lines = host_lines(f"date +%s.%N; {state_command(unit)}; journalctl -o short-unix --no-pager -n 200 "
                         f"_SYSTEMD_INVOCATION_ID={invocation_word(unit)} 2>/dev/null")
         try:
             now = float(lines[0])
@@ -258,7 +259,7 @@ def restart_with(decision: Decision) -> str | None:
 
 def _read_record(path: str) -> Record | None:
     try:
-        return parse_record(json.loads("\n".join(_remote(f"cat {path} 2>/dev/null")) or "null"))
+        return parse_record(json.loads("\n".join(host_lines(f"cat {path} 2>/dev/null")) or "null"))
     except ValueError:
         return None
 
@@ -266,7 +267,7 @@ def _read_record(path: str) -> Record | None:
 def host_record(decision: Decision) -> Record | None:
     """The release record on the host now (what runs here), None when absent or unreadable."""
     try:
-        return parse_record(json.loads("\n".join(_remote(f"cat {release_record_file(decision.stack.paths)}"))))
+        return parse_record(json.loads("\n".join(host_lines(f"cat {release_record_file(decision.stack.paths)}"))))
     except ValueError:
         return None
 
@@ -283,7 +284,7 @@ def record_attempts(decision: Decision, attempts: list[retry.Attempt]) -> None:
     on_host(host, f"cat > {path}.retry && mv -f {path}.retry {path}", _stdin=record_text(record))
 
 
-def _starts(result: V.HostResult, key: str | None, decision: Decision,
+def start_and_watch(result: V.HostResult, key: str | None, decision: Decision,
             check: Check = Check(FIGURES)) -> tuple[Decision, V.VerifyFailed | None]:
     """Verify, and after a failure a changed flag fixes (plan/retry.py), restart with it and verify
     again, at most the stack's retry.max_attempts starts. Every start goes into result.attempts.
@@ -300,7 +301,7 @@ def _starts(result: V.HostResult, key: str | None, decision: Decision,
             failure, slow = error, error.retry
             if slow is not None and slow.kind == retry.STALLED:
                 say(f"{slow.evidence}: stopping the service before it holds the GPUs any longer")
-                _remote(f"systemctl stop {SERVICE_UNIT}")
+                host_lines(f"systemctl stop {SERVICE_UNIT}")
         if slow is not None and decision.group is not None:  # a serving group's stages share their flags
             slow = None
         nxt, why = retry.plan_retry(current.stack, current.serve, current.draft_path, slow, len(attempts) + 1) \

@@ -2,7 +2,7 @@
 file on a host: one pattern per stack key, each with why it is that narrow. Checked on a host's
 overrides before any host is touched (hostdata) and on the merged stack (stack.resolve_stack), so
 stack.yaml itself is held to them too. The roles still quote every value where it is used
-(shlex.quote, render.systemd_quote, render.env_value): the patterns are the first fence, not the only.
+(shlex.quote, unitwords.systemd_quote, unitwords.env_value): the patterns are the first fence, not the only.
 
 A key is named by its path in a profile ("vllm.version", "serve.env") or in a model entry
 ("model.revision", "draft.speculative.method").
@@ -134,7 +134,7 @@ ENV_NAME = Rule(r"[A-Z_][A-Z0-9_]{0,63}", "a variable name in the service's env 
 ENV_RESERVED = {"HOME", "XDG_CACHE_HOME", "VLLM_CACHE_ROOT", "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
                 "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "CUDA_VISIBLE_DEVICES", "PYTHONPATH", "QWEN27B_METRICS_ALLOW",
                 "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "PYTHONSTARTUP", "PYTHONHOME",
-                # a serving group's (render.group_env): one value per member, from its host data
+                # a serving group's (render_group.group_env): one value per member, from its host data
                 "VLLM_HOST_IP", "VLLM_PORT", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "RAY_ADDRESS",
                 "RAY_USAGE_STATS_ENABLED"}
 SECRET_NAME = re.compile(r"KEY|TOKEN|PASSWORD|SECRET|CREDENTIAL", re.I)
@@ -168,7 +168,7 @@ MOK_KEY_PATH = Rule(r"/[A-Za-z0-9._+-]+(?:/[A-Za-z0-9._+-]+)*", "a double-quoted
                     "(sourced by DKMS's shell): an absolute path of plain characters", "/var/lib/shim-signed/mok/MOK.priv")
 WHEELHOUSE_NAME = Rule(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}", "the wheelhouse dir's name, part of the host path in "
                        "`pip install --find-links`", "vllm-0.32.0-cp311")
-# A pinned vLLM flag's value, single-quoted by render.systemd_quote in ExecStart: printable ASCII
+# A pinned vLLM flag's value, single-quoted by unitwords.systemd_quote in ExecStart: printable ASCII
 # without the quote and backslash a single-quoted systemd word cannot hold the same way a shell reads it.
 SERVE_FLAG_VALUE = Rule(r"[ -&(-\[\]-~]{0,1000}", "a value in the unit's ExecStart (single-quoted there)",
                         "hermes")

@@ -18,9 +18,9 @@ runs the same qwen27b-fetch as for the mirror (resume from the part file, sha256
 against the *mirror's* manifest, so a seed cannot hand out a bad copy) and falls back to the
 mirror if its seed fails or refuses, resuming from what the seed had already sent.
 
-The deploy (roles/weights.py) adds one operation per wave; pyinfra runs an operation on all its
-hosts before the next starts, which gives the ordering: a seed's copy is verified and its server
-listening before the wave that reads from it begins.
+The deploy (roles/weights.py; the run-wide part in controller/weightsfanout.py) adds one operation
+per wave; pyinfra runs an operation on all its hosts before the next starts, which gives the
+ordering: a seed's copy is verified and its server listening before the wave that reads from it begins.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ Not re-hashing gigabytes on every run (qwen27b_onhost.pincheck): a file is hashe
 changed since it was last hashed. Identity is (size, mtime, ctime, inode), the stat cache that the
 FileHashes fact keeps in the same dir (host_facts.HASH_CACHE: written only for files unchanged for
 2 s, and any write changes ctime, which no user can set), or, for a file the cache does not know
-yet, the manifest written right after a hub/ModelScope download (weights.HUB_MANIFEST) when that
+yet, the manifest written right after a hub/ModelScope download (hubdownload.HUB_MANIFEST) when that
 manifest is newer than the file's mtime and ctime (the file has not changed since it was hashed for
 it). The check writes what it hashed into the stat cache, so a second run with good files stats
 each file and hashes nothing.

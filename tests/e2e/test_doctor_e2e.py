@@ -39,7 +39,7 @@ from typing import Callable
 import pytest
 
 from qwen27b.tools.doctor import exec_argv
-from qwen27b.controller.render import systemd_quote
+from qwen27b.controller.unitwords import systemd_quote
 from tests.support.e2e_deploy import GOOD, ROOT, deploy, lab, wait_healthy  # noqa: F401 (lab: a module fixture)
 
 pytestmark = pytest.mark.e2e

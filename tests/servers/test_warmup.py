@@ -13,7 +13,8 @@ from tests.support.paths import TESTS
 
 sys.path.insert(0, str(TESTS))
 
-from qwen27b.controller.render import render_all, render_instances  # noqa: E402
+from qwen27b.controller.render import render_all  # noqa: E402
+from qwen27b.controller.render_copies import render_instances  # noqa: E402
 from qwen27b.onhost import warmup  # noqa: E402
 from qwen27b.plan.stack import load_stack  # noqa: E402
 from tests.support.rendering import decision  # noqa: E402

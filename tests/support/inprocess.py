@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from qwen27b.controller.render import FIREWALL_UNIT, firewall_contexts, render
+from qwen27b.controller.render import render
+from qwen27b.controller.render_firewall import firewall_contexts
+from qwen27b.onhost.contract import FIREWALL_UNIT
 from qwen27b.plan.stack import load_stack
 from tests.support.paths import ROOT
 from tests.support.rendering import UNIT_NAMES, rendered

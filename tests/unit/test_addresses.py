@@ -27,7 +27,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from qwen27b.controller.render import firewall_contexts, render
+from qwen27b.controller.render import render
+from qwen27b.controller.render_firewall import firewall_contexts
 from qwen27b.plan import fanout
 from qwen27b.plan.gateway import plan_gateways
 from qwen27b.plan.gate import RefusedHost, decide

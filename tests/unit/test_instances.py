@@ -16,8 +16,9 @@ import subprocess
 import pytest
 
 from qwen27b.onhost.contract import RESTART_LOOP_FINDING
-from qwen27b.controller.render import (INSTANCE_UNIT, SERVE_ARGS_ENV, firewall_contexts, render, render_all,
-                                       render_instances)
+from qwen27b.controller.render import render, render_all
+from qwen27b.controller.render_copies import INSTANCE_UNIT, SERVE_ARGS_ENV, render_instances
+from qwen27b.controller.render_firewall import firewall_contexts
 from qwen27b.plan.gate import RefusedHost
 from qwen27b.plan.serving import decide
 from qwen27b.plan.hostdata import BadHostData, settings_for
@@ -382,7 +383,7 @@ def copies_verify(tmp_path, monkeypatch):
     replaced = {"host": types.SimpleNamespace(name="gpu-a"), "say": seen["said"].append, "serving": serving,
                 "run_in_order": run_in_order,
                 "_until_restart_loop_is_evident": lambda say, unit: seen["said"].append(f"loop {unit}"),
-                "_remote": lambda command: seen["commands"].append(command) or
+                "host_lines": lambda command: seen["commands"].append(command) or
                 ([loop] if "health@b.json" in command else [])}
     for module in (verify, startwatch):  # the check's own steps and the engine's (controller/startwatch.py)
         for name, value in replaced.items():
@@ -449,7 +450,7 @@ def test_the_rollback_asks_each_copy_what_the_restored_record_says(copies_verify
     check, decision, run, seen = copies_verify
     kept = Record({"/opt/qwen27b/current": "/opt/qwen27b/releases/old"}, model_ref="org/m@old",
                   url="http://10.9.9.9:8000", served_name="old-name", speculative=False, start_timeout_s=123)
-    monkeypatch.setattr(startwatch, "_remote", lambda command: seen["commands"].append(command) or
+    monkeypatch.setattr(startwatch, "host_lines", lambda command: seen["commands"].append(command) or
                         (record_text(kept).splitlines() if seen["rolled"] and "release.json" in command else []))
     with pytest.raises(OperationError, match="every copy verified: rolled back"):
         check(decision, _replaced())
@@ -475,10 +476,10 @@ def test_one_services_rollback_reaches_the_restored_release_by_its_record(monkey
     assert now.served_name == decision.serve.value("--served-model-name") and now.url.endswith(":8000")
     kept = Record({"/opt/qwen27b/current": "/opt/qwen27b/releases/old"}, url="http://[fd00::5]:8100",
                   served_name="old", speculative=True, start_timeout_s=900)
-    monkeypatch.setattr(startwatch, "_remote", lambda command: record_text(kept).splitlines())  # host_record's read
+    monkeypatch.setattr(startwatch, "host_lines", lambda command: record_text(kept).splitlines())  # host_record's read
     back = verify.restored_reach(decision, now)
     assert (back.url, back.served_name, back.speculative, back.start_timeout_s) == ("http://[fd00::5]:8100", "old", True, 900)
-    monkeypatch.setattr(startwatch, "_remote", lambda command: [])
+    monkeypatch.setattr(startwatch, "host_lines", lambda command: [])
     assert verify.restored_reach(decision, now) == now
 
 

@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 
 from qwen27b.controller.host_facts import DirectoryStates
-from qwen27b.controller.render import FIREWALL_UNIT, NODE_EXPORTER_UNIT, firewall_contexts, render, render_all
+from qwen27b.controller.render import render, render_all
+from qwen27b.controller.render_firewall import firewall_contexts
+from qwen27b.onhost.contract import FIREWALL_UNIT
+from qwen27b.plan.settings import NODE_EXPORTER_UNIT
 from qwen27b.onhost.contract import TEXTFILE_DIR
 from qwen27b.plan.gate import decide
 from qwen27b.plan.hostdata import settings_for

@@ -13,7 +13,8 @@ import subprocess
 
 import pytest
 
-from qwen27b.controller.render import render_all, systemd_quote
+from qwen27b.controller.render import render_all
+from qwen27b.controller.unitwords import systemd_quote
 from tests.support.rendering import STACK, UNIT_NAMES, decision, exposure, needs_offline_security, rendered
 
 needs_systemd = pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
@@ -117,7 +118,8 @@ def test_systemd_quote(raw, quoted):
 
 def test_firewall_rule_allows_the_listed_networks_and_the_host_and_resets_the_rest(tmp_path):
     """The nftables rule and its unit (loaded for real on a test host by tests/e2e/test_faults.py)."""
-    from qwen27b.controller.render import firewall_contexts, render
+    from qwen27b.controller.render import render
+    from qwen27b.controller.render_firewall import firewall_contexts
 
     assert firewall_contexts(decision()) == {}  # no key, no rule
     d = decision(data={"qwen27b_firewall_allow": ["10.0.0.0/24", "192.168.7.9", "fd00::/64"]})
@@ -151,7 +153,8 @@ def port_rules(rule: str, port: int) -> list[str]:
 def test_node_exporter_and_health_ports_open_to_the_scrapers_only(tmp_path):
     """With qwen27b_node_exporter (no qwen27b_firewall_allow) the table guards node_exporter's port and the
     health endpoint's, each to the host and qwen27b_metrics_allow; vLLM's port gets no rule."""
-    from qwen27b.controller.render import firewall_contexts, render
+    from qwen27b.controller.render import render
+    from qwen27b.controller.render_firewall import firewall_contexts
 
     d = decision(data={"qwen27b_node_exporter": True, "qwen27b_metrics_allow": ["10.0.0.5/32", "fd00::/64"]})
     contexts = firewall_contexts(d)
@@ -240,7 +243,7 @@ def test_health_unit_runs_unprivileged_and_restarts_through_root_exec_stop_post(
 def test_the_root_exec_stop_post_restarts_only_on_request(tmp_path):
     """The ExecStopPost command, run for real with a stand-in systemctl: no request, nothing; a
     request (even one that is a symlink: rm removes the link, never its target), one restart."""
-    from qwen27b.controller.render import restart_exec
+    from qwen27b.controller.unitwords import restart_exec
 
     bindir = tmp_path / "bin"
     bindir.mkdir()
@@ -284,12 +287,12 @@ def test_the_jit_finds_ninja_and_writes_only_under_the_state_dir(host, data):
 
 
 def test_the_install_smoke_import_keeps_root_s_jit_caches_out_of_tmp():
-    from roles.vllm import _smoke
-    command = _smoke(decision(), "/opt/qwen27b/releases/x/venv/bin/python")
+    from roles.vllm import smoke_command
+    command = smoke_command(decision(), "/opt/qwen27b/releases/x/venv/bin/python")
     assert command.startswith("d=$(mktemp -d) && cd / && ") and command.endswith('rm -rf -- "$d"; exit $rc')
     for name in JIT_CACHES[:-1]:
         assert re.search(rf'\b{name}="\$d[^"]*" ', command), name
     # the shell line runs (python replaced by `printenv`), sees the caches in its temp dir, removes it
-    out = subprocess.run(["sh", "-c", _smoke(decision(), "printenv TRITON_CACHE_DIR && :")], capture_output=True, text=True)
+    out = subprocess.run(["sh", "-c", smoke_command(decision(), "printenv TRITON_CACHE_DIR && :")], capture_output=True, text=True)
     cache = out.stdout.strip()
     assert out.returncode == 0 and cache.endswith("/triton") and not os.path.exists(os.path.dirname(cache))

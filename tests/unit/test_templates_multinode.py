@@ -11,8 +11,11 @@ import subprocess
 
 import pytest
 
-from qwen27b.controller.render import (COMMON_HARDENING, FIREWALL_UNIT, GPU_DEVICES, RAY_UNIT, firewall_contexts, ray_context, render,
-                                       render_all)
+from qwen27b.controller.render import render, render_all
+from qwen27b.controller.render_firewall import firewall_contexts
+from qwen27b.controller.render_group import ray_context
+from qwen27b.controller.sandbox import COMMON_HARDENING, GPU_DEVICES
+from qwen27b.onhost.contract import FIREWALL_UNIT, RAY_UNIT
 from qwen27b.plan.inventory import validate_inventory
 from qwen27b.plan.multinode import Member, decide_group
 from qwen27b.plan.stack import load_stack

@@ -92,7 +92,8 @@ import sys  # noqa: E402
 sys.path.insert(0, str(TESTS))
 from recordings import recorded_facts  # noqa: E402
 
-from qwen27b.controller.render import layout, service_env  # noqa: E402
+from qwen27b.controller.render import service_env  # noqa: E402
+from qwen27b.controller.unitwords import layout  # noqa: E402
 from qwen27b.plan.gate import decide  # noqa: E402
 from qwen27b.plan.hostdata import settings_for  # noqa: E402
 

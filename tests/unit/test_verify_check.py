@@ -90,10 +90,10 @@ def test_a_retry_that_restarts_with_changed_flags_measures_the_figures(monkeypat
     monkeypatch.setattr(startwatch, "host", types.SimpleNamespace(name="gpu-a"))
     monkeypatch.setattr(startwatch, "say", lambda line: None)
     monkeypatch.setattr(startwatch, "serving", serving)
-    monkeypatch.setattr(startwatch, "_remote", lambda command: [])  # the stop before the retry; no record to write
+    monkeypatch.setattr(startwatch, "host_lines", lambda command: [])  # the stop before the retry; no record to write
     monkeypatch.setattr(startwatch, "restart_with", lambda decision: None)
     result = V.HostResult("gpu-a")
-    _, failure = startwatch._starts(result, None, run("v100x4-converged"), which_check(()))
+    _, failure = startwatch.start_and_watch(result, None, run("v100x4-converged"), which_check(()))
     assert failure is None and [c.kind for c in seen] == [LIVENESS, FIGURES]
     assert seen[1].changed == ("the unit's flags (a retry)",) and result.check == FIGURES
 

@@ -28,7 +28,7 @@ COPY_ENV = "env.txt"  # a copy's env file: its GPUs (CUDA_VISIBLE_DEVICES) and f
 
 
 def copy_unit(name: str) -> str:
-    """A copy's unit, as roles/service.py starts it (controller.render.instance_unit)."""
+    """A copy's unit, as roles/service.py starts it (controller.render_copies.instance_unit)."""
     return f"qwen27b@{name}.service"
 
 

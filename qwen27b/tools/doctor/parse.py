@@ -43,7 +43,7 @@ def running_flags(exec_start: str) -> dict[str, str | None]:
 
 
 def env_file(text: str | None) -> dict[str, str]:
-    """An EnvironmentFile= as systemd reads the lines the deploy writes (controller.render.env_value):
+    """An EnvironmentFile= as systemd reads the lines the deploy writes (controller.unitwords.env_value):
     NAME=value, a double-quoted value with its backslash escapes undone; comments skipped."""
     env = {}
     for line in (text or "").splitlines():

@@ -418,7 +418,7 @@ def test_fake_added_host_is_seeded_by_a_holder_outside_the_limit(tmp_path, mirro
     import json
     from qwen27b.plan.fanout import Member, plan_waves
     from qwen27b.plan.stack import load_stack
-    from roles.weights import outside_seed_commands
+    from qwen27b.controller.weightsfanout import outside_seed_commands
 
     files = json.loads((root / MODEL / "manifest.json").read_text())["files"]
     out = dry_run(tmp_path, url, "tree", [f"{meta['sha256']}  ./{name}" for name, meta in files.items()],

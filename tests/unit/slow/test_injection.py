@@ -30,8 +30,7 @@ from hypothesis import strategies as st
 from qwen27b.plan import allowlist
 from qwen27b.plan.gate import RefusedHost, decide
 from qwen27b.plan.hostdata import BadHostData, settings_for
-from qwen27b.controller.render import (env_value, systemd_quote,
-                                       unit_text)
+from qwen27b.controller.unitwords import env_value, systemd_quote, unit_text
 from qwen27b.plan.stack import StackError, resolve_stack
 from recordings import recorded_facts
 from tests.support.paths import ROOT

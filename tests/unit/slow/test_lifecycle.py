@@ -384,7 +384,8 @@ def test_the_roles_and_the_plan_name_the_same_files():
     """The service role keeps (and the rollback restores) the files the renderer writes, in the dir
     the plan module names; the record the service role writes parses back as one."""
     from qwen27b.controller.releasefiles import copies_serving_files, kept_health_units, serving_files
-    from qwen27b.controller.render import HEALTH_UNIT, SERVICE_UNIT, UNIT_DIR
+    from qwen27b.onhost.contract import HEALTH_UNIT, SERVICE_UNIT
+    from qwen27b.plan.hostlayout import UNIT_DIR
     from qwen27b.plan.lifecycle import release_record_file, rollback_dir
     from roles._common import ROLLBACK_DIR
 
@@ -445,7 +446,7 @@ def test_uninstall_of_a_ray_member_and_a_gateway_host():
     """A serving group's Ray unit and a gateway host's own units, dirs and user go too; the names
     are the ones the multinode and gateway roles render."""
     from qwen27b.controller import gateway_render as G
-    from qwen27b.controller.render import RAY_UNIT
+    from qwen27b.onhost.contract import RAY_UNIT
     from qwen27b.plan.lifecycle import GATEWAY_DIRS, GATEWAY_USER, SERVICE_UNITS, UNIT_FILES
 
     assert {RAY_UNIT, G.GATEWAY_UNIT, G.POOL_UNIT} <= set(SERVICE_UNITS) & set(UNIT_FILES)

@@ -14,7 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from qwen27b.controller.render import FIREWALL_UNIT, RAY_UNIT, firewall_contexts, ray_context, render, render_all
+from qwen27b.controller.render import render, render_all
+from qwen27b.controller.render_firewall import firewall_contexts
+from qwen27b.controller.render_group import ray_context
+from qwen27b.onhost.contract import FIREWALL_UNIT, RAY_UNIT
 from qwen27b.plan.inventory import validate_inventory
 from qwen27b.plan.multinode import Member, plan_group
 from qwen27b.plan.stack import load_stack

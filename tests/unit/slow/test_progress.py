@@ -118,7 +118,7 @@ def test_the_load_tick_reads_the_named_unit_and_draws_its_line(monkeypatch):
     asked, drawn = [], []
     monkeypatch.setattr(startwatch.progress, "drawing", lambda: True)
     monkeypatch.setattr(startwatch.progress, "show", lambda name, line: drawn.append((name, line)))
-    monkeypatch.setattr(startwatch, "_remote", lambda command: asked.append(command) or [
+    monkeypatch.setattr(startwatch, "host_lines", lambda command: asked.append(command) or [
         "activating/start-post", "Loading safetensors checkpoint shards:  40% Completed | 2/5 [00:31<00:46, 15.6s/it]"])
     tick = startwatch._load_tick("gpu-a", "qwen27b@b.service")
     assert tick(45.2) == "activating/start-post"

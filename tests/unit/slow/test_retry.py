@@ -1,4 +1,4 @@
-"""Retries with changed engine flags (qwen27b/plan/retry.py, controller/startwatch.py `_starts`): the planner
+"""Retries with changed engine flags (qwen27b/plan/retry.py, controller/startwatch.py `start_and_watch`): the planner
 on real decisions and real /metrics texts, the start-up watchdog on a real journal, and verify's
 controller path with the host's reads replaced by recordings."""
 
@@ -151,7 +151,7 @@ def host_reads(monkeypatch):
         state["spec"] = decision.serve.has("--speculative-config")
 
     monkeypatch.setattr(startwatch, "restart_with", restart_with)
-    monkeypatch.setattr(startwatch, "_remote", lambda command: [json.dumps(record)] if command.startswith("cat ") else [])
+    monkeypatch.setattr(startwatch, "host_lines", lambda command: [json.dumps(record)] if command.startswith("cat ") else [])
     monkeypatch.setattr(startwatch, "on_host", lambda host, command, **k: seen["written"].update({command: k["_stdin"]}))
     return startwatch, seen
 
@@ -161,7 +161,7 @@ def test_verify_restarts_on_the_next_choice_and_reports_every_start(host_reads):
     from qwen27b.controller import postdeploy as V
     decision = run("v100x4-2204-fresh")
     result = V.HostResult("gpu-a", url="http://10.0.0.1:8000")
-    running, failure = startwatch._starts(result, None, decision)
+    running, failure = startwatch.start_and_watch(result, None, decision)
     assert failure is None and running.serve.spec.method == "off"
     assert [d.serve.spec.method for d in seen["restarts"]] == ["off"]
     drafted, accepted = _counters(ZERO)
@@ -181,8 +181,8 @@ def test_a_stalled_start_is_stopped_and_retried_with_custom_all_reduce_off(host_
     startwatch, seen = host_reads
     from qwen27b.controller import postdeploy as V
     stops = []
-    remote = startwatch._remote
-    monkeypatch.setattr(startwatch, "_remote", lambda command: stops.append(command) or remote(command))
+    remote = startwatch.host_lines
+    monkeypatch.setattr(startwatch, "host_lines", lambda command: stops.append(command) or remote(command))
     evidence = "start-up made no progress for 600 s"
     starts = iter([V.VerifyFailed(evidence, retry=retry.Failure(retry.STALLED, evidence)), None])
 
@@ -195,7 +195,7 @@ def test_a_stalled_start_is_stopped_and_retried_with_custom_all_reduce_off(host_
     monkeypatch.setattr(startwatch, "serving", serving)
     decision = run("v100x4-converged")  # custom all-reduce on at TP 4
     result = V.HostResult("gpu-a")
-    running, failure = startwatch._starts(result, None, decision)
+    running, failure = startwatch.start_and_watch(result, None, decision)
     assert failure is None and running.serve.has("--disable-custom-all-reduce")
     assert any(c.startswith("systemctl stop qwen27b.service") for c in stops)
     assert [a["outcome"] for a in result.attempts] == ["failed", "verified"]
@@ -211,7 +211,7 @@ def test_a_failure_no_flag_fixes_is_returned_as_it_was_with_one_start(host_reads
 
     monkeypatch.setattr(startwatch, "serving", serving)
     result = V.HostResult("gpu-a")
-    _, failure = startwatch._starts(result, None, run("v100x4-2204-fresh"))
+    _, failure = startwatch.start_and_watch(result, None, run("v100x4-2204-fresh"))
     assert str(failure) == "the service exits during start-up" and failure.crashed
     assert seen["restarts"] == [] and result.attempts == []
 
@@ -249,7 +249,7 @@ def test_a_verifiable_hosts_plan_prints_the_retry_lines(tmp_path):
 # --- the next deploy starts from what verified ---------------------------------------------------------
 
 def _retried_record(decision, failure, draft_path=None):
-    """The release record verify writes after a retry that verified (flags and attempts as _starts has them)."""
+    """The release record verify writes after a retry that verified (flags and attempts as start_and_watch has them)."""
     serve, why = retry.plan_retry(decision.stack, decision.serve, draft_path or decision.draft_path, failure, 1)
     attempts = (retry.Attempt(1, retry.flags_tried(decision.serve), "failed", {}, why).as_json(),
                 retry.Attempt(2, retry.flags_tried(serve), "verified", {}, "verified").as_json())
@@ -364,7 +364,7 @@ def test_verify_judges_ngram_on_its_probe_between_the_scrapes_and_falls_back_to_
     cpu = run("debian12-cpu", {"qwen27b_profile": "cpu-smoke", "qwen27b_speculative": "ngram",
                                "qwen27b_stack_overrides": {"speculative": {"floors": {"min_acceptance": 0.99}}}})
     result = V.HostResult("gpu-a", url="http://10.0.0.1:8000")
-    running, failure = startwatch._starts(result, None, cpu)
+    running, failure = startwatch.start_and_watch(result, None, cpu)
     want = STACK["speculative"]["ngram"]["probe"]
     assert calls == ["scrape", ("probe", want["prompt"], want["max_tokens"]), "scrape"]  # off: no scrape, no probe
     assert failure is None and running.serve.spec.method == "off" and [d.serve.spec.method for d in seen["restarts"]] == ["off"]

@@ -200,7 +200,7 @@ def test_the_hub_token_file_is_gone_once_the_download_starts(tmp_path, exit_code
     """Issue 25: docs/security.md says the hub token is removed after the download, but its 0600 file
     stayed under /etc/qwen27b. The planned command, run by a shell with a stand-in `hf`: the download
     gets HF_TOKEN in its environment (never argv), and the file is gone whether it succeeds or not."""
-    from roles.weights import hub_download_command
+    from qwen27b.plan.hubdownload import hub_download_command
 
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)

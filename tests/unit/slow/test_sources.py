@@ -243,7 +243,7 @@ def test_a_failed_download_ends_with_one_line_naming_the_source_and_the_key(tmp_
     """The command as planned, run for real by a shell: a client that fails (here a stand-in `hf` that
     prints a proxy's error page and exits 7) leaves the deploy a last line the run summary shows."""
     import subprocess
-    from roles.weights import failed_download, hub_download_command
+    from qwen27b.plan.hubdownload import failed_download, hub_download_command
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "hf").write_text("#!/bin/sh\necho '<html>500 Unable to connect</html>' >&2\nexit 7\n")
     (tmp_path / "bin" / "hf").chmod(0o755)
