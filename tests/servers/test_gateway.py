@@ -670,7 +670,15 @@ def test_fair_share_is_on_for_two_keys_unless_turned_off_and_bodies_are_logged_o
     off = plan_of(*lab(keys, gateway={"qwen27b_gateway_fair_share": False, "qwen27b_gateway_log_bodies": True}))
     assert not off.fair_share and off.log_bodies
     assert any("fair share: off (qwen27b_gateway_fair_share: false)" in line for line in off.describe())
-    assert any("WARNING: with each request's body" in line for line in off.describe())
+    # who reads the bodies and how long (issue 51): one line, only when they are logged
+    assert [line for line in off.describe() if "_log_bodies: each request's body" in line] == [
+        "  WARNING: qwen27b_gateway_log_bodies: each request's body and the start of its answer, on a line of their "
+        "own (tag qwen27b_gateway_bodies), are readable by root and the groups systemd-journal and adm (the journal's "
+        "readers; adm by the journal's ACL on Debian and Ubuntu) for as long as journald keeps the journal (no time "
+        "limit by default: until it fills SystemMaxUse, 10% of its filesystem up to 4 GiB; journald.conf "
+        "MaxRetentionSec= bounds it), and where rsyslog runs, by group adm in /var/log/syslog until logrotate drops "
+        "it (a week to a month by the OS's default)"]
+    assert not [line for line in plan.describe() if "systemd-journal" in line]
     with pytest.raises(BadHostData, match="qwen27b_gateway_log_bodies"):
         plan_of(*lab(keys, gateway={"qwen27b_gateway_log_bodies": "yes"}))
 
@@ -1084,11 +1092,79 @@ def test_with_log_bodies_the_request_log_keeps_each_prompt_and_the_start_of_its_
         assert answer.status_code == 200
     backend.shutdown()
     text = log.read_text()
-    first, big = [r for r in map(json.loads, text.splitlines()) if r["path"] != "/health"]
+    records = list(map(json.loads, text.splitlines()))
+    requests = {r["request_id"]: r for r in records if "path" in r and r["path"] != "/health"}
+    first, big = [r for r in records if "request_body" in r]  # a line of their own, joined by request_id
+    assert [requests[r["request_id"]]["key"] for r in (first, big)] == ["team-a", "team-b"]
+    assert not [r for r in requests.values() if "request_body" in r]
     assert json.loads(first["request_body"]) == {"messages": [{"content": marker}]}
-    assert json.loads(first["response_body"])["usage"]["prompt_tokens"] == 7 and first["prompt_tokens"] == "7"
-    assert big["response_body"] == answer.text and big["completion_tokens"] == "5"
+    assert json.loads(first["response_body"])["usage"]["prompt_tokens"] == 7
+    assert requests[first["request_id"]]["prompt_tokens"] == "7"
+    assert big["response_body"] == answer.text and requests[big["request_id"]]["completion_tokens"] == "5"
     assert not [k for k in ("client-a-4567", "client-b-89", "backend-key-0123") if k in text]
+
+
+class DevLog:
+    """A stand-in for journald's syslog socket (/run/systemd/journal/dev-log): a real Unix datagram
+    socket that keeps each datagram nginx sends, as (tag, message). What limits a line is the
+    sender's side (the kernel refuses a datagram past nginx's socket buffer), as on a host."""
+
+    def __init__(self):
+        import socket
+        import tempfile
+
+        self.dir = tempfile.mkdtemp(prefix="gwlog", dir="/tmp")  # a Unix socket's path: 107 bytes at most
+        self.path = f"{self.dir}/dev-log"
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        os.chmod(self.path, 0o666)  # nginx's workers may run as another user
+        self.sock.settimeout(0.2)
+        self.got: list[tuple[str, str]] = []
+
+    def lines(self, tag: str) -> list[str]:
+        while True:
+            try:
+                data = self.sock.recv(4 << 20).decode()
+            except OSError:  # timeout: nothing more
+                break
+            head, _, message = data.partition(": ")  # "<190>Dec  7 22:50:00 TAG: MESSAGE" (nohostname)
+            self.got.append((head.rsplit(" ", 1)[-1], message))
+        return [message for got, message in self.got if got == tag]
+
+    def close(self):
+        self.sock.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def test_a_request_log_line_past_a_syslog_datagram_is_still_counted(tmp_path, keys):
+    """Issue 51 item 6, on a real nginx logging to a real Unix datagram socket as it does to the
+    journal: with qwen27b_gateway_log_bodies, a prompt of 60,000 quotes made one request-log line of
+    over 240 kB (each quote JSON-escaped twice), past the largest datagram the kernel takes from
+    nginx's socket (its 208 KiB buffer): the line was lost and `qwen27b usage` missed the request.
+    The bodies now go on a line of their own (tag qwen27b_gateway_bodies, joined by request_id); the
+    request's line carries no body, always fits, and is counted."""
+    backend = stub("a")
+    devlog = DevLog()
+    plan = two_keys_on_one_stub(keys, backend, log_bodies=True)
+    try:
+        with running_nginx(plan, tmp_path / "root", nginx_binary(),
+                           access_log=f"syslog:server=unix:{devlog.path},nohostname,tag=qwen27b_gateway qwen27b") as lb:
+            assert post(lb, "client-a-4567", {"messages": [{"content": '"' * 60000}]}).status_code == 200
+            assert post(lb, "client-b-89", {"messages": [{"content": "short"}]}).status_code == 200
+            time.sleep(0.5)
+            counted = [line for line in devlog.lines("qwen27b_gateway") if '"path":"/health"' not in line]
+            bodies = devlog.lines("qwen27b_gateway_bodies")
+    finally:
+        backend.shutdown()
+        devlog.close()
+    usage = P.usage_of(counted)
+    assert usage["team-a"]["requests"] == 1 and usage["team-a"]["prompt_tokens"] == 7, usage  # the long one
+    assert usage["team-b"]["requests"] == 1 and usage["team-b"]["completion_tokens"] == 5, usage
+    assert all(len(line) < 4096 for line in counted)  # no body on the counted line
+    short = [json.loads(line) for line in bodies if "short" in line]
+    assert len(short) == 1 and json.loads(short[0]["request_body"])["messages"][0]["content"] == "short"
+    assert short[0]["request_id"] == json.loads(counted[-1])["request_id"]  # joined to its request
+    assert "key" not in short[0]  # never counted as a request
 
 
 def test_qwen27b_usage_prints_each_gateways_table_or_json(monkeypatch, capsys):
