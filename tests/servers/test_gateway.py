@@ -1142,14 +1142,17 @@ def test_a_request_log_line_past_a_syslog_datagram_is_still_counted(tmp_path, ke
     over 240 kB (each quote JSON-escaped twice), past the largest datagram the kernel takes from
     nginx's socket (its 208 KiB buffer): the line was lost and `qwen27b usage` missed the request.
     The bodies now go on a line of their own (tag qwen27b_gateway_bodies, joined by request_id); the
-    request's line carries no body, always fits, and is counted."""
+    request's line carries no body, always fits, and is counted; the bodies line, each body cut by
+    the Lua module to 96 KiB once escaped, fits and is kept too."""
     backend = stub("a")
     devlog = DevLog()
     plan = two_keys_on_one_stub(keys, backend, log_bodies=True)
     try:
         with running_nginx(plan, tmp_path / "root", nginx_binary(),
                            access_log=f"syslog:server=unix:{devlog.path},nohostname,tag=qwen27b_gateway qwen27b") as lb:
-            assert post(lb, "client-a-4567", {"messages": [{"content": '"' * 60000}]}).status_code == 200
+            long = json.dumps({"messages": [{"content": '"' * 60000}]}).encode()  # 120 kB, 240 kB escaped again
+            assert httpx.post(f"{lb['base']}/v1/chat/completions", content=long, timeout=30, headers={
+                "Authorization": "Bearer client-a-4567", "Content-Type": "application/json"}).status_code == 200
             assert post(lb, "client-b-89", {"messages": [{"content": "short"}]}).status_code == 200
             time.sleep(0.5)
             counted = [line for line in devlog.lines("qwen27b_gateway") if '"path":"/health"' not in line]
@@ -1165,6 +1168,9 @@ def test_a_request_log_line_past_a_syslog_datagram_is_still_counted(tmp_path, ke
     assert len(short) == 1 and json.loads(short[0]["request_body"])["messages"][0]["content"] == "short"
     assert short[0]["request_id"] == json.loads(counted[-1])["request_id"]  # joined to its request
     assert "key" not in short[0]  # never counted as a request
+    # the long prompt's bodies line is kept too, its body cut (whole characters) to 96 KiB once escaped
+    cut = [json.loads(line)["request_body"] for line in bodies if '\\\\\\"' in line]
+    assert len(cut) == 1 and long.decode().startswith(cut[0]) and 40000 < len(cut[0]) < 60000, [len(c) for c in cut]
 
 
 def test_qwen27b_usage_prints_each_gateways_table_or_json(monkeypatch, capsys):
