@@ -28,7 +28,7 @@ from qwen27b.onhost.secretfile import load_secret
 from qwen27b.plan.gateway import Backend, GatewayPlan, plan_gateways
 from qwen27b.plan.hostdata import BadHostData
 from qwen27b.plan.inventory import validate_inventory
-from tests.support.gateway_lab import config_test, render_scratch, running_nginx
+from tests.support.gateway_lab import DevLog, config_test, render_scratch, running_nginx
 from tests.support.gateway_lab import free_port as P_free_port
 from tests.support.paths import TESTS
 from tests.support.gateway_stubs import B1, B2, GW, key_file, keys, lab, nginx_binary, plan_of, stub  # noqa: F401 (keys: fixture)
@@ -1102,38 +1102,6 @@ def test_with_log_bodies_the_request_log_keeps_each_prompt_and_the_start_of_its_
     assert requests[first["request_id"]]["prompt_tokens"] == "7"
     assert big["response_body"] == answer.text and requests[big["request_id"]]["completion_tokens"] == "5"
     assert not [k for k in ("client-a-4567", "client-b-89", "backend-key-0123") if k in text]
-
-
-class DevLog:
-    """A stand-in for journald's syslog socket (/run/systemd/journal/dev-log): a real Unix datagram
-    socket that keeps each datagram nginx sends, as (tag, message). What limits a line is the
-    sender's side (the kernel refuses a datagram past nginx's socket buffer), as on a host."""
-
-    def __init__(self):
-        import socket
-        import tempfile
-
-        self.dir = tempfile.mkdtemp(prefix="gwlog", dir="/tmp")  # a Unix socket's path: 107 bytes at most
-        self.path = f"{self.dir}/dev-log"
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(self.path)
-        os.chmod(self.path, 0o666)  # nginx's workers may run as another user
-        self.sock.settimeout(0.2)
-        self.got: list[tuple[str, str]] = []
-
-    def lines(self, tag: str) -> list[str]:
-        while True:
-            try:
-                data = self.sock.recv(4 << 20).decode()
-            except OSError:  # timeout: nothing more
-                break
-            head, _, message = data.partition(": ")  # "<190>Dec  7 22:50:00 TAG: MESSAGE" (nohostname)
-            self.got.append((head.rsplit(" ", 1)[-1], message))
-        return [message for got, message in self.got if got == tag]
-
-    def close(self):
-        self.sock.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def test_a_request_log_line_past_a_syslog_datagram_is_still_counted(tmp_path, keys):
