@@ -1094,7 +1094,8 @@ def test_with_log_bodies_the_request_log_keeps_each_prompt_and_the_start_of_its_
     text = log.read_text()
     records = list(map(json.loads, text.splitlines()))
     requests = {r["request_id"]: r for r in records if "path" in r and r["path"] != "/health"}
-    first, big = [r for r in records if "request_body" in r]  # a line of their own, joined by request_id
+    # a line of their own, joined by request_id (/health's have one too, empty)
+    first, big = [r for r in records if "request_body" in r and r["request_id"] in requests]
     assert [requests[r["request_id"]]["key"] for r in (first, big)] == ["team-a", "team-b"]
     assert not [r for r in requests.values() if "request_body" in r]
     assert json.loads(first["request_body"]) == {"messages": [{"content": marker}]}
