@@ -183,6 +183,25 @@ def route_lines(plan: GatewayPlan) -> list[str]:
             *(f"    {route} $qwen27b_scraper;" for route in SCRAPER_ROUTES), "}"]
 
 
+def bodies_log_lines(access_log: str, usage: bool = True) -> list[str]:
+    """qwen27b_gateway_log_bodies: each request's body and, where Lua counts usage, the start of its
+    answer, on a line of their own (tag qwen27b_gateway_bodies, joined to the request's line by
+    request_id), so the request's own line, which `qwen27b usage` counts, never carries them (issue
+    51). Where Lua runs it cuts each body to 96 KiB once JSON-escaped (qwen27b_gateway_usage.lua
+    BODY_ESCAPED): the bodies line fits the largest datagram the journal's syslog socket takes from
+    nginx (its 208 KiB socket buffer) and is kept too. Without Lua the request's body is nginx's
+    (kept in memory up to 128 KiB, none it wrote to a temp file), and a line whose escaped body
+    passes the datagram is lost. The same destination as the request log, its tag and format renamed."""
+    if access_log == "off":
+        return []
+    where = access_log.rsplit(" ", 1)[0].replace(",tag=qwen27b_gateway", ",tag=qwen27b_gateway_bodies")
+    body = "$qwen27b_request_body" if usage else "$request_body"
+    return ["# the bodies (qwen27b_gateway_log_bodies), a line of their own: the request's line above always fits",
+            "log_format qwen27b_bodies escape=json '{\"time\":\"$time_iso8601\",\"request_id\":\"$request_id\","
+            f"\"request_body\":\"{body}\",\"response_body\":\"$qwen27b_response_body\"}}';",
+            f"access_log {where} qwen27b_bodies;"]
+
+
 def nginx_context(plan: GatewayPlan, where: dict, run_as: list[str] | None = None, usage_port: int = USAGE_PORT,
                   usage: bool = True,
                   access_log: str = "syslog:server=unix:/run/systemd/journal/dev-log,nohostname,tag=qwen27b_gateway qwen27b") -> dict:
@@ -211,9 +230,7 @@ def nginx_context(plan: GatewayPlan, where: dict, run_as: list[str] | None = Non
                       # the gateway's address for the lab's Prometheus (a loopback test gateway has it already)
                       tuple(listen_on(plan.address, usage_port) for _ in plan.metrics_allow[:1] if plan.address != "127.0.0.1"),
                       plan.metrics_allow, plan.log_bodies),
-        # qwen27b_gateway_log_bodies: each request's body (kept in memory up to 128 KiB: nginx logs
-        # none it wrote to a temp file) and, where Lua counts usage, the first 64 KiB of its answer
-        "log_bodies": [',"request_body":"$request_body","response_body":"$qwen27b_response_body"'] if plan.log_bodies else [],
+        "log_bodies": bodies_log_lines(access_log, usage) if plan.log_bodies else [],
         "body_buffer": ["client_body_buffer_size 128k;"] if plan.log_bodies else [],
         # the watcher's `limit_conn qwen27b_fair N;` for the pool's slots of the moment (pool_config);
         # included by a glob ([.]), which nginx -t passes while the watcher has not written it yet

@@ -6,7 +6,7 @@
 --                stream without it counts as a request, no tokens); the two counts go to
 --                $qwen27b_prompt_tokens / $qwen27b_completion_tokens (the request log's fields);
 --                with log_bodies (qwen27b_gateway_log_bodies) it also keeps the first HEAD bytes of
---                the answer for the request log ($qwen27b_response_body)
+--                the answer for the request log ($qwen27b_response_body), at most BODY_ESCAPED escaped
 --   log          adds the request to its key's counters in the shared dict qwen27b_usage
 --   budget       (access) refuses a key over its tokens_per_day until midnight UTC: 429, Retry-After;
 --                $qwen27b_limit_tokens says PASSED or REJECTED in the request log. A request it passes
@@ -25,6 +25,9 @@ local M = {budgets = {}, log_bodies = false, state_file = nil}  -- budgets: key 
 
 local OVERLAP = 600  -- the end of what passed, kept to read a usage object split across two buffers
 local HEAD = 65536  -- the answer's start kept for the request log (journald takes a line this long)
+-- each logged body's most, JSON-escaped as nginx's escape=json writes it: the two and the bodies
+-- line's other fields fit one datagram of the journal's syslog socket (nginx's 208 KiB socket buffer)
+local BODY_ESCAPED = 98304
 local RESERVE_DEFAULT = 1024  -- completion tokens reserved for a request that names no max_tokens
 local BYTES_PER_TOKEN = 4  -- the prompt's estimate until its usage arrives (bytes of the request body)
 local SAVE_EVERY = 5  -- seconds between two writes of the counters to M.state_file
@@ -62,6 +65,28 @@ local function read_usage(text)
     end
 end
 
+-- a text's length once nginx's escape=json has written it: " \\ and \b \f \n \r \t take two bytes,
+-- the other bytes below 0x20 six (\u00XX), every other byte one
+local function escaped_len(text)
+    local _, two = string.gsub(text, '[\\"\b\f\n\r\t]', "")
+    local _, six = string.gsub(text, "[%z\1-\7\11\14-\31]", "")
+    return #text + two + 5 * six
+end
+
+-- `text`'s longest start (whole UTF-8 characters) that escapes to `room` bytes at most, and its escaped length
+local function fit(text, room)
+    if room <= 0 then
+        return "", 0
+    end
+    local n = escaped_len(text)
+    while n > room do
+        text = string.sub(text, 1, math.max(0, math.floor(#text * room / n) - 1))
+        text = string.gsub(text, "[\192-\255][\128-\191]*$", "")  -- no character cut in two
+        n = escaped_len(text)
+    end
+    return text, n
+end
+
 function M.body_filter()
     local chunk, eof = ngx.arg[1], ngx.arg[2]
     local ctx = ngx.ctx
@@ -74,8 +99,12 @@ function M.body_filter()
         read_usage(window)
         ctx.qwen27b_tail = string.sub(window, -OVERLAP)
         local head = ctx.qwen27b_head or ""
-        if M.log_bodies and #head < HEAD then
-            ctx.qwen27b_head = head .. string.sub(chunk, 1, HEAD - #head)
+        if M.log_bodies and #head < HEAD and not ctx.qwen27b_head_full then
+            -- each piece escaped once, as it comes: the head stays under BODY_ESCAPED in linear time
+            local used = ctx.qwen27b_head_escaped or 0
+            local piece, n = fit(string.sub(chunk, 1, HEAD - #head), BODY_ESCAPED - used)
+            ctx.qwen27b_head_full = used + n + 6 > BODY_ESCAPED
+            ctx.qwen27b_head, ctx.qwen27b_head_escaped = head .. piece, used + n
             ngx.var.qwen27b_response_body = ctx.qwen27b_head
         end
     end
@@ -122,8 +151,14 @@ end
 
 -- access: a key over its tokens of the UTC day (M.budgets, from the key's tokens_per_day) gets
 -- OpenAI's 429 with Retry-After until midnight UTC; a request let through reserves its most at once
+-- With log_bodies, the request's body for the request log ($qwen27b_request_body), cut to BODY_ESCAPED.
 function M.budget()
     local name = ngx.var.qwen27b_client
+    local body
+    if M.log_bodies then
+        body = request_body()
+        ngx.var.qwen27b_request_body = (fit(body, BODY_ESCAPED))
+    end
     local limit = name and M.budgets[name]
     if not limit then
         return
@@ -132,7 +167,7 @@ function M.budget()
     local used = counters:get(day) or 0
     if used < limit then
         ngx.var.qwen27b_limit_tokens = "PASSED"
-        local body = request_body()
+        body = body or request_body()
         local prompt = math.ceil(#body / BYTES_PER_TOKEN)
         local reserve = prompt + (requested_cap(body) or RESERVE_DEFAULT)
         counters:incr(day, reserve, 0, DAY_TTL)

@@ -100,6 +100,15 @@ class Tls:
         return f"TLS: the certificate {self.cert_file} and its key (0600 on the gateway, never in a log)"
 
 
+# who reads the logged bodies and for how long (issue 51): the plan's line with qwen27b_gateway_log_bodies
+BODIES_REACH = ("qwen27b_gateway_log_bodies: each request's body and the start of its answer, on a line of their own "
+                "(tag qwen27b_gateway_bodies), are readable by root and the groups systemd-journal and adm (the "
+                "journal's readers; adm by the journal's ACL on Debian and Ubuntu) for as long as journald keeps "
+                "the journal (no time limit by default: until it fills SystemMaxUse, 10% of its filesystem up to "
+                "4 GiB; journald.conf MaxRetentionSec= bounds it), and where rsyslog runs, by group adm in "
+                "/var/log/syslog until logrotate drops it (a week to a month by the OS's default)")
+
+
 @dataclass(frozen=True)
 class GatewayPlan:
     host: str
@@ -149,11 +158,11 @@ class GatewayPlan:
                      if self.fair_share else
                      "  fair share: off (" + ("one client key" if len(self.named_clients()) < 2
                                              else "qwen27b_gateway_fair_share: false") + ")")
-        lines.append("  request log: one JSON line per request in the gateway's journal; WARNING: with each "
-                     "request's body and the start of its answer (qwen27b_gateway_log_bodies): prompts and "
-                     "answers are readable by whoever reads that journal" if self.log_bodies else
-                     "  request log: one JSON line per request in the gateway's journal (key name, status, tokens, "
-                     "latency, backend; no prompt or answer text: qwen27b_gateway_log_bodies keeps them)")
+        lines.append("  request log: one JSON line per request in the gateway's journal (key name, status, tokens, "
+                     "latency, backend; no prompt or answer text" + ("" if self.log_bodies else
+                                                                     ": qwen27b_gateway_log_bodies keeps them") + ")")
+        if self.log_bodies:
+            lines.append(f"  WARNING: {BODIES_REACH}")
         if self.verify_key_file:
             lines.append(f"  verify: with its own key ({self.verify_key_file}, made once, 0600), counted as {VERIFY}: "
                          "never a client's usage or limits")

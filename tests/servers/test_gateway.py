@@ -28,7 +28,7 @@ from qwen27b.onhost.secretfile import load_secret
 from qwen27b.plan.gateway import Backend, GatewayPlan, plan_gateways
 from qwen27b.plan.hostdata import BadHostData
 from qwen27b.plan.inventory import validate_inventory
-from tests.support.gateway_lab import config_test, render_scratch, running_nginx
+from tests.support.gateway_lab import DevLog, config_test, render_scratch, running_nginx
 from tests.support.gateway_lab import free_port as P_free_port
 from tests.support.paths import TESTS
 from tests.support.gateway_stubs import B1, B2, GW, key_file, keys, lab, nginx_binary, plan_of, stub  # noqa: F401 (keys: fixture)
@@ -670,7 +670,15 @@ def test_fair_share_is_on_for_two_keys_unless_turned_off_and_bodies_are_logged_o
     off = plan_of(*lab(keys, gateway={"qwen27b_gateway_fair_share": False, "qwen27b_gateway_log_bodies": True}))
     assert not off.fair_share and off.log_bodies
     assert any("fair share: off (qwen27b_gateway_fair_share: false)" in line for line in off.describe())
-    assert any("WARNING: with each request's body" in line for line in off.describe())
+    # who reads the bodies and how long (issue 51): one line, only when they are logged
+    assert [line for line in off.describe() if "_log_bodies: each request's body" in line] == [
+        "  WARNING: qwen27b_gateway_log_bodies: each request's body and the start of its answer, on a line of their "
+        "own (tag qwen27b_gateway_bodies), are readable by root and the groups systemd-journal and adm (the journal's "
+        "readers; adm by the journal's ACL on Debian and Ubuntu) for as long as journald keeps the journal (no time "
+        "limit by default: until it fills SystemMaxUse, 10% of its filesystem up to 4 GiB; journald.conf "
+        "MaxRetentionSec= bounds it), and where rsyslog runs, by group adm in /var/log/syslog until logrotate drops "
+        "it (a week to a month by the OS's default)"]
+    assert not [line for line in plan.describe() if "systemd-journal" in line]
     with pytest.raises(BadHostData, match="qwen27b_gateway_log_bodies"):
         plan_of(*lab(keys, gateway={"qwen27b_gateway_log_bodies": "yes"}))
 
@@ -1084,11 +1092,54 @@ def test_with_log_bodies_the_request_log_keeps_each_prompt_and_the_start_of_its_
         assert answer.status_code == 200
     backend.shutdown()
     text = log.read_text()
-    first, big = [r for r in map(json.loads, text.splitlines()) if r["path"] != "/health"]
+    records = list(map(json.loads, text.splitlines()))
+    requests = {r["request_id"]: r for r in records if "path" in r and r["path"] != "/health"}
+    # a line of their own, joined by request_id (/health's have one too, empty)
+    first, big = [r for r in records if "request_body" in r and r["request_id"] in requests]
+    assert [requests[r["request_id"]]["key"] for r in (first, big)] == ["team-a", "team-b"]
+    assert not [r for r in requests.values() if "request_body" in r]
     assert json.loads(first["request_body"]) == {"messages": [{"content": marker}]}
-    assert json.loads(first["response_body"])["usage"]["prompt_tokens"] == 7 and first["prompt_tokens"] == "7"
-    assert big["response_body"] == answer.text and big["completion_tokens"] == "5"
+    assert json.loads(first["response_body"])["usage"]["prompt_tokens"] == 7
+    assert requests[first["request_id"]]["prompt_tokens"] == "7"
+    assert big["response_body"] == answer.text and requests[big["request_id"]]["completion_tokens"] == "5"
     assert not [k for k in ("client-a-4567", "client-b-89", "backend-key-0123") if k in text]
+
+
+def test_a_request_log_line_past_a_syslog_datagram_is_still_counted(tmp_path, keys):
+    """Issue 51 item 6, on a real nginx logging to a real Unix datagram socket as it does to the
+    journal: with qwen27b_gateway_log_bodies, a prompt of 60,000 quotes made one request-log line of
+    over 240 kB (each quote JSON-escaped twice), past the largest datagram the kernel takes from
+    nginx's socket (its 208 KiB buffer): the line was lost and `qwen27b usage` missed the request.
+    The bodies now go on a line of their own (tag qwen27b_gateway_bodies, joined by request_id); the
+    request's line carries no body, always fits, and is counted; the bodies line, each body cut by
+    the Lua module to 96 KiB once escaped, fits and is kept too."""
+    backend = stub("a")
+    devlog = DevLog()
+    plan = two_keys_on_one_stub(keys, backend, log_bodies=True)
+    try:
+        with running_nginx(plan, tmp_path / "root", nginx_binary(),
+                           access_log=f"syslog:server=unix:{devlog.path},nohostname,tag=qwen27b_gateway qwen27b") as lb:
+            long = json.dumps({"messages": [{"content": '"' * 60000}]}).encode()  # 120 kB, 240 kB escaped again
+            assert httpx.post(f"{lb['base']}/v1/chat/completions", content=long, timeout=30, headers={
+                "Authorization": "Bearer client-a-4567", "Content-Type": "application/json"}).status_code == 200
+            assert post(lb, "client-b-89", {"messages": [{"content": "short"}]}).status_code == 200
+            time.sleep(0.5)
+            counted = [line for line in devlog.lines("qwen27b_gateway") if '"path":"/health"' not in line]
+            bodies = devlog.lines("qwen27b_gateway_bodies")
+    finally:
+        backend.shutdown()
+        devlog.close()
+    usage = P.usage_of(counted)
+    assert usage["team-a"]["requests"] == 1 and usage["team-a"]["prompt_tokens"] == 7, usage  # the long one
+    assert usage["team-b"]["requests"] == 1 and usage["team-b"]["completion_tokens"] == 5, usage
+    assert all(len(line) < 4096 for line in counted)  # no body on the counted line
+    short = [json.loads(line) for line in bodies if "short" in line]
+    assert len(short) == 1 and json.loads(short[0]["request_body"])["messages"][0]["content"] == "short"
+    assert short[0]["request_id"] == json.loads(counted[-1])["request_id"]  # joined to its request
+    assert "key" not in short[0]  # never counted as a request
+    # the long prompt's bodies line is kept too, its body cut (whole characters) to 96 KiB once escaped
+    cut = [json.loads(line)["request_body"] for line in bodies if '\\\\\\"' in line]
+    assert len(cut) == 1 and long.decode().startswith(cut[0]) and 40000 < len(cut[0]) < 60000, [len(c) for c in cut]
 
 
 def test_qwen27b_usage_prints_each_gateways_table_or_json(monkeypatch, capsys):

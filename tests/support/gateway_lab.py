@@ -10,8 +10,11 @@ import os
 import signal
 import socket
 import ssl
+import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -101,3 +104,40 @@ def running_nginx(plan: GatewayPlan, root: Path, nginx: str | list[str], access_
         except subprocess.TimeoutExpired:  # a request still in flight: the tests do not wait for it
             process.terminate()
             process.wait(timeout=10)
+
+
+class DevLog:
+    """A stand-in for journald's syslog socket (/run/systemd/journal/dev-log): a real Unix datagram
+    socket, read at once by a thread as journald does, that keeps each datagram nginx sends as (tag,
+    message). What limits a line is the sender's side (the kernel refuses a datagram past nginx's
+    socket buffer), as on a host."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="gwlog", dir="/tmp")  # a Unix socket's path: 107 bytes at most
+        self.path = f"{self.dir}/dev-log"
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        os.chmod(self.path, 0o666)  # nginx's workers may run as another user
+        self.sock.settimeout(0.1)
+        self.got: list[tuple[str, str]] = []
+        self.open = True
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        while self.open:
+            try:
+                data = self.sock.recv(4 << 20).decode()
+            except TimeoutError:
+                continue
+            head, _, message = data.partition(": ")  # "<190>Dec  7 22:50:00 TAG: MESSAGE" (nohostname)
+            self.got.append((head.rsplit(" ", 1)[-1], message))
+
+    def lines(self, tag: str) -> list[str]:
+        return [message for got, message in self.got if got == tag]
+
+    def close(self):
+        self.open = False
+        self.reader.join(timeout=5)
+        self.sock.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
