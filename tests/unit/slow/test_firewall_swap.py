@@ -173,3 +173,31 @@ def test_a_gateway_rule_file_that_does_not_load_leaves_the_gateway_closed(tmp_pa
         assert f"ip saddr 10.0.0.0/24 tcp dport {port} accept" in before
         assert f"tcp dport {port} reject with tcp reset" in before
     assert after == before
+
+
+@needs_netns
+def test_the_uninstalls_table_removal_passes_after_the_firewall_units_stop_removed_it(tmp_path):
+    """Found by the gateway module's uninstall on a test host (issue 56): the plan stops the firewall unit,
+    whose ExecStop deletes the table, then ran `nft delete table inet qwen27b`, which failed on the table
+    already gone and stopped the uninstall half way. Run for real in a network namespace: the table
+    loaded, the unit's ExecStop, then the removal's commands pass; a table loaded by hand (no unit) is
+    deleted by them."""
+    from qwen27b.plan.lifecycle import NFT_TABLE, Installed, UninstallOptions, uninstall_plan
+    from qwen27b.plan.stack import load_stack
+
+    have = Installed(units={FIREWALL_UNIT: "active"}, nft=[NFT_TABLE])
+    (removal,) = [r for r in uninstall_plan(have, load_stack()["paths"], UninstallOptions(), "/etc/systemd/system",
+                                            "/x/q.prom")[0] if r.what == f"nftables table {NFT_TABLE}"]
+    decision = decide(HOST, recorded_facts(HOST), STACK, settings_for(HOST, DATA))
+    context = firewall_contexts(decision)["qwen27b-firewall.nft.j2"]
+    rules = tmp_path / "firewall.nft"
+    rules.write_text(render("qwen27b-firewall.nft.j2", context))
+    stop = [line.split("=", 1)[1] for line in render("qwen27b-firewall.service.j2", context).splitlines()
+            if line.startswith("ExecStop=")]
+    assert stop and "delete table" in stop[0]
+    remove = " && ".join(f"( {c} )" for c in removal.commands)
+    script = (f"nft -f {rules} && {stop[0]} && {remove} || exit 10\n"  # the unit stopped first: gone already
+              f"nft -f {rules} && {remove} || exit 11\n"  # loaded by hand: the removal deletes it
+              f"! nft list table {NFT_TABLE} >/dev/null 2>&1 || exit 12\n")
+    result = subprocess.run(["unshare", "--net", "sh", "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, (result.returncode, removal.commands, result.stderr)
