@@ -367,7 +367,9 @@ def uninstall_plan(have: Installed, paths: dict, options: UninstallOptions, unit
                                 (f"systemctl disable --now {' '.join(running)}",)))
     if NFT_TABLE in have.nft:
         removals.append(Removal(f"nftables table {NFT_TABLE}", "the firewall role's rule (its unit's stop removes it; "
-                                "this covers a table loaded by hand)", (f"nft delete table {NFT_TABLE}",)))
+                                "this covers a table loaded by hand)",
+                                # the stop before removed it when the unit ran: delete only what is still there
+                                (f"! nft list table {NFT_TABLE} >/dev/null 2>&1 || nft delete table {NFT_TABLE}",)))
     units = [f"{unit_dir}/{name}" for name in UNIT_FILES if f"{unit_dir}/{name}" in have.paths]
     if units:
         # the copies (qwen27b@NAME.service) and their health checks (qwen27b-health@NAME.service/.timer,

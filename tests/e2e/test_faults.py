@@ -26,7 +26,6 @@ import json
 import re
 import shlex
 import signal
-import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +37,7 @@ import pytest
 from tests.support.e2e_deploy import (API_KEY, GOOD, GOOD_B, PORT, PROGRESS, REV_B, ROLLBACK_PREV,  # noqa: F401
                                       assert_key_guards_v1_and_never_leaks, deploy, health_run, lab, latest_report, show,
                                       timer_paused, wait_healthy)
+from tests.support.firewall_probe import controller_address, curl_code, nft_usable, stranger
 
 pytestmark = pytest.mark.e2e
 MODELS = "/var/lib/qwen27b/models"
@@ -401,31 +401,22 @@ def test_systemd_analyze_security_score(lab, serving):
 
 
 def _curl_health(lab, source: str | None = None) -> str:
-    bind = ["--interface", source] if source else []
-    result = subprocess.run(["curl", "-s", "-o", "/dev/null", "-m", "5", "-w", "%{http_code}", *bind,
-                             f"{lab['base']}/health"], capture_output=True, text=True)
-    return result.stdout.strip() or f"curl exit {result.returncode}"
+    return curl_code(f"{lab['base']}/health", source)
 
 
 def test_firewall_rule_limits_the_port_to_the_lab_networks(lab, serving):
     host = lab["host"]
-    host.run("command -v nft >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables >/dev/null",
-             check=False, timeout=300)
-    probe = host.run("nft add table inet q27probe && nft delete table inet q27probe", check=False)
-    if probe.returncode != 0:  # seen on some container kernels: say so rather than pass or fail falsely
-        pytest.skip(f"nftables cannot load rules inside this test host: {(probe.stderr or probe.stdout).strip()}")
-    subnet = host.address.rsplit(".", 1)[0]
-    controller, stranger = f"{subnet}.1", f"{subnet}.3"
-    link = subprocess.run(["ip", "-o", "-4", "addr", "show", "to", f"{controller}/32"], capture_output=True,
-                          text=True, check=True).stdout.split()[1]
-    subprocess.run(["ip", "addr", "add", f"{stranger}/24", "dev", link], check=True)
-    try:
+    why_not = nft_usable(host)
+    if why_not:
+        pytest.skip(why_not)
+    controller = controller_address(host)
+    with stranger(host) as outsider:
         pid = show(lab, "MainPID")
         rc, out = deploy(lab, {**UPGRADE, "qwen27b_firewall_allow": [f"{controller}/32"]})
         assert rc == 0, out[-4000:]
         assert f"firewall: port {PORT}/tcp only from {controller}/32 and the host itself" in out
         assert _curl_health(lab) == "200"
-        assert _curl_health(lab, stranger) == "000"  # reset: curl gives no HTTP code
+        assert _curl_health(lab, outsider) == "000"  # reset: curl gives no HTTP code
         # the service needs the firewall unit (issue 25: no serving without the rule at boot) through
         # the firewall unit's own RequiredBy= (a .requires/ link): the service's unit file is unchanged,
         # so adding the firewall restarts no vLLM
@@ -437,11 +428,9 @@ def test_firewall_rule_limits_the_port_to_the_lab_networks(lab, serving):
         assert rc == 0 and re.search(r"planned, 0 would change the host", out), out[-3000:]
         rc, out = deploy(lab, UPGRADE)  # key removed: the rule goes, unlinked before it stops
         assert rc == 0, out[-4000:]
-        assert _curl_health(lab, stranger) == "200"
+        assert _curl_health(lab, outsider) == "200"
         assert show(lab, "MainPID") == pid and "qwen27b-firewall.service" not in show(lab, "Requires").split()
         assert host.run("nft list table inet qwen27b", check=False).returncode != 0
-    finally:
-        subprocess.run(["ip", "addr", "del", f"{stranger}/24", "dev", link], check=False)
 
 
 def test_many_hosts_one_unreachable_the_others_finish_and_limit_reruns_only_it(lab, serving):

@@ -1,7 +1,8 @@
 """The gateway end to end on three real test hosts: nginx and qwen27b-gateway-pool on one (group
 qwen27b_gateway), the CPU smoke profile on the other two (real vLLM, SmolLM2-135M), all from one
 `pyinfra <inventory> deploy.py -y`, as a lab would run it, as root (the other modules deploy as
-admin+sudo: both ways proven).
+admin+sudo: both ways proven); the chat page's deploy and the gateway host's uninstall run as the
+README's admin+sudo user (issue 56 item 5).
 
 The tier's one lab (tests/e2e/conftest.py LAB_ORDER, issue 31): the backends are hosts 1 and 2, the
 lifecycle's pair, both already serving (A after the sources, B after its rollback), so the
@@ -23,8 +24,11 @@ requests counted, the pool's failover time measured; it returns when healthy) ->
 engine core frozen under load (its health check names the stall and restarts it; the pool drops
 and regains it) -> a rolling restart of
 both backends, each drained first through the rollout's seam (gateway_drain), under steady load:
-no failed request -> TLS, limits, rotated keys -> the fleet status -> the chat page (issue 29: Open WebUI
-installed and verified, Alice in Chromium, her usage under her key) -> no key anywhere it must not be. The figures print (-s) and go to docs/scale-out.md.
+no failed request -> TLS, limits, rotated keys -> the fleet status -> the chat page as admin+sudo, with the gateway host's
+firewall (issue 29: Open WebUI installed and verified, Alice in Chromium, her usage under her key;
+issue 56: qwen27b_firewall_allow on the gateway host) -> the firewall refuses an address outside its
+list -> no key anywhere it must not be -> `qwen27b uninstall --chat-data` of the gateway host as
+admin+sudo. The figures print (-s) and go to docs/scale-out.md.
 """
 
 from __future__ import annotations
@@ -46,7 +50,8 @@ import pytest
 
 from qwen27b.controller import postdeploy as V
 from qwen27b.plan.gateway import VERIFY
-from tests.support.e2e_deploy import REV_B, ROOT, deploy
+from tests.support.e2e_deploy import REV_B, ROOT, SUDO, deploy
+from tests.support.firewall_probe import controller_address, curl_code, nft_usable, stranger
 
 pytestmark = pytest.mark.e2e
 BACKEND_KEY = "q27-backend-" + os.urandom(8).hex()
@@ -103,13 +108,15 @@ def gw(testhosts, gateway_host, mirror, tmp_path_factory):
     gateway_data = {"qwen27b_gateway_key_files": [str(files["team-a"]), str(files["team-b"])]}
     inventory = work / "lab.py"
     # QWEN27B_E2E_EXTRA (tests/e2e/test_deploy.py's deploy(extra=...)) adds host data to the backends
-    # for one run: the rollout's upgrade
+    # for one run: the rollout's upgrade; the gateway's own keys, its firewall and the SSH user (SUDO:
+    # the chat page's runs) go to the gateway only
     inventory.write_text(
         "import json, os, runpy\n"
         f"_hosts = {{n: {{k: v for k, v in d.items() if k != 'testhost_root'}} for n, d in "
         f"runpy.run_path({str(hosts.lab.inventory)!r})['testhosts']}}\n"
         "EXTRA = json.loads(os.environ.get('QWEN27B_E2E_EXTRA', '{}'))\n"
-        "GATEWAY_EXTRA = {k: v for k, v in EXTRA.items() if k.startswith(('qwen27b_gateway_', 'qwen27b_chat_page'))}\n"
+        "GATEWAY_EXTRA = {k: v for k, v in EXTRA.items() if k.startswith(('qwen27b_gateway_', 'qwen27b_chat_page'))\n"
+        "                 or k in ('qwen27b_firewall_allow', 'ssh_user', '_sudo')}\n"
         f"qwen27b_gateway = [({gateway.name!r}, {{**_hosts[{gateway.name!r}], **{gateway_data!r}, **GATEWAY_EXTRA}})]\n"
         f"backends = [(n, {{**_hosts[n], **{backend_data!r}, **{{k: v for k, v in EXTRA.items() if k not in GATEWAY_EXTRA}}}}) "
         f"for n in {[b.name for b in backends]!r}]\n")
@@ -611,7 +618,9 @@ SCREENSHOT = ROOT / "reports" / "e2e" / "chat-page.png"
 
 
 def test_the_chat_page_signs_in_streams_an_answer_and_counts_it_under_the_accounts_key(gw):
-    """Issue 29: qwen27b_chat_page on the gateway, a re-run of the gateway alone. Open WebUI installs
+    """Issue 29: qwen27b_chat_page on the gateway, a re-run of the gateway alone, as README's non-root
+    sudo user (issue 56 item 5: the runs before were root's), with qwen27b_firewall_allow naming the
+    controller (issue 56 item 3: the next test probes it). Open WebUI installs
     from the controller's wheelhouse and verifies (the admin signs in, the page lists the model); the
     admin adds Alice through the page's API; Alice signs in in a real headless Chromium (Debian's), sends
     a message and sees a streamed answer from the tiny model; `qwen27b usage` counts it under the key
@@ -630,13 +639,19 @@ def test_the_chat_page_signs_in_streams_an_answer_and_counts_it_under_the_accoun
     alice_file.chmod(0o600)
     extra = {"qwen27b_gateway_key_files": [str(gw["work"] / "team-a.key"), str(gw["work"] / "team-b.key"),
                                            {"file": str(alice_file), "name": "alice"}],
-             "qwen27b_chat_page": True, "qwen27b_chat_page_accounts": {PAGE_ACCOUNT["email"]: "alice"}}
+             "qwen27b_chat_page": True, "qwen27b_chat_page_accounts": {PAGE_ACCOUNT["email"]: "alice"}, **SUDO}
+    why_not = nft_usable(host)  # installs nftables first, as the firewall step would
+    if why_not is None:
+        extra["qwen27b_firewall_allow"] = [f"{controller_address(host)}/32"]
+    gw["firewall"] = why_not or extra.get("qwen27b_firewall_allow")
     limit = [str(gw["inventory"]), "deploy.py", "-y", "--limit", host.name]
     started = time.monotonic()
     rc, out = deploy(gw, extra, argv=limit)
     gw["figures"]["chat_page_deploy_s"] = round(time.monotonic() - started)
     assert rc == 0, out[-5000:]
     assert f"[{host.name}] chat page verified: http://{host.address}:8080/" in out, out[-3000:]
+    for port in ((8000, 8080) if why_not is None else ()):
+        assert f"firewall: port {port}/tcp only from {controller_address(host)}/32 and the host itself" in out, out[-3000:]
     secrets_dir = gw["work"] / ".qwen27b" / "chat-page" / host.name
     page_key, admin_password = (load_secret(str(secrets_dir / name)) for name in ("page.key", "admin.password"))
     gw.setdefault("more_keys", []).extend([alice_key, page_key, admin_password, PAGE_ACCOUNT["password"],
@@ -671,6 +686,27 @@ def test_the_chat_page_signs_in_streams_an_answer_and_counts_it_under_the_accoun
     assert g["page"] == {"active": "active", "sub": "running", "url": f"{page}/"}, g
 
 
+def test_the_gateway_hosts_firewall_answers_its_list_and_refuses_another_address(gw):
+    """Issue 56 item 3 on a test host: the chat page's deploy gave the gateway host
+    qwen27b_firewall_allow (the controller's address). Its nftables table is loaded (`nft list
+    ruleset`), the gateway's unit requires the firewall's (fail closed at boot), and the API's and the
+    page's ports answer the controller while a second controller address, outside the list, gets a
+    TCP reset (tests/support/firewall_probe.py, as the serving hosts' test in test_faults.py)."""
+    host = gw["host"]
+    if not isinstance(gw.get("firewall"), list):
+        pytest.skip(gw.get("firewall") or "the chat page's deploy did not run")
+    controller = controller_address(host)
+    ruleset = host.run("nft list ruleset").stdout
+    for port in (8000, 8080):
+        assert f"ip saddr {controller} tcp dport {port} accept" in ruleset, ruleset
+        assert f"tcp dport {port} reject with tcp reset" in ruleset, ruleset
+    assert "qwen27b-firewall.service" in host.run("systemctl show -p Requires --value qwen27b-gateway").stdout.split()
+    with stranger(host) as outsider:
+        for url in (f"{gw['base']}/health", f"http://{host.address}:8080/health"):
+            assert curl_code(url) == "200", url
+            assert curl_code(url, outsider) == "000", url  # reset: curl gives no HTTP code
+
+
 def test_no_key_anywhere_it_must_not_be(gw):
     host = gw["host"]
     places = {
@@ -693,3 +729,27 @@ def test_no_key_anywhere_it_must_not_be(gw):
     leaked = [(where, i) for where, text in places.items() for i, key in enumerate(secrets) if key in text]
     assert leaked == []
     print(f"\ngateway figures: {json.dumps(gw['figures'])}")
+
+
+GATEWAY_PATHS = ("/opt/qwen27b-gateway", "/etc/qwen27b-gateway", "/var/lib/qwen27b-gateway",
+                 "/opt/qwen27b-chat", "/etc/qwen27b-chat", "/var/lib/qwen27b-chat", "/etc/qwen27b-gateway/firewall.nft")
+
+
+def test_the_gateway_host_uninstalls_as_the_sudo_user(gw):
+    """Issue 56 item 5, last (no module after uses the gateway host): `qwen27b uninstall --limit GATEWAY
+    --chat-data` as README's non-root sudo user removes the chat page (its unit, venv, environment, its
+    users and chats, its system user), the gateway's units, files and user, and the firewall's unit and
+    table, each listed in the plan first; the backends keep serving."""
+    host = gw["host"]
+    rc, out = deploy(gw, SUDO, argv=["uninstall", str(gw["inventory"]), "--limit", host.name, "--chat-data"],
+                     module="qwen27b.tools.cli")
+    assert rc == 0, out[-5000:]
+    for line in ("remove chat page user qwen27b-chat", "remove /var/lib/qwen27b-chat", "remove gateway user qwen27b-gateway"):
+        assert line in out, out[-4000:]
+    units = ["qwen27b-chat-page.service", "qwen27b-gateway.service", "qwen27b-gateway-pool.service", "qwen27b-firewall.service"]
+    left = host.run(f"for u in {' '.join(units)}; do systemctl cat $u >/dev/null 2>&1 && echo $u; done; "
+                    f"for p in {' '.join(GATEWAY_PATHS)}; do test -e $p && echo $p; done; "
+                    "getent passwd qwen27b-chat qwen27b-gateway; nft list table inet qwen27b 2>/dev/null | head -1; true").stdout
+    assert left.split() == [], left
+    for backend in gw["backends"]:
+        assert backend.run("systemctl is-active qwen27b.service", check=False).stdout.strip() == "active"

@@ -57,16 +57,16 @@ def planned_load_commands(decision, monkeypatch) -> list[str]:
     return found[0]
 
 
-@needs_netns
-def test_a_rule_file_that_does_not_load_leaves_the_old_table(tmp_path, monkeypatch):
-    decision = decide(HOST, recorded_facts(HOST), STACK, settings_for(HOST, DATA))
-    context = firewall_contexts(decision)["qwen27b-firewall.nft.j2"]
+def swap_then_break(tmp_path, context: dict, planned: list[str]) -> tuple[str, str]:
+    """The rule of `context` loaded by the `planned` commands, then a broken file through the same
+    commands (which must fail): the table listed before and after, as nft prints it."""
     live = context["rules_file"]
     rules = tmp_path / "firewall.nft"
-    commands = [c.replace(live, str(rules)) for c in planned_load_commands(decision, monkeypatch)]
+    commands = [c.replace(live, str(rules)) for c in planned]
     good = render("qwen27b-firewall.nft.j2", context)
     # what a bad value once rendered: the template's header (the swap), then a line nft cannot parse
     broken = good.replace("ip saddr 10.0.0.0/24", "ip6 saddr fe80::%eth0;touch/64")
+    assert broken != good
     (tmp_path / "unit").write_text(render("qwen27b-firewall.service.j2", context).replace(live, str(rules)))
     (tmp_path / "systemctl").write_text(SYSTEMCTL)
     (tmp_path / "systemctl").chmod(0o755)
@@ -89,9 +89,16 @@ nft list table inet qwen27b > {tmp_path}/after.txt || exit 13
     result = subprocess.run(["unshare", "--net", "sh", "-c", script], capture_output=True, text=True,
                             env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
     assert result.returncode == 0, (result.returncode, commands, result.stderr)
-    before = (tmp_path / "before.txt").read_text()
+    return (tmp_path / "before.txt").read_text(), (tmp_path / "after.txt").read_text()
+
+
+@needs_netns
+def test_a_rule_file_that_does_not_load_leaves_the_old_table(tmp_path, monkeypatch):
+    decision = decide(HOST, recorded_facts(HOST), STACK, settings_for(HOST, DATA))
+    context = firewall_contexts(decision)["qwen27b-firewall.nft.j2"]
+    before, after = swap_then_break(tmp_path, context, planned_load_commands(decision, monkeypatch))
     assert "ip saddr 10.0.0.0/24" in before
-    assert (tmp_path / "after.txt").read_text() == before  # the old table, whole
+    assert after == before  # the old table, whole
 
 
 def test_the_units_the_firewall_guards_require_it_through_its_own_unit():
@@ -146,3 +153,53 @@ def test_the_gateways_rule_loads_and_guards_its_api_chat_page_and_usage_ports(tm
     assert "ip saddr 10.0.0.0/24 tcp dport 8080 accept" in result.stdout
     assert "ip6 saddr fd00::/8 tcp dport 8000 accept" in result.stdout
     assert "tcp dport 9121 reject with tcp reset" in result.stdout
+
+
+@needs_netns
+def test_a_gateway_rule_file_that_does_not_load_leaves_the_gateway_closed(tmp_path):
+    """Issue 56 item 3: a gateway host's rule goes through the same shared step (roles/_firewall.py
+    apply_firewall plans load_commands for its rule file), so a broken file there also fails the
+    deploy and leaves the gateway's old table loaded, its API and chat page ports still closed to
+    other networks, never an open host."""
+    from qwen27b.controller import gateway_render as G
+    from qwen27b.plan.chatpage import ChatPage
+    from qwen27b.plan.gateway import Backend, GatewayPlan
+    from roles._firewall import load_commands
+
+    page = ChatPage(port=8080, admin_email="admin@qwen27b.lab", accounts=())
+    plan = GatewayPlan("gw", "10.0.0.9", 8000, ("k",), (Backend("b", "10.0.0.21", 8000, 9120),), None, None, 600,
+                       chat_page=page, firewall_allow=("10.0.0.0/24",))
+    context = G.firewall_contexts(plan)["qwen27b-firewall.nft.j2"]
+    before, after = swap_then_break(tmp_path, context, load_commands(context["rules_file"]))
+    for port in (8000, 8080):
+        assert f"ip saddr 10.0.0.0/24 tcp dport {port} accept" in before
+        assert f"tcp dport {port} reject with tcp reset" in before
+    assert after == before
+
+
+@needs_netns
+def test_the_uninstalls_table_removal_passes_after_the_firewall_units_stop_removed_it(tmp_path):
+    """Found by the gateway module's uninstall on a test host (issue 56): the plan stops the firewall unit,
+    whose ExecStop deletes the table, then ran `nft delete table inet qwen27b`, which failed on the table
+    already gone and stopped the uninstall half way. Run for real in a network namespace: the table
+    loaded, the unit's ExecStop, then the removal's commands pass; a table loaded by hand (no unit) is
+    deleted by them."""
+    from qwen27b.plan.lifecycle import NFT_TABLE, Installed, UninstallOptions, uninstall_plan
+    from qwen27b.plan.stack import load_stack
+
+    have = Installed(units={FIREWALL_UNIT: "active"}, nft=[NFT_TABLE])
+    (removal,) = [r for r in uninstall_plan(have, load_stack()["paths"], UninstallOptions(), "/etc/systemd/system",
+                                            "/x/q.prom")[0] if r.what == f"nftables table {NFT_TABLE}"]
+    decision = decide(HOST, recorded_facts(HOST), STACK, settings_for(HOST, DATA))
+    context = firewall_contexts(decision)["qwen27b-firewall.nft.j2"]
+    rules = tmp_path / "firewall.nft"
+    rules.write_text(render("qwen27b-firewall.nft.j2", context))
+    stop = [line.split("=", 1)[1] for line in render("qwen27b-firewall.service.j2", context).splitlines()
+            if line.startswith("ExecStop=")]
+    assert stop and "delete table" in stop[0]
+    remove = " && ".join(f"( {c} )" for c in removal.commands)
+    script = (f"nft -f {rules} && {stop[0]} && {remove} || exit 10\n"  # the unit stopped first: gone already
+              f"nft -f {rules} && {remove} || exit 11\n"  # loaded by hand: the removal deletes it
+              f"! nft list table {NFT_TABLE} >/dev/null 2>&1 || exit 12\n")
+    result = subprocess.run(["unshare", "--net", "sh", "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, (result.returncode, removal.commands, result.stderr)
