@@ -13,11 +13,11 @@ from tests.support import onhost_lib
 from tests.support.paths import TESTS
 
 
-H200_GENUINE = TESTS / "fixtures" / "hosts" / "h200" / "genuine"  # a copy of shared/fixtures/nvidia-h200
+H200_GENUINE = TESTS / "fixtures" / "hosts" / "h200" / "genuine"  # recorded on a real H200 (its README names where)
 
 
 def _h200_reading():
-    """The genuine H200 NVML output (tests/fixtures/hosts/h200/genuine/pynvml.txt: a clone has no ../shared)."""
+    """The genuine H200 NVML output (tests/fixtures/hosts/h200/genuine/pynvml.txt, in the repository)."""
     vals = {"name": "NVIDIA H200", "mem": (150754820096, 644939776, 150109880320), "temp": 32,
             "throttle": 0x1, "ecc": 0}
     src = H200_GENUINE / "pynvml.txt"
